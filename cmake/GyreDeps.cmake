@@ -1,0 +1,100 @@
+# Finds Gyre's dependencies: libtorch from PyTorch's pip wheel, the rest from Debian packages.
+
+# --- libtorch ---------------------------------------------------------------------------------
+# GYRE_PYTHON is the interpreter whose torch we build against. Default: the shared venv that
+# tools/install-deps.sh creates, then python3 on PATH.
+if(NOT GYRE_PYTHON)
+  if(DEFINED ENV{GYRE_VENV} AND EXISTS "$ENV{GYRE_VENV}/bin/python")
+    set(GYRE_PYTHON "$ENV{GYRE_VENV}/bin/python")
+  elseif(EXISTS "$ENV{HOME}/.cache/gyre/venv/bin/python")
+    set(GYRE_PYTHON "$ENV{HOME}/.cache/gyre/venv/bin/python")
+  else()
+    find_program(GYRE_PYTHON NAMES python3 python)
+  endif()
+endif()
+set(GYRE_PYTHON "${GYRE_PYTHON}" CACHE FILEPATH "Python interpreter that has torch installed")
+execute_process(
+  COMMAND "${GYRE_PYTHON}" -c "import torch.utils; print(torch.utils.cmake_prefix_path, end='')"
+  OUTPUT_VARIABLE GYRE_TORCH_PREFIX RESULT_VARIABLE _gyre_torch_rc ERROR_QUIET)
+if(NOT _gyre_torch_rc EQUAL 0)
+  message(FATAL_ERROR "gyre: cannot import torch with ${GYRE_PYTHON}. Run tools/install-deps.sh, "
+                      "or pass -DGYRE_PYTHON=/path/to/python-with-torch.")
+endif()
+list(APPEND CMAKE_PREFIX_PATH "${GYRE_TORCH_PREFIX}")
+
+# --- Debian packages -----------------------------------------------------------------------------
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+# Found before libtorch, whose CMake config would otherwise define protobuf::libprotobuf from
+# its own bundled copy (and leave Debian's library off the link line).
+find_package(Protobuf REQUIRED)
+pkg_check_modules(GRPCPP REQUIRED IMPORTED_TARGET grpc++)
+find_program(GYRE_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(yaml-cpp REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
+find_package(ZLIB REQUIRED)
+if(GYRE_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+
+# --- CUDA ---------------------------------------------------------------------------------------
+set(GYRE_CUDA_ENABLED OFF)
+if(NOT GYRE_WITH_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "52")
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    find_package(CUDAToolkit REQUIRED)
+    set(GYRE_CUDA_ENABLED ON)
+  elseif(GYRE_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "gyre: GYRE_WITH_CUDA=ON but no CUDA compiler was found (is nvcc on PATH?)")
+  endif()
+endif()
+message(STATUS "gyre: CUDA kernels ${GYRE_CUDA_ENABLED}")
+
+if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  # Without a GPU to detect, torch's config would pick a default list that nvcc 13 rejects.
+  set(ENV{TORCH_CUDA_ARCH_LIST} "9.0")
+endif()
+# Torch's CMake config finds CUDA itself when the wheel is a CUDA build, and appends -gencode
+# flags for every architecture the wheel was built for (some of which a newer nvcc rejects).
+# Gyre's kernels choose their own architectures (CMAKE_CUDA_ARCHITECTURES), so keep our flags.
+set(_gyre_saved_cuda_flags "${CMAKE_CUDA_FLAGS}")
+find_package(Torch REQUIRED)
+set(CMAKE_CUDA_FLAGS "${_gyre_saved_cuda_flags}")
+message(STATUS "gyre: libtorch ${Torch_VERSION} from ${GYRE_TORCH_PREFIX}")
+# TORCH_LIBRARIES carries imported targets; torch's flags carry the C++ ABI define.
+separate_arguments(_gyre_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+add_library(gyre_torch INTERFACE)
+target_link_libraries(gyre_torch INTERFACE ${TORCH_LIBRARIES})
+target_compile_options(gyre_torch INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${_gyre_torch_flags}>)
+# The wheel's include/ also ships its own copies of protobuf (google/) and fmt headers, which
+# must not shadow Debian's (gRPC and spdlog are built against those). Expose a filtered view
+# with only libtorch's own headers, and strip the raw include root from torch's targets.
+set(_gyre_torch_root "${TORCH_INSTALL_PREFIX}/include")
+set(_gyre_torch_view "${CMAKE_BINARY_DIR}/torch-include")
+file(MAKE_DIRECTORY "${_gyre_torch_view}")
+foreach(_d ATen c10 caffe2 torch)
+  if(EXISTS "${_gyre_torch_root}/${_d}" AND NOT EXISTS "${_gyre_torch_view}/${_d}")
+    file(CREATE_LINK "${_gyre_torch_root}/${_d}" "${_gyre_torch_view}/${_d}" SYMBOLIC)
+  endif()
+endforeach()
+foreach(_t torch torch_cpu torch_cuda c10 c10_cuda torch_library)
+  if(TARGET ${_t})
+    get_target_property(_inc ${_t} INTERFACE_INCLUDE_DIRECTORIES)
+    if(_inc)
+      list(FILTER _inc EXCLUDE REGEX "^${_gyre_torch_root}(/torch/csrc/api/include)?/?$")
+      set_property(TARGET ${_t} PROPERTY INTERFACE_INCLUDE_DIRECTORIES "${_inc}")
+    endif()
+  endif()
+endforeach()
+# SYSTEM: torch's own headers are noisy under -Wextra.
+target_include_directories(gyre_torch SYSTEM INTERFACE "${_gyre_torch_view}"
+                           "${_gyre_torch_view}/torch/csrc/api/include")
+

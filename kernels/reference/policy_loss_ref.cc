@@ -1,0 +1,236 @@
+#include "kernels/reference/policy_loss_ref.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace gyre::kernels {
+namespace {
+
+constexpr double kLogRatioClamp = 20.0;
+constexpr double kK3Clamp = 10.0;
+
+struct AggName {
+  LossAgg agg;
+  const char* name;
+};
+
+constexpr AggName kAggNames[] = {
+    {LossAgg::kTokenMean, "token-mean"},
+    {LossAgg::kSeqMeanTokenSum, "seq-mean-token-sum"},
+    {LossAgg::kSeqMeanTokenMean, "seq-mean-token-mean"},
+    {LossAgg::kSeqMeanTokenSumNorm, "seq-mean-token-sum-norm"},
+};
+
+struct KlName {
+  KlKind kl;
+  const char* name;
+};
+
+constexpr KlName kKlNames[] = {
+    {KlKind::kNone, "none"},
+    {KlKind::kK1, "k1"},
+    {KlKind::kK2, "k2"},
+    {KlKind::kK3, "k3"},
+};
+
+// One token's policy term and its derivative with respect to logp.
+struct PgTerm {
+  double loss;
+  double grad;
+  bool clipped;       // the PPO-clipped term strictly won
+  bool dual_clipped;  // the dual-clip cap strictly won
+};
+
+PgTerm PolicyTerm(double logp, double logp_old, double adv, const PolicyLossParams& p) {
+  const double log_ratio = logp - logp_old;
+  const bool ratio_clamped = log_ratio < -kLogRatioClamp || log_ratio > kLogRatioClamp;
+  const double ratio = std::exp(std::clamp(log_ratio, -kLogRatioClamp, kLogRatioClamp));
+  const double d_ratio = ratio_clamped ? 0.0 : ratio;  // d ratio / d logp
+
+  const double lo = 1.0 - static_cast<double>(p.clip_eps_low);
+  const double hi = 1.0 + static_cast<double>(p.clip_eps_high);
+  const double unclipped = -adv * ratio;
+  const double clipped = -adv * std::clamp(ratio, lo, hi);
+  PgTerm term{unclipped, -adv * d_ratio, false, false};
+  if (clipped > unclipped) term = {clipped, 0.0, true, false};
+
+  if (adv < 0.0 && p.dual_clip_c > 1.0f) {
+    const double cap = -adv * static_cast<double>(p.dual_clip_c);
+    if (term.loss > cap) term = {cap, 0.0, false, true};
+  }
+  return term;
+}
+
+// KL estimator value and derivative with respect to logp.
+void KlTerm(KlKind kind, double logp, double logp_ref, double* value, double* grad) {
+  const double d = logp - logp_ref;
+  switch (kind) {
+    case KlKind::kNone:
+      *value = 0.0;
+      *grad = 0.0;
+      return;
+    case KlKind::kK1:
+      *value = d;
+      *grad = 1.0;
+      return;
+    case KlKind::kK2:
+      *value = 0.5 * d * d;
+      *grad = d;
+      return;
+    case KlKind::kK3: {
+      const double e = std::exp(-d);
+      const double k3 = e + d - 1.0;
+      if (k3 > kK3Clamp || k3 < -kK3Clamp) {
+        *value = std::clamp(k3, -kK3Clamp, kK3Clamp);
+        *grad = 0.0;
+      } else {
+        *value = k3;
+        *grad = 1.0 - e;
+      }
+      return;
+    }
+  }
+}
+
+PolicyLossStats NanStats(int64_t count, float* grad_logp) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (grad_logp != nullptr) {
+    std::fill(grad_logp, grad_logp + count, std::numeric_limits<float>::quiet_NaN());
+  }
+  return {nan, nan, nan, nan, nan, nan, nan, nan, nan};
+}
+
+}  // namespace
+
+bool ParseLossAgg(const std::string& name, LossAgg* agg) {
+  for (const AggName& entry : kAggNames) {
+    if (name == entry.name) {
+      *agg = entry.agg;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* LossAggName(LossAgg agg) {
+  for (const AggName& entry : kAggNames) {
+    if (entry.agg == agg) return entry.name;
+  }
+  return "unknown";
+}
+
+bool ParseKlKind(const std::string& name, KlKind* kl) {
+  for (const KlName& entry : kKlNames) {
+    if (name == entry.name) {
+      *kl = entry.kl;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* KlKindName(KlKind kl) {
+  for (const KlName& entry : kKlNames) {
+    if (entry.kl == kl) return entry.name;
+  }
+  return "unknown";
+}
+
+PolicyLossStats PolicyLossRef(const PolicyLossInputs& in, const PolicyLossParams& p,
+                              float* grad_logp) {
+  const int64_t S = in.S, T = in.T;
+  if ((p.use_tis && in.logp_rollout == nullptr) ||
+      (p.kl != KlKind::kNone && in.logp_ref == nullptr)) {
+    return NanStats(S * T, grad_logp);
+  }
+
+  // Denominators first: each token's gradient depends on its sequence's scale.
+  std::vector<double> seq_tokens(S, 0.0);
+  double local_tokens = 0.0;
+  double local_seqs = 0.0;
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t t = 0; t < T; ++t) seq_tokens[s] += in.mask[s * T + t];
+    local_tokens += seq_tokens[s];
+    if (seq_tokens[s] != 0.0) local_seqs += 1.0;
+  }
+  const double token_denom = p.global_tokens > 0 ? p.global_tokens : local_tokens;
+  const double seq_denom = p.global_seqs > 0 ? p.global_seqs : local_seqs;
+  const double norm_len =
+      p.norm_max_len > 0 ? static_cast<double>(p.norm_max_len) : static_cast<double>(T);
+
+  // scale[s] turns sequence s's masked token sum into its share of the loss.
+  std::vector<double> scale(S, 0.0);
+  for (int64_t s = 0; s < S; ++s) {
+    double denom = 0.0;
+    switch (p.agg) {
+      case LossAgg::kTokenMean:
+        denom = token_denom;
+        break;
+      case LossAgg::kSeqMeanTokenSum:
+        denom = seq_denom;
+        break;
+      case LossAgg::kSeqMeanTokenMean:
+        denom = seq_denom * seq_tokens[s];
+        break;
+      case LossAgg::kSeqMeanTokenSumNorm:
+        denom = seq_denom * norm_len;
+        break;
+    }
+    scale[s] = denom != 0.0 ? 1.0 / denom : 0.0;
+  }
+
+  PolicyLossStats stats{};
+  const double kl_coef = p.kl_coef;
+  double clipped = 0.0, dual_clipped = 0.0, approx_kl = 0.0, tis_sum = 0.0, tis_max = 0.0;
+  for (int64_t s = 0; s < S; ++s) {
+    double seq_loss = 0.0, seq_pg = 0.0, seq_kl = 0.0;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t i = s * T + t;
+      const double m = in.mask[i];
+      if (m == 0.0) {
+        if (grad_logp != nullptr) grad_logp[i] = 0.0f;
+        continue;
+      }
+      const double logp = in.logp[i];
+      const double logp_old = in.logp_old[i];
+      const PgTerm pg = PolicyTerm(logp, logp_old, in.advantages[i], p);
+      const double w = p.use_tis
+                           ? std::min(std::exp(logp_old - static_cast<double>(in.logp_rollout[i])),
+                                      static_cast<double>(p.tis_cap))
+                           : 1.0;
+      double kl = 0.0, kl_grad = 0.0;
+      if (p.kl != KlKind::kNone) KlTerm(p.kl, logp, in.logp_ref[i], &kl, &kl_grad);
+
+      seq_pg += m * w * pg.loss;
+      seq_kl += m * kl;
+      seq_loss += m * (w * pg.loss + kl_coef * kl);
+      if (grad_logp != nullptr) {
+        grad_logp[i] = static_cast<float>(scale[s] * m * (w * pg.grad + kl_coef * kl_grad));
+      }
+
+      const double log_ratio = logp - logp_old;
+      approx_kl += m * 0.5 * log_ratio * log_ratio;
+      if (pg.clipped) clipped += m;
+      if (pg.dual_clipped) dual_clipped += m;
+      tis_sum += m * w;
+      tis_max = std::max(tis_max, w);
+    }
+    stats.loss += scale[s] * seq_loss;
+    stats.pg_loss += scale[s] * seq_pg;
+    stats.kl += scale[s] * seq_kl;
+  }
+
+  stats.tokens = local_tokens;
+  if (local_tokens != 0.0) {
+    stats.clip_frac = clipped / local_tokens;
+    stats.dual_clip_frac = dual_clipped / local_tokens;
+    stats.approx_kl = approx_kl / local_tokens;
+    stats.tis_mean = tis_sum / local_tokens;
+    stats.tis_max = tis_max;
+  }
+  return stats;
+}
+
+}  // namespace gyre::kernels

@@ -1,0 +1,137 @@
+// The `gyre` command-line tool.
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/logging.h"
+#include "gyre/job.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "gyre: reinforcement-learning post-training of language models\n"
+    "\n"
+    "usage:\n"
+    "  gyre train JOB.yaml [--set KEY=VALUE ...] [--quiet]\n"
+    "      Run a training job: the controller starts its rollout and trainer workers as child\n"
+    "      processes, runs the supervised warm-up and the GRPO steps, and writes metrics and\n"
+    "      the final model to job.output_dir/job.name.\n"
+    "  gyre validate JOB.yaml [--set KEY=VALUE ...] [--print]\n"
+    "      Check a job file without running it; --print shows every field's effective value.\n"
+    "  gyre worker --role rollout|trainer --controller HOST:PORT [--index N]\n"
+    "      One worker process (what `train` spawns, or what a cluster launcher starts).\n"
+    "  gyre help | --help        This text.\n"
+    "  gyre --version            The version.\n"
+    "\n"
+    "--set overrides any config field, e.g. --set trainer.steps=10 --set rollout.workers=1.\n"
+    "Config fields and defaults: docs/config.md. Exit status: 0 on success, 1 when the job\n"
+    "fails (one line on stderr says why), 2 on a usage error, 130 when interrupted.\n";
+
+int Usage(const char* msg) {
+  std::fprintf(stderr, "gyre: %s (see gyre help)\n", msg);
+  return 2;
+}
+
+struct JobArgs {
+  std::string path;
+  std::vector<std::string> overrides;
+  bool quiet = false;
+  bool print = false;
+};
+
+// Parses "JOB.yaml [--set K=V]... [--quiet] [--print]"; returns 0 or an exit code.
+int ParseJobArgs(int argc, char** argv, int first, bool allow_print, JobArgs* out) {
+  for (int i = first; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--set") {
+      if (i + 1 >= argc) return Usage("--set needs KEY=VALUE");
+      out->overrides.push_back(argv[++i]);
+    } else if (a.rfind("--set=", 0) == 0) {
+      out->overrides.push_back(a.substr(6));
+    } else if (a == "--quiet") {
+      out->quiet = true;
+    } else if (a == "--print" && allow_print) {
+      out->print = true;
+    } else if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return -1;
+    } else if (!a.empty() && a[0] == '-') {
+      return Usage(("unknown option '" + a + "'").c_str());
+    } else if (out->path.empty()) {
+      out->path = a;
+    } else {
+      return Usage(("unexpected argument '" + a + "'").c_str());
+    }
+  }
+  if (out->path.empty()) return Usage("missing JOB.yaml");
+  return 0;
+}
+
+std::string OneLine(std::string s) {
+  for (char& c : s) {
+    if (c == '\n') c = ' ';
+  }
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int worker_rc = 0;
+  if (gyre::MaybeRunWorker(argc, argv, &worker_rc)) return worker_rc;
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "help" || cmd == "--help" || cmd == "-h") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (cmd == "--version" || cmd == "version") {
+    std::printf("gyre %s\n", gyre::Version());
+    return 0;
+  }
+  if (cmd == "validate") {
+    JobArgs args;
+    if (int rc = ParseJobArgs(argc, argv, 2, true, &args); rc != 0) return rc < 0 ? 0 : rc;
+    auto cfg = gyre::LoadJobConfig(args.path, args.overrides);
+    if (!cfg.ok()) {
+      std::fprintf(stderr, "gyre: %s\n", OneLine(cfg.status().message()).c_str());
+      return 1;
+    }
+    if (args.print) std::fputs(gyre::JobConfigToYaml(*cfg).c_str(), stdout);
+    std::printf("%s: OK\n", args.path.c_str());
+    return 0;
+  }
+  if (cmd == "train") {
+    JobArgs args;
+    if (int rc = ParseJobArgs(argc, argv, 2, false, &args); rc != 0) return rc < 0 ? 0 : rc;
+    auto cfg = gyre::LoadJobConfig(args.path, args.overrides);
+    if (!cfg.ok()) {
+      std::fprintf(stderr, "gyre: %s\n", OneLine(cfg.status().message()).c_str());
+      return 1;
+    }
+    gyre::InitLogging("controller", cfg->job.log_level);
+    gyre::RunOptions opts;
+    opts.print_progress = !args.quiet;
+    auto result = gyre::RunJob(*cfg, opts);
+    if (!result.ok()) {
+      std::fprintf(stderr, "gyre: job failed: %s\n", OneLine(result.status().message()).c_str());
+      return result.status().code() == gyre::StatusCode::kAborted &&
+                     result.status().message().rfind("interrupted", 0) == 0
+                 ? 130
+                 : 1;
+    }
+    std::printf(
+        "done: held-out accuracy %.3f before RL -> %.3f after RL (%+.1f points), %d GRPO steps, "
+        "%.1f s\nrun directory: %s\n",
+        result->accuracy_before_rl, result->accuracy_after_rl,
+        100.0 * (result->accuracy_after_rl - result->accuracy_before_rl), result->grpo_steps,
+        result->wall_seconds, result->run_dir.c_str());
+    return 0;
+  }
+  return Usage(("unknown command '" + cmd + "'").c_str());
+}

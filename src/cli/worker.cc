@@ -1,0 +1,167 @@
+#include "cli/worker.h"
+
+#include <ATen/Parallel.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+
+#include "common/logging.h"
+#include "config/config.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+#include "rollout/rollout_service.h"
+#include "rpc/rpc_util.h"
+#include "rpc/worker_session.h"
+#include "trainer/trainer_service.h"
+
+namespace gyre::cli {
+
+namespace {
+
+constexpr char kWorkerUsage[] =
+    "usage: gyre worker --role rollout|trainer --controller HOST:PORT [--index N]\n"
+    "                   [--bind-host HOST] [--port N] [--register-timeout SECONDS]\n"
+    "\n"
+    "Starts one worker process of a Gyre job. The worker serves gRPC on --bind-host:--port\n"
+    "(default 127.0.0.1, any free port), registers with the controller as <role>-<index>,\n"
+    "receives the job configuration from it, and runs until the controller stops it or\n"
+    "cannot be reached for cluster.heartbeat_timeout_s. `gyre train` starts its workers this\n"
+    "way; on a cluster, a launcher starts them with the controller's address.\n";
+
+std::atomic<int> g_signal{0};
+void OnSignal(int sig) { g_signal.store(sig); }  // async-signal-safe: the main loop reacts
+
+}  // namespace
+
+int RunWorker(const std::vector<std::string>& args) {
+  std::string role, controller, bind_host = "127.0.0.1";
+  int index = 0, port = 0;
+  double register_timeout = 60;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const char* flag) -> const std::string* {
+      if (i + 1 >= args.size()) {
+        std::fprintf(stderr, "gyre worker: %s needs a value\n", flag);
+        return nullptr;
+      }
+      return &args[++i];
+    };
+    const std::string* v = nullptr;
+    if (a == "--help" || a == "-h") {
+      std::fputs(kWorkerUsage, stdout);
+      return 0;
+    } else if (a == "--role") {
+      if (!(v = value("--role"))) return 2;
+      role = *v;
+    } else if (a == "--controller") {
+      if (!(v = value("--controller"))) return 2;
+      controller = *v;
+    } else if (a == "--index") {
+      if (!(v = value("--index"))) return 2;
+      index = std::atoi(v->c_str());
+    } else if (a == "--bind-host") {
+      if (!(v = value("--bind-host"))) return 2;
+      bind_host = *v;
+    } else if (a == "--port") {
+      if (!(v = value("--port"))) return 2;
+      port = std::atoi(v->c_str());
+    } else if (a == "--register-timeout") {
+      if (!(v = value("--register-timeout"))) return 2;
+      register_timeout = std::atof(v->c_str());
+    } else {
+      std::fprintf(stderr, "gyre worker: unknown argument '%s' (see gyre worker --help)\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  if (role != "rollout" && role != "trainer") {
+    std::fprintf(stderr, "gyre worker: --role must be rollout or trainer\n");
+    return 2;
+  }
+  if (controller.empty()) {
+    std::fprintf(stderr, "gyre worker: --controller HOST:PORT is required\n");
+    return 2;
+  }
+  const std::string name = role + "-" + std::to_string(index);
+  InitLogging(name);
+  const v1::WorkerRole wrole =
+      role == "rollout" ? v1::WORKER_ROLE_ROLLOUT : v1::WORKER_ROLE_TRAINER;
+  rpc::WorkerSession session(controller, wrole, index);
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  std::unique_ptr<rollout::RolloutService> rollout_service;
+  std::unique_ptr<trainer::TrainerService> trainer_service;
+  auto on_stop = [&session](const std::string& reason) { session.RequestStop(reason); };
+
+  // Registration needs our address, and the services need the config that registration
+  // returns: pick the port first, learn the config, then serve on that port. The controller
+  // calls us only after our first heartbeat, which starts once the server is up.
+  int bound_port = port;
+  if (bound_port == 0) {
+    auto free_port = rpc::PickFreePort(bind_host);
+    if (!free_port.ok()) {
+      std::fprintf(stderr, "gyre worker: %s\n", free_port.status().ToString().c_str());
+      return 1;
+    }
+    bound_port = *free_port;
+  }
+  const std::string address = bind_host + ":" + std::to_string(bound_port);
+  Status s = session.Register(address, register_timeout);
+  if (!s.ok()) {
+    GYRE_LOG_ERROR("{}", s.ToString());
+    std::fprintf(stderr, "gyre worker: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  auto cfg = config::ParseJobConfig(session.job_config_yaml(), "<controller>");
+  if (!cfg.ok()) {
+    session.ReportFatal("bad job configuration: " + cfg.status().ToString());
+    std::fprintf(stderr, "gyre worker: %s\n", cfg.status().ToString().c_str());
+    return 1;
+  }
+  InitLogging(name + "-main", cfg->job.log_level);
+  at::set_num_threads(std::max(1, cfg->trainer.torch_threads));
+  model::CharTokenizer tokenizer;
+  const model::ModelSpec spec = model::SpecFromConfig(cfg->model, tokenizer.vocab_size());
+  auto model = model::Transformer::Create(spec, cfg->job.seed, cfg->model.init_std);
+  GYRE_LOG_INFO("{}: model with {} parameters", session.worker_id(), model->NumParameters());
+
+  grpc::Service* service = nullptr;
+  std::function<int64_t()> version;
+  if (wrole == v1::WORKER_ROLE_ROLLOUT) {
+    const int64_t max_batch = static_cast<int64_t>(cfg->rollout.prompts_per_step) *
+                              cfg->rollout.group_size;
+    rollout_service =
+        std::make_unique<rollout::RolloutService>(std::move(model), max_batch, on_stop);
+    service = rollout_service.get();
+    version = [&] { return rollout_service->version(); };
+  } else {
+    trainer_service = std::make_unique<trainer::TrainerService>(*cfg, std::move(model), on_stop);
+    service = trainer_service.get();
+    version = [&] { return trainer_service->version(); };
+  }
+  std::string serving;
+  auto server = rpc::StartServer(bind_host, bound_port, {service}, &serving);
+  if (!server.ok()) {
+    session.ReportFatal("cannot serve on " + address + ": " + server.status().ToString());
+    return 1;
+  }
+  session.StartHeartbeats(version);  // the first heartbeat tells the controller we are ready
+  GYRE_LOG_INFO("{} serving on {}", session.worker_id(), serving);
+  while (!session.WaitForStopFor(0.2)) {
+    if (int sig = g_signal.load()) session.RequestStop(sig == SIGINT ? "SIGINT" : "SIGTERM");
+  }
+  const std::string reason = session.WaitForStop();
+  GYRE_LOG_INFO("{} stopping: {}", session.worker_id(), reason);
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  session.Shutdown();
+  return 0;
+}
+
+}  // namespace gyre::cli

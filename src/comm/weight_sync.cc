@@ -1,0 +1,140 @@
+#include "comm/weight_sync.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "rpc/rpc_util.h"
+
+namespace gyre::comm {
+
+StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightPayload& payload,
+                                 int64_t bucket_bytes, double timeout_s, int corrupt_bucket) {
+  if (bucket_bytes <= 0) return InvalidArgument("bucket_bytes must be positive");
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t total = payload.bytes.size();
+  const uint32_t num_buckets =
+      static_cast<uint32_t>(std::max<uint64_t>(1, (total + bucket_bytes - 1) / bucket_bytes));
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, timeout_s);
+  v1::WeightReceipt receipt;
+  auto writer = stub->LoadWeights(&ctx, &receipt);
+  SendResult result;
+  for (uint32_t b = 0; b < num_buckets; ++b) {
+    v1::WeightChunk chunk;
+    chunk.set_version(payload.version);
+    chunk.set_bucket_index(b);
+    const uint64_t off = static_cast<uint64_t>(b) * bucket_bytes;
+    const uint64_t n = std::min<uint64_t>(bucket_bytes, total - std::min(total, off));
+    chunk.set_offset(off);
+    if (b == 0) {
+      chunk.set_total_bytes(total);
+      chunk.set_num_buckets(num_buckets);
+      for (const auto& e : payload.manifest) {
+        v1::TensorSpec* s = chunk.add_manifest();
+        s->set_name(e.name);
+        for (int64_t d : e.shape) s->add_shape(d);
+        s->set_dtype(e.dtype);
+        s->set_offset(e.offset);
+        s->set_nbytes(e.nbytes);
+      }
+    }
+    const uint8_t* p = payload.bytes.data() + off;
+    const uint32_t crc = model::Crc32(p, n);
+    chunk.set_crc32(crc);
+    chunk.set_data(p, n);
+    if (static_cast<int>(b) == corrupt_bucket && n > 0) {
+      (*chunk.mutable_data())[n / 2] ^= 0x5a;
+    }
+    result.sent_crc32.push_back(crc);
+    if (!writer->Write(chunk)) break;  // the receiver gave up; Finish() says why
+  }
+  writer->WritesDone();
+  GYRE_RETURN_IF_ERROR(rpc::FromGrpc(writer->Finish(), "weight transfer"));
+  if (receipt.version() != payload.version) {
+    return DataLoss("receipt is for version " + std::to_string(receipt.version()) +
+                    ", sent version " + std::to_string(payload.version));
+  }
+  if (static_cast<size_t>(receipt.bucket_crc32_size()) != result.sent_crc32.size()) {
+    return DataLoss("receipt lists " + std::to_string(receipt.bucket_crc32_size()) +
+                    " buckets, sent " + std::to_string(result.sent_crc32.size()));
+  }
+  for (size_t b = 0; b < result.sent_crc32.size(); ++b) {
+    if (receipt.bucket_crc32(static_cast<int>(b)) != result.sent_crc32[b]) {
+      return DataLoss("bucket " + std::to_string(b) + " checksum mismatch in the receipt");
+    }
+  }
+  result.receipt = receipt;
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+Status ReceiveWeights(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
+                      const model::NamedTensors& params, v1::WeightReceipt* receipt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  v1::WeightChunk chunk;
+  if (!reader->Read(&chunk)) return InvalidArgument("weight transfer carried no chunks");
+  const int64_t version = chunk.version();
+  const uint64_t total = chunk.total_bytes();
+  const uint32_t num_buckets = chunk.num_buckets();
+  if (num_buckets == 0) return InvalidArgument("first weight chunk has num_buckets = 0");
+  std::vector<model::TensorEntry> manifest;
+  for (const auto& s : chunk.manifest()) {
+    model::TensorEntry e;
+    e.name = s.name();
+    e.shape.assign(s.shape().begin(), s.shape().end());
+    e.dtype = s.dtype();
+    e.offset = s.offset();
+    e.nbytes = s.nbytes();
+    manifest.push_back(std::move(e));
+  }
+  std::vector<uint8_t> buffer(total);
+  std::vector<uint32_t> crcs;
+  uint64_t received = 0;
+  Status error;
+  do {
+    if (!error.ok()) continue;  // drain the stream so the sender sees our status
+    if (chunk.version() != version) {
+      error = InvalidArgument("chunk for version " + std::to_string(chunk.version()) +
+                              " inside a transfer of version " + std::to_string(version));
+      continue;
+    }
+    if (chunk.bucket_index() != crcs.size()) {
+      error = InvalidArgument("bucket " + std::to_string(chunk.bucket_index()) +
+                              " arrived out of order (expected " + std::to_string(crcs.size()) +
+                              ")");
+      continue;
+    }
+    const std::string& data = chunk.data();
+    if (chunk.offset() > total || data.size() > total - chunk.offset()) {
+      error = InvalidArgument("bucket " + std::to_string(chunk.bucket_index()) +
+                              " lies outside the payload");
+      continue;
+    }
+    const uint32_t crc = model::Crc32(reinterpret_cast<const uint8_t*>(data.data()), data.size());
+    if (crc != chunk.crc32()) {
+      error = DataLoss("bucket " + std::to_string(chunk.bucket_index()) +
+                       " of version " + std::to_string(version) + " failed its CRC-32 check");
+      continue;
+    }
+    std::copy(data.begin(), data.end(), buffer.begin() + static_cast<int64_t>(chunk.offset()));
+    received += data.size();
+    crcs.push_back(crc);
+  } while (reader->Read(&chunk));
+  GYRE_RETURN_IF_ERROR(error);
+  if (crcs.size() != num_buckets || received != total) {
+    return DataLoss("weight transfer of version " + std::to_string(version) + " ended after " +
+                    std::to_string(crcs.size()) + " of " + std::to_string(num_buckets) +
+                    " buckets");
+  }
+  GYRE_RETURN_IF_ERROR(model::LoadFlatParameters(manifest, buffer.data(), total, params)
+                           .WithContext("weights of version " + std::to_string(version)));
+  receipt->set_version(version);
+  for (uint32_t c : crcs) receipt->add_bucket_crc32(c);
+  receipt->set_bytes(total);
+  receipt->set_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return Status::Ok();
+}
+
+}  // namespace gyre::comm

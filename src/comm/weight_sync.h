@@ -1,0 +1,46 @@
+#pragma once
+// The CPU weight plane over gRPC streaming: a trainer sends a policy version as a manifest plus
+// fixed-size buckets, each with a CRC-32; the receiving rollout worker checks every bucket,
+// loads the parameters only when all of them arrived intact, and answers with a receipt
+// (version + the CRC-32 it computed per bucket). The sender compares the receipt with what it
+// sent, so a corrupted or partial transfer is an error on both sides, never silently used.
+//
+// Thread-safety: SendWeights may run concurrently for different receivers over a shared
+// payload. ReceiveWeights runs on a gRPC handler thread; the caller serialises it with any
+// forward pass that reads the same parameters.
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gyre/status.h"
+#include "gyre/v1/gyre.grpc.pb.h"
+#include "model/weights.h"
+
+namespace gyre::comm {
+
+struct WeightPayload {
+  int64_t version = 0;
+  std::vector<model::TensorEntry> manifest;
+  std::vector<uint8_t> bytes;
+};
+
+struct SendResult {
+  v1::WeightReceipt receipt;
+  std::vector<uint32_t> sent_crc32;
+  double seconds = 0;
+};
+
+// Streams `payload` to one rollout worker within `timeout_s`. `corrupt_bucket` >= 0 flips a byte
+// of that bucket after its checksum is computed (fault injection for tests).
+StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightPayload& payload,
+                                 int64_t bucket_bytes, double timeout_s, int corrupt_bucket = -1);
+
+// Reads a full transfer from `reader`, verifies it and loads it into `params`. On error nothing
+// is loaded. On success fills `receipt` and stores the version in *version.
+Status ReceiveWeights(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
+                      const model::NamedTensors& params, v1::WeightReceipt* receipt);
+
+}  // namespace gyre::comm

@@ -1,0 +1,14 @@
+#include "common/logging.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+
+namespace gyre {
+
+void InitLogging(const std::string& process_name, const std::string& level) {
+  auto logger = spdlog::stderr_color_mt(process_name);
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%^%l%$] %v");
+  logger->set_level(spdlog::level::from_str(level));
+  spdlog::set_default_logger(logger);
+}
+
+}  // namespace gyre

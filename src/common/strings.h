@@ -1,0 +1,24 @@
+#pragma once
+// Small string helpers shared by the modules.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gyre {
+
+std::vector<std::string> SplitString(std::string_view s, char sep);
+std::string TrimString(std::string_view s);
+bool StartsWith(std::string_view s, std::string_view prefix);
+
+// Levenshtein distance (insert, delete, substitute each cost 1).
+int EditDistance(std::string_view a, std::string_view b);
+
+// The candidate closest to `word` by edit distance, or "" when none is within
+// max(2, word.size() / 3) edits. Used for "did you mean" suggestions.
+std::string NearestWord(std::string_view word, const std::vector<std::string>& candidates);
+
+// "1.5 GiB", "12 KiB", "512 B".
+std::string HumanBytes(double bytes);
+
+}  // namespace gyre

@@ -1,0 +1,976 @@
+#include "config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <utility>
+#include <variant>
+
+#include "common/check.h"
+#include "common/strings.h"
+
+namespace gyre::config {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// The field table.
+// ---------------------------------------------------------------------------------------------
+
+// A pointer to one field of a JobConfig. The variant's alternative *is* the field's type, so the
+// table cannot claim a type that disagrees with the struct.
+using FieldPtr = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*>;
+using Getter = FieldPtr (*)(JobConfig&);
+
+// Same order as FieldPtr's alternatives: FieldType(ptr.index()) is the field's type.
+enum class FieldType { kInt, kInt64, kUint64, kDouble, kBool, kString };
+
+struct Range {
+  double lo = 0;
+  double hi = 0;
+  bool lo_open = false;  // (lo, ...
+  bool hi_open = false;  // ..., hi)
+};
+
+struct Field {
+  std::string key;  // dotted: "rollout.sampling.top_p"
+  Getter get = nullptr;
+  FieldType type = FieldType::kInt;
+  std::optional<Range> range;        // numbers; none = the type's full range
+  std::vector<std::string> choices;  // strings; empty = any string
+  bool non_empty = false;            // strings
+  std::string doc;                   // one line
+};
+
+// Gives both the dotted key and its accessor from one spelling of the member path, so a key can
+// never drift from the field it names: GYRE_CONFIG_KEY(trainer.steps).
+#define GYRE_CONFIG_KEY(path) #path, [](JobConfig & c) -> FieldPtr { return &c.path; }
+
+FieldType TypeOf(Getter get) {
+  static JobConfig probe;
+  return static_cast<FieldType>(get(probe).index());
+}
+
+Range Closed(double lo, double hi) { return {lo, hi, false, false}; }
+Range OpenLow(double lo, double hi) { return {lo, hi, true, false}; }   // (lo, hi]
+Range OpenHigh(double lo, double hi) { return {lo, hi, false, true}; }  // [lo, hi)
+
+Field Num(const char* key, Getter get, Range range, const char* doc) {
+  Field f{key, get, TypeOf(get), range, {}, false, doc};
+  GYRE_CHECK(f.type == FieldType::kInt || f.type == FieldType::kInt64 ||
+             f.type == FieldType::kDouble)
+      << key << " is not an int or double field";
+  if (f.type == FieldType::kInt) {
+    GYRE_CHECK(range.lo >= INT_MIN && range.hi <= INT_MAX) << key << ": range exceeds int";
+  }
+  return f;
+}
+// Seeds: any uint64.
+Field Seed(const char* key, Getter get, const char* doc) {
+  Field f{key, get, TypeOf(get), std::nullopt, {}, false, doc};
+  GYRE_CHECK(f.type == FieldType::kUint64) << key << " is not a uint64 field";
+  return f;
+}
+Field Flag(const char* key, Getter get, const char* doc) {
+  Field f{key, get, TypeOf(get), std::nullopt, {}, false, doc};
+  GYRE_CHECK(f.type == FieldType::kBool) << key << " is not a bool field";
+  return f;
+}
+Field Text(const char* key, Getter get, bool non_empty, const char* doc) {
+  Field f{key, get, TypeOf(get), std::nullopt, {}, non_empty, doc};
+  GYRE_CHECK(f.type == FieldType::kString) << key << " is not a string field";
+  return f;
+}
+Field Choice(const char* key, Getter get, std::vector<std::string> choices, const char* doc) {
+  Field f{key, get, TypeOf(get), std::nullopt, std::move(choices), true, doc};
+  GYRE_CHECK(f.type == FieldType::kString) << key << " is not a string field";
+  return f;
+}
+
+constexpr bool kNonEmpty = true;
+constexpr bool kAnyText = false;
+constexpr double kMaxCount = 1 << 20;    // sizes and batch counts
+constexpr double kMaxSteps = 100000000;  // step counts and cadences
+constexpr double kDay = 86400;           // seconds
+
+// Every JobConfig field, once. Order is DumpJobConfig's order; each section's keys must be
+// contiguous (checked below).
+std::vector<Field> BuildTable() {
+  std::vector<Field> t = {
+      // job
+      Text(GYRE_CONFIG_KEY(job.name), kNonEmpty, "run name; the run directory is output_dir/name"),
+      Seed(GYRE_CONFIG_KEY(job.seed), "seeds model init, prompt order and sampling"),
+      Text(GYRE_CONFIG_KEY(job.output_dir), kNonEmpty, "parent directory of run directories"),
+      Choice(GYRE_CONFIG_KEY(job.log_level),
+             {"trace", "debug", "info", "warn", "error", "critical", "off"}, "log verbosity"),
+      // model
+      Text(GYRE_CONFIG_KEY(model.path), kAnyText,
+           "HF model directory (not yet supported); empty = the built-in tiny decoder below"),
+      Choice(GYRE_CONFIG_KEY(model.dtype), {"float32"}, "parameter and compute dtype"),
+      Num(GYRE_CONFIG_KEY(model.hidden_size), Closed(1, 65536), "model width"),
+      Num(GYRE_CONFIG_KEY(model.num_layers), Closed(1, 1024), "decoder layers"),
+      Num(GYRE_CONFIG_KEY(model.num_heads), Closed(1, 1024), "query heads"),
+      Num(GYRE_CONFIG_KEY(model.num_kv_heads), Closed(1, 1024),
+          "key/value heads (grouped-query attention)"),
+      Num(GYRE_CONFIG_KEY(model.intermediate_size), Closed(1, kMaxCount), "MLP hidden width"),
+      Num(GYRE_CONFIG_KEY(model.max_seq_len), Closed(2, kMaxCount),
+          "longest prompt + completion, in tokens"),
+      Num(GYRE_CONFIG_KEY(model.rope_theta), OpenLow(0, 1e9), "rotary embedding base"),
+      Num(GYRE_CONFIG_KEY(model.rms_norm_eps), OpenLow(0, 1), "RMSNorm epsilon"),
+      Flag(GYRE_CONFIG_KEY(model.tie_embeddings), "share the input embedding and output head"),
+      Num(GYRE_CONFIG_KEY(model.init_std), OpenLow(0, 10), "std of the normal weight init"),
+      // data
+      Choice(GYRE_CONFIG_KEY(data.task), {"addition"}, "built-in task (prompts and verifier)"),
+      Text(GYRE_CONFIG_KEY(data.train_path), kAnyText,
+           "JSONL of {\"prompt\", \"answer\"}; empty = generated by the task"),
+      Text(GYRE_CONFIG_KEY(data.eval_path), kAnyText,
+           "JSONL for held-out evaluation; empty = generated by the task"),
+      Num(GYRE_CONFIG_KEY(data.min_digits), Closed(1, 18), "addition: fewest operand digits"),
+      Num(GYRE_CONFIG_KEY(data.max_digits), Closed(1, 18), "addition: most operand digits"),
+      Num(GYRE_CONFIG_KEY(data.eval_size), Closed(1, 1000000), "held-out prompts"),
+      Seed(GYRE_CONFIG_KEY(data.eval_seed),
+           "seed of the held-out prompts (kept apart from job.seed)"),
+      // rollout
+      Num(GYRE_CONFIG_KEY(rollout.workers), Closed(1, 64), "rollout worker processes"),
+      Num(GYRE_CONFIG_KEY(rollout.group_size), Closed(1, 4096), "samples per prompt (GRPO's n)"),
+      Num(GYRE_CONFIG_KEY(rollout.prompts_per_step), Closed(1, kMaxCount),
+          "prompt groups per GRPO step"),
+      Num(GYRE_CONFIG_KEY(rollout.max_new_tokens), Closed(1, kMaxCount),
+          "completion length limit, in tokens"),
+      Num(GYRE_CONFIG_KEY(rollout.sampling.temperature), Closed(0, 100),
+          "softmax temperature; 0 = greedy"),
+      Num(GYRE_CONFIG_KEY(rollout.sampling.top_k), Closed(0, kMaxCount),
+          "keep the k most likely tokens; 0 = off"),
+      Num(GYRE_CONFIG_KEY(rollout.sampling.top_p), OpenLow(0, 1), "nucleus sampling mass; 1 = off"),
+      Num(GYRE_CONFIG_KEY(rollout.sampling.min_p), Closed(0, 1),
+          "drop tokens below min_p * the top probability; 0 = off"),
+      // algorithm
+      Choice(GYRE_CONFIG_KEY(algorithm.advantage), {"grpo", "grpo_no_std", "rloo"},
+             "group-relative advantage estimator"),
+      Choice(GYRE_CONFIG_KEY(algorithm.loss_agg),
+             {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum"},
+             "how per-token losses are averaged"),
+      Num(GYRE_CONFIG_KEY(algorithm.clip_eps_low), Closed(0, 1), "PPO ratio clip below 1"),
+      Num(GYRE_CONFIG_KEY(algorithm.clip_eps_high), Closed(0, 10),
+          "PPO ratio clip above 1 (clip-higher)"),
+      Num(GYRE_CONFIG_KEY(algorithm.dual_clip_c), Closed(0, 1000),
+          "dual-clip bound for negative advantages; 0 = off, else > 1"),
+      Flag(GYRE_CONFIG_KEY(algorithm.tis),
+           "truncated importance weight against the rollout log-probs"),
+      Num(GYRE_CONFIG_KEY(algorithm.tis_cap), OpenLow(0, 1e6), "truncation cap of the TIS weight"),
+      Num(GYRE_CONFIG_KEY(algorithm.max_staleness), Closed(0, 1000),
+          "policy versions a rollout may lag; 0 = synchronous on-policy"),
+      // trainer
+      Num(GYRE_CONFIG_KEY(trainer.workers), Closed(1, 64), "trainer worker processes"),
+      Num(GYRE_CONFIG_KEY(trainer.steps), Closed(0, kMaxSteps), "GRPO optimizer steps"),
+      Num(GYRE_CONFIG_KEY(trainer.lr), OpenLow(0, 10), "AdamW learning rate"),
+      Num(GYRE_CONFIG_KEY(trainer.weight_decay), Closed(0, 10), "AdamW weight decay"),
+      Num(GYRE_CONFIG_KEY(trainer.beta1), OpenHigh(0, 1), "AdamW beta1"),
+      Num(GYRE_CONFIG_KEY(trainer.beta2), OpenHigh(0, 1), "AdamW beta2"),
+      Num(GYRE_CONFIG_KEY(trainer.grad_clip), Closed(0, 1e6), "max global grad norm; 0 = off"),
+      Num(GYRE_CONFIG_KEY(trainer.micro_batch_size), Closed(1, kMaxCount),
+          "sequences per forward/backward"),
+      Num(GYRE_CONFIG_KEY(trainer.warmup_sft_steps), Closed(0, kMaxSteps),
+          "supervised warm-up steps before GRPO; 0 = none"),
+      Num(GYRE_CONFIG_KEY(trainer.warmup_sft_batch), Closed(1, kMaxCount),
+          "sequences per warm-up step"),
+      Num(GYRE_CONFIG_KEY(trainer.warmup_sft_lr), OpenLow(0, 10), "warm-up learning rate"),
+      Num(GYRE_CONFIG_KEY(trainer.checkpoint_every), Closed(0, kMaxSteps),
+          "steps between checkpoints; 0 = only the final model"),
+      Num(GYRE_CONFIG_KEY(trainer.torch_threads), Closed(1, 1024),
+          "intra-op threads per worker process"),
+      // reward
+      Choice(GYRE_CONFIG_KEY(reward.type), {"builtin", "custom"},
+             "builtin = the task's verifier; custom = a library user's RewardFn"),
+      // cluster
+      Choice(GYRE_CONFIG_KEY(cluster.mode), {"local", "external"},
+             "local = the controller spawns its workers; external = workers connect to it"),
+      Text(GYRE_CONFIG_KEY(cluster.bind_host), kNonEmpty, "address the controller listens on"),
+      Num(GYRE_CONFIG_KEY(cluster.controller_port), Closed(0, 65535),
+          "controller port; 0 = any free port"),
+      Num(GYRE_CONFIG_KEY(cluster.register_timeout_s), OpenLow(0, kDay),
+          "how long to wait for all workers to register"),
+      Num(GYRE_CONFIG_KEY(cluster.heartbeat_interval_s), OpenLow(0, 3600),
+          "seconds between worker heartbeats"),
+      Num(GYRE_CONFIG_KEY(cluster.heartbeat_timeout_s), OpenLow(0, kDay),
+          "silence after which a worker is declared dead"),
+      Num(GYRE_CONFIG_KEY(cluster.rpc_timeout_s), OpenLow(0, kDay), "deadline of one worker RPC"),
+      Num(GYRE_CONFIG_KEY(cluster.weight_sync_timeout_s), OpenLow(0, kDay),
+          "deadline of one weight broadcast"),
+      Num(GYRE_CONFIG_KEY(cluster.weight_bucket_bytes), Closed(1024, 17179869184.0),
+          "weight-sync bucket size in bytes"),
+      Choice(GYRE_CONFIG_KEY(cluster.on_worker_failure), {"continue", "fail"},
+             "continue = re-queue a dead worker's work on survivors; fail = stop the job"),
+      Text(GYRE_CONFIG_KEY(cluster.worker_binary), kAnyText,
+           "worker executable; empty = this executable"),
+      // metrics
+      Text(GYRE_CONFIG_KEY(metrics.file), kNonEmpty, "metrics JSONL, inside the run directory"),
+      Num(GYRE_CONFIG_KEY(metrics.eval_every), Closed(0, kMaxSteps),
+          "GRPO steps between held-out evals; 0 = before and after training only"),
+  };
+
+  // Invariants that DumpJobConfig and the key lookup rely on.
+  std::set<std::string> keys;
+  std::set<std::string> closed_sections;
+  std::vector<std::string> open;  // section path of the previous key
+  for (const Field& f : t) {
+    GYRE_CHECK(keys.insert(f.key).second) << "duplicate config key " << f.key;
+    GYRE_CHECK(f.doc.find('\n') == std::string::npos) << f.key << ": doc must be one line";
+    std::vector<std::string> parts = SplitString(f.key, '.');
+    parts.pop_back();
+    size_t common = 0;
+    while (common < open.size() && common < parts.size() && open[common] == parts[common]) {
+      ++common;
+    }
+    for (size_t i = common; i < open.size(); ++i) {
+      std::string prefix;
+      for (size_t j = 0; j <= i; ++j) prefix += (j ? "." : "") + open[j];
+      closed_sections.insert(prefix);
+    }
+    std::string prefix;
+    for (const std::string& p : parts) {
+      prefix += (prefix.empty() ? "" : ".") + p;
+      GYRE_CHECK(!closed_sections.count(prefix))
+          << "keys of section " << prefix << " must be contiguous in the table";
+    }
+    open = parts;
+  }
+  return t;
+}
+
+#undef GYRE_CONFIG_KEY
+
+const std::vector<Field>& Table() {
+  static const std::vector<Field>* table = new std::vector<Field>(BuildTable());
+  return *table;
+}
+
+const Field* FindField(const std::string& key) {
+  for (const Field& f : Table()) {
+    if (f.key == key) return &f;
+  }
+  return nullptr;
+}
+
+// Sections are the proper dotted prefixes of keys: "rollout", "rollout.sampling", ...
+const std::vector<std::string>& Sections() {
+  static const std::vector<std::string>* sections = [] {
+    auto* out = new std::vector<std::string>;
+    std::set<std::string> seen;
+    for (const Field& f : Table()) {
+      for (size_t dot = f.key.find('.'); dot != std::string::npos; dot = f.key.find('.', dot + 1)) {
+        std::string prefix = f.key.substr(0, dot);
+        if (seen.insert(prefix).second) out->push_back(prefix);
+      }
+    }
+    return out;
+  }();
+  return *sections;
+}
+
+bool IsSection(const std::string& name) {
+  for (const std::string& s : Sections()) {
+    if (s == name) return true;
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Formatting.
+// ---------------------------------------------------------------------------------------------
+
+// Shortest of %.15g / %.17g that reads back as exactly `v` (so 0.2 prints as 0.2).
+std::string FormatDouble(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.15g", v);
+  if (std::strtod(buf, nullptr) != v) std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+// As FormatDouble, but an integral value keeps a ".0" so a dump reads as a float field.
+std::string FormatDoubleValue(double v) {
+  std::string s = FormatDouble(v);
+  if (std::isfinite(v) && s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+// A YAML double-quoted scalar; yaml-cpp decodes these escapes back to the same bytes.
+std::string QuoteYaml(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\x%02X", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+const char* TypeName(FieldType t) {
+  switch (t) {
+    case FieldType::kInt:
+      return "int";
+    case FieldType::kInt64:
+      return "int64";
+    case FieldType::kUint64:
+      return "uint64";
+    case FieldType::kDouble:
+      return "double";
+    case FieldType::kBool:
+      return "bool";
+    case FieldType::kString:
+      return "string";
+  }
+  return "?";
+}
+
+const char* Expected(FieldType t) {
+  switch (t) {
+    case FieldType::kInt:
+    case FieldType::kInt64:
+    case FieldType::kUint64:
+      return "an integer";
+    case FieldType::kDouble:
+      return "a number";
+    case FieldType::kBool:
+      return "true or false";
+    case FieldType::kString:
+      return "a string";
+  }
+  return "?";
+}
+
+std::string RangeText(const Field& f) {
+  if (!f.range) return "";
+  const Range& r = *f.range;
+  auto num = [&](double v) {
+    if (f.type == FieldType::kDouble) return FormatDouble(v);
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.0f", v);
+    return std::string(buf);
+  };
+  return std::string(r.lo_open ? "(" : "[") + num(r.lo) + ", " + num(r.hi) +
+         (r.hi_open ? ")" : "]");
+}
+
+std::string JoinChoices(const std::vector<std::string>& v) {
+  std::string out;
+  for (const std::string& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+// The field's current value in `cfg`, as DumpJobConfig writes it (strings quoted).
+std::string ValueText(const Field& f, const JobConfig& cfg, bool quote_strings) {
+  JobConfig copy = cfg;  // getters need a mutable config; a copy keeps `cfg` const
+  FieldPtr p = f.get(copy);
+  switch (f.type) {
+    case FieldType::kInt:
+      return std::to_string(*std::get<int*>(p));
+    case FieldType::kInt64:
+      return std::to_string(*std::get<int64_t*>(p));
+    case FieldType::kUint64:
+      return std::to_string(*std::get<uint64_t*>(p));
+    case FieldType::kDouble:
+      return FormatDoubleValue(*std::get<double*>(p));
+    case FieldType::kBool:
+      return *std::get<bool*>(p) ? "true" : "false";
+    case FieldType::kString: {
+      const std::string& s = *std::get<std::string*>(p);
+      if (quote_strings || s.empty()) return QuoteYaml(s);
+      return s;
+    }
+  }
+  return "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checking and setting one field.
+// ---------------------------------------------------------------------------------------------
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// "" when `v` is inside the field's range; otherwise the problem, showing the value as `shown`.
+std::string CheckNumber(const Field& f, double v, const std::string& shown) {
+  if (!f.range) return "";
+  const Range& r = *f.range;
+  bool ok = !std::isnan(v) && v >= r.lo && v <= r.hi && !(r.lo_open && v == r.lo) &&
+            !(r.hi_open && v == r.hi);
+  if (ok) return "";
+  return f.key + ": " + shown + " is out of range " + RangeText(f);
+}
+
+std::string CheckString(const Field& f, const std::string& v) {
+  if (!f.choices.empty()) {
+    for (const std::string& c : f.choices) {
+      if (v == c) return "";
+    }
+    std::string msg = f.key + ": '" + v + "' is not one of " + JoinChoices(f.choices);
+    std::string near = NearestWord(Lower(v), f.choices);
+    if (!near.empty()) msg += "; did you mean '" + near + "'?";
+    return msg;
+  }
+  if (f.non_empty && v.empty()) return f.key + ": must not be empty";
+  return "";
+}
+
+// The range check of the field's current value, for configs built in code.
+std::string CheckCurrentValue(const Field& f, const JobConfig& cfg) {
+  JobConfig copy = cfg;
+  FieldPtr p = f.get(copy);
+  const std::string shown = ValueText(f, cfg, false);
+  switch (f.type) {
+    case FieldType::kInt:
+      return CheckNumber(f, *std::get<int*>(p), shown);
+    case FieldType::kInt64:
+      return CheckNumber(f, static_cast<double>(*std::get<int64_t*>(p)), shown);
+    case FieldType::kDouble:
+      return CheckNumber(f, *std::get<double*>(p), shown);
+    case FieldType::kString:
+      return CheckString(f, *std::get<std::string*>(p));
+    case FieldType::kUint64:
+    case FieldType::kBool:
+      return "";
+  }
+  return "";
+}
+
+// Decimal integer with optional sign; *overflow when it does not fit the parse type.
+bool ParseSigned(const std::string& s, int64_t* out, bool* overflow) {
+  size_t i = (!s.empty() && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
+  if (i == s.size()) return false;
+  for (size_t j = i; j < s.size(); ++j) {
+    if (!std::isdigit(static_cast<unsigned char>(s[j]))) return false;
+  }
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), nullptr, 10);
+  *overflow = errno == ERANGE;
+  *out = v;
+  return true;
+}
+
+bool ParseUnsigned(const std::string& s, uint64_t* out, bool* out_of_range) {
+  int64_t ignored;
+  bool overflow;
+  if (!ParseSigned(s, &ignored, &overflow)) return false;
+  // strtoull would silently wrap "-1"; a negative number is a valid integer, just out of range.
+  if (s[0] == '-') {
+    *out_of_range = true;
+    return true;
+  }
+  errno = 0;
+  unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
+  *out_of_range = errno == ERANGE;
+  *out = v;
+  return true;
+}
+
+// Decimal or scientific notation only: strtod alone would also take "nan", "inf" and hex.
+bool ParseDouble(const std::string& s, double* out) {
+  if (s.empty() || s.find_first_not_of("0123456789+-.eE") != std::string::npos) return false;
+  if (s.find_first_of("0123456789") == std::string::npos) return false;
+  char* end = nullptr;
+  *out = std::strtod(s.c_str(), &end);  // overflow gives +-HUGE_VAL, caught by the range check
+  return end == s.c_str() + s.size();
+}
+
+bool ParseBool(const std::string& s, bool* out) {
+  static const char* kTrue[] = {"true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON"};
+  static const char* kFalse[] = {"false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF"};
+  for (const char* t : kTrue) {
+    if (s == t) {
+      *out = true;
+      return true;
+    }
+  }
+  for (const char* t : kFalse) {
+    if (s == t) {
+      *out = false;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string DescribeNode(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Null:
+      return "nothing";
+    case YAML::NodeType::Scalar:
+      return "'" + n.Scalar() + "'";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a map";
+    case YAML::NodeType::Undefined:
+      return "nothing";
+  }
+  return "?";
+}
+
+// Parses `node` as the field's value and stores it in `cfg`. On error (message without a
+// location prefix) `cfg` is untouched.
+Status SetField(const Field& f, const YAML::Node& node, JobConfig* cfg) {
+  // An empty value is the empty string for a string field ("path:" reads naturally as "none").
+  bool empty_string = f.type == FieldType::kString && node.IsNull();
+  if (!node.IsScalar() && !empty_string) {
+    return InvalidArgument(f.key + ": expected " + Expected(f.type) + ", got " +
+                           DescribeNode(node));
+  }
+  const std::string text = empty_string ? "" : node.Scalar();
+  auto type_error = [&] {
+    return InvalidArgument(f.key + ": expected " + Expected(f.type) + ", got '" + text + "'");
+  };
+  auto check = [](const std::string& problem) {
+    return problem.empty() ? Status::Ok() : InvalidArgument(problem);
+  };
+  FieldPtr p = f.get(*cfg);
+  switch (f.type) {
+    case FieldType::kInt:
+    case FieldType::kInt64: {
+      int64_t v = 0;
+      bool overflow = false;
+      if (!ParseSigned(text, &v, &overflow)) return type_error();
+      double as_double =
+          overflow ? (text[0] == '-' ? -HUGE_VAL : HUGE_VAL) : static_cast<double>(v);
+      GYRE_RETURN_IF_ERROR(check(CheckNumber(f, as_double, text)));
+      if (f.type == FieldType::kInt) {
+        *std::get<int*>(p) = static_cast<int>(v);
+      } else {
+        *std::get<int64_t*>(p) = v;
+      }
+      return Status::Ok();
+    }
+    case FieldType::kUint64: {
+      uint64_t v = 0;
+      bool out_of_range = false;
+      if (!ParseUnsigned(text, &v, &out_of_range)) return type_error();
+      if (out_of_range) {
+        return InvalidArgument(f.key + ": " + text + " is out of range [0, " +
+                               std::to_string(UINT64_MAX) + "]");
+      }
+      *std::get<uint64_t*>(p) = v;
+      return Status::Ok();
+    }
+    case FieldType::kDouble: {
+      double v = 0;
+      if (!ParseDouble(text, &v)) return type_error();
+      GYRE_RETURN_IF_ERROR(check(CheckNumber(f, v, text)));
+      *std::get<double*>(p) = v;
+      return Status::Ok();
+    }
+    case FieldType::kBool: {
+      bool v = false;
+      if (!ParseBool(text, &v)) return type_error();
+      *std::get<bool*>(p) = v;
+      return Status::Ok();
+    }
+    case FieldType::kString: {
+      GYRE_RETURN_IF_ERROR(check(CheckString(f, text)));
+      *std::get<std::string*>(p) = text;
+      return Status::Ok();
+    }
+  }
+  return Internal("unhandled field type");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unknown-key suggestions.
+// ---------------------------------------------------------------------------------------------
+
+std::string LastComponent(const std::string& key) {
+  size_t dot = key.rfind('.');
+  return dot == std::string::npos ? key : key.substr(dot + 1);
+}
+
+// The nearest candidate by whole dotted name, else by last component ("tmperature" finds
+// "rollout.sampling.temperature" even though the dotted names are far apart).
+std::string NearestKey(const std::string& key, const std::vector<std::string>& candidates) {
+  std::string near = NearestWord(key, candidates);
+  if (!near.empty()) return near;
+  std::vector<std::string> lasts;
+  lasts.reserve(candidates.size());
+  for (const std::string& c : candidates) lasts.push_back(LastComponent(c));
+  std::string last = NearestWord(LastComponent(key), lasts);
+  if (last.empty()) return "";
+  for (size_t i = 0; i < lasts.size(); ++i) {
+    if (lasts[i] == last) return candidates[i];
+  }
+  return "";
+}
+
+// "; did you mean 'x'?" or "". Looks in the innermost known section of `key` first, then
+// everywhere.
+std::string Suggestion(const std::string& key) {
+  std::string parent;
+  for (const std::string& s : Sections()) {
+    if (StartsWith(key, s + ".") && s.size() > parent.size()) parent = s;
+  }
+  // The sections that contain `key` are never a useful answer ("rollout.lr" is not a typo of
+  // "rollout"), though they are close by edit distance.
+  std::vector<std::string> all;
+  for (const std::string& s : Sections()) {
+    if (!StartsWith(key, s + ".")) all.push_back(s);
+  }
+  for (const Field& f : Table()) all.push_back(f.key);
+  std::string near;
+  if (!parent.empty()) {
+    std::vector<std::string> local;
+    for (const std::string& c : all) {
+      if (StartsWith(c, parent + ".")) local.push_back(c);
+    }
+    near = NearestKey(key, local);
+  }
+  if (near.empty()) near = NearestKey(key, all);
+  return near.empty() ? "" : "; did you mean '" + near + "'?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-field validation.
+// ---------------------------------------------------------------------------------------------
+
+struct Problem {
+  std::vector<std::string> keys;  // the fields involved, to locate the error in a file
+  std::string message;            // names the fields itself
+};
+
+std::optional<Problem> FindProblem(const JobConfig& c) {
+  for (const Field& f : Table()) {
+    std::string problem = CheckCurrentValue(f, c);
+    if (!problem.empty()) return Problem{{f.key}, problem};
+  }
+  auto num = [](double v) { return FormatDouble(v); };
+  auto str = [](int64_t v) { return std::to_string(v); };
+
+  for (char ch : c.job.name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' && ch != '-') {
+      return Problem{{"job.name"},
+                     "job.name: '" + c.job.name +
+                         "' must be a plain directory name (letters, digits, '.', "
+                         "'_', '-')"};
+    }
+  }
+  if (c.job.name == "." || c.job.name == "..") {
+    return Problem{{"job.name"}, "job.name: '" + c.job.name + "' is not a usable directory name"};
+  }
+  if (c.model.hidden_size % c.model.num_heads != 0) {
+    return Problem{{"model.hidden_size", "model.num_heads"},
+                   "model.hidden_size (" + str(c.model.hidden_size) +
+                       ") must be divisible by model.num_heads (" + str(c.model.num_heads) + ")"};
+  }
+  if ((c.model.hidden_size / c.model.num_heads) % 2 != 0) {
+    return Problem{
+        {"model.hidden_size", "model.num_heads"},
+        "model.hidden_size / model.num_heads = " + str(c.model.hidden_size / c.model.num_heads) +
+            " must be even (rotary embeddings rotate pairs of dimensions)"};
+  }
+  if (c.model.num_heads % c.model.num_kv_heads != 0) {
+    return Problem{{"model.num_kv_heads", "model.num_heads"},
+                   "model.num_heads (" + str(c.model.num_heads) +
+                       ") must be divisible by model.num_kv_heads (" + str(c.model.num_kv_heads) +
+                       ") (each key/value head serves a whole group of query heads)"};
+  }
+  if (c.data.min_digits > c.data.max_digits) {
+    return Problem{{"data.min_digits", "data.max_digits"},
+                   "data.min_digits (" + str(c.data.min_digits) + ") must be <= data.max_digits (" +
+                       str(c.data.max_digits) + ")"};
+  }
+  if (c.data.task == "addition") {
+    // The longest prompt is "<a>+<b>=" with max_digits-digit operands, plus the completion.
+    int64_t need = 2 * int64_t{c.data.max_digits} + 2 + c.rollout.max_new_tokens;
+    if (c.model.max_seq_len <= need) {
+      return Problem{{"model.max_seq_len", "data.max_digits", "rollout.max_new_tokens"},
+                     "model.max_seq_len (" + str(c.model.max_seq_len) +
+                         ") must be greater than 2 * data.max_digits + 2 + "
+                         "rollout.max_new_tokens = " +
+                         str(need) + " (the longest addition prompt plus its completion)"};
+    }
+  }
+  if (c.algorithm.advantage == "rloo" && c.rollout.group_size < 2) {
+    return Problem{{"rollout.group_size", "algorithm.advantage"},
+                   "rollout.group_size (" + str(c.rollout.group_size) +
+                       ") must be >= 2 when algorithm.advantage is rloo (the leave-one-out "
+                       "baseline needs another sample of the same prompt)"};
+  }
+  if (c.algorithm.dual_clip_c != 0 && c.algorithm.dual_clip_c <= 1) {
+    return Problem{{"algorithm.dual_clip_c"},
+                   "algorithm.dual_clip_c (" + num(c.algorithm.dual_clip_c) +
+                       ") must be 0 (off) or greater than 1"};
+  }
+  if (c.cluster.heartbeat_timeout_s <= c.cluster.heartbeat_interval_s) {
+    return Problem{{"cluster.heartbeat_timeout_s", "cluster.heartbeat_interval_s"},
+                   "cluster.heartbeat_timeout_s (" + num(c.cluster.heartbeat_timeout_s) +
+                       ") must be greater than cluster.heartbeat_interval_s (" +
+                       num(c.cluster.heartbeat_interval_s) + ")"};
+  }
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------------
+// YAML walking.
+// ---------------------------------------------------------------------------------------------
+
+std::string LineCol(const YAML::Mark& m) {
+  return std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
+
+std::string Where(const std::string& source, const YAML::Mark& m) {
+  if (m.is_null() || m.line < 0) return source;
+  return source + ":" + LineCol(m);
+}
+
+struct ParseState {
+  std::string source;
+  JobConfig cfg;
+  std::map<std::string, YAML::Mark> seen;  // every dotted key set in the file -> its key's mark
+};
+
+Status WalkMap(const YAML::Node& map, const std::string& prefix, ParseState* st) {
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    // Copies, not references: yaml-cpp's `it->` returns a temporary proxy.
+    const YAML::Node k = it->first;
+    const YAML::Node v = it->second;
+    if (!k.IsScalar()) {
+      return InvalidArgument(Where(st->source, k.Mark()) + ": expected a key name, got " +
+                             DescribeNode(k));
+    }
+    // Dotted keys ("sampling.top_p: 0.9") are accepted too, like in --set.
+    const std::string key = prefix.empty() ? k.Scalar() : prefix + "." + k.Scalar();
+    // yaml-cpp keeps duplicate keys; YAML forbids them, and silently taking one would hide a typo.
+    auto [prev, inserted] = st->seen.emplace(key, k.Mark());
+    if (!inserted) {
+      return InvalidArgument(Where(st->source, k.Mark()) + ": duplicate key '" + key +
+                             "' (first set at " + LineCol(prev->second) + ")");
+    }
+    if (const Field* f = FindField(key)) {
+      // A null value has no useful mark of its own (yaml-cpp points at the next token).
+      const YAML::Mark& at = v.IsNull() ? k.Mark() : v.Mark();
+      Status s = SetField(*f, v, &st->cfg);
+      if (!s.ok()) return s.WithContext(Where(st->source, at));
+    } else if (IsSection(key)) {
+      if (v.IsNull()) continue;  // "sampling:" with nothing under it keeps the defaults
+      if (!v.IsMap()) {
+        return InvalidArgument(Where(st->source, v.Mark()) + ": " + key +
+                               ": expected a map of settings, got " + DescribeNode(v));
+      }
+      GYRE_RETURN_IF_ERROR(WalkMap(v, key, st));
+    } else {
+      return InvalidArgument(Where(st->source, k.Mark()) + ": unknown key '" + key + "'" +
+                             Suggestion(key));
+    }
+  }
+  return Status::Ok();
+}
+
+Status ApplyOverrideImpl(JobConfig* cfg, const std::string& key_eq_value, std::string* key_out) {
+  size_t eq = key_eq_value.find('=');
+  std::string key = TrimString(key_eq_value.substr(0, eq));
+  if (eq == std::string::npos || key.empty()) {
+    return InvalidArgument("--set: expected key=value (e.g. trainer.steps=10), got '" +
+                           key_eq_value + "'");
+  }
+  *key_out = key;
+  const Field* f = FindField(key);
+  if (f == nullptr) {
+    if (IsSection(key)) {
+      for (const Field& g : Table()) {
+        if (StartsWith(g.key, key + ".")) {
+          return InvalidArgument("--set: '" + key + "' is a section; set one of its keys, e.g. '" +
+                                 g.key + "'");
+        }
+      }
+    }
+    return InvalidArgument("--set: unknown key '" + key + "'" + Suggestion(key));
+  }
+  const std::string text = key_eq_value.substr(eq + 1);
+  YAML::Node value;
+  try {
+    value = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument("--set: " + key + ": cannot read '" + text +
+                           "' as a YAML value: " + e.msg);
+  }
+  return SetField(*f, value, cfg).WithContext("--set");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Public API.
+// ---------------------------------------------------------------------------------------------
+
+Status ApplyOverride(JobConfig* cfg, const std::string& key_eq_value) {
+  std::string key;
+  return ApplyOverrideImpl(cfg, key_eq_value, &key);
+}
+
+Status ValidateJobConfig(const JobConfig& cfg) {
+  std::optional<Problem> p = FindProblem(cfg);
+  return p ? InvalidArgument(p->message) : Status::Ok();
+}
+
+StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::string& source_name,
+                                   const std::vector<std::string>& overrides) {
+  ParseState st;
+  st.source = source_name;
+  try {
+    std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
+    if (docs.size() > 1) {
+      return InvalidArgument(Where(source_name, docs[1].Mark()) +
+                             ": a job file holds one YAML document; found a second one here");
+    }
+    // No document (empty or comments only) or an explicit null: all defaults.
+    if (!docs.empty() && !docs[0].IsNull()) {
+      if (!docs[0].IsMap()) {
+        return InvalidArgument(Where(source_name, docs[0].Mark()) +
+                               ": expected a map of sections (job, model, data, ...), got " +
+                               DescribeNode(docs[0]));
+      }
+      GYRE_RETURN_IF_ERROR(WalkMap(docs[0], "", &st));
+    }
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(Where(source_name, e.mark) + ": invalid YAML: " + e.msg);
+  }
+
+  std::set<std::string> overridden;
+  for (const std::string& o : overrides) {
+    std::string key;
+    GYRE_RETURN_IF_ERROR(ApplyOverrideImpl(&st.cfg, o, &key));
+    overridden.insert(key);
+  }
+
+  if (std::optional<Problem> p = FindProblem(st.cfg)) {
+    // Point at whoever set one of the conflicting fields: a --set wins (it was applied last),
+    // then the first of them found in the file; all defaults leaves just the file name.
+    std::string where = source_name;
+    bool found = false;
+    for (const std::string& k : p->keys) {
+      if (overridden.count(k)) {
+        where = "--set";
+        found = true;
+        break;
+      }
+    }
+    for (size_t i = 0; !found && i < p->keys.size(); ++i) {
+      auto it = st.seen.find(p->keys[i]);
+      if (it != st.seen.end()) {
+        where = Where(source_name, it->second);
+        found = true;
+      }
+    }
+    return InvalidArgument(where + ": " + p->message);
+  }
+  return std::move(st.cfg);
+}
+
+StatusOr<JobConfig> LoadJobConfigFile(const std::string& path,
+                                      const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    return NotFound("job config file '" + path + "' does not exist");
+  }
+  if (std::filesystem::is_directory(path, ec)) {
+    return InvalidArgument("job config '" + path + "' is a directory, not a YAML file");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return NotFound("cannot open job config file '" + path + "': " + std::strerror(errno));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    return NotFound("cannot read job config file '" + path + "': " + std::strerror(errno));
+  }
+  return ParseJobConfig(text.str(), path, overrides);
+}
+
+std::string DumpJobConfig(const JobConfig& cfg) {
+  std::string out =
+      "# Effective Gyre job config: every field, after --set overrides.\n"
+      "# Field reference: docs/config.md.\n";
+  std::vector<std::string> open;  // section path of the previous key
+  for (const Field& f : Table()) {
+    std::vector<std::string> parts = SplitString(f.key, '.');
+    std::string leaf = parts.back();
+    parts.pop_back();
+    size_t common = 0;
+    while (common < open.size() && common < parts.size() && open[common] == parts[common]) {
+      ++common;
+    }
+    for (size_t i = common; i < parts.size(); ++i) {
+      out += std::string(2 * i, ' ') + parts[i] + ":\n";
+    }
+    open = parts;
+    out += std::string(2 * parts.size(), ' ') + leaf + ": " + ValueText(f, cfg, true) + "  # " +
+           f.doc + "\n";
+  }
+  return out;
+}
+
+std::vector<std::string> AllConfigKeys() {
+  std::vector<std::string> keys;
+  for (const Field& f : Table()) keys.push_back(f.key);
+  return keys;
+}
+
+std::vector<ConfigKeyInfo> DescribeConfigKeys() {
+  const JobConfig defaults;
+  std::vector<ConfigKeyInfo> out;
+  for (const Field& f : Table()) {
+    ConfigKeyInfo info;
+    info.key = f.key;
+    info.type = TypeName(f.type);
+    info.default_value = ValueText(f, defaults, false);
+    if (f.range) {
+      info.allowed = RangeText(f);
+    } else if (!f.choices.empty()) {
+      info.allowed = JoinChoices(f.choices);
+    } else if (f.type == FieldType::kBool) {
+      info.allowed = "true, false";
+    } else if (f.non_empty) {
+      info.allowed = "non-empty";
+    } else {
+      info.allowed = "any";
+    }
+    info.doc = f.doc;
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+}  // namespace gyre::config

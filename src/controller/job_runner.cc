@@ -1,0 +1,741 @@
+#include "controller/job_runner.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "common/logging.h"
+#include "common/subprocess.h"
+#include "config/config.h"
+#include "controller/controller_service.h"
+#include "controller/task.h"
+#include "kernels/reference/advantages_ref.h"
+#include "model/tokenizer.h"
+#include "ops/advantages.h"
+#include "rpc/rpc_util.h"
+
+namespace gyre::controller {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::atomic<int> g_signal{0};
+void OnSignal(int sig) { g_signal.store(sig); }
+
+// Installs SIGINT/SIGTERM handlers for the lifetime of a job and restores the old ones.
+class SignalScope {
+ public:
+  SignalScope() {
+    g_signal.store(0);
+    struct sigaction sa = {};
+    sa.sa_handler = OnSignal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalScope() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ = {}, old_term_ = {};
+};
+
+double Seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+struct Worker {
+  std::string id;
+  v1::WorkerRole role;
+  int index;
+  pid_t pid = 0;
+  std::string log_path;
+  std::string address;
+  std::unique_ptr<v1::Rollout::Stub> rollout;
+  std::unique_ptr<v1::Trainer::Stub> trainer;
+  int64_t version = -1;  // last version this worker acknowledged with a receipt
+};
+
+struct GroupJob {
+  v1::PromptGroup group;
+  Problem problem;
+};
+
+class JobRunner {
+ public:
+  JobRunner(const JobConfig& config, const RunOptions& options)
+      : cfg_(config), opts_(options) {}
+  ~JobRunner() { Teardown(); }
+
+  StatusOr<JobResult> Run();
+
+ private:
+  Status Setup();
+  Status SpawnWorkers();
+  void MonitorLoop();
+  Status CheckHealth();
+  std::vector<Worker*> AliveRollouts();
+  Worker* TrainerWorker() { return &workers_.at("trainer-0"); }
+  Status DropWorker(Worker* w, const std::string& why);
+
+  Status Publish(int64_t version);
+  StatusOr<std::vector<v1::Sample>> GenerateAll(std::vector<GroupJob>* jobs,
+                                                const v1::SamplingParams& sampling,
+                                                int64_t* generated_tokens);
+  StatusOr<std::vector<int32_t>> EncodePrompt(const std::string& text) const;
+  StatusOr<double> Evaluate(const std::string& tag);
+  Status WarmUp();
+  Status GrpoStep(int step);
+  StatusOr<std::map<std::string, double>> Train(const std::vector<v1::Sample>& samples,
+                                                v1::Objective objective, double lr,
+                                                double temperature);
+  void WriteMetrics(const nlohmann::json& j);
+  void Teardown();
+
+  JobConfig cfg_;
+  RunOptions opts_;
+  model::CharTokenizer tokenizer_;
+  std::shared_ptr<RewardFn> reward_;
+  std::unique_ptr<ProblemSource> problems_;
+  std::string run_dir_;
+  std::ofstream metrics_;
+  std::unique_ptr<ControllerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::map<std::string, Worker> workers_;
+  std::thread monitor_;
+  std::atomic<bool> monitor_stop_{false};
+  std::mutex mu_;
+  std::map<std::string, std::string> deaths_;  // guarded by mu_: id -> how, not yet handled
+  std::set<std::string> handled_deaths_;
+  int64_t version_ = 0;
+  uint64_t next_group_id_ = 0;
+  JobResult result_;
+  bool torn_down_ = false;
+};
+
+Status JobRunner::Setup() {
+  if (cfg_.trainer.workers != 1) {
+    return InvalidArgument("trainer.workers: data-parallel trainers are not supported yet; set "
+                           "trainer.workers: 1");
+  }
+  if (cfg_.reward.type == "custom") {
+    if (!opts_.reward) {
+      return InvalidArgument("reward.type is custom but no RewardFn was given (custom rewards "
+                             "need the C++ API, RunOptions::reward)");
+    }
+    reward_ = opts_.reward;
+  } else {
+    reward_ = opts_.reward ? opts_.reward : std::make_shared<ExactMatchReward>();
+  }
+  GYRE_ASSIGN_OR_RETURN(ProblemSource src, ProblemSource::Create(cfg_.data, cfg_.job.seed));
+  problems_ = std::make_unique<ProblemSource>(std::move(src));
+  // Every prompt must encode and fit before any process starts.
+  for (const auto& p : problems_->eval_set()) {
+    GYRE_ASSIGN_OR_RETURN(auto ids, EncodePrompt(p.prompt));
+    if (static_cast<int>(ids.size()) + cfg_.rollout.max_new_tokens > cfg_.model.max_seq_len) {
+      return InvalidArgument("eval prompt '" + p.prompt + "' plus rollout.max_new_tokens exceeds "
+                             "model.max_seq_len " + std::to_string(cfg_.model.max_seq_len));
+    }
+  }
+
+  run_dir_ = (fs::path(cfg_.job.output_dir) / cfg_.job.name).string();
+  std::error_code ec;
+  fs::create_directories(fs::path(run_dir_) / "logs", ec);
+  if (ec) return Unavailable("cannot create run directory " + run_dir_ + ": " + ec.message());
+  run_dir_ = fs::absolute(run_dir_).string();
+  result_.run_dir = run_dir_;
+  const std::string yaml = config::DumpJobConfig(cfg_);
+  std::ofstream(run_dir_ + "/config.yaml") << yaml;
+  metrics_.open(run_dir_ + "/" + cfg_.metrics.file, std::ios::trunc);
+  if (!metrics_) return Unavailable("cannot write " + run_dir_ + "/" + cfg_.metrics.file);
+
+  service_ = std::make_unique<ControllerService>(yaml, cfg_.cluster.heartbeat_interval_s,
+                                                 cfg_.cluster.heartbeat_timeout_s);
+  GYRE_ASSIGN_OR_RETURN(server_, rpc::StartServer(cfg_.cluster.bind_host,
+                                                  cfg_.cluster.controller_port,
+                                                  {service_.get()}, &address_));
+  GYRE_LOG_INFO("controller listening on {}; run directory {}", address_, run_dir_);
+  GYRE_RETURN_IF_ERROR(SpawnWorkers());
+  monitor_ = std::thread([this] { MonitorLoop(); });
+
+  const auto t0 = Clock::now();
+  if (!service_->WaitAllRegistered(cfg_.cluster.register_timeout_s,
+                                   [] { return g_signal.load() != 0; })) {
+    GYRE_RETURN_IF_ERROR(CheckHealth());
+    std::string missing;
+    for (const auto& w : service_->Snapshot()) {
+      if (!w.ready) missing += (missing.empty() ? "" : ", ") + w.id;
+    }
+    return DeadlineExceeded("workers did not register within " +
+                            std::to_string(cfg_.cluster.register_timeout_s) + " s: " + missing +
+                            " (see " + run_dir_ + "/logs/)");
+  }
+  for (const auto& info : service_->Snapshot()) {
+    Worker& w = workers_.at(info.id);
+    w.address = info.address;
+    auto channel = rpc::MakeChannel(info.address);
+    if (w.role == v1::WORKER_ROLE_ROLLOUT) w.rollout = v1::Rollout::NewStub(channel);
+    if (w.role == v1::WORKER_ROLE_TRAINER) w.trainer = v1::Trainer::NewStub(channel);
+  }
+  GYRE_LOG_INFO("{} workers ready in {:.1f} s", workers_.size(), Seconds(t0));
+  return Status::Ok();
+}
+
+Status JobRunner::SpawnWorkers() {
+  const bool local = cfg_.cluster.mode == "local";
+  std::string binary = !opts_.worker_binary.empty() ? opts_.worker_binary
+                       : !cfg_.cluster.worker_binary.empty() ? cfg_.cluster.worker_binary
+                                                             : SelfExecutable();
+  auto add = [&](v1::WorkerRole role, const char* name, int index) -> Status {
+    Worker w;
+    w.id = std::string(name) + "-" + std::to_string(index);
+    w.role = role;
+    w.index = index;
+    w.log_path = run_dir_ + "/logs/" + w.id + ".log";
+    if (local) {
+      std::vector<std::string> argv = {binary, "worker", "--role", name, "--index",
+                                       std::to_string(index), "--controller", address_,
+                                       "--bind-host", cfg_.cluster.bind_host};
+      GYRE_ASSIGN_OR_RETURN(w.pid, SpawnProcess(argv, w.log_path));
+      GYRE_LOG_INFO("started {} (pid {}), log {}", w.id, w.pid, w.log_path);
+    }
+    service_->Expect(w.id, role, index, w.pid);
+    workers_.emplace(w.id, std::move(w));
+    return Status::Ok();
+  };
+  if (!local) {
+    GYRE_LOG_INFO("external mode: waiting for workers to dial {}", address_);
+  }
+  GYRE_RETURN_IF_ERROR(add(v1::WORKER_ROLE_TRAINER, "trainer", 0));
+  for (int i = 0; i < cfg_.rollout.workers; ++i) {
+    GYRE_RETURN_IF_ERROR(add(v1::WORKER_ROLE_ROLLOUT, "rollout", i));
+  }
+  return Status::Ok();
+}
+
+void JobRunner::MonitorLoop() {
+  while (!monitor_stop_.load()) {
+    for (auto& [id, w] : workers_) {
+      if (w.pid <= 0) continue;
+      int st = 0;
+      if (PollExit(w.pid, &st)) {
+        const std::string how = "pid " + std::to_string(w.pid) + " " + DescribeWaitStatus(st);
+        w.pid = -w.pid;  // reaped; keep the number for messages
+        service_->MarkDead(id, how);
+        std::lock_guard<std::mutex> lock(mu_);
+        deaths_[id] = how;
+      }
+    }
+    for (const auto& id : service_->ExpireSilent()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      deaths_[id] = "missed heartbeats for " + std::to_string(cfg_.cluster.heartbeat_timeout_s) +
+                    " s";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+// Turns what the monitor saw into decisions. Error = the job must end.
+Status JobRunner::CheckHealth() {
+  if (int sig = g_signal.load(); sig != 0) {
+    return Aborted(std::string("interrupted by ") + (sig == SIGINT ? "SIGINT" : "SIGTERM"));
+  }
+  const std::string fatal = service_->fatal_report();
+  if (!fatal.empty()) return Aborted(fatal);
+  std::map<std::string, std::string> deaths;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    deaths = deaths_;
+  }
+  for (const auto& [id, how] : deaths) {
+    if (handled_deaths_.count(id)) continue;
+    handled_deaths_.insert(id);
+    const std::string msg = "worker " + id + " died: " + how + " (log: " +
+                            workers_.at(id).log_path + ")";
+    if (workers_.at(id).role == v1::WORKER_ROLE_TRAINER) return Aborted(msg);
+    if (cfg_.cluster.on_worker_failure == "fail") return Aborted(msg);
+    if (AliveRollouts().empty()) return Aborted(msg + "; no rollout workers are left");
+    GYRE_LOG_WARN("{}; continuing with {} rollout worker(s)", msg, AliveRollouts().size());
+  }
+  return Status::Ok();
+}
+
+std::vector<Worker*> JobRunner::AliveRollouts() {
+  std::vector<Worker*> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, w] : workers_) {
+    if (w.role == v1::WORKER_ROLE_ROLLOUT && !deaths_.count(id)) out.push_back(&w);
+  }
+  return out;
+}
+
+// A worker that misbehaves without dying (failed RPC, rejected weights) is stopped and dropped,
+// so the job never waits on it again.
+Status JobRunner::DropWorker(Worker* w, const std::string& why) {
+  GYRE_LOG_WARN("dropping {}: {}", w->id, why);
+  if (w->pid > 0) {
+    int st = TerminateProcess(w->pid, 2.0);
+    w->pid = -w->pid;
+    service_->MarkDead(w->id, why + "; then " + DescribeWaitStatus(st));
+  } else {
+    service_->MarkDead(w->id, why);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    deaths_[w->id] = why;
+  }
+  return CheckHealth();
+}
+
+Status JobRunner::Publish(int64_t version) {
+  const auto t0 = Clock::now();
+  v1::PublishWeightsRequest req;
+  req.set_version(version);
+  req.set_timeout_s(cfg_.cluster.weight_sync_timeout_s);
+  req.set_bucket_bytes(cfg_.cluster.weight_bucket_bytes);
+  for (Worker* w : AliveRollouts()) {
+    req.add_rollout_addresses(w->address);
+    req.add_rollout_ids(w->id);
+  }
+  v1::PublishWeightsResponse resp;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, cfg_.cluster.weight_sync_timeout_s + 10);
+  GYRE_RETURN_IF_ERROR(rpc::FromGrpc(TrainerWorker()->trainer->PublishWeights(&ctx, req, &resp),
+                                     "publish weights v" + std::to_string(version)));
+  for (const auto& r : resp.results()) {
+    Worker& w = workers_.at(r.rollout_id());
+    if (!r.ok()) {
+      GYRE_RETURN_IF_ERROR(CheckHealth());
+      if (AliveRollouts().size() == 0) break;
+      bool still_alive = false;
+      for (Worker* a : AliveRollouts()) still_alive = still_alive || a == &w;
+      if (still_alive) {
+        GYRE_RETURN_IF_ERROR(DropWorker(&w, "weight transfer of v" + std::to_string(version) +
+                                                " failed: " + r.error()));
+      }
+      continue;
+    }
+    // The receipt must match what was sent, bucket by bucket.
+    bool match = r.receipt().version() == version &&
+                 r.receipt().bucket_crc32_size() == r.sent_crc32_size();
+    for (int b = 0; match && b < r.sent_crc32_size(); ++b) {
+      match = r.receipt().bucket_crc32(b) == r.sent_crc32(b);
+    }
+    if (!match) {
+      GYRE_RETURN_IF_ERROR(
+          DropWorker(&w, "receipt for v" + std::to_string(version) + " does not match"));
+      continue;
+    }
+    w.version = version;
+  }
+  GYRE_LOG_DEBUG("published v{} in {:.3f} s", version, Seconds(t0));
+  return CheckHealth();
+}
+
+StatusOr<std::vector<int32_t>> JobRunner::EncodePrompt(const std::string& text) const {
+  GYRE_ASSIGN_OR_RETURN(auto ids, tokenizer_.Encode(text));
+  ids.insert(ids.begin(), tokenizer_.bos_id());
+  return ids;
+}
+
+// Sends each group to one alive rollout worker (round robin). Groups whose worker fails are
+// re-queued on the workers that are left; results come back in job order.
+StatusOr<std::vector<v1::Sample>> JobRunner::GenerateAll(std::vector<GroupJob>* jobs,
+                                                         const v1::SamplingParams& sampling,
+                                                         int64_t* generated_tokens) {
+  std::map<uint64_t, std::vector<v1::Sample>> by_group;
+  std::vector<size_t> pending(jobs->size());
+  for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
+  *generated_tokens = 0;
+  while (!pending.empty()) {
+    GYRE_RETURN_IF_ERROR(CheckHealth());
+    std::vector<Worker*> alive = AliveRollouts();
+    if (alive.empty()) return Aborted("no rollout workers are alive");
+    std::vector<std::vector<size_t>> assign(alive.size());
+    for (size_t k = 0; k < pending.size(); ++k) assign[k % alive.size()].push_back(pending[k]);
+    std::vector<std::future<std::pair<grpc::Status, v1::GenerateResponse>>> futures;
+    for (size_t a = 0; a < alive.size(); ++a) {
+      v1::GenerateRequest req;
+      *req.mutable_sampling() = sampling;
+      req.set_min_policy_version(version_);
+      for (size_t j : assign[a]) *req.add_groups() = (*jobs)[j].group;
+      Worker* w = alive[a];
+      const double timeout = cfg_.cluster.rpc_timeout_s;
+      futures.push_back(std::async(std::launch::async, [w, req, timeout] {
+        grpc::ClientContext ctx;
+        rpc::SetDeadline(&ctx, timeout);
+        v1::GenerateResponse resp;
+        grpc::Status s = req.groups_size() == 0 ? grpc::Status::OK
+                                                : w->rollout->Generate(&ctx, req, &resp);
+        return std::make_pair(s, std::move(resp));
+      }));
+    }
+    std::vector<size_t> retry;
+    for (size_t a = 0; a < alive.size(); ++a) {
+      auto [s, resp] = futures[a].get();
+      if (s.ok()) {
+        *generated_tokens += resp.generated_tokens();
+        for (auto& sample : *resp.mutable_samples()) {
+          by_group[sample.group_id()].push_back(std::move(sample));
+        }
+        continue;
+      }
+      if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+        return rpc::FromGrpc(s, "generate on " + alive[a]->id);
+      }
+      // Wait briefly for the monitor to see a dying process, then drop it either way.
+      const auto t0 = Clock::now();
+      bool dead = false;
+      while (!dead && Seconds(t0) < 2.0) {
+        std::lock_guard<std::mutex> lock(mu_);
+        dead = deaths_.count(alive[a]->id) > 0;
+        if (!dead) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (!dead) {
+        GYRE_RETURN_IF_ERROR(DropWorker(alive[a], "generate failed: " + s.error_message()));
+      }
+      GYRE_RETURN_IF_ERROR(CheckHealth());
+      GYRE_LOG_WARN("re-queueing {} group(s) from {}", assign[a].size(), alive[a]->id);
+      retry.insert(retry.end(), assign[a].begin(), assign[a].end());
+    }
+    pending = retry;
+  }
+  std::vector<v1::Sample> out;
+  for (const auto& j : *jobs) {
+    auto& v = by_group[j.group.group_id()];
+    if (static_cast<int>(v.size()) != j.group.n()) {
+      return Internal("group " + std::to_string(j.group.group_id()) + " came back with " +
+                      std::to_string(v.size()) + " samples, expected " +
+                      std::to_string(j.group.n()));
+    }
+    for (auto& s : v) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
+  const auto t0 = Clock::now();
+  std::vector<GroupJob> jobs;
+  for (const auto& p : problems_->eval_set()) {
+    GroupJob j;
+    j.problem = p;
+    j.group.set_group_id(next_group_id_++);
+    GYRE_ASSIGN_OR_RETURN(auto ids, EncodePrompt(p.prompt));
+    j.group.mutable_prompt_ids()->Add(ids.begin(), ids.end());
+    j.group.set_n(1);
+    j.group.set_seed(0);
+    jobs.push_back(std::move(j));
+  }
+  v1::SamplingParams greedy;
+  greedy.set_temperature(0.0f);
+  greedy.set_top_p(1.0f);
+  greedy.set_max_new_tokens(cfg_.rollout.max_new_tokens);
+  greedy.add_stop_token_ids(tokenizer_.eos_id());
+  int64_t tokens = 0;
+  GYRE_ASSIGN_OR_RETURN(auto samples, GenerateAll(&jobs, greedy, &tokens));
+  int correct = 0, scored = 0;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    RewardInput in;
+    in.prompt = jobs[i].problem.prompt;
+    in.answer = jobs[i].problem.answer;
+    std::vector<int32_t> resp(samples[i].response_ids().begin(), samples[i].response_ids().end());
+    in.response = tokenizer_.Decode(resp);
+    in.finished = samples[i].finish_reason() == v1::FINISH_REASON_STOP;
+    auto r = reward_->Score(in);
+    if (!r.ok()) continue;
+    ++scored;
+    if (*r >= reward_->correct_threshold()) ++correct;
+  }
+  const double acc = scored ? static_cast<double>(correct) / scored : 0.0;
+  WriteMetrics({{"phase", "eval"}, {"tag", tag}, {"accuracy", acc}, {"problems", scored},
+                {"policy_version", version_}, {"seconds", Seconds(t0)}});
+  if (opts_.print_progress) {
+    std::printf("eval %-10s held-out accuracy %.3f (%d/%d, greedy, policy v%lld)\n", tag.c_str(),
+                acc, correct, scored, static_cast<long long>(version_));
+    std::fflush(stdout);
+  }
+  return acc;
+}
+
+StatusOr<std::map<std::string, double>> JobRunner::Train(const std::vector<v1::Sample>& samples,
+                                                         v1::Objective objective, double lr,
+                                                         double temperature) {
+  v1::TrainStepRequest req;
+  req.set_expected_version(version_);
+  req.set_objective(objective);
+  req.set_lr(static_cast<float>(lr));
+  req.set_temperature(static_cast<float>(temperature));
+  for (const auto& s : samples) *req.add_samples() = s;
+  v1::TrainStepResponse resp;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, cfg_.cluster.rpc_timeout_s);
+  Status s = rpc::FromGrpc(TrainerWorker()->trainer->TrainStep(&ctx, req, &resp), "train step");
+  if (!s.ok()) {
+    GYRE_RETURN_IF_ERROR(CheckHealth());
+    return s;
+  }
+  version_ = resp.policy_version();
+  return std::map<std::string, double>(resp.metrics().begin(), resp.metrics().end());
+}
+
+Status JobRunner::WarmUp() {
+  const int steps = cfg_.trainer.warmup_sft_steps;
+  if (steps <= 0) return Status::Ok();
+  const auto t0 = Clock::now();
+  for (int step = 1; step <= steps; ++step) {
+    GYRE_RETURN_IF_ERROR(CheckHealth());
+    std::vector<v1::Sample> batch;
+    for (int i = 0; i < cfg_.trainer.warmup_sft_batch; ++i) {
+      Problem p = problems_->Next();
+      if (p.answer.empty()) {
+        return InvalidArgument("supervised warm-up needs answers; prompt '" + p.prompt +
+                               "' has none (set trainer.warmup_sft_steps: 0)");
+      }
+      v1::Sample s;
+      GYRE_ASSIGN_OR_RETURN(auto prompt, EncodePrompt(p.prompt));
+      GYRE_ASSIGN_OR_RETURN(auto answer, tokenizer_.Encode(p.answer));
+      answer.push_back(tokenizer_.eos_id());
+      s.mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
+      s.mutable_response_ids()->Add(answer.begin(), answer.end());
+      batch.push_back(std::move(s));
+    }
+    GYRE_ASSIGN_OR_RETURN(auto m, Train(batch, v1::OBJECTIVE_SFT, cfg_.trainer.warmup_sft_lr, 1.0));
+    nlohmann::json j = {{"phase", "warmup"}, {"step", step}, {"policy_version", version_}};
+    for (const auto& [k, v] : m) j[k] = v;
+    WriteMetrics(j);
+    if (opts_.print_progress && (step % std::max(1, steps / 5) == 0 || step == steps)) {
+      std::printf("warmup %4d/%d  loss %.4f  token-acc %.3f  %.1f s\n", step, steps, m["loss"],
+                  m["token_accuracy"], Seconds(t0));
+      std::fflush(stdout);
+    }
+  }
+  return Publish(version_);
+}
+
+Status JobRunner::GrpoStep(int step) {
+  const auto t0 = Clock::now();
+  const int n = cfg_.rollout.group_size;
+  std::vector<GroupJob> jobs;
+  for (int g = 0; g < cfg_.rollout.prompts_per_step; ++g) {
+    GroupJob j;
+    j.problem = problems_->Next();
+    const uint64_t gid = next_group_id_++;
+    j.group.set_group_id(gid);
+    GYRE_ASSIGN_OR_RETURN(auto ids, EncodePrompt(j.problem.prompt));
+    j.group.mutable_prompt_ids()->Add(ids.begin(), ids.end());
+    j.group.set_n(n);
+    j.group.set_first_sample_id(gid * static_cast<uint64_t>(n));
+    j.group.set_seed(SplitMix64(cfg_.job.seed ^ SplitMix64(gid)));
+    jobs.push_back(std::move(j));
+  }
+  const auto& sc = cfg_.rollout.sampling;
+  v1::SamplingParams sampling;
+  sampling.set_temperature(static_cast<float>(sc.temperature));
+  sampling.set_top_k(sc.top_k);
+  sampling.set_top_p(static_cast<float>(sc.top_p));
+  sampling.set_min_p(static_cast<float>(sc.min_p));
+  sampling.set_max_new_tokens(cfg_.rollout.max_new_tokens);
+  sampling.add_stop_token_ids(tokenizer_.eos_id());
+  int64_t gen_tokens = 0;
+  const auto tg = Clock::now();
+  GYRE_ASSIGN_OR_RETURN(auto samples, GenerateAll(&jobs, sampling, &gen_tokens));
+  const double gen_s = Seconds(tg);
+
+  // Rewards. A failed reward leaves its sample out (and is counted), never a silent 0.
+  std::vector<v1::Sample> kept;
+  std::vector<float> rewards;
+  std::vector<int32_t> group_sizes;
+  int reward_errors = 0, stale = 0, correct = 0;
+  double reward_sum = 0;
+  for (size_t g = 0; g < jobs.size(); ++g) {
+    int32_t size = 0;
+    for (int i = 0; i < n; ++i) {
+      v1::Sample& s = samples[g * n + i];
+      // Staleness: (trainer version now) - (oldest version among its tokens).
+      int64_t oldest = version_;
+      for (int64_t v : s.versions()) oldest = std::min(oldest, v);
+      if (version_ - oldest > cfg_.algorithm.max_staleness) {
+        ++stale;
+        continue;
+      }
+      RewardInput in;
+      in.prompt = jobs[g].problem.prompt;
+      in.answer = jobs[g].problem.answer;
+      std::vector<int32_t> resp(s.response_ids().begin(), s.response_ids().end());
+      in.response = tokenizer_.Decode(resp);
+      in.finished = s.finish_reason() == v1::FINISH_REASON_STOP;
+      auto r = reward_->Score(in);
+      if (!r.ok() || !std::isfinite(*r)) {
+        ++reward_errors;
+        s.set_reward_status(v1::REWARD_STATUS_ERROR);
+        if (reward_errors <= 3) {
+          GYRE_LOG_WARN("reward failed for sample {}: {}", s.sample_id(),
+                        r.ok() ? "non-finite value" : r.status().ToString());
+        }
+        continue;
+      }
+      s.set_reward(static_cast<float>(*r));
+      s.set_reward_status(v1::REWARD_STATUS_OK);
+      reward_sum += *r;
+      if (*r >= reward_->correct_threshold()) ++correct;
+      rewards.push_back(static_cast<float>(*r));
+      kept.push_back(std::move(s));
+      ++size;
+    }
+    if (size > 0) group_sizes.push_back(size);
+  }
+  if (kept.empty()) {
+    return FailedPrecondition("step " + std::to_string(step) + ": no usable samples (" +
+                              std::to_string(stale) + " stale, " + std::to_string(reward_errors) +
+                              " reward errors)");
+  }
+  kernels::AdvantageKind kind;
+  kernels::ParseAdvantageKind(cfg_.algorithm.advantage, &kind);
+  std::vector<uint8_t> zero_var;
+  GYRE_ASSIGN_OR_RETURN(auto adv, ops::GroupAdvantages(rewards, group_sizes, kind, &zero_var));
+  for (size_t i = 0; i < kept.size(); ++i) kept[i].set_advantage(adv[i]);
+  int zero_var_groups = 0;
+  for (uint8_t z : zero_var) zero_var_groups += z;
+
+  const auto tt = Clock::now();
+  GYRE_ASSIGN_OR_RETURN(auto m, Train(kept, v1::OBJECTIVE_POLICY_GRADIENT, cfg_.trainer.lr,
+                                      sc.temperature > 0 ? sc.temperature : 1.0));
+  const double train_s = Seconds(tt);
+  const auto tp = Clock::now();
+  GYRE_RETURN_IF_ERROR(Publish(version_));
+  const double publish_s = Seconds(tp);
+  const double step_s = Seconds(t0);
+  const double mean_reward = reward_sum / static_cast<double>(kept.size());
+  const double accuracy = static_cast<double>(correct) / static_cast<double>(kept.size());
+  const double tok_s = gen_s > 0 ? static_cast<double>(gen_tokens) / gen_s : 0.0;
+  result_.final_mean_reward = mean_reward;
+  nlohmann::json j = {{"phase", "grpo"},          {"step", step},
+                      {"policy_version", version_}, {"mean_reward", mean_reward},
+                      {"accuracy", accuracy},      {"samples", kept.size()},
+                      {"generated_tokens", gen_tokens}, {"tokens_per_s", tok_s},
+                      {"step_time_s", step_s},     {"generate_s", gen_s},
+                      {"train_s", train_s},        {"publish_s", publish_s},
+                      {"zero_variance_groups", zero_var_groups},
+                      {"reward_errors", reward_errors}, {"stale_dropped", stale}};
+  for (const auto& [k, v] : m) j[k] = v;
+  WriteMetrics(j);
+  if (opts_.print_progress) {
+    std::printf("step %4d/%d  reward %.3f  acc %.3f  %7.0f tok/s  %.2f s  (v%lld, loss %+.4f)\n",
+                step, cfg_.trainer.steps, mean_reward, accuracy, tok_s, step_s,
+                static_cast<long long>(version_), m["loss"]);
+    std::fflush(stdout);
+  }
+  return Status::Ok();
+}
+
+void JobRunner::WriteMetrics(const nlohmann::json& j) {
+  metrics_ << j.dump() << "\n";
+  metrics_.flush();
+}
+
+StatusOr<JobResult> JobRunner::Run() {
+  const auto t0 = Clock::now();
+  GYRE_RETURN_IF_ERROR(Setup());
+  GYRE_RETURN_IF_ERROR(Publish(version_));
+  GYRE_RETURN_IF_ERROR(WarmUp());
+  GYRE_ASSIGN_OR_RETURN(result_.accuracy_before_rl, Evaluate("before_rl"));
+  for (int step = 1; step <= cfg_.trainer.steps; ++step) {
+    GYRE_RETURN_IF_ERROR(GrpoStep(step));
+    result_.grpo_steps = step;
+    if (cfg_.metrics.eval_every > 0 && step % cfg_.metrics.eval_every == 0 &&
+        step != cfg_.trainer.steps) {
+      GYRE_RETURN_IF_ERROR(Evaluate("step_" + std::to_string(step)).status());
+    }
+    if (cfg_.trainer.checkpoint_every > 0 && step % cfg_.trainer.checkpoint_every == 0) {
+      v1::SaveRequest req;
+      req.set_directory(run_dir_ + "/checkpoints/step_" + std::to_string(step));
+      v1::SaveResponse resp;
+      grpc::ClientContext ctx;
+      rpc::SetDeadline(&ctx, cfg_.cluster.rpc_timeout_s);
+      GYRE_RETURN_IF_ERROR(
+          rpc::FromGrpc(TrainerWorker()->trainer->Save(&ctx, req, &resp), "save checkpoint"));
+    }
+  }
+  GYRE_ASSIGN_OR_RETURN(result_.accuracy_after_rl, Evaluate("after_rl"));
+  {
+    v1::SaveRequest req;
+    req.set_directory(run_dir_ + "/final");
+    v1::SaveResponse resp;
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, cfg_.cluster.rpc_timeout_s);
+    GYRE_RETURN_IF_ERROR(
+        rpc::FromGrpc(TrainerWorker()->trainer->Save(&ctx, req, &resp), "save final model"));
+  }
+  result_.policy_version = version_;
+  result_.wall_seconds = Seconds(t0);
+  nlohmann::json summary = {{"accuracy_before_rl", result_.accuracy_before_rl},
+                            {"accuracy_after_rl", result_.accuracy_after_rl},
+                            {"grpo_steps", result_.grpo_steps},
+                            {"policy_version", result_.policy_version},
+                            {"final_mean_reward", result_.final_mean_reward},
+                            {"wall_seconds", result_.wall_seconds}};
+  std::ofstream(run_dir_ + "/summary.json") << summary.dump(2) << "\n";
+  WriteMetrics({{"phase", "summary"}, {"accuracy_before_rl", result_.accuracy_before_rl},
+                {"accuracy_after_rl", result_.accuracy_after_rl},
+                {"wall_seconds", result_.wall_seconds}});
+  return result_;
+}
+
+void JobRunner::Teardown() {
+  if (torn_down_) return;
+  torn_down_ = true;
+  if (service_) service_->RequestStopAll();
+  // Ask every live worker to stop, briefly; then make sure of it.
+  for (auto& [id, w] : workers_) {
+    v1::StopRequest req;
+    req.set_reason("job finished");
+    v1::StopResponse resp;
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, 2.0);
+    if (w.rollout) w.rollout->Stop(&ctx, req, &resp);
+    if (w.trainer) w.trainer->Stop(&ctx, req, &resp);
+  }
+  monitor_stop_.store(true);
+  if (monitor_.joinable()) monitor_.join();
+  for (auto& [id, w] : workers_) {
+    if (w.pid > 0) {
+      int st = TerminateProcess(w.pid, 5.0);
+      GYRE_LOG_DEBUG("{} {}", id, DescribeWaitStatus(st));
+      w.pid = -w.pid;
+    }
+  }
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
+}  // namespace
+
+StatusOr<JobResult> RunJobImpl(const JobConfig& config, const RunOptions& options) {
+  SignalScope signals;
+  JobRunner runner(config, options);
+  return runner.Run();
+}
+
+}  // namespace gyre::controller

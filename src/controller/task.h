@@ -1,0 +1,54 @@
+#pragma once
+// Tasks and datasets: where prompts and reference answers come from, and the built-in verifier.
+//
+// The built-in task is multi-digit addition: "37+5=" -> "42". Problems are drawn from a seed,
+// so a job is reproducible; the held-out set is drawn from its own seed and removed from the
+// training stream. A JSONL dataset ({"prompt": ..., "answer": ...} per line) uses the same
+// verifier (exact match of the trimmed response with the answer).
+
+#include <cstdint>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gyre/config.h"
+#include "gyre/reward.h"
+#include "gyre/status.h"
+
+namespace gyre::controller {
+
+struct Problem {
+  std::string prompt;
+  std::string answer;
+};
+
+// Reads a JSONL file of {"prompt": str, "answer": str}. Errors name the file and line.
+StatusOr<std::vector<Problem>> LoadJsonl(const std::string& path);
+
+// An endless, reproducible stream of training problems.
+class ProblemSource {
+ public:
+  // Builds the training stream and the held-out set for `config.data`.
+  static StatusOr<ProblemSource> Create(const DataSection& data, uint64_t seed);
+
+  Problem Next();
+  const std::vector<Problem>& eval_set() const { return eval_; }
+
+ private:
+  Problem Draw(std::mt19937_64* rng) const;
+  DataSection data_;
+  std::mt19937_64 rng_;
+  std::vector<Problem> train_;   // from a JSONL file; empty = generated
+  size_t cursor_ = 0;
+  std::vector<Problem> eval_;
+  std::set<std::string> eval_prompts_;
+};
+
+// The verifier: 1 if the response (trimmed) equals the answer and the model stopped, else 0.
+class ExactMatchReward final : public RewardFn {
+ public:
+  StatusOr<double> Score(const RewardInput& input) override;
+};
+
+}  // namespace gyre::controller

@@ -1,0 +1,195 @@
+#include "model/weights.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+namespace gyre::model {
+
+uint32_t Crc32(const uint8_t* data, uint64_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  while (n > 0) {
+    uInt chunk = static_cast<uInt>(std::min<uint64_t>(n, 1u << 30));
+    crc = crc32(crc, data, chunk);
+    data += chunk;
+    n -= chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+std::vector<uint8_t> FlattenParameters(const NamedTensors& params,
+                                       std::vector<TensorEntry>* manifest) {
+  uint64_t total = 0;
+  manifest->clear();
+  for (const auto& [name, t] : params) {
+    TensorEntry e;
+    e.name = name;
+    e.shape = t.sizes().vec();
+    e.dtype = "float32";
+    e.offset = total;
+    e.nbytes = static_cast<uint64_t>(t.numel()) * sizeof(float);
+    total += e.nbytes;
+    manifest->push_back(std::move(e));
+  }
+  std::vector<uint8_t> out(total);
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor c = params[i].second.detach().to(at::kFloat).contiguous().cpu();
+    std::memcpy(out.data() + (*manifest)[i].offset, c.data_ptr<float>(), (*manifest)[i].nbytes);
+  }
+  return out;
+}
+
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Validates `manifest` against `params` and the payload size; returns per-param entry index.
+StatusOr<std::vector<const TensorEntry*>> MatchManifest(const std::vector<TensorEntry>& manifest,
+                                                        uint64_t payload_bytes,
+                                                        const NamedTensors& params) {
+  std::map<std::string, const TensorEntry*> by_name;
+  for (const auto& e : manifest) {
+    if (!by_name.emplace(e.name, &e).second) {
+      return InvalidArgument("tensor '" + e.name + "' appears twice");
+    }
+  }
+  std::vector<const TensorEntry*> out;
+  for (const auto& [name, t] : params) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return InvalidArgument("missing tensor '" + name + "'");
+    const TensorEntry& e = *it->second;
+    if (e.shape != t.sizes().vec()) {
+      return InvalidArgument("tensor '" + name + "' has shape " + ShapeString(e.shape) +
+                             ", the model expects " + ShapeString(t.sizes().vec()));
+    }
+    if (e.dtype != "float32" && e.dtype != "F32") {
+      return InvalidArgument("tensor '" + name + "' has dtype " + e.dtype + ", expected float32");
+    }
+    if (e.nbytes != static_cast<uint64_t>(t.numel()) * 4 || e.offset > payload_bytes ||
+        e.nbytes > payload_bytes - e.offset) {
+      return InvalidArgument("tensor '" + name + "' has byte range [" + std::to_string(e.offset) +
+                             ", +" + std::to_string(e.nbytes) + ") outside the payload of " +
+                             std::to_string(payload_bytes) + " bytes or of the wrong size");
+    }
+    out.push_back(&e);
+  }
+  if (by_name.size() != params.size()) {
+    std::map<std::string, int> known;
+    for (const auto& p : params) known[p.first] = 1;
+    for (const auto& e : manifest) {
+      if (!known.count(e.name)) return InvalidArgument("unexpected tensor '" + e.name + "'");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Status LoadFlatParameters(const std::vector<TensorEntry>& manifest, const uint8_t* payload,
+                          uint64_t payload_bytes, const NamedTensors& params) {
+  GYRE_ASSIGN_OR_RETURN(auto entries, MatchManifest(manifest, payload_bytes, params));
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& dst = params[i].second;
+    at::Tensor src = at::from_blob(const_cast<uint8_t*>(payload + entries[i]->offset),
+                                   dst.sizes(), at::TensorOptions().dtype(at::kFloat));
+    dst.detach().copy_(src);
+  }
+  return Status::Ok();
+}
+
+Status SaveSafetensors(const std::string& path, const NamedTensors& params) {
+  std::vector<std::pair<std::string, at::Tensor>> sorted(params.begin(), params.end());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  nlohmann::json header = nlohmann::json::object();
+  header["__metadata__"] = {{"format", "pt"}, {"producer", "gyre"}};
+  uint64_t offset = 0;
+  for (const auto& [name, t] : sorted) {
+    uint64_t n = static_cast<uint64_t>(t.numel()) * 4;
+    header[name] = {{"dtype", "F32"}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string h = header.dump();
+  while (h.size() % 8 != 0) h.push_back(' ');
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return Unavailable("cannot write " + tmp);
+    uint64_t len = h.size();
+    unsigned char le[8];
+    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>((len >> (8 * i)) & 0xff);
+    out.write(reinterpret_cast<const char*>(le), 8);
+    out.write(h.data(), static_cast<std::streamsize>(h.size()));
+    for (const auto& [name, t] : sorted) {
+      at::Tensor c = t.detach().to(at::kFloat).contiguous().cpu();
+      out.write(reinterpret_cast<const char*>(c.data_ptr<float>()),
+                static_cast<std::streamsize>(c.numel() * 4));
+    }
+    out.flush();
+    if (!out) return Unavailable("short write to " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return Unavailable("cannot rename " + tmp + " to " + path);
+  }
+  return Status::Ok();
+}
+
+Status LoadSafetensors(const std::string& path, const NamedTensors& params) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("cannot open " + path);
+  in.seekg(0, std::ios::end);
+  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  if (file_size < 8) return DataLoss(path + ": truncated (no header length)");
+  unsigned char le[8];
+  in.read(reinterpret_cast<char*>(le), 8);
+  uint64_t hlen = 0;
+  for (int i = 0; i < 8; ++i) hlen |= static_cast<uint64_t>(le[i]) << (8 * i);
+  if (hlen > file_size - 8) return DataLoss(path + ": header length exceeds the file size");
+  std::string h(hlen, '\0');
+  in.read(h.data(), static_cast<std::streamsize>(hlen));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(h);
+  } catch (const std::exception& e) {
+    return DataLoss(path + ": bad JSON header: " + e.what());
+  }
+  const uint64_t data_bytes = file_size - 8 - hlen;
+  std::vector<TensorEntry> manifest;
+  try {
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__") continue;
+      TensorEntry e;
+      e.name = it.key();
+      e.dtype = it.value().at("dtype").get<std::string>();
+      e.shape = it.value().at("shape").get<std::vector<int64_t>>();
+      auto offs = it.value().at("data_offsets").get<std::vector<uint64_t>>();
+      if (offs.size() != 2 || offs[1] < offs[0]) {
+        return DataLoss(path + ": tensor '" + e.name + "' has bad data_offsets");
+      }
+      e.offset = offs[0];
+      e.nbytes = offs[1] - offs[0];
+      manifest.push_back(std::move(e));
+    }
+  } catch (const std::exception& e) {
+    return DataLoss(path + ": malformed header entry: " + e.what());
+  }
+  std::vector<uint8_t> payload(data_bytes);
+  in.read(reinterpret_cast<char*>(payload.data()), static_cast<std::streamsize>(data_bytes));
+  if (!in) return DataLoss(path + ": truncated data");
+  return LoadFlatParameters(manifest, payload.data(), data_bytes, params).WithContext(path);
+}
+
+}  // namespace gyre::model

@@ -1,0 +1,44 @@
+#pragma once
+// Moving parameters in and out of a model: a flat byte payload with a manifest (for weight
+// transfer in buckets) and safetensors files (for checkpoints other tools can read).
+// Functions that write into a model's tensors must not race with a forward pass.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gyre/status.h"
+#include "model/transformer.h"
+
+namespace gyre::model {
+
+struct TensorEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string dtype;  // "float32" (the only dtype the built-in model uses)
+  uint64_t offset = 0;
+  uint64_t nbytes = 0;
+};
+
+// Copies every parameter, in NamedParameters() order, into one contiguous float32 payload.
+std::vector<uint8_t> FlattenParameters(const NamedTensors& params,
+                                       std::vector<TensorEntry>* manifest);
+
+// Copies `payload` into `params`. The manifest must name exactly the model's parameters with the
+// same shapes; on any mismatch nothing is written and the error names the tensor.
+Status LoadFlatParameters(const std::vector<TensorEntry>& manifest, const uint8_t* payload,
+                          uint64_t payload_bytes, const NamedTensors& params);
+
+// Writes `params` as a safetensors file (8-byte little-endian header length, JSON header padded
+// with spaces to a multiple of 8, tensors contiguous in sorted-name order), atomically: the file
+// is written next to `path` and renamed into place.
+Status SaveSafetensors(const std::string& path, const NamedTensors& params);
+
+// Reads a safetensors file written by SaveSafetensors (or any float32 one) into `params`,
+// checking names, shapes, dtypes and offsets. Nothing is written on error.
+Status LoadSafetensors(const std::string& path, const NamedTensors& params);
+
+// CRC-32 (zlib polynomial) of a byte range.
+uint32_t Crc32(const uint8_t* data, uint64_t n);
+
+}  // namespace gyre::model

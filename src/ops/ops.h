@@ -1,0 +1,42 @@
+#pragma once
+// src/ops: where libtorch tensors meet kernels/. Each function checks shapes and dtypes, moves
+// data to the layout the kernel expects, and calls the CPU reference (the CUDA kernels arrive
+// with the kernels issue; tensors on a GPU are rejected with a clear error until then).
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "gyre/status.h"
+#include "kernels/reference/policy_loss_ref.h"
+#include "kernels/reference/sampling_ref.h"
+
+namespace gyre::ops {
+
+struct SampleOutput {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<float> kept_mass;
+};
+
+// logits: float [B, V]; one parameter set per row (DESIGN.md "Sampling").
+StatusOr<SampleOutput> SampleRows(const at::Tensor& logits,
+                                  const std::vector<kernels::SamplingRowParams>& params);
+
+// Log-probabilities of `targets` [B, T] (int64) under logits [B, T, V] / temperature, float32
+// [B, T], differentiable with respect to logits.
+at::Tensor TokenLogprobs(const at::Tensor& logits, const at::Tensor& targets, double temperature);
+
+struct PolicyLossResult {
+  kernels::PolicyLossStats stats;
+  at::Tensor grad_logp;  // d loss / d logp, float32 [S, T]; feed to logp.backward(grad_logp)
+};
+
+// All tensors float32 [S, T]; logp_rollout / logp_ref may be undefined when unused.
+StatusOr<PolicyLossResult> PolicyLoss(const at::Tensor& logp, const at::Tensor& logp_old,
+                                      const at::Tensor& logp_rollout, const at::Tensor& logp_ref,
+                                      const at::Tensor& advantages, const at::Tensor& mask,
+                                      const kernels::PolicyLossParams& params);
+
+}  // namespace gyre::ops

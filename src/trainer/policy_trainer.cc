@@ -1,0 +1,184 @@
+#include "trainer/policy_trainer.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace gyre::trainer {
+
+struct PolicyTrainer::Optimizer {
+  std::unique_ptr<torch::optim::AdamW> adamw;
+  std::vector<at::Tensor> params;
+};
+
+PolicyTrainer::PolicyTrainer(std::unique_ptr<model::Transformer> model, double lr,
+                             double weight_decay, double beta1, double beta2)
+    : model_(std::move(model)), optimizer_(std::make_unique<Optimizer>()) {
+  for (const auto& [name, t] : model_->NamedParameters()) optimizer_->params.push_back(t);
+  torch::optim::AdamWOptions opts(lr);
+  opts.weight_decay(weight_decay).betas({beta1, beta2});
+  optimizer_->adamw = std::make_unique<torch::optim::AdamW>(optimizer_->params, opts);
+}
+
+PolicyTrainer::~PolicyTrainer() = default;
+
+Status PolicyTrainer::Validate(const std::vector<TrainSample>& batch, Objective objective) const {
+  if (batch.empty()) return InvalidArgument("empty training batch");
+  const auto& spec = model_->spec();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const auto& s = batch[i];
+    const std::string where = "sample " + std::to_string(i);
+    if (s.prompt.empty() || s.response.empty()) {
+      return InvalidArgument(where + ": prompt and response must be non-empty");
+    }
+    if (static_cast<int64_t>(s.prompt.size() + s.response.size()) > spec.max_seq_len) {
+      return InvalidArgument(where + ": " + std::to_string(s.prompt.size() + s.response.size()) +
+                             " tokens exceed max_seq_len " + std::to_string(spec.max_seq_len));
+    }
+    for (const auto* ids : {&s.prompt, &s.response}) {
+      for (int32_t id : *ids) {
+        if (id < 0 || id >= spec.vocab_size) {
+          return InvalidArgument(where + ": token id " + std::to_string(id) + " out of range");
+        }
+      }
+    }
+    if (!s.loss_mask.empty() && s.loss_mask.size() != s.response.size()) {
+      return InvalidArgument(where + ": loss_mask has " + std::to_string(s.loss_mask.size()) +
+                             " entries for " + std::to_string(s.response.size()) + " tokens");
+    }
+    if (objective == Objective::kPolicyGradient && !s.rollout_logprobs.empty() &&
+        s.rollout_logprobs.size() != s.response.size()) {
+      return InvalidArgument(where + ": logprobs has " +
+                             std::to_string(s.rollout_logprobs.size()) + " entries for " +
+                             std::to_string(s.response.size()) + " tokens");
+    }
+    if (!std::isfinite(s.advantage)) return InvalidArgument(where + ": advantage is not finite");
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<TrainSample>& batch,
+                                                             Objective objective, double lr,
+                                                             const TrainOptions& options) {
+  GYRE_RETURN_IF_ERROR(Validate(batch, objective));
+  // Batch-wide denominators: every micro-batch divides by the same numbers.
+  double total_tokens = 0, total_seqs = 0;
+  for (const auto& s : batch) {
+    double m = 0;
+    for (size_t t = 0; t < s.response.size(); ++t) m += s.loss_mask.empty() ? 1.0 : s.loss_mask[t];
+    total_tokens += m;
+    if (m > 0) total_seqs += 1;
+  }
+  if (total_tokens <= 0) return InvalidArgument("training batch has no unmasked response tokens");
+
+  kernels::PolicyLossParams loss_params = options.loss;
+  loss_params.global_tokens = total_tokens;
+  loss_params.global_seqs = total_seqs;
+
+  optimizer_->adamw->zero_grad();
+  double loss_sum = 0, clip_sum = 0, kl_sum = 0, entropy_sum = 0, correct = 0;
+  const int64_t mb = std::max<int64_t>(1, options.micro_batch_size);
+  for (size_t start = 0; start < batch.size(); start += mb) {
+    const size_t end = std::min(batch.size(), start + static_cast<size_t>(mb));
+    const int64_t S = static_cast<int64_t>(end - start);
+    int64_t L = 0, R = 0;
+    for (size_t i = start; i < end; ++i) {
+      L = std::max<int64_t>(L, static_cast<int64_t>(batch[i].prompt.size() + batch[i].response.size()) - 1);
+      R = std::max<int64_t>(R, static_cast<int64_t>(batch[i].response.size()));
+    }
+    // inputs[s] = (prompt + response)[:-1] right-padded; response token t of sample s is
+    // predicted at input index prompt_len - 1 + t.
+    at::Tensor inputs = at::zeros({S, L}, at::kLong);
+    at::Tensor gather_idx = at::zeros({S, R}, at::kLong);
+    at::Tensor targets = at::zeros({S, R}, at::kLong);
+    at::Tensor mask = at::zeros({S, R}, at::kFloat);
+    at::Tensor adv = at::zeros({S, R}, at::kFloat);
+    at::Tensor rollout_lp = at::zeros({S, R}, at::kFloat);
+    auto in_a = inputs.accessor<int64_t, 2>();
+    auto gi_a = gather_idx.accessor<int64_t, 2>();
+    auto tg_a = targets.accessor<int64_t, 2>();
+    auto mk_a = mask.accessor<float, 2>();
+    auto ad_a = adv.accessor<float, 2>();
+    auto rl_a = rollout_lp.accessor<float, 2>();
+    for (int64_t s = 0; s < S; ++s) {
+      const TrainSample& x = batch[start + s];
+      const int64_t P = static_cast<int64_t>(x.prompt.size());
+      const int64_t n = static_cast<int64_t>(x.response.size());
+      for (int64_t t = 0; t < P + n - 1; ++t) in_a[s][t] = t < P ? x.prompt[t] : x.response[t - P];
+      for (int64_t t = 0; t < n; ++t) {
+        gi_a[s][t] = P - 1 + t;
+        tg_a[s][t] = x.response[t];
+        mk_a[s][t] = x.loss_mask.empty() ? 1.0f : x.loss_mask[t];
+        ad_a[s][t] = x.advantage * mk_a[s][t];
+        rl_a[s][t] = x.rollout_logprobs.empty() ? 0.0f : x.rollout_logprobs[t];
+      }
+    }
+    at::Tensor logits = model_->Forward(inputs);  // [S, L, V]
+    at::Tensor resp_logits =
+        logits.gather(1, gather_idx.unsqueeze(-1).expand({S, R, logits.size(2)}));
+    const double temp = objective == Objective::kSft ? 1.0 : options.temperature;
+    at::Tensor logp = ops::TokenLogprobs(resp_logits, targets, temp);  // [S, R]
+    {
+      at::NoGradGuard ng;
+      at::Tensor z = resp_logits.detach() / (temp > 0 ? temp : 1.0);
+      at::Tensor lsm = at::log_softmax(z, -1);
+      at::Tensor ent = -(lsm.exp() * lsm).sum(-1);
+      entropy_sum += (ent * mask).sum().item<double>();
+      at::Tensor argmax_ok = (z.argmax(-1) == targets).to(at::kFloat);
+      correct += (argmax_ok * mask).sum().item<double>();
+    }
+    if (objective == Objective::kSft) {
+      at::Tensor loss = -(logp * mask).sum() / total_tokens;
+      loss.backward();
+      loss_sum += loss.item<double>();
+    } else {
+      GYRE_ASSIGN_OR_RETURN(
+          ops::PolicyLossResult r,
+          ops::PolicyLoss(logp, logp.detach(), options.loss.use_tis ? rollout_lp : at::Tensor(),
+                          at::Tensor(), adv, mask, loss_params));
+      logp.backward(r.grad_logp);
+      loss_sum += r.stats.loss;
+      clip_sum += r.stats.clip_frac * r.stats.tokens;
+      kl_sum += r.stats.approx_kl * r.stats.tokens;
+    }
+  }
+  // Global gradient-norm clipping, then AdamW.
+  double sq = 0;
+  for (const auto& p : optimizer_->params) {
+    if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
+  }
+  const double grad_norm = std::sqrt(sq);
+  if (!std::isfinite(grad_norm)) {
+    optimizer_->adamw->zero_grad();
+    return Internal("non-finite gradient norm; the step was skipped");
+  }
+  if (options.grad_clip > 0 && grad_norm > options.grad_clip) {
+    at::NoGradGuard ng;
+    const double scale = options.grad_clip / (grad_norm + 1e-6);
+    for (auto& p : optimizer_->params) {
+      if (p.grad().defined()) p.grad().mul_(scale);
+    }
+  }
+  for (auto& group : optimizer_->adamw->param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  }
+  optimizer_->adamw->step();
+  ++version_;
+  std::map<std::string, double> m;
+  m["loss"] = loss_sum;
+  m["grad_norm"] = grad_norm;
+  m["tokens"] = total_tokens;
+  m["entropy"] = entropy_sum / total_tokens;
+  m["token_accuracy"] = correct / total_tokens;
+  if (objective == Objective::kPolicyGradient) {
+    m["clip_frac"] = clip_sum / total_tokens;
+    m["approx_kl"] = kl_sum / total_tokens;
+  }
+  return m;
+}
+
+}  // namespace gyre::trainer

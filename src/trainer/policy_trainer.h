@@ -1,0 +1,68 @@
+#pragma once
+// PolicyTrainer: owns the policy model and its AdamW optimizer and performs one optimizer step
+// per batch, for either the clipped policy-gradient objective (GRPO family) or supervised
+// fine-tuning (the warm-up). Log-probs are recomputed here at the sampling temperature.
+//
+// The batch is split into micro-batches of `micro_batch_size` sequences; every micro-batch's
+// loss uses the batch-wide denominators (token count or sequence count), so the accumulated
+// gradient equals that of one big batch. One optimizer step per batch means the old policy is
+// the current one: logp_old is the detached logp of the same forward (ratio 1 at the start).
+//
+// Not thread-safe: one caller at a time (the trainer service serialises calls).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gyre/config.h"
+#include "gyre/status.h"
+#include "kernels/reference/policy_loss_ref.h"
+#include "model/transformer.h"
+
+namespace gyre::trainer {
+
+struct TrainSample {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> response;
+  std::vector<float> rollout_logprobs;  // behaviour log-probs (may be empty for SFT)
+  std::vector<float> loss_mask;         // per response token; empty = all ones
+  float advantage = 0.0f;
+};
+
+enum class Objective { kPolicyGradient, kSft };
+
+struct TrainOptions {
+  int64_t micro_batch_size = 64;
+  double grad_clip = 1.0;
+  double temperature = 1.0;
+  kernels::PolicyLossParams loss;
+};
+
+class PolicyTrainer {
+ public:
+  PolicyTrainer(std::unique_ptr<model::Transformer> model, double lr, double weight_decay,
+                double beta1, double beta2);
+  ~PolicyTrainer();
+
+  // One optimizer step on `batch` at learning rate `lr`. Fails without touching the model when
+  // a sample is malformed (empty response, mask/logprob length mismatch, ids out of range,
+  // sequence longer than max_seq_len). Metrics: loss, grad_norm, tokens, clip_frac, approx_kl,
+  // entropy, and for SFT token accuracy.
+  StatusOr<std::map<std::string, double>> Step(const std::vector<TrainSample>& batch,
+                                               Objective objective, double lr,
+                                               const TrainOptions& options);
+
+  const model::Transformer& model() const { return *model_; }
+  int64_t version() const { return version_; }
+
+ private:
+  Status Validate(const std::vector<TrainSample>& batch, Objective objective) const;
+  struct Optimizer;
+  std::unique_ptr<model::Transformer> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  int64_t version_ = 0;
+};
+
+}  // namespace gyre::trainer

@@ -1,0 +1,166 @@
+#include "trainer/trainer_service.h"
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+
+#include "comm/weight_sync.h"
+#include "common/logging.h"
+#include "kernels/reference/policy_loss_ref.h"
+#include "model/weights.h"
+#include "rpc/rpc_util.h"
+
+namespace gyre::trainer {
+
+TrainerService::TrainerService(const JobConfig& config, std::unique_ptr<model::Transformer> model,
+                               std::function<void(const std::string&)> on_stop)
+    : config_(config),
+      trainer_(std::move(model), config.trainer.lr, config.trainer.weight_decay,
+               config.trainer.beta1, config.trainer.beta2),
+      on_stop_(std::move(on_stop)) {}
+
+int64_t TrainerService::version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return trainer_.version();
+}
+
+grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx,
+                                       const v1::TrainStepRequest* req,
+                                       v1::TrainStepResponse* resp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (req->expected_version() != trainer_.version()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "batch was sampled for policy version " +
+                            std::to_string(req->expected_version()) + ", trainer holds " +
+                            std::to_string(trainer_.version()));
+  }
+  std::vector<TrainSample> batch;
+  batch.reserve(req->samples_size());
+  for (const auto& s : req->samples()) {
+    TrainSample t;
+    t.prompt.assign(s.prompt_ids().begin(), s.prompt_ids().end());
+    t.response.assign(s.response_ids().begin(), s.response_ids().end());
+    t.rollout_logprobs.assign(s.logprobs().begin(), s.logprobs().end());
+    t.loss_mask.assign(s.loss_mask().begin(), s.loss_mask().end());
+    t.advantage = s.advantage();
+    batch.push_back(std::move(t));
+  }
+  TrainOptions opts;
+  opts.micro_batch_size = config_.trainer.micro_batch_size;
+  opts.grad_clip = config_.trainer.grad_clip;
+  opts.temperature = req->temperature() > 0 ? req->temperature() : 1.0;
+  const auto& a = config_.algorithm;
+  opts.loss.clip_eps_low = static_cast<float>(a.clip_eps_low);
+  opts.loss.clip_eps_high = static_cast<float>(a.clip_eps_high);
+  opts.loss.dual_clip_c = static_cast<float>(a.dual_clip_c);
+  opts.loss.use_tis = a.tis;
+  opts.loss.tis_cap = static_cast<float>(a.tis_cap);
+  kernels::ParseLossAgg(a.loss_agg, &opts.loss.agg);
+  const Objective obj =
+      req->objective() == v1::OBJECTIVE_SFT ? Objective::kSft : Objective::kPolicyGradient;
+  auto metrics = trainer_.Step(batch, obj, req->lr(), opts);
+  if (!metrics.ok()) return rpc::ToGrpc(metrics.status());
+  resp->set_policy_version(trainer_.version());
+  for (const auto& [k, v] : *metrics) (*resp->mutable_metrics())[k] = v;
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
+                                            const v1::PublishWeightsRequest* req,
+                                            v1::PublishWeightsResponse* resp) {
+  if (req->rollout_addresses_size() != req->rollout_ids_size()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "rollout_addresses and rollout_ids differ in length");
+  }
+  comm::WeightPayload payload;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (req->version() != trainer_.version()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "asked to publish version " + std::to_string(req->version()) +
+                              ", trainer holds " + std::to_string(trainer_.version()));
+    }
+    payload.version = trainer_.version();
+    payload.bytes = model::FlattenParameters(trainer_.model().NamedParameters(), &payload.manifest);
+  }
+  const int64_t bucket = req->bucket_bytes() > 0 ? req->bucket_bytes() : (4 << 20);
+  const double timeout = req->timeout_s() > 0 ? req->timeout_s() : 60.0;
+  std::vector<std::future<StatusOr<comm::SendResult>>> futures;
+  for (int i = 0; i < req->rollout_addresses_size(); ++i) {
+    const std::string address = req->rollout_addresses(i);
+    futures.push_back(std::async(std::launch::async, [&payload, address, bucket, timeout] {
+      auto stub = v1::Rollout::NewStub(rpc::MakeChannel(address));
+      return comm::SendWeights(stub.get(), payload, bucket, timeout);
+    }));
+  }
+  for (int i = 0; i < req->rollout_addresses_size(); ++i) {
+    auto r = futures[i].get();
+    v1::PublishResult* pr = resp->add_results();
+    pr->set_rollout_id(req->rollout_ids(i));
+    pr->set_ok(r.ok());
+    if (r.ok()) {
+      *pr->mutable_receipt() = r->receipt;
+      for (uint32_t c : r->sent_crc32) pr->add_sent_crc32(c);
+    } else {
+      pr->set_error(r.status().ToString());
+    }
+  }
+  return grpc::Status::OK;
+}
+
+Status WriteHfConfig(const std::string& dir, const model::ModelSpec& spec) {
+  nlohmann::json j;
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  j["vocab_size"] = spec.vocab_size;
+  j["hidden_size"] = spec.hidden_size;
+  j["num_hidden_layers"] = spec.num_layers;
+  j["num_attention_heads"] = spec.num_heads;
+  j["num_key_value_heads"] = spec.num_kv_heads;
+  j["head_dim"] = spec.head_dim;
+  j["intermediate_size"] = spec.intermediate_size;
+  j["max_position_embeddings"] = spec.max_seq_len;
+  j["rope_theta"] = spec.rope_theta;
+  j["rms_norm_eps"] = spec.rms_norm_eps;
+  j["tie_word_embeddings"] = spec.tie_embeddings;
+  j["attention_bias"] = spec.attention_bias;
+  j["hidden_act"] = "silu";
+  j["torch_dtype"] = "float32";
+  std::ofstream out(dir + "/config.json");
+  out << j.dump(2) << "\n";
+  if (!out) return Unavailable("cannot write " + dir + "/config.json");
+  return Status::Ok();
+}
+
+grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveRequest* req,
+                                  v1::SaveResponse* resp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  namespace fs = std::filesystem;
+  const fs::path final_dir(req->directory());
+  const fs::path tmp_dir = final_dir.string() + ".tmp";
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  if (ec) {
+    return rpc::ToGrpc(Unavailable("cannot create " + tmp_dir.string() + ": " + ec.message()));
+  }
+  Status s = model::SaveSafetensors((tmp_dir / "model.safetensors").string(),
+                                    trainer_.model().NamedParameters());
+  if (s.ok()) s = WriteHfConfig(tmp_dir.string(), trainer_.model().spec());
+  if (!s.ok()) return rpc::ToGrpc(s);
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp_dir, final_dir, ec);
+  if (ec) return rpc::ToGrpc(Unavailable("cannot rename checkpoint into place: " + ec.message()));
+  resp->set_path(final_dir.string());
+  resp->set_policy_version(trainer_.version());
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainerService::Stop(grpc::ServerContext* ctx, const v1::StopRequest* req,
+                                  v1::StopResponse* resp) {
+  if (on_stop_) on_stop_(req->reason().empty() ? "stop requested" : req->reason());
+  return grpc::Status::OK;
+}
+
+}  // namespace gyre::trainer

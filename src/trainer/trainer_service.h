@@ -1,0 +1,44 @@
+#pragma once
+// TrainerService: the gRPC face of a trainer worker. TrainStep runs one optimizer step on the
+// batch the controller sends; PublishWeights streams the current policy version to every
+// rollout worker named in the request, concurrently and each within its deadline; Save writes
+// an HF-style directory (config.json + model.safetensors). Calls are serialised by a mutex.
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "gyre/config.h"
+#include "gyre/v1/gyre.grpc.pb.h"
+#include "trainer/policy_trainer.h"
+
+namespace gyre::trainer {
+
+class TrainerService final : public v1::Trainer::Service {
+ public:
+  TrainerService(const JobConfig& config, std::unique_ptr<model::Transformer> model,
+                 std::function<void(const std::string&)> on_stop);
+
+  grpc::Status TrainStep(grpc::ServerContext* ctx, const v1::TrainStepRequest* req,
+                         v1::TrainStepResponse* resp) override;
+  grpc::Status PublishWeights(grpc::ServerContext* ctx, const v1::PublishWeightsRequest* req,
+                              v1::PublishWeightsResponse* resp) override;
+  grpc::Status Save(grpc::ServerContext* ctx, const v1::SaveRequest* req,
+                    v1::SaveResponse* resp) override;
+  grpc::Status Stop(grpc::ServerContext* ctx, const v1::StopRequest* req,
+                    v1::StopResponse* resp) override;
+
+  int64_t version() const;
+
+ private:
+  JobConfig config_;
+  mutable std::mutex mu_;
+  PolicyTrainer trainer_;  // guarded by mu_
+  std::function<void(const std::string&)> on_stop_;
+};
+
+// Writes config.json (Hugging Face LlamaForCausalLM fields) for `spec` into `dir`.
+Status WriteHfConfig(const std::string& dir, const model::ModelSpec& spec);
+
+}  // namespace gyre::trainer

@@ -1,0 +1,543 @@
+// Tests of job config loading as a user meets it: the messages they would read for each kind of
+// mistake (with file:line:col), --set overrides, the effective-config dump, and the docs.
+
+#include "config/config.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace gyre::config {
+namespace {
+
+const char kSource[] = "jobs/x.yaml";
+
+StatusOr<JobConfig> Parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return ParseJobConfig(text, kSource, overrides);
+}
+
+// The error message a user would see for `text`; fails the test if parsing succeeds.
+std::string ParseError(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  StatusOr<JobConfig> r = Parse(text, overrides);
+  EXPECT_FALSE(r.ok()) << "expected an error for:\n" << text;
+  if (r.ok()) return "";
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+  return r.status().message();
+}
+
+std::string OverrideError(const std::string& kv) {
+  JobConfig cfg;
+  const std::string before = DumpJobConfig(cfg);
+  Status s = ApplyOverride(&cfg, kv);
+  EXPECT_FALSE(s.ok()) << kv;
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(DumpJobConfig(cfg), before) << "a failed --set must leave the config unchanged";
+  return s.message();
+}
+
+// Two configs are equal when their dumps are: the dump has every field, and doubles round-trip.
+void ExpectSameConfig(const JobConfig& a, const JobConfig& b) {
+  EXPECT_EQ(DumpJobConfig(a), DumpJobConfig(b));
+}
+
+// ---- defaults ---------------------------------------------------------------------------------
+
+TEST(ConfigDefaults, EmptyOrCommentOnlyFileGivesDefaults) {
+  for (const char* text :
+       {"", "\n\n", "# just a comment\n", "~\n", "job:\nrollout:\n  sampling:\n"}) {
+    StatusOr<JobConfig> r = Parse(text);
+    ASSERT_TRUE(r.ok()) << r.status() << " for '" << text << "'";
+    ExpectSameConfig(*r, JobConfig{});
+    EXPECT_EQ(r->trainer.steps, 40);
+    EXPECT_EQ(r->algorithm.advantage, "grpo");
+  }
+}
+
+TEST(ConfigDefaults, DefaultsPassValidation) { EXPECT_TRUE(ValidateJobConfig(JobConfig{}).ok()); }
+
+TEST(ConfigDefaults, EveryDocumentedDefaultCanBeSetBack) {
+  // The default text shown to users (docs, --help) must itself be a valid --set value.
+  for (const ConfigKeyInfo& k : DescribeConfigKeys()) {
+    JobConfig cfg;
+    std::string value = k.default_value;
+    Status s = ApplyOverride(&cfg, k.key + "=" + value);
+    EXPECT_TRUE(s.ok()) << k.key << ": " << s;
+    ExpectSameConfig(cfg, JobConfig{});
+  }
+}
+
+// ---- parsing values ---------------------------------------------------------------------------
+
+TEST(ConfigParse, ReadsEveryKindOfField) {
+  StatusOr<JobConfig> r = Parse(R"(
+job:
+  name: my-run
+  seed: 18446744073709551615
+  log_level: debug
+model:
+  hidden_size: 64
+  tie_embeddings: false
+  rms_norm_eps: 1e-5
+rollout:
+  group_size: 4
+  sampling:
+    temperature: 0.7
+    top_p: 0.95
+algorithm:
+  advantage: rloo
+  tis: yes
+cluster:
+  weight_bucket_bytes: 8589934592
+  worker_binary: ""
+data:
+  train_path:
+)");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->job.name, "my-run");
+  EXPECT_EQ(r->job.seed, UINT64_MAX);
+  EXPECT_EQ(r->job.log_level, "debug");
+  EXPECT_EQ(r->model.hidden_size, 64);
+  EXPECT_FALSE(r->model.tie_embeddings);
+  EXPECT_EQ(r->model.rms_norm_eps, 1e-5);
+  EXPECT_EQ(r->rollout.group_size, 4);
+  EXPECT_EQ(r->rollout.sampling.temperature, 0.7);
+  EXPECT_EQ(r->rollout.sampling.top_p, 0.95);
+  EXPECT_EQ(r->algorithm.advantage, "rloo");
+  EXPECT_TRUE(r->algorithm.tis);
+  EXPECT_EQ(r->cluster.weight_bucket_bytes, int64_t{8589934592});
+  EXPECT_EQ(r->cluster.worker_binary, "");
+  EXPECT_EQ(r->data.train_path, "");
+  // Untouched fields keep their defaults.
+  EXPECT_EQ(r->trainer.steps, 40);
+  EXPECT_EQ(r->model.num_layers, 2);
+}
+
+TEST(ConfigParse, AcceptsDottedKeysLikeSet) {
+  StatusOr<JobConfig> r = Parse("trainer.steps: 7\nrollout:\n  sampling.top_k: 5\n");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->trainer.steps, 7);
+  EXPECT_EQ(r->rollout.sampling.top_k, 5);
+}
+
+// ---- unknown keys -----------------------------------------------------------------------------
+
+TEST(ConfigErrors, UnknownKeySuggestsByLastComponentWithinSection) {
+  EXPECT_EQ(ParseError("rollout:\n  workers: 2\n  tmperature: 0.5\n"),
+            "jobs/x.yaml:3:3: unknown key 'rollout.tmperature'; "
+            "did you mean 'rollout.sampling.temperature'?");
+}
+
+TEST(ConfigErrors, UnknownNestedKeySuggestsFullKey) {
+  EXPECT_EQ(ParseError("rollout:\n  sampling:\n    temprature: 0.5\n"),
+            "jobs/x.yaml:3:5: unknown key 'rollout.sampling.temprature'; "
+            "did you mean 'rollout.sampling.temperature'?");
+}
+
+TEST(ConfigErrors, UnknownKeyPrefersSameSection) {
+  // "workers" exists in both rollout and trainer; the section the user is in wins.
+  EXPECT_EQ(ParseError("trainer:\n  worker: 2\n"),
+            "jobs/x.yaml:2:3: unknown key 'trainer.worker'; did you mean 'trainer.workers'?");
+  EXPECT_EQ(ParseError("rollout:\n  worker: 2\n"),
+            "jobs/x.yaml:2:3: unknown key 'rollout.worker'; did you mean 'rollout.workers'?");
+}
+
+TEST(ConfigErrors, KeyInWrongSectionSuggestsItsHome) {
+  EXPECT_EQ(ParseError("rollout:\n  lr: 0.1\n"),
+            "jobs/x.yaml:2:3: unknown key 'rollout.lr'; did you mean 'trainer.lr'?");
+  EXPECT_EQ(ParseError("steps: 10\n"),
+            "jobs/x.yaml:1:1: unknown key 'steps'; did you mean 'trainer.steps'?");
+}
+
+TEST(ConfigErrors, UnknownSectionSuggestsSection) {
+  EXPECT_EQ(ParseError("job:\n  name: a\nrolout:\n  workers: 2\n"),
+            "jobs/x.yaml:3:1: unknown key 'rolout'; did you mean 'rollout'?");
+}
+
+TEST(ConfigErrors, UnknownKeyWithNothingCloseHasNoSuggestion) {
+  EXPECT_EQ(ParseError("trainer:\n  xyzzyplugh: 1\n"),
+            "jobs/x.yaml:2:3: unknown key 'trainer.xyzzyplugh'");
+}
+
+// ---- wrong types ------------------------------------------------------------------------------
+
+TEST(ConfigErrors, WrongTypeNamesKeyExpectedAndGot) {
+  EXPECT_EQ(ParseError("job:\n  name: a\ntrainer:\n  steps: ten\n"),
+            "jobs/x.yaml:4:10: trainer.steps: expected an integer, got 'ten'");
+  EXPECT_EQ(ParseError("trainer:\n  steps: 10.5\n"),
+            "jobs/x.yaml:2:10: trainer.steps: expected an integer, got '10.5'");
+  EXPECT_EQ(ParseError("trainer:\n  lr: fast\n"),
+            "jobs/x.yaml:2:7: trainer.lr: expected a number, got 'fast'");
+  EXPECT_EQ(ParseError("trainer:\n  lr: nan\n"),
+            "jobs/x.yaml:2:7: trainer.lr: expected a number, got 'nan'");
+  EXPECT_EQ(ParseError("algorithm:\n  tis: maybe\n"),
+            "jobs/x.yaml:2:8: algorithm.tis: expected true or false, got 'maybe'");
+  EXPECT_EQ(ParseError("job:\n  seed: abc\n"),
+            "jobs/x.yaml:2:9: job.seed: expected an integer, got 'abc'");
+}
+
+TEST(ConfigErrors, ListMapOrNothingWhereAValueBelongs) {
+  EXPECT_EQ(ParseError("trainer:\n  steps: [1, 2]\n"),
+            "jobs/x.yaml:2:10: trainer.steps: expected an integer, got a list");
+  EXPECT_EQ(ParseError("job:\n  name:\n    first: a\n"),
+            "jobs/x.yaml:3:5: job.name: expected a string, got a map");
+  // An empty value is pointed at by its key (the value has no position of its own).
+  EXPECT_EQ(ParseError("trainer:\n  steps:\n  lr: 0.1\n"),
+            "jobs/x.yaml:2:3: trainer.steps: expected an integer, got nothing");
+}
+
+TEST(ConfigErrors, SectionThatIsNotAMap) {
+  EXPECT_EQ(ParseError("rollout: 5\n"),
+            "jobs/x.yaml:1:10: rollout: expected a map of settings, got '5'");
+  EXPECT_EQ(ParseError("rollout:\n  sampling: [1]\n"),
+            "jobs/x.yaml:2:13: rollout.sampling: expected a map of settings, got a list");
+}
+
+TEST(ConfigErrors, TopLevelThatIsNotAMap) {
+  EXPECT_EQ(ParseError("- job\n- model\n"),
+            "jobs/x.yaml:1:1: expected a map of sections (job, model, data, ...), got a list");
+  EXPECT_EQ(ParseError("hello\n"),
+            "jobs/x.yaml:1:1: expected a map of sections (job, model, data, ...), got 'hello'");
+}
+
+// ---- out of range and bad choices -------------------------------------------------------------
+
+TEST(ConfigErrors, OutOfRangeShowsTheAllowedInterval) {
+  EXPECT_EQ(ParseError("rollout:\n  group_size: 0\n"),
+            "jobs/x.yaml:2:15: rollout.group_size: 0 is out of range [1, 4096]");
+  EXPECT_EQ(ParseError("rollout:\n  sampling:\n    top_p: 0\n"),
+            "jobs/x.yaml:3:12: rollout.sampling.top_p: 0 is out of range (0, 1]");
+  EXPECT_EQ(ParseError("trainer:\n  beta2: 1.0\n"),
+            "jobs/x.yaml:2:10: trainer.beta2: 1.0 is out of range [0, 1)");
+  EXPECT_EQ(ParseError("cluster:\n  controller_port: 70000\n"),
+            "jobs/x.yaml:2:20: cluster.controller_port: 70000 is out of range [0, 65535]");
+  EXPECT_EQ(ParseError("rollout:\n  sampling:\n    temperature: 1e999\n"),
+            "jobs/x.yaml:3:18: rollout.sampling.temperature: 1e999 is out of range [0, 100]");
+}
+
+TEST(ConfigErrors, IntegerTooBigForAnyTypeIsOutOfRangeNotAWrongType) {
+  EXPECT_EQ(ParseError("trainer:\n  steps: 99999999999999999999\n"),
+            "jobs/x.yaml:2:10: trainer.steps: 99999999999999999999 is out of range "
+            "[0, 100000000]");
+  EXPECT_EQ(ParseError("job:\n  seed: -1\n"),
+            "jobs/x.yaml:2:9: job.seed: -1 is out of range [0, 18446744073709551615]");
+  EXPECT_EQ(ParseError("job:\n  seed: 18446744073709551616\n"),
+            "jobs/x.yaml:2:9: job.seed: 18446744073709551616 is out of range "
+            "[0, 18446744073709551615]");
+}
+
+TEST(ConfigErrors, UnknownChoiceListsChoicesAndSuggests) {
+  EXPECT_EQ(ParseError("algorithm:\n  advantage: grpoo\n"),
+            "jobs/x.yaml:2:14: algorithm.advantage: 'grpoo' is not one of grpo, grpo_no_std, "
+            "rloo; did you mean 'grpo'?");
+  EXPECT_EQ(ParseError("job:\n  log_level: WARN\n"),
+            "jobs/x.yaml:2:14: job.log_level: 'WARN' is not one of trace, debug, info, warn, "
+            "error, critical, off; did you mean 'warn'?");
+  EXPECT_EQ(ParseError("model:\n  dtype: bfloat16\n"),
+            "jobs/x.yaml:2:10: model.dtype: 'bfloat16' is not one of float32");
+}
+
+TEST(ConfigErrors, RequiredStringMustNotBeEmpty) {
+  EXPECT_EQ(ParseError("job:\n  name: \"\"\n"), "jobs/x.yaml:2:9: job.name: must not be empty");
+}
+
+// ---- YAML-level problems ----------------------------------------------------------------------
+
+TEST(ConfigErrors, SyntaxErrorCarriesItsPosition) {
+  EXPECT_EQ(ParseError("trainer:\n  steps: [1\n"),
+            "jobs/x.yaml:3:1: invalid YAML: end of sequence flow not found");
+  EXPECT_EQ(ParseError("trainer:\n  steps: 1\n   lr: 2\n"),
+            "jobs/x.yaml:3:6: invalid YAML: illegal map value");
+}
+
+TEST(ConfigErrors, DuplicateKeysAreRejected) {
+  EXPECT_EQ(ParseError("trainer:\n  steps: 1\n  steps: 2\n"),
+            "jobs/x.yaml:3:3: duplicate key 'trainer.steps' (first set at 2:3)");
+  EXPECT_EQ(ParseError("trainer:\n  steps: 1\ntrainer.steps: 2\n"),
+            "jobs/x.yaml:3:1: duplicate key 'trainer.steps' (first set at 2:3)");
+  EXPECT_EQ(ParseError("trainer:\n  steps: 1\ntrainer:\n  lr: 0.1\n"),
+            "jobs/x.yaml:3:1: duplicate key 'trainer' (first set at 1:1)");
+}
+
+TEST(ConfigErrors, SecondDocumentIsRejected) {
+  EXPECT_EQ(ParseError("trainer:\n  steps: 1\n---\ntrainer:\n  steps: 2\n"),
+            "jobs/x.yaml:4:1: a job file holds one YAML document; found a second one here");
+}
+
+// ---- cross-field checks -----------------------------------------------------------------------
+
+TEST(ConfigValidate, CrossFieldErrorPointsAtAnInvolvedKey) {
+  EXPECT_EQ(ParseError("data:\n  min_digits: 3\n  max_digits: 2\n"),
+            "jobs/x.yaml:2:3: data.min_digits (3) must be <= data.max_digits (2)");
+  EXPECT_EQ(ParseError("rollout:\n  group_size: 1\nalgorithm:\n  advantage: rloo\n"),
+            "jobs/x.yaml:2:3: rollout.group_size (1) must be >= 2 when algorithm.advantage is "
+            "rloo (the leave-one-out baseline needs another sample of the same prompt)");
+  EXPECT_EQ(ParseError("model:\n  max_seq_len: 14\n"),
+            "jobs/x.yaml:2:3: model.max_seq_len (14) must be greater than 2 * data.max_digits + "
+            "2 + rollout.max_new_tokens = 14 (the longest addition prompt plus its completion)");
+  EXPECT_EQ(ParseError("model:\n  num_heads: 3\n"),
+            "jobs/x.yaml:2:3: model.hidden_size (128) must be divisible by model.num_heads (3)");
+  EXPECT_EQ(ParseError("model:\n  num_kv_heads: 3\n"),
+            "jobs/x.yaml:2:3: model.num_heads (4) must be divisible by model.num_kv_heads (3) "
+            "(each key/value head serves a whole group of query heads)");
+  EXPECT_EQ(ParseError("model:\n  hidden_size: 12\n  num_heads: 4\n  num_kv_heads: 1\n"),
+            "jobs/x.yaml:2:3: model.hidden_size / model.num_heads = 3 must be even (rotary "
+            "embeddings rotate pairs of dimensions)");
+  EXPECT_EQ(ParseError("algorithm:\n  dual_clip_c: 0.5\n"),
+            "jobs/x.yaml:2:3: algorithm.dual_clip_c (0.5) must be 0 (off) or greater than 1");
+  EXPECT_EQ(ParseError("cluster:\n  heartbeat_timeout_s: 1\n"),
+            "jobs/x.yaml:2:3: cluster.heartbeat_timeout_s (1) must be greater than "
+            "cluster.heartbeat_interval_s (1)");
+  EXPECT_EQ(ParseError("job:\n  name: a/b\n"),
+            "jobs/x.yaml:2:3: job.name: 'a/b' must be a plain directory name (letters, digits, "
+            "'.', '_', '-')");
+}
+
+TEST(ConfigValidate, CrossFieldErrorCausedBySetNamesSet) {
+  EXPECT_EQ(ParseError("data:\n  max_digits: 2\n", {"data.min_digits=3"}),
+            "--set: data.min_digits (3) must be <= data.max_digits (2)");
+}
+
+TEST(ConfigValidate, CatchesBadValuesInConfigsBuiltInCode) {
+  JobConfig cfg;
+  cfg.rollout.group_size = 0;
+  EXPECT_EQ(ValidateJobConfig(cfg).message(), "rollout.group_size: 0 is out of range [1, 4096]");
+  cfg = JobConfig{};
+  cfg.algorithm.loss_agg = "mean";
+  EXPECT_EQ(ValidateJobConfig(cfg).message(),
+            "algorithm.loss_agg: 'mean' is not one of token-mean, seq-mean-token-mean, "
+            "seq-mean-token-sum");
+  cfg = JobConfig{};
+  cfg.data.min_digits = 5;
+  EXPECT_EQ(ValidateJobConfig(cfg).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateJobConfig(cfg).message(), "data.min_digits (5) must be <= data.max_digits (2)");
+}
+
+// ---- --set ------------------------------------------------------------------------------------
+
+TEST(ConfigOverride, SetsNestedFieldsOfEveryType) {
+  JobConfig cfg;
+  ASSERT_TRUE(ApplyOverride(&cfg, "trainer.steps=10").ok());
+  ASSERT_TRUE(ApplyOverride(&cfg, "rollout.sampling.top_p=0.9").ok());
+  ASSERT_TRUE(ApplyOverride(&cfg, "algorithm.tis=true").ok());
+  ASSERT_TRUE(ApplyOverride(&cfg, "job.name=\"my-run\"").ok());
+  ASSERT_TRUE(ApplyOverride(&cfg, "model.path=").ok());
+  ASSERT_TRUE(ApplyOverride(&cfg, "data.train_path=/data/train=v2.jsonl").ok());
+  ASSERT_TRUE(ApplyOverride(&cfg, " job.seed = 7").ok());
+  EXPECT_EQ(cfg.trainer.steps, 10);
+  EXPECT_EQ(cfg.rollout.sampling.top_p, 0.9);
+  EXPECT_TRUE(cfg.algorithm.tis);
+  EXPECT_EQ(cfg.job.name, "my-run");
+  EXPECT_EQ(cfg.model.path, "");
+  EXPECT_EQ(cfg.data.train_path, "/data/train=v2.jsonl");  // only the first '=' splits
+  EXPECT_EQ(cfg.job.seed, 7u);
+}
+
+TEST(ConfigOverride, ErrorsNameSetAndLeaveConfigUnchanged) {
+  EXPECT_EQ(OverrideError("trainer.step=10"),
+            "--set: unknown key 'trainer.step'; did you mean 'trainer.steps'?");
+  EXPECT_EQ(
+      OverrideError("rollout.tmperature=0.5"),
+      "--set: unknown key 'rollout.tmperature'; did you mean 'rollout.sampling.temperature'?");
+  EXPECT_EQ(OverrideError("trainer.steps=ten"),
+            "--set: trainer.steps: expected an integer, got 'ten'");
+  EXPECT_EQ(OverrideError("rollout.group_size=0"),
+            "--set: rollout.group_size: 0 is out of range [1, 4096]");
+  EXPECT_EQ(OverrideError("algorithm.advantage=grpoo"),
+            "--set: algorithm.advantage: 'grpoo' is not one of grpo, grpo_no_std, rloo; did you "
+            "mean 'grpo'?");
+  EXPECT_EQ(OverrideError("trainer.steps=[1,2]"),
+            "--set: trainer.steps: expected an integer, got a list");
+  EXPECT_EQ(OverrideError("trainer.steps"),
+            "--set: expected key=value (e.g. trainer.steps=10), got 'trainer.steps'");
+  EXPECT_EQ(OverrideError("=10"), "--set: expected key=value (e.g. trainer.steps=10), got '=10'");
+  EXPECT_EQ(OverrideError("rollout.sampling=1"),
+            "--set: 'rollout.sampling' is a section; set one of its keys, e.g. "
+            "'rollout.sampling.temperature'");
+  EXPECT_EQ(OverrideError("trainer.steps=[1"),
+            "--set: trainer.steps: cannot read '[1' as a YAML value: end of sequence flow not "
+            "found");
+}
+
+TEST(ConfigOverride, OverridesApplyAfterTheFileInOrder) {
+  StatusOr<JobConfig> r =
+      Parse("trainer:\n  steps: 5\n", {"trainer.steps=6", "trainer.steps=7", "trainer.lr=0.5"});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->trainer.steps, 7);
+  EXPECT_EQ(r->trainer.lr, 0.5);
+}
+
+TEST(ConfigOverride, BadOverrideFailsTheWholeLoad) {
+  EXPECT_EQ(ParseError("trainer:\n  steps: 5\n", {"trainer.steps=-1"}),
+            "--set: trainer.steps: -1 is out of range [0, 100000000]");
+}
+
+// ---- dump -------------------------------------------------------------------------------------
+
+TEST(ConfigDump, DefaultDumpRoundTripsAndReadsNaturally) {
+  const std::string dump = DumpJobConfig(JobConfig{});
+  StatusOr<JobConfig> r = ParseJobConfig(dump, "dump");
+  ASSERT_TRUE(r.ok()) << r.status() << "\n" << dump;
+  ExpectSameConfig(*r, JobConfig{});
+  EXPECT_NE(dump.find("\n  clip_eps_low: 0.2  # "), std::string::npos) << dump;
+  EXPECT_NE(dump.find("\n  rope_theta: 10000.0  # "), std::string::npos) << dump;
+  EXPECT_NE(dump.find("\n  name: \"gyre-job\"  # "), std::string::npos) << dump;
+  EXPECT_NE(dump.find("\nrollout:\n"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("\n  sampling:\n    temperature: 1.0  # "), std::string::npos) << dump;
+}
+
+TEST(ConfigDump, EditedConfigRoundTripsExactly) {
+  JobConfig cfg;
+  cfg.job.name = "run-1";
+  cfg.job.seed = UINT64_MAX;
+  cfg.job.output_dir = "out dir/with: colon # and hash \"quoted\" \\ back\tslash";
+  cfg.model.path = "  leading space and unicode \xc3\xa9\n";
+  cfg.model.rms_norm_eps = 1e-300;
+  cfg.trainer.lr = 0.1 + 0.2;  // 0.30000000000000004: needs 17 digits
+  cfg.trainer.beta2 = 0.999;
+  cfg.rollout.sampling.top_p = 1.0 / 3.0;
+  cfg.cluster.weight_bucket_bytes = int64_t{17179869184};
+  cfg.cluster.worker_binary = "yes";  // a YAML-1.1 boolean word must stay a string
+  cfg.algorithm.tis = true;
+  cfg.algorithm.advantage = "rloo";
+  cfg.data.eval_path = "";
+  ASSERT_TRUE(ValidateJobConfig(cfg).ok());
+
+  const std::string dump = DumpJobConfig(cfg);
+  StatusOr<JobConfig> r = ParseJobConfig(dump, "dump");
+  ASSERT_TRUE(r.ok()) << r.status() << "\n" << dump;
+  EXPECT_EQ(r->job.seed, UINT64_MAX);
+  EXPECT_EQ(r->job.output_dir, cfg.job.output_dir);
+  EXPECT_EQ(r->model.path, cfg.model.path);
+  EXPECT_EQ(r->model.rms_norm_eps, 1e-300);
+  EXPECT_EQ(r->trainer.lr, 0.1 + 0.2);
+  EXPECT_EQ(r->rollout.sampling.top_p, 1.0 / 3.0);
+  EXPECT_EQ(r->cluster.weight_bucket_bytes, int64_t{17179869184});
+  EXPECT_EQ(r->cluster.worker_binary, "yes");
+  EXPECT_TRUE(r->algorithm.tis);
+  ExpectSameConfig(*r, cfg);
+}
+
+TEST(ConfigDump, MentionsEveryKeyOnce) {
+  const std::string dump = DumpJobConfig(JobConfig{});
+  std::vector<std::string> keys = AllConfigKeys();
+  std::set<std::string> unique(keys.begin(), keys.end());
+  EXPECT_EQ(unique.size(), keys.size());
+  EXPECT_GE(keys.size(), 60u);
+  for (const char* want : {"job.name", "rollout.sampling.top_p", "cluster.worker_binary",
+                           "metrics.eval_every", "trainer.torch_threads"}) {
+    EXPECT_TRUE(unique.count(want)) << want;
+  }
+  // Each key's leaf name appears as a line of the dump.
+  for (const std::string& key : keys) {
+    std::string leaf = key.substr(key.rfind('.') + 1);
+    EXPECT_NE(dump.find(" " + leaf + ": "), std::string::npos) << key;
+  }
+}
+
+// ---- files ------------------------------------------------------------------------------------
+
+class ConfigFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           ("gyre_config_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Write(const std::string& name, const std::string& text) {
+    std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(ConfigFileTest, LoadsARealFileWithOverrides) {
+  std::string path = Write("job.yaml",
+                           "# a small job\n"
+                           "job:\n"
+                           "  name: file-test\n"
+                           "trainer:\n"
+                           "  steps: 3\n"
+                           "  lr: 2e-3\n");
+  StatusOr<JobConfig> r = LoadJobConfigFile(path, {"rollout.workers=4"});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->job.name, "file-test");
+  EXPECT_EQ(r->trainer.steps, 3);
+  EXPECT_EQ(r->trainer.lr, 2e-3);
+  EXPECT_EQ(r->rollout.workers, 4);
+}
+
+TEST_F(ConfigFileTest, ErrorsNameThePathGiven) {
+  std::string path = Write("bad.yaml", "trainer:\n  stepz: 3\n");
+  StatusOr<JobConfig> r = LoadJobConfigFile(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(),
+            path + ":2:3: unknown key 'trainer.stepz'; did you mean 'trainer.steps'?");
+}
+
+TEST_F(ConfigFileTest, EmptyFileGivesDefaults) {
+  StatusOr<JobConfig> r = LoadJobConfigFile(Write("empty.yaml", ""));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExpectSameConfig(*r, JobConfig{});
+}
+
+TEST_F(ConfigFileTest, MissingFileIsNotFound) {
+  std::string path = (dir_ / "nope.yaml").string();
+  StatusOr<JobConfig> r = LoadJobConfigFile(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(r.status().message(), "job config file '" + path + "' does not exist");
+}
+
+TEST_F(ConfigFileTest, DirectoryIsRejected) {
+  StatusOr<JobConfig> r = LoadJobConfigFile(dir_.string());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(),
+            "job config '" + dir_.string() + "' is a directory, not a YAML file");
+}
+
+// ---- docs -------------------------------------------------------------------------------------
+
+// docs/config.md must document every key with its current type, default and allowed values, in
+// a table row that starts with the dotted key in backticks.
+TEST(ConfigDocs, EveryKeyIsDocumentedWithItsDefaultAndRange) {
+  std::ifstream in(GYRE_SOURCE_DIR "/docs/config.md");
+  ASSERT_TRUE(in) << "cannot open " GYRE_SOURCE_DIR "/docs/config.md";
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+
+  for (const ConfigKeyInfo& k : DescribeConfigKeys()) {
+    const std::string prefix = "| `" + k.key + "` |";
+    const std::string* row = nullptr;
+    for (const std::string& line : lines) {
+      if (line.rfind(prefix, 0) == 0) row = &line;
+    }
+    if (row == nullptr) {
+      ADD_FAILURE() << "docs/config.md has no table row for " << k.key << " (want a line starting "
+                    << prefix << ")";
+      continue;
+    }
+    EXPECT_NE(row->find("| " + k.type + " |"), std::string::npos)
+        << k.key << ": type should be " << k.type << "\n"
+        << *row;
+    EXPECT_NE(row->find("| `" + k.default_value + "` |"), std::string::npos)
+        << k.key << ": default should be `" << k.default_value << "`\n"
+        << *row;
+    EXPECT_NE(row->find("| " + k.allowed + " |"), std::string::npos)
+        << k.key << ": allowed values should be " << k.allowed << "\n"
+        << *row;
+  }
+}
+
+}  // namespace
+}  // namespace gyre::config

@@ -1,0 +1,464 @@
+#include "kernels/reference/policy_loss_ref.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace gyre::kernels {
+namespace {
+
+const float kNan = std::numeric_limits<float>::quiet_NaN();
+
+// Owns the [S, T] arrays behind a PolicyLossInputs.
+struct Batch {
+  int64_t S, T;
+  std::vector<float> logp, logp_old, logp_rollout, logp_ref, advantages, mask;
+
+  Batch(int64_t s, int64_t t)
+      : S(s),
+        T(t),
+        logp(s * t, 0.0f),
+        logp_old(s * t, 0.0f),
+        logp_rollout(s * t, 0.0f),
+        logp_ref(s * t, 0.0f),
+        advantages(s * t, 0.0f),
+        mask(s * t, 1.0f) {}
+
+  PolicyLossInputs Inputs() const {
+    PolicyLossInputs in;
+    in.S = S;
+    in.T = T;
+    in.logp = logp.data();
+    in.logp_old = logp_old.data();
+    in.logp_rollout = logp_rollout.data();
+    in.logp_ref = logp_ref.data();
+    in.advantages = advantages.data();
+    in.mask = mask.data();
+    return in;
+  }
+};
+
+// A single token with log-ratio `log_ratio` and advantage `adv`.
+Batch OneToken(double log_ratio, float adv) {
+  Batch b(1, 1);
+  b.logp_old[0] = -1.0f;
+  b.logp[0] = static_cast<float>(-1.0 + log_ratio);
+  b.advantages[0] = adv;
+  return b;
+}
+
+struct Outcome {
+  PolicyLossStats stats;
+  std::vector<float> grad;
+};
+
+Outcome Compute(const Batch& b, const PolicyLossParams& p) {
+  Outcome o{{}, std::vector<float>(b.S * b.T, -99.0f)};
+  o.stats = PolicyLossRef(b.Inputs(), p, o.grad.data());
+  return o;
+}
+
+TEST(PolicyLossRefTest, ParsesAggregationAndKlNames) {
+  for (LossAgg agg : {LossAgg::kTokenMean, LossAgg::kSeqMeanTokenSum, LossAgg::kSeqMeanTokenMean,
+                      LossAgg::kSeqMeanTokenSumNorm}) {
+    LossAgg parsed = LossAgg::kTokenMean;
+    ASSERT_TRUE(ParseLossAgg(LossAggName(agg), &parsed));
+    EXPECT_EQ(parsed, agg);
+  }
+  LossAgg agg = LossAgg::kTokenMean;
+  EXPECT_TRUE(ParseLossAgg("seq-mean-token-sum-norm", &agg));
+  EXPECT_EQ(agg, LossAgg::kSeqMeanTokenSumNorm);
+  EXPECT_FALSE(ParseLossAgg("token_mean", &agg));
+  EXPECT_EQ(agg, LossAgg::kSeqMeanTokenSumNorm);
+
+  for (KlKind kl : {KlKind::kNone, KlKind::kK1, KlKind::kK2, KlKind::kK3}) {
+    KlKind parsed = KlKind::kNone;
+    ASSERT_TRUE(ParseKlKind(KlKindName(kl), &parsed));
+    EXPECT_EQ(parsed, kl);
+  }
+  KlKind kl = KlKind::kK2;
+  EXPECT_FALSE(ParseKlKind("K3", &kl));
+  EXPECT_EQ(kl, KlKind::kK2);
+}
+
+TEST(PolicyLossRefTest, PositiveAdvantageClipsAboveOnePlusEpsHigh) {
+  // r = 1.5 > 1.28: max(-1.5, -1.28) = -1.28, the clipped branch, so no gradient.
+  const Outcome o = Compute(OneToken(std::log(1.5), 1.0f), {});
+  EXPECT_NEAR(o.stats.loss, -1.28, 1e-6);
+  EXPECT_EQ(o.grad[0], 0.0f);
+  EXPECT_EQ(o.stats.clip_frac, 1.0);
+  // 0.5 * log(1.5)^2
+  EXPECT_NEAR(o.stats.approx_kl, 0.08220097694658271, 1e-6);
+}
+
+TEST(PolicyLossRefTest, PositiveAdvantageBelowRangeIsUnclipped) {
+  // r = 0.5: max(-0.5, -0.8) = -0.5; d(-A r)/dlogp = -A r = -0.5.
+  const Outcome o = Compute(OneToken(std::log(0.5), 1.0f), {});
+  EXPECT_NEAR(o.stats.loss, -0.5, 1e-6);
+  EXPECT_NEAR(o.grad[0], -0.5, 1e-6);
+  EXPECT_EQ(o.stats.clip_frac, 0.0);
+  EXPECT_NEAR(o.stats.approx_kl, 0.2402265069591007, 1e-6);  // 0.5 * log(0.5)^2
+}
+
+TEST(PolicyLossRefTest, NegativeAdvantageClipsBelowOneMinusEpsLow) {
+  // r = 0.5, A = -1: max(0.5, 0.8) = 0.8, clipped.
+  const Outcome o = Compute(OneToken(std::log(0.5), -1.0f), {});
+  EXPECT_NEAR(o.stats.loss, 0.8, 1e-6);
+  EXPECT_EQ(o.grad[0], 0.0f);
+  EXPECT_EQ(o.stats.clip_frac, 1.0);
+}
+
+TEST(PolicyLossRefTest, InsideTheTrustRegionIsUnclipped) {
+  // r = 1.2, A = -1: L = 1.2 and dL/dlogp = 1.2.
+  const Outcome o = Compute(OneToken(std::log(1.2), -1.0f), {});
+  EXPECT_NEAR(o.stats.loss, 1.2, 1e-6);
+  EXPECT_NEAR(o.grad[0], 1.2, 1e-6);
+  EXPECT_EQ(o.stats.clip_frac, 0.0);
+}
+
+TEST(PolicyLossRefTest, DualClipCapsNegativeAdvantageLoss) {
+  // r = 4, A = -1: max(4, 1.28) = 4, capped at -A c = 3 with no gradient.
+  const Batch b = OneToken(std::log(4.0), -1.0f);
+  const Outcome capped = Compute(b, {});
+  EXPECT_NEAR(capped.stats.loss, 3.0, 1e-6);
+  EXPECT_EQ(capped.grad[0], 0.0f);
+  EXPECT_EQ(capped.stats.dual_clip_frac, 1.0);
+  EXPECT_EQ(capped.stats.clip_frac, 0.0);
+
+  PolicyLossParams off;
+  off.dual_clip_c = 1.0f;
+  const Outcome uncapped = Compute(b, off);
+  EXPECT_NEAR(uncapped.stats.loss, 4.0, 1e-5);
+  EXPECT_NEAR(uncapped.grad[0], 4.0, 1e-5);
+  EXPECT_EQ(uncapped.stats.dual_clip_frac, 0.0);
+
+  // A = -2, r = 2: L = 4 is below the cap 6, so it keeps its gradient -A r = 4.
+  const Outcome below = Compute(OneToken(std::log(2.0), -2.0f), {});
+  EXPECT_NEAR(below.stats.loss, 4.0, 1e-5);
+  EXPECT_NEAR(below.grad[0], 4.0, 1e-5);
+
+  // The dual clip never applies to positive advantages.
+  const Outcome positive = Compute(OneToken(std::log(4.0), 1.0f), {});
+  EXPECT_NEAR(positive.stats.loss, -1.28, 1e-6);
+  EXPECT_EQ(positive.stats.dual_clip_frac, 0.0);
+}
+
+TEST(PolicyLossRefTest, LogRatioIsClampedAtTwenty) {
+  // log-ratio 25 is clamped to 20: L = -A e^20 with A = -1 (dual clip off), and no gradient.
+  Batch b = OneToken(25.0, -1.0f);
+  PolicyLossParams p;
+  p.dual_clip_c = 0.0f;
+  const Outcome o = Compute(b, p);
+  EXPECT_NEAR(o.stats.loss / 485165195.4097903, 1.0, 1e-6);
+  EXPECT_EQ(o.grad[0], 0.0f);
+}
+
+TEST(PolicyLossRefTest, TruncatedImportanceWeightIsCappedAndDetached) {
+  // Two on-policy tokens (r = 1, A = 1, so L = -1 and dL/dlogp = -1) with behaviour weights
+  // exp(log 3) = 3 -> capped to 2, and exp(log 1.5) = 1.5.
+  Batch b(1, 2);
+  b.logp = {-1.0f, -2.0f};
+  b.logp_old = b.logp;
+  b.logp_rollout = {static_cast<float>(-1.0 - std::log(3.0)),
+                    static_cast<float>(-2.0 - std::log(1.5))};
+  b.advantages = {1.0f, 1.0f};
+  PolicyLossParams p;
+  p.use_tis = true;
+  const Outcome o = Compute(b, p);
+  EXPECT_NEAR(o.stats.loss, (-2.0 - 1.5) / 2, 1e-6);
+  EXPECT_NEAR(o.stats.pg_loss, o.stats.loss, 1e-12);
+  EXPECT_NEAR(o.grad[0], -2.0 / 2, 1e-6);
+  EXPECT_NEAR(o.grad[1], -1.5 / 2, 1e-6);
+  EXPECT_NEAR(o.stats.tis_mean, 1.75, 1e-6);
+  EXPECT_NEAR(o.stats.tis_max, 2.0, 1e-6);
+
+  const Outcome off = Compute(b, {});
+  EXPECT_NEAR(off.stats.loss, -1.0, 1e-6);
+  EXPECT_EQ(off.stats.tis_mean, 1.0);
+  EXPECT_EQ(off.stats.tis_max, 1.0);
+}
+
+TEST(PolicyLossRefTest, EachKlEstimatorAndItsGradient) {
+  // A = 0 leaves only the KL term. d = logp - logp_ref = -1 - (-1.5) = 0.5.
+  Batch b(1, 1);
+  b.logp = {-1.0f};
+  b.logp_old = b.logp;
+  b.logp_ref = {-1.5f};
+  struct Case {
+    KlKind kind;
+    double value, grad;
+  };
+  const Case cases[] = {
+      {KlKind::kK1, 0.5, 1.0},                                 // d, 1
+      {KlKind::kK2, 0.125, 0.5},                               // d^2 / 2, d
+      {KlKind::kK3, 0.10653065971263342, 0.3934693402873666},  // e^-d + d - 1, 1 - e^-d
+  };
+  for (const Case& c : cases) {
+    PolicyLossParams p;
+    p.kl = c.kind;
+    p.kl_coef = 0.1f;
+    const Outcome o = Compute(b, p);
+    EXPECT_NEAR(o.stats.kl, c.value, 1e-7) << KlKindName(c.kind);
+    EXPECT_NEAR(o.stats.loss, 0.1 * c.value, 1e-7) << KlKindName(c.kind);
+    EXPECT_EQ(o.stats.pg_loss, 0.0);
+    EXPECT_NEAR(o.grad[0], 0.1 * c.grad, 1e-7) << KlKindName(c.kind);
+  }
+
+  // k3 at d = -2: e^2 - 3 = 4.389 is inside the clamp; gradient 1 - e^2.
+  PolicyLossParams p;
+  p.kl = KlKind::kK3;
+  p.kl_coef = 1.0f;
+  b.logp_ref = {1.0f};
+  Outcome o = Compute(b, p);
+  EXPECT_NEAR(o.stats.kl, 4.38905609893065, 1e-6);
+  EXPECT_NEAR(o.grad[0], -6.38905609893065, 1e-5);
+  // At d = -5, e^5 - 6 = 142.4 is clamped to 10 and the gradient vanishes.
+  b.logp_ref = {4.0f};
+  o = Compute(b, p);
+  EXPECT_EQ(o.stats.kl, 10.0);
+  EXPECT_EQ(o.grad[0], 0.0f);
+}
+
+TEST(PolicyLossRefTest, KlIsAddedToTheTisWeightedPolicyTerm) {
+  // A = 1, r = 1: L = -1, w = 2 (capped), k1 = 0.5, coef 0.5: l = 2 * -1 + 0.5 * 0.5 = -1.75.
+  Batch b(1, 1);
+  b.logp = {-1.0f};
+  b.logp_old = {-1.0f};
+  b.logp_rollout = {-3.0f};
+  b.logp_ref = {-1.5f};
+  b.advantages = {1.0f};
+  PolicyLossParams p;
+  p.use_tis = true;
+  p.kl = KlKind::kK1;
+  p.kl_coef = 0.5f;
+  const Outcome o = Compute(b, p);
+  EXPECT_NEAR(o.stats.loss, -1.75, 1e-6);
+  EXPECT_NEAR(o.stats.pg_loss, -2.0, 1e-6);
+  EXPECT_NEAR(o.stats.kl, 0.5, 1e-6);
+  EXPECT_NEAR(o.grad[0], 2 * -1.0 + 0.5 * 1.0, 1e-6);
+}
+
+// Two sequences of length 3 with mask {1, 1, 0} and {1, 0, 0}, on-policy (r = 1, so l = -A and
+// dl/dlogp = -A), A = {1, 2, *} and {4, *, *}; masked-out entries hold NaN to prove they are
+// skipped. Per-sequence sums: -3 (2 tokens) and -4 (1 token).
+Batch AggregationBatch() {
+  Batch b(2, 3);
+  b.logp = {-1.0f, -1.0f, kNan, -1.0f, kNan, kNan};
+  b.logp_old = b.logp;
+  b.advantages = {1.0f, 2.0f, kNan, 4.0f, kNan, kNan};
+  b.mask = {1, 1, 0, 1, 0, 0};
+  return b;
+}
+
+TEST(PolicyLossRefTest, EachAggregationMode) {
+  const Batch b = AggregationBatch();
+  struct Case {
+    LossAgg agg;
+    double loss;
+    std::vector<double> grad;
+  };
+  const Case cases[] = {
+      // (-1 - 2 - 4) / 3 tokens
+      {LossAgg::kTokenMean, -7.0 / 3, {-1.0 / 3, -2.0 / 3, 0, -4.0 / 3, 0, 0}},
+      // (-3 + -4) / 2 sequences
+      {LossAgg::kSeqMeanTokenSum, -3.5, {-0.5, -1.0, 0, -2.0, 0, 0}},
+      // (-3 / 2 + -4 / 1) / 2
+      {LossAgg::kSeqMeanTokenMean, -2.75, {-0.25, -0.5, 0, -2.0, 0, 0}},
+      // (-3 + -4) / (2 sequences * 4)
+      {LossAgg::kSeqMeanTokenSumNorm, -0.875, {-0.125, -0.25, 0, -0.5, 0, 0}},
+  };
+  for (const Case& c : cases) {
+    PolicyLossParams p;
+    p.agg = c.agg;
+    p.norm_max_len = 4;
+    const Outcome o = Compute(b, p);
+    EXPECT_NEAR(o.stats.loss, c.loss, 1e-9) << LossAggName(c.agg);
+    EXPECT_EQ(o.stats.tokens, 3.0);
+    for (int i = 0; i < 6; ++i) EXPECT_NEAR(o.grad[i], c.grad[i], 1e-7) << LossAggName(c.agg);
+  }
+
+  // norm_max_len <= 0 falls back to T = 3: -7 / (2 * 3).
+  PolicyLossParams p;
+  p.agg = LossAgg::kSeqMeanTokenSumNorm;
+  EXPECT_NEAR(Compute(b, p).stats.loss, -7.0 / 6, 1e-9);
+}
+
+TEST(PolicyLossRefTest, GlobalDenominatorsReplaceLocalCounts) {
+  const Batch b = AggregationBatch();
+  PolicyLossParams p;
+  p.global_tokens = 10;
+  Outcome o = Compute(b, p);
+  EXPECT_NEAR(o.stats.loss, -0.7, 1e-9);  // -7 / 10
+  EXPECT_NEAR(o.grad[3], -0.4, 1e-7);     // -4 / 10
+  EXPECT_EQ(o.stats.tokens, 3.0);         // the local count is still reported
+
+  p = {};
+  p.agg = LossAgg::kSeqMeanTokenSum;
+  p.global_seqs = 5;
+  o = Compute(b, p);
+  EXPECT_NEAR(o.stats.loss, -1.4, 1e-9);  // -7 / 5
+
+  p.agg = LossAgg::kSeqMeanTokenMean;
+  EXPECT_NEAR(Compute(b, p).stats.loss, -1.1, 1e-9);  // (-1.5 - 4) / 5
+
+  p.agg = LossAgg::kSeqMeanTokenSumNorm;
+  p.norm_max_len = 4;
+  EXPECT_NEAR(Compute(b, p).stats.loss, -0.35, 1e-9);  // -7 / (5 * 4)
+}
+
+TEST(PolicyLossRefTest, FullyMaskedSequencesDoNotCountAsSequences) {
+  Batch b(3, 3);
+  const Batch a = AggregationBatch();
+  std::copy(a.logp.begin(), a.logp.end(), b.logp.begin());
+  std::copy(a.logp_old.begin(), a.logp_old.end(), b.logp_old.begin());
+  std::copy(a.advantages.begin(), a.advantages.end(), b.advantages.begin());
+  std::copy(a.mask.begin(), a.mask.end(), b.mask.begin());
+  b.mask[6] = b.mask[7] = b.mask[8] = 0.0f;
+  b.advantages[6] = 100.0f;
+  PolicyLossParams p;
+  p.agg = LossAgg::kSeqMeanTokenSum;
+  EXPECT_NEAR(Compute(b, p).stats.loss, -3.5, 1e-9);
+  p.agg = LossAgg::kSeqMeanTokenMean;
+  EXPECT_NEAR(Compute(b, p).stats.loss, -2.75, 1e-9);
+}
+
+TEST(PolicyLossRefTest, EmptyMaskGivesZeroNotNan) {
+  Batch b = AggregationBatch();
+  b.mask.assign(6, 0.0f);
+  for (LossAgg agg : {LossAgg::kTokenMean, LossAgg::kSeqMeanTokenSum, LossAgg::kSeqMeanTokenMean,
+                      LossAgg::kSeqMeanTokenSumNorm}) {
+    PolicyLossParams p;
+    p.agg = agg;
+    const Outcome o = Compute(b, p);
+    EXPECT_EQ(o.stats.loss, 0.0) << LossAggName(agg);
+    EXPECT_EQ(o.stats.tokens, 0.0);
+    EXPECT_EQ(o.stats.clip_frac, 0.0);
+    for (float g : o.grad) EXPECT_EQ(g, 0.0f);
+  }
+}
+
+TEST(PolicyLossRefTest, MissingInputsAreLoud) {
+  Batch b(1, 2);
+  PolicyLossInputs in = b.Inputs();
+  in.logp_rollout = nullptr;
+  PolicyLossParams p;
+  p.use_tis = true;
+  std::vector<float> grad(2, 0.0f);
+  PolicyLossStats s = PolicyLossRef(in, p, grad.data());
+  EXPECT_TRUE(std::isnan(s.loss));
+  EXPECT_TRUE(std::isnan(grad[0]));
+
+  in = b.Inputs();
+  in.logp_ref = nullptr;
+  p = {};
+  p.kl = KlKind::kK2;
+  s = PolicyLossRef(in, p, nullptr);
+  EXPECT_TRUE(std::isnan(s.loss));
+  EXPECT_TRUE(std::isnan(s.kl));
+}
+
+TEST(PolicyLossRefTest, GradientIsOptional) {
+  const Batch b = AggregationBatch();
+  const PolicyLossStats s = PolicyLossRef(b.Inputs(), {}, nullptr);
+  EXPECT_NEAR(s.loss, -7.0 / 3, 1e-9);
+}
+
+// Distance in log-ratio space from every kink of the loss: the clip bounds, the dual-clip cap and
+// the k3 clamp. Finite differences are only meaningful away from them.
+bool NearKink(double log_ratio, double kl_d, const PolicyLossParams& p, double margin) {
+  const double kinks[] = {std::log(1.0 - p.clip_eps_low), std::log(1.0 + p.clip_eps_high),
+                          std::log(static_cast<double>(p.dual_clip_c))};
+  for (double k : kinks) {
+    if (std::abs(log_ratio - k) < margin) return true;
+  }
+  // k3 reaches 10 at d ~ -2.53 and d ~ 11; the test keeps |d| < 2.
+  return std::abs(kl_d) > 2.0;
+}
+
+class PolicyLossGradientTest : public testing::TestWithParam<LossAgg> {};
+
+TEST_P(PolicyLossGradientTest, MatchesCentralFiniteDifferences) {
+  constexpr int64_t kS = 4, kT = 7;
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> old_dist(-3.0f, -0.1f);
+  std::uniform_real_distribution<float> ratio_dist(-0.6f, 1.4f);  // spans both clips and dual
+  std::uniform_real_distribution<float> small(-0.5f, 0.5f);
+  std::normal_distribution<float> adv_dist(0.0f, 1.0f);
+  std::bernoulli_distribution keep(0.7);
+
+  PolicyLossParams p;
+  p.agg = GetParam();
+  p.use_tis = true;
+  p.tis_cap = 1.3f;
+  p.kl = KlKind::kK3;
+  p.kl_coef = 0.25f;
+  p.norm_max_len = 10;
+
+  constexpr double kMargin = 0.01;
+  Batch b(kS, kT);
+  for (int64_t i = 0; i < kS * kT; ++i) {
+    // Redraw until the token sits away from every kink.
+    do {
+      b.logp_old[i] = old_dist(rng);
+      b.logp[i] = b.logp_old[i] + ratio_dist(rng);
+      b.logp_ref[i] = b.logp[i] + 1.5f * small(rng);
+    } while (NearKink(static_cast<double>(b.logp[i]) - b.logp_old[i],
+                      static_cast<double>(b.logp[i]) - b.logp_ref[i], p, kMargin));
+    b.logp_rollout[i] = b.logp_old[i] + small(rng);
+    b.advantages[i] = adv_dist(rng);
+    b.mask[i] = keep(rng) ? 1.0f : 0.0f;
+  }
+  // Pin one token on each constant branch so every run checks that their gradients vanish:
+  // dual clip (A < 0, r = e^1.3 > 3) and the upper PPO clip (A > 0, r = e^0.4 > 1.28).
+  b.logp[1] = b.logp_old[1] + 1.3f;
+  b.advantages[1] = -1.0f;
+  b.logp[2] = b.logp_old[2] + 0.4f;
+  b.advantages[2] = 1.0f;
+  for (int64_t i : {0, 1, 2}) {
+    b.logp_ref[i] = b.logp[i];
+    b.mask[i] = 1.0f;
+  }
+
+  std::vector<float> grad(kS * kT);
+  const PolicyLossStats base = PolicyLossRef(b.Inputs(), p, grad.data());
+  EXPECT_GT(base.clip_frac, 0.0);
+  EXPECT_GT(base.dual_clip_frac, 0.0);
+  EXPECT_LT(base.tis_mean, base.tis_max);
+
+  constexpr float kStep = 1e-3f;
+  for (int64_t i = 0; i < kS * kT; ++i) {
+    Batch plus = b, minus = b;
+    plus.logp[i] = b.logp[i] + kStep;
+    minus.logp[i] = b.logp[i] - kStep;
+    // The float inputs round the step; divide by the step actually taken.
+    const double h = static_cast<double>(plus.logp[i]) - minus.logp[i];
+    const double fd = (PolicyLossRef(plus.Inputs(), p, nullptr).loss -
+                       PolicyLossRef(minus.Inputs(), p, nullptr).loss) /
+                      h;
+    EXPECT_NEAR(grad[i], fd, 1e-6 + 1e-4 * std::abs(fd)) << "token " << i;
+    if (b.mask[i] == 0.0f) {
+      EXPECT_EQ(grad[i], 0.0f);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModes, PolicyLossGradientTest,
+                         testing::Values(LossAgg::kTokenMean, LossAgg::kSeqMeanTokenSum,
+                                         LossAgg::kSeqMeanTokenMean, LossAgg::kSeqMeanTokenSumNorm),
+                         [](const testing::TestParamInfo<LossAgg>& info) {
+                           std::string name = LossAggName(info.param);
+                           std::string out;
+                           for (char c : name) {
+                             if (c != '-') out += c;
+                           }
+                           return out;
+                         });
+
+}  // namespace
+}  // namespace gyre::kernels

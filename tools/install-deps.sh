@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Installs everything Gyre needs to build and test, and nothing twice.
+#
+#   tools/install-deps.sh            # Debian packages + the shared Python venv with torch
+#   GYRE_VENV=/path tools/install-deps.sh
+#
+# Debian 12 packages come from apt (run as root, or with sudo available). libtorch is the one
+# inside PyTorch's pip wheel, pinned to the GPU host's version, installed once into a virtual
+# environment under ~/.cache/gyre (override with GYRE_VENV) that every clone shares, so a fresh
+# clone does not download several GB again. Test-only reference packages (transformers,
+# tokenizers, safetensors, numpy) go into the same venv; Gyre never needs them at run time.
+set -euo pipefail
+
+TORCH_VERSION="${GYRE_TORCH_VERSION:-2.11.0}"
+VENV="${GYRE_VENV:-${HOME}/.cache/gyre/venv}"
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libpcre2-dev libutf8proc-dev
+)
+
+log() { printf '[install-deps] %s\n' "$*" >&2; }
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  log "installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  log "Debian packages: all present"
+fi
+
+PY="${GYRE_PYTHON:-$(command -v python3)}"
+if [[ ! -x "${VENV}/bin/python" ]]; then
+  log "creating virtual environment ${VENV}"
+  mkdir -p "$(dirname "${VENV}")"
+  "$PY" -m venv "${VENV}"
+fi
+
+have_torch=$("${VENV}/bin/python" -c "import torch,sys; sys.stdout.write(torch.__version__.split('+')[0])" 2>/dev/null || true)
+if [[ "${have_torch}" != "${TORCH_VERSION}" ]]; then
+  log "installing torch==${TORCH_VERSION} into ${VENV} (one time, a few GB)"
+  "${VENV}/bin/pip" install -q --disable-pip-version-check "torch==${TORCH_VERSION}"
+else
+  log "torch ${TORCH_VERSION}: present"
+fi
+
+if [[ "${GYRE_SKIP_PY_REFS:-0}" != "1" ]]; then
+  if ! "${VENV}/bin/python" -c "import transformers, tokenizers, safetensors, numpy" 2>/dev/null; then
+    log "installing test reference packages (transformers, tokenizers, safetensors, numpy)"
+    "${VENV}/bin/pip" install -q --disable-pip-version-check transformers tokenizers safetensors numpy || \
+      log "warning: reference packages could not be installed; reference tests will skip"
+  else
+    log "test reference packages: present"
+  fi
+fi
+log "done"
