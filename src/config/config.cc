@@ -1,5 +1,7 @@
 #include "config/config.h"
 
+#include "common/file_util.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <cctype>
@@ -10,7 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -900,11 +901,10 @@ StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::stri
 
 StatusOr<JobConfig> LoadJobConfigFile(const std::string& path,
                                       const std::vector<std::string>& overrides) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
+  if (!PathExists(path)) {
     return NotFound("job config file '" + path + "' does not exist");
   }
-  if (std::filesystem::is_directory(path, ec)) {
+  if (IsDirectory(path)) {
     return InvalidArgument("job config '" + path + "' is a directory, not a YAML file");
   }
   std::ifstream in(path, std::ios::binary);

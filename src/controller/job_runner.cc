@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <future>
 #include <map>
@@ -15,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "common/file_util.h"
 #include "common/logging.h"
 #include "common/subprocess.h"
 #include "config/config.h"
@@ -29,7 +29,6 @@ namespace gyre::controller {
 
 namespace {
 
-namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 std::atomic<int> g_signal{0};
@@ -99,6 +98,10 @@ class JobRunner {
   std::vector<Worker*> AliveRollouts();
   Worker* TrainerWorker() { return &workers_.at("trainer-0"); }
   Status DropWorker(Worker* w, const std::string& why);
+  // An RPC to `w` failed with `s`: give the monitor a moment to see whether the process died,
+  // so the error names the death (worker, pid, signal) rather than a bare "Socket closed".
+  Status AfterRpcFailure(Worker* w, const Status& s);
+  bool WaitForDeath(const std::string& id, double seconds);
 
   Status Publish(int64_t version);
   StatusOr<std::vector<v1::Sample>> GenerateAll(std::vector<GroupJob>* jobs,
@@ -161,11 +164,8 @@ Status JobRunner::Setup() {
     }
   }
 
-  run_dir_ = (fs::path(cfg_.job.output_dir) / cfg_.job.name).string();
-  std::error_code ec;
-  fs::create_directories(fs::path(run_dir_) / "logs", ec);
-  if (ec) return Unavailable("cannot create run directory " + run_dir_ + ": " + ec.message());
-  run_dir_ = fs::absolute(run_dir_).string();
+  run_dir_ = AbsolutePath(cfg_.job.output_dir + "/" + cfg_.job.name);
+  GYRE_RETURN_IF_ERROR(MakeDirs(run_dir_ + "/logs").WithContext("run directory"));
   result_.run_dir = run_dir_;
   const std::string yaml = config::DumpJobConfig(cfg_);
   std::ofstream(run_dir_ + "/config.yaml") << yaml;
@@ -310,6 +310,25 @@ Status JobRunner::DropWorker(Worker* w, const std::string& why) {
   return CheckHealth();
 }
 
+bool JobRunner::WaitForDeath(const std::string& id, double seconds) {
+  const auto t0 = Clock::now();
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (deaths_.count(id)) return true;
+    }
+    if (Seconds(t0) >= seconds) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+Status JobRunner::AfterRpcFailure(Worker* w, const Status& s) {
+  if (s.ok()) return s;
+  WaitForDeath(w->id, 2.0);
+  GYRE_RETURN_IF_ERROR(CheckHealth());
+  return s;
+}
+
 Status JobRunner::Publish(int64_t version) {
   const auto t0 = Clock::now();
   v1::PublishWeightsRequest req;
@@ -323,8 +342,9 @@ Status JobRunner::Publish(int64_t version) {
   v1::PublishWeightsResponse resp;
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, cfg_.cluster.weight_sync_timeout_s + 10);
-  GYRE_RETURN_IF_ERROR(rpc::FromGrpc(TrainerWorker()->trainer->PublishWeights(&ctx, req, &resp),
-                                     "publish weights v" + std::to_string(version)));
+  GYRE_RETURN_IF_ERROR(AfterRpcFailure(
+      TrainerWorker(), rpc::FromGrpc(TrainerWorker()->trainer->PublishWeights(&ctx, req, &resp),
+                                     "publish weights v" + std::to_string(version))));
   for (const auto& r : resp.results()) {
     Worker& w = workers_.at(r.rollout_id());
     if (!r.ok()) {
@@ -407,14 +427,7 @@ StatusOr<std::vector<v1::Sample>> JobRunner::GenerateAll(std::vector<GroupJob>* 
         return rpc::FromGrpc(s, "generate on " + alive[a]->id);
       }
       // Wait briefly for the monitor to see a dying process, then drop it either way.
-      const auto t0 = Clock::now();
-      bool dead = false;
-      while (!dead && Seconds(t0) < 2.0) {
-        std::lock_guard<std::mutex> lock(mu_);
-        dead = deaths_.count(alive[a]->id) > 0;
-        if (!dead) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      if (!dead) {
+      if (!WaitForDeath(alive[a]->id, 2.0)) {
         GYRE_RETURN_IF_ERROR(DropWorker(alive[a], "generate failed: " + s.error_message()));
       }
       GYRE_RETURN_IF_ERROR(CheckHealth());
@@ -492,11 +505,9 @@ StatusOr<std::map<std::string, double>> JobRunner::Train(const std::vector<v1::S
   v1::TrainStepResponse resp;
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, cfg_.cluster.rpc_timeout_s);
-  Status s = rpc::FromGrpc(TrainerWorker()->trainer->TrainStep(&ctx, req, &resp), "train step");
-  if (!s.ok()) {
-    GYRE_RETURN_IF_ERROR(CheckHealth());
-    return s;
-  }
+  GYRE_RETURN_IF_ERROR(AfterRpcFailure(
+      TrainerWorker(),
+      rpc::FromGrpc(TrainerWorker()->trainer->TrainStep(&ctx, req, &resp), "train step")));
   version_ = resp.policy_version();
   return std::map<std::string, double>(resp.metrics().begin(), resp.metrics().end());
 }
@@ -675,8 +686,9 @@ StatusOr<JobResult> JobRunner::Run() {
       v1::SaveResponse resp;
       grpc::ClientContext ctx;
       rpc::SetDeadline(&ctx, cfg_.cluster.rpc_timeout_s);
-      GYRE_RETURN_IF_ERROR(
-          rpc::FromGrpc(TrainerWorker()->trainer->Save(&ctx, req, &resp), "save checkpoint"));
+      GYRE_RETURN_IF_ERROR(AfterRpcFailure(
+          TrainerWorker(),
+          rpc::FromGrpc(TrainerWorker()->trainer->Save(&ctx, req, &resp), "save checkpoint")));
     }
   }
   GYRE_ASSIGN_OR_RETURN(result_.accuracy_after_rl, Evaluate("after_rl"));
@@ -686,8 +698,9 @@ StatusOr<JobResult> JobRunner::Run() {
     v1::SaveResponse resp;
     grpc::ClientContext ctx;
     rpc::SetDeadline(&ctx, cfg_.cluster.rpc_timeout_s);
-    GYRE_RETURN_IF_ERROR(
-        rpc::FromGrpc(TrainerWorker()->trainer->Save(&ctx, req, &resp), "save final model"));
+    GYRE_RETURN_IF_ERROR(AfterRpcFailure(
+        TrainerWorker(),
+        rpc::FromGrpc(TrainerWorker()->trainer->Save(&ctx, req, &resp), "save final model")));
   }
   result_.policy_version = version_;
   result_.wall_seconds = Seconds(t0);

@@ -181,6 +181,11 @@ Status LoadSafetensors(const std::string& path, const NamedTensors& params) {
       }
       e.offset = offs[0];
       e.nbytes = offs[1] - offs[0];
+      if (offs[1] > data_bytes) {
+        return DataLoss(path + ": tensor '" + e.name + "' ends at byte " +
+                        std::to_string(offs[1]) + " of a data section of only " +
+                        std::to_string(data_bytes) + " bytes (truncated file?)");
+      }
       manifest.push_back(std::move(e));
     }
   } catch (const std::exception& e) {

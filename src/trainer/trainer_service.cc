@@ -1,11 +1,11 @@
 #include "trainer/trainer_service.h"
 
-#include <filesystem>
 #include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
 
 #include "comm/weight_sync.h"
+#include "common/file_util.h"
 #include "common/logging.h"
 #include "kernels/reference/policy_loss_ref.h"
 #include "model/weights.h"
@@ -136,23 +136,21 @@ Status WriteHfConfig(const std::string& dir, const model::ModelSpec& spec) {
 grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveRequest* req,
                                   v1::SaveResponse* resp) {
   std::lock_guard<std::mutex> lock(mu_);
-  namespace fs = std::filesystem;
-  const fs::path final_dir(req->directory());
-  const fs::path tmp_dir = final_dir.string() + ".tmp";
-  std::error_code ec;
-  fs::remove_all(tmp_dir, ec);
-  fs::create_directories(tmp_dir, ec);
-  if (ec) {
-    return rpc::ToGrpc(Unavailable("cannot create " + tmp_dir.string() + ": " + ec.message()));
+  // Atomic: write everything into DIR.tmp, fsync, then rename over DIR.
+  const std::string final_dir = req->directory();
+  const std::string tmp_dir = final_dir + ".tmp";
+  Status s = RemoveTree(tmp_dir);
+  if (s.ok()) s = MakeDirs(tmp_dir);
+  if (s.ok()) {
+    s = model::SaveSafetensors(tmp_dir + "/model.safetensors", trainer_.model().NamedParameters());
   }
-  Status s = model::SaveSafetensors((tmp_dir / "model.safetensors").string(),
-                                    trainer_.model().NamedParameters());
-  if (s.ok()) s = WriteHfConfig(tmp_dir.string(), trainer_.model().spec());
-  if (!s.ok()) return rpc::ToGrpc(s);
-  fs::remove_all(final_dir, ec);
-  fs::rename(tmp_dir, final_dir, ec);
-  if (ec) return rpc::ToGrpc(Unavailable("cannot rename checkpoint into place: " + ec.message()));
-  resp->set_path(final_dir.string());
+  if (s.ok()) s = WriteHfConfig(tmp_dir, trainer_.model().spec());
+  if (s.ok()) s = SyncPath(tmp_dir + "/model.safetensors");
+  if (s.ok()) s = SyncPath(tmp_dir);
+  if (s.ok()) s = RemoveTree(final_dir);
+  if (s.ok()) s = RenamePath(tmp_dir, final_dir);
+  if (!s.ok()) return rpc::ToGrpc(s.WithContext("save " + final_dir));
+  resp->set_path(final_dir);
   resp->set_policy_version(trainer_.version());
   return grpc::Status::OK;
 }

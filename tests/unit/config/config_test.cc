@@ -3,6 +3,8 @@
 
 #include "config/config.h"
 
+#include "common/file_util.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -448,9 +450,9 @@ class ConfigFileTest : public ::testing::Test {
   void SetUp() override {
     dir_ = std::filesystem::path(::testing::TempDir()) /
            ("gyre_config_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir_);
+    ASSERT_TRUE(MakeDirs(dir_.string()).ok());
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { (void)RemoveTree(dir_.string()); }
 
   std::string Write(const std::string& name, const std::string& text) {
     std::string path = (dir_ / name).string();

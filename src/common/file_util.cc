@@ -1,0 +1,99 @@
+#include "common/file_util.h"
+
+#include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace gyre {
+
+namespace {
+
+Status Errno(const std::string& what, const std::string& path) {
+  return Unavailable(what + " " + path + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+Status MakeDirs(const std::string& path) {
+  if (path.empty()) return InvalidArgument("MakeDirs: empty path");
+  std::string partial;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    partial = path.substr(0, pos);
+    if (partial.empty()) continue;
+    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      return Errno("cannot create directory", partial);
+    }
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Unavailable("cannot create directory " + path + ": a file is in the way");
+  }
+  return Status::Ok();
+}
+
+Status RemoveTree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return Status::Ok();
+  if (!S_ISDIR(st.st_mode)) {
+    if (::unlink(path.c_str()) != 0) return Errno("cannot remove", path);
+    return Status::Ok();
+  }
+  auto fn = [](const char* p, const struct stat*, int, struct FTW*) -> int {
+    return ::remove(p) == 0 ? 0 : -1;
+  };
+  if (::nftw(path.c_str(), fn, 16, FTW_DEPTH | FTW_PHYS) != 0) return Errno("cannot remove", path);
+  return Status::Ok();
+}
+
+Status RenamePath(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) return Errno("cannot rename " + from + " to", to);
+  return Status::Ok();
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+StatusOr<uint64_t> FileSize(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return Errno("cannot stat", path);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+std::string AbsolutePath(const std::string& path) {
+  if (!path.empty() && path[0] == '/') return path;
+  char buf[4096];
+  if (::getcwd(buf, sizeof(buf)) == nullptr) return path;
+  std::string out = buf;
+  if (path.empty() || path == ".") return out;
+  return out + "/" + (path.rfind("./", 0) == 0 ? path.substr(2) : path);
+}
+
+std::string TempDirectory() {
+  const char* t = std::getenv("TMPDIR");
+  return (t && *t) ? t : "/tmp";
+}
+
+Status SyncPath(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open", path);
+  ::fsync(fd);
+  ::close(fd);
+  return Status::Ok();
+}
+
+}  // namespace gyre

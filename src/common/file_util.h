@@ -1,0 +1,33 @@
+#pragma once
+// File-system helpers on plain POSIX calls.
+//
+// Why not std::filesystem: PyTorch's libtorch.so exports its own copies of many
+// std::filesystem operations (remove_all, create_directories, rename, file_size, ...). In a
+// binary that links libtorch those symbols can bind to libtorch's copies, which crash (seen:
+// remove_all jumping to address 0). Gyre therefore uses std::filesystem::path for nothing but
+// string handling and does every file-system operation through these functions.
+
+#include <cstdint>
+#include <string>
+
+#include "gyre/status.h"
+
+namespace gyre {
+
+// mkdir -p. OK if the directory already exists.
+Status MakeDirs(const std::string& path);
+// rm -rf. OK if nothing is there.
+Status RemoveTree(const std::string& path);
+// rename(2); replaces an existing empty directory or file at `to`.
+Status RenamePath(const std::string& from, const std::string& to);
+bool PathExists(const std::string& path);
+bool IsDirectory(const std::string& path);
+StatusOr<uint64_t> FileSize(const std::string& path);
+// `path` made absolute against the current directory (no symlink resolution).
+std::string AbsolutePath(const std::string& path);
+// $TMPDIR or /tmp.
+std::string TempDirectory();
+// fsync a file or directory by path (best effort for directories on some file systems).
+Status SyncPath(const std::string& path);
+
+}  // namespace gyre

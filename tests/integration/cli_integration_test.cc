@@ -1,0 +1,190 @@
+// End-to-end tests of the `gyre` binary: real controller and worker processes on loopback.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "integration/run_util.h"
+
+namespace gyre::testing {
+namespace {
+
+const std::string kQuickstart = std::string(GYRE_SOURCE_DIR) + "/configs/quickstart.yaml";
+
+// A small, fast job: a few warm-up steps, then GRPO steps with 2 rollout workers.
+std::vector<std::string> SmallJob(const std::string& dir, int steps) {
+  return {"train", kQuickstart, "--set", "job.output_dir=" + dir, "--set", "job.name=t",
+          "--set", "trainer.warmup_sft_steps=5", "--set", "trainer.steps=" + std::to_string(steps),
+          "--set", "rollout.prompts_per_step=8", "--set", "data.eval_size=20"};
+}
+
+std::vector<nlohmann::json> ReadMetrics(const std::string& path, const std::string& phase) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(ReadFile(path));
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["phase"] == phase) out.push_back(j);
+  }
+  return out;
+}
+
+TEST(CliTest, VersionHelpAndUsageErrors) {
+  const std::string dir = MakeTempDir("cli");
+  auto p = GyreProcess::Start({"--version"}, dir);
+  ASSERT_TRUE(p.Wait(30));
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 0);
+  EXPECT_NE(p.Output().find("gyre 0."), std::string::npos);
+
+  p = GyreProcess::Start({"help"}, dir);
+  ASSERT_TRUE(p.Wait(30));
+  EXPECT_NE(p.Output().find("gyre train JOB.yaml"), std::string::npos);
+
+  (void)RemoveTree(dir + "/gyre.out");
+  p = GyreProcess::Start({"frobnicate"}, dir);
+  ASSERT_TRUE(p.Wait(30));
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 2);
+  EXPECT_EQ(p.Output(), "gyre: unknown command 'frobnicate' (see gyre help)\n");
+}
+
+TEST(CliTest, ValidateReportsFileLineAndColumnWithSuggestion) {
+  const std::string dir = MakeTempDir("validate");
+  const std::string job = dir + "/job.yaml";
+  std::ofstream(job) << "job:\n  name: x\nrollout:\n  group_size: 4\n  tmperature: 0.5\n";
+  auto p = GyreProcess::Start({"validate", job}, dir);
+  ASSERT_TRUE(p.Wait(30));
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 1);
+  const std::string out = p.Output();
+  EXPECT_NE(out.find(job + ":5:3: unknown key 'rollout.tmperature'"), std::string::npos) << out;
+  EXPECT_NE(out.find("did you mean 'rollout.sampling.temperature'"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << "one line on stderr: " << out;
+
+  (void)RemoveTree(dir + "/gyre.out");
+  p = GyreProcess::Start({"validate", kQuickstart, "--set", "rollout.group_size=0"}, dir);
+  ASSERT_TRUE(p.Wait(30));
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 1);
+  EXPECT_NE(p.Output().find("rollout.group_size"), std::string::npos) << p.Output();
+}
+
+// Two GRPO steps with two rollout workers and one trainer as separate processes.
+TEST(TrainTest, TwoGrpoStepsWithRealWorkers) {
+  const std::string dir = MakeTempDir("train");
+  auto p = GyreProcess::Start(SmallJob(dir, 2), dir);
+  ASSERT_TRUE(p.Wait(180)) << p.Output();
+  const std::string out = p.Output();
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << out;
+  const auto pids = WorkerPids(out);
+  EXPECT_EQ(pids.size(), 3u) << out;
+  EXPECT_TRUE(AllGone(pids, 10)) << "workers outlived the job";
+  EXPECT_NE(out.find("step    1/2"), std::string::npos) << out;
+  EXPECT_NE(out.find("step    2/2"), std::string::npos) << out;
+  EXPECT_NE(out.find("eval before_rl"), std::string::npos);
+  EXPECT_NE(out.find("eval after_rl"), std::string::npos);
+
+  const std::string run = dir + "/t";
+  auto steps = ReadMetrics(run + "/metrics.jsonl", "grpo");
+  ASSERT_EQ(steps.size(), 2u);
+  // 5 warm-up steps = versions 1..5; each GRPO step is one more optimizer step.
+  EXPECT_EQ(steps[0]["policy_version"], 6);
+  EXPECT_EQ(steps[1]["policy_version"], 7);
+  EXPECT_EQ(steps[0]["samples"], 8 * 8);
+  EXPECT_GT(steps[0]["generated_tokens"].get<int>(), 0);
+  EXPECT_EQ(steps[0]["stale_dropped"], 0);
+  EXPECT_EQ(ReadMetrics(run + "/metrics.jsonl", "eval").size(), 2u);
+  EXPECT_TRUE(PathExists(run + "/final/model.safetensors"));
+  EXPECT_TRUE(PathExists(run + "/final/config.json"));
+  EXPECT_TRUE(PathExists(run + "/config.yaml"));
+  auto summary = nlohmann::json::parse(ReadFile(run + "/summary.json"));
+  EXPECT_EQ(summary["grpo_steps"], 2);
+  EXPECT_EQ(summary["policy_version"], 7);
+}
+
+// kill -9 of a rollout worker mid-job: the controller names it, re-queues its work on the other
+// worker and finishes.
+TEST(TrainTest, RolloutWorkerDeathIsReportedAndTheJobContinues) {
+  const std::string dir = MakeTempDir("death");
+  auto p = GyreProcess::Start(SmallJob(dir, 60), dir);
+  std::string out;
+  auto m = p.WaitForOutput("started rollout-1 \\(pid ([0-9]+)\\)", 60, &out);
+  ASSERT_FALSE(m.empty()) << out;
+  const pid_t victim = std::stoi(m[1]);
+  ASSERT_FALSE(p.WaitForOutput("step    3/60", 120, &out).empty()) << out;
+  ::kill(victim, SIGKILL);
+  ASSERT_TRUE(p.Wait(240)) << p.Output();
+  out = p.Output();
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 0) << out;
+  EXPECT_NE(out.find("worker rollout-1 died: pid " + std::to_string(victim) +
+                     " killed by signal 9"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("continuing with 1 rollout worker(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("step   60/60"), std::string::npos) << out;
+  auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  ASSERT_EQ(steps.size(), 60u);
+  for (const auto& s : steps) EXPECT_EQ(s["samples"], 64) << s.dump();  // nothing lost
+  EXPECT_TRUE(AllGone(WorkerPids(out), 10));
+}
+
+// With on_worker_failure: fail the job stops with one line naming the worker, pid and signal.
+TEST(TrainTest, WorkerDeathFailsTheJobWhenConfiguredTo) {
+  const std::string dir = MakeTempDir("fail");
+  auto args = SmallJob(dir, 200);
+  args.insert(args.end(), {"--set", "cluster.on_worker_failure=fail"});
+  auto p = GyreProcess::Start(args, dir);
+  std::string out;
+  auto m = p.WaitForOutput("started trainer-0 \\(pid ([0-9]+)\\)", 60, &out);
+  ASSERT_FALSE(m.empty()) << out;
+  const pid_t victim = std::stoi(m[1]);
+  ASSERT_FALSE(p.WaitForOutput("step    2/200", 120, &out).empty()) << out;
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(victim, SIGKILL);
+  ASSERT_TRUE(p.Wait(60)) << p.Output();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0);
+  out = p.Output();
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 1) << out;
+  EXPECT_NE(out.find("gyre: job failed: worker trainer-0 died: pid " + std::to_string(victim) +
+                     " killed by signal 9"),
+            std::string::npos)
+      << out;
+  EXPECT_TRUE(AllGone(WorkerPids(out), 10)) << "orphaned workers";
+}
+
+// SIGTERM to the controller stops the job and every worker promptly.
+TEST(TrainTest, SigtermStopsControllerAndWorkers) {
+  const std::string dir = MakeTempDir("sigterm");
+  auto p = GyreProcess::Start(SmallJob(dir, 500), dir);
+  std::string out;
+  ASSERT_FALSE(p.WaitForOutput("step    2/500", 120, &out).empty()) << out;
+  ::kill(p.pid, SIGTERM);
+  ASSERT_TRUE(p.Wait(30)) << p.Output();
+  out = p.Output();
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 130) << out;
+  EXPECT_NE(out.find("interrupted by SIGTERM"), std::string::npos) << out;
+  EXPECT_TRUE(AllGone(WorkerPids(out), 10)) << "orphaned workers";
+}
+
+// kill -9 of the controller: its workers notice (parent death signal) and exit.
+TEST(TrainTest, WorkersDieWithAKilledController) {
+  const std::string dir = MakeTempDir("sigkill");
+  auto p = GyreProcess::Start(SmallJob(dir, 500), dir);
+  std::string out;
+  ASSERT_FALSE(p.WaitForOutput("step    2/500", 120, &out).empty()) << out;
+  ::kill(p.pid, SIGKILL);
+  ASSERT_TRUE(p.Wait(10));
+  EXPECT_TRUE(AllGone(WorkerPids(out), 15)) << "orphaned workers";
+}
+
+TEST(WorkerTest, WorkerWithoutControllerGivesUpWithAClearError) {
+  const std::string dir = MakeTempDir("worker");
+  auto p = GyreProcess::Start({"worker", "--role", "rollout", "--controller", "127.0.0.1:1",
+                               "--register-timeout", "1"},
+                              dir);
+  ASSERT_TRUE(p.Wait(30));
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 1);
+  EXPECT_NE(p.Output().find("could not register with the controller at 127.0.0.1:1"),
+            std::string::npos)
+      << p.Output();
+}
+
+}  // namespace
+}  // namespace gyre::testing

@@ -1,0 +1,111 @@
+#pragma once
+// Helpers for tests that run the `gyre` binary as a real process.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/file_util.h"
+#include "common/subprocess.h"
+
+namespace gyre::testing {
+
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline std::string MakeTempDir(const std::string& tag) {
+  const std::string dir = TempDirectory() + "/gyre_" + tag + "_" + std::to_string(::getpid()) +
+                          "_" +
+                          std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  if (!MakeDirs(dir).ok()) std::abort();
+  return dir;
+}
+
+// A `gyre` process whose stdout+stderr go to a file.
+struct GyreProcess {
+  pid_t pid = 0;
+  std::string output_path;
+  int wait_status = 0;
+
+  static GyreProcess Start(const std::vector<std::string>& args, const std::string& dir) {
+    GyreProcess p;
+    p.output_path = dir + "/gyre.out";
+    std::vector<std::string> argv = {GYRE_BINARY};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto pid = SpawnProcess(argv, p.output_path);
+    if (!pid.ok()) std::abort();
+    p.pid = *pid;
+    return p;
+  }
+  std::string Output() const { return ReadFile(output_path); }
+  // Waits up to `timeout_s`; returns false (and kills it) on timeout.
+  bool Wait(double timeout_s) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (PollExit(pid, &wait_status)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &wait_status, 0);
+    return false;
+  }
+  // Polls the output until `pattern` matches; returns the match groups or empty on timeout.
+  std::smatch WaitForOutput(const std::string& pattern, double timeout_s, std::string* text) {
+    const std::regex re(pattern);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    std::smatch m;
+    while (std::chrono::steady_clock::now() < deadline) {
+      *text = Output();
+      if (std::regex_search(*text, m, re)) return m;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return {};
+  }
+};
+
+// True if `pid` still exists as a live (non-zombie) process.
+inline bool ProcessAlive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return false;
+  std::string line;
+  std::getline(stat, line);
+  const auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+// Worker pids the controller announced ("started rollout-1 (pid 123)").
+inline std::vector<pid_t> WorkerPids(const std::string& output) {
+  std::vector<pid_t> pids;
+  const std::regex re("started (rollout|trainer)-[0-9]+ \\(pid ([0-9]+)\\)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re); it != std::sregex_iterator();
+       ++it) {
+    pids.push_back(std::stoi((*it)[2]));
+  }
+  return pids;
+}
+
+inline bool AllGone(const std::vector<pid_t>& pids, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool any = false;
+    for (pid_t p : pids) any = any || ProcessAlive(p);
+    if (!any) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+}  // namespace gyre::testing

@@ -1,0 +1,121 @@
+#include "model/weights.h"
+
+#include "common/file_util.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <unistd.h>
+
+#include <fstream>
+
+namespace gyre::model {
+namespace {
+
+ModelSpec Spec() {
+  ModelSpec s;
+  s.vocab_size = 20;
+  s.hidden_size = 16;
+  s.num_layers = 1;
+  s.num_heads = 2;
+  s.num_kv_heads = 1;
+  s.head_dim = 8;
+  s.intermediate_size = 24;
+  return s;
+}
+
+std::string TempPath(const std::string& name) {
+  const std::string dir = TempDirectory() + "/gyre_weights_test_" + std::to_string(::getpid());
+  EXPECT_TRUE(MakeDirs(dir).ok());
+  return dir + "/" + name;
+}
+
+void ExpectSameParameters(const Transformer& a, const Transformer& b) {
+  auto pa = a.NamedParameters(), pb = b.NamedParameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(at::equal(pa[i].second, pb[i].second)) << pa[i].first;
+  }
+}
+
+TEST(WeightsTest, FlatRoundTripCopiesEveryParameter) {
+  auto src = Transformer::Create(Spec(), 1, 0.1);
+  auto dst = Transformer::Create(Spec(), 2, 0.1);
+  std::vector<TensorEntry> manifest;
+  auto bytes = FlattenParameters(src->NamedParameters(), &manifest);
+  EXPECT_EQ(bytes.size(), static_cast<size_t>(src->NumParameters()) * 4);
+  ASSERT_TRUE(LoadFlatParameters(manifest, bytes.data(), bytes.size(), dst->NamedParameters()).ok());
+  ExpectSameParameters(*src, *dst);
+}
+
+TEST(WeightsTest, MismatchedManifestIsRejectedAndChangesNothing) {
+  auto src = Transformer::Create(Spec(), 1, 0.1);
+  auto dst = Transformer::Create(Spec(), 2, 0.1);
+  auto before = Transformer::Create(Spec(), 2, 0.1);
+  std::vector<TensorEntry> manifest;
+  auto bytes = FlattenParameters(src->NamedParameters(), &manifest);
+
+  auto bad_shape = manifest;
+  bad_shape[3].shape = {1, 2, 3};
+  Status s = LoadFlatParameters(bad_shape, bytes.data(), bytes.size(), dst->NamedParameters());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(manifest[3].name), std::string::npos) << s.message();
+
+  auto missing = manifest;
+  missing.pop_back();
+  s = LoadFlatParameters(missing, bytes.data(), bytes.size(), dst->NamedParameters());
+  EXPECT_NE(s.message().find("missing tensor 'model.norm.weight'"), std::string::npos) << s;
+
+  s = LoadFlatParameters(manifest, bytes.data(), bytes.size() - 4, dst->NamedParameters());
+  EXPECT_FALSE(s.ok());
+  ExpectSameParameters(*before, *dst);
+}
+
+TEST(WeightsTest, SafetensorsRoundTripAndHeaderLayout) {
+  auto src = Transformer::Create(Spec(), 1, 0.1);
+  auto dst = Transformer::Create(Spec(), 2, 0.1);
+  const std::string path = TempPath("model.safetensors");
+  ASSERT_TRUE(SaveSafetensors(path, src->NamedParameters()).ok());
+  std::ifstream in(path, std::ios::binary);
+  unsigned char le[8];
+  in.read(reinterpret_cast<char*>(le), 8);
+  uint64_t hlen = 0;
+  for (int i = 0; i < 8; ++i) hlen |= static_cast<uint64_t>(le[i]) << (8 * i);
+  EXPECT_EQ(hlen % 8, 0u);
+  EXPECT_EQ(*FileSize(path), 8 + hlen + src->NumParameters() * 4);
+  ASSERT_TRUE(LoadSafetensors(path, dst->NamedParameters()).ok());
+  ExpectSameParameters(*src, *dst);
+}
+
+TEST(WeightsTest, CorruptSafetensorsAreClearErrors) {
+  auto src = Transformer::Create(Spec(), 1, 0.1);
+  auto dst = Transformer::Create(Spec(), 2, 0.1);
+  const std::string path = TempPath("corrupt.safetensors");
+  ASSERT_TRUE(SaveSafetensors(path, src->NamedParameters()).ok());
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(*FileSize(path) - 10)), 0);
+  Status s = LoadSafetensors(path, dst->NamedParameters());
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(path), std::string::npos);
+
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    const unsigned char le[8] = {5, 0, 0, 0, 0, 0, 0, 0};
+    out.write(reinterpret_cast<const char*>(le), 8);
+    out << "{bad}";
+  }
+  s = LoadSafetensors(path, dst->NamedParameters());
+  EXPECT_NE(s.message().find("bad JSON header"), std::string::npos) << s;
+  EXPECT_EQ(LoadSafetensors(TempPath("nope.safetensors"), dst->NamedParameters()).code(),
+            StatusCode::kNotFound);
+  auto fresh = Transformer::Create(Spec(), 2, 0.1);
+  ExpectSameParameters(*fresh, *dst);
+}
+
+TEST(WeightsTest, Crc32MatchesTheStandardCheckValue) {
+  const std::string s = "123456789";
+  EXPECT_EQ(Crc32(reinterpret_cast<const uint8_t*>(s.data()), s.size()), 0xCBF43926u);
+}
+
+}  // namespace
+}  // namespace gyre::model
