@@ -1,0 +1,69 @@
+#include "controller/task.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "common/file_util.h"
+
+namespace gyre::controller {
+namespace {
+
+TEST(AdditionTaskTest, ProblemsAreCorrectReproducibleAndHeldOut) {
+  DataSection d;
+  d.min_digits = 1;
+  d.max_digits = 3;
+  d.eval_size = 50;
+  auto a = ProblemSource::Create(d, 7);
+  auto b = ProblemSource::Create(d, 7);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::set<std::string> eval;
+  for (const auto& p : a->eval_set()) eval.insert(p.prompt);
+  for (int i = 0; i < 500; ++i) {
+    Problem p = a->Next();
+    EXPECT_EQ(p.prompt, b->Next().prompt);
+    EXPECT_EQ(eval.count(p.prompt), 0u) << "held-out problem in training: " << p.prompt;
+    const auto plus = p.prompt.find('+');
+    ASSERT_NE(plus, std::string::npos);
+    const long x = std::stol(p.prompt.substr(0, plus));
+    const long y = std::stol(p.prompt.substr(plus + 1, p.prompt.size() - plus - 2));
+    EXPECT_EQ(p.prompt.back(), '=');
+    EXPECT_EQ(p.answer, std::to_string(x + y));
+    EXPECT_LT(x, 1000);
+    EXPECT_LT(y, 1000);
+  }
+}
+
+TEST(ExactMatchRewardTest, OnlyAFinishedExactAnswerScores) {
+  ExactMatchReward r;
+  EXPECT_EQ(*r.Score({"2+2=", "4", "4", true}), 1.0);
+  EXPECT_EQ(*r.Score({"2+2=", "4", "4", false}), 0.0);  // cut off at max tokens
+  EXPECT_EQ(*r.Score({"2+2=", "41", "4", true}), 0.0);
+  EXPECT_EQ(*r.Score({"2+2=", " 4 ", "4", true}), 1.0);
+}
+
+TEST(JsonlTest, LoadsRecordsAndNamesTheBadLine) {
+  const std::string dir = TempDirectory() + "/gyre_task_test_" + std::to_string(::getpid());
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  const std::string good = dir + "/good.jsonl";
+  std::ofstream(good) << "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n\n{\"prompt\": \"hi\"}\n";
+  auto ok = LoadJsonl(good);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_EQ(ok->size(), 2u);
+  EXPECT_EQ((*ok)[1].answer, "");
+
+  const std::string bad = dir + "/bad.jsonl";
+  std::ofstream(bad) << "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n{\"answer\": \"3\"}\n";
+  auto e = LoadJsonl(bad);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().message(), bad + ":2: missing string field \"prompt\"");
+  std::ofstream(bad) << "{\"prompt\": 5}\n";
+  std::ofstream(bad, std::ios::trunc) << "not json\n";
+  e = LoadJsonl(bad);
+  EXPECT_NE(e.status().message().find(bad + ":1: not valid JSON"), std::string::npos);
+  EXPECT_EQ(LoadJsonl(dir + "/missing.jsonl").status().code(), StatusCode::kNotFound);
+  (void)RemoveTree(dir);
+}
+
+}  // namespace
+}  // namespace gyre::controller
