@@ -18,7 +18,7 @@ struct JobSection {
 
 // A built-in tiny decoder (Llama/Qwen2 layout) initialised from job.seed.
 struct ModelSection {
-  std::string path;            // HF directory (not yet supported; empty = built-in spec)
+  std::string path;  // HF directory (not yet supported; empty = built-in spec)
   std::string dtype = "float32";
   int hidden_size = 128;
   int num_layers = 2;
@@ -38,8 +38,8 @@ struct DataSection {
   std::string eval_path;          // JSONL for held-out evaluation; empty = generated
   int min_digits = 1;             // addition: operand length range
   int max_digits = 2;
-  int eval_size = 200;            // held-out prompts
-  uint64_t eval_seed = 99;        // held-out prompts are drawn from their own seed
+  int eval_size = 200;      // held-out prompts
+  uint64_t eval_seed = 99;  // held-out prompts are drawn from their own seed
 };
 
 struct SamplingSection {
@@ -51,47 +51,48 @@ struct SamplingSection {
 
 struct RolloutSection {
   int workers = 2;
-  int group_size = 8;           // n samples per prompt
-  int prompts_per_step = 16;    // groups per GRPO step
+  int group_size = 8;         // n samples per prompt
+  int prompts_per_step = 16;  // groups per GRPO step
   int max_new_tokens = 8;
   SamplingSection sampling;
 };
 
 struct AlgorithmSection {
-  std::string advantage = "grpo";  // grpo, grpo_no_std, rloo
+  std::string advantage = "grpo";       // grpo, grpo_no_std, rloo
   std::string loss_agg = "token-mean";  // token-mean, seq-mean-token-mean, seq-mean-token-sum
   double clip_eps_low = 0.2;
   double clip_eps_high = 0.28;
-  double dual_clip_c = 3.0;      // 0 = off
-  bool tis = false;              // truncated importance weight vs the rollout log-probs
+  double dual_clip_c = 3.0;  // 0 = off
+  bool tis = false;          // truncated importance weight vs the rollout log-probs
   double tis_cap = 2.0;
-  int max_staleness = 0;         // versions; 0 = synchronous on-policy
+  int max_staleness = 0;  // versions; 0 = synchronous on-policy
 };
 
 struct TrainerSection {
   int workers = 1;
-  int steps = 40;                // GRPO optimizer steps
+  int steps = 40;  // GRPO optimizer steps
   double lr = 1e-3;
   double weight_decay = 0.0;
   double beta1 = 0.9;
   double beta2 = 0.999;
-  double grad_clip = 1.0;        // max global grad norm; 0 = off
-  int micro_batch_size = 64;     // sequences per forward/backward
-  int warmup_sft_steps = 200;    // supervised warm-up steps before GRPO (0 = none)
+  double grad_clip = 1.0;      // max global grad norm; 0 = off
+  int micro_batch_size = 64;   // sequences per forward/backward
+  int warmup_sft_steps = 200;  // supervised warm-up steps before GRPO (0 = none)
   int warmup_sft_batch = 64;
-  double warmup_sft_lr = 3e-3;
-  int checkpoint_every = 0;      // steps; 0 = only the final model
-  int torch_threads = 1;         // intra-op threads per worker process
+  double warmup_sft_lr = 1e-3;
+  int checkpoint_every = 0;  // steps; 0 = only the final model
+  int torch_threads = 1;     // intra-op threads per worker process
 };
 
 struct RewardSection {
-  std::string type = "builtin";  // builtin (the task's verifier) or custom (library user's RewardFn)
+  std::string type =
+      "builtin";  // builtin (the task's verifier) or custom (library user's RewardFn)
 };
 
 struct ClusterSection {
-  std::string mode = "local";          // local: the controller spawns its workers
+  std::string mode = "local";  // local: the controller spawns its workers
   std::string bind_host = "127.0.0.1";
-  int controller_port = 0;             // 0 = any free port
+  int controller_port = 0;  // 0 = any free port
   double register_timeout_s = 60;
   double heartbeat_interval_s = 1.0;
   double heartbeat_timeout_s = 10.0;
@@ -99,7 +100,7 @@ struct ClusterSection {
   double weight_sync_timeout_s = 60;
   int64_t weight_bucket_bytes = 4 << 20;
   std::string on_worker_failure = "continue";  // continue (re-queue on survivors) or fail
-  std::string worker_binary;           // empty = this executable
+  std::string worker_binary;                   // empty = this executable
 };
 
 struct MetricsSection {

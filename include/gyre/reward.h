@@ -11,10 +11,10 @@
 namespace gyre {
 
 struct RewardInput {
-  std::string prompt;    // the prompt text as the dataset gave it
-  std::string response;  // decoded response, without the stop token
-  std::string answer;    // the dataset's reference answer ("" when it has none)
-  bool finished = false; // the response ended with a stop token (not cut at max_new_tokens)
+  std::string prompt;     // the prompt text as the dataset gave it
+  std::string response;   // decoded response, without the stop token
+  std::string answer;     // the dataset's reference answer ("" when it has none)
+  bool finished = false;  // the response ended with a stop token (not cut at max_new_tokens)
 };
 
 class RewardFn {

@@ -15,8 +15,8 @@ namespace gyre {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,   // bad input: config, data, request
-  kNotFound,          // a file, tensor or worker that does not exist
+  kInvalidArgument,  // bad input: config, data, request
+  kNotFound,         // a file, tensor or worker that does not exist
   kAlreadyExists,
   kFailedPrecondition,
   kOutOfRange,
@@ -53,7 +53,9 @@ class [[nodiscard]] Status {
 
 inline std::ostream& operator<<(std::ostream& os, const Status& s) { return os << s.ToString(); }
 
-inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status FailedPrecondition(std::string m) {
   return {StatusCode::kFailedPrecondition, std::move(m)};
@@ -99,10 +101,10 @@ class [[nodiscard]] StatusOr {
 #define GYRE_STATUS_CONCAT_(a, b) GYRE_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (a Status) is not OK.
-#define GYRE_RETURN_IF_ERROR(expr)                        \
-  do {                                                    \
-    ::gyre::Status gyre_status_tmp_ = (expr);             \
-    if (!gyre_status_tmp_.ok()) return gyre_status_tmp_;  \
+#define GYRE_RETURN_IF_ERROR(expr)                       \
+  do {                                                   \
+    ::gyre::Status gyre_status_tmp_ = (expr);            \
+    if (!gyre_status_tmp_.ok()) return gyre_status_tmp_; \
   } while (0)
 
 // `GYRE_ASSIGN_OR_RETURN(auto x, Foo());` assigns the value of a StatusOr or returns its error.

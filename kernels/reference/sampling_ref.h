@@ -10,8 +10,8 @@
 //    the mass equally, the limit of a very large logit). A -inf token has probability 0 and is
 //    never drawn.
 //  - Greedy when temperature <= 0 or NaN (configs only allow 0; anything else is treated the same
-//    rather than inverting the distribution): token = argmax of the logits, ties -> lowest id; logprob =
-//    log_softmax(logits)[token] with T = 1; kept_mass = 1.
+//    rather than inverting the distribution): token = argmax of the logits, ties -> lowest id;
+//    logprob = log_softmax(logits)[token] with T = 1; kept_mass = 1.
 //  - Otherwise, with m = max logit: d_i = (logit_i - m) / T, e_i = expf(d_i), S = sum_i e_i
 //    (double), p_i = float(e_i / S). This is softmax(logits / T) computed so that a tiny T cannot
 //    overflow logits / T to inf.

@@ -135,8 +135,8 @@ int RunWorker(const std::vector<std::string>& args) {
   grpc::Service* service = nullptr;
   std::function<int64_t()> version;
   if (wrole == v1::WORKER_ROLE_ROLLOUT) {
-    const int64_t max_batch = static_cast<int64_t>(cfg->rollout.prompts_per_step) *
-                              cfg->rollout.group_size;
+    const int64_t max_batch =
+        static_cast<int64_t>(cfg->rollout.prompts_per_step) * cfg->rollout.group_size;
     rollout_service =
         std::make_unique<rollout::RolloutService>(std::move(model), max_batch, on_stop);
     service = rollout_service.get();

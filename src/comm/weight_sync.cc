@@ -64,8 +64,7 @@ StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightP
     }
   }
   result.receipt = receipt;
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
 }
 
@@ -100,9 +99,9 @@ Status ReceiveWeights(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
       continue;
     }
     if (chunk.bucket_index() != crcs.size()) {
-      error = InvalidArgument("bucket " + std::to_string(chunk.bucket_index()) +
-                              " arrived out of order (expected " + std::to_string(crcs.size()) +
-                              ")");
+      error =
+          InvalidArgument("bucket " + std::to_string(chunk.bucket_index()) +
+                          " arrived out of order (expected " + std::to_string(crcs.size()) + ")");
       continue;
     }
     const std::string& data = chunk.data();
@@ -113,8 +112,8 @@ Status ReceiveWeights(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
     }
     const uint32_t crc = model::Crc32(reinterpret_cast<const uint8_t*>(data.data()), data.size());
     if (crc != chunk.crc32()) {
-      error = DataLoss("bucket " + std::to_string(chunk.bucket_index()) +
-                       " of version " + std::to_string(version) + " failed its CRC-32 check");
+      error = DataLoss("bucket " + std::to_string(chunk.bucket_index()) + " of version " +
+                       std::to_string(version) + " failed its CRC-32 check");
       continue;
     }
     std::copy(data.begin(), data.end(), buffer.begin() + static_cast<int64_t>(chunk.offset()));

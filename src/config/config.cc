@@ -1,7 +1,5 @@
 #include "config/config.h"
 
-#include "common/file_util.h"
-
 #include <yaml-cpp/yaml.h>
 
 #include <cctype>
@@ -21,6 +19,7 @@
 #include <variant>
 
 #include "common/check.h"
+#include "common/file_util.h"
 #include "common/strings.h"
 
 namespace gyre::config {

@@ -34,13 +34,16 @@ grpc::Status ControllerService::Register(grpc::ServerContext* ctx, const v1::Reg
   auto it = workers_.find(id);
   if (it == workers_.end()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "register: this job has no worker " + id + " (check --index and the "
-                        "job's rollout.workers / trainer.workers)");
+                        "register: this job has no worker " + id +
+                            " (check --index and the "
+                            "job's rollout.workers / trainer.workers)");
   }
   WorkerInfo& w = it->second;
   if (w.registered && w.alive) {
-    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "register: " + id + " is already "
-                        "registered (pid " + std::to_string(w.pid) + ")");
+    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "register: " + id +
+                                                              " is already "
+                                                              "registered (pid " +
+                                                              std::to_string(w.pid) + ")");
   }
   w.address = req->address();
   w.pid = req->pid();
@@ -57,8 +60,7 @@ grpc::Status ControllerService::Register(grpc::ServerContext* ctx, const v1::Reg
   return grpc::Status::OK;
 }
 
-grpc::Status ControllerService::Heartbeat(grpc::ServerContext* ctx,
-                                          const v1::HeartbeatRequest* req,
+grpc::Status ControllerService::Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                                           v1::HeartbeatResponse* resp) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(req->worker_id());

@@ -4,8 +4,8 @@
 // WorkerTable; the job thread reads it and decides.
 
 #include <chrono>
-#include <functional>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -16,16 +16,16 @@
 namespace gyre::controller {
 
 struct WorkerInfo {
-  std::string id;       // "rollout-0"
+  std::string id;  // "rollout-0"
   v1::WorkerRole role = v1::WORKER_ROLE_UNSPECIFIED;
   int index = 0;
-  std::string address;  // empty until registered
-  int64_t pid = 0;      // the pid the worker reported
+  std::string address;      // empty until registered
+  int64_t pid = 0;          // the pid the worker reported
   int64_t spawned_pid = 0;  // the pid we started (local mode), 0 otherwise
   bool registered = false;
-  bool ready = false;   // first heartbeat received: the worker finished initialising
+  bool ready = false;  // first heartbeat received: the worker finished initialising
   bool alive = true;
-  std::string death;    // how it died, once it did
+  std::string death;  // how it died, once it did
   int64_t policy_version = -1;
   std::chrono::steady_clock::time_point last_heartbeat;
 };

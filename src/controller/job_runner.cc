@@ -84,8 +84,7 @@ struct GroupJob {
 
 class JobRunner {
  public:
-  JobRunner(const JobConfig& config, const RunOptions& options)
-      : cfg_(config), opts_(options) {}
+  JobRunner(const JobConfig& config, const RunOptions& options) : cfg_(config), opts_(options) {}
   ~JobRunner() { Teardown(); }
 
   StatusOr<JobResult> Run();
@@ -141,13 +140,15 @@ class JobRunner {
 
 Status JobRunner::Setup() {
   if (cfg_.trainer.workers != 1) {
-    return InvalidArgument("trainer.workers: data-parallel trainers are not supported yet; set "
-                           "trainer.workers: 1");
+    return InvalidArgument(
+        "trainer.workers: data-parallel trainers are not supported yet; set "
+        "trainer.workers: 1");
   }
   if (cfg_.reward.type == "custom") {
     if (!opts_.reward) {
-      return InvalidArgument("reward.type is custom but no RewardFn was given (custom rewards "
-                             "need the C++ API, RunOptions::reward)");
+      return InvalidArgument(
+          "reward.type is custom but no RewardFn was given (custom rewards "
+          "need the C++ API, RunOptions::reward)");
     }
     reward_ = opts_.reward;
   } else {
@@ -159,8 +160,10 @@ Status JobRunner::Setup() {
   for (const auto& p : problems_->eval_set()) {
     GYRE_ASSIGN_OR_RETURN(auto ids, EncodePrompt(p.prompt));
     if (static_cast<int>(ids.size()) + cfg_.rollout.max_new_tokens > cfg_.model.max_seq_len) {
-      return InvalidArgument("eval prompt '" + p.prompt + "' plus rollout.max_new_tokens exceeds "
-                             "model.max_seq_len " + std::to_string(cfg_.model.max_seq_len));
+      return InvalidArgument("eval prompt '" + p.prompt +
+                             "' plus rollout.max_new_tokens exceeds "
+                             "model.max_seq_len " +
+                             std::to_string(cfg_.model.max_seq_len));
     }
   }
 
@@ -174,9 +177,9 @@ Status JobRunner::Setup() {
 
   service_ = std::make_unique<ControllerService>(yaml, cfg_.cluster.heartbeat_interval_s,
                                                  cfg_.cluster.heartbeat_timeout_s);
-  GYRE_ASSIGN_OR_RETURN(server_, rpc::StartServer(cfg_.cluster.bind_host,
-                                                  cfg_.cluster.controller_port,
-                                                  {service_.get()}, &address_));
+  GYRE_ASSIGN_OR_RETURN(server_,
+                        rpc::StartServer(cfg_.cluster.bind_host, cfg_.cluster.controller_port,
+                                         {service_.get()}, &address_));
   GYRE_LOG_INFO("controller listening on {}; run directory {}", address_, run_dir_);
   GYRE_RETURN_IF_ERROR(SpawnWorkers());
   monitor_ = std::thread([this] { MonitorLoop(); });
@@ -206,7 +209,7 @@ Status JobRunner::Setup() {
 
 Status JobRunner::SpawnWorkers() {
   const bool local = cfg_.cluster.mode == "local";
-  std::string binary = !opts_.worker_binary.empty() ? opts_.worker_binary
+  std::string binary = !opts_.worker_binary.empty()          ? opts_.worker_binary
                        : !cfg_.cluster.worker_binary.empty() ? cfg_.cluster.worker_binary
                                                              : SelfExecutable();
   auto add = [&](v1::WorkerRole role, const char* name, int index) -> Status {
@@ -216,9 +219,11 @@ Status JobRunner::SpawnWorkers() {
     w.index = index;
     w.log_path = run_dir_ + "/logs/" + w.id + ".log";
     if (local) {
-      std::vector<std::string> argv = {binary, "worker", "--role", name, "--index",
-                                       std::to_string(index), "--controller", address_,
-                                       "--bind-host", cfg_.cluster.bind_host};
+      std::vector<std::string> argv = {binary,         "worker",
+                                       "--role",       name,
+                                       "--index",      std::to_string(index),
+                                       "--controller", address_,
+                                       "--bind-host",  cfg_.cluster.bind_host};
       GYRE_ASSIGN_OR_RETURN(w.pid, SpawnProcess(argv, w.log_path));
       GYRE_LOG_INFO("started {} (pid {}), log {}", w.id, w.pid, w.log_path);
     }
@@ -251,8 +256,8 @@ void JobRunner::MonitorLoop() {
     }
     for (const auto& id : service_->ExpireSilent()) {
       std::lock_guard<std::mutex> lock(mu_);
-      deaths_[id] = "missed heartbeats for " + std::to_string(cfg_.cluster.heartbeat_timeout_s) +
-                    " s";
+      deaths_[id] =
+          "missed heartbeats for " + std::to_string(cfg_.cluster.heartbeat_timeout_s) + " s";
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -273,8 +278,8 @@ Status JobRunner::CheckHealth() {
   for (const auto& [id, how] : deaths) {
     if (handled_deaths_.count(id)) continue;
     handled_deaths_.insert(id);
-    const std::string msg = "worker " + id + " died: " + how + " (log: " +
-                            workers_.at(id).log_path + ")";
+    const std::string msg =
+        "worker " + id + " died: " + how + " (log: " + workers_.at(id).log_path + ")";
     if (workers_.at(id).role == v1::WORKER_ROLE_TRAINER) return Aborted(msg);
     if (cfg_.cluster.on_worker_failure == "fail") return Aborted(msg);
     if (AliveRollouts().empty()) return Aborted(msg + "; no rollout workers are left");
@@ -353,14 +358,14 @@ Status JobRunner::Publish(int64_t version) {
       bool still_alive = false;
       for (Worker* a : AliveRollouts()) still_alive = still_alive || a == &w;
       if (still_alive) {
-        GYRE_RETURN_IF_ERROR(DropWorker(&w, "weight transfer of v" + std::to_string(version) +
-                                                " failed: " + r.error()));
+        GYRE_RETURN_IF_ERROR(DropWorker(
+            &w, "weight transfer of v" + std::to_string(version) + " failed: " + r.error()));
       }
       continue;
     }
     // The receipt must match what was sent, bucket by bucket.
-    bool match = r.receipt().version() == version &&
-                 r.receipt().bucket_crc32_size() == r.sent_crc32_size();
+    bool match =
+        r.receipt().version() == version && r.receipt().bucket_crc32_size() == r.sent_crc32_size();
     for (int b = 0; match && b < r.sent_crc32_size(); ++b) {
       match = r.receipt().bucket_crc32(b) == r.sent_crc32(b);
     }
@@ -408,8 +413,8 @@ StatusOr<std::vector<v1::Sample>> JobRunner::GenerateAll(std::vector<GroupJob>* 
         grpc::ClientContext ctx;
         rpc::SetDeadline(&ctx, timeout);
         v1::GenerateResponse resp;
-        grpc::Status s = req.groups_size() == 0 ? grpc::Status::OK
-                                                : w->rollout->Generate(&ctx, req, &resp);
+        grpc::Status s =
+            req.groups_size() == 0 ? grpc::Status::OK : w->rollout->Generate(&ctx, req, &resp);
         return std::make_pair(s, std::move(resp));
       }));
     }
@@ -483,8 +488,12 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
     if (*r >= reward_->correct_threshold()) ++correct;
   }
   const double acc = scored ? static_cast<double>(correct) / scored : 0.0;
-  WriteMetrics({{"phase", "eval"}, {"tag", tag}, {"accuracy", acc}, {"problems", scored},
-                {"policy_version", version_}, {"seconds", Seconds(t0)}});
+  WriteMetrics({{"phase", "eval"},
+                {"tag", tag},
+                {"accuracy", acc},
+                {"problems", scored},
+                {"policy_version", version_},
+                {"seconds", Seconds(t0)}});
   if (opts_.print_progress) {
     std::printf("eval %-10s held-out accuracy %.3f (%d/%d, greedy, policy v%lld)\n", tag.c_str(),
                 acc, correct, scored, static_cast<long long>(version_));
@@ -643,14 +652,21 @@ Status JobRunner::GrpoStep(int step) {
   const double accuracy = static_cast<double>(correct) / static_cast<double>(kept.size());
   const double tok_s = gen_s > 0 ? static_cast<double>(gen_tokens) / gen_s : 0.0;
   result_.final_mean_reward = mean_reward;
-  nlohmann::json j = {{"phase", "grpo"},          {"step", step},
-                      {"policy_version", version_}, {"mean_reward", mean_reward},
-                      {"accuracy", accuracy},      {"samples", kept.size()},
-                      {"generated_tokens", gen_tokens}, {"tokens_per_s", tok_s},
-                      {"step_time_s", step_s},     {"generate_s", gen_s},
-                      {"train_s", train_s},        {"publish_s", publish_s},
+  nlohmann::json j = {{"phase", "grpo"},
+                      {"step", step},
+                      {"policy_version", version_},
+                      {"mean_reward", mean_reward},
+                      {"accuracy", accuracy},
+                      {"samples", kept.size()},
+                      {"generated_tokens", gen_tokens},
+                      {"tokens_per_s", tok_s},
+                      {"step_time_s", step_s},
+                      {"generate_s", gen_s},
+                      {"train_s", train_s},
+                      {"publish_s", publish_s},
                       {"zero_variance_groups", zero_var_groups},
-                      {"reward_errors", reward_errors}, {"stale_dropped", stale}};
+                      {"reward_errors", reward_errors},
+                      {"stale_dropped", stale}};
   for (const auto& [k, v] : m) j[k] = v;
   WriteMetrics(j);
   if (opts_.print_progress) {
@@ -711,7 +727,8 @@ StatusOr<JobResult> JobRunner::Run() {
                             {"final_mean_reward", result_.final_mean_reward},
                             {"wall_seconds", result_.wall_seconds}};
   std::ofstream(run_dir_ + "/summary.json") << summary.dump(2) << "\n";
-  WriteMetrics({{"phase", "summary"}, {"accuracy_before_rl", result_.accuracy_before_rl},
+  WriteMetrics({{"phase", "summary"},
+                {"accuracy_before_rl", result_.accuracy_before_rl},
                 {"accuracy_after_rl", result_.accuracy_after_rl},
                 {"wall_seconds", result_.wall_seconds}});
   return result_;

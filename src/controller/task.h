@@ -39,7 +39,7 @@ class ProblemSource {
   Problem Draw(std::mt19937_64* rng) const;
   DataSection data_;
   std::mt19937_64 rng_;
-  std::vector<Problem> train_;   // from a JSONL file; empty = generated
+  std::vector<Problem> train_;  // from a JSONL file; empty = generated
   size_t cursor_ = 0;
   std::vector<Problem> eval_;
   std::set<std::string> eval_prompts_;

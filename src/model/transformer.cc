@@ -39,7 +39,7 @@ struct Transformer::Impl {
   at::Tensor embed;
   std::vector<Layer> layers;
   at::Tensor final_norm;
-  at::Tensor lm_head;  // undefined when tied
+  at::Tensor lm_head;   // undefined when tied
   at::Tensor inv_freq;  // [head_dim / 2], float32
 
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w) const {
@@ -105,8 +105,8 @@ struct Transformer::Impl {
       const Layer& l = layers[i];
       h = h + Attention(l, RmsNorm(h, l.input_norm), cos, sin, mask, cache, static_cast<int>(i));
       at::Tensor y = RmsNorm(h, l.post_norm);
-      h = h + at::linear(at::silu(at::linear(y, l.gate_proj)) * at::linear(y, l.up_proj),
-                         l.down_proj);
+      h = h +
+          at::linear(at::silu(at::linear(y, l.gate_proj)) * at::linear(y, l.up_proj), l.down_proj);
     }
     h = RmsNorm(h, final_norm);
     return at::linear(h, spec.tie_embeddings ? embed : lm_head).to(at::kFloat);
@@ -159,15 +159,16 @@ std::unique_ptr<Transformer> Transformer::Create(const ModelSpec& spec, uint64_t
   }
   impl->final_norm = ones(H);
   if (!spec.tie_embeddings) impl->lm_head = normal({spec.vocab_size, H});
-  impl->inv_freq = 1.0 / at::pow(spec.rope_theta,
-                                 at::arange(0, hd, 2, opts.dtype(at::kLong)).to(at::kFloat) /
-                                     static_cast<double>(hd));
+  impl->inv_freq =
+      1.0 / at::pow(spec.rope_theta, at::arange(0, hd, 2, opts.dtype(at::kLong)).to(at::kFloat) /
+                                         static_cast<double>(hd));
   return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
 }
 
 at::Tensor Transformer::Forward(const at::Tensor& tokens) const {
   const int64_t B = tokens.size(0), T = tokens.size(1);
-  at::Tensor positions = at::arange(T, tokens.options().dtype(at::kLong)).unsqueeze(0).expand({B, T});
+  at::Tensor positions =
+      at::arange(T, tokens.options().dtype(at::kLong)).unsqueeze(0).expand({B, T});
   return impl_->Run(tokens, positions, at::Tensor(), nullptr);
 }
 

@@ -34,8 +34,7 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 class Transformer {
  public:
   // Random init from `seed`: linear and embedding weights ~ N(0, init_std), norms = 1.
-  static std::unique_ptr<Transformer> Create(const ModelSpec& spec, uint64_t seed,
-                                             double init_std);
+  static std::unique_ptr<Transformer> Create(const ModelSpec& spec, uint64_t seed, double init_std);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;

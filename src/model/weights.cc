@@ -102,8 +102,8 @@ Status LoadFlatParameters(const std::vector<TensorEntry>& manifest, const uint8_
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& dst = params[i].second;
-    at::Tensor src = at::from_blob(const_cast<uint8_t*>(payload + entries[i]->offset),
-                                   dst.sizes(), at::TensorOptions().dtype(at::kFloat));
+    at::Tensor src = at::from_blob(const_cast<uint8_t*>(payload + entries[i]->offset), dst.sizes(),
+                                   at::TensorOptions().dtype(at::kFloat));
     dst.detach().copy_(src);
   }
   return Status::Ok();
@@ -118,7 +118,8 @@ Status SaveSafetensors(const std::string& path, const NamedTensors& params) {
   uint64_t offset = 0;
   for (const auto& [name, t] : sorted) {
     uint64_t n = static_cast<uint64_t>(t.numel()) * 4;
-    header[name] = {{"dtype", "F32"}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
+    header[name] = {
+        {"dtype", "F32"}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string h = header.dump();
@@ -182,9 +183,9 @@ Status LoadSafetensors(const std::string& path, const NamedTensors& params) {
       e.offset = offs[0];
       e.nbytes = offs[1] - offs[0];
       if (offs[1] > data_bytes) {
-        return DataLoss(path + ": tensor '" + e.name + "' ends at byte " +
-                        std::to_string(offs[1]) + " of a data section of only " +
-                        std::to_string(data_bytes) + " bytes (truncated file?)");
+        return DataLoss(path + ": tensor '" + e.name + "' ends at byte " + std::to_string(offs[1]) +
+                        " of a data section of only " + std::to_string(data_bytes) +
+                        " bytes (truncated file?)");
       }
       manifest.push_back(std::move(e));
     }

@@ -17,9 +17,7 @@ Status RequireCpu(const at::Tensor& t, const char* name) {
   return Status::Ok();
 }
 
-at::Tensor AsFloatContiguous(const at::Tensor& t) {
-  return t.detach().to(at::kFloat).contiguous();
-}
+at::Tensor AsFloatContiguous(const at::Tensor& t) { return t.detach().to(at::kFloat).contiguous(); }
 
 }  // namespace
 
@@ -29,8 +27,8 @@ StatusOr<SampleOutput> SampleRows(const at::Tensor& logits,
   if (logits.dim() != 2) return InvalidArgument("logits must be [B, V]");
   const int64_t B = logits.size(0), V = logits.size(1);
   if (static_cast<int64_t>(params.size()) != B) {
-    return InvalidArgument("SampleRows: " + std::to_string(params.size()) +
-                           " parameter sets for " + std::to_string(B) + " rows");
+    return InvalidArgument("SampleRows: " + std::to_string(params.size()) + " parameter sets for " +
+                           std::to_string(B) + " rows");
   }
   at::Tensor l = AsFloatContiguous(logits);
   SampleOutput out;
@@ -52,8 +50,10 @@ StatusOr<PolicyLossResult> PolicyLoss(const at::Tensor& logp, const at::Tensor& 
                                       const at::Tensor& logp_rollout, const at::Tensor& logp_ref,
                                       const at::Tensor& advantages, const at::Tensor& mask,
                                       const kernels::PolicyLossParams& params) {
-  for (auto [t, name] : {std::pair{&logp, "logp"}, {&logp_old, "logp_old"},
-                         {&advantages, "advantages"}, {&mask, "mask"}}) {
+  for (auto [t, name] : {std::pair{&logp, "logp"},
+                         {&logp_old, "logp_old"},
+                         {&advantages, "advantages"},
+                         {&mask, "mask"}}) {
     GYRE_RETURN_IF_ERROR(RequireCpu(*t, name));
     if (t->sizes() != logp.sizes() || t->dim() != 2) {
       return InvalidArgument(std::string(name) + " must be [S, T] like logp");

@@ -20,9 +20,8 @@ StatusOr<std::vector<GenerationResult>> Engine::Generate(
     if (r.prompt.empty()) return InvalidArgument("request " + std::to_string(i) + ": empty prompt");
     for (int32_t id : r.prompt) {
       if (id < 0 || id >= spec.vocab_size) {
-        return InvalidArgument("request " + std::to_string(i) + ": token id " +
-                               std::to_string(id) + " outside the vocabulary of " +
-                               std::to_string(spec.vocab_size));
+        return InvalidArgument("request " + std::to_string(i) + ": token id " + std::to_string(id) +
+                               " outside the vocabulary of " + std::to_string(spec.vocab_size));
       }
     }
     if (r.max_new_tokens < 1) {
@@ -82,8 +81,7 @@ StatusOr<std::vector<GenerationResult>> Engine::GenerateBatch(const GenerationRe
   for (int64_t step = 0; step < max_new; ++step) {
     for (int64_t b = 0; b < B; ++b) {
       const auto& r = reqs[b];
-      params[b] = {r.temperature, r.top_k, r.top_p, r.min_p, r.seed,
-                   static_cast<uint64_t>(step)};
+      params[b] = {r.temperature, r.top_k, r.top_p, r.min_p, r.seed, static_cast<uint64_t>(step)};
     }
     GYRE_ASSIGN_OR_RETURN(ops::SampleOutput s, ops::SampleRows(logits, params));
     bool all_done = true;

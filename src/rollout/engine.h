@@ -31,8 +31,8 @@ struct GenerationRequest {
 };
 
 struct GenerationResult {
-  std::vector<int32_t> tokens;     // includes the stop token when one ended the sequence
-  std::vector<float> logprobs;     // log softmax(logits / T) over the full vocabulary
+  std::vector<int32_t> tokens;  // includes the stop token when one ended the sequence
+  std::vector<float> logprobs;  // log softmax(logits / T) over the full vocabulary
   std::vector<float> kept_mass;
   Finish finish = Finish::kLength;
 };

@@ -14,18 +14,39 @@ Status FromGrpc(const grpc::Status& s, const std::string& what) {
   if (s.ok()) return Status::Ok();
   StatusCode code = StatusCode::kInternal;
   switch (s.error_code()) {
-    case grpc::StatusCode::INVALID_ARGUMENT: code = StatusCode::kInvalidArgument; break;
-    case grpc::StatusCode::NOT_FOUND: code = StatusCode::kNotFound; break;
-    case grpc::StatusCode::ALREADY_EXISTS: code = StatusCode::kAlreadyExists; break;
-    case grpc::StatusCode::FAILED_PRECONDITION: code = StatusCode::kFailedPrecondition; break;
-    case grpc::StatusCode::OUT_OF_RANGE: code = StatusCode::kOutOfRange; break;
-    case grpc::StatusCode::UNAVAILABLE: code = StatusCode::kUnavailable; break;
-    case grpc::StatusCode::DEADLINE_EXCEEDED: code = StatusCode::kDeadlineExceeded; break;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      code = StatusCode::kInvalidArgument;
+      break;
+    case grpc::StatusCode::NOT_FOUND:
+      code = StatusCode::kNotFound;
+      break;
+    case grpc::StatusCode::ALREADY_EXISTS:
+      code = StatusCode::kAlreadyExists;
+      break;
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      code = StatusCode::kFailedPrecondition;
+      break;
+    case grpc::StatusCode::OUT_OF_RANGE:
+      code = StatusCode::kOutOfRange;
+      break;
+    case grpc::StatusCode::UNAVAILABLE:
+      code = StatusCode::kUnavailable;
+      break;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      code = StatusCode::kDeadlineExceeded;
+      break;
     case grpc::StatusCode::ABORTED:
-    case grpc::StatusCode::CANCELLED: code = StatusCode::kAborted; break;
-    case grpc::StatusCode::DATA_LOSS: code = StatusCode::kDataLoss; break;
-    case grpc::StatusCode::UNIMPLEMENTED: code = StatusCode::kUnimplemented; break;
-    default: break;
+    case grpc::StatusCode::CANCELLED:
+      code = StatusCode::kAborted;
+      break;
+    case grpc::StatusCode::DATA_LOSS:
+      code = StatusCode::kDataLoss;
+      break;
+    case grpc::StatusCode::UNIMPLEMENTED:
+      code = StatusCode::kUnimplemented;
+      break;
+    default:
+      break;
   }
   return Status(code, what + ": " + s.error_message());
 }
@@ -34,17 +55,38 @@ grpc::Status ToGrpc(const Status& s) {
   if (s.ok()) return grpc::Status::OK;
   grpc::StatusCode code = grpc::StatusCode::INTERNAL;
   switch (s.code()) {
-    case StatusCode::kInvalidArgument: code = grpc::StatusCode::INVALID_ARGUMENT; break;
-    case StatusCode::kNotFound: code = grpc::StatusCode::NOT_FOUND; break;
-    case StatusCode::kAlreadyExists: code = grpc::StatusCode::ALREADY_EXISTS; break;
-    case StatusCode::kFailedPrecondition: code = grpc::StatusCode::FAILED_PRECONDITION; break;
-    case StatusCode::kOutOfRange: code = grpc::StatusCode::OUT_OF_RANGE; break;
-    case StatusCode::kUnavailable: code = grpc::StatusCode::UNAVAILABLE; break;
-    case StatusCode::kDeadlineExceeded: code = grpc::StatusCode::DEADLINE_EXCEEDED; break;
-    case StatusCode::kAborted: code = grpc::StatusCode::ABORTED; break;
-    case StatusCode::kDataLoss: code = grpc::StatusCode::DATA_LOSS; break;
-    case StatusCode::kUnimplemented: code = grpc::StatusCode::UNIMPLEMENTED; break;
-    default: break;
+    case StatusCode::kInvalidArgument:
+      code = grpc::StatusCode::INVALID_ARGUMENT;
+      break;
+    case StatusCode::kNotFound:
+      code = grpc::StatusCode::NOT_FOUND;
+      break;
+    case StatusCode::kAlreadyExists:
+      code = grpc::StatusCode::ALREADY_EXISTS;
+      break;
+    case StatusCode::kFailedPrecondition:
+      code = grpc::StatusCode::FAILED_PRECONDITION;
+      break;
+    case StatusCode::kOutOfRange:
+      code = grpc::StatusCode::OUT_OF_RANGE;
+      break;
+    case StatusCode::kUnavailable:
+      code = grpc::StatusCode::UNAVAILABLE;
+      break;
+    case StatusCode::kDeadlineExceeded:
+      code = grpc::StatusCode::DEADLINE_EXCEEDED;
+      break;
+    case StatusCode::kAborted:
+      code = grpc::StatusCode::ABORTED;
+      break;
+    case StatusCode::kDataLoss:
+      code = grpc::StatusCode::DATA_LOSS;
+      break;
+    case StatusCode::kUnimplemented:
+      code = grpc::StatusCode::UNIMPLEMENTED;
+      break;
+    default:
+      break;
   }
   return grpc::Status(code, s.message());
 }

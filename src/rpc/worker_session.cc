@@ -90,7 +90,8 @@ std::string WorkerSession::WaitForStop() {
 
 bool WorkerSession::WaitForStopFor(double seconds) {
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return stop_.load(); });
+  return cv_.wait_for(lock, std::chrono::duration<double>(seconds),
+                      [this] { return stop_.load(); });
 }
 
 void WorkerSession::RequestStop(const std::string& reason) {

@@ -8,8 +8,8 @@
 // Thread-safety: Register() once from the main thread; the rest is thread-safe.
 
 #include <atomic>
-#include <functional>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>

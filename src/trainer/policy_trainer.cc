@@ -52,9 +52,8 @@ Status PolicyTrainer::Validate(const std::vector<TrainSample>& batch, Objective 
     }
     if (objective == Objective::kPolicyGradient && !s.rollout_logprobs.empty() &&
         s.rollout_logprobs.size() != s.response.size()) {
-      return InvalidArgument(where + ": logprobs has " +
-                             std::to_string(s.rollout_logprobs.size()) + " entries for " +
-                             std::to_string(s.response.size()) + " tokens");
+      return InvalidArgument(where + ": logprobs has " + std::to_string(s.rollout_logprobs.size()) +
+                             " entries for " + std::to_string(s.response.size()) + " tokens");
     }
     if (!std::isfinite(s.advantage)) return InvalidArgument(where + ": advantage is not finite");
   }
@@ -62,8 +61,8 @@ Status PolicyTrainer::Validate(const std::vector<TrainSample>& batch, Objective 
 }
 
 StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<TrainSample>& batch,
-                                                             Objective objective, double lr,
-                                                             const TrainOptions& options) {
+                                                            Objective objective, double lr,
+                                                            const TrainOptions& options) {
   GYRE_RETURN_IF_ERROR(Validate(batch, objective));
   // Batch-wide denominators: every micro-batch divides by the same numbers.
   double total_tokens = 0, total_seqs = 0;
@@ -87,7 +86,8 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
     const int64_t S = static_cast<int64_t>(end - start);
     int64_t L = 0, R = 0;
     for (size_t i = start; i < end; ++i) {
-      L = std::max<int64_t>(L, static_cast<int64_t>(batch[i].prompt.size() + batch[i].response.size()) - 1);
+      L = std::max<int64_t>(
+          L, static_cast<int64_t>(batch[i].prompt.size() + batch[i].response.size()) - 1);
       R = std::max<int64_t>(R, static_cast<int64_t>(batch[i].response.size()));
     }
     // inputs[s] = (prompt + response)[:-1] right-padded; response token t of sample s is

@@ -25,8 +25,7 @@ int64_t TrainerService::version() const {
   return trainer_.version();
 }
 
-grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx,
-                                       const v1::TrainStepRequest* req,
+grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::TrainStepRequest* req,
                                        v1::TrainStepResponse* resp) {
   std::lock_guard<std::mutex> lock(mu_);
   if (req->expected_version() != trainer_.version()) {

@@ -13,9 +13,13 @@ const std::string kQuickstart = std::string(GYRE_SOURCE_DIR) + "/configs/quickst
 
 // A small, fast job: a few warm-up steps, then GRPO steps with 2 rollout workers.
 std::vector<std::string> SmallJob(const std::string& dir, int steps) {
-  return {"train", kQuickstart, "--set", "job.output_dir=" + dir, "--set", "job.name=t",
-          "--set", "trainer.warmup_sft_steps=5", "--set", "trainer.steps=" + std::to_string(steps),
-          "--set", "rollout.prompts_per_step=8", "--set", "data.eval_size=20"};
+  return {"train", kQuickstart,
+          "--set", "job.output_dir=" + dir,
+          "--set", "job.name=t",
+          "--set", "trainer.warmup_sft_steps=5",
+          "--set", "trainer.steps=" + std::to_string(steps),
+          "--set", "rollout.prompts_per_step=8",
+          "--set", "data.eval_size=20"};
 }
 
 std::vector<nlohmann::json> ReadMetrics(const std::string& path, const std::string& phase) {
@@ -113,9 +117,9 @@ TEST(TrainTest, RolloutWorkerDeathIsReportedAndTheJobContinues) {
   ASSERT_TRUE(p.Wait(240)) << p.Output();
   out = p.Output();
   EXPECT_EQ(WEXITSTATUS(p.wait_status), 0) << out;
-  EXPECT_NE(out.find("worker rollout-1 died: pid " + std::to_string(victim) +
-                     " killed by signal 9"),
-            std::string::npos)
+  EXPECT_NE(
+      out.find("worker rollout-1 died: pid " + std::to_string(victim) + " killed by signal 9"),
+      std::string::npos)
       << out;
   EXPECT_NE(out.find("continuing with 1 rollout worker(s)"), std::string::npos) << out;
   EXPECT_NE(out.find("step   60/60"), std::string::npos) << out;
@@ -176,9 +180,9 @@ TEST(TrainTest, WorkersDieWithAKilledController) {
 
 TEST(WorkerTest, WorkerWithoutControllerGivesUpWithAClearError) {
   const std::string dir = MakeTempDir("worker");
-  auto p = GyreProcess::Start({"worker", "--role", "rollout", "--controller", "127.0.0.1:1",
-                               "--register-timeout", "1"},
-                              dir);
+  auto p = GyreProcess::Start(
+      {"worker", "--role", "rollout", "--controller", "127.0.0.1:1", "--register-timeout", "1"},
+      dir);
   ASSERT_TRUE(p.Wait(30));
   EXPECT_EQ(WEXITSTATUS(p.wait_status), 1);
   EXPECT_NE(p.Output().find("could not register with the controller at 127.0.0.1:1"),

@@ -2,14 +2,13 @@
 // plugs in its own C++ reward function and runs a small job; the same binary serves as the
 // job's worker processes (gyre::MaybeRunWorker). docs/embedding.md shows this code.
 
+#include <ftw.h>
 #include <gyre/job.h>
-
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
-#include <ftw.h>
-#include <stdlib.h>
 #include <string>
 
 // rm -rf without std::filesystem (see src/common/file_util.h for why).
@@ -42,11 +41,11 @@ int main(int argc, char** argv) {
   char tmpl[] = "/tmp/gyre_embed_XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) return 1;
   const std::string out_dir = tmpl;
-  auto config = gyre::LoadJobConfig(std::string(GYRE_SOURCE_DIR) + "/configs/quickstart.yaml",
-                                    {"job.output_dir=" + out_dir, "job.name=embed",
-                                     "reward.type=custom", "trainer.warmup_sft_steps=5",
-                                     "trainer.steps=2", "rollout.prompts_per_step=4",
-                                     "data.eval_size=10"});
+  auto config =
+      gyre::LoadJobConfig(std::string(GYRE_SOURCE_DIR) + "/configs/quickstart.yaml",
+                          {"job.output_dir=" + out_dir, "job.name=embed", "reward.type=custom",
+                           "trainer.warmup_sft_steps=5", "trainer.steps=2",
+                           "rollout.prompts_per_step=4", "data.eval_size=10"});
   if (!config.ok()) {
     std::fprintf(stderr, "FAIL: %s\n", config.status().ToString().c_str());
     return 1;

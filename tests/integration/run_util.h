@@ -27,9 +27,9 @@ inline std::string ReadFile(const std::string& path) {
 }
 
 inline std::string MakeTempDir(const std::string& tag) {
-  const std::string dir = TempDirectory() + "/gyre_" + tag + "_" + std::to_string(::getpid()) +
-                          "_" +
-                          std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  const std::string dir =
+      TempDirectory() + "/gyre_" + tag + "_" + std::to_string(::getpid()) + "_" +
+      std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
   if (!MakeDirs(dir).ok()) std::abort();
   return dir;
 }
@@ -53,7 +53,8 @@ struct GyreProcess {
   std::string Output() const { return ReadFile(output_path); }
   // Waits up to `timeout_s`; returns false (and kills it) on timeout.
   bool Wait(double timeout_s) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
     while (std::chrono::steady_clock::now() < deadline) {
       if (PollExit(pid, &wait_status)) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -65,7 +66,8 @@ struct GyreProcess {
   // Polls the output until `pattern` matches; returns the match groups or empty on timeout.
   std::smatch WaitForOutput(const std::string& pattern, double timeout_s, std::string* text) {
     const std::regex re(pattern);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
     std::smatch m;
     while (std::chrono::steady_clock::now() < deadline) {
       *text = Output();
@@ -90,8 +92,8 @@ inline bool ProcessAlive(pid_t pid) {
 inline std::vector<pid_t> WorkerPids(const std::string& output) {
   std::vector<pid_t> pids;
   const std::regex re("started (rollout|trainer)-[0-9]+ \\(pid ([0-9]+)\\)");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), re); it != std::sregex_iterator();
-       ++it) {
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re);
+       it != std::sregex_iterator(); ++it) {
     pids.push_back(std::stoi((*it)[2]));
   }
   return pids;

@@ -101,11 +101,13 @@ TEST_F(WeightSyncTest, CorruptedBucketIsCaughtAndNothingIsLoaded) {
 }
 
 TEST_F(WeightSyncTest, WrongShapesAreRejectedWithTheTensorName) {
-  auto other = model::Transformer::Create([] {
-    auto s = Spec();
-    s.intermediate_size = 48;
-    return s;
-  }(), 1, 0.1);
+  auto other = model::Transformer::Create(
+      [] {
+        auto s = Spec();
+        s.intermediate_size = 48;
+        return s;
+      }(),
+      1, 0.1);
   WeightPayload p;
   p.version = 9;
   p.bytes = model::FlattenParameters(other->NamedParameters(), &p.manifest);

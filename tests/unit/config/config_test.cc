@@ -3,8 +3,6 @@
 
 #include "config/config.h"
 
-#include "common/file_util.h"
-
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -15,6 +13,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "common/file_util.h"
 
 namespace gyre::config {
 namespace {

@@ -1,14 +1,13 @@
 #include "model/weights.h"
 
-#include "common/file_util.h"
-
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-
-#include <cstdio>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
+
+#include "common/file_util.h"
 
 namespace gyre::model {
 namespace {
@@ -45,7 +44,8 @@ TEST(WeightsTest, FlatRoundTripCopiesEveryParameter) {
   std::vector<TensorEntry> manifest;
   auto bytes = FlattenParameters(src->NamedParameters(), &manifest);
   EXPECT_EQ(bytes.size(), static_cast<size_t>(src->NumParameters()) * 4);
-  ASSERT_TRUE(LoadFlatParameters(manifest, bytes.data(), bytes.size(), dst->NamedParameters()).ok());
+  ASSERT_TRUE(
+      LoadFlatParameters(manifest, bytes.data(), bytes.size(), dst->NamedParameters()).ok());
   ExpectSameParameters(*src, *dst);
 }
 

@@ -64,7 +64,8 @@ TEST(EngineTest, SampledTokensDoNotDependOnBatchComposition) {
   auto target = Req({5, 6, 7}, 4242, 1.0f, 10);
   auto alone = engine.Generate({target});
   std::vector<GenerationRequest> batch;
-  for (int i = 0; i < 10; ++i) batch.push_back(Req({static_cast<int32_t>(i + 3), 2, 9, 1}, i, 1.0f, 6));
+  for (int i = 0; i < 10; ++i)
+    batch.push_back(Req({static_cast<int32_t>(i + 3), 2, 9, 1}, i, 1.0f, 6));
   batch.insert(batch.begin() + 4, target);
   auto batched = engine.Generate(batch);
   ASSERT_TRUE(alone.ok() && batched.ok());
@@ -85,7 +86,8 @@ TEST(EngineTest, LogprobsMatchTheTemperedFullVocabularyDistribution) {
   std::vector<int64_t> seq = {8, 3, 14};
   c10::InferenceMode guard;
   for (size_t t = 0; t < (*out)[0].tokens.size(); ++t) {
-    at::Tensor logits = model->Forward(at::tensor(seq).unsqueeze(0))[0][static_cast<int64_t>(seq.size()) - 1];
+    at::Tensor logits =
+        model->Forward(at::tensor(seq).unsqueeze(0))[0][static_cast<int64_t>(seq.size()) - 1];
     const int32_t tok = (*out)[0].tokens[t];
     const float want = at::log_softmax(logits / 0.8, -1)[tok].item<float>();
     EXPECT_NEAR((*out)[0].logprobs[t], want, 1e-4) << "position " << t;
