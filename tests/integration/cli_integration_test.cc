@@ -5,9 +5,16 @@
 #include <nlohmann/json.hpp>
 
 #include "integration/run_util.h"
+#include "rpc/rpc_util.h"
 
 namespace gyre::testing {
 namespace {
+
+int rpc_port() {
+  // A free loopback port for a controller that workers must be able to find.
+  auto p = rpc::PickFreePort("127.0.0.1");
+  return p.ok() ? *p : 0;
+}
 
 const std::string kQuickstart = std::string(GYRE_SOURCE_DIR) + "/configs/quickstart.yaml";
 
@@ -176,6 +183,69 @@ TEST(TrainTest, WorkersDieWithAKilledController) {
   ::kill(p.pid, SIGKILL);
   ASSERT_TRUE(p.Wait(10));
   EXPECT_TRUE(AllGone(WorkerPids(out), 15)) << "orphaned workers";
+}
+
+// A JSONL dataset ({"prompt", "answer"} per line) feeds the same job loop and verifier.
+TEST(TrainTest, JsonlDatasetTrainsWithTheBuiltinVerifier) {
+  const std::string dir = MakeTempDir("jsonl");
+  {
+    std::ofstream train(dir + "/train.jsonl"), eval(dir + "/eval.jsonl");
+    for (int a = 0; a < 20; ++a) {
+      const std::string line = "{\"prompt\": \"" + std::to_string(a) + "+" + std::to_string(a % 7) +
+                               "=\", \"answer\": \"" + std::to_string(a + a % 7) + "\"}\n";
+      (a < 15 ? train : eval) << line;
+    }
+  }
+  auto args = SmallJob(dir, 2);
+  args.insert(args.end(), {"--set", "data.train_path=" + dir + "/train.jsonl", "--set",
+                           "data.eval_path=" + dir + "/eval.jsonl"});
+  auto p = GyreProcess::Start(args, dir);
+  ASSERT_TRUE(p.Wait(180)) << p.Output();
+  const std::string out = p.Output();
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << out;
+  EXPECT_NE(out.find("/5, greedy"), std::string::npos) << "eval set = the 5-line file: " << out;
+  EXPECT_EQ(ReadMetrics(dir + "/t/metrics.jsonl", "grpo").size(), 2u);
+
+  // A broken dataset is a one-line error naming file and line, before any worker starts.
+  std::ofstream(dir + "/bad.jsonl") << "{\"prompt\": \"1+1=\"}\n{\"prompt\": 3}\n";
+  args = SmallJob(dir, 2);
+  args.insert(args.end(), {"--set", "data.train_path=" + dir + "/bad.jsonl"});
+  p = GyreProcess::Start(args, dir + "/t");
+  ASSERT_TRUE(p.Wait(60));
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 1);
+  EXPECT_NE(p.Output().find(dir + "/bad.jsonl:2: missing string field \"prompt\""),
+            std::string::npos)
+      << p.Output();
+  EXPECT_TRUE(WorkerPids(p.Output()).empty()) << "workers started for a bad dataset";
+}
+
+// cluster.mode: external: the controller waits; workers started by hand (as a cluster launcher
+// would) dial its address, register, and the job runs.
+TEST(TrainTest, ExternalWorkersDialTheController) {
+  const std::string dir = MakeTempDir("external");
+  auto port = rpc_port();
+  auto args = SmallJob(dir, 2);
+  args.insert(args.end(), {"--set", "cluster.mode=external", "--set",
+                           "cluster.controller_port=" + std::to_string(port)});
+  auto controller = GyreProcess::Start(args, dir);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  std::vector<GyreProcess> workers;
+  const std::vector<std::pair<std::string, int>> roles = {
+      {"trainer", 0}, {"rollout", 0}, {"rollout", 1}};
+  for (size_t i = 0; i < roles.size(); ++i) {
+    const std::string wdir = dir + "/w" + std::to_string(i);
+    ASSERT_TRUE(MakeDirs(wdir).ok());
+    workers.push_back(GyreProcess::Start({"worker", "--role", roles[i].first, "--index",
+                                          std::to_string(roles[i].second), "--controller", address},
+                                         wdir));
+  }
+  ASSERT_TRUE(controller.Wait(180)) << controller.Output();
+  EXPECT_EQ(WEXITSTATUS(controller.wait_status), 0) << controller.Output();
+  EXPECT_NE(controller.Output().find("step    2/2"), std::string::npos);
+  for (auto& w : workers) {
+    ASSERT_TRUE(w.Wait(30)) << "worker did not stop with its job: " << w.Output();
+    EXPECT_EQ(WEXITSTATUS(w.wait_status), 0) << w.Output();
+  }
 }
 
 TEST(WorkerTest, WorkerWithoutControllerGivesUpWithAClearError) {

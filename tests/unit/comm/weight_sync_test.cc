@@ -6,21 +6,12 @@
 #include "model/transformer.h"
 #include "rollout/rollout_service.h"
 #include "rpc/rpc_util.h"
+#include "testing/tiny_model.h"
 
 namespace gyre::comm {
 namespace {
 
-model::ModelSpec Spec() {
-  model::ModelSpec s;
-  s.vocab_size = 40;
-  s.hidden_size = 32;
-  s.num_layers = 2;
-  s.num_heads = 4;
-  s.num_kv_heads = 2;
-  s.head_dim = 8;
-  s.intermediate_size = 64;
-  return s;
-}
+model::ModelSpec Spec() { return testing::TinySpec(40, 32, 2, 4, 2, 64); }
 
 // A real rollout service on a loopback port receiving weights from a real client.
 class WeightSyncTest : public ::testing::Test {

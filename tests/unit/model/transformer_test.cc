@@ -4,19 +4,13 @@
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
+#include "testing/tiny_model.h"
+
 namespace gyre::model {
 namespace {
 
 ModelSpec TinySpec(bool tied, bool bias, bool qk_norm) {
-  ModelSpec s;
-  s.vocab_size = 37;
-  s.hidden_size = 32;
-  s.num_layers = 2;
-  s.num_heads = 4;
-  s.num_kv_heads = 2;
-  s.head_dim = 8;
-  s.intermediate_size = 48;
-  s.max_seq_len = 32;
+  ModelSpec s = testing::TinySpec(37, 32, 2, 4, 2, 48);
   s.tie_embeddings = tied;
   s.attention_bias = bias;
   s.qk_norm = qk_norm;

@@ -8,21 +8,12 @@
 #include <fstream>
 
 #include "common/file_util.h"
+#include "testing/tiny_model.h"
 
 namespace gyre::model {
 namespace {
 
-ModelSpec Spec() {
-  ModelSpec s;
-  s.vocab_size = 20;
-  s.hidden_size = 16;
-  s.num_layers = 1;
-  s.num_heads = 2;
-  s.num_kv_heads = 1;
-  s.head_dim = 8;
-  s.intermediate_size = 24;
-  return s;
-}
+ModelSpec Spec() { return testing::TinySpec(20, 16, 1, 2, 1, 24); }
 
 std::string TempPath(const std::string& name) {
   const std::string dir = TempDirectory() + "/gyre_weights_test_" + std::to_string(::getpid());

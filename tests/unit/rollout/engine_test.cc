@@ -6,21 +6,12 @@
 
 #include <cmath>
 
+#include "testing/tiny_model.h"
+
 namespace gyre::rollout {
 namespace {
 
-model::ModelSpec Spec() {
-  model::ModelSpec s;
-  s.vocab_size = 30;
-  s.hidden_size = 32;
-  s.num_layers = 2;
-  s.num_heads = 4;
-  s.num_kv_heads = 2;
-  s.head_dim = 8;
-  s.intermediate_size = 48;
-  s.max_seq_len = 40;
-  return s;
-}
+model::ModelSpec Spec() { return testing::TinySpec(30, 32, 2, 4, 2, 48, 40); }
 
 GenerationRequest Req(std::vector<int32_t> prompt, uint64_t seed, float temperature, int max_new) {
   GenerationRequest r;

@@ -4,21 +4,12 @@
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
+#include "testing/tiny_model.h"
+
 namespace gyre::trainer {
 namespace {
 
-model::ModelSpec Spec() {
-  model::ModelSpec s;
-  s.vocab_size = 24;
-  s.hidden_size = 32;
-  s.num_layers = 1;
-  s.num_heads = 4;
-  s.num_kv_heads = 2;
-  s.head_dim = 8;
-  s.intermediate_size = 48;
-  s.max_seq_len = 32;
-  return s;
-}
+model::ModelSpec Spec() { return testing::TinySpec(24, 32, 1, 4, 2, 48); }
 
 std::vector<TrainSample> Batch() {
   std::vector<TrainSample> b;
