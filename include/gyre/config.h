@@ -77,6 +77,7 @@ struct TrainerSection {
   double beta2 = 0.999;
   double grad_clip = 1.0;      // max global grad norm; 0 = off
   int micro_batch_size = 64;   // sequences per forward/backward
+  int mini_batches = 1;        // optimizer steps per GRPO batch (PPO-style)
   int warmup_sft_steps = 200;  // supervised warm-up steps before GRPO (0 = none)
   int warmup_sft_batch = 64;
   double warmup_sft_lr = 1e-3;

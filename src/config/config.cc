@@ -182,6 +182,8 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(trainer.grad_clip), Closed(0, 1e6), "max global grad norm; 0 = off"),
       Num(GYRE_CONFIG_KEY(trainer.micro_batch_size), Closed(1, kMaxCount),
           "sequences per forward/backward"),
+      Num(GYRE_CONFIG_KEY(trainer.mini_batches), Closed(1, 1024),
+          "optimizer steps per GRPO batch (PPO-style mini-batches)"),
       Num(GYRE_CONFIG_KEY(trainer.warmup_sft_steps), Closed(0, kMaxSteps),
           "supervised warm-up steps before GRPO; 0 = none"),
       Num(GYRE_CONFIG_KEY(trainer.warmup_sft_batch), Closed(1, kMaxCount),

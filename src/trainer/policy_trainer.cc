@@ -60,10 +60,119 @@ Status PolicyTrainer::Validate(const std::vector<TrainSample>& batch, Objective 
   return Status::Ok();
 }
 
+namespace {
+
+// The tensors of one micro-batch [start, end) of a batch. inputs[s] is (prompt + response)[:-1]
+// right-padded; response token t of sample s is predicted at input index prompt_len - 1 + t.
+struct MicroBatch {
+  int64_t S = 0, R = 0;
+  at::Tensor inputs, gather_idx, targets, mask, adv, rollout_lp, old_lp;
+  bool has_old = true;  // every sample carries old_logprobs
+};
+
+MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, size_t end) {
+  MicroBatch mb;
+  mb.S = static_cast<int64_t>(end - start);
+  int64_t L = 0;
+  for (size_t i = start; i < end; ++i) {
+    L = std::max<int64_t>(
+        L, static_cast<int64_t>(batch[i].prompt.size() + batch[i].response.size()) - 1);
+    mb.R = std::max<int64_t>(mb.R, static_cast<int64_t>(batch[i].response.size()));
+  }
+  const int64_t S = mb.S, R = mb.R;
+  mb.inputs = at::zeros({S, L}, at::kLong);
+  mb.gather_idx = at::zeros({S, R}, at::kLong);
+  mb.targets = at::zeros({S, R}, at::kLong);
+  mb.mask = at::zeros({S, R}, at::kFloat);
+  mb.adv = at::zeros({S, R}, at::kFloat);
+  mb.rollout_lp = at::zeros({S, R}, at::kFloat);
+  mb.old_lp = at::zeros({S, R}, at::kFloat);
+  auto in_a = mb.inputs.accessor<int64_t, 2>();
+  auto gi_a = mb.gather_idx.accessor<int64_t, 2>();
+  auto tg_a = mb.targets.accessor<int64_t, 2>();
+  auto mk_a = mb.mask.accessor<float, 2>();
+  auto ad_a = mb.adv.accessor<float, 2>();
+  auto rl_a = mb.rollout_lp.accessor<float, 2>();
+  auto ol_a = mb.old_lp.accessor<float, 2>();
+  for (int64_t s = 0; s < S; ++s) {
+    const TrainSample& x = batch[start + s];
+    const int64_t P = static_cast<int64_t>(x.prompt.size());
+    const int64_t n = static_cast<int64_t>(x.response.size());
+    mb.has_old = mb.has_old && x.old_logprobs.size() == x.response.size();
+    for (int64_t t = 0; t < P + n - 1; ++t) in_a[s][t] = t < P ? x.prompt[t] : x.response[t - P];
+    for (int64_t t = 0; t < n; ++t) {
+      gi_a[s][t] = P - 1 + t;
+      tg_a[s][t] = x.response[t];
+      mk_a[s][t] = x.loss_mask.empty() ? 1.0f : x.loss_mask[t];
+      ad_a[s][t] = x.advantage * mk_a[s][t];
+      rl_a[s][t] = x.rollout_logprobs.empty() ? 0.0f : x.rollout_logprobs[t];
+      ol_a[s][t] = x.old_logprobs.size() == x.response.size() ? x.old_logprobs[t] : 0.0f;
+    }
+  }
+  return mb;
+}
+
+// Response-token logits [S, R, V] of a micro-batch.
+at::Tensor ResponseLogits(const model::Transformer& model, const MicroBatch& mb) {
+  at::Tensor logits = model.Forward(mb.inputs);  // [S, L, V]
+  return logits.gather(1, mb.gather_idx.unsqueeze(-1).expand({mb.S, mb.R, logits.size(2)}));
+}
+
+}  // namespace
+
+void PolicyTrainer::ComputeOldLogprobs(std::vector<TrainSample>* batch,
+                                       const TrainOptions& options) const {
+  at::NoGradGuard no_grad;
+  const size_t step = static_cast<size_t>(std::max<int64_t>(1, options.micro_batch_size));
+  for (size_t start = 0; start < batch->size(); start += step) {
+    const size_t end = std::min(batch->size(), start + step);
+    MicroBatch mb = BuildMicroBatch(*batch, start, end);
+    at::Tensor logp =
+        ops::TokenLogprobs(ResponseLogits(*model_, mb), mb.targets, options.temperature);
+    auto a = logp.accessor<float, 2>();
+    for (int64_t s = 0; s < mb.S; ++s) {
+      TrainSample& x = (*batch)[start + s];
+      x.old_logprobs.resize(x.response.size());
+      for (size_t t = 0; t < x.response.size(); ++t) x.old_logprobs[t] = a[s][t];
+    }
+  }
+}
+
 StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<TrainSample>& batch,
                                                             Objective objective, double lr,
                                                             const TrainOptions& options) {
   GYRE_RETURN_IF_ERROR(Validate(batch, objective));
+  const int64_t minis = objective == Objective::kPolicyGradient
+                            ? std::min<int64_t>(std::max<int64_t>(1, options.mini_batches),
+                                                static_cast<int64_t>(batch.size()))
+                            : 1;
+  if (minis == 1) return OptimizerStep(batch, objective, lr, options);
+  // PPO-style: every mini-batch is judged against the policy that sampled the batch.
+  std::vector<TrainSample> all = batch;
+  ComputeOldLogprobs(&all, options);
+  std::map<std::string, double> sum;
+  const size_t n = all.size();
+  for (int64_t m = 0; m < minis; ++m) {
+    const size_t begin = n * static_cast<size_t>(m) / static_cast<size_t>(minis);
+    const size_t end = n * static_cast<size_t>(m + 1) / static_cast<size_t>(minis);
+    std::vector<TrainSample> part(all.begin() + static_cast<int64_t>(begin),
+                                  all.begin() + static_cast<int64_t>(end));
+    auto metrics = OptimizerStep(part, objective, lr, options);
+    if (!metrics.ok()) {
+      if (metrics.status().message().find("no unmasked response tokens") != std::string::npos) {
+        continue;  // a mini-batch of fully masked samples carries no gradient
+      }
+      return metrics.status();
+    }
+    for (const auto& [k, v] : *metrics) sum[k] += (k == "tokens") ? v : v / minis;
+  }
+  sum["mini_batches"] = static_cast<double>(minis);
+  return sum;
+}
+
+StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
+    const std::vector<TrainSample>& batch, Objective objective, double lr,
+    const TrainOptions& options) {
   // Batch-wide denominators: every micro-batch divides by the same numbers.
   double total_tokens = 0, total_seqs = 0;
   for (const auto& s : batch) {
@@ -80,66 +189,33 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
 
   optimizer_->adamw->zero_grad();
   double loss_sum = 0, clip_sum = 0, kl_sum = 0, entropy_sum = 0, correct = 0;
-  const int64_t mb = std::max<int64_t>(1, options.micro_batch_size);
-  for (size_t start = 0; start < batch.size(); start += mb) {
-    const size_t end = std::min(batch.size(), start + static_cast<size_t>(mb));
-    const int64_t S = static_cast<int64_t>(end - start);
-    int64_t L = 0, R = 0;
-    for (size_t i = start; i < end; ++i) {
-      L = std::max<int64_t>(
-          L, static_cast<int64_t>(batch[i].prompt.size() + batch[i].response.size()) - 1);
-      R = std::max<int64_t>(R, static_cast<int64_t>(batch[i].response.size()));
-    }
-    // inputs[s] = (prompt + response)[:-1] right-padded; response token t of sample s is
-    // predicted at input index prompt_len - 1 + t.
-    at::Tensor inputs = at::zeros({S, L}, at::kLong);
-    at::Tensor gather_idx = at::zeros({S, R}, at::kLong);
-    at::Tensor targets = at::zeros({S, R}, at::kLong);
-    at::Tensor mask = at::zeros({S, R}, at::kFloat);
-    at::Tensor adv = at::zeros({S, R}, at::kFloat);
-    at::Tensor rollout_lp = at::zeros({S, R}, at::kFloat);
-    auto in_a = inputs.accessor<int64_t, 2>();
-    auto gi_a = gather_idx.accessor<int64_t, 2>();
-    auto tg_a = targets.accessor<int64_t, 2>();
-    auto mk_a = mask.accessor<float, 2>();
-    auto ad_a = adv.accessor<float, 2>();
-    auto rl_a = rollout_lp.accessor<float, 2>();
-    for (int64_t s = 0; s < S; ++s) {
-      const TrainSample& x = batch[start + s];
-      const int64_t P = static_cast<int64_t>(x.prompt.size());
-      const int64_t n = static_cast<int64_t>(x.response.size());
-      for (int64_t t = 0; t < P + n - 1; ++t) in_a[s][t] = t < P ? x.prompt[t] : x.response[t - P];
-      for (int64_t t = 0; t < n; ++t) {
-        gi_a[s][t] = P - 1 + t;
-        tg_a[s][t] = x.response[t];
-        mk_a[s][t] = x.loss_mask.empty() ? 1.0f : x.loss_mask[t];
-        ad_a[s][t] = x.advantage * mk_a[s][t];
-        rl_a[s][t] = x.rollout_logprobs.empty() ? 0.0f : x.rollout_logprobs[t];
-      }
-    }
-    at::Tensor logits = model_->Forward(inputs);  // [S, L, V]
-    at::Tensor resp_logits =
-        logits.gather(1, gather_idx.unsqueeze(-1).expand({S, R, logits.size(2)}));
+  const size_t step = static_cast<size_t>(std::max<int64_t>(1, options.micro_batch_size));
+  for (size_t start = 0; start < batch.size(); start += step) {
+    const size_t end = std::min(batch.size(), start + step);
+    MicroBatch mb = BuildMicroBatch(batch, start, end);
+    at::Tensor resp_logits = ResponseLogits(*model_, mb);
     const double temp = objective == Objective::kSft ? 1.0 : options.temperature;
-    at::Tensor logp = ops::TokenLogprobs(resp_logits, targets, temp);  // [S, R]
+    at::Tensor logp = ops::TokenLogprobs(resp_logits, mb.targets, temp);  // [S, R]
     {
       at::NoGradGuard ng;
       at::Tensor z = resp_logits.detach() / (temp > 0 ? temp : 1.0);
       at::Tensor lsm = at::log_softmax(z, -1);
       at::Tensor ent = -(lsm.exp() * lsm).sum(-1);
-      entropy_sum += (ent * mask).sum().item<double>();
-      at::Tensor argmax_ok = (z.argmax(-1) == targets).to(at::kFloat);
-      correct += (argmax_ok * mask).sum().item<double>();
+      entropy_sum += (ent * mb.mask).sum().item<double>();
+      at::Tensor argmax_ok = (z.argmax(-1) == mb.targets).to(at::kFloat);
+      correct += (argmax_ok * mb.mask).sum().item<double>();
     }
     if (objective == Objective::kSft) {
-      at::Tensor loss = -(logp * mask).sum() / total_tokens;
+      at::Tensor loss = -(logp * mb.mask).sum() / total_tokens;
       loss.backward();
       loss_sum += loss.item<double>();
     } else {
+      // With one optimizer step per batch the old policy is the current one.
+      at::Tensor old = mb.has_old ? mb.old_lp : logp.detach();
       GYRE_ASSIGN_OR_RETURN(
           ops::PolicyLossResult r,
-          ops::PolicyLoss(logp, logp.detach(), options.loss.use_tis ? rollout_lp : at::Tensor(),
-                          at::Tensor(), adv, mask, loss_params));
+          ops::PolicyLoss(logp, old, options.loss.use_tis ? mb.rollout_lp : at::Tensor(),
+                          at::Tensor(), mb.adv, mb.mask, loss_params));
       logp.backward(r.grad_logp);
       loss_sum += r.stats.loss;
       clip_sum += r.stats.clip_frac * r.stats.tokens;

@@ -3,10 +3,13 @@
 // per batch, for either the clipped policy-gradient objective (GRPO family) or supervised
 // fine-tuning (the warm-up). Log-probs are recomputed here at the sampling temperature.
 //
-// The batch is split into micro-batches of `micro_batch_size` sequences; every micro-batch's
-// loss uses the batch-wide denominators (token count or sequence count), so the accumulated
-// gradient equals that of one big batch. One optimizer step per batch means the old policy is
-// the current one: logp_old is the detached logp of the same forward (ratio 1 at the start).
+// With mini_batches = 1 a batch is one optimizer step, and the old policy is the current one:
+// logp_old is the detached logp of the same forward (ratio 1). With mini_batches = M > 1
+// (PPO-style) the trainer first recomputes logp_old for the whole batch, then takes M steps on
+// consecutive slices, so the clip bounds how far the later steps move. Each optimizer step
+// counts as one policy version. Within a step, samples go through micro-batches of
+// `micro_batch_size` sequences whose loss uses the step-wide denominators (token or sequence
+// count), so the accumulated gradient equals that of one big batch.
 //
 // Not thread-safe: one caller at a time (the trainer service serialises calls).
 
@@ -28,6 +31,7 @@ struct TrainSample {
   std::vector<int32_t> response;
   std::vector<float> rollout_logprobs;  // behaviour log-probs (may be empty for SFT)
   std::vector<float> loss_mask;         // per response token; empty = all ones
+  std::vector<float> old_logprobs;      // filled by the trainer for PPO-style mini-batches
   float advantage = 0.0f;
 };
 
@@ -35,6 +39,7 @@ enum class Objective { kPolicyGradient, kSft };
 
 struct TrainOptions {
   int64_t micro_batch_size = 64;
+  int64_t mini_batches = 1;  // optimizer steps per policy-gradient batch
   double grad_clip = 1.0;
   double temperature = 1.0;
   kernels::PolicyLossParams loss;
@@ -59,6 +64,12 @@ class PolicyTrainer {
 
  private:
   Status Validate(const std::vector<TrainSample>& batch, Objective objective) const;
+  // One AdamW step on `batch` (all of it, in micro-batches).
+  StatusOr<std::map<std::string, double>> OptimizerStep(const std::vector<TrainSample>& batch,
+                                                        Objective objective, double lr,
+                                                        const TrainOptions& options);
+  // Fills each sample's old_logprobs with the current policy's log-probs (no gradient).
+  void ComputeOldLogprobs(std::vector<TrainSample>* batch, const TrainOptions& options) const;
   struct Optimizer;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<Optimizer> optimizer_;

@@ -47,6 +47,7 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
   }
   TrainOptions opts;
   opts.micro_batch_size = config_.trainer.micro_batch_size;
+  opts.mini_batches = config_.trainer.mini_batches;
   opts.grad_clip = config_.trainer.grad_clip;
   opts.temperature = req->temperature() > 0 ? req->temperature() : 1.0;
   const auto& a = config_.algorithm;

@@ -82,6 +82,28 @@ TEST(PolicyTrainerTest, PositiveAdvantageRaisesLogprob) {
   EXPECT_LT(logp(bad.response), b0);
 }
 
+// PPO-style mini-batches: M optimizer steps (M versions), later steps judged against the
+// sampling policy, so with a large step the ratio leaves [1 - eps, 1 + eps] and clips.
+TEST(PolicyTrainerTest, MiniBatchesStepSeveralTimesAgainstTheSamplingPolicy) {
+  std::vector<TrainSample> batch;
+  for (int i = 0; i < 4; ++i) {
+    for (const auto& s : Batch()) batch.push_back(s);
+  }
+  PolicyTrainer one(model::Transformer::Create(Spec(), 6, 0.1), 5e-2, 0, 0.9, 0.999);
+  PolicyTrainer four(model::Transformer::Create(Spec(), 6, 0.1), 5e-2, 0, 0.9, 0.999);
+  TrainOptions opts = Options(64);
+  auto a = one.Step(batch, Objective::kPolicyGradient, 5e-2, opts);
+  opts.mini_batches = 4;
+  auto b = four.Step(batch, Objective::kPolicyGradient, 5e-2, opts);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(one.version(), 1);
+  EXPECT_EQ(four.version(), 4);
+  EXPECT_EQ((*a)["clip_frac"], 0.0);
+  EXPECT_GT((*b)["clip_frac"], 0.0);
+  EXPECT_EQ((*b)["mini_batches"], 4.0);
+  EXPECT_EQ((*a)["tokens"], (*b)["tokens"]);
+}
+
 TEST(PolicyTrainerTest, MalformedBatchesAreRejectedWithoutAStep) {
   PolicyTrainer t(model::Transformer::Create(Spec(), 5, 0.1), 1e-2, 0, 0.9, 0.999);
   const at::Tensor before = Flat(t);
