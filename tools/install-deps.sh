@@ -15,7 +15,7 @@ TORCH_VERSION="${GYRE_TORCH_VERSION:-2.11.0}"
 VENV="${GYRE_VENV:-${HOME}/.cache/gyre/venv}"
 
 APT_PACKAGES=(
-  build-essential cmake ninja-build ccache pkg-config git
+  build-essential cmake ninja-build ccache pkg-config git clang-format python3 python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev

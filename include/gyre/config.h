@@ -81,8 +81,9 @@ struct TrainerSection {
   int warmup_sft_steps = 200;  // supervised warm-up steps before GRPO (0 = none)
   int warmup_sft_batch = 64;
   double warmup_sft_lr = 1e-3;
-  int checkpoint_every = 0;  // steps; 0 = only the final model
-  int torch_threads = 1;     // intra-op threads per worker process
+  double warmup_stop_token_accuracy = 0;  // end the warm-up early at this training token accuracy
+  int checkpoint_every = 0;               // steps; 0 = only the final model
+  int torch_threads = 1;                  // intra-op threads per worker process
 };
 
 struct RewardSection {

@@ -189,6 +189,8 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(trainer.warmup_sft_batch), Closed(1, kMaxCount),
           "sequences per warm-up step"),
       Num(GYRE_CONFIG_KEY(trainer.warmup_sft_lr), OpenLow(0, 10), "warm-up learning rate"),
+      Num(GYRE_CONFIG_KEY(trainer.warmup_stop_token_accuracy), Closed(0, 1),
+          "end the warm-up once the training token accuracy (20-step mean) reaches this; 0 = off"),
       Num(GYRE_CONFIG_KEY(trainer.checkpoint_every), Closed(0, kMaxSteps),
           "steps between checkpoints; 0 = only the final model"),
       Num(GYRE_CONFIG_KEY(trainer.torch_threads), Closed(1, 1024),

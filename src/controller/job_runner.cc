@@ -129,8 +129,8 @@ class JobRunner {
   std::map<std::string, Worker> workers_;
   std::thread monitor_;
   std::atomic<bool> monitor_stop_{false};
-  std::mutex mu_;
-  std::map<std::string, std::string> deaths_;  // guarded by mu_: id -> how, not yet handled
+  std::mutex mu_;  // guards Worker::pid (monitor vs job thread) and deaths_
+  std::map<std::string, std::string> deaths_;  // id -> how it died
   std::set<std::string> handled_deaths_;
   int64_t version_ = 0;
   uint64_t next_group_id_ = 0;
@@ -244,15 +244,20 @@ Status JobRunner::SpawnWorkers() {
 void JobRunner::MonitorLoop() {
   while (!monitor_stop_.load()) {
     for (auto& [id, w] : workers_) {
-      if (w.pid <= 0) continue;
-      int st = 0;
-      if (PollExit(w.pid, &st)) {
-        const std::string how = "pid " + std::to_string(w.pid) + " " + DescribeWaitStatus(st);
-        w.pid = -w.pid;  // reaped; keep the number for messages
-        service_->MarkDead(id, how);
+      pid_t pid = 0;
+      {
         std::lock_guard<std::mutex> lock(mu_);
-        deaths_[id] = how;
+        pid = w.pid;
       }
+      if (pid <= 0) continue;
+      int st = 0;
+      if (!PollExit(pid, &st)) continue;
+      const std::string how = "pid " + std::to_string(pid) + " " + DescribeWaitStatus(st);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (w.pid != pid) continue;  // the job thread claimed it (DropWorker) meanwhile
+      w.pid = -pid;                // reaped; keep the number for messages
+      service_->MarkDead(id, how);
+      deaths_[id] = how;
     }
     for (const auto& id : service_->ExpireSilent()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -301,16 +306,18 @@ std::vector<Worker*> JobRunner::AliveRollouts() {
 // so the job never waits on it again.
 Status JobRunner::DropWorker(Worker* w, const std::string& why) {
   GYRE_LOG_WARN("dropping {}: {}", w->id, why);
-  if (w->pid > 0) {
-    int st = TerminateProcess(w->pid, 2.0);
-    w->pid = -w->pid;
+  pid_t pid = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pid = w->pid;
+    if (pid > 0) w->pid = -pid;  // claim it: the monitor no longer polls this pid
+    deaths_[w->id] = why;
+  }
+  if (pid > 0) {
+    int st = TerminateProcess(pid, 2.0);
     service_->MarkDead(w->id, why + "; then " + DescribeWaitStatus(st));
   } else {
     service_->MarkDead(w->id, why);
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    deaths_[w->id] = why;
   }
   return CheckHealth();
 }
@@ -525,6 +532,9 @@ Status JobRunner::WarmUp() {
   const int steps = cfg_.trainer.warmup_sft_steps;
   if (steps <= 0) return Status::Ok();
   const auto t0 = Clock::now();
+  constexpr size_t kWindow = 20;
+  const double stop_at = cfg_.trainer.warmup_stop_token_accuracy;
+  std::vector<double> recent_acc;
   for (int step = 1; step <= steps; ++step) {
     GYRE_RETURN_IF_ERROR(CheckHealth());
     std::vector<v1::Sample> batch;
@@ -546,10 +556,22 @@ Status JobRunner::WarmUp() {
     nlohmann::json j = {{"phase", "warmup"}, {"step", step}, {"policy_version", version_}};
     for (const auto& [k, v] : m) j[k] = v;
     WriteMetrics(j);
-    if (opts_.print_progress && (step % std::max(1, steps / 5) == 0 || step == steps)) {
+    recent_acc.push_back(m["token_accuracy"]);
+    if (recent_acc.size() > kWindow) recent_acc.erase(recent_acc.begin());
+    double mean_acc = 0;
+    for (double a : recent_acc) mean_acc += a / static_cast<double>(recent_acc.size());
+    const bool reached = stop_at > 0 && recent_acc.size() == kWindow && mean_acc >= stop_at;
+    if (opts_.print_progress && (step % std::max(1, steps / 5) == 0 || step == steps || reached)) {
       std::printf("warmup %4d/%d  loss %.4f  token-acc %.3f  %.1f s\n", step, steps, m["loss"],
                   m["token_accuracy"], Seconds(t0));
       std::fflush(stdout);
+    }
+    if (reached) {
+      if (opts_.print_progress) {
+        std::printf("warmup stops at step %d: token accuracy %.3f (mean of %zu steps) >= %.3f\n",
+                    step, mean_acc, kWindow, stop_at);
+      }
+      break;
     }
   }
   return Publish(version_);
