@@ -360,14 +360,13 @@ Status JobRunner::Publish(int64_t version) {
   for (const auto& r : resp.results()) {
     Worker& w = workers_.at(r.rollout_id());
     if (!r.ok()) {
-      GYRE_RETURN_IF_ERROR(CheckHealth());
-      if (AliveRollouts().size() == 0) break;
-      bool still_alive = false;
-      for (Worker* a : AliveRollouts()) still_alive = still_alive || a == &w;
-      if (still_alive) {
+      // A worker that died mid-transfer is reported by the monitor (with its pid and signal);
+      // one that is alive but failed the transfer is stopped and dropped.
+      if (!WaitForDeath(w.id, 2.0)) {
         GYRE_RETURN_IF_ERROR(DropWorker(
             &w, "weight transfer of v" + std::to_string(version) + " failed: " + r.error()));
       }
+      GYRE_RETURN_IF_ERROR(CheckHealth());
       continue;
     }
     // The receipt must match what was sent, bucket by bucket.
