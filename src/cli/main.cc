@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/model_commands.h"
 #include "common/logging.h"
 #include "gyre/job.h"
 
@@ -22,6 +23,8 @@ constexpr char kUsage[] =
     "      Check a job file without running it; --print shows every field's effective value.\n"
     "  gyre worker --role rollout|trainer --controller HOST:PORT [--index N]\n"
     "      One worker process (what `train` spawns, or what a cluster launcher starts).\n"
+    "  gyre logprobs --model DIR [--ids \"ID ...\"] [--full]\n"
+    "      Per-position next-token log-probs of a Hugging Face model directory, as JSON.\n"
     "  gyre help | --help        This text.\n"
     "  gyre --version            The version.\n"
     "\n"
@@ -93,6 +96,9 @@ int main(int argc, char** argv) {
   if (cmd == "--version" || cmd == "version") {
     std::printf("gyre %s\n", gyre::Version());
     return 0;
+  }
+  if (cmd == "logprobs") {
+    return gyre::cli::RunLogprobs(std::vector<std::string>(argv + 2, argv + argc));
   }
   if (cmd == "validate") {
     JobArgs args;

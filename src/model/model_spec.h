@@ -24,6 +24,12 @@ struct ModelSpec {
   bool tie_embeddings = true;
   bool attention_bias = false;
   bool qk_norm = false;
+  // RoPE scaling: "default" (none) or "llama3" (Llama 3.1 frequency-dependent scaling).
+  std::string rope_type = "default";
+  double rope_factor = 1.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_position = 8192;
 };
 
 // The built-in spec of a job's model section, for a tokenizer of `vocab_size` tokens.

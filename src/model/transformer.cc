@@ -25,6 +25,27 @@ ModelSpec SpecFromConfig(const ModelSection& s, int64_t vocab_size) {
   return spec;
 }
 
+at::Tensor RopeInverseFrequencies(const ModelSpec& spec) {
+  // As Hugging Face computes them: float32 exponents, then the optional llama3 rescaling.
+  const int64_t hd = spec.head_dim;
+  at::Tensor exponents = at::arange(0, hd, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) /
+                         static_cast<double>(hd);
+  at::Tensor inv_freq = 1.0 / at::pow(spec.rope_theta, exponents);
+  if (spec.rope_type == "llama3") {
+    const double factor = spec.rope_factor;
+    const double low = spec.rope_low_freq_factor, high = spec.rope_high_freq_factor;
+    const double old_len = static_cast<double>(spec.rope_original_max_position);
+    const double low_freq_wavelen = old_len / low, high_freq_wavelen = old_len / high;
+    at::Tensor wavelen = 2 * M_PI / inv_freq;
+    at::Tensor scaled = at::where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq);
+    at::Tensor smooth = (old_len / wavelen - low) / (high - low);
+    at::Tensor smoothed = (1 - smooth) * scaled / factor + smooth * scaled;
+    at::Tensor medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen);
+    inv_freq = at::where(medium, smoothed, scaled);
+  }
+  return inv_freq;
+}
+
 namespace {
 
 struct Layer {
@@ -159,9 +180,7 @@ std::unique_ptr<Transformer> Transformer::Create(const ModelSpec& spec, uint64_t
   }
   impl->final_norm = ones(H);
   if (!spec.tie_embeddings) impl->lm_head = normal({spec.vocab_size, H});
-  impl->inv_freq =
-      1.0 / at::pow(spec.rope_theta, at::arange(0, hd, 2, opts.dtype(at::kLong)).to(at::kFloat) /
-                                         static_cast<double>(hd));
+  impl->inv_freq = RopeInverseFrequencies(spec);
   return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
 }
 

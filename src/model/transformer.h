@@ -31,6 +31,9 @@ struct KvCache {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+// RoPE inverse frequencies [head_dim / 2] (float32), with the spec's scaling applied.
+at::Tensor RopeInverseFrequencies(const ModelSpec& spec);
+
 class Transformer {
  public:
   // Random init from `seed`: linear and embedding weights ~ N(0, init_std), norms = 1.

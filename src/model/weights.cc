@@ -11,6 +11,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "model/safetensors.h"
+
 namespace gyre::model {
 
 uint32_t Crc32(const uint8_t* data, uint64_t n) {
@@ -148,54 +150,8 @@ Status SaveSafetensors(const std::string& path, const NamedTensors& params) {
 }
 
 Status LoadSafetensors(const std::string& path, const NamedTensors& params) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("cannot open " + path);
-  in.seekg(0, std::ios::end);
-  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
-  if (file_size < 8) return DataLoss(path + ": truncated (no header length)");
-  unsigned char le[8];
-  in.read(reinterpret_cast<char*>(le), 8);
-  uint64_t hlen = 0;
-  for (int i = 0; i < 8; ++i) hlen |= static_cast<uint64_t>(le[i]) << (8 * i);
-  if (hlen > file_size - 8) return DataLoss(path + ": header length exceeds the file size");
-  std::string h(hlen, '\0');
-  in.read(h.data(), static_cast<std::streamsize>(hlen));
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(h);
-  } catch (const std::exception& e) {
-    return DataLoss(path + ": bad JSON header: " + e.what());
-  }
-  const uint64_t data_bytes = file_size - 8 - hlen;
-  std::vector<TensorEntry> manifest;
-  try {
-    for (auto it = header.begin(); it != header.end(); ++it) {
-      if (it.key() == "__metadata__") continue;
-      TensorEntry e;
-      e.name = it.key();
-      e.dtype = it.value().at("dtype").get<std::string>();
-      e.shape = it.value().at("shape").get<std::vector<int64_t>>();
-      auto offs = it.value().at("data_offsets").get<std::vector<uint64_t>>();
-      if (offs.size() != 2 || offs[1] < offs[0]) {
-        return DataLoss(path + ": tensor '" + e.name + "' has bad data_offsets");
-      }
-      e.offset = offs[0];
-      e.nbytes = offs[1] - offs[0];
-      if (offs[1] > data_bytes) {
-        return DataLoss(path + ": tensor '" + e.name + "' ends at byte " + std::to_string(offs[1]) +
-                        " of a data section of only " + std::to_string(data_bytes) +
-                        " bytes (truncated file?)");
-      }
-      manifest.push_back(std::move(e));
-    }
-  } catch (const std::exception& e) {
-    return DataLoss(path + ": malformed header entry: " + e.what());
-  }
-  std::vector<uint8_t> payload(data_bytes);
-  in.read(reinterpret_cast<char*>(payload.data()), static_cast<std::streamsize>(data_bytes));
-  if (!in) return DataLoss(path + ": truncated data");
-  return LoadFlatParameters(manifest, payload.data(), data_bytes, params).WithContext(path);
+  GYRE_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::OpenFile(path));
+  return LoadParameters(*ckpt, params, {}).WithContext(path);
 }
 
 }  // namespace gyre::model

@@ -34,8 +34,8 @@ Status LoadFlatParameters(const std::vector<TensorEntry>& manifest, const uint8_
 // is written next to `path` and renamed into place.
 Status SaveSafetensors(const std::string& path, const NamedTensors& params);
 
-// Reads a safetensors file written by SaveSafetensors (or any float32 one) into `params`,
-// checking names, shapes, dtypes and offsets. Nothing is written on error.
+// Reads a safetensors file into `params` (see model/safetensors.h for the checks), converting
+// dtypes. Nothing is written on error.
 Status LoadSafetensors(const std::string& path, const NamedTensors& params);
 
 // CRC-32 (zlib polynomial) of a byte range.

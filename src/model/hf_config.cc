@@ -1,0 +1,163 @@
+#include "model/hf_config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "model/safetensors.h"
+
+namespace gyre::model {
+
+namespace {
+
+using nlohmann::json;
+
+// Reads an optional number field; fails if present with the wrong type.
+template <typename T>
+Status Field(const json& j, const std::string& key, const std::string& src, T* out, bool required) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (required) return InvalidArgument(src + ": missing field \"" + key + "\"");
+    return Status::Ok();
+  }
+  const json& v = j[key];
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) return InvalidArgument(src + ": \"" + key + "\" must be true or false");
+    *out = v.get<bool>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) return InvalidArgument(src + ": \"" + key + "\" must be a string");
+    *out = v.get<std::string>();
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!v.is_number_integer()) {
+      return InvalidArgument(src + ": \"" + key + "\" must be an integer");
+    }
+    *out = v.get<T>();
+  } else {
+    if (!v.is_number()) return InvalidArgument(src + ": \"" + key + "\" must be a number");
+    *out = v.get<T>();
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<ModelSpec> ParseHfConfig(const std::string& text, const std::string& src) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception& e) {
+    return InvalidArgument(src + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) return InvalidArgument(src + ": expected a JSON object");
+  ModelSpec s;
+  std::string model_type;
+  GYRE_RETURN_IF_ERROR(Field(j, "model_type", src, &model_type, true));
+  if (model_type != "llama" && model_type != "qwen2" && model_type != "qwen3") {
+    return InvalidArgument(src + ": model_type '" + model_type +
+                           "' is not supported (supported: llama, qwen2, qwen3)");
+  }
+  s.architecture = model_type;
+  GYRE_RETURN_IF_ERROR(Field(j, "vocab_size", src, &s.vocab_size, true));
+  GYRE_RETURN_IF_ERROR(Field(j, "hidden_size", src, &s.hidden_size, true));
+  GYRE_RETURN_IF_ERROR(Field(j, "num_hidden_layers", src, &s.num_layers, true));
+  GYRE_RETURN_IF_ERROR(Field(j, "num_attention_heads", src, &s.num_heads, true));
+  s.num_kv_heads = s.num_heads;
+  GYRE_RETURN_IF_ERROR(Field(j, "num_key_value_heads", src, &s.num_kv_heads, false));
+  GYRE_RETURN_IF_ERROR(Field(j, "intermediate_size", src, &s.intermediate_size, true));
+  if (s.vocab_size <= 0 || s.hidden_size <= 0 || s.num_layers <= 0 || s.num_heads <= 0 ||
+      s.num_kv_heads <= 0 || s.intermediate_size <= 0) {
+    return InvalidArgument(src + ": sizes must be positive");
+  }
+  if (s.num_heads % s.num_kv_heads != 0) {
+    return InvalidArgument(src + ": num_attention_heads " + std::to_string(s.num_heads) +
+                           " is not a multiple of num_key_value_heads " +
+                           std::to_string(s.num_kv_heads));
+  }
+  s.head_dim = s.hidden_size / s.num_heads;
+  GYRE_RETURN_IF_ERROR(Field(j, "head_dim", src, &s.head_dim, false));
+  if (s.head_dim <= 0 || s.head_dim % 2 != 0) {
+    return InvalidArgument(src + ": head_dim must be a positive even number");
+  }
+  s.max_seq_len = 2048;
+  GYRE_RETURN_IF_ERROR(Field(j, "max_position_embeddings", src, &s.max_seq_len, false));
+  GYRE_RETURN_IF_ERROR(Field(j, "rms_norm_eps", src, &s.rms_norm_eps, false));
+  s.tie_embeddings = false;
+  GYRE_RETURN_IF_ERROR(Field(j, "tie_word_embeddings", src, &s.tie_embeddings, false));
+  // Qwen2 always has q/k/v biases; Llama and Qwen3 have them when attention_bias is true.
+  s.attention_bias = model_type == "qwen2";
+  if (model_type != "qwen2") {
+    GYRE_RETURN_IF_ERROR(Field(j, "attention_bias", src, &s.attention_bias, false));
+  }
+  s.qk_norm = model_type == "qwen3";
+  std::string act = "silu";
+  GYRE_RETURN_IF_ERROR(Field(j, "hidden_act", src, &act, false));
+  if (act != "silu") {
+    return InvalidArgument(src + ": hidden_act '" + act + "' is not supported (only silu)");
+  }
+  bool sliding = false;
+  GYRE_RETURN_IF_ERROR(Field(j, "use_sliding_window", src, &sliding, false));
+  if (sliding) return InvalidArgument(src + ": use_sliding_window: true is not supported");
+  if (j.contains("mlp_bias") && j["mlp_bias"].is_boolean() && j["mlp_bias"].get<bool>()) {
+    return InvalidArgument(src + ": mlp_bias: true is not supported");
+  }
+
+  // RoPE: rope_theta at the top level (transformers 4.x) or inside rope_parameters (5.x);
+  // scaling in rope_scaling or rope_parameters, its kind under "rope_type" or "type".
+  GYRE_RETURN_IF_ERROR(Field(j, "rope_theta", src, &s.rope_theta, false));
+  const json* rope = nullptr;
+  std::string rope_key;
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (j.contains(key) && !j[key].is_null()) {
+      if (!j[key].is_object()) return InvalidArgument(src + ": \"" + key + "\" must be an object");
+      rope = &j[key];
+      rope_key = key;
+      break;
+    }
+  }
+  if (rope != nullptr) {
+    const std::string where = src + ": " + rope_key;
+    GYRE_RETURN_IF_ERROR(Field(*rope, "rope_theta", where, &s.rope_theta, false));
+    std::string type = "default";
+    GYRE_RETURN_IF_ERROR(Field(*rope, "type", where, &type, false));
+    GYRE_RETURN_IF_ERROR(Field(*rope, "rope_type", where, &type, false));
+    if (type == "llama3") {
+      s.rope_type = "llama3";
+      GYRE_RETURN_IF_ERROR(Field(*rope, "factor", where, &s.rope_factor, true));
+      GYRE_RETURN_IF_ERROR(Field(*rope, "low_freq_factor", where, &s.rope_low_freq_factor, true));
+      GYRE_RETURN_IF_ERROR(Field(*rope, "high_freq_factor", where, &s.rope_high_freq_factor, true));
+      GYRE_RETURN_IF_ERROR(Field(*rope, "original_max_position_embeddings", where,
+                                 &s.rope_original_max_position, true));
+      if (s.rope_high_freq_factor <= s.rope_low_freq_factor) {
+        return InvalidArgument(where + ": high_freq_factor must exceed low_freq_factor");
+      }
+    } else if (type != "default") {
+      return InvalidArgument(where + ": rope_type '" + type +
+                             "' is not supported (supported: default, llama3)");
+    }
+  }
+  if (s.rope_theta <= 0) return InvalidArgument(src + ": rope_theta must be positive");
+  return s;
+}
+
+StatusOr<ModelSpec> LoadHfConfig(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  std::ifstream in(path);
+  if (!in) return NotFound("cannot open " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseHfConfig(ss.str(), path);
+}
+
+StatusOr<std::unique_ptr<Transformer>> LoadHfModel(const std::string& dir) {
+  GYRE_ASSIGN_OR_RETURN(ModelSpec spec, LoadHfConfig(dir));
+  GYRE_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(dir));
+  auto model = Transformer::Create(spec, 0, 0.02);
+  std::vector<std::string> ignorable;
+  if (spec.tie_embeddings) ignorable.push_back("lm_head.weight");
+  for (int64_t i = 0; i < spec.num_layers; ++i) {
+    ignorable.push_back("model.layers." + std::to_string(i) + ".self_attn.rotary_emb.inv_freq");
+  }
+  GYRE_RETURN_IF_ERROR(LoadParameters(*ckpt, model->NamedParameters(), ignorable).WithContext(dir));
+  return model;
+}
+
+}  // namespace gyre::model

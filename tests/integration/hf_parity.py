@@ -1,0 +1,59 @@
+"""Reference side of the Hugging Face parity test (tests/integration/hf_parity_test.cc).
+
+Builds random-init tiny models of each supported architecture with transformers (from a config;
+nothing is downloaded), saves each as an HF directory, and writes the float32 log-softmax of a
+token sequence next to it (ref.json). Exit status 77 means the reference packages are missing.
+
+usage: hf_parity.py OUT_DIR
+"""
+import json
+import os
+import sys
+
+try:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+except ImportError as e:  # the C++ test skips with this message
+    print(f"reference packages missing: {e}")
+    sys.exit(77)
+
+
+def configs():
+    common = dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256,
+                  rms_norm_eps=1e-6)
+    yield "llama", LlamaConfig(**common, tie_word_embeddings=False, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+    yield "qwen2", Qwen2Config(**common, tie_word_embeddings=True,
+                               rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    # Qwen3 with an explicit head_dim that differs from hidden_size / heads.
+    q3 = dict(common)
+    yield "qwen3", Qwen3Config(**q3, head_dim=24, tie_word_embeddings=False,
+                               rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+
+
+def main():
+    out = sys.argv[1]
+    torch.manual_seed(1234)
+    ids = [int(x) for x in torch.randint(0, 96, (40,))]
+    for name, cfg in configs():
+        model = AutoModelForCausalLM.from_config(cfg).float().eval()
+        with torch.no_grad():  # large random weights so every part of the model matters
+            for pname, p in model.named_parameters():
+                if pname.endswith("norm.weight"):
+                    p.copy_(1.0 + 0.3 * torch.randn_like(p))
+                else:
+                    p.normal_(0.0, 0.15)
+        d = os.path.join(out, name)
+        model.save_pretrained(d, safe_serialization=True)
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].float()
+        ref = {"ids": ids, "full": torch.log_softmax(logits, -1).tolist()}
+        with open(os.path.join(d, "ref.json"), "w") as f:
+            json.dump(ref, f)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()

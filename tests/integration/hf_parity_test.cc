@@ -1,0 +1,90 @@
+// Logit parity with Hugging Face transformers: random-init tiny Llama (llama3 RoPE scaling),
+// Qwen2 (q/k/v biases, tied embeddings) and Qwen3 (q/k norms, explicit head_dim) models built
+// and saved by transformers; `gyre logprobs --full` must match their float32 log-softmax to
+// 1e-4. Skips with a message when python/transformers are not installed.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "integration/run_util.h"
+
+namespace gyre::testing {
+namespace {
+
+std::string RunCapture(const std::string& cmd, int* status) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) {
+    *status = -1;
+    return out;
+  }
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  *status = ::pclose(p);
+  return out;
+}
+
+class HfParityTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(MakeTempDir("hf_parity"));
+    int st = 0;
+    const std::string out = RunCapture(std::string(GYRE_PYTHON) + " " + GYRE_SOURCE_DIR +
+                                           "/tests/integration/hf_parity.py " + *dir_ + " 2>&1",
+                                       &st);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+      skip_ = new std::string(out);
+    } else if (st != 0) {
+      failure_ = new std::string(out);
+    }
+  }
+  static std::string* dir_;
+  static std::string* skip_;
+  static std::string* failure_;
+};
+std::string* HfParityTest::dir_ = nullptr;
+std::string* HfParityTest::skip_ = nullptr;
+std::string* HfParityTest::failure_ = nullptr;
+
+TEST_P(HfParityTest, LogprobsMatchTransformersInFloat32) {
+  if (skip_) GTEST_SKIP() << "transformers reference unavailable: " << *skip_;
+  ASSERT_EQ(failure_, nullptr) << "reference script failed:\n" << *failure_;
+  const std::string model_dir = *dir_ + "/" + GetParam();
+  auto ref = nlohmann::json::parse(ReadFile(model_dir + "/ref.json"));
+  std::string ids;
+  for (const auto& v : ref["ids"]) ids += std::to_string(v.get<int>()) + " ";
+  int st = 0;
+  const std::string out = RunCapture(std::string(GYRE_BINARY) + " logprobs --full --model " +
+                                         model_dir + " --ids \"" + ids + "\" 2>&1",
+                                     &st);
+  ASSERT_EQ(st, 0) << out;
+  auto got = nlohmann::json::parse(out);
+  const auto& want_rows = ref["full"];
+  const auto& got_rows = got["full"];
+  ASSERT_EQ(want_rows.size(), got_rows.size());
+  double max_diff = 0;
+  for (size_t t = 0; t < want_rows.size(); ++t) {
+    ASSERT_EQ(want_rows[t].size(), got_rows[t].size());
+    for (size_t v = 0; v < want_rows[t].size(); ++v) {
+      max_diff = std::max(max_diff,
+                          std::fabs(want_rows[t][v].get<double>() - got_rows[t][v].get<double>()));
+    }
+  }
+  std::printf("%s: max |logprob difference| vs transformers = %.3g\n", GetParam().c_str(),
+              max_diff);
+  EXPECT_LT(max_diff, 1e-4);
+  // The per-position next-token log-probs agree with the full rows.
+  for (size_t t = 0; t + 1 < ref["ids"].size(); ++t) {
+    EXPECT_NEAR(got["logprobs"][t].get<double>(),
+                want_rows[t][ref["ids"][t + 1].get<int>()].get<double>(), 1e-4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, HfParityTest, ::testing::Values("llama", "qwen2", "qwen3"));
+
+}  // namespace
+}  // namespace gyre::testing

@@ -1,0 +1,134 @@
+#include "model/safetensors.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/file_util.h"
+#include "model/weights.h"
+#include "testing/tiny_model.h"
+
+namespace gyre::model {
+namespace {
+
+class SafetensorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TempDirectory() + "/gyre_st_test_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    ASSERT_TRUE(MakeDirs(dir_).ok());
+  }
+  void TearDown() override { (void)RemoveTree(dir_); }
+
+  // Writes a safetensors file by hand: entries = {name: (dtype, shape, [begin, end])}.
+  std::string Write(const std::string& name, const nlohmann::json& header,
+                    const std::string& data) {
+    std::string h = header.dump();
+    while (h.size() % 8) h.push_back(' ');
+    const std::string path = dir_ + "/" + name;
+    std::ofstream out(path, std::ios::binary);
+    uint64_t n = h.size();
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
+    out << h << data;
+    return path;
+  }
+  std::string dir_;
+};
+
+TEST_F(SafetensorsTest, ReadsHalfAndBfloat16InPlace) {
+  at::Tensor h = at::tensor({1.5f, -2.0f, 0.25f}).to(at::kHalf);
+  at::Tensor b = at::tensor({3.0f, 0.5f}).to(at::kBFloat16);
+  std::string data(reinterpret_cast<const char*>(h.data_ptr()), 6);
+  data.append(reinterpret_cast<const char*>(b.data_ptr()), 4);
+  const std::string path =
+      Write("m.safetensors",
+            {{"h", {{"dtype", "F16"}, {"shape", {3}}, {"data_offsets", {0, 6}}}},
+             {"b", {{"dtype", "BF16"}, {"shape", {2, 1}}, {"data_offsets", {6, 10}}}},
+             {"__metadata__", {{"format", "pt"}}}},
+            data);
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->metadata().at("format"), "pt");
+  auto hv = (*f)->View("h");
+  ASSERT_TRUE(hv.ok());
+  EXPECT_TRUE(at::equal(hv->to(at::kFloat), at::tensor({1.5f, -2.0f, 0.25f})));
+  EXPECT_EQ((*f)->View("b")->sizes(), (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ((*f)->View("nope").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(SafetensorsTest, CorruptFilesAreErrorsNamingFileAndTensor) {
+  const std::string four(16, '\0');
+  struct Case {
+    nlohmann::json header;
+    std::string data, expect;
+  };
+  std::vector<Case> cases = {
+      {{{"t", {{"dtype", "F32"}, {"shape", {4}}, {"data_offsets", {0, 16}}}}},
+       "abc",
+       "tensor 't': byte range [0, 16) lies outside the data section of 3 bytes"},
+      {{{"t", {{"dtype", "F32"}, {"shape", {3}}, {"data_offsets", {0, 16}}}}},
+       four,
+       "tensor 't': shape [3] of F32 needs 12 bytes, the entry has 16"},
+      {{{"t", {{"dtype", "Q4"}, {"shape", {4}}, {"data_offsets", {0, 16}}}}},
+       four,
+       "tensor 't': unknown dtype 'Q4'"},
+      {{{"a", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}}},
+        {"b", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {4, 12}}}}},
+       four,
+       "overlaps another tensor's bytes"},
+      {{{"t", {{"dtype", "F32"}, {"shape", {4}}}}}, four, "tensor 't': malformed entry"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path =
+        Write("c" + std::to_string(i) + ".safetensors", cases[i].header, cases[i].data);
+    auto f = SafetensorsFile::Open(path);
+    ASSERT_FALSE(f.ok()) << "case " << i;
+    EXPECT_NE(f.status().message().find(path), std::string::npos) << f.status();
+    EXPECT_NE(f.status().message().find(cases[i].expect), std::string::npos)
+        << "case " << i << ": " << f.status();
+  }
+  // Truncated before the header ends, and a header that is not JSON.
+  const std::string trunc = dir_ + "/trunc.safetensors";
+  std::ofstream(trunc, std::ios::binary) << std::string("\x40\0\0\0\0\0\0\0{", 9);
+  EXPECT_NE(SafetensorsFile::Open(trunc).status().message().find("exceeds the file size"),
+            std::string::npos);
+  const std::string bad = dir_ + "/bad.safetensors";
+  std::ofstream(bad, std::ios::binary) << std::string("\x02\0\0\0\0\0\0\0{x", 10);
+  EXPECT_NE(SafetensorsFile::Open(bad).status().message().find("bad JSON header"),
+            std::string::npos);
+}
+
+TEST_F(SafetensorsTest, ShardedCheckpointLoadsIntoAModel) {
+  auto src = Transformer::Create(testing::TinySpec(20, 16, 2, 2, 1, 24), 1, 0.1);
+  auto dst = Transformer::Create(testing::TinySpec(20, 16, 2, 2, 1, 24), 2, 0.1);
+  // Split the parameters over two shards written by SaveSafetensors.
+  NamedTensors params = src->NamedParameters(), first, second;
+  nlohmann::json index;
+  for (size_t i = 0; i < params.size(); ++i) {
+    (i % 2 ? second : first).push_back(params[i]);
+    index["weight_map"][params[i].first] = i % 2 ? "b.safetensors" : "a.safetensors";
+  }
+  ASSERT_TRUE(SaveSafetensors(dir_ + "/a.safetensors", first).ok());
+  ASSERT_TRUE(SaveSafetensors(dir_ + "/b.safetensors", second).ok());
+  std::ofstream(dir_ + "/model.safetensors.index.json") << index.dump();
+  auto ckpt = Checkpoint::Open(dir_);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  ASSERT_TRUE(LoadParameters(**ckpt, dst->NamedParameters(), {}).ok());
+  auto a = src->NamedParameters(), b = dst->NamedParameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i].second, b[i].second));
+
+  // A model with another shape is refused, naming the tensor, and left untouched.
+  auto other = Transformer::Create(testing::TinySpec(20, 16, 2, 2, 1, 32), 3, 0.1);
+  auto fresh = Transformer::Create(testing::TinySpec(20, 16, 2, 2, 1, 32), 3, 0.1);
+  Status s = LoadParameters(**ckpt, other->NamedParameters(), {});
+  EXPECT_NE(s.message().find("mlp.gate_proj.weight' has shape [24, 16]"), std::string::npos) << s;
+  auto o = other->NamedParameters(), f = fresh->NamedParameters();
+  for (size_t i = 0; i < o.size(); ++i) EXPECT_TRUE(at::equal(o[i].second, f[i].second));
+  EXPECT_EQ(Checkpoint::Open(dir_ + "/missing").status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace gyre::model
