@@ -23,6 +23,8 @@ constexpr char kUsage[] =
     "      Check a job file without running it; --print shows every field's effective value.\n"
     "  gyre worker --role rollout|trainer --controller HOST:PORT [--index N]\n"
     "      One worker process (what `train` spawns, or what a cluster launcher starts).\n"
+    "  gyre init-model --arch qwen2|qwen3|llama --out DIR [--preset tiny|small|...]\n"
+    "      Write a random-init Hugging Face model directory (for tests and benchmarks).\n"
     "  gyre logprobs --model DIR [--ids \"ID ...\"] [--full]\n"
     "      Per-position next-token log-probs of a Hugging Face model directory, as JSON.\n"
     "  gyre help | --help        This text.\n"
@@ -96,6 +98,9 @@ int main(int argc, char** argv) {
   if (cmd == "--version" || cmd == "version") {
     std::printf("gyre %s\n", gyre::Version());
     return 0;
+  }
+  if (cmd == "init-model") {
+    return gyre::cli::RunInitModel(std::vector<std::string>(argv + 2, argv + argc));
   }
   if (cmd == "logprobs") {
     return gyre::cli::RunLogprobs(std::vector<std::string>(argv + 2, argv + argc));

@@ -5,11 +5,15 @@
 #include <c10/core/InferenceMode.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/file_util.h"
 #include "model/hf_config.h"
+#include "model/weights.h"
 
 namespace gyre::cli {
 
@@ -141,6 +145,179 @@ int RunLogprobs(const std::vector<std::string>& args) {
     ok = run(line, true) && ok;
   }
   return ok ? 0 : 1;
+}
+
+namespace {
+
+constexpr char kInitUsage[] =
+    "usage: gyre init-model --arch qwen2|qwen3|llama --out DIR [--preset tiny|small|qwen2.5-0.5b]\n"
+    "                       [--seed N] [--force]\n"
+    "\n"
+    "Writes a randomly initialised model as a Hugging Face directory (config.json,\n"
+    "model.safetensors in float32, tokenizer.json) that Gyre and transformers both load. For\n"
+    "tests, benchmarks and quickstarts; the tokenizer is byte-level with no merges (one token per\n"
+    "byte) plus the architecture's special tokens. Presets: tiny (64 wide, 2 layers), small\n"
+    "(256 wide, 4 layers), qwen2.5-0.5b (the shape of Qwen2.5-0.5B, about 2 GB in float32).\n";
+
+// GPT-2's reversible byte -> printable code point mapping used by byte-level BPE.
+std::string ByteToUnicode(int b) {
+  int cp = b;
+  const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+  if (!printable) {
+    int n = 0;
+    for (int x = 0; x < b; ++x) {
+      if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174))) ++n;
+    }
+    cp = 256 + n;
+  }
+  std::string out;
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else {
+    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+  return out;
+}
+
+nlohmann::json ByteLevelTokenizerJson(const std::vector<std::string>& specials) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[ByteToUnicode(b)] = b;
+  nlohmann::json added = nlohmann::json::array();
+  for (size_t i = 0; i < specials.size(); ++i) {
+    added.push_back({{"id", 256 + static_cast<int>(i)},
+                     {"content", specials[i]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  }
+  nlohmann::json t;
+  t["version"] = "1.0";
+  t["truncation"] = nullptr;
+  t["padding"] = nullptr;
+  t["added_tokens"] = added;
+  t["normalizer"] = nullptr;
+  t["pre_tokenizer"] = {{"type", "ByteLevel"},
+                        {"add_prefix_space", false},
+                        {"trim_offsets", true},
+                        {"use_regex", true}};
+  t["post_processor"] = nullptr;
+  t["decoder"] = {{"type", "ByteLevel"},
+                  {"add_prefix_space", true},
+                  {"trim_offsets", true},
+                  {"use_regex", true}};
+  t["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", vocab},
+                {"merges", nlohmann::json::array()}};
+  return t;
+}
+
+}  // namespace
+
+int RunInitModel(const std::vector<std::string>& args) {
+  std::string arch, out, preset = "tiny";
+  uint64_t seed = 0;
+  bool force = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--help" || args[i] == "-h") {
+      std::fputs(kInitUsage, stdout);
+      return 0;
+    } else if (args[i] == "--arch" && i + 1 < args.size()) {
+      arch = args[++i];
+    } else if (args[i] == "--out" && i + 1 < args.size()) {
+      out = args[++i];
+    } else if (args[i] == "--preset" && i + 1 < args.size()) {
+      preset = args[++i];
+    } else if (args[i] == "--seed" && i + 1 < args.size()) {
+      seed = std::strtoull(args[++i].c_str(), nullptr, 10);
+    } else if (args[i] == "--force") {
+      force = true;
+    } else {
+      std::fprintf(stderr, "gyre init-model: unexpected argument '%s' (see --help)\n",
+                   args[i].c_str());
+      return 2;
+    }
+  }
+  if (arch != "qwen2" && arch != "qwen3" && arch != "llama") {
+    std::fprintf(stderr, "gyre init-model: --arch must be qwen2, qwen3 or llama\n");
+    return 2;
+  }
+  if (out.empty()) {
+    std::fprintf(stderr, "gyre init-model: --out DIR is required\n");
+    return 2;
+  }
+  model::ModelSpec s;
+  s.architecture = arch;
+  if (preset == "tiny") {
+    s.hidden_size = 64, s.num_layers = 2, s.num_heads = 4, s.num_kv_heads = 2;
+    s.intermediate_size = 128, s.max_seq_len = 512;
+  } else if (preset == "small") {
+    s.hidden_size = 256, s.num_layers = 4, s.num_heads = 8, s.num_kv_heads = 2;
+    s.intermediate_size = 688, s.max_seq_len = 2048;
+  } else if (preset == "qwen2.5-0.5b") {
+    s.hidden_size = 896, s.num_layers = 24, s.num_heads = 14, s.num_kv_heads = 2;
+    s.intermediate_size = 4864, s.max_seq_len = 32768;
+  } else {
+    std::fprintf(stderr, "gyre init-model: unknown --preset '%s' (tiny, small, qwen2.5-0.5b)\n",
+                 preset.c_str());
+    return 2;
+  }
+  s.head_dim = s.hidden_size / s.num_heads;
+  if (arch == "qwen3") s.head_dim *= 2;  // Qwen3 decouples head_dim from hidden / heads
+  std::vector<std::string> specials;
+  if (arch == "llama") {
+    specials = {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>",
+                "<|end_header_id|>"};
+    s.rope_theta = 500000.0;
+    s.rms_norm_eps = 1e-5;
+    s.tie_embeddings = false;
+  } else {
+    specials = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    s.rope_theta = 1000000.0;
+    s.rms_norm_eps = 1e-6;
+    s.tie_embeddings = true;
+    s.attention_bias = arch == "qwen2";
+    s.qk_norm = arch == "qwen3";
+  }
+  // Padded vocabulary, as real checkpoints have: a multiple of 64 above the real token count.
+  const int64_t real_tokens = 256 + static_cast<int64_t>(specials.size());
+  s.vocab_size = preset == "qwen2.5-0.5b" ? 151936 : (real_tokens + 63) / 64 * 64;
+
+  if (PathExists(out + "/config.json") && !force) {
+    std::fprintf(stderr, "gyre init-model: %s already holds a model (use --force)\n", out.c_str());
+    return 1;
+  }
+  Status st = MakeDirs(out);
+  auto m = model::Transformer::Create(s, seed, 0.02);
+  nlohmann::json extra;
+  if (arch == "llama") {
+    extra = {{"bos_token_id", 256}, {"eos_token_id", 257}};
+  } else {
+    extra = {{"bos_token_id", 256}, {"eos_token_id", arch == "qwen3" ? 258 : 256}};
+  }
+  if (st.ok()) st = model::WriteHfConfig(out, s, extra.dump());
+  if (st.ok()) st = model::SaveSafetensors(out + "/model.safetensors", m->NamedParameters());
+  if (st.ok()) {
+    std::ofstream tok(out + "/tokenizer.json");
+    tok << ByteLevelTokenizerJson(specials).dump(2) << "\n";
+    if (!tok) st = Unavailable("cannot write " + out + "/tokenizer.json");
+  }
+  if (!st.ok()) {
+    std::fprintf(stderr, "gyre: %s\n", st.message().c_str());
+    return 1;
+  }
+  std::printf("wrote %s model (%s preset, %lld parameters) to %s\n", arch.c_str(), preset.c_str(),
+              static_cast<long long>(m->NumParameters()), out.c_str());
+  return 0;
 }
 
 }  // namespace gyre::cli

@@ -12,4 +12,9 @@ namespace gyre::cli {
 // of ids[t + 1] given ids[0..t]; with --full also "full": the whole log-softmax per position.
 int RunLogprobs(const std::vector<std::string>& args);
 
+// gyre init-model --arch qwen2|qwen3|llama [--preset tiny|small|qwen2.5-0.5b] --out DIR
+// Writes a random-init Hugging Face directory: config.json, model.safetensors and a valid
+// byte-level tokenizer.json (256 byte tokens, no merges, the architecture's special tokens).
+int RunInitModel(const std::vector<std::string>& args);
+
 }  // namespace gyre::cli

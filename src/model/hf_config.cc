@@ -138,6 +138,49 @@ StatusOr<ModelSpec> ParseHfConfig(const std::string& text, const std::string& sr
   return s;
 }
 
+Status WriteHfConfig(const std::string& dir, const ModelSpec& spec, const std::string& extra_json) {
+  json j;
+  const std::string& arch = spec.architecture;
+  j["model_type"] = arch;
+  j["architectures"] = {arch == "qwen2"   ? "Qwen2ForCausalLM"
+                        : arch == "qwen3" ? "Qwen3ForCausalLM"
+                                          : "LlamaForCausalLM"};
+  j["vocab_size"] = spec.vocab_size;
+  j["hidden_size"] = spec.hidden_size;
+  j["num_hidden_layers"] = spec.num_layers;
+  j["num_attention_heads"] = spec.num_heads;
+  j["num_key_value_heads"] = spec.num_kv_heads;
+  j["head_dim"] = spec.head_dim;
+  j["intermediate_size"] = spec.intermediate_size;
+  j["max_position_embeddings"] = spec.max_seq_len;
+  j["rms_norm_eps"] = spec.rms_norm_eps;
+  j["tie_word_embeddings"] = spec.tie_embeddings;
+  if (arch != "qwen2") j["attention_bias"] = spec.attention_bias;
+  if (arch == "qwen2" && !spec.attention_bias) {
+    return InvalidArgument("a qwen2 model always has q/k/v biases");
+  }
+  if (arch == "qwen3" && !spec.qk_norm) return InvalidArgument("a qwen3 model has q/k norms");
+  j["hidden_act"] = "silu";
+  j["torch_dtype"] = "float32";
+  j["rope_theta"] = spec.rope_theta;
+  if (spec.rope_type == "llama3") {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", spec.rope_factor},
+                         {"low_freq_factor", spec.rope_low_freq_factor},
+                         {"high_freq_factor", spec.rope_high_freq_factor},
+                         {"original_max_position_embeddings", spec.rope_original_max_position}};
+  }
+  try {
+    j.update(json::parse(extra_json));
+  } catch (const std::exception& e) {
+    return Internal(std::string("WriteHfConfig: bad extra fields: ") + e.what());
+  }
+  std::ofstream out(dir + "/config.json");
+  out << j.dump(2) << "\n";
+  if (!out) return Unavailable("cannot write " + dir + "/config.json");
+  return Status::Ok();
+}
+
 StatusOr<ModelSpec> LoadHfConfig(const std::string& dir) {
   const std::string path = dir + "/config.json";
   std::ifstream in(path);

@@ -21,6 +21,12 @@ namespace gyre::model {
 StatusOr<ModelSpec> ParseHfConfig(const std::string& json_text, const std::string& source);
 StatusOr<ModelSpec> LoadHfConfig(const std::string& dir);
 
+// Writes `dir`/config.json for `spec` with the fields transformers reads for its architecture
+// (LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM). `extra` fields (bos/eos ids) are
+// merged in.
+Status WriteHfConfig(const std::string& dir, const ModelSpec& spec,
+                     const std::string& extra_json = "{}");
+
 // config.json + model.safetensors (or a sharded index) in `dir` -> a float32 Transformer.
 StatusOr<std::unique_ptr<Transformer>> LoadHfModel(const std::string& dir);
 

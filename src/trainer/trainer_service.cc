@@ -8,6 +8,7 @@
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "kernels/reference/policy_loss_ref.h"
+#include "model/hf_config.h"
 #include "model/weights.h"
 #include "rpc/rpc_util.h"
 
@@ -109,30 +110,6 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-Status WriteHfConfig(const std::string& dir, const model::ModelSpec& spec) {
-  nlohmann::json j;
-  j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
-  j["vocab_size"] = spec.vocab_size;
-  j["hidden_size"] = spec.hidden_size;
-  j["num_hidden_layers"] = spec.num_layers;
-  j["num_attention_heads"] = spec.num_heads;
-  j["num_key_value_heads"] = spec.num_kv_heads;
-  j["head_dim"] = spec.head_dim;
-  j["intermediate_size"] = spec.intermediate_size;
-  j["max_position_embeddings"] = spec.max_seq_len;
-  j["rope_theta"] = spec.rope_theta;
-  j["rms_norm_eps"] = spec.rms_norm_eps;
-  j["tie_word_embeddings"] = spec.tie_embeddings;
-  j["attention_bias"] = spec.attention_bias;
-  j["hidden_act"] = "silu";
-  j["torch_dtype"] = "float32";
-  std::ofstream out(dir + "/config.json");
-  out << j.dump(2) << "\n";
-  if (!out) return Unavailable("cannot write " + dir + "/config.json");
-  return Status::Ok();
-}
-
 grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveRequest* req,
                                   v1::SaveResponse* resp) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -144,7 +121,7 @@ grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveReques
   if (s.ok()) {
     s = model::SaveSafetensors(tmp_dir + "/model.safetensors", trainer_.model().NamedParameters());
   }
-  if (s.ok()) s = WriteHfConfig(tmp_dir, trainer_.model().spec());
+  if (s.ok()) s = model::WriteHfConfig(tmp_dir, trainer_.model().spec());
   if (s.ok()) s = SyncPath(tmp_dir + "/model.safetensors");
   if (s.ok()) s = SyncPath(tmp_dir);
   if (s.ok()) s = RemoveTree(final_dir);

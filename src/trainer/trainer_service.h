@@ -38,7 +38,4 @@ class TrainerService final : public v1::Trainer::Service {
   std::function<void(const std::string&)> on_stop_;
 };
 
-// Writes config.json (Hugging Face LlamaForCausalLM fields) for `spec` into `dir`.
-Status WriteHfConfig(const std::string& dir, const model::ModelSpec& spec);
-
 }  // namespace gyre::trainer

@@ -4,7 +4,9 @@ Builds random-init tiny models of each supported architecture with transformers 
 nothing is downloaded), saves each as an HF directory, and writes the float32 log-softmax of a
 token sequence next to it (ref.json). Exit status 77 means the reference packages are missing.
 
-usage: hf_parity.py OUT_DIR
+usage: hf_parity.py OUT_DIR           build reference models into OUT_DIR
+       hf_parity.py --check DIR TEXT  load a Gyre-written DIR with transformers and tokenizers,
+                                      print {"ids": tokenizer ids of TEXT, "full": log-softmax}
 """
 import json
 import os
@@ -33,7 +35,19 @@ def configs():
                                rope_parameters={"rope_type": "default", "rope_theta": 1e6})
 
 
+def check(model_dir, text):
+    from tokenizers import Tokenizer
+    ids = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json")).encode(text).ids
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    print(json.dumps({"ids": ids, "full": torch.log_softmax(logits, -1).tolist()}))
+
+
 def main():
+    if sys.argv[1] == "--check":
+        check(sys.argv[2], sys.argv[3])
+        return
     out = sys.argv[1]
     torch.manual_seed(1234)
     ids = [int(x) for x in torch.randint(0, 96, (40,))]
