@@ -23,6 +23,10 @@ constexpr char kUsage[] =
     "      Check a job file without running it; --print shows every field's effective value.\n"
     "  gyre worker --role rollout|trainer --controller HOST:PORT [--index N]\n"
     "      One worker process (what `train` spawns, or what a cluster launcher starts).\n"
+    "  gyre generate --model DIR --prompt TEXT [--temperature T --top-p P ...]\n"
+    "      Stream a continuation from a Hugging Face model directory (see generate --help).\n"
+    "  gyre tokenize --tokenizer PATH [--text TEXT | --jsonl]\n"
+    "      Token ids of text under a tokenizer.json, as JSON.\n"
     "  gyre init-model --arch qwen2|qwen3|llama --out DIR [--preset tiny|small|...]\n"
     "      Write a random-init Hugging Face model directory (for tests and benchmarks).\n"
     "  gyre logprobs --model DIR [--ids \"ID ...\"] [--full]\n"
@@ -98,6 +102,12 @@ int main(int argc, char** argv) {
   if (cmd == "--version" || cmd == "version") {
     std::printf("gyre %s\n", gyre::Version());
     return 0;
+  }
+  if (cmd == "tokenize") {
+    return gyre::cli::RunTokenize(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  if (cmd == "generate") {
+    return gyre::cli::RunGenerate(std::vector<std::string>(argv + 2, argv + argc));
   }
   if (cmd == "init-model") {
     return gyre::cli::RunInitModel(std::vector<std::string>(argv + 2, argv + argc));

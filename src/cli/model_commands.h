@@ -17,4 +17,11 @@ int RunLogprobs(const std::vector<std::string>& args);
 // byte-level tokenizer.json (256 byte tokens, no merges, the architecture's special tokens).
 int RunInitModel(const std::vector<std::string>& args);
 
+// gyre tokenize --tokenizer PATH [--text TEXT | --jsonl] [--no-special]
+// PATH is a tokenizer.json or a model directory holding one.
+int RunTokenize(const std::vector<std::string>& args);
+
+// gyre generate --model DIR --prompt TEXT [sampling flags] [--benchmark]
+int RunGenerate(const std::vector<std::string>& args);
+
 }  // namespace gyre::cli

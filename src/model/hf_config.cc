@@ -193,7 +193,7 @@ StatusOr<ModelSpec> LoadHfConfig(const std::string& dir) {
 StatusOr<std::unique_ptr<Transformer>> LoadHfModel(const std::string& dir) {
   GYRE_ASSIGN_OR_RETURN(ModelSpec spec, LoadHfConfig(dir));
   GYRE_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(dir));
-  auto model = Transformer::Create(spec, 0, 0.02);
+  auto model = Transformer::Create(spec, 0, /*init_std=*/-1.0);  // weights come from disk
   std::vector<std::string> ignorable;
   if (spec.tie_embeddings) ignorable.push_back("lm_head.weight");
   for (int64_t i = 0; i < spec.num_layers; ++i) {

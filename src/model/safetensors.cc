@@ -71,6 +71,9 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
   if (map == MAP_FAILED) return Unavailable("cannot mmap " + path + ": " + std::strerror(errno));
   f->map_ = map;
   f->map_size_ = size;
+  // Checkpoints are read front to back, once: ask for aggressive read-ahead.
+  ::madvise(map, size, MADV_SEQUENTIAL);
+  ::madvise(map, size, MADV_WILLNEED);
   const uint8_t* bytes = static_cast<const uint8_t*>(map);
   uint64_t hlen = 0;
   for (int i = 0; i < 8; ++i) hlen |= static_cast<uint64_t>(bytes[i]) << (8 * i);

@@ -148,7 +148,7 @@ std::unique_ptr<Transformer> Transformer::Create(const ModelSpec& spec, uint64_t
   auto opts = at::TensorOptions().dtype(at::kFloat);
   auto normal = [&](std::vector<int64_t> shape) {
     at::Tensor t = at::empty(shape, opts);
-    t.normal_(0.0, init_std, gen);
+    if (init_std >= 0) t.normal_(0.0, init_std, gen);
     return t.set_requires_grad(true);
   };
   auto ones = [&](int64_t n) { return at::ones({n}, opts).set_requires_grad(true); };

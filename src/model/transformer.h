@@ -36,7 +36,8 @@ at::Tensor RopeInverseFrequencies(const ModelSpec& spec);
 
 class Transformer {
  public:
-  // Random init from `seed`: linear and embedding weights ~ N(0, init_std), norms = 1.
+  // Random init from `seed`: linear and embedding weights ~ N(0, init_std), norms = 1. A
+  // negative init_std leaves those weights uninitialised (for a checkpoint to overwrite).
   static std::unique_ptr<Transformer> Create(const ModelSpec& spec, uint64_t seed, double init_std);
   ~Transformer();
   Transformer(const Transformer&) = delete;

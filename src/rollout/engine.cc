@@ -13,7 +13,7 @@ Engine::Engine(const model::Transformer* model, int64_t max_batch)
     : model_(model), max_batch_(std::max<int64_t>(1, max_batch)) {}
 
 StatusOr<std::vector<GenerationResult>> Engine::Generate(
-    const std::vector<GenerationRequest>& requests) {
+    const std::vector<GenerationRequest>& requests, const TokenCallback& on_token) {
   const auto& spec = model_->spec();
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& r = requests[i];
@@ -38,14 +38,15 @@ StatusOr<std::vector<GenerationResult>> Engine::Generate(
   out.reserve(requests.size());
   for (size_t start = 0; start < requests.size(); start += max_batch_) {
     int64_t n = std::min<int64_t>(max_batch_, static_cast<int64_t>(requests.size() - start));
-    GYRE_ASSIGN_OR_RETURN(auto part, GenerateBatch(requests.data() + start, n));
+    GYRE_ASSIGN_OR_RETURN(auto part, GenerateBatch(requests.data() + start, n, start, on_token));
     for (auto& r : part) out.push_back(std::move(r));
   }
   return out;
 }
 
 StatusOr<std::vector<GenerationResult>> Engine::GenerateBatch(const GenerationRequest* reqs,
-                                                              int64_t B) {
+                                                              int64_t B, size_t first_index,
+                                                              const TokenCallback& on_token) {
   c10::InferenceMode guard;
   int64_t P = 0, max_new = 0;
   for (int64_t b = 0; b < B; ++b) {
@@ -95,6 +96,7 @@ StatusOr<std::vector<GenerationResult>> Engine::GenerateBatch(const GenerationRe
       if (done[b]) continue;
       auto& res = results[b];
       res.tokens.push_back(s.tokens[b]);
+      if (on_token) on_token(first_index + static_cast<size_t>(b), s.tokens[b]);
       res.logprobs.push_back(s.logprobs[b]);
       res.kept_mass.push_back(s.kept_mass[b]);
       const auto& stops = reqs[b].stop_token_ids;

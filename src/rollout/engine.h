@@ -10,6 +10,7 @@
 // Not thread-safe: callers serialise Generate() with weight updates to the same model.
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "gyre/status.h"
@@ -43,11 +44,16 @@ class Engine {
 
   // Fails (changing nothing) when a prompt is empty, holds an id outside the vocabulary, or
   // prompt + max_new_tokens exceeds the model's max_seq_len.
-  StatusOr<std::vector<GenerationResult>> Generate(const std::vector<GenerationRequest>& requests);
+  // `on_token`, when set, is called on this thread for every generated token as it is sampled
+  // (request index, token id): for streaming output.
+  using TokenCallback = std::function<void(size_t request, int32_t token)>;
+  StatusOr<std::vector<GenerationResult>> Generate(const std::vector<GenerationRequest>& requests,
+                                                   const TokenCallback& on_token = nullptr);
 
  private:
   StatusOr<std::vector<GenerationResult>> GenerateBatch(const GenerationRequest* requests,
-                                                        int64_t count);
+                                                        int64_t count, size_t first_index,
+                                                        const TokenCallback& on_token);
   const model::Transformer* model_;
   int64_t max_batch_;
 };

@@ -248,6 +248,42 @@ TEST(TrainTest, ExternalWorkersDialTheController) {
   }
 }
 
+// The model-directory commands on a directory `gyre init-model` writes.
+TEST(ModelCommandsTest, InitModelTokenizeAndGenerate) {
+  const std::string dir = MakeTempDir("modelcmds");
+  const std::string model = dir + "/qwen2";
+  auto p = GyreProcess::Start({"init-model", "--arch", "qwen2", "--out", model}, dir);
+  ASSERT_TRUE(p.Wait(60));
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+  EXPECT_TRUE(PathExists(model + "/tokenizer.json"));
+  // Refuses to overwrite without --force.
+  p = GyreProcess::Start({"init-model", "--arch", "qwen2", "--out", model}, dir + "/qwen2");
+  ASSERT_TRUE(p.Wait(60));
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 1);
+
+  ASSERT_TRUE(MakeDirs(dir + "/t").ok());
+  p = GyreProcess::Start({"tokenize", "--tokenizer", model, "--text", "Hi <|im_end|>"}, dir + "/t");
+  ASSERT_TRUE(p.Wait(60));
+  EXPECT_EQ(p.Output(), "[72,105,32,258]\n");  // bytes of "Hi ", then the special token
+
+  ASSERT_TRUE(MakeDirs(dir + "/g").ok());
+  p = GyreProcess::Start(
+      {"generate", "--model", model, "--prompt", "Hello", "--max-new-tokens", "12", "--benchmark"},
+      dir + "/g");
+  ASSERT_TRUE(p.Wait(120));
+  const std::string out = p.Output();
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 0) << out;
+  EXPECT_NE(out.find("12 generated (length)"), std::string::npos) << out;
+  EXPECT_NE(out.find("(greedy tokens identical)"), std::string::npos) << out;
+
+  ASSERT_TRUE(MakeDirs(dir + "/e").ok());
+  p = GyreProcess::Start({"generate", "--model", dir + "/missing", "--prompt", "x"}, dir + "/e");
+  ASSERT_TRUE(p.Wait(60));
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 1);
+  EXPECT_NE(p.Output().find("cannot open " + dir + "/missing/config.json"), std::string::npos)
+      << p.Output();
+}
+
 TEST(WorkerTest, WorkerWithoutControllerGivesUpWithAClearError) {
   const std::string dir = MakeTempDir("worker");
   auto p = GyreProcess::Start(
