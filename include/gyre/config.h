@@ -18,7 +18,7 @@ struct JobSection {
 
 // A built-in tiny decoder (Llama/Qwen2 layout) initialised from job.seed.
 struct ModelSection {
-  std::string path;  // HF directory (not yet supported; empty = built-in spec)
+  std::string path;  // Hugging Face model directory; empty = the built-in spec below
   std::string dtype = "float32";
   int hidden_size = 128;
   int num_layers = 2;
@@ -38,8 +38,9 @@ struct DataSection {
   std::string eval_path;          // JSONL for held-out evaluation; empty = generated
   int min_digits = 1;             // addition: operand length range
   int max_digits = 2;
-  int eval_size = 200;      // held-out prompts
-  uint64_t eval_seed = 99;  // held-out prompts are drawn from their own seed
+  int eval_size = 200;                 // held-out prompts
+  uint64_t eval_seed = 99;             // held-out prompts are drawn from their own seed
+  std::string chat_template = "none";  // none, qwen2.5, qwen3, llama3: prompts as a user turn
 };
 
 struct SamplingSection {

@@ -15,6 +15,7 @@
 #include "cli/model_commands.h"
 #include "common/file_util.h"
 #include "model/bpe_tokenizer.h"
+#include "model/chat_template.h"
 #include "model/hf_config.h"
 #include "rollout/engine.h"
 
@@ -33,12 +34,15 @@ constexpr char kTokenizeUsage[] =
 constexpr char kGenerateUsage[] =
     "usage: gyre generate --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T]\n"
     "                     [--top-k K] [--top-p P] [--min-p P] [--seed S] [--benchmark]\n"
+    "                     [--chat qwen2.5|qwen3|llama3]\n"
     "\n"
     "Generates a continuation of TEXT with the model in DIR (config.json, safetensors,\n"
     "tokenizer.json), streaming it to stdout as it is sampled; statistics go to stderr.\n"
     "--temperature 0 (the default) is greedy. Generation stops at the config's eos_token_id(s)\n"
     "or after --max-new-tokens (default 64). --benchmark also times a naive loop that reruns\n"
-    "the full forward pass for every token, in the same run, and prints both rates.\n";
+    "the full forward pass for every token, in the same run, and prints both rates.\n"
+    "--chat renders the prompt with that chat template first: TEXT is a user message, or a\n"
+    "JSON array of {\"role\", \"content\"} messages; the assistant generation prompt is added.\n";
 
 StatusOr<std::unique_ptr<model::BpeTokenizer>> OpenTokenizer(const std::string& path) {
   const std::string file = IsDirectory(path) ? path + "/tokenizer.json" : path;
@@ -149,6 +153,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   req.temperature = 0.0f;
   req.max_new_tokens = 64;
   bool benchmark = false;
+  std::string chat;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     const bool has_value = i + 1 < args.size();
@@ -171,6 +176,8 @@ int RunGenerate(const std::vector<std::string>& args) {
       req.min_p = std::strtof(args[++i].c_str(), nullptr);
     } else if (a == "--seed" && has_value) {
       req.seed = std::strtoull(args[++i].c_str(), nullptr, 10);
+    } else if (a == "--chat" && has_value) {
+      chat = args[++i];
     } else if (a == "--benchmark") {
       benchmark = true;
     } else {
@@ -200,6 +207,21 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (!tok.ok()) {
     std::fprintf(stderr, "gyre: %s\n", tok.status().message().c_str());
     return 1;
+  }
+  if (!chat.empty()) {
+    auto format = model::ParseChatFormat(chat);
+    auto messages = format.ok() ? model::ParseMessagesJson(prompt)
+                                : StatusOr<std::vector<model::ChatMessage>>(format.status());
+    if (!messages.ok() && format.ok()) {
+      messages = std::vector<model::ChatMessage>{{"user", prompt}};  // plain text = one user turn
+    }
+    auto rendered = messages.ok() ? model::RenderChat(*format, *messages, model::ChatOptions{})
+                                  : StatusOr<std::string>(messages.status());
+    if (!rendered.ok()) {
+      std::fprintf(stderr, "gyre generate: %s\n", rendered.status().message().c_str());
+      return 2;
+    }
+    prompt = *rendered;
   }
   auto ids = (*tok)->Encode(prompt);
   if (!ids.ok() || ids->empty()) {

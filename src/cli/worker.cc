@@ -10,6 +10,7 @@
 
 #include "common/logging.h"
 #include "config/config.h"
+#include "model/hf_config.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "rollout/rollout_service.h"
@@ -127,9 +128,20 @@ int RunWorker(const std::vector<std::string>& args) {
   }
   InitLogging(name + "-main", cfg->job.log_level);
   at::set_num_threads(std::max(1, cfg->trainer.torch_threads));
-  model::CharTokenizer tokenizer;
-  const model::ModelSpec spec = model::SpecFromConfig(cfg->model, tokenizer.vocab_size());
-  auto model = model::Transformer::Create(spec, cfg->job.seed, cfg->model.init_std);
+  std::unique_ptr<model::Transformer> model;
+  if (cfg->model.path.empty()) {
+    model::CharTokenizer tokenizer;
+    const model::ModelSpec spec = model::SpecFromConfig(cfg->model, tokenizer.vocab_size());
+    model = model::Transformer::Create(spec, cfg->job.seed, cfg->model.init_std);
+  } else {
+    auto loaded = model::LoadHfModel(cfg->model.path);
+    if (!loaded.ok()) {
+      session.ReportFatal("cannot load model.path: " + loaded.status().ToString());
+      std::fprintf(stderr, "gyre worker: %s\n", loaded.status().ToString().c_str());
+      return 1;
+    }
+    model = std::move(*loaded);
+  }
   GYRE_LOG_INFO("{}: model with {} parameters", session.worker_id(), model->NumParameters());
 
   grpc::Service* service = nullptr;

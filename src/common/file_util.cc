@@ -88,6 +88,29 @@ std::string TempDirectory() {
   return (t && *t) ? t : "/tmp";
 }
 
+Status CopyFile(const std::string& from, const std::string& to) {
+  int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0) return Errno("cannot open", from);
+  int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out < 0) {
+    ::close(in);
+    return Errno("cannot create", to);
+  }
+  char buf[1 << 16];
+  ssize_t n;
+  Status s;
+  while ((n = ::read(in, buf, sizeof(buf))) > 0) {
+    if (::write(out, buf, static_cast<size_t>(n)) != n) {
+      s = Errno("short write to", to);
+      break;
+    }
+  }
+  if (n < 0) s = Errno("cannot read", from);
+  ::close(in);
+  ::close(out);
+  return s;
+}
+
 Status SyncPath(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Errno("cannot open", path);

@@ -27,6 +27,9 @@ StatusOr<uint64_t> FileSize(const std::string& path);
 std::string AbsolutePath(const std::string& path);
 // $TMPDIR or /tmp.
 std::string TempDirectory();
+// Copies a regular file (contents only), replacing `to`.
+Status CopyFile(const std::string& from, const std::string& to);
+
 // fsync a file or directory by path (best effort for directories on some file systems).
 Status SyncPath(const std::string& path);
 

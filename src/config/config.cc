@@ -117,7 +117,8 @@ std::vector<Field> BuildTable() {
              {"trace", "debug", "info", "warn", "error", "critical", "off"}, "log verbosity"),
       // model
       Text(GYRE_CONFIG_KEY(model.path), kAnyText,
-           "HF model directory (not yet supported); empty = the built-in tiny decoder below"),
+           "Hugging Face model directory (config.json, safetensors, tokenizer.json); empty = the "
+           "built-in tiny decoder below"),
       Choice(GYRE_CONFIG_KEY(model.dtype), {"float32"}, "parameter and compute dtype"),
       Num(GYRE_CONFIG_KEY(model.hidden_size), Closed(1, 65536), "model width"),
       Num(GYRE_CONFIG_KEY(model.num_layers), Closed(1, 1024), "decoder layers"),
@@ -142,6 +143,8 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(data.eval_size), Closed(1, 1000000), "held-out prompts"),
       Seed(GYRE_CONFIG_KEY(data.eval_seed),
            "seed of the held-out prompts (kept apart from job.seed)"),
+      Choice(GYRE_CONFIG_KEY(data.chat_template), {"none", "qwen2.5", "qwen3", "llama3"},
+             "wrap each prompt as a user turn in this chat format; none = raw text"),
       // rollout
       Num(GYRE_CONFIG_KEY(rollout.workers), Closed(1, 64), "rollout worker processes"),
       Num(GYRE_CONFIG_KEY(rollout.group_size), Closed(1, 4096), "samples per prompt (GRPO's n)"),

@@ -21,7 +21,8 @@
 #include "controller/controller_service.h"
 #include "controller/task.h"
 #include "kernels/reference/advantages_ref.h"
-#include "model/tokenizer.h"
+#include "model/chat_template.h"
+#include "model/text_tokenizer.h"
 #include "ops/advantages.h"
 #include "rpc/rpc_util.h"
 
@@ -118,7 +119,7 @@ class JobRunner {
 
   JobConfig cfg_;
   RunOptions opts_;
-  model::CharTokenizer tokenizer_;
+  std::unique_ptr<model::TextTokenizer> tokenizer_;
   std::shared_ptr<RewardFn> reward_;
   std::unique_ptr<ProblemSource> problems_;
   std::string run_dir_;
@@ -154,6 +155,11 @@ Status JobRunner::Setup() {
   } else {
     reward_ = opts_.reward ? opts_.reward : std::make_shared<ExactMatchReward>();
   }
+  if (cfg_.data.chat_template != "none" && cfg_.model.path.empty()) {
+    return InvalidArgument("data.chat_template: " + cfg_.data.chat_template +
+                           " needs a model.path whose tokenizer has chat tokens");
+  }
+  GYRE_ASSIGN_OR_RETURN(tokenizer_, model::MakeTextTokenizer(cfg_.model));
   GYRE_ASSIGN_OR_RETURN(ProblemSource src, ProblemSource::Create(cfg_.data, cfg_.job.seed));
   problems_ = std::make_unique<ProblemSource>(std::move(src));
   // Every prompt must encode and fit before any process starts.
@@ -387,8 +393,15 @@ Status JobRunner::Publish(int64_t version) {
 }
 
 StatusOr<std::vector<int32_t>> JobRunner::EncodePrompt(const std::string& text) const {
-  GYRE_ASSIGN_OR_RETURN(auto ids, tokenizer_.Encode(text));
-  ids.insert(ids.begin(), tokenizer_.bos_id());
+  std::string prompt = text;
+  if (cfg_.data.chat_template != "none") {
+    GYRE_ASSIGN_OR_RETURN(auto format, model::ParseChatFormat(cfg_.data.chat_template));
+    model::ChatOptions opts;
+    opts.enable_thinking = false;
+    GYRE_ASSIGN_OR_RETURN(prompt, model::RenderChat(format, {{"user", text}}, opts));
+  }
+  GYRE_ASSIGN_OR_RETURN(auto ids, tokenizer_->Encode(prompt));
+  if (auto bos = tokenizer_->bos_id()) ids.insert(ids.begin(), *bos);
   return ids;
 }
 
@@ -477,7 +490,7 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
   greedy.set_temperature(0.0f);
   greedy.set_top_p(1.0f);
   greedy.set_max_new_tokens(cfg_.rollout.max_new_tokens);
-  greedy.add_stop_token_ids(tokenizer_.eos_id());
+  for (int32_t id : tokenizer_->stop_ids()) greedy.add_stop_token_ids(id);
   int64_t tokens = 0;
   GYRE_ASSIGN_OR_RETURN(auto samples, GenerateAll(&jobs, greedy, &tokens));
   int correct = 0, scored = 0;
@@ -486,7 +499,7 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
     in.prompt = jobs[i].problem.prompt;
     in.answer = jobs[i].problem.answer;
     std::vector<int32_t> resp(samples[i].response_ids().begin(), samples[i].response_ids().end());
-    in.response = tokenizer_.Decode(resp);
+    in.response = tokenizer_->Decode(resp);
     in.finished = samples[i].finish_reason() == v1::FINISH_REASON_STOP;
     auto r = reward_->Score(in);
     if (!r.ok()) continue;
@@ -545,8 +558,8 @@ Status JobRunner::WarmUp() {
       }
       v1::Sample s;
       GYRE_ASSIGN_OR_RETURN(auto prompt, EncodePrompt(p.prompt));
-      GYRE_ASSIGN_OR_RETURN(auto answer, tokenizer_.Encode(p.answer));
-      answer.push_back(tokenizer_.eos_id());
+      GYRE_ASSIGN_OR_RETURN(auto answer, tokenizer_->Encode(p.answer));
+      answer.push_back(tokenizer_->stop_ids().front());
       s.mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
       s.mutable_response_ids()->Add(answer.begin(), answer.end());
       batch.push_back(std::move(s));
@@ -599,7 +612,7 @@ Status JobRunner::GrpoStep(int step) {
   sampling.set_top_p(static_cast<float>(sc.top_p));
   sampling.set_min_p(static_cast<float>(sc.min_p));
   sampling.set_max_new_tokens(cfg_.rollout.max_new_tokens);
-  sampling.add_stop_token_ids(tokenizer_.eos_id());
+  for (int32_t id : tokenizer_->stop_ids()) sampling.add_stop_token_ids(id);
   int64_t gen_tokens = 0;
   const auto tg = Clock::now();
   GYRE_ASSIGN_OR_RETURN(auto samples, GenerateAll(&jobs, sampling, &gen_tokens));
@@ -626,7 +639,7 @@ Status JobRunner::GrpoStep(int step) {
       in.prompt = jobs[g].problem.prompt;
       in.answer = jobs[g].problem.answer;
       std::vector<int32_t> resp(s.response_ids().begin(), s.response_ids().end());
-      in.response = tokenizer_.Decode(resp);
+      in.response = tokenizer_->Decode(resp);
       in.finished = s.finish_reason() == v1::FINISH_REASON_STOP;
       auto r = reward_->Score(in);
       if (!r.ok() || !std::isfinite(*r)) {

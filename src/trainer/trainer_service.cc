@@ -121,7 +121,16 @@ grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveReques
   if (s.ok()) {
     s = model::SaveSafetensors(tmp_dir + "/model.safetensors", trainer_.model().NamedParameters());
   }
-  if (s.ok()) s = model::WriteHfConfig(tmp_dir, trainer_.model().spec());
+  // A model loaded from a Hugging Face directory keeps its own config.json (eos ids, etc.) and
+  // tokenizer files, so the checkpoint is a drop-in replacement for it.
+  const std::string& src = config_.model.path;
+  if (s.ok() && src.empty()) s = model::WriteHfConfig(tmp_dir, trainer_.model().spec());
+  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",
+                        "tokenizer_config.json", "special_tokens_map.json"}) {
+    if (s.ok() && !src.empty() && PathExists(src + "/" + f)) {
+      s = CopyFile(src + "/" + f, tmp_dir + "/" + f);
+    }
+  }
   if (s.ok()) s = SyncPath(tmp_dir + "/model.safetensors");
   if (s.ok()) s = SyncPath(tmp_dir);
   if (s.ok()) s = RemoveTree(final_dir);

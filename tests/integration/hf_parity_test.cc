@@ -117,6 +117,57 @@ TEST_P(HfParityTest, GyreWrittenModelsLoadInTransformers) {
   EXPECT_LT(max_diff, 1e-4) << GetParam();
 }
 
+// Training on a Hugging Face directory (model.path) writes checkpoints that are Hugging Face
+// directories again: transformers loads the final model and agrees with Gyre on its log-probs,
+// and tied embeddings stay tied (no lm_head.weight is written).
+TEST_P(HfParityTest, TrainedCheckpointIsAHuggingFaceDirectory) {
+  if (skip_) GTEST_SKIP() << "transformers reference unavailable: " << *skip_;
+  const std::string base = *dir_ + "/train_" + GetParam();
+  int st = 0;
+  std::string out = RunCapture(std::string(GYRE_BINARY) + " init-model --arch " + GetParam() +
+                                   " --out " + base + "/init 2>&1",
+                               &st);
+  ASSERT_EQ(st, 0) << out;
+  out = RunCapture(std::string(GYRE_BINARY) + " train " + GYRE_SOURCE_DIR +
+                       "/configs/quickstart.yaml --set model.path=" + base +
+                       "/init --set job.output_dir=" + base +
+                       " --set trainer.steps=2 --set trainer.warmup_sft_steps=3"
+                       " --set rollout.prompts_per_step=4 --set data.eval_size=8"
+                       " --set data.chat_template=" +
+                       (GetParam() == "llama"   ? "llama3"
+                        : GetParam() == "qwen3" ? "qwen3"
+                                                : "qwen2.5") +
+                       " --set model.max_seq_len=160 --quiet 2>&1",
+                   &st);
+  ASSERT_EQ(st, 0) << out;
+  const std::string final_dir = base + "/quickstart/final";
+  const std::string weights = ReadFile(final_dir + "/model.safetensors").substr(0, 1 << 16);
+  EXPECT_EQ(weights.find("lm_head.weight") == std::string::npos, GetParam() != "llama")
+      << "tied models must not gain an lm_head";
+  EXPECT_TRUE(PathExists(final_dir + "/tokenizer.json"));
+  out = RunCapture(std::string(GYRE_PYTHON) + " " + GYRE_SOURCE_DIR +
+                       "/tests/integration/hf_parity.py --check " + final_dir +
+                       " 'The answer is 42.' 2>/dev/null",
+                   &st);
+  ASSERT_EQ(st, 0) << out;
+  auto ref = nlohmann::json::parse(out);
+  std::string ids;
+  for (const auto& v : ref["ids"]) ids += std::to_string(v.get<int>()) + " ";
+  out = RunCapture(std::string(GYRE_BINARY) + " logprobs --full --model " + final_dir +
+                       " --ids \"" + ids + "\" 2>&1",
+                   &st);
+  ASSERT_EQ(st, 0) << out;
+  auto got = nlohmann::json::parse(out);
+  double max_diff = 0;
+  for (size_t t = 0; t < ref["full"].size(); ++t) {
+    for (size_t v = 0; v < ref["full"][t].size(); ++v) {
+      max_diff = std::max(
+          max_diff, std::fabs(ref["full"][t][v].get<double>() - got["full"][t][v].get<double>()));
+    }
+  }
+  EXPECT_LT(max_diff, 1e-4) << GetParam();
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, HfParityTest, ::testing::Values("llama", "qwen2", "qwen3"));
 
 }  // namespace

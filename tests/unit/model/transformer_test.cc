@@ -9,21 +9,27 @@
 namespace gyre::model {
 namespace {
 
-ModelSpec TinySpec(bool tied, bool bias, bool qk_norm) {
+ModelSpec TinySpec(bool tied, bool bias, bool qk_norm, bool qwen3_like = false) {
   ModelSpec s = testing::TinySpec(37, 32, 2, 4, 2, 48);
   s.tie_embeddings = tied;
   s.attention_bias = bias;
   s.qk_norm = qk_norm;
+  if (qwen3_like) {  // head_dim decoupled from hidden / heads, and llama3 RoPE scaling
+    s.head_dim = 12;
+    s.rope_type = "llama3";
+    s.rope_factor = 8;
+    s.rope_original_max_position = 4;
+  }
   return s;
 }
 
-class TransformerTest : public ::testing::TestWithParam<std::tuple<bool, bool, bool>> {};
+class TransformerTest : public ::testing::TestWithParam<std::tuple<bool, bool, bool, bool>> {};
 
 // Decoding token by token with the KV cache (including left-padded rows) must give the same
 // logits as one full causal forward over each unpadded sequence.
 TEST_P(TransformerTest, CachedDecodeEqualsFullForward) {
-  auto [tied, bias, qk_norm] = GetParam();
-  auto model = Transformer::Create(TinySpec(tied, bias, qk_norm), 7, 0.2);
+  auto [tied, bias, qk_norm, qwen3_like] = GetParam();
+  auto model = Transformer::Create(TinySpec(tied, bias, qk_norm, qwen3_like), 7, 0.2);
   c10::InferenceMode guard;
   const std::vector<std::vector<int64_t>> seqs = {{5, 9, 2, 30, 11, 4, 8}, {3, 17, 6, 1, 2}};
   const int64_t prompt_max = 4;  // prefill the first tokens, decode the rest one at a time
@@ -69,9 +75,10 @@ TEST_P(TransformerTest, CachedDecodeEqualsFullForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, TransformerTest,
-                         ::testing::Values(std::make_tuple(true, false, false),
-                                           std::make_tuple(false, true, false),
-                                           std::make_tuple(false, false, true)));
+                         ::testing::Values(std::make_tuple(true, false, false, false),
+                                           std::make_tuple(false, true, false, false),
+                                           std::make_tuple(false, false, true, false),
+                                           std::make_tuple(true, false, true, true)));
 
 TEST(TransformerInitTest, SameSeedSameWeightsDifferentSeedDifferent) {
   auto a = Transformer::Create(TinySpec(true, false, false), 1, 0.02);
