@@ -1,5 +1,6 @@
 #include "common/file_util.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
@@ -117,6 +118,23 @@ Status SyncPath(const std::string& path) {
   ::fsync(fd);
   ::close(fd);
   return Status::Ok();
+}
+
+Status SyncDirectory(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return Errno("cannot open directory", dir);
+  Status s;
+  while (struct dirent* e = ::readdir(d)) {
+    const std::string path = dir + "/" + e->d_name;
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      s = SyncPath(path);
+      if (!s.ok()) break;
+    }
+  }
+  ::closedir(d);
+  GYRE_RETURN_IF_ERROR(s);
+  return SyncPath(dir);
 }
 
 }  // namespace gyre

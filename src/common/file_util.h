@@ -32,5 +32,7 @@ Status CopyFile(const std::string& from, const std::string& to);
 
 // fsync a file or directory by path (best effort for directories on some file systems).
 Status SyncPath(const std::string& path);
+// fsync every regular file directly inside `dir`, then `dir` itself.
+Status SyncDirectory(const std::string& dir);
 
 }  // namespace gyre

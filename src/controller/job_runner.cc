@@ -107,7 +107,7 @@ class JobRunner {
   StatusOr<std::vector<v1::Sample>> GenerateAll(std::vector<GroupJob>* jobs,
                                                 const v1::SamplingParams& sampling,
                                                 int64_t* generated_tokens);
-  StatusOr<std::vector<int32_t>> EncodePrompt(const std::string& text) const;
+  StatusOr<std::vector<int32_t>> EncodePrompt(const Problem& problem) const;
   StatusOr<double> Evaluate(const std::string& tag);
   Status WarmUp();
   Status GrpoStep(int step);
@@ -164,7 +164,7 @@ Status JobRunner::Setup() {
   problems_ = std::make_unique<ProblemSource>(std::move(src));
   // Every prompt must encode and fit before any process starts.
   for (const auto& p : problems_->eval_set()) {
-    GYRE_ASSIGN_OR_RETURN(auto ids, EncodePrompt(p.prompt));
+    GYRE_ASSIGN_OR_RETURN(auto ids, EncodePrompt(p));
     if (static_cast<int>(ids.size()) + cfg_.rollout.max_new_tokens > cfg_.model.max_seq_len) {
       return InvalidArgument("eval prompt '" + p.prompt +
                              "' plus rollout.max_new_tokens exceeds "
@@ -392,13 +392,19 @@ Status JobRunner::Publish(int64_t version) {
   return CheckHealth();
 }
 
-StatusOr<std::vector<int32_t>> JobRunner::EncodePrompt(const std::string& text) const {
-  std::string prompt = text;
+StatusOr<std::vector<int32_t>> JobRunner::EncodePrompt(const Problem& problem) const {
+  std::string prompt = problem.prompt;
   if (cfg_.data.chat_template != "none") {
     GYRE_ASSIGN_OR_RETURN(auto format, model::ParseChatFormat(cfg_.data.chat_template));
     model::ChatOptions opts;
     opts.enable_thinking = false;
-    GYRE_ASSIGN_OR_RETURN(prompt, model::RenderChat(format, {{"user", text}}, opts));
+    std::vector<model::ChatMessage> messages = {{"user", problem.prompt}};
+    if (problem.is_messages) {
+      GYRE_ASSIGN_OR_RETURN(messages, model::ParseMessagesJson(problem.prompt));
+    }
+    GYRE_ASSIGN_OR_RETURN(prompt, model::RenderChat(format, messages, opts));
+  } else if (problem.is_messages) {
+    return InvalidArgument("a prompt given as a list of messages needs data.chat_template");
   }
   GYRE_ASSIGN_OR_RETURN(auto ids, tokenizer_->Encode(prompt));
   if (auto bos = tokenizer_->bos_id()) ids.insert(ids.begin(), *bos);
@@ -480,7 +486,7 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
     GroupJob j;
     j.problem = p;
     j.group.set_group_id(next_group_id_++);
-    GYRE_ASSIGN_OR_RETURN(auto ids, EncodePrompt(p.prompt));
+    GYRE_ASSIGN_OR_RETURN(auto ids, EncodePrompt(p));
     j.group.mutable_prompt_ids()->Add(ids.begin(), ids.end());
     j.group.set_n(1);
     j.group.set_seed(0);
@@ -557,7 +563,7 @@ Status JobRunner::WarmUp() {
                                "' has none (set trainer.warmup_sft_steps: 0)");
       }
       v1::Sample s;
-      GYRE_ASSIGN_OR_RETURN(auto prompt, EncodePrompt(p.prompt));
+      GYRE_ASSIGN_OR_RETURN(auto prompt, EncodePrompt(p));
       GYRE_ASSIGN_OR_RETURN(auto answer, tokenizer_->Encode(p.answer));
       answer.push_back(tokenizer_->stop_ids().front());
       s.mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
@@ -598,7 +604,7 @@ Status JobRunner::GrpoStep(int step) {
     j.problem = problems_->Next();
     const uint64_t gid = next_group_id_++;
     j.group.set_group_id(gid);
-    GYRE_ASSIGN_OR_RETURN(auto ids, EncodePrompt(j.problem.prompt));
+    GYRE_ASSIGN_OR_RETURN(auto ids, EncodePrompt(j.problem));
     j.group.mutable_prompt_ids()->Add(ids.begin(), ids.end());
     j.group.set_n(n);
     j.group.set_first_sample_id(gid * static_cast<uint64_t>(n));

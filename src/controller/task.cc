@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/strings.h"
+#include "model/chat_template.h"
 
 namespace gyre::controller {
 
@@ -24,13 +25,22 @@ StatusOr<std::vector<Problem>> LoadJsonl(const std::string& path) {
       return InvalidArgument(where + ": not valid JSON: " + e.what());
     }
     if (!j.is_object()) return InvalidArgument(where + ": expected a JSON object");
-    if (!j.contains("prompt") || !j["prompt"].is_string()) {
-      return InvalidArgument(where + ": missing string field \"prompt\"");
+    if (!j.contains("prompt") || !(j["prompt"].is_string() || j["prompt"].is_array())) {
+      return InvalidArgument(where +
+                             ": missing string field \"prompt\" (or a list of chat messages)");
     }
     if (j.contains("answer") && !j["answer"].is_string()) {
       return InvalidArgument(where + ": field \"answer\" must be a string");
     }
-    out.push_back({j["prompt"].get<std::string>(), j.value("answer", std::string())});
+    if (j["prompt"].is_array()) {
+      // Checked here so a bad record is reported with its line, not mid-job.
+      auto messages = model::ParseMessagesJson(j["prompt"].dump());
+      if (!messages.ok())
+        return InvalidArgument(where + ": prompt: " + messages.status().message());
+      out.push_back({j["prompt"].dump(), j.value("answer", std::string()), true});
+    } else {
+      out.push_back({j["prompt"].get<std::string>(), j.value("answer", std::string()), false});
+    }
   }
   if (out.empty()) return InvalidArgument(path + ": dataset has no records");
   return out;

@@ -19,11 +19,13 @@
 namespace gyre::controller {
 
 struct Problem {
-  std::string prompt;
+  std::string prompt;  // text, or the JSON array of {role, content} when is_messages
   std::string answer;
+  bool is_messages = false;  // the dataset gave the prompt as a list of chat messages
 };
 
-// Reads a JSONL file of {"prompt": str, "answer": str}. Errors name the file and line.
+// Reads a JSONL file of {"prompt": str or [{"role", "content"}, ...], "answer": str}.
+// Errors name the file and line.
 StatusOr<std::vector<Problem>> LoadJsonl(const std::string& path);
 
 // An endless, reproducible stream of training problems.

@@ -111,7 +111,21 @@ Status LoadFlatParameters(const std::vector<TensorEntry>& manifest, const uint8_
   return Status::Ok();
 }
 
-Status SaveSafetensors(const std::string& path, const NamedTensors& params) {
+namespace {
+
+StatusOr<at::ScalarType> WriterType(const std::string& dtype) {
+  if (dtype == "F32") return at::kFloat;
+  if (dtype == "F16") return at::kHalf;
+  if (dtype == "BF16") return at::kBFloat16;
+  return InvalidArgument("cannot write safetensors dtype '" + dtype + "' (F32, F16 or BF16)");
+}
+
+}  // namespace
+
+Status SaveSafetensors(const std::string& path, const NamedTensors& params,
+                       const std::string& dtype) {
+  GYRE_ASSIGN_OR_RETURN(at::ScalarType type, WriterType(dtype));
+  const int64_t esize = dtype == "F32" ? 4 : 2;
   std::vector<std::pair<std::string, at::Tensor>> sorted(params.begin(), params.end());
   std::sort(sorted.begin(), sorted.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -119,9 +133,9 @@ Status SaveSafetensors(const std::string& path, const NamedTensors& params) {
   header["__metadata__"] = {{"format", "pt"}, {"producer", "gyre"}};
   uint64_t offset = 0;
   for (const auto& [name, t] : sorted) {
-    uint64_t n = static_cast<uint64_t>(t.numel()) * 4;
+    uint64_t n = static_cast<uint64_t>(t.numel() * esize);
     header[name] = {
-        {"dtype", "F32"}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
+        {"dtype", dtype}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string h = header.dump();
@@ -136,9 +150,9 @@ Status SaveSafetensors(const std::string& path, const NamedTensors& params) {
     out.write(reinterpret_cast<const char*>(le), 8);
     out.write(h.data(), static_cast<std::streamsize>(h.size()));
     for (const auto& [name, t] : sorted) {
-      at::Tensor c = t.detach().to(at::kFloat).contiguous().cpu();
-      out.write(reinterpret_cast<const char*>(c.data_ptr<float>()),
-                static_cast<std::streamsize>(c.numel() * 4));
+      at::Tensor c = t.detach().to(type).contiguous().cpu();
+      out.write(reinterpret_cast<const char*>(c.data_ptr()),
+                static_cast<std::streamsize>(c.numel() * esize));
     }
     out.flush();
     if (!out) return Unavailable("short write to " + tmp);
@@ -146,6 +160,43 @@ Status SaveSafetensors(const std::string& path, const NamedTensors& params) {
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     return Unavailable("cannot rename " + tmp + " to " + path);
   }
+  return Status::Ok();
+}
+
+Status SaveCheckpointWeights(const std::string& dir, const NamedTensors& params,
+                             const std::string& dtype, uint64_t max_shard_bytes) {
+  GYRE_RETURN_IF_ERROR(WriterType(dtype).status());
+  const uint64_t esize = dtype == "F32" ? 4 : 2;
+  // Greedy packing in name order, as transformers does: a new shard starts when the next tensor
+  // would push the current one past the limit (a single larger tensor gets a shard of its own).
+  std::vector<std::pair<std::string, at::Tensor>> sorted(params.begin(), params.end());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<NamedTensors> shards(1);
+  uint64_t current = 0, total = 0;
+  for (const auto& p : sorted) {
+    const uint64_t n = static_cast<uint64_t>(p.second.numel()) * esize;
+    if (current > 0 && current + n > max_shard_bytes) {
+      shards.emplace_back();
+      current = 0;
+    }
+    shards.back().push_back(p);
+    current += n;
+    total += n;
+  }
+  if (shards.size() == 1) return SaveSafetensors(dir + "/model.safetensors", params, dtype);
+  nlohmann::json index;
+  index["metadata"] = {{"total_size", total}};
+  index["weight_map"] = nlohmann::json::object();
+  char name[64];
+  for (size_t i = 0; i < shards.size(); ++i) {
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    GYRE_RETURN_IF_ERROR(SaveSafetensors(dir + "/" + name, shards[i], dtype));
+    for (const auto& [tensor, t] : shards[i]) index["weight_map"][tensor] = name;
+  }
+  std::ofstream out(dir + "/model.safetensors.index.json");
+  out << index.dump(2) << "\n";
+  if (!out) return Unavailable("cannot write " + dir + "/model.safetensors.index.json");
   return Status::Ok();
 }
 

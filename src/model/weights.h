@@ -30,9 +30,17 @@ Status LoadFlatParameters(const std::vector<TensorEntry>& manifest, const uint8_
                           uint64_t payload_bytes, const NamedTensors& params);
 
 // Writes `params` as a safetensors file (8-byte little-endian header length, JSON header padded
-// with spaces to a multiple of 8, tensors contiguous in sorted-name order), atomically: the file
-// is written next to `path` and renamed into place.
-Status SaveSafetensors(const std::string& path, const NamedTensors& params);
+// with spaces to a multiple of 8, tensors contiguous in sorted-name order) in `dtype` (F32, F16
+// or BF16), atomically: the file is written next to `path` and renamed into place.
+Status SaveSafetensors(const std::string& path, const NamedTensors& params,
+                       const std::string& dtype = "F32");
+
+// The weights of a Hugging Face directory: `dir`/model.safetensors when they fit in
+// `max_shard_bytes`, otherwise model-0000i-of-0000N.safetensors shards plus
+// model.safetensors.index.json (weight_map and metadata.total_size).
+Status SaveCheckpointWeights(const std::string& dir, const NamedTensors& params,
+                             const std::string& dtype = "F32",
+                             uint64_t max_shard_bytes = 5ull << 30);
 
 // Reads a safetensors file into `params` (see model/safetensors.h for the checks), converting
 // dtypes. Nothing is written on error.

@@ -119,7 +119,7 @@ grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveReques
   Status s = RemoveTree(tmp_dir);
   if (s.ok()) s = MakeDirs(tmp_dir);
   if (s.ok()) {
-    s = model::SaveSafetensors(tmp_dir + "/model.safetensors", trainer_.model().NamedParameters());
+    s = model::SaveCheckpointWeights(tmp_dir, trainer_.model().NamedParameters());
   }
   // A model loaded from a Hugging Face directory keeps its own config.json (eos ids, etc.) and
   // tokenizer files, so the checkpoint is a drop-in replacement for it.
@@ -131,8 +131,7 @@ grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveReques
       s = CopyFile(src + "/" + f, tmp_dir + "/" + f);
     }
   }
-  if (s.ok()) s = SyncPath(tmp_dir + "/model.safetensors");
-  if (s.ok()) s = SyncPath(tmp_dir);
+  if (s.ok()) s = SyncDirectory(tmp_dir);
   if (s.ok()) s = RemoveTree(final_dir);
   if (s.ok()) s = RenamePath(tmp_dir, final_dir);
   if (!s.ok()) return rpc::ToGrpc(s.WithContext("save " + final_dir));

@@ -46,17 +46,29 @@ TEST(JsonlTest, LoadsRecordsAndNamesTheBadLine) {
   const std::string dir = TempDirectory() + "/gyre_task_test_" + std::to_string(::getpid());
   ASSERT_TRUE(MakeDirs(dir).ok());
   const std::string good = dir + "/good.jsonl";
-  std::ofstream(good) << "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n\n{\"prompt\": \"hi\"}\n";
+  std::ofstream(good) << "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n\n{\"prompt\": \"hi\"}\n"
+                      << "{\"prompt\": [{\"role\": \"user\", \"content\": \"2+2=\"}], "
+                         "\"answer\": \"4\"}\n";
   auto ok = LoadJsonl(good);
   ASSERT_TRUE(ok.ok()) << ok.status();
-  ASSERT_EQ(ok->size(), 2u);
+  ASSERT_EQ(ok->size(), 3u);
   EXPECT_EQ((*ok)[1].answer, "");
+  EXPECT_FALSE((*ok)[0].is_messages);
+  EXPECT_TRUE((*ok)[2].is_messages);  // a chat conversation, rendered by data.chat_template
+
+  const std::string bad_chat = dir + "/bad_chat.jsonl";
+  std::ofstream(bad_chat) << "{\"prompt\": [{\"role\": \"robot\", \"content\": \"x\"}]}\n";
+  auto c = LoadJsonl(bad_chat);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find(bad_chat + ":1: prompt: "), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("robot"), std::string::npos) << c.status();
 
   const std::string bad = dir + "/bad.jsonl";
   std::ofstream(bad) << "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n{\"answer\": \"3\"}\n";
   auto e = LoadJsonl(bad);
   ASSERT_FALSE(e.ok());
-  EXPECT_EQ(e.status().message(), bad + ":2: missing string field \"prompt\"");
+  EXPECT_EQ(e.status().message(),
+            bad + ":2: missing string field \"prompt\" (or a list of chat messages)");
   std::ofstream(bad) << "{\"prompt\": 5}\n";
   std::ofstream(bad, std::ios::trunc) << "not json\n";
   e = LoadJsonl(bad);

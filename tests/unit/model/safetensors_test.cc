@@ -6,6 +6,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/file_util.h"
 #include "model/weights.h"
@@ -128,6 +129,32 @@ TEST_F(SafetensorsTest, ShardedCheckpointLoadsIntoAModel) {
   auto o = other->NamedParameters(), f = fresh->NamedParameters();
   for (size_t i = 0; i < o.size(); ++i) EXPECT_TRUE(at::equal(o[i].second, f[i].second));
   EXPECT_EQ(Checkpoint::Open(dir_ + "/missing").status().code(), StatusCode::kNotFound);
+}
+
+// The writer: half-precision dtypes and sharding with an index that Checkpoint::Open reads.
+TEST_F(SafetensorsTest, WritesHalfPrecisionAndShards) {
+  auto src = Transformer::Create(testing::TinySpec(20, 16, 2, 2, 1, 24), 1, 0.1);
+  auto dst = Transformer::Create(testing::TinySpec(20, 16, 2, 2, 1, 24), 2, 0.1);
+  ASSERT_TRUE(SaveCheckpointWeights(dir_, src->NamedParameters(), "BF16", 2048).ok());
+  EXPECT_FALSE(PathExists(dir_ + "/model.safetensors"));
+  EXPECT_TRUE(PathExists(dir_ + "/model.safetensors.index.json"));
+  std::ifstream in(dir_ + "/model.safetensors.index.json");
+  auto index = nlohmann::json::parse(in);
+  std::set<std::string> files;
+  for (const auto& [tensor, file] : index["weight_map"].items()) files.insert(file);
+  EXPECT_EQ(index["weight_map"].size(), src->NamedParameters().size());
+  EXPECT_GE(files.size(), 2u);
+  for (const auto& f : files) EXPECT_TRUE(PathExists(dir_ + "/" + f)) << f;
+  auto ckpt = Checkpoint::Open(dir_);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ((*ckpt)->View("model.norm.weight")->scalar_type(), at::kBFloat16);
+  ASSERT_TRUE(LoadParameters(**ckpt, dst->NamedParameters(), {}).ok());
+  auto a = src->NamedParameters(), b = dst->NamedParameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    // bfloat16 keeps 8 significant bits: relative error below 2^-8.
+    EXPECT_TRUE(at::allclose(a[i].second, b[i].second, 1.0 / 256, 1e-6)) << a[i].first;
+  }
+  EXPECT_FALSE(SaveSafetensors(dir_ + "/x.safetensors", src->NamedParameters(), "Q8").ok());
 }
 
 }  // namespace
