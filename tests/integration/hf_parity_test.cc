@@ -28,6 +28,31 @@ std::string RunCapture(const std::string& cmd, int* status) {
   return out;
 }
 
+// Runs `gyre logprobs --full` on `ref["ids"]` and returns the largest absolute difference from
+// `ref["full"]` (a [T, V] log-softmax), or a negative number with *error set.
+double MaxDiffFromGyre(const std::string& model_dir, const nlohmann::json& ref,
+                       std::string* error) {
+  std::string ids;
+  for (const auto& v : ref["ids"]) ids += std::to_string(v.get<int>()) + " ";
+  int st = 0;
+  const std::string out = RunCapture(std::string(GYRE_BINARY) + " logprobs --full --model " +
+                                         model_dir + " --ids \"" + ids + "\" 2>&1",
+                                     &st);
+  if (st != 0) {
+    *error = out;
+    return -1;
+  }
+  auto got = nlohmann::json::parse(out);
+  double max_diff = 0;
+  for (size_t t = 0; t < ref["full"].size(); ++t) {
+    for (size_t v = 0; v < ref["full"][t].size(); ++v) {
+      max_diff = std::max(
+          max_diff, std::fabs(ref["full"][t][v].get<double>() - got["full"][t][v].get<double>()));
+    }
+  }
+  return max_diff;
+}
+
 class HfParityTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
@@ -100,20 +125,9 @@ TEST_P(HfParityTest, GyreWrittenModelsLoadInTransformers) {
                    &st);
   ASSERT_EQ(st, 0) << out;
   auto ref = nlohmann::json::parse(out);
-  std::string ids;
-  for (const auto& v : ref["ids"]) ids += std::to_string(v.get<int>()) + " ";
-  out = RunCapture(std::string(GYRE_BINARY) + " logprobs --full --model " + model_dir +
-                       " --ids \"" + ids + "\" 2>&1",
-                   &st);
-  ASSERT_EQ(st, 0) << out;
-  auto got = nlohmann::json::parse(out);
-  double max_diff = 0;
-  for (size_t t = 0; t < ref["full"].size(); ++t) {
-    for (size_t v = 0; v < ref["full"][t].size(); ++v) {
-      max_diff = std::max(
-          max_diff, std::fabs(ref["full"][t][v].get<double>() - got["full"][t][v].get<double>()));
-    }
-  }
+  std::string error;
+  const double max_diff = MaxDiffFromGyre(model_dir, ref, &error);
+  ASSERT_GE(max_diff, 0) << error;
   EXPECT_LT(max_diff, 1e-4) << GetParam();
 }
 
@@ -151,20 +165,9 @@ TEST_P(HfParityTest, TrainedCheckpointIsAHuggingFaceDirectory) {
                    &st);
   ASSERT_EQ(st, 0) << out;
   auto ref = nlohmann::json::parse(out);
-  std::string ids;
-  for (const auto& v : ref["ids"]) ids += std::to_string(v.get<int>()) + " ";
-  out = RunCapture(std::string(GYRE_BINARY) + " logprobs --full --model " + final_dir +
-                       " --ids \"" + ids + "\" 2>&1",
-                   &st);
-  ASSERT_EQ(st, 0) << out;
-  auto got = nlohmann::json::parse(out);
-  double max_diff = 0;
-  for (size_t t = 0; t < ref["full"].size(); ++t) {
-    for (size_t v = 0; v < ref["full"][t].size(); ++v) {
-      max_diff = std::max(
-          max_diff, std::fabs(ref["full"][t][v].get<double>() - got["full"][t][v].get<double>()));
-    }
-  }
+  std::string error;
+  const double max_diff = MaxDiffFromGyre(final_dir, ref, &error);
+  ASSERT_GE(max_diff, 0) << error;
   EXPECT_LT(max_diff, 1e-4) << GetParam();
 }
 
