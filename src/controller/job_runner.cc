@@ -130,7 +130,12 @@ class JobRunner {
   std::map<std::string, Worker> workers_;
   std::thread monitor_;
   std::atomic<bool> monitor_stop_{false};
-  std::mutex mu_;  // guards Worker::pid (monitor vs job thread) and deaths_
+  // In-flight RPCs per worker id, so a worker declared dead (e.g. stopped and silent) has its
+  // calls cancelled at once instead of running into their deadlines.
+  std::multimap<std::string, grpc::ClientContext*> inflight_;  // guarded by mu_
+  class InflightCall;
+  void RecordDeath(const std::string& id, const std::string& how);
+  std::mutex mu_;  // guards Worker::pid (monitor vs job thread), deaths_ and inflight_
   std::map<std::string, std::string> deaths_;  // id -> how it died
   std::set<std::string> handled_deaths_;
   int64_t version_ = 0;
@@ -259,19 +264,61 @@ void JobRunner::MonitorLoop() {
       int st = 0;
       if (!PollExit(pid, &st)) continue;
       const std::string how = "pid " + std::to_string(pid) + " " + DescribeWaitStatus(st);
-      std::lock_guard<std::mutex> lock(mu_);
-      if (w.pid != pid) continue;  // the job thread claimed it (DropWorker) meanwhile
-      w.pid = -pid;                // reaped; keep the number for messages
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (w.pid != pid) continue;  // the job thread claimed it (DropWorker) meanwhile
+        w.pid = -pid;                // reaped; keep the number for messages
+      }
       service_->MarkDead(id, how);
-      deaths_[id] = how;
+      RecordDeath(id, how);
     }
     for (const auto& id : service_->ExpireSilent()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      deaths_[id] =
-          "missed heartbeats for " + std::to_string(cfg_.cluster.heartbeat_timeout_s) + " s";
+      // Alive but silent (hung, stopped, partitioned): it is dead to the job. A local process is
+      // killed so it cannot come back half-way through a later step.
+      Worker& w = workers_.at(id);
+      pid_t pid = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        pid = w.pid;
+        if (pid > 0) w.pid = -pid;
+      }
+      std::string how = "missed heartbeats for " +
+                        std::to_string(static_cast<int>(cfg_.cluster.heartbeat_timeout_s)) + " s";
+      if (pid > 0) {
+        how = "pid " + std::to_string(pid) + " " + how + "; killed it";
+        TerminateProcess(pid, 0.0);
+      }
+      RecordDeath(id, how);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+}
+
+// RAII registration of an RPC's context under a worker id (see inflight_).
+class JobRunner::InflightCall {
+ public:
+  InflightCall(JobRunner* r, const std::string& id, grpc::ClientContext* ctx) : r_(r) {
+    std::lock_guard<std::mutex> lock(r_->mu_);
+    if (r_->deaths_.count(id)) ctx->TryCancel();  // already dead: fail fast
+    it_ = r_->inflight_.emplace(id, ctx);
+  }
+  ~InflightCall() {
+    std::lock_guard<std::mutex> lock(r_->mu_);
+    r_->inflight_.erase(it_);
+  }
+  InflightCall(const InflightCall&) = delete;
+  InflightCall& operator=(const InflightCall&) = delete;
+
+ private:
+  JobRunner* r_;
+  std::multimap<std::string, grpc::ClientContext*>::iterator it_;
+};
+
+void JobRunner::RecordDeath(const std::string& id, const std::string& how) {
+  std::lock_guard<std::mutex> lock(mu_);
+  deaths_[id] = how;
+  auto range = inflight_.equal_range(id);
+  for (auto it = range.first; it != range.second; ++it) it->second->TryCancel();
 }
 
 // Turns what the monitor saw into decisions. Error = the job must end.
@@ -360,6 +407,7 @@ Status JobRunner::Publish(int64_t version) {
   v1::PublishWeightsResponse resp;
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, cfg_.cluster.weight_sync_timeout_s + 10);
+  InflightCall inflight(this, TrainerWorker()->id, &ctx);
   GYRE_RETURN_IF_ERROR(AfterRpcFailure(
       TrainerWorker(), rpc::FromGrpc(TrainerWorker()->trainer->PublishWeights(&ctx, req, &resp),
                                      "publish weights v" + std::to_string(version))));
@@ -434,9 +482,10 @@ StatusOr<std::vector<v1::Sample>> JobRunner::GenerateAll(std::vector<GroupJob>* 
       for (size_t j : assign[a]) *req.add_groups() = (*jobs)[j].group;
       Worker* w = alive[a];
       const double timeout = cfg_.cluster.rpc_timeout_s;
-      futures.push_back(std::async(std::launch::async, [w, req, timeout] {
+      futures.push_back(std::async(std::launch::async, [this, w, req, timeout] {
         grpc::ClientContext ctx;
         rpc::SetDeadline(&ctx, timeout);
+        InflightCall inflight(this, w->id, &ctx);
         v1::GenerateResponse resp;
         grpc::Status s =
             req.groups_size() == 0 ? grpc::Status::OK : w->rollout->Generate(&ctx, req, &resp);
@@ -539,6 +588,7 @@ StatusOr<std::map<std::string, double>> JobRunner::Train(const std::vector<v1::S
   v1::TrainStepResponse resp;
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, cfg_.cluster.rpc_timeout_s);
+  InflightCall inflight(this, TrainerWorker()->id, &ctx);
   GYRE_RETURN_IF_ERROR(AfterRpcFailure(
       TrainerWorker(),
       rpc::FromGrpc(TrainerWorker()->trainer->TrainStep(&ctx, req, &resp), "train step")));

@@ -136,6 +136,34 @@ TEST(TrainTest, RolloutWorkerDeathIsReportedAndTheJobContinues) {
   EXPECT_TRUE(AllGone(WorkerPids(out), 10));
 }
 
+// A worker that stops answering (SIGSTOP: alive, silent) is declared dead after the heartbeat
+// timeout, its in-flight calls are cancelled, it is killed, and the job goes on without it.
+TEST(TrainTest, SilentWorkerIsDeclaredDeadAndTheJobContinues) {
+  const std::string dir = MakeTempDir("silent");
+  auto args = SmallJob(dir, 40);
+  args.insert(args.end(), {"--set", "cluster.heartbeat_interval_s=0.5", "--set",
+                           "cluster.heartbeat_timeout_s=3"});
+  auto p = GyreProcess::Start(args, dir);
+  std::string out;
+  auto m = p.WaitForOutput("started rollout-0 \\(pid ([0-9]+)\\)", 60, &out);
+  ASSERT_FALSE(m.empty()) << out;
+  const pid_t victim = std::stoi(m[1]);
+  ASSERT_FALSE(p.WaitForOutput("step    3/40", 120, &out).empty()) << out;
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(victim, SIGSTOP);
+  ASSERT_TRUE(p.Wait(120)) << p.Output();
+  out = p.Output();
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 0) << out;
+  EXPECT_NE(out.find("worker rollout-0 died: pid " + std::to_string(victim) +
+                     " missed heartbeats for 3 s; killed it"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("step   40/40"), std::string::npos) << out;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 90);
+  EXPECT_FALSE(ProcessAlive(victim));
+  EXPECT_TRUE(AllGone(WorkerPids(out), 10));
+}
+
 // With on_worker_failure: fail the job stops with one line naming the worker, pid and signal.
 TEST(TrainTest, WorkerDeathFailsTheJobWhenConfiguredTo) {
   const std::string dir = MakeTempDir("fail");
