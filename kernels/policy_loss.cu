@@ -1,0 +1,342 @@
+// Fused forward and backward of the clipped policy-gradient loss, matching
+// kernels/reference/policy_loss_ref.cc (per-token math in double, gradient rounded once to float).
+//
+// Parallel decomposition and launch configuration (four kernels on one stream, no host sync):
+//  1. SeqTokensKernel, grid = S blocks x 256 threads: block s sums sequence s's mask (double, tree
+//     reduction in shared memory) into seq_tokens[s]. Seq-mean modes need these per-sequence
+//     denominators before any token's gradient can be scaled.
+//  2. ScalesKernel, 1 block x 1024 threads: reduces seq_tokens into the local token count and the
+//     number of sequences with a token, picks the mode's denominators (global ones when given),
+//     and writes scale[s], the factor turning sequence s's masked token sum into its share of the
+//     loss (0 for a zero denominator), plus the kStatTokens slot.
+//  3. TokenKernel, grid = S blocks x 256 threads: block s strides over its T tokens; each token's
+//     loss and gradient is elementwise given scale[s], with the same clamp / PPO clip / dual clip /
+//     TIS / KL branches and tie rules as the reference. Masked-out tokens (m == 0) are skipped
+//     before any input is read, so padding may hold NaN. The block reduces its per-sequence sums
+//     (and the TIS max) and writes them to partials[s][0..7].
+//  4. FinalizeKernel, 1 block x 1024 threads: reduces partials over sequences into stats_device.
+// Every reduction has a fixed shape, so results are deterministic run to run (no atomics).
+// Scratch: seq_tokens[S], scale[S] and partials[S * 8] doubles in one cudaMallocAsync block.
+#include <cuda_runtime.h>
+#include <math_constants.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/policy_loss.cuh"
+
+namespace gyre::kernels {
+namespace {
+
+constexpr int kSeqThreads = 256;
+constexpr int kOneBlockThreads = 1024;
+constexpr int kFillThreads = 256;
+constexpr int64_t kFillMaxBlocks = 65536;
+constexpr double kLogRatioClamp = 20.0;
+constexpr double kK3Clamp = 10.0;
+
+// Per-sequence partial sums written by TokenKernel (all but kPartTisMax already include the mask).
+enum PartialSlot : int {
+  kPartLoss = 0,  // scale[s] * sum_t m * (w * L + kl_coef * k)
+  kPartPg,        // scale[s] * sum_t m * w * L
+  kPartKl,        // scale[s] * sum_t m * k
+  kPartClipped,
+  kPartDualClipped,
+  kPartApproxKl,
+  kPartTisSum,
+  kPartTisMax,
+  kNumPartials
+};
+
+// std::clamp's exact behaviour (a NaN passes through).
+__device__ double Clamp(double v, double lo, double hi) { return v < lo ? lo : (hi < v ? hi : v); }
+
+// std::max's exact behaviour: `a` unless a < b.
+__device__ double Max(double a, double b) { return a < b ? b : a; }
+
+// Sum (or, with kMax, std::max-style maximum) of `value` over the block (blockDim.x == kThreads, a
+// power of two), returned to every thread. `scratch` is kThreads doubles of shared memory, free
+// again on return. Every thread of the block must call it.
+template <int kThreads, bool kMax = false>
+__device__ double BlockReduce(double value, double* scratch) {
+  scratch[threadIdx.x] = value;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    const int t = threadIdx.x;
+    if (t < stride) {
+      scratch[t] = kMax ? Max(scratch[t], scratch[t + stride]) : scratch[t] + scratch[t + stride];
+    }
+    __syncthreads();
+  }
+  const double result = scratch[0];
+  __syncthreads();
+  return result;
+}
+
+// One token's policy term and its derivative with respect to logp (the reference's PolicyTerm).
+struct PgTerm {
+  double loss;
+  double grad;
+  bool clipped;       // the PPO-clipped term strictly won
+  bool dual_clipped;  // the dual-clip cap strictly won
+};
+
+__device__ PgTerm PolicyTerm(double logp, double logp_old, double adv, const PolicyLossParams& p) {
+  const double log_ratio = logp - logp_old;
+  const bool ratio_clamped = log_ratio < -kLogRatioClamp || log_ratio > kLogRatioClamp;
+  const double ratio = exp(Clamp(log_ratio, -kLogRatioClamp, kLogRatioClamp));
+  const double d_ratio = ratio_clamped ? 0.0 : ratio;  // d ratio / d logp
+
+  const double lo = 1.0 - static_cast<double>(p.clip_eps_low);
+  const double hi = 1.0 + static_cast<double>(p.clip_eps_high);
+  const double unclipped = -adv * ratio;
+  const double clipped = -adv * Clamp(ratio, lo, hi);
+  PgTerm term{unclipped, -adv * d_ratio, false, false};
+  if (clipped > unclipped) term = {clipped, 0.0, true, false};
+
+  if (adv < 0.0 && p.dual_clip_c > 1.0f) {
+    const double cap = -adv * static_cast<double>(p.dual_clip_c);
+    if (term.loss > cap) term = {cap, 0.0, false, true};
+  }
+  return term;
+}
+
+// KL estimator value and derivative with respect to logp (the reference's KlTerm).
+__device__ void KlTerm(KlKind kind, double logp, double logp_ref, double* value, double* grad) {
+  const double d = logp - logp_ref;
+  switch (kind) {
+    case KlKind::kNone:
+      *value = 0.0;
+      *grad = 0.0;
+      return;
+    case KlKind::kK1:
+      *value = d;
+      *grad = 1.0;
+      return;
+    case KlKind::kK2:
+      *value = 0.5 * d * d;
+      *grad = d;
+      return;
+    case KlKind::kK3: {
+      const double e = exp(-d);
+      const double k3 = e + d - 1.0;
+      if (k3 > kK3Clamp || k3 < -kK3Clamp) {
+        *value = Clamp(k3, -kK3Clamp, kK3Clamp);
+        *grad = 0.0;
+      } else {
+        *value = k3;
+        *grad = 1.0 - e;
+      }
+      return;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kSeqThreads)
+    SeqTokensKernel(const float* __restrict__ mask, int64_t T, double* __restrict__ seq_tokens) {
+  __shared__ double scratch[kSeqThreads];
+  const float* row = mask + static_cast<int64_t>(blockIdx.x) * T;
+  double sum = 0.0;
+  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) sum += static_cast<double>(row[t]);
+  sum = BlockReduce<kSeqThreads>(sum, scratch);
+  if (threadIdx.x == 0) seq_tokens[blockIdx.x] = sum;
+}
+
+__global__ void __launch_bounds__(kOneBlockThreads)
+    ScalesKernel(const double* __restrict__ seq_tokens, int64_t S, int64_t T, PolicyLossParams p,
+                 double* __restrict__ scale, double* __restrict__ stats) {
+  __shared__ double scratch[kOneBlockThreads];
+  double tokens = 0.0, seqs = 0.0;
+  for (int64_t s = threadIdx.x; s < S; s += blockDim.x) {
+    tokens += seq_tokens[s];
+    if (seq_tokens[s] != 0.0) seqs += 1.0;
+  }
+  const double local_tokens = BlockReduce<kOneBlockThreads>(tokens, scratch);
+  const double local_seqs = BlockReduce<kOneBlockThreads>(seqs, scratch);
+  const double token_denom = p.global_tokens > 0 ? p.global_tokens : local_tokens;
+  const double seq_denom = p.global_seqs > 0 ? p.global_seqs : local_seqs;
+  const double norm_len =
+      p.norm_max_len > 0 ? static_cast<double>(p.norm_max_len) : static_cast<double>(T);
+
+  for (int64_t s = threadIdx.x; s < S; s += blockDim.x) {
+    double denom = 0.0;
+    switch (p.agg) {
+      case LossAgg::kTokenMean:
+        denom = token_denom;
+        break;
+      case LossAgg::kSeqMeanTokenSum:
+        denom = seq_denom;
+        break;
+      case LossAgg::kSeqMeanTokenMean:
+        denom = seq_denom * seq_tokens[s];
+        break;
+      case LossAgg::kSeqMeanTokenSumNorm:
+        denom = seq_denom * norm_len;
+        break;
+    }
+    scale[s] = denom != 0.0 ? 1.0 / denom : 0.0;
+  }
+  if (threadIdx.x == 0) stats[kStatTokens] = local_tokens;
+}
+
+__global__ void __launch_bounds__(kSeqThreads)
+    TokenKernel(PolicyLossInputs in, PolicyLossParams p, const double* __restrict__ scale,
+                float* __restrict__ grad_logp, double* __restrict__ partials) {
+  __shared__ double scratch[kSeqThreads];
+  const int64_t s = blockIdx.x;
+  const int64_t T = in.T;
+  const double seq_scale = scale[s];
+  const double kl_coef = p.kl_coef;
+
+  double seq_loss = 0.0, seq_pg = 0.0, seq_kl = 0.0;
+  double clipped = 0.0, dual_clipped = 0.0, approx_kl = 0.0, tis_sum = 0.0, tis_max = 0.0;
+  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
+    const int64_t i = s * T + t;
+    const double m = in.mask[i];
+    if (m == 0.0) {
+      if (grad_logp != nullptr) grad_logp[i] = 0.0f;
+      continue;
+    }
+    const double logp = in.logp[i];
+    const double logp_old = in.logp_old[i];
+    const PgTerm pg = PolicyTerm(logp, logp_old, in.advantages[i], p);
+    double w = 1.0;
+    if (p.use_tis) {
+      const double e = exp(logp_old - static_cast<double>(in.logp_rollout[i]));
+      const double cap = p.tis_cap;
+      w = cap < e ? cap : e;  // std::min(e, cap)
+    }
+    double kl = 0.0, kl_grad = 0.0;
+    if (p.kl != KlKind::kNone) KlTerm(p.kl, logp, in.logp_ref[i], &kl, &kl_grad);
+
+    seq_pg += m * w * pg.loss;
+    seq_kl += m * kl;
+    seq_loss += m * (w * pg.loss + kl_coef * kl);
+    if (grad_logp != nullptr) {
+      grad_logp[i] = static_cast<float>(seq_scale * m * (w * pg.grad + kl_coef * kl_grad));
+    }
+
+    const double log_ratio = logp - logp_old;
+    approx_kl += m * 0.5 * log_ratio * log_ratio;
+    if (pg.clipped) clipped += m;
+    if (pg.dual_clipped) dual_clipped += m;
+    tis_sum += m * w;
+    tis_max = Max(tis_max, w);
+  }
+
+  double* out = partials + s * kNumPartials;
+  const double values[kNumPartials] = {seq_loss,     seq_pg,    seq_kl,  clipped,
+                                       dual_clipped, approx_kl, tis_sum, tis_max};
+#pragma unroll
+  for (int k = 0; k < kNumPartials; ++k) {
+    const double total = k == kPartTisMax ? BlockReduce<kSeqThreads, true>(values[k], scratch)
+                                          : BlockReduce<kSeqThreads>(values[k], scratch);
+    if (threadIdx.x != 0) continue;
+    const bool scaled = k == kPartLoss || k == kPartPg || k == kPartKl;
+    out[k] = scaled ? seq_scale * total : total;
+  }
+}
+
+__global__ void __launch_bounds__(kOneBlockThreads)
+    FinalizeKernel(const double* __restrict__ partials, int64_t S, double* __restrict__ stats) {
+  __shared__ double scratch[kOneBlockThreads];
+  // partial slot -> stats slot
+  constexpr int kTarget[kNumPartials] = {kStatLoss,        kStatPgLoss,   kStatKl,     kStatClipped,
+                                         kStatDualClipped, kStatApproxKl, kStatTisSum, kStatTisMax};
+  for (int k = 0; k < kNumPartials; ++k) {
+    const bool is_max = k == kPartTisMax;
+    double acc = 0.0;
+    for (int64_t s = threadIdx.x; s < S; s += blockDim.x) {
+      const double v = partials[s * kNumPartials + k];
+      acc = is_max ? Max(acc, v) : acc + v;
+    }
+    const double total = is_max ? BlockReduce<kOneBlockThreads, true>(acc, scratch)
+                                : BlockReduce<kOneBlockThreads>(acc, scratch);
+    if (threadIdx.x == 0) stats[kTarget[k]] = total;
+  }
+}
+
+template <typename Scalar>
+__global__ void FillNanKernel(Scalar* __restrict__ out, int64_t count) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += step) {
+    out[i] = static_cast<Scalar>(CUDART_NAN);
+  }
+}
+
+template <typename Scalar>
+cudaError_t FillNan(Scalar* out, int64_t count, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const int64_t blocks = std::min((count + kFillThreads - 1) / kFillThreads, kFillMaxBlocks);
+  FillNanKernel<Scalar><<<static_cast<unsigned int>(blocks), kFillThreads, 0, stream>>>(out, count);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchPolicyLoss(const PolicyLossInputs& in, const PolicyLossParams& p,
+                             float* grad_logp, double* stats_device, cudaStream_t stream) {
+  const int64_t S = in.S, T = in.T;
+  if (S < 0 || T < 0 || stats_device == nullptr) return cudaErrorInvalidValue;
+  if (S * T > 0 && (in.logp == nullptr || in.logp_old == nullptr || in.advantages == nullptr ||
+                    in.mask == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (S > 0x7fffffff) return cudaErrorInvalidValue;  // one block per sequence
+
+  // Misuse is loud, as in the reference: every stat and gradient entry is NaN.
+  if ((p.use_tis && in.logp_rollout == nullptr) ||
+      (p.kl != KlKind::kNone && in.logp_ref == nullptr)) {
+    cudaError_t err = FillNan(stats_device, kPolicyLossStatSlots, stream);
+    if (err == cudaSuccess && grad_logp != nullptr) err = FillNan(grad_logp, S * T, stream);
+    return err;
+  }
+  if (S == 0) {
+    return cudaMemsetAsync(stats_device, 0, sizeof(double) * kPolicyLossStatSlots, stream);
+  }
+
+  double* scratch = nullptr;
+  cudaError_t err = cudaMallocAsync(
+      &scratch, sizeof(double) * static_cast<size_t>(S) * (2 + kNumPartials), stream);
+  if (err != cudaSuccess) return err;
+  double* seq_tokens = scratch;
+  double* scale = scratch + S;
+  double* partials = scratch + 2 * S;
+  const unsigned int seq_blocks = static_cast<unsigned int>(S);
+
+  SeqTokensKernel<<<seq_blocks, kSeqThreads, 0, stream>>>(in.mask, T, seq_tokens);
+  err = cudaGetLastError();
+  if (err == cudaSuccess) {
+    ScalesKernel<<<1, kOneBlockThreads, 0, stream>>>(seq_tokens, S, T, p, scale, stats_device);
+    err = cudaGetLastError();
+  }
+  if (err == cudaSuccess) {
+    TokenKernel<<<seq_blocks, kSeqThreads, 0, stream>>>(in, p, scale, grad_logp, partials);
+    err = cudaGetLastError();
+  }
+  if (err == cudaSuccess) {
+    FinalizeKernel<<<1, kOneBlockThreads, 0, stream>>>(partials, S, stats_device);
+    err = cudaGetLastError();
+  }
+  const cudaError_t free_err = cudaFreeAsync(scratch, stream);
+  return err != cudaSuccess ? err : free_err;
+}
+
+PolicyLossStats FinishPolicyLossStats(const double* stats_host, const PolicyLossParams& /*p*/) {
+  PolicyLossStats stats{};
+  stats.loss = stats_host[kStatLoss];
+  stats.pg_loss = stats_host[kStatPgLoss];
+  stats.kl = stats_host[kStatKl];
+  stats.tokens = stats_host[kStatTokens];
+  if (stats.tokens != 0.0) {
+    stats.clip_frac = stats_host[kStatClipped] / stats.tokens;
+    stats.dual_clip_frac = stats_host[kStatDualClipped] / stats.tokens;
+    stats.approx_kl = stats_host[kStatApproxKl] / stats.tokens;
+    stats.tis_mean = stats_host[kStatTisSum] / stats.tokens;
+    stats.tis_max = stats_host[kStatTisMax];
+  }
+  return stats;
+}
+
+}  // namespace gyre::kernels
