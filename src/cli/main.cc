@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/bench.h"
 #include "cli/model_commands.h"
 #include "common/logging.h"
 #include "gyre/job.h"
@@ -31,6 +32,8 @@ constexpr char kUsage[] =
     "      Write a random-init Hugging Face model directory (for tests and benchmarks).\n"
     "  gyre logprobs --model DIR [--ids \"ID ...\"] [--full]\n"
     "      Per-position next-token log-probs of a Hugging Face model directory, as JSON.\n"
+    "  gyre bench SUBCOMMAND [--json FILE]\n"
+    "      Benchmarks against same-run baselines (see gyre bench --help).\n"
     "  gyre help | --help        This text.\n"
     "  gyre --version            The version.\n"
     "\n"
@@ -111,6 +114,9 @@ int main(int argc, char** argv) {
   }
   if (cmd == "init-model") {
     return gyre::cli::RunInitModel(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  if (cmd == "bench") {
+    return gyre::cli::RunBench(std::vector<std::string>(argv + 2, argv + argc));
   }
   if (cmd == "logprobs") {
     return gyre::cli::RunLogprobs(std::vector<std::string>(argv + 2, argv + argc));

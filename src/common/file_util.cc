@@ -120,6 +120,35 @@ Status SyncPath(const std::string& path) {
   return Status::Ok();
 }
 
+Status WriteFileAtomic(const std::string& path, const std::string& contents) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot create", tmp);
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      Status s = Errno("cannot write", tmp);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return s;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    Status s = Errno("cannot flush", tmp);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    Status s = Errno("cannot rename into place", path);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  return Status::Ok();
+}
+
 Status SyncDirectory(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return Errno("cannot open directory", dir);

@@ -30,6 +30,9 @@ std::string TempDirectory();
 // Copies a regular file (contents only), replacing `to`.
 Status CopyFile(const std::string& from, const std::string& to);
 
+// Writes `contents` to `path` atomically: a temporary file beside it, fsync, rename.
+Status WriteFileAtomic(const std::string& path, const std::string& contents);
+
 // fsync a file or directory by path (best effort for directories on some file systems).
 Status SyncPath(const std::string& path);
 // fsync every regular file directly inside `dir`, then `dir` itself.

@@ -1,0 +1,109 @@
+#include "cli/bench.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "common/file_util.h"
+
+namespace gyre::cli {
+namespace {
+
+std::string FormatCell(const nlohmann::json& v, int decimals) {
+  if (v.is_null()) return "-";
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "yes" : "no";
+  if (v.is_number_integer() || v.is_number_unsigned()) return v.dump();
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!std::isfinite(d)) return "-";
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.*f", decimals, d);
+    return buf;
+  }
+  return v.dump();
+}
+
+constexpr char kBenchUsage[] =
+    "usage: gyre bench SUBCOMMAND [options] [--json FILE]\n"
+    "\n"
+    "Benchmarks print a table on stdout; --json FILE also writes the figures as JSON.\n"
+    "Every figure is measured in the same run as its baseline, and `speedup` is\n"
+    "baseline time / gyre time.\n"
+    "\n"
+    "subcommands:\n"
+    "\n"
+    "`gyre bench SUBCOMMAND --help` lists a subcommand's options.\n";
+
+}  // namespace
+
+BenchReport::BenchReport(std::string benchmark) : benchmark_(std::move(benchmark)) {}
+
+void BenchReport::SetContext(const std::string& key, nlohmann::json value) {
+  context_[key] = std::move(value);
+}
+
+void BenchReport::AddRow(nlohmann::json row) { rows_.push_back(std::move(row)); }
+
+nlohmann::json BenchReport::ToJson() const {
+  return {{"benchmark", benchmark_}, {"context", context_}, {"results", rows_}};
+}
+
+void BenchReport::PrintTable(const std::vector<BenchColumn>& columns, std::FILE* out) const {
+  std::fprintf(out, "%s\n", benchmark_.c_str());
+  for (const auto& [key, value] : context_.items()) {
+    std::fprintf(out, "  %s: %s\n", key.c_str(), FormatCell(value, 3).c_str());
+  }
+  std::vector<std::vector<std::string>> cells;
+  std::vector<size_t> width(columns.size());
+  for (size_t c = 0; c < columns.size(); ++c) width[c] = columns[c].header.size();
+  for (const auto& row : rows_) {
+    std::vector<std::string> line;
+    for (size_t c = 0; c < columns.size(); ++c) {
+      const auto it = row.find(columns[c].key);
+      line.push_back(it == row.end() ? "-" : FormatCell(*it, columns[c].decimals));
+      width[c] = std::max(width[c], line.back().size());
+    }
+    cells.push_back(std::move(line));
+  }
+  auto print_line = [&](const std::vector<std::string>& line) {
+    std::string s;
+    for (size_t c = 0; c < line.size(); ++c) {
+      if (c > 0) s += "  ";
+      // Text left-aligned in the first column, everything else right-aligned.
+      const std::string pad(width[c] - line[c].size(), ' ');
+      s += c == 0 ? line[c] + pad : pad + line[c];
+    }
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    std::fprintf(out, "%s\n", s.c_str());
+  };
+  std::vector<std::string> header;
+  for (const auto& col : columns) header.push_back(col.header);
+  print_line(header);
+  std::vector<std::string> rule;
+  for (size_t c = 0; c < columns.size(); ++c) rule.push_back(std::string(width[c], '-'));
+  print_line(rule);
+  for (const auto& line : cells) print_line(line);
+  std::fflush(out);
+}
+
+Status BenchReport::WriteJson(const std::string& path) const {
+  return WriteFileAtomic(path, ToJson().dump(2) + "\n");
+}
+
+int RunBench(const std::vector<std::string>& args) {
+  if (args.empty()) {
+    std::fputs(kBenchUsage, stderr);
+    return 2;
+  }
+  const std::string& sub = args[0];
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (sub == "--help" || sub == "-h" || sub == "help") {
+    std::fputs(kBenchUsage, stdout);
+    return 0;
+  }
+  std::fprintf(stderr, "gyre bench: unknown subcommand '%s'\n\n%s", sub.c_str(), kBenchUsage);
+  return 2;
+}
+
+}  // namespace gyre::cli

@@ -1,0 +1,53 @@
+#pragma once
+// `gyre bench SUBCOMMAND`: every benchmark prints a readable table on stdout and, with
+// `--json FILE`, writes the same figures as JSON:
+//   {"benchmark": NAME, "context": {...}, "results": [{column: value, ...}, ...]}
+// Each subcommand lives in its own bench_*.cc and fills a BenchReport.
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "gyre/status.h"
+
+namespace gyre::cli {
+
+// One table column: the JSON key of the row field, the header shown, and the number of
+// decimals used for a floating-point value (JSON keeps full precision).
+struct BenchColumn {
+  std::string key;
+  std::string header;
+  int decimals = 3;
+};
+
+class BenchReport {
+ public:
+  explicit BenchReport(std::string benchmark);
+
+  // Run-wide facts (device, model, sizes): printed above the table and kept in "context".
+  void SetContext(const std::string& key, nlohmann::json value);
+  // A row: an object whose keys include the columns' keys (extra keys go to JSON only).
+  void AddRow(nlohmann::json row);
+
+  const nlohmann::json& rows() const { return rows_; }
+  nlohmann::json ToJson() const;
+
+  // Aligned text table of `columns`; a missing field prints "-".
+  void PrintTable(const std::vector<BenchColumn>& columns, std::FILE* out = stdout) const;
+  // Writes ToJson() to `path` (atomically: temporary file, then rename).
+  Status WriteJson(const std::string& path) const;
+
+ private:
+  std::string benchmark_;
+  nlohmann::json context_ = nlohmann::json::object();
+  nlohmann::json rows_ = nlohmann::json::array();
+};
+
+// The subcommands; each takes the arguments after its name and returns an exit status
+// (0 ok, 1 failure, 2 usage error).
+
+// gyre bench SUBCOMMAND ...: dispatch and help.
+int RunBench(const std::vector<std::string>& args);
+
+}  // namespace gyre::cli
