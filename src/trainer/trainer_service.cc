@@ -11,6 +11,7 @@
 #include "model/hf_config.h"
 #include "model/weights.h"
 #include "rpc/rpc_util.h"
+#include "trainer/trainer_state.h"
 
 namespace gyre::trainer {
 
@@ -136,6 +137,29 @@ grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveReques
   if (s.ok()) s = RenamePath(tmp_dir, final_dir);
   if (!s.ok()) return rpc::ToGrpc(s.WithContext("save " + final_dir));
   resp->set_path(final_dir);
+  resp->set_policy_version(trainer_.version());
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainerService::SaveState(grpc::ServerContext* ctx, const v1::SaveStateRequest* req,
+                                       v1::SaveStateResponse* resp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (req->directory().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "SaveState needs a directory");
+  }
+  Status s = SaveTrainerState(req->directory(), trainer_, config_.model.path);
+  if (!s.ok()) return rpc::ToGrpc(s.WithContext("save trainer state to " + req->directory()));
+  resp->set_policy_version(trainer_.version());
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainerService::LoadState(grpc::ServerContext* ctx, const v1::LoadStateRequest* req,
+                                       v1::LoadStateResponse* resp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = LoadTrainerState(req->directory(), &trainer_);
+  if (!s.ok()) return rpc::ToGrpc(s);
+  GYRE_LOG_INFO("restored trainer state from {}: policy version {}", req->directory(),
+                trainer_.version());
   resp->set_policy_version(trainer_.version());
   return grpc::Status::OK;
 }
