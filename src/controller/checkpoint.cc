@@ -72,8 +72,7 @@ bool ParseCheckpointName(const std::string& name, int* step) {
 
 StatusOr<std::string> FindLatestCheckpoint(const std::string& checkpoints_dir) {
   if (!IsDirectory(checkpoints_dir)) {
-    return NotFound("no checkpoints to resume from: " + checkpoints_dir +
-                    " does not exist (checkpoints are written with trainer.checkpoint_every > 0)");
+    return NotFound("no checkpoints to resume from: " + checkpoints_dir + " does not exist");
   }
   GYRE_ASSIGN_OR_RETURN(auto all, ListCheckpoints(checkpoints_dir));
   if (all.empty()) {

@@ -196,6 +196,11 @@ Status JobRunner::Setup() {
   result_.run_dir = run_dir_;
   const std::string yaml = config::DumpJobConfig(cfg_);
   if (resume_dir_.empty()) {  // a resumed run keeps its files until the checkpoint has loaded
+    // A new run replaces an earlier one's record; its checkpoints must not be resumed later.
+    if (PathExists(run_dir_ + "/checkpoints")) {
+      GYRE_LOG_INFO("removing the checkpoints of an earlier run in {}", run_dir_);
+      GYRE_RETURN_IF_ERROR(RemoveTree(run_dir_ + "/checkpoints"));
+    }
     std::ofstream(run_dir_ + "/config.yaml") << yaml;
     metrics_.open(run_dir_ + "/" + cfg_.metrics.file, std::ios::trunc);
     if (!metrics_) return Unavailable("cannot write " + run_dir_ + "/" + cfg_.metrics.file);
@@ -839,7 +844,15 @@ StatusOr<JobResult> JobRunner::Run() {
 }
 
 Status JobRunner::PrepareResume() {
-  GYRE_ASSIGN_OR_RETURN(resume_dir_, FindLatestCheckpoint(RunDir() + "/checkpoints"));
+  auto latest = FindLatestCheckpoint(RunDir() + "/checkpoints");
+  if (!latest.ok()) {
+    return Status(latest.status().code(),
+                  latest.status().message() +
+                      (cfg_.trainer.checkpoint_every > 0
+                           ? " (the first checkpoint is written after the warm-up)"
+                           : " (checkpoints are written with trainer.checkpoint_every > 0)"));
+  }
+  resume_dir_ = *latest;
   GYRE_ASSIGN_OR_RETURN(resume_state_, ReadControllerState(resume_dir_));
   const std::string where = resume_dir_ + "/config.yaml";
   GYRE_ASSIGN_OR_RETURN(JobConfig saved, config::ParseJobConfig(resume_state_.config_yaml, where));
