@@ -8,7 +8,6 @@
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "kernels/reference/policy_loss_ref.h"
-#include "model/hf_config.h"
 #include "model/weights.h"
 #include "rpc/rpc_util.h"
 #include "trainer/trainer_state.h"
@@ -119,19 +118,9 @@ grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveReques
   const std::string tmp_dir = final_dir + ".tmp";
   Status s = RemoveTree(tmp_dir);
   if (s.ok()) s = MakeDirs(tmp_dir);
-  if (s.ok()) {
-    s = model::SaveCheckpointWeights(tmp_dir, trainer_.model().NamedParameters());
-  }
   // A model loaded from a Hugging Face directory keeps its own config.json (eos ids, etc.) and
   // tokenizer files, so the checkpoint is a drop-in replacement for it.
-  const std::string& src = config_.model.path;
-  if (s.ok() && src.empty()) s = model::WriteHfConfig(tmp_dir, trainer_.model().spec());
-  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",
-                        "tokenizer_config.json", "special_tokens_map.json"}) {
-    if (s.ok() && !src.empty() && PathExists(src + "/" + f)) {
-      s = CopyFile(src + "/" + f, tmp_dir + "/" + f);
-    }
-  }
+  if (s.ok()) s = WriteModelDirectory(tmp_dir, trainer_.model(), config_.model.path);
   if (s.ok()) s = SyncDirectory(tmp_dir);
   if (s.ok()) s = RemoveTree(final_dir);
   if (s.ok()) s = RenamePath(tmp_dir, final_dir);

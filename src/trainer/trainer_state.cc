@@ -91,22 +91,24 @@ StatusOr<at::Tensor> ReadTensor(const model::SafetensorsFile& file, const std::s
 
 }  // namespace
 
+Status WriteModelDirectory(const std::string& dir, const model::Transformer& model,
+                           const std::string& model_path) {
+  GYRE_RETURN_IF_ERROR(model::SaveCheckpointWeights(dir, model.NamedParameters()));
+  if (model_path.empty()) return model::WriteHfConfig(dir, model.spec());
+  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",
+                        "tokenizer_config.json", "special_tokens_map.json"}) {
+    if (PathExists(model_path + "/" + f)) {
+      GYRE_RETURN_IF_ERROR(CopyFile(model_path + "/" + f, dir + "/" + f));
+    }
+  }
+  return Status::Ok();
+}
+
 Status SaveTrainerState(const std::string& dir, const PolicyTrainer& trainer,
                         const std::string& model_path) {
   GYRE_RETURN_IF_ERROR(MakeDirs(dir));
+  GYRE_RETURN_IF_ERROR(WriteModelDirectory(dir, trainer.model(), model_path));
   const model::NamedTensors params = trainer.model().NamedParameters();
-  GYRE_RETURN_IF_ERROR(model::SaveCheckpointWeights(dir, params));
-  // A model loaded from a Hugging Face directory keeps its own config.json and tokenizer files.
-  if (model_path.empty()) {
-    GYRE_RETURN_IF_ERROR(model::WriteHfConfig(dir, trainer.model().spec()));
-  } else {
-    for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",
-                          "tokenizer_config.json", "special_tokens_map.json"}) {
-      if (PathExists(model_path + "/" + f)) {
-        GYRE_RETURN_IF_ERROR(CopyFile(model_path + "/" + f, dir + "/" + f));
-      }
-    }
-  }
   const std::vector<PolicyTrainer::ParamState> opt = trainer.OptimizerState();
   model::NamedTensors moments;
   nlohmann::json entries = nlohmann::json::array();

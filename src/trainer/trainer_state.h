@@ -20,6 +20,13 @@
 
 namespace gyre::trainer {
 
+// Writes the model as a Hugging Face directory into `dir` (which must exist): model.safetensors
+// (or shards) and config.json; for a model loaded from `model_path` (non-empty), that
+// directory's config.json, generation config and tokenizer files are copied instead of a
+// generated config.json, so the result is a drop-in replacement for it. Files are not fsynced.
+Status WriteModelDirectory(const std::string& dir, const model::Transformer& model,
+                           const std::string& model_path);
+
 // Writes `trainer`'s state into `dir` (created if missing; files of the same names replaced),
 // then fsyncs the files and the directory. `model_path` is the job's model.path: a Hugging Face
 // model's config.json and tokenizer files are copied next to the weights.
