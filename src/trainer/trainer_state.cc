@@ -162,8 +162,9 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
   };
   std::map<std::string, Entry> entries;
   for (const auto& e : state["params"]) {
-    if (!e.is_object() || !e["name"].is_string() || !e["shape"].is_array() ||
-        !e["step"].is_number_integer() || e["step"].get<int64_t>() < 0) {
+    if (!e.is_object() || !e.contains("name") || !e.contains("shape") || !e.contains("step") ||
+        !e["name"].is_string() || !e["shape"].is_array() || !e["step"].is_number_integer() ||
+        e["step"].get<int64_t>() < 0) {
       return bad("each of \"params\" needs a name, a shape and a non-negative step: " + e.dump());
     }
     Entry entry;

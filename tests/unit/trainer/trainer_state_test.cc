@@ -139,6 +139,11 @@ TEST(TrainerStateTest, CorruptStateIsRejectedAndChangesNothing) {
   ASSERT_TRUE(WriteFileAtomic(dir + "/trainer_state.json", bad).ok());
   expect_rejected(b.get(), "trainer_state.json", "unknown format version");
 
+  bad = good_json;
+  bad.replace(bad.find("\"name\""), 6, "\"nome\"");
+  ASSERT_TRUE(WriteFileAtomic(dir + "/trainer_state.json", bad).ok());
+  expect_rejected(b.get(), "trainer_state.json", "a parameter without a name");
+
   // One parameter claims no optimizer state: optimizer.safetensors then has extra tensors.
   bad = good_json;
   const std::string step = "\"step\": " + std::to_string(a->OptimizerState()[0].step);
