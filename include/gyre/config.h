@@ -83,7 +83,8 @@ struct TrainerSection {
   int warmup_sft_batch = 64;
   double warmup_sft_lr = 1e-3;
   double warmup_stop_token_accuracy = 0;  // end the warm-up early at this training token accuracy
-  int checkpoint_every = 0;               // steps; 0 = only the final model
+  int checkpoint_every = 0;               // GRPO steps between resumable checkpoints; 0 = none
+  int checkpoint_keep_last = 3;           // resumable checkpoints kept on disk
   int torch_threads = 1;                  // intra-op threads per worker process
 };
 

@@ -32,6 +32,11 @@ struct RunOptions {
   std::shared_ptr<RewardFn> reward;  // required when reward.type is custom
   std::string worker_binary;         // overrides cluster.worker_binary
   bool print_progress = true;        // one line per step on stdout
+  // Continue from the newest complete checkpoint in the job's run directory
+  // (job.output_dir/job.name/checkpoints, written with trainer.checkpoint_every > 0) instead of
+  // starting over; fails if there is none or if it does not match the config. The resumed job
+  // ends exactly as an uninterrupted one would (docs/checkpoints.md).
+  bool resume = false;
 };
 
 struct JobResult {

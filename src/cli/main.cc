@@ -16,10 +16,12 @@ constexpr char kUsage[] =
     "gyre: reinforcement-learning post-training of language models\n"
     "\n"
     "usage:\n"
-    "  gyre train JOB.yaml [--set KEY=VALUE ...] [--quiet]\n"
+    "  gyre train JOB.yaml [--set KEY=VALUE ...] [--quiet] [--resume]\n"
     "      Run a training job: the controller starts its rollout and trainer workers as child\n"
     "      processes, runs the supervised warm-up and the GRPO steps, and writes metrics and\n"
-    "      the final model to job.output_dir/job.name.\n"
+    "      the final model to job.output_dir/job.name. --resume continues an interrupted job\n"
+    "      from the newest checkpoint in that directory (trainer.checkpoint_every > 0) and ends\n"
+    "      exactly as an uninterrupted run would (docs/checkpoints.md).\n"
     "  gyre validate JOB.yaml [--set KEY=VALUE ...] [--print]\n"
     "      Check a job file without running it; --print shows every field's effective value.\n"
     "  gyre worker --role rollout|trainer --controller HOST:PORT [--index N]\n"
@@ -51,9 +53,11 @@ struct JobArgs {
   std::vector<std::string> overrides;
   bool quiet = false;
   bool print = false;
+  bool resume = false;
 };
 
-// Parses "JOB.yaml [--set K=V]... [--quiet] [--print]"; returns 0 or an exit code.
+// Parses "JOB.yaml [--set K=V]... [--quiet] [--print | --resume]"; returns 0 or an exit code.
+// --print is for validate, --resume for train.
 int ParseJobArgs(int argc, char** argv, int first, bool allow_print, JobArgs* out) {
   for (int i = first; i < argc; ++i) {
     const std::string a = argv[i];
@@ -66,6 +70,8 @@ int ParseJobArgs(int argc, char** argv, int first, bool allow_print, JobArgs* ou
       out->quiet = true;
     } else if (a == "--print" && allow_print) {
       out->print = true;
+    } else if (a == "--resume" && !allow_print) {
+      out->resume = true;
     } else if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       return -1;
@@ -144,6 +150,7 @@ int main(int argc, char** argv) {
     gyre::InitLogging("controller", cfg->job.log_level);
     gyre::RunOptions opts;
     opts.print_progress = !args.quiet;
+    opts.resume = args.resume;
     auto result = gyre::RunJob(*cfg, opts);
     if (!result.ok()) {
       std::fprintf(stderr, "gyre: job failed: %s\n", OneLine(result.status().message()).c_str());

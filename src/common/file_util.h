@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "gyre/status.h"
 
@@ -23,6 +24,10 @@ Status RenamePath(const std::string& from, const std::string& to);
 bool PathExists(const std::string& path);
 bool IsDirectory(const std::string& path);
 StatusOr<uint64_t> FileSize(const std::string& path);
+// Names of the entries directly inside `dir` (not "." or ".."), sorted.
+StatusOr<std::vector<std::string>> ListDirectory(const std::string& dir);
+// The whole contents of a regular file.
+StatusOr<std::string> ReadFileToString(const std::string& path);
 // `path` made absolute against the current directory (no symlink resolution).
 std::string AbsolutePath(const std::string& path);
 // $TMPDIR or /tmp.

@@ -195,7 +195,9 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(trainer.warmup_stop_token_accuracy), Closed(0, 1),
           "end the warm-up once the training token accuracy (20-step mean) reaches this; 0 = off"),
       Num(GYRE_CONFIG_KEY(trainer.checkpoint_every), Closed(0, kMaxSteps),
-          "steps between checkpoints; 0 = only the final model"),
+          "GRPO steps between resumable checkpoints; 0 = none, only the final model"),
+      Num(GYRE_CONFIG_KEY(trainer.checkpoint_keep_last), Closed(1, kMaxSteps),
+          "resumable checkpoints kept; older ones are deleted after a new one is in place"),
       Num(GYRE_CONFIG_KEY(trainer.torch_threads), Closed(1, 1024),
           "intra-op threads per worker process"),
       // reward
@@ -945,6 +947,12 @@ std::string DumpJobConfig(const JobConfig& cfg) {
     out += std::string(2 * parts.size(), ' ') + leaf + ": " + ValueText(f, cfg, true) + "  # " +
            f.doc + "\n";
   }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> ConfigValues(const JobConfig& cfg) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Field& f : Table()) out.emplace_back(f.key, ValueText(f, cfg, true));
   return out;
 }
 

@@ -15,6 +15,7 @@
 // yaml-cpp is a private dependency: nothing here exposes its types.
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gyre/config.h"
@@ -46,6 +47,10 @@ Status ValidateJobConfig(const JobConfig& cfg);
 // The effective config as YAML, with every field and a comment per field. ParseJobConfig of the
 // result gives back exactly `cfg` (doubles are printed with enough digits to round-trip).
 std::string DumpJobConfig(const JobConfig& cfg);
+
+// Every field's dotted name and its value as DumpJobConfig writes it (exact: doubles round-trip),
+// in table order. Two configs are equal exactly when these lists are.
+std::vector<std::pair<std::string, std::string>> ConfigValues(const JobConfig& cfg);
 
 // Dotted names of every field, in table (and DumpJobConfig) order: "job.name", ...
 std::vector<std::string> AllConfigKeys();

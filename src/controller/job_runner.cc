@@ -18,6 +18,7 @@
 #include "common/logging.h"
 #include "common/subprocess.h"
 #include "config/config.h"
+#include "controller/checkpoint.h"
 #include "controller/controller_service.h"
 #include "controller/task.h"
 #include "kernels/reference/advantages_ref.h"
@@ -116,6 +117,14 @@ class JobRunner {
                                                 double temperature);
   void WriteMetrics(const nlohmann::json& j);
   void Teardown();
+  // Checkpoints (controller/checkpoint.h). PrepareResume runs before Setup and reads and checks
+  // the controller's part of the newest checkpoint without changing anything; Resume (after
+  // Setup) restores the trainer and the controller from it and publishes the restored weights.
+  // SaveCheckpoint writes a checkpoint after GRPO step `step` (0 = after the warm-up).
+  std::string RunDir() const { return AbsolutePath(cfg_.job.output_dir + "/" + cfg_.job.name); }
+  Status PrepareResume();
+  Status Resume();
+  Status SaveCheckpoint(int step, Clock::time_point job_start);
 
   JobConfig cfg_;
   RunOptions opts_;
@@ -142,6 +151,10 @@ class JobRunner {
   uint64_t next_group_id_ = 0;
   JobResult result_;
   bool torn_down_ = false;
+  std::string resume_dir_;        // the checkpoint being resumed from, if any
+  ControllerState resume_state_;  // its controller part, read by PrepareResume
+  int first_step_ = 1;            // the first GRPO step this process runs
+  double wall_before_ = 0;        // job time spent before the resumed checkpoint
 };
 
 Status JobRunner::Setup() {
@@ -178,13 +191,20 @@ Status JobRunner::Setup() {
     }
   }
 
-  run_dir_ = AbsolutePath(cfg_.job.output_dir + "/" + cfg_.job.name);
+  run_dir_ = RunDir();
   GYRE_RETURN_IF_ERROR(MakeDirs(run_dir_ + "/logs").WithContext("run directory"));
   result_.run_dir = run_dir_;
   const std::string yaml = config::DumpJobConfig(cfg_);
-  std::ofstream(run_dir_ + "/config.yaml") << yaml;
-  metrics_.open(run_dir_ + "/" + cfg_.metrics.file, std::ios::trunc);
-  if (!metrics_) return Unavailable("cannot write " + run_dir_ + "/" + cfg_.metrics.file);
+  if (resume_dir_.empty()) {  // a resumed run keeps its files until the checkpoint has loaded
+    // A new run replaces an earlier one's record; its checkpoints must not be resumed later.
+    if (PathExists(run_dir_ + "/checkpoints")) {
+      GYRE_LOG_INFO("removing the checkpoints of an earlier run in {}", run_dir_);
+      GYRE_RETURN_IF_ERROR(RemoveTree(run_dir_ + "/checkpoints"));
+    }
+    std::ofstream(run_dir_ + "/config.yaml") << yaml;
+    metrics_.open(run_dir_ + "/" + cfg_.metrics.file, std::ios::trunc);
+    if (!metrics_) return Unavailable("cannot write " + run_dir_ + "/" + cfg_.metrics.file);
+  }
 
   service_ = std::make_unique<ControllerService>(yaml, cfg_.cluster.heartbeat_interval_s,
                                                  cfg_.cluster.heartbeat_timeout_s);
@@ -775,11 +795,17 @@ void JobRunner::WriteMetrics(const nlohmann::json& j) {
 
 StatusOr<JobResult> JobRunner::Run() {
   const auto t0 = Clock::now();
+  if (opts_.resume) GYRE_RETURN_IF_ERROR(PrepareResume());
   GYRE_RETURN_IF_ERROR(Setup());
-  GYRE_RETURN_IF_ERROR(Publish(version_));
-  GYRE_RETURN_IF_ERROR(WarmUp());
-  GYRE_ASSIGN_OR_RETURN(result_.accuracy_before_rl, Evaluate("before_rl"));
-  for (int step = 1; step <= cfg_.trainer.steps; ++step) {
+  if (opts_.resume) {
+    GYRE_RETURN_IF_ERROR(Resume());
+  } else {
+    GYRE_RETURN_IF_ERROR(Publish(version_));
+    GYRE_RETURN_IF_ERROR(WarmUp());
+    GYRE_ASSIGN_OR_RETURN(result_.accuracy_before_rl, Evaluate("before_rl"));
+    if (cfg_.trainer.checkpoint_every > 0) GYRE_RETURN_IF_ERROR(SaveCheckpoint(0, t0));
+  }
+  for (int step = first_step_; step <= cfg_.trainer.steps; ++step) {
     GYRE_RETURN_IF_ERROR(GrpoStep(step));
     result_.grpo_steps = step;
     if (cfg_.metrics.eval_every > 0 && step % cfg_.metrics.eval_every == 0 &&
@@ -787,14 +813,7 @@ StatusOr<JobResult> JobRunner::Run() {
       GYRE_RETURN_IF_ERROR(Evaluate("step_" + std::to_string(step)).status());
     }
     if (cfg_.trainer.checkpoint_every > 0 && step % cfg_.trainer.checkpoint_every == 0) {
-      v1::SaveRequest req;
-      req.set_directory(run_dir_ + "/checkpoints/step_" + std::to_string(step));
-      v1::SaveResponse resp;
-      grpc::ClientContext ctx;
-      rpc::SetDeadline(&ctx, cfg_.cluster.rpc_timeout_s);
-      GYRE_RETURN_IF_ERROR(AfterRpcFailure(
-          TrainerWorker(),
-          rpc::FromGrpc(TrainerWorker()->trainer->Save(&ctx, req, &resp), "save checkpoint")));
+      GYRE_RETURN_IF_ERROR(SaveCheckpoint(step, t0));
     }
   }
   GYRE_ASSIGN_OR_RETURN(result_.accuracy_after_rl, Evaluate("after_rl"));
@@ -809,7 +828,7 @@ StatusOr<JobResult> JobRunner::Run() {
         rpc::FromGrpc(TrainerWorker()->trainer->Save(&ctx, req, &resp), "save final model")));
   }
   result_.policy_version = version_;
-  result_.wall_seconds = Seconds(t0);
+  result_.wall_seconds = wall_before_ + Seconds(t0);
   nlohmann::json summary = {{"accuracy_before_rl", result_.accuracy_before_rl},
                             {"accuracy_after_rl", result_.accuracy_after_rl},
                             {"grpo_steps", result_.grpo_steps},
@@ -822,6 +841,118 @@ StatusOr<JobResult> JobRunner::Run() {
                 {"accuracy_after_rl", result_.accuracy_after_rl},
                 {"wall_seconds", result_.wall_seconds}});
   return result_;
+}
+
+Status JobRunner::PrepareResume() {
+  auto latest = FindLatestCheckpoint(RunDir() + "/checkpoints");
+  if (!latest.ok()) {
+    return Status(latest.status().code(),
+                  latest.status().message() +
+                      (cfg_.trainer.checkpoint_every > 0
+                           ? " (the first checkpoint is written after the warm-up)"
+                           : " (checkpoints are written with trainer.checkpoint_every > 0)"));
+  }
+  resume_dir_ = *latest;
+  GYRE_ASSIGN_OR_RETURN(resume_state_, ReadControllerState(resume_dir_));
+  const std::string where = resume_dir_ + "/config.yaml";
+  GYRE_ASSIGN_OR_RETURN(JobConfig saved, config::ParseJobConfig(resume_state_.config_yaml, where));
+  GYRE_RETURN_IF_ERROR(CheckResumeCompatible(saved, cfg_, where));
+  if (resume_state_.grpo_step > cfg_.trainer.steps) {
+    return FailedPrecondition(resume_dir_ + " is after GRPO step " +
+                              std::to_string(resume_state_.grpo_step) + ", beyond trainer.steps " +
+                              std::to_string(cfg_.trainer.steps));
+  }
+  GYRE_ASSIGN_OR_RETURN(auto fingerprints, DataFingerprints(cfg_.data));
+  if (fingerprints != resume_state_.data_fingerprints) {
+    return FailedPrecondition(resume_dir_ +
+                              "/controller.json: the dataset files changed since the checkpoint "
+                              "was written (size or content of data.train_path / data.eval_path)");
+  }
+  if (!IsDirectory(resume_dir_ + "/trainer")) {
+    return NotFound(resume_dir_ + "/trainer: missing (the trainer's part of the checkpoint)");
+  }
+  return Status::Ok();
+}
+
+Status JobRunner::Resume() {
+  const ControllerState& st = resume_state_;
+  GYRE_RETURN_IF_ERROR(
+      problems_->RestoreState(st.problem_stream).WithContext(resume_dir_ + "/controller.json"));
+  v1::LoadStateRequest req;
+  req.set_directory(resume_dir_ + "/trainer");
+  v1::LoadStateResponse resp;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, cfg_.cluster.rpc_timeout_s);
+  GYRE_RETURN_IF_ERROR(AfterRpcFailure(
+      TrainerWorker(), rpc::FromGrpc(TrainerWorker()->trainer->LoadState(&ctx, req, &resp),
+                                     "resume from " + resume_dir_)));
+  if (resp.policy_version() != st.policy_version) {
+    return FailedPrecondition(resume_dir_ + ": trainer state is at policy version " +
+                              std::to_string(resp.policy_version()) + ", controller.json at " +
+                              std::to_string(st.policy_version));
+  }
+  // Everything loaded: from here on the run directory continues from the checkpoint.
+  version_ = st.policy_version;
+  next_group_id_ = st.next_group_id;
+  first_step_ = st.grpo_step + 1;
+  wall_before_ = st.wall_seconds;
+  result_.grpo_steps = st.grpo_step;
+  result_.accuracy_before_rl = st.accuracy_before_rl;
+  result_.final_mean_reward = st.final_mean_reward;
+  const std::string metrics_path = run_dir_ + "/" + cfg_.metrics.file;
+  GYRE_RETURN_IF_ERROR(WriteFileAtomic(run_dir_ + "/config.yaml", config::DumpJobConfig(cfg_)));
+  GYRE_RETURN_IF_ERROR(WriteFileAtomic(metrics_path, st.metrics_jsonl));
+  metrics_.open(metrics_path, std::ios::app);
+  if (!metrics_) return Unavailable("cannot write " + metrics_path);
+  WriteMetrics({{"phase", "resume"},
+                {"step", st.grpo_step},
+                {"policy_version", version_},
+                {"checkpoint", resume_dir_}});
+  GYRE_LOG_INFO("resumed from {} at GRPO step {} (policy v{})", resume_dir_, st.grpo_step,
+                version_);
+  if (opts_.print_progress) {
+    std::printf("resumed from %s after GRPO step %d (policy v%lld)\n", resume_dir_.c_str(),
+                st.grpo_step, static_cast<long long>(version_));
+    std::fflush(stdout);
+  }
+  return Publish(version_);
+}
+
+Status JobRunner::SaveCheckpoint(int step, Clock::time_point job_start) {
+  const auto t0 = Clock::now();
+  const std::string final_dir = run_dir_ + "/checkpoints/" + CheckpointName(step);
+  const std::string tmp_dir = final_dir + ".tmp";
+  GYRE_RETURN_IF_ERROR(RemoveTree(tmp_dir));
+  GYRE_RETURN_IF_ERROR(MakeDirs(tmp_dir));
+  v1::SaveStateRequest req;
+  req.set_directory(tmp_dir + "/trainer");
+  v1::SaveStateResponse resp;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, cfg_.cluster.rpc_timeout_s);
+  InflightCall inflight(this, TrainerWorker()->id, &ctx);
+  GYRE_RETURN_IF_ERROR(AfterRpcFailure(
+      TrainerWorker(), rpc::FromGrpc(TrainerWorker()->trainer->SaveState(&ctx, req, &resp),
+                                     "save checkpoint " + final_dir)));
+  if (resp.policy_version() != version_) {
+    return Internal("checkpoint " + final_dir + ": the trainer holds policy version " +
+                    std::to_string(resp.policy_version()) + ", the controller expects " +
+                    std::to_string(version_));
+  }
+  ControllerState st;
+  st.grpo_step = step;
+  st.policy_version = version_;
+  st.next_group_id = next_group_id_;
+  st.problem_stream = problems_->SaveState();
+  st.accuracy_before_rl = result_.accuracy_before_rl;
+  st.final_mean_reward = result_.final_mean_reward;
+  st.wall_seconds = wall_before_ + Seconds(job_start);
+  GYRE_ASSIGN_OR_RETURN(st.data_fingerprints, DataFingerprints(cfg_.data));
+  st.config_yaml = config::DumpJobConfig(cfg_);
+  GYRE_ASSIGN_OR_RETURN(st.metrics_jsonl, ReadFileToString(run_dir_ + "/" + cfg_.metrics.file));
+  GYRE_RETURN_IF_ERROR(WriteControllerState(tmp_dir, st));
+  GYRE_RETURN_IF_ERROR(CommitCheckpoint(tmp_dir, final_dir, cfg_.trainer.checkpoint_keep_last));
+  GYRE_LOG_INFO("checkpoint {} (policy v{}) in {:.2f} s", final_dir, version_, Seconds(t0));
+  return Status::Ok();
 }
 
 void JobRunner::Teardown() {

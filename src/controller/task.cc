@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "common/strings.h"
 #include "model/chat_template.h"
@@ -92,6 +93,26 @@ Problem ProblemSource::Next() {
     if (!eval_prompts_.count(p.prompt)) return p;
   }
   return Draw(&rng_);
+}
+
+std::string ProblemSource::SaveState() const {
+  std::ostringstream out;
+  out << "cursor " << cursor_ << " mt19937_64 " << rng_;
+  return out.str();
+}
+
+Status ProblemSource::RestoreState(const std::string& state) {
+  std::istringstream in(state);
+  std::string cursor_tag, rng_tag;
+  size_t cursor = 0;
+  std::mt19937_64 rng;
+  in >> cursor_tag >> cursor >> rng_tag >> rng;
+  if (in.fail() || cursor_tag != "cursor" || rng_tag != "mt19937_64" || !(in >> std::ws).eof()) {
+    return InvalidArgument("not a problem-stream state: '" + state.substr(0, 40) + "...'");
+  }
+  cursor_ = cursor;
+  rng_ = rng;
+  return Status::Ok();
 }
 
 StatusOr<double> ExactMatchReward::Score(const RewardInput& input) {

@@ -37,6 +37,12 @@ class ProblemSource {
   Problem Next();
   const std::vector<Problem>& eval_set() const { return eval_; }
 
+  // The stream's position (dataset cursor and generator state) as text, for checkpoints, and
+  // back: after RestoreState(SaveState()) a source created from the same data and seed yields
+  // the same problems as the one saved. RestoreState changes nothing on text it cannot read.
+  std::string SaveState() const;
+  Status RestoreState(const std::string& state);
+
  private:
   Problem Draw(std::mt19937_64* rng) const;
   DataSection data_;

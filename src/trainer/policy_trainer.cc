@@ -26,6 +26,67 @@ PolicyTrainer::PolicyTrainer(std::unique_ptr<model::Transformer> model, double l
 
 PolicyTrainer::~PolicyTrainer() = default;
 
+std::vector<PolicyTrainer::ParamState> PolicyTrainer::OptimizerState() const {
+  std::vector<ParamState> out;
+  const auto& state = optimizer_->adamw->state();
+  for (const auto& p : optimizer_->params) {
+    ParamState ps;
+    auto it = state.find(p.unsafeGetTensorImpl());
+    if (it != state.end()) {
+      const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+      ps.step = s.step();
+      ps.exp_avg = s.exp_avg().detach().clone();
+      ps.exp_avg_sq = s.exp_avg_sq().detach().clone();
+    }
+    out.push_back(std::move(ps));
+  }
+  return out;
+}
+
+Status PolicyTrainer::RestoreState(const std::vector<at::Tensor>& weights,
+                                   const std::vector<ParamState>& state, int64_t version) {
+  const model::NamedTensors params = model_->NamedParameters();
+  if (weights.size() != params.size() || state.size() != params.size()) {
+    return InvalidArgument("expected state for " + std::to_string(params.size()) +
+                           " parameters, got " + std::to_string(weights.size()) + " weights and " +
+                           std::to_string(state.size()) + " optimizer entries");
+  }
+  if (version < 0) return InvalidArgument("negative policy version " + std::to_string(version));
+  auto same = [](const at::Tensor& t, const at::Tensor& like) {
+    return t.defined() && t.scalar_type() == like.scalar_type() && t.sizes() == like.sizes();
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, p] = params[i];
+    if (!same(weights[i], p)) {
+      return InvalidArgument("weight '" + name + "' does not match the model's shape and dtype");
+    }
+    const ParamState& ps = state[i];
+    if (ps.step < 0) return InvalidArgument("optimizer step of '" + name + "' is negative");
+    if (ps.step > 0 && (!same(ps.exp_avg, p) || !same(ps.exp_avg_sq, p))) {
+      return InvalidArgument("optimizer moments of '" + name +
+                             "' do not match the parameter's shape and dtype");
+    }
+  }
+  // Everything checked: commit.
+  at::NoGradGuard no_grad;
+  auto& adam_state = optimizer_->adamw->state();
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].second.detach().copy_(weights[i]);
+    at::Tensor& p = optimizer_->params[i];
+    if (state[i].step == 0) {
+      adam_state.erase(p.unsafeGetTensorImpl());
+      continue;
+    }
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(state[i].step);
+    s->exp_avg(state[i].exp_avg.detach().to(p.device()).clone().contiguous());
+    s->exp_avg_sq(state[i].exp_avg_sq.detach().to(p.device()).clone().contiguous());
+    adam_state[p.unsafeGetTensorImpl()] = std::move(s);
+  }
+  version_ = version;
+  return Status::Ok();
+}
+
 Status PolicyTrainer::Validate(const std::vector<TrainSample>& batch, Objective objective) const {
   if (batch.empty()) return InvalidArgument("empty training batch");
   const auto& spec = model_->spec();

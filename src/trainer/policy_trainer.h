@@ -62,6 +62,21 @@ class PolicyTrainer {
   const model::Transformer& model() const { return *model_; }
   int64_t version() const { return version_; }
 
+  // AdamW state of one parameter. step 0 = the optimizer has not updated it yet (no moments).
+  struct ParamState {
+    int64_t step = 0;
+    at::Tensor exp_avg;     // float32, the parameter's shape; undefined when step is 0
+    at::Tensor exp_avg_sq;  // likewise
+  };
+  // Per parameter, in model().NamedParameters() order; the tensors are copies.
+  std::vector<ParamState> OptimizerState() const;
+  // Replaces the weights (one tensor per parameter, in NamedParameters() order), the optimizer
+  // state and the policy version, all or nothing: on a count, shape or dtype mismatch nothing
+  // changes and the error names the parameter. What resuming from a checkpoint needs to continue
+  // bit for bit as if never interrupted (the AdamW hyperparameters come from the constructor).
+  Status RestoreState(const std::vector<at::Tensor>& weights, const std::vector<ParamState>& state,
+                      int64_t version);
+
  private:
   Status Validate(const std::vector<TrainSample>& batch, Objective objective) const;
   // One AdamW step on `batch` (all of it, in micro-batches).

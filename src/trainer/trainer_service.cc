@@ -8,9 +8,9 @@
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "kernels/reference/policy_loss_ref.h"
-#include "model/hf_config.h"
 #include "model/weights.h"
 #include "rpc/rpc_util.h"
+#include "trainer/trainer_state.h"
 
 namespace gyre::trainer {
 
@@ -118,24 +118,37 @@ grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveReques
   const std::string tmp_dir = final_dir + ".tmp";
   Status s = RemoveTree(tmp_dir);
   if (s.ok()) s = MakeDirs(tmp_dir);
-  if (s.ok()) {
-    s = model::SaveCheckpointWeights(tmp_dir, trainer_.model().NamedParameters());
-  }
   // A model loaded from a Hugging Face directory keeps its own config.json (eos ids, etc.) and
   // tokenizer files, so the checkpoint is a drop-in replacement for it.
-  const std::string& src = config_.model.path;
-  if (s.ok() && src.empty()) s = model::WriteHfConfig(tmp_dir, trainer_.model().spec());
-  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",
-                        "tokenizer_config.json", "special_tokens_map.json"}) {
-    if (s.ok() && !src.empty() && PathExists(src + "/" + f)) {
-      s = CopyFile(src + "/" + f, tmp_dir + "/" + f);
-    }
-  }
+  if (s.ok()) s = WriteModelDirectory(tmp_dir, trainer_.model(), config_.model.path);
   if (s.ok()) s = SyncDirectory(tmp_dir);
   if (s.ok()) s = RemoveTree(final_dir);
   if (s.ok()) s = RenamePath(tmp_dir, final_dir);
   if (!s.ok()) return rpc::ToGrpc(s.WithContext("save " + final_dir));
   resp->set_path(final_dir);
+  resp->set_policy_version(trainer_.version());
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainerService::SaveState(grpc::ServerContext* ctx, const v1::SaveStateRequest* req,
+                                       v1::SaveStateResponse* resp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (req->directory().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "SaveState needs a directory");
+  }
+  Status s = SaveTrainerState(req->directory(), trainer_, config_.model.path);
+  if (!s.ok()) return rpc::ToGrpc(s.WithContext("save trainer state to " + req->directory()));
+  resp->set_policy_version(trainer_.version());
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainerService::LoadState(grpc::ServerContext* ctx, const v1::LoadStateRequest* req,
+                                       v1::LoadStateResponse* resp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = LoadTrainerState(req->directory(), &trainer_);
+  if (!s.ok()) return rpc::ToGrpc(s);
+  GYRE_LOG_INFO("restored trainer state from {}: policy version {}", req->directory(),
+                trainer_.version());
   resp->set_policy_version(trainer_.version());
   return grpc::Status::OK;
 }

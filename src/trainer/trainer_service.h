@@ -2,7 +2,8 @@
 // TrainerService: the gRPC face of a trainer worker. TrainStep runs one optimizer step on the
 // batch the controller sends; PublishWeights streams the current policy version to every
 // rollout worker named in the request, concurrently and each within its deadline; Save writes
-// an HF-style directory (config.json + model.safetensors). Calls are serialised by a mutex.
+// an HF-style directory (config.json + model.safetensors); SaveState / LoadState write and restore
+// the resumable state of a checkpoint. Calls are serialised by a mutex.
 
 #include <functional>
 #include <memory>
@@ -26,6 +27,11 @@ class TrainerService final : public v1::Trainer::Service {
                               v1::PublishWeightsResponse* resp) override;
   grpc::Status Save(grpc::ServerContext* ctx, const v1::SaveRequest* req,
                     v1::SaveResponse* resp) override;
+  // The full resumable state into / from a directory the controller names (trainer_state.h).
+  grpc::Status SaveState(grpc::ServerContext* ctx, const v1::SaveStateRequest* req,
+                         v1::SaveStateResponse* resp) override;
+  grpc::Status LoadState(grpc::ServerContext* ctx, const v1::LoadStateRequest* req,
+                         v1::LoadStateResponse* resp) override;
   grpc::Status Stop(grpc::ServerContext* ctx, const v1::StopRequest* req,
                     v1::StopResponse* resp) override;
 

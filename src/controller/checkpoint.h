@@ -1,0 +1,76 @@
+#pragma once
+// Resumable checkpoints: the on-disk layout, the controller's part of the state, and the atomic
+// commit (docs/checkpoints.md).
+//
+//   <run_dir>/checkpoints/step-000042/   one complete checkpoint, after GRPO step 42
+//     controller.json     progress: GRPO step, policy version, next group id, problem stream
+//                         position and generator state, results so far, data fingerprints
+//     config.yaml         the effective job config it was written under
+//     metrics.jsonl       the run's metrics up to this checkpoint
+//     trainer/            the trainer's state (trainer/trainer_state.h)
+//
+// A checkpoint is written into step-000042.tmp/, fsynced, and renamed: a directory named
+// step-NNNNNN is complete, and a .tmp directory is an unfinished write that resuming ignores.
+// The newest checkpoint is the one with the highest step. Functions here are plain file I/O with
+// no shared state; the job runner calls them from its one thread.
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "gyre/config.h"
+#include "gyre/status.h"
+
+namespace gyre::controller {
+
+// What the controller needs to continue a job exactly where a checkpoint left it.
+struct ControllerState {
+  int grpo_step = 0;  // GRPO steps completed; 0 = after the warm-up and the first evaluation
+  int64_t policy_version = 0;
+  uint64_t next_group_id = 0;  // group ids, and with them the sampling seeds, continue from here
+  std::string problem_stream;  // ProblemSource::SaveState
+  double accuracy_before_rl = 0;
+  double final_mean_reward = 0;
+  double wall_seconds = 0;  // job time up to this checkpoint, summed over earlier resumes
+  std::map<std::string, std::string> data_fingerprints;  // see DataFingerprints
+  std::string config_yaml;                               // config::DumpJobConfig
+  std::string metrics_jsonl;                             // the metrics file's content
+};
+
+// "step-000042".
+std::string CheckpointName(int step);
+// The step of a complete checkpoint's directory name ("step-000042" -> 42); false for anything
+// else, such as "step-000042.tmp".
+bool ParseCheckpointName(const std::string& name, int* step);
+
+// The newest complete checkpoint in `checkpoints_dir` (a path), NotFound naming the directory when
+// there is none.
+StatusOr<std::string> FindLatestCheckpoint(const std::string& checkpoints_dir);
+
+// Writes controller.json, config.yaml and metrics.jsonl of `state` into `dir` (fsynced by
+// CommitCheckpoint).
+Status WriteControllerState(const std::string& dir, const ControllerState& state);
+// Reads them back; a missing file, invalid JSON or a missing or mistyped field is an error naming
+// the file.
+StatusOr<ControllerState> ReadControllerState(const std::string& dir);
+
+// A fingerprint (size and FNV-1a 64 of the bytes) of each dataset file the job reads
+// (data.train_path, data.eval_path), so a resume notices a dataset that changed under it.
+StatusOr<std::map<std::string, std::string>> DataFingerprints(const DataSection& data);
+
+// Checks that `current` resumes a checkpoint written under `saved` exactly: every setting that can
+// change the results must be equal. Settings that cannot (job.name, job.output_dir,
+// job.log_level, trainer.steps, trainer.checkpoint_*, metrics.file, cluster.*) may differ. The
+// error names the setting, both values and `where` (the checkpoint's config.yaml).
+Status CheckResumeCompatible(const JobConfig& saved, const JobConfig& current,
+                             const std::string& where);
+
+// Commits a fully written checkpoint: fsyncs `tmp_dir`, renames it to `final_dir`, fsyncs the
+// parent directory, then prunes (PruneCheckpoints) so only the newest `keep_last` remain.
+Status CommitCheckpoint(const std::string& tmp_dir, const std::string& final_dir, int keep_last);
+
+// Deletes all but the newest `keep_last` complete checkpoints in `checkpoints_dir`, and any
+// unfinished .tmp directory left by an interrupted write.
+Status PruneCheckpoints(const std::string& checkpoints_dir, int keep_last);
+
+}  // namespace gyre::controller

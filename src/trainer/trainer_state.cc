@@ -1,0 +1,256 @@
+#include "trainer/trainer_state.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "common/file_util.h"
+#include "model/hf_config.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+namespace gyre::trainer {
+
+namespace {
+
+constexpr char kFormat[] = "gyre.trainer_state";
+constexpr int kFormatVersion = 1;
+constexpr char kStateFile[] = "trainer_state.json";
+constexpr char kOptimizerFile[] = "optimizer.safetensors";
+
+std::string ToHex(const uint8_t* data, size_t n) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
+    out[2 * i] = kDigits[data[i] >> 4];
+    out[2 * i + 1] = kDigits[data[i] & 15];
+  }
+  return out;
+}
+
+bool FromHex(const std::string& hex, std::vector<uint8_t>* out) {
+  if (hex.size() % 2 != 0) return false;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  out->resize(hex.size() / 2);
+  for (size_t i = 0; i < out->size(); ++i) {
+    const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    (*out)[i] = static_cast<uint8_t>(hi * 16 + lo);
+  }
+  return true;
+}
+
+// The default CPU generator's state, as bytes (at::Generator::get_state's byte tensor).
+std::vector<uint8_t> CpuRngState() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  at::Tensor state = gen.get_state();
+  const uint8_t* p = state.data_ptr<uint8_t>();
+  return std::vector<uint8_t>(p, p + state.numel());
+}
+
+void SetCpuRngState(const std::vector<uint8_t>& bytes) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  std::copy(bytes.begin(), bytes.end(), t.data_ptr<uint8_t>());
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(t);
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+// A float32 copy of tensor `name` of `file`, which must have `shape`.
+StatusOr<at::Tensor> ReadTensor(const model::SafetensorsFile& file, const std::string& name,
+                                const std::vector<int64_t>& shape) {
+  auto it = file.entries().find(name);
+  if (it == file.entries().end()) {
+    return InvalidArgument(file.path() + ": missing tensor '" + name + "'");
+  }
+  if (it->second.dtype != "F32") {
+    return InvalidArgument(file.path() + ": tensor '" + name + "' has dtype " + it->second.dtype +
+                           ", expected F32");
+  }
+  if (it->second.shape != shape) {
+    return InvalidArgument(file.path() + ": tensor '" + name + "' has shape " +
+                           ShapeText(it->second.shape) + ", the model expects " + ShapeText(shape));
+  }
+  GYRE_ASSIGN_OR_RETURN(at::Tensor view, file.View(name));
+  return view.clone();
+}
+
+}  // namespace
+
+Status WriteModelDirectory(const std::string& dir, const model::Transformer& model,
+                           const std::string& model_path) {
+  GYRE_RETURN_IF_ERROR(model::SaveCheckpointWeights(dir, model.NamedParameters()));
+  if (model_path.empty()) return model::WriteHfConfig(dir, model.spec());
+  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",
+                        "tokenizer_config.json", "special_tokens_map.json"}) {
+    if (PathExists(model_path + "/" + f)) {
+      GYRE_RETURN_IF_ERROR(CopyFile(model_path + "/" + f, dir + "/" + f));
+    }
+  }
+  return Status::Ok();
+}
+
+Status SaveTrainerState(const std::string& dir, const PolicyTrainer& trainer,
+                        const std::string& model_path) {
+  GYRE_RETURN_IF_ERROR(MakeDirs(dir));
+  GYRE_RETURN_IF_ERROR(WriteModelDirectory(dir, trainer.model(), model_path));
+  const model::NamedTensors params = trainer.model().NamedParameters();
+  const std::vector<PolicyTrainer::ParamState> opt = trainer.OptimizerState();
+  model::NamedTensors moments;
+  nlohmann::json entries = nlohmann::json::array();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, p] = params[i];
+    entries.push_back({{"name", name}, {"shape", p.sizes().vec()}, {"step", opt[i].step}});
+    if (opt[i].step > 0) {
+      moments.emplace_back("exp_avg/" + name, opt[i].exp_avg);
+      moments.emplace_back("exp_avg_sq/" + name, opt[i].exp_avg_sq);
+    }
+  }
+  GYRE_RETURN_IF_ERROR(model::SaveSafetensors(dir + "/" + kOptimizerFile, moments));
+  const std::vector<uint8_t> rng = CpuRngState();
+  nlohmann::json state = {{"format", kFormat},
+                          {"format_version", kFormatVersion},
+                          {"policy_version", trainer.version()},
+                          {"params", entries},
+                          {"rng", {{"torch_cpu", ToHex(rng.data(), rng.size())}}}};
+  GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kStateFile, state.dump(1) + "\n"));
+  return SyncDirectory(dir);
+}
+
+Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
+  if (!IsDirectory(dir)) return NotFound("trainer state directory " + dir + " does not exist");
+  // trainer_state.json: format, version, per-parameter shapes and steps, RNG.
+  const std::string state_path = dir + "/" + kStateFile;
+  GYRE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(state_path));
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    return InvalidArgument(state_path + ": not valid JSON: " + e.what());
+  }
+  auto bad = [&](const std::string& why) { return InvalidArgument(state_path + ": " + why); };
+  if (!state.is_object() || state.value("format", "") != kFormat) {
+    return bad(std::string("not a trainer state (expected \"format\": \"") + kFormat + "\")");
+  }
+  if (!state["format_version"].is_number_integer() ||
+      state["format_version"].get<int>() != kFormatVersion) {
+    return bad("unsupported format_version " + state["format_version"].dump() +
+               " (this build reads " + std::to_string(kFormatVersion) + ")");
+  }
+  if (!state["policy_version"].is_number_integer() || state["policy_version"].get<int64_t>() < 0) {
+    return bad("policy_version must be a non-negative integer");
+  }
+  const int64_t version = state["policy_version"].get<int64_t>();
+  if (!state["params"].is_array()) return bad("\"params\" must be an array");
+  struct Entry {
+    std::vector<int64_t> shape;
+    int64_t step = 0;
+  };
+  std::map<std::string, Entry> entries;
+  for (const auto& e : state["params"]) {
+    if (!e.is_object() || !e.contains("name") || !e.contains("shape") || !e.contains("step") ||
+        !e["name"].is_string() || !e["shape"].is_array() || !e["step"].is_number_integer() ||
+        e["step"].get<int64_t>() < 0) {
+      return bad("each of \"params\" needs a name, a shape and a non-negative step: " + e.dump());
+    }
+    Entry entry;
+    for (const auto& d : e["shape"]) {
+      if (!d.is_number_integer()) return bad("bad shape " + e["shape"].dump());
+      entry.shape.push_back(d.get<int64_t>());
+    }
+    entry.step = e["step"].get<int64_t>();
+    if (!entries.emplace(e["name"].get<std::string>(), entry).second) {
+      return bad("parameter '" + e["name"].get<std::string>() + "' is listed twice");
+    }
+  }
+  const model::NamedTensors params = trainer->model().NamedParameters();
+  for (const auto& [name, p] : params) {
+    auto it = entries.find(name);
+    if (it == entries.end()) return bad("the model's parameter '" + name + "' is missing");
+    if (it->second.shape != p.sizes().vec()) {
+      return bad("parameter '" + name + "' has shape " + ShapeText(it->second.shape) +
+                 ", the model expects " + ShapeText(p.sizes().vec()));
+    }
+  }
+  if (entries.size() != params.size()) {
+    std::map<std::string, int> known;
+    for (const auto& p : params) known[p.first] = 1;
+    for (const auto& [name, e] : entries) {
+      if (!known.count(name)) return bad("parameter '" + name + "' is not in the model");
+    }
+  }
+  if (!state["rng"].is_object() || !state["rng"]["torch_cpu"].is_string()) {
+    return bad("missing rng.torch_cpu");
+  }
+  std::vector<uint8_t> rng;
+  if (!FromHex(state["rng"]["torch_cpu"].get<std::string>(), &rng) ||
+      rng.size() != CpuRngState().size()) {
+    return bad("rng.torch_cpu is not a CPU generator state of " +
+               std::to_string(CpuRngState().size()) + " bytes in hex");
+  }
+
+  // The weights: exactly the model's parameters, float32, same shapes (one file or shards).
+  const std::string weights_path = dir + "/model.safetensors";
+  GYRE_ASSIGN_OR_RETURN(auto weights_file, model::Checkpoint::Open(dir));
+  std::vector<at::Tensor> weights;
+  for (const auto& [name, p] : params) {
+    if (!weights_file->Has(name)) {
+      return InvalidArgument(weights_path + ": missing tensor '" + name + "'");
+    }
+    GYRE_ASSIGN_OR_RETURN(at::Tensor w, weights_file->View(name));
+    if (w.scalar_type() != at::kFloat || w.sizes() != p.sizes()) {
+      return InvalidArgument(weights_path + ": tensor '" + name + "' is " +
+                             std::string(c10::toString(w.scalar_type())) + " " +
+                             ShapeText(w.sizes().vec()) + ", the model expects Float " +
+                             ShapeText(p.sizes().vec()));
+    }
+    weights.push_back(w.clone());
+  }
+  if (weights_file->Names().size() != params.size()) {
+    return InvalidArgument(weights_path + ": has " + std::to_string(weights_file->Names().size()) +
+                           " tensors, the model has " + std::to_string(params.size()));
+  }
+
+  // The AdamW moments of every parameter with a non-zero step, and nothing else.
+  const std::string opt_path = dir + "/" + kOptimizerFile;
+  GYRE_ASSIGN_OR_RETURN(auto opt_file, model::SafetensorsFile::Open(opt_path));
+  std::vector<PolicyTrainer::ParamState> opt;
+  size_t expected_moments = 0;
+  for (const auto& [name, p] : params) {
+    PolicyTrainer::ParamState ps;
+    ps.step = entries[name].step;
+    if (ps.step > 0) {
+      GYRE_ASSIGN_OR_RETURN(ps.exp_avg, ReadTensor(*opt_file, "exp_avg/" + name, p.sizes().vec()));
+      GYRE_ASSIGN_OR_RETURN(ps.exp_avg_sq,
+                            ReadTensor(*opt_file, "exp_avg_sq/" + name, p.sizes().vec()));
+      expected_moments += 2;
+    }
+    opt.push_back(std::move(ps));
+  }
+  if (opt_file->entries().size() != expected_moments) {
+    return InvalidArgument(opt_path + ": has " + std::to_string(opt_file->entries().size()) +
+                           " tensors, expected " + std::to_string(expected_moments) +
+                           " (two per parameter with a non-zero step in " + kStateFile + ")");
+  }
+
+  // All checked: commit.
+  GYRE_RETURN_IF_ERROR(trainer->RestoreState(weights, opt, version).WithContext(dir));
+  SetCpuRngState(rng);
+  return Status::Ok();
+}
+
+}  // namespace gyre::trainer

@@ -1,0 +1,41 @@
+#pragma once
+// The trainer's resumable state as files in one directory: the trainer's part of a checkpoint
+// (docs/checkpoints.md).
+//
+//   model.safetensors       the weights, float32 (with config.json and, for a Hugging Face model,
+//                           its tokenizer files: the directory loads like any HF model)
+//   optimizer.safetensors   AdamW moments "exp_avg/<param>" and "exp_avg_sq/<param>", float32,
+//                           for every parameter the optimizer has updated
+//   trainer_state.json      format and version, policy version, each parameter's name, shape and
+//                           AdamW step count, and the RNG states (torch's default CPU generator)
+//
+// With these, a trainer built from the same job config continues bit for bit as the one that
+// wrote them. Not thread-safe: the caller serialises access to the trainer (TrainerService's
+// mutex).
+
+#include <string>
+
+#include "gyre/status.h"
+#include "trainer/policy_trainer.h"
+
+namespace gyre::trainer {
+
+// Writes the model as a Hugging Face directory into `dir` (which must exist): model.safetensors
+// (or shards) and config.json; for a model loaded from `model_path` (non-empty), that
+// directory's config.json, generation config and tokenizer files are copied instead of a
+// generated config.json, so the result is a drop-in replacement for it. Files are not fsynced.
+Status WriteModelDirectory(const std::string& dir, const model::Transformer& model,
+                           const std::string& model_path);
+
+// Writes `trainer`'s state into `dir` (created if missing; files of the same names replaced),
+// then fsyncs the files and the directory. `model_path` is the job's model.path: a Hugging Face
+// model's config.json and tokenizer files are copied next to the weights.
+Status SaveTrainerState(const std::string& dir, const PolicyTrainer& trainer,
+                        const std::string& model_path);
+
+// Restores what SaveTrainerState wrote into `trainer`. Every file is read and checked first
+// (format, parameter names, shapes, dtypes, step counts, RNG state size); on any problem nothing
+// changes and the error names the file and, where it applies, the tensor.
+Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer);
+
+}  // namespace gyre::trainer

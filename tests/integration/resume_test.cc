@@ -1,0 +1,174 @@
+// Checkpoint and resume with real processes: a job killed with SIGKILL (controller and workers at
+// once) and resumed with `gyre train --resume` ends with the same weights, byte for byte, and the
+// same metrics as the same job run without interruption.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "integration/run_util.h"
+
+namespace gyre::testing {
+namespace {
+
+const std::string kQuickstart = std::string(GYRE_SOURCE_DIR) + "/configs/quickstart.yaml";
+constexpr int kSteps = 6;
+
+// A small job with an evaluation and a checkpoint every 2 GRPO steps.
+std::vector<std::string> Job(const std::string& output_dir) {
+  return {"train", kQuickstart,
+          "--set", "job.output_dir=" + output_dir,
+          "--set", "job.name=t",
+          "--set", "trainer.warmup_sft_steps=5",
+          "--set", "trainer.steps=" + std::to_string(kSteps),
+          "--set", "rollout.prompts_per_step=8",
+          "--set", "data.eval_size=20",
+          "--set", "metrics.eval_every=2",
+          "--set", "trainer.checkpoint_every=2",
+          "--set", "trainer.checkpoint_keep_last=2"};
+}
+
+std::vector<std::string> With(std::vector<std::string> args, const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// Starts `gyre args...` as the leader of a new process group, which its workers join, so the
+// whole job can be killed at once like a crashed machine would stop it.
+pid_t StartGroupLeader(const std::vector<std::string>& args, const std::string& output_path) {
+  std::vector<std::string> argv = {GYRE_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  const int fd = ::open(output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::dup2(fd, STDOUT_FILENO);
+    ::dup2(fd, STDERR_FILENO);
+    ::execv(cargv[0], cargv.data());
+    ::_exit(127);
+  }
+  ::close(fd);
+  ::setpgid(pid, pid);  // also from the parent, so the group exists before we signal it
+  return pid;
+}
+
+std::vector<nlohmann::json> Metrics(const std::string& path, const std::string& phase) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(ReadFile(path));
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["phase"] == phase) out.push_back(j);
+  }
+  return out;
+}
+
+// A metrics line without its wall-clock fields.
+nlohmann::json Deterministic(nlohmann::json j) {
+  for (const char* k : {"tokens_per_s", "step_time_s", "generate_s", "train_s", "publish_s",
+                        "seconds", "wall_seconds"}) {
+    j.erase(k);
+  }
+  return j;
+}
+
+TEST(ResumeTest, KilledJobResumesToTheUninterruptedResult) {
+  const std::string dir = MakeTempDir("resume");
+  ASSERT_TRUE(MakeDirs(dir + "/a").ok() && MakeDirs(dir + "/b").ok());
+
+  // The reference: the same job, uninterrupted, in a directory where an earlier run left a
+  // checkpoint (a new run without --resume drops it).
+  ASSERT_TRUE(MakeDirs(dir + "/a/t/checkpoints/step-000099/trainer").ok());
+  auto a = GyreProcess::Start(Job(dir + "/a"), dir + "/a");
+  ASSERT_TRUE(a.Wait(120)) << a.Output();
+  ASSERT_EQ(WEXITSTATUS(a.wait_status), 0) << a.Output();
+  const std::string run_a = dir + "/a/t";
+  auto listing = ListDirectory(run_a + "/checkpoints");
+  ASSERT_TRUE(listing.ok());
+  EXPECT_EQ(*listing, (std::vector<std::string>{"step-000004", "step-000006"})) << "keep_last 2";
+
+  // Kill the whole job (controller and workers, SIGKILL) once it has a checkpoint after step 2.
+  const std::string run_b = dir + "/b/t";
+  const pid_t job = StartGroupLeader(Job(dir + "/b"), dir + "/b/gyre.out");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (!IsDirectory(run_b + "/checkpoints/step-000002") &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(::kill(-job, SIGKILL), 0);
+  int st = 0;
+  ASSERT_EQ(::waitpid(job, &st, 0), job);
+  const std::string killed_output = ReadFile(dir + "/b/gyre.out");
+  ASSERT_TRUE(IsDirectory(run_b + "/checkpoints/step-000002")) << killed_output;
+  ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << killed_output;
+  const auto workers = WorkerPids(killed_output);
+  EXPECT_EQ(workers.size(), 3u) << killed_output;
+  EXPECT_TRUE(AllGone(workers, 10));
+  ASSERT_FALSE(PathExists(run_b + "/final")) << "the job finished before it was killed";
+  const size_t steps_before_kill = Metrics(run_b + "/metrics.jsonl", "grpo").size();
+  EXPECT_LT(steps_before_kill, static_cast<size_t>(kSteps));
+
+  // A setting that changes results is refused, and nothing in the run directory changes.
+  const std::string metrics_before = ReadFile(run_b + "/metrics.jsonl");
+  auto refused =
+      GyreProcess::Start(With(Job(dir + "/b"), {"--resume", "--set", "trainer.lr=0.01"}), dir);
+  ASSERT_TRUE(refused.Wait(60));
+  EXPECT_EQ(WEXITSTATUS(refused.wait_status), 1);
+  EXPECT_NE(refused.Output().find("config.yaml: the checkpoint was written with trainer.lr: "
+                                  "0.0005, this job has 0.01"),
+            std::string::npos)
+      << refused.Output();
+  EXPECT_EQ(ReadFile(run_b + "/metrics.jsonl"), metrics_before);
+
+  // Resume to the end.
+  ASSERT_TRUE(MakeDirs(dir + "/b2").ok());
+  auto b = GyreProcess::Start(With(Job(dir + "/b"), {"--resume"}), dir + "/b2");
+  ASSERT_TRUE(b.Wait(120)) << b.Output();
+  const std::string out = b.Output();
+  ASSERT_EQ(WEXITSTATUS(b.wait_status), 0) << out;
+  EXPECT_NE(out.find("resumed from " + run_b + "/checkpoints/step-00000"), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("warmup"), std::string::npos) << "the warm-up ran again: " << out;
+
+  // Bit-identical weights, and the same metrics for every step, restored or recomputed.
+  const std::string final_a = ReadFile(run_a + "/final/model.safetensors");
+  ASSERT_GT(final_a.size(), 100000u);
+  EXPECT_TRUE(final_a == ReadFile(run_b + "/final/model.safetensors"))
+      << "resumed weights differ from the uninterrupted run's";
+  for (const char* phase : {"warmup", "grpo", "eval"}) {
+    const auto ma = Metrics(run_a + "/metrics.jsonl", phase);
+    const auto mb = Metrics(run_b + "/metrics.jsonl", phase);
+    ASSERT_EQ(ma.size(), mb.size()) << phase;
+    for (size_t i = 0; i < ma.size(); ++i) {
+      EXPECT_EQ(Deterministic(ma[i]), Deterministic(mb[i])) << phase << " line " << i;
+    }
+  }
+  EXPECT_EQ(Metrics(run_a + "/metrics.jsonl", "grpo").size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(Metrics(run_b + "/metrics.jsonl", "resume").size(), 1u);
+  auto sa = nlohmann::json::parse(ReadFile(run_a + "/summary.json"));
+  auto sb = nlohmann::json::parse(ReadFile(run_b + "/summary.json"));
+  EXPECT_EQ(Deterministic(sa), Deterministic(sb));
+  EXPECT_EQ(sb["grpo_steps"], kSteps);
+  EXPECT_TRUE(AllGone(WorkerPids(out), 10));
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+TEST(ResumeTest, ResumeWithoutCheckpointsFailsClearly) {
+  const std::string dir = MakeTempDir("noresume");
+  auto p = GyreProcess::Start(With(Job(dir), {"--resume"}), dir);
+  ASSERT_TRUE(p.Wait(60));
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 1);
+  EXPECT_NE(p.Output().find("gyre: job failed: no checkpoints to resume from: " + dir +
+                            "/t/checkpoints does not exist (the first checkpoint is written "
+                            "after the warm-up)"),
+            std::string::npos)
+      << p.Output();
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+}  // namespace
+}  // namespace gyre::testing
