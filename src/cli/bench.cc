@@ -32,6 +32,8 @@ constexpr char kBenchUsage[] =
     "baseline time / gyre time.\n"
     "\n"
     "subcommands:\n"
+    "  kernels       sampling, advantages, policy loss and token log-probs against their\n"
+    "                libtorch baselines (CUDA kernels on a GPU, CPU references otherwise)\n"
     "\n"
     "`gyre bench SUBCOMMAND --help` lists a subcommand's options.\n";
 
@@ -102,6 +104,7 @@ int RunBench(const std::vector<std::string>& args) {
     std::fputs(kBenchUsage, stdout);
     return 0;
   }
+  if (sub == "kernels") return RunBenchKernels(rest);
   std::fprintf(stderr, "gyre bench: unknown subcommand '%s'\n\n%s", sub.c_str(), kBenchUsage);
   return 2;
 }

@@ -46,6 +46,7 @@ class BenchReport {
 
 // The subcommands; each takes the arguments after its name and returns an exit status
 // (0 ok, 1 failure, 2 usage error).
+int RunBenchKernels(const std::vector<std::string>& args);
 
 // gyre bench SUBCOMMAND ...: dispatch and help.
 int RunBench(const std::vector<std::string>& args);

@@ -1,0 +1,91 @@
+// GPU: src/ops dispatches CUDA tensors to the kernels, with the same meaning as the CPU path
+// (label gpu; skips without a device).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/device_info.h"
+#include "ops/ops.h"
+
+namespace gyre::ops {
+namespace {
+
+class OpsGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_F(OpsGpuTest, SampleRowsOnTheGpuMatchesTheCpu) {
+  at::manual_seed(5);
+  const int64_t B = 256, V = 5003;
+  at::Tensor logits = at::randn({B, V}) * 3;
+  std::vector<kernels::SamplingRowParams> params(B);
+  for (int64_t r = 0; r < B; ++r) {
+    params[r] = {r % 7 == 0 ? 0.f : 1.f,
+                 static_cast<int32_t>(r % 2 ? 40 : 0),
+                 r % 3 ? 0.9f : 1.f,
+                 0.f,
+                 static_cast<uint64_t>(r * 31),
+                 11};
+  }
+  auto cpu = SampleRows(logits, params);
+  auto gpu = SampleRows(logits.cuda(), params);
+  auto gpu_bf16 = SampleRows(logits.to(at::kBFloat16).cuda(), params);
+  ASSERT_TRUE(cpu.ok() && gpu.ok() && gpu_bf16.ok());
+  int same = 0;
+  for (int64_t r = 0; r < B; ++r) same += cpu->tokens[r] == gpu->tokens[r];
+  EXPECT_GE(same, B - 1);
+  auto cpu_bf16 = SampleRows(logits.to(at::kBFloat16), params);
+  ASSERT_TRUE(cpu_bf16.ok());
+  same = 0;
+  for (int64_t r = 0; r < B; ++r) same += cpu_bf16->tokens[r] == gpu_bf16->tokens[r];
+  EXPECT_GE(same, B - 1);
+}
+
+TEST_F(OpsGpuTest, TokenLogprobsForwardAndBackwardMatchTheCpu) {
+  at::manual_seed(6);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    at::Tensor base = (at::randn({2, 33, 4099}) * 2).to(dtype);
+    at::Tensor targets = at::randint(0, 4099, {2, 33}, at::kLong);
+    at::Tensor g = at::randn({2, 33});
+    at::Tensor cpu_logits = base.to(at::kFloat).set_requires_grad(true);
+    at::Tensor cpu_lp = TokenLogprobs(cpu_logits, targets, 0.8);
+    (cpu_lp * g).sum().backward();
+    at::Tensor gpu_logits = base.cuda().set_requires_grad(true);
+    at::Tensor gpu_lp = TokenLogprobs(gpu_logits, targets.cuda(), 0.8);
+    (gpu_lp * g.cuda()).sum().backward();
+    EXPECT_TRUE(at::allclose(gpu_lp.cpu(), cpu_lp.detach(), 1e-4, 1e-4));
+    const double tol = dtype == at::kFloat ? 1e-5 : 1e-2;
+    EXPECT_TRUE(at::allclose(gpu_logits.grad().cpu().to(at::kFloat), cpu_logits.grad(), tol, tol));
+  }
+}
+
+TEST_F(OpsGpuTest, PolicyLossOnTheGpuMatchesTheCpu) {
+  at::manual_seed(7);
+  at::Tensor logp = at::randn({8, 64}) * 0.1 - 1;
+  at::Tensor old = logp + at::randn({8, 64}) * 0.1;
+  at::Tensor rollout = old + at::randn({8, 64}) * 0.05;
+  at::Tensor ref = old + at::randn({8, 64}) * 0.05;
+  at::Tensor adv = at::randn({8, 64});
+  at::Tensor mask = (at::rand({8, 64}) > 0.2).to(at::kFloat);
+  kernels::PolicyLossParams p;
+  p.use_tis = true;
+  p.kl = kernels::KlKind::kK3;
+  p.kl_coef = 0.01f;
+  auto cpu = PolicyLoss(logp, old, rollout, ref, adv, mask, p);
+  auto gpu =
+      PolicyLoss(logp.cuda(), old.cuda(), rollout.cuda(), ref.cuda(), adv.cuda(), mask.cuda(), p);
+  ASSERT_TRUE(cpu.ok() && gpu.ok()) << gpu.status().message();
+  EXPECT_NEAR(gpu->stats.loss, cpu->stats.loss, 1e-9 + 1e-9 * std::abs(cpu->stats.loss));
+  EXPECT_NEAR(gpu->stats.clip_frac, cpu->stats.clip_frac, 1e-12);
+  EXPECT_TRUE(at::allclose(gpu->grad_logp.cpu(), cpu->grad_logp, 1e-6, 1e-30));
+  auto mixed = PolicyLoss(logp.cuda(), old, rollout, ref, adv, mask, p);
+  EXPECT_FALSE(mixed.ok());
+}
+
+}  // namespace
+}  // namespace gyre::ops

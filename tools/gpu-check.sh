@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The GPU host's check, as one script: configure and build Gyre against the host's CUDA-enabled
+# PyTorch (torch.utils.cmake_prefix_path) and the staged Debian packages, run the GPU tests
+# (ctest label gpu) and `gyre bench kernels`, and copy logs and JSON to $OUT (or ./gpu-out).
+#
+# Preparation on a machine with Debian's registry, from the repository root:
+#   bash ../shared/device/stage-deps.sh            # -> .devdeps/ (git-ignored; carry it)
+#   mkdir -p .device && cp ../shared/device/*.sh .device/   # .device/ is git-ignored
+# On the GPU host (the device tool runs commands in the repository root):
+#   bash tools/gpu-check.sh [--tests-only | --bench-only] [extra bench kernels options]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-$PWD/gpu-out}"
+mkdir -p "$out"
+mode=all
+if [[ "${1:-}" == --tests-only || "${1:-}" == --bench-only ]]; then
+  mode="${1#--}"
+  shift
+fi
+if [[ ! -f .device/gpu-env.sh || ! -d .devdeps ]]; then
+  echo "gpu-check: .device/gpu-env.sh or .devdeps/ is missing (see the top of this script)" >&2
+  exit 2
+fi
+# shellcheck disable=SC1091
+source .device/gpu-env.sh
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+build=build-gpu
+start=$(date +%s)
+if [[ ! -f "$build/build.ninja" ]]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGYRE_WITH_CUDA=ON \
+    >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
+fi
+cmake --build "$build" -j "$(nproc)" \
+  >"$out/build.log" 2>&1 || { grep -m 20 -A5 "error" "$out/build.log"; exit 1; }
+echo "gpu-check: built in $(( $(date +%s) - start )) s"
+rc=0
+if [[ "$mode" != bench-only ]]; then
+  ctest --test-dir "$build" -L gpu --output-on-failure -j 4 --timeout 300 >"$out/ctest-gpu.log" 2>&1 || rc=1
+  tail -25 "$out/ctest-gpu.log"
+fi
+if [[ "$mode" != tests-only ]]; then
+  "$build/bin/gyre" bench kernels --json "$out/bench-kernels.json" "$@" 2>"$out/bench-kernels.err" \
+    | tee "$out/bench-kernels.txt" || rc=1
+fi
+exit $rc
