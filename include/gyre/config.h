@@ -85,6 +85,8 @@ struct TrainerSection {
   double warmup_stop_token_accuracy = 0;  // end the warm-up early at this training token accuracy
   int checkpoint_every = 0;               // steps; 0 = only the final model
   int torch_threads = 1;                  // intra-op threads per worker process
+  int grad_bucket_mb = 32;                // data parallel: gradient all-reduce bucket size
+  double collective_timeout_s = 600;      // data parallel: deadline of each collective
 };
 
 struct RewardSection {
