@@ -20,6 +20,7 @@ APT_PACKAGES=(
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev libutf8proc-dev
+  libgloo-dev
 )
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }

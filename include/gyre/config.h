@@ -86,6 +86,8 @@ struct TrainerSection {
   int checkpoint_every = 0;               // GRPO steps between resumable checkpoints; 0 = none
   int checkpoint_keep_last = 3;           // resumable checkpoints kept on disk
   int torch_threads = 1;                  // intra-op threads per worker process
+  int grad_bucket_mb = 32;                // data parallel: gradient all-reduce bucket size
+  double collective_timeout_s = 600;      // data parallel: deadline of each collective
 };
 
 struct RewardSection {

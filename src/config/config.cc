@@ -200,6 +200,10 @@ std::vector<Field> BuildTable() {
           "resumable checkpoints kept; older ones are deleted after a new one is in place"),
       Num(GYRE_CONFIG_KEY(trainer.torch_threads), Closed(1, 1024),
           "intra-op threads per worker process"),
+      Num(GYRE_CONFIG_KEY(trainer.grad_bucket_mb), Closed(1, 4096),
+          "data-parallel gradient all-reduce bucket size in MiB"),
+      Num(GYRE_CONFIG_KEY(trainer.collective_timeout_s), OpenLow(0, 86400),
+          "deadline of each data-parallel collective in seconds"),
       // reward
       Choice(GYRE_CONFIG_KEY(reward.type), {"builtin", "custom"},
              "builtin = the task's verifier; custom = a library user's RewardFn"),

@@ -21,8 +21,13 @@ constexpr size_t kDigits = 6;
 // Settings that change where or how a run is recorded or connected, never what it computes.
 bool ResultNeutral(const std::string& key) {
   static const std::set<std::string> kKeys = {
-      "job.name",      "job.output_dir",           "job.log_level",
-      "trainer.steps", "trainer.checkpoint_every", "trainer.checkpoint_keep_last",
+      "job.name",
+      "job.output_dir",
+      "job.log_level",
+      "trainer.steps",
+      "trainer.checkpoint_every",
+      "trainer.checkpoint_keep_last",
+      "trainer.collective_timeout_s",
       "metrics.file",
   };
   return kKeys.count(key) > 0 || key.rfind("cluster.", 0) == 0;

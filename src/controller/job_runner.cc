@@ -20,6 +20,7 @@
 #include "config/config.h"
 #include "controller/checkpoint.h"
 #include "controller/controller_service.h"
+#include "controller/sharding.h"
 #include "controller/task.h"
 #include "kernels/reference/advantages_ref.h"
 #include "model/chat_template.h"
@@ -97,6 +98,10 @@ class JobRunner {
   void MonitorLoop();
   Status CheckHealth();
   std::vector<Worker*> AliveRollouts();
+  std::vector<Worker*> Trainers();  // trainer-0 .. trainer-(M-1)
+  // Data parallel: trainer-0 hosts the Gloo store; every trainer joins the group.
+  Status FormTrainerGroup();
+  int trainer_group_formations_ = 0;
   Worker* TrainerWorker() { return &workers_.at("trainer-0"); }
   Status DropWorker(Worker* w, const std::string& why);
   // An RPC to `w` failed with `s`: give the monitor a moment to see whether the process died,
@@ -158,11 +163,6 @@ class JobRunner {
 };
 
 Status JobRunner::Setup() {
-  if (cfg_.trainer.workers != 1) {
-    return InvalidArgument(
-        "trainer.workers: data-parallel trainers are not supported yet; set "
-        "trainer.workers: 1");
-  }
   if (cfg_.reward.type == "custom") {
     if (!opts_.reward) {
       return InvalidArgument(
@@ -235,6 +235,7 @@ Status JobRunner::Setup() {
     if (w.role == v1::WORKER_ROLE_TRAINER) w.trainer = v1::Trainer::NewStub(channel);
   }
   GYRE_LOG_INFO("{} workers ready in {:.1f} s", workers_.size(), Seconds(t0));
+  if (cfg_.trainer.workers > 1) GYRE_RETURN_IF_ERROR(FormTrainerGroup());
   return Status::Ok();
 }
 
@@ -265,7 +266,9 @@ Status JobRunner::SpawnWorkers() {
   if (!local) {
     GYRE_LOG_INFO("external mode: waiting for workers to dial {}", address_);
   }
-  GYRE_RETURN_IF_ERROR(add(v1::WORKER_ROLE_TRAINER, "trainer", 0));
+  for (int i = 0; i < cfg_.trainer.workers; ++i) {
+    GYRE_RETURN_IF_ERROR(add(v1::WORKER_ROLE_TRAINER, "trainer", i));
+  }
   for (int i = 0; i < cfg_.rollout.workers; ++i) {
     GYRE_RETURN_IF_ERROR(add(v1::WORKER_ROLE_ROLLOUT, "rollout", i));
   }
@@ -405,6 +408,53 @@ bool JobRunner::WaitForDeath(const std::string& id, double seconds) {
     if (Seconds(t0) >= seconds) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+}
+
+std::vector<Worker*> JobRunner::Trainers() {
+  std::vector<Worker*> out;
+  for (int i = 0; i < cfg_.trainer.workers; ++i) {
+    out.push_back(&workers_.at("trainer-" + std::to_string(i)));
+  }
+  return out;
+}
+
+Status JobRunner::FormTrainerGroup() {
+  const auto t0 = Clock::now();
+  std::vector<Worker*> trainers = Trainers();
+  v1::HostGroupStoreResponse store;
+  {
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, cfg_.cluster.rpc_timeout_s);
+    InflightCall inflight(this, trainers[0]->id, &ctx);
+    GYRE_RETURN_IF_ERROR(
+        AfterRpcFailure(trainers[0], rpc::FromGrpc(trainers[0]->trainer->HostGroupStore(
+                                                       &ctx, v1::HostGroupStoreRequest(), &store),
+                                                   "data-parallel store")));
+  }
+  const std::string group = "trainers-" + std::to_string(++trainer_group_formations_);
+  std::vector<std::future<Status>> joins;
+  for (size_t r = 0; r < trainers.size(); ++r) {
+    joins.push_back(std::async(std::launch::async, [this, &trainers, &store, &group, r] {
+      Worker* w = trainers[r];
+      v1::JoinGroupRequest req;
+      req.set_store_address(store.store_address());
+      req.set_group(group);
+      req.set_rank(static_cast<int32_t>(r));
+      req.set_size(static_cast<int32_t>(trainers.size()));
+      req.set_timeout_s(cfg_.cluster.register_timeout_s);
+      v1::JoinGroupResponse resp;
+      grpc::ClientContext ctx;
+      rpc::SetDeadline(&ctx, cfg_.cluster.register_timeout_s + 10);
+      InflightCall inflight(this, w->id, &ctx);
+      return rpc::FromGrpc(w->trainer->JoinGroup(&ctx, req, &resp), "join " + group);
+    }));
+  }
+  for (size_t r = 0; r < trainers.size(); ++r) {
+    GYRE_RETURN_IF_ERROR(AfterRpcFailure(trainers[r], joins[r].get()));
+  }
+  GYRE_LOG_INFO("data-parallel group {} of {} trainers formed in {:.1f} s (store {})", group,
+                trainers.size(), Seconds(t0), store.store_address());
+  return Status::Ok();
 }
 
 Status JobRunner::AfterRpcFailure(Worker* w, const Status& s) {
@@ -599,21 +649,58 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
 StatusOr<std::map<std::string, double>> JobRunner::Train(const std::vector<v1::Sample>& samples,
                                                          v1::Objective objective, double lr,
                                                          double temperature) {
-  v1::TrainStepRequest req;
-  req.set_expected_version(version_);
-  req.set_objective(objective);
-  req.set_lr(static_cast<float>(lr));
-  req.set_temperature(static_cast<float>(temperature));
-  for (const auto& s : samples) *req.add_samples() = s;
-  v1::TrainStepResponse resp;
-  grpc::ClientContext ctx;
-  rpc::SetDeadline(&ctx, cfg_.cluster.rpc_timeout_s);
-  InflightCall inflight(this, TrainerWorker()->id, &ctx);
-  GYRE_RETURN_IF_ERROR(AfterRpcFailure(
-      TrainerWorker(),
-      rpc::FromGrpc(TrainerWorker()->trainer->TrainStep(&ctx, req, &resp), "train step")));
-  version_ = resp.policy_version();
-  return std::map<std::string, double>(resp.metrics().begin(), resp.metrics().end());
+  std::vector<Worker*> trainers = Trainers();
+  const int ranks = static_cast<int>(trainers.size());
+  std::vector<v1::TrainStepRequest> reqs(ranks);
+  for (auto& req : reqs) {
+    req.set_expected_version(version_);
+    req.set_objective(objective);
+    req.set_lr(static_cast<float>(lr));
+    req.set_temperature(static_cast<float>(temperature));
+  }
+  if (ranks == 1) {
+    for (const auto& s : samples) *reqs[0].add_samples() = s;
+  } else {
+    // Token-balanced shards of the same global mini-batches a single trainer would take.
+    std::vector<int64_t> tokens;
+    for (const auto& s : samples) tokens.push_back(s.prompt_ids_size() + s.response_ids_size());
+    const int minis =
+        objective == v1::OBJECTIVE_SFT
+            ? 1
+            : std::max(1, std::min(cfg_.trainer.mini_batches, static_cast<int>(samples.size())));
+    const DpShards shards = ShardBatch(tokens, ranks, minis);
+    for (int r = 0; r < ranks; ++r) {
+      for (size_t i : shards.samples[r]) *reqs[r].add_samples() = samples[i];
+      for (int32_t n : shards.mini_batch_sizes[r]) reqs[r].add_mini_batch_sizes(n);
+    }
+  }
+  std::vector<v1::TrainStepResponse> resps(ranks);
+  std::vector<std::future<Status>> calls;
+  for (int r = 0; r < ranks; ++r) {
+    calls.push_back(std::async(std::launch::async, [this, &trainers, &reqs, &resps, r] {
+      grpc::ClientContext ctx;
+      rpc::SetDeadline(&ctx, cfg_.cluster.rpc_timeout_s);
+      InflightCall inflight(this, trainers[r]->id, &ctx);
+      return rpc::FromGrpc(trainers[r]->trainer->TrainStep(&ctx, reqs[r], &resps[r]),
+                           "train step on trainer-" + std::to_string(r));
+    }));
+  }
+  Status first_error;
+  for (int r = 0; r < ranks; ++r) {
+    Status s = AfterRpcFailure(trainers[r], calls[r].get());
+    if (!s.ok() && first_error.ok()) first_error = s;
+  }
+  GYRE_RETURN_IF_ERROR(first_error);
+  for (int r = 1; r < ranks; ++r) {
+    if (resps[r].policy_version() != resps[0].policy_version()) {
+      return Internal("data-parallel trainers disagree on the policy version: trainer-0 has " +
+                      std::to_string(resps[0].policy_version()) + ", trainer-" + std::to_string(r) +
+                      " has " + std::to_string(resps[r].policy_version()));
+    }
+  }
+  version_ = resps[0].policy_version();
+  // Metrics are all-reduced by the ranks, so rank 0 speaks for the group.
+  return std::map<std::string, double>(resps[0].metrics().begin(), resps[0].metrics().end());
 }
 
 Status JobRunner::WarmUp() {
@@ -878,18 +965,22 @@ Status JobRunner::Resume() {
   const ControllerState& st = resume_state_;
   GYRE_RETURN_IF_ERROR(
       problems_->RestoreState(st.problem_stream).WithContext(resume_dir_ + "/controller.json"));
+  // Every data-parallel rank loads the same state (the ranks hold identical weights and AdamW
+  // state), so they continue in lockstep.
   v1::LoadStateRequest req;
   req.set_directory(resume_dir_ + "/trainer");
-  v1::LoadStateResponse resp;
-  grpc::ClientContext ctx;
-  rpc::SetDeadline(&ctx, cfg_.cluster.rpc_timeout_s);
-  GYRE_RETURN_IF_ERROR(AfterRpcFailure(
-      TrainerWorker(), rpc::FromGrpc(TrainerWorker()->trainer->LoadState(&ctx, req, &resp),
-                                     "resume from " + resume_dir_)));
-  if (resp.policy_version() != st.policy_version) {
-    return FailedPrecondition(resume_dir_ + ": trainer state is at policy version " +
-                              std::to_string(resp.policy_version()) + ", controller.json at " +
-                              std::to_string(st.policy_version));
+  for (Worker* w : Trainers()) {
+    v1::LoadStateResponse resp;
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, cfg_.cluster.rpc_timeout_s);
+    GYRE_RETURN_IF_ERROR(
+        AfterRpcFailure(w, rpc::FromGrpc(w->trainer->LoadState(&ctx, req, &resp),
+                                         "resume " + w->id + " from " + resume_dir_)));
+    if (resp.policy_version() != st.policy_version) {
+      return FailedPrecondition(resume_dir_ + ": trainer state is at policy version " +
+                                std::to_string(resp.policy_version()) + ", controller.json at " +
+                                std::to_string(st.policy_version));
+    }
   }
   // Everything loaded: from here on the run directory continues from the checkpoint.
   version_ = st.policy_version;

@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -11,20 +10,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "common/crc32.h"
 #include "model/safetensors.h"
 
 namespace gyre::model {
 
-uint32_t Crc32(const uint8_t* data, uint64_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  while (n > 0) {
-    uInt chunk = static_cast<uInt>(std::min<uint64_t>(n, 1u << 30));
-    crc = crc32(crc, data, chunk);
-    data += chunk;
-    n -= chunk;
-  }
-  return static_cast<uint32_t>(crc);
-}
+uint32_t Crc32(const uint8_t* data, uint64_t n) { return gyre::Crc32(data, n); }
 
 std::vector<uint8_t> FlattenParameters(const NamedTensors& params,
                                        std::vector<TensorEntry>* manifest) {

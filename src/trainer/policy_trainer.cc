@@ -88,7 +88,10 @@ Status PolicyTrainer::RestoreState(const std::vector<at::Tensor>& weights,
 }
 
 Status PolicyTrainer::Validate(const std::vector<TrainSample>& batch, Objective objective) const {
-  if (batch.empty()) return InvalidArgument("empty training batch");
+  // A data-parallel rank may hold no sample of a small batch; it still joins the collectives.
+  if (batch.empty() && (dp_ == nullptr || dp_->size() == 1)) {
+    return InvalidArgument("empty training batch");
+  }
   const auto& spec = model_->spec();
   for (size_t i = 0; i < batch.size(); ++i) {
     const auto& s = batch[i];
@@ -199,25 +202,100 @@ void PolicyTrainer::ComputeOldLogprobs(std::vector<TrainSample>* batch,
   }
 }
 
+void PolicyTrainer::SetDataParallel(comm::Communicator* comm, int64_t bucket_bytes,
+                                    double timeout_s) {
+  dp_ = comm;
+  dp_bucket_bytes_ = std::max<int64_t>(bucket_bytes, 1024);
+  dp_timeout_s_ = timeout_s;
+}
+
+Status PolicyTrainer::AllReduce(double* values, size_t count) {
+  if (dp_ == nullptr || dp_->size() == 1) return Status::Ok();
+  return dp_->AllReduceSum(values, count, comm::DataType::kFloat64,
+                           comm::DeadlineAfter(dp_timeout_s_));
+}
+
+Status PolicyTrainer::AllReduceGradients() {
+  if (dp_ == nullptr || dp_->size() == 1) return Status::Ok();
+  at::NoGradGuard ng;
+  // A rank whose shard was empty (or missed a parameter) contributes zeros.
+  for (auto& p : optimizer_->params) {
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+  }
+  // Pack consecutive float32 gradients into buckets of at most dp_bucket_bytes_ (a larger single
+  // tensor is its own bucket), sum each bucket over ranks, and unpack.
+  const int64_t bucket_elems = std::max<int64_t>(1, dp_bucket_bytes_ / 4);
+  size_t i = 0;
+  const size_t n = optimizer_->params.size();
+  while (i < n) {
+    size_t j = i;
+    int64_t elems = 0;
+    while (j < n && (j == i || elems + optimizer_->params[j].numel() <= bucket_elems)) {
+      elems += optimizer_->params[j].numel();
+      ++j;
+    }
+    at::Tensor bucket = at::empty({elems}, at::TensorOptions().dtype(at::kFloat));
+    int64_t off = 0;
+    for (size_t k = i; k < j; ++k) {
+      const at::Tensor& g = optimizer_->params[k].grad();
+      bucket.narrow(0, off, g.numel()).copy_(g.reshape({-1}));
+      off += g.numel();
+    }
+    GYRE_RETURN_IF_ERROR(dp_->AllReduceSum(bucket.data_ptr<float>(), static_cast<size_t>(elems),
+                                           comm::DataType::kFloat32,
+                                           comm::DeadlineAfter(dp_timeout_s_)));
+    off = 0;
+    for (size_t k = i; k < j; ++k) {
+      at::Tensor g = optimizer_->params[k].grad();
+      g.copy_(bucket.narrow(0, off, g.numel()).view(g.sizes()));
+      off += g.numel();
+    }
+    i = j;
+  }
+  return Status::Ok();
+}
+
 StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<TrainSample>& batch,
                                                             Objective objective, double lr,
                                                             const TrainOptions& options) {
-  GYRE_RETURN_IF_ERROR(Validate(batch, objective));
-  const int64_t minis = objective == Objective::kPolicyGradient
-                            ? std::min<int64_t>(std::max<int64_t>(1, options.mini_batches),
-                                                static_cast<int64_t>(batch.size()))
-                            : 1;
+  Status valid = Validate(batch, objective);
+  if (dp_ != nullptr && dp_->size() > 1) {
+    // Every rank must agree to go on, or the others would wait in a collective.
+    double bad = valid.ok() ? 0.0 : 1.0;
+    GYRE_RETURN_IF_ERROR(AllReduce(&bad, 1).WithContext("data-parallel step"));
+    if (valid.ok() && bad > 0) {
+      return InvalidArgument("another data-parallel rank rejected its shard of this batch");
+    }
+  }
+  GYRE_RETURN_IF_ERROR(valid);
+  std::vector<size_t> bounds = {0};  // mini-batch m is [bounds[m], bounds[m + 1])
+  if (!options.mini_batch_sizes.empty()) {
+    for (int64_t size : options.mini_batch_sizes) {
+      if (size < 0) return InvalidArgument("negative mini-batch size");
+      bounds.push_back(bounds.back() + static_cast<size_t>(size));
+    }
+    if (bounds.back() != batch.size()) {
+      return InvalidArgument("mini_batch_sizes sum to " + std::to_string(bounds.back()) +
+                             " but the batch holds " + std::to_string(batch.size()) + " samples");
+    }
+  } else {
+    const int64_t minis = objective == Objective::kPolicyGradient
+                              ? std::min<int64_t>(std::max<int64_t>(1, options.mini_batches),
+                                                  static_cast<int64_t>(batch.size()))
+                              : 1;
+    for (int64_t m = 1; m <= minis; ++m) {
+      bounds.push_back(batch.size() * static_cast<size_t>(m) / static_cast<size_t>(minis));
+    }
+  }
+  const int64_t minis = static_cast<int64_t>(bounds.size()) - 1;
   if (minis == 1) return OptimizerStep(batch, objective, lr, options);
   // PPO-style: every mini-batch is judged against the policy that sampled the batch.
   std::vector<TrainSample> all = batch;
   ComputeOldLogprobs(&all, options);
   std::map<std::string, double> sum;
-  const size_t n = all.size();
   for (int64_t m = 0; m < minis; ++m) {
-    const size_t begin = n * static_cast<size_t>(m) / static_cast<size_t>(minis);
-    const size_t end = n * static_cast<size_t>(m + 1) / static_cast<size_t>(minis);
-    std::vector<TrainSample> part(all.begin() + static_cast<int64_t>(begin),
-                                  all.begin() + static_cast<int64_t>(end));
+    std::vector<TrainSample> part(all.begin() + static_cast<int64_t>(bounds[m]),
+                                  all.begin() + static_cast<int64_t>(bounds[m + 1]));
     auto metrics = OptimizerStep(part, objective, lr, options);
     if (!metrics.ok()) {
       if (metrics.status().message().find("no unmasked response tokens") != std::string::npos) {
@@ -241,6 +319,13 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     for (size_t t = 0; t < s.response.size(); ++t) m += s.loss_mask.empty() ? 1.0 : s.loss_mask[t];
     total_tokens += m;
     if (m > 0) total_seqs += 1;
+  }
+  {
+    // Data parallel: the denominators are those of the global batch.
+    double totals[2] = {total_tokens, total_seqs};
+    GYRE_RETURN_IF_ERROR(AllReduce(totals, 2).WithContext("data-parallel denominators"));
+    total_tokens = totals[0];
+    total_seqs = totals[1];
   }
   if (total_tokens <= 0) return InvalidArgument("training batch has no unmasked response tokens");
 
@@ -282,6 +367,16 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
       clip_sum += r.stats.clip_frac * r.stats.tokens;
       kl_sum += r.stats.approx_kl * r.stats.tokens;
     }
+  }
+  GYRE_RETURN_IF_ERROR(AllReduceGradients().WithContext("data-parallel gradient all-reduce"));
+  {
+    double sums[5] = {loss_sum, clip_sum, kl_sum, entropy_sum, correct};
+    GYRE_RETURN_IF_ERROR(AllReduce(sums, 5).WithContext("data-parallel metrics"));
+    loss_sum = sums[0];
+    clip_sum = sums[1];
+    kl_sum = sums[2];
+    entropy_sum = sums[3];
+    correct = sums[4];
   }
   // Global gradient-norm clipping, then AdamW.
   double sq = 0;

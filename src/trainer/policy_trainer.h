@@ -11,6 +11,13 @@
 // `micro_batch_size` sequences whose loss uses the step-wide denominators (token or sequence
 // count), so the accumulated gradient equals that of one big batch.
 //
+// Data parallel (SetDataParallel): M trainer processes each call Step with their shard of the
+// same global batch. The step-wide denominators, the gradients (in fixed-size buckets) and the
+// logged sums are all-reduced, so every rank takes the same AdamW step as one trainer would on
+// the whole batch (up to floating-point summation order): the token-mean is over the global
+// batch, not a mean of per-rank means. Mini-batch boundaries then come from the controller
+// (TrainOptions::mini_batch_sizes), so each optimizer step sees the same global mini-batch.
+//
 // Not thread-safe: one caller at a time (the trainer service serialises calls).
 
 #include <cstdint>
@@ -19,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "gyre/config.h"
 #include "gyre/status.h"
 #include "kernels/reference/policy_loss_ref.h"
@@ -43,6 +51,9 @@ struct TrainOptions {
   double grad_clip = 1.0;
   double temperature = 1.0;
   kernels::PolicyLossParams loss;
+  // Data parallel only: this rank's share of each global mini-batch (sums to the batch size).
+  // Empty: the batch is split into `mini_batches` consecutive slices locally.
+  std::vector<int64_t> mini_batch_sizes;
 };
 
 class PolicyTrainer {
@@ -58,6 +69,11 @@ class PolicyTrainer {
   StatusOr<std::map<std::string, double>> Step(const std::vector<TrainSample>& batch,
                                                Objective objective, double lr,
                                                const TrainOptions& options);
+
+  // Joins a data-parallel group: from now on every Step all-reduces over `comm` (not owned; it
+  // must outlive the trainer's use of it), with gradients in buckets of `bucket_bytes` and each
+  // collective bounded by `timeout_s`. nullptr returns to single-process training.
+  void SetDataParallel(comm::Communicator* comm, int64_t bucket_bytes, double timeout_s);
 
   const model::Transformer& model() const { return *model_; }
   int64_t version() const { return version_; }
@@ -85,10 +101,16 @@ class PolicyTrainer {
                                                         const TrainOptions& options);
   // Fills each sample's old_logprobs with the current policy's log-probs (no gradient).
   void ComputeOldLogprobs(std::vector<TrainSample>* batch, const TrainOptions& options) const;
+  // Data parallel: in-place sum over ranks (no-op without a group).
+  Status AllReduce(double* values, size_t count);
+  Status AllReduceGradients();
   struct Optimizer;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<Optimizer> optimizer_;
   int64_t version_ = 0;
+  comm::Communicator* dp_ = nullptr;
+  int64_t dp_bucket_bytes_ = 32 << 20;
+  double dp_timeout_s_ = 600;
 };
 
 }  // namespace gyre::trainer

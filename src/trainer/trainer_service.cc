@@ -26,6 +26,46 @@ int64_t TrainerService::version() const {
   return trainer_.version();
 }
 
+grpc::Status TrainerService::HostGroupStore(grpc::ServerContext* ctx,
+                                            const v1::HostGroupStoreRequest* req,
+                                            v1::HostGroupStoreResponse* resp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!store_) {
+    auto store = comm::StoreServer::Start(config_.cluster.bind_host);
+    if (!store.ok()) return rpc::ToGrpc(store.status().WithContext("data-parallel store"));
+    store_ = std::move(*store);
+  }
+  resp->set_store_address(store_->address());
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainerService::JoinGroup(grpc::ServerContext* ctx, const v1::JoinGroupRequest* req,
+                                       v1::JoinGroupResponse* resp) {
+  if (req->size() < 1 || req->rank() < 0 || req->rank() >= req->size()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "JoinGroup: rank " + std::to_string(req->rank()) + " of size " +
+                            std::to_string(req->size()) + " is not a valid rank");
+  }
+  comm::GlooOptions opts;
+  opts.store_address = req->store_address();
+  opts.group = req->group();
+  opts.rank = req->rank();
+  opts.size = req->size();
+  opts.bind_host = config_.cluster.bind_host;
+  opts.connect_timeout_s = req->timeout_s() > 0 ? req->timeout_s() : 60;
+  // Forming the group blocks until every rank joined: not under mu_.
+  auto group = comm::CreateGlooCommunicator(opts);
+  if (!group.ok()) return rpc::ToGrpc(group.status().WithContext("join data-parallel group"));
+  std::lock_guard<std::mutex> lock(mu_);
+  trainer_.SetDataParallel(nullptr, 0, 0);
+  group_ = std::move(*group);
+  trainer_.SetDataParallel(group_.get(), static_cast<int64_t>(config_.trainer.grad_bucket_mb) << 20,
+                           config_.trainer.collective_timeout_s);
+  GYRE_LOG_INFO("joined data-parallel group {} as rank {} of {}", req->group(), req->rank(),
+                req->size());
+  return grpc::Status::OK;
+}
+
 grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::TrainStepRequest* req,
                                        v1::TrainStepResponse* resp) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -51,6 +91,7 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
   opts.mini_batches = config_.trainer.mini_batches;
   opts.grad_clip = config_.trainer.grad_clip;
   opts.temperature = req->temperature() > 0 ? req->temperature() : 1.0;
+  opts.mini_batch_sizes.assign(req->mini_batch_sizes().begin(), req->mini_batch_sizes().end());
   const auto& a = config_.algorithm;
   opts.loss.clip_eps_low = static_cast<float>(a.clip_eps_low);
   opts.loss.clip_eps_high = static_cast<float>(a.clip_eps_high);

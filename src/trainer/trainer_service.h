@@ -3,13 +3,17 @@
 // batch the controller sends; PublishWeights streams the current policy version to every
 // rollout worker named in the request, concurrently and each within its deadline; Save writes
 // an HF-style directory (config.json + model.safetensors); SaveState / LoadState write and restore
-// the resumable state of a checkpoint. Calls are serialised by a mutex.
+// the resumable state of a checkpoint. With trainer.workers > 1 the controller forms a Gloo group
+// of the trainers (HostGroupStore, JoinGroup) and each TrainStep carries one rank's shard. Calls
+// are serialised by a mutex.
 
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 
+#include "comm/communicator.h"
+#include "comm/gloo_communicator.h"
 #include "gyre/config.h"
 #include "gyre/v1/gyre.grpc.pb.h"
 #include "trainer/policy_trainer.h"
@@ -21,6 +25,11 @@ class TrainerService final : public v1::Trainer::Service {
   TrainerService(const JobConfig& config, std::unique_ptr<model::Transformer> model,
                  std::function<void(const std::string&)> on_stop);
 
+  // Data-parallel rendezvous (see gyre.proto): rank 0 hosts the store, every rank joins.
+  grpc::Status HostGroupStore(grpc::ServerContext* ctx, const v1::HostGroupStoreRequest* req,
+                              v1::HostGroupStoreResponse* resp) override;
+  grpc::Status JoinGroup(grpc::ServerContext* ctx, const v1::JoinGroupRequest* req,
+                         v1::JoinGroupResponse* resp) override;
   grpc::Status TrainStep(grpc::ServerContext* ctx, const v1::TrainStepRequest* req,
                          v1::TrainStepResponse* resp) override;
   grpc::Status PublishWeights(grpc::ServerContext* ctx, const v1::PublishWeightsRequest* req,
@@ -40,7 +49,9 @@ class TrainerService final : public v1::Trainer::Service {
  private:
   JobConfig config_;
   mutable std::mutex mu_;
-  PolicyTrainer trainer_;  // guarded by mu_
+  PolicyTrainer trainer_;                      // guarded by mu_
+  std::unique_ptr<comm::StoreServer> store_;   // rank 0 of a data-parallel group
+  std::unique_ptr<comm::Communicator> group_;  // guarded by mu_
   std::function<void(const std::string&)> on_stop_;
 };
 

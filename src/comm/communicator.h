@@ -1,0 +1,60 @@
+#pragma once
+// Communicator: a fixed group of `size` processes, each with a rank, that run collectives
+// together (broadcast, sum all-reduce, barrier). Implementations: Gloo over TCP on CPU memory
+// (gloo_communicator.h) and NCCL on GPU memory (nccl_communicator.h). The weight plane
+// (weight_broadcast.h) and, later, data-parallel gradient all-reduce use this interface only.
+//
+// Every call takes an absolute deadline. A call that cannot finish by then fails with
+// kDeadlineExceeded and leaves the communicator aborted: a collective that timed out on one rank
+// has left its peers in an unknown state, so the group must be formed again (a new rendezvous)
+// before it is used. Abort() does the same on demand, from any thread, and makes a call that is
+// waiting return kAborted promptly.
+//
+// Collectives must be called in the same order on every rank. Thread-safety: one thread issues
+// collectives at a time; Abort(), rank(), size() and aborted() may be called from any thread.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "gyre/status.h"
+
+namespace gyre::comm {
+
+using Deadline = std::chrono::steady_clock::time_point;
+
+// now + seconds (seconds <= 0 gives a deadline already passed).
+Deadline DeadlineAfter(double seconds);
+// Seconds left until `deadline`; negative once it has passed.
+double SecondsLeft(Deadline deadline);
+
+// Element types for AllReduceSum.
+enum class DataType { kFloat32, kFloat64, kBFloat16 };
+size_t DataTypeSize(DataType t);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "gloo" or "nccl".
+  virtual std::string backend() const = 0;
+  // True once a call timed out or failed in the transport, or Abort() was called.
+  virtual bool aborted() const = 0;
+
+  // Copies `bytes` bytes at `data` on rank `root` into `data` on every other rank. `data` is host
+  // memory for Gloo and device memory for NCCL.
+  virtual Status Broadcast(void* data, size_t bytes, int root, Deadline deadline) = 0;
+  // In place: every rank ends with the element-wise sum over ranks of `count` elements.
+  virtual Status AllReduceSum(void* data, size_t count, DataType type, Deadline deadline) = 0;
+  // Returns once every rank has entered the barrier.
+  virtual Status Barrier(Deadline deadline) = 0;
+
+  // Stops the communicator: the call in progress (if any) and every later call fail with
+  // kAborted. Idempotent.
+  virtual void Abort() = 0;
+};
+
+}  // namespace gyre::comm

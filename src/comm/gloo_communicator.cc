@@ -1,0 +1,297 @@
+// GlooCommunicator: c10d::ProcessGroupGloo over a c10d::TCPStore.
+//
+// Build note: the PyTorch wheel ships libtorch's Gloo code but not Gloo's headers, which
+// ProcessGroupGloo.hpp includes. Gyre compiles this file against Debian's libgloo-dev headers
+// and never links Debian's libgloo: every Gloo object is created and used inside libtorch, and
+// this file only holds them through shared pointers and calls ProcessGroupGloo's out-of-line
+// (exported) members. Debian's Gloo predates the store "v2" API, so ProcessGroupGloo.hpp leaves
+// those GlooStore overrides out here; nothing in this file constructs a GlooStore.
+//
+// Deadlines: each collective carries the time left as its Gloo timeout (so Gloo itself gives up
+// at the deadline), and the caller waits on the work's future with a condition variable that
+// also wakes on Abort().
+
+#include "comm/gloo_communicator.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+namespace gyre::comm {
+namespace {
+
+std::chrono::milliseconds ToMillis(double seconds) {
+  return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(seconds * 1000.0)));
+}
+
+StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    return InvalidArgument("store address '" + address + "' is not HOST:PORT");
+  }
+  const std::string port_text = address.substr(colon + 1);
+  char* end = nullptr;
+  const long port = std::strtol(port_text.c_str(), &end, 10);
+  if (*end != '\0' || port <= 0 || port > 65535) {
+    return InvalidArgument("store address '" + address + "' has a bad port");
+  }
+  return std::make_pair(address.substr(0, colon), static_cast<int>(port));
+}
+
+at::ScalarType ToScalarType(DataType t) {
+  switch (t) {
+    case DataType::kFloat32:
+      return at::kFloat;
+    case DataType::kFloat64:
+      return at::kDouble;
+    case DataType::kBFloat16:
+      return at::kBFloat16;
+  }
+  return at::kFloat;
+}
+
+// Completion of one c10d work item, signalled from Gloo's worker thread through the work's
+// future. Shared with the callback, which may run after the waiting call has returned.
+struct Completion {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+struct StoreServer::Impl {
+  std::string host;
+  int port = 0;
+  c10::intrusive_ptr<c10d::TCPStore> store;
+};
+
+StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StoreServer::~StoreServer() = default;
+
+std::string StoreServer::address() const { return impl_->host + ":" + std::to_string(port()); }
+int StoreServer::port() const { return impl_->port; }
+
+StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& host) {
+  // Bind the listening socket ourselves: TCPStore would otherwise listen on every interface. The
+  // store takes the socket over (masterListenFd) and keeps the OS-chosen port.
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  const std::string ip = host == "localhost" ? "127.0.0.1" : host;
+  if (::inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1) {
+    return InvalidArgument("store host '" + host + "' is not an IPv4 address");
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Unavailable(std::string("socket: ") + std::strerror(errno));
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 128) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Unavailable("cannot listen on " + host + ": " + std::strerror(err));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->host = ip;
+  impl->port = ntohs(addr.sin_port);
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(impl->port);
+  opts.isServer = true;
+  opts.waitWorkers = false;
+  opts.masterListenFd = fd;
+  opts.timeout = std::chrono::seconds(60);
+  try {
+    impl->store = c10::make_intrusive<c10d::TCPStore>(ip, opts);
+  } catch (const std::exception& e) {
+    ::close(fd);
+    return Unavailable(std::string("cannot start the rendezvous store: ") + e.what());
+  }
+  return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
+}
+
+// ---------------------------------------------------------------------------------------------
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(int rank, int size, c10::intrusive_ptr<c10d::ProcessGroupGloo> pg)
+      : rank_(rank), size_(size), pg_(std::move(pg)) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "gloo"; }
+  bool aborted() const override { return aborted_.load(); }
+
+  Status Broadcast(void* data, size_t bytes, int root, Deadline deadline) override {
+    if (root < 0 || root >= size_) {
+      return InvalidArgument("broadcast root " + std::to_string(root) + " outside a group of " +
+                             std::to_string(size_));
+    }
+    if (bytes == 0) return Status::Ok();
+    return Run("broadcast", deadline, [&](std::chrono::milliseconds timeout) {
+      std::vector<at::Tensor> tensors = {
+          at::from_blob(data, {static_cast<int64_t>(bytes)}, at::TensorOptions(at::kByte))};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      o.timeout = timeout;
+      return pg_->broadcast(tensors, o);
+    });
+  }
+
+  Status AllReduceSum(void* data, size_t count, DataType type, Deadline deadline) override {
+    if (count == 0) return Status::Ok();
+    return Run("all-reduce", deadline, [&](std::chrono::milliseconds timeout) {
+      std::vector<at::Tensor> tensors = {at::from_blob(data, {static_cast<int64_t>(count)},
+                                                       at::TensorOptions(ToScalarType(type)))};
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp::SUM;
+      o.timeout = timeout;
+      return pg_->allreduce(tensors, o);
+    });
+  }
+
+  Status Barrier(Deadline deadline) override {
+    return Run("barrier", deadline, [&](std::chrono::milliseconds timeout) {
+      c10d::BarrierOptions o;
+      o.timeout = timeout;
+      return pg_->barrier(o);
+    });
+  }
+
+  void Abort() override {
+    aborted_.store(true);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (inflight_) {
+      std::lock_guard<std::mutex> l(inflight_->mu);
+      inflight_->cv.notify_all();
+    }
+  }
+
+ private:
+  // Starts one collective with `start(timeout)` and waits for it until `deadline` or Abort().
+  template <typename StartFn>
+  Status Run(const char* what, Deadline deadline, StartFn start) {
+    if (aborted_.load()) return Aborted(std::string("gloo ") + what + ": communicator aborted");
+    const double left = SecondsLeft(deadline);
+    if (left <= 0) {
+      aborted_.store(true);
+      return DeadlineExceeded(std::string("gloo ") + what + ": deadline passed before the call");
+    }
+    auto completion = std::make_shared<Completion>();
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = start(ToMillis(left));
+      work->getFuture()->addCallback([completion](c10::ivalue::Future&) {
+        std::lock_guard<std::mutex> l(completion->mu);
+        completion->done = true;
+        completion->cv.notify_all();
+      });
+    } catch (const std::exception& e) {
+      aborted_.store(true);
+      return Unavailable(std::string("gloo ") + what + " failed to start: " + e.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      inflight_ = completion;
+    }
+    bool done;
+    {
+      std::unique_lock<std::mutex> l(completion->mu);
+      done = completion->cv.wait_until(l, deadline, [&] {
+        return completion->done || aborted_.load();
+      }) && completion->done;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      inflight_.reset();
+    }
+    if (!done) {
+      // The operation keeps running inside Gloo until its own timeout (the same deadline); the
+      // group is unusable from here on.
+      if (aborted_.exchange(true)) return Aborted(std::string("gloo ") + what + " aborted");
+      return DeadlineExceeded(std::string("gloo ") + what + " did not finish within its deadline");
+    }
+    if (!work->isSuccess()) {
+      aborted_.store(true);
+      std::string why = "unknown error";
+      try {
+        std::rethrow_exception(work->exception());
+      } catch (const std::exception& e) {
+        why = e.what();
+      } catch (...) {
+      }
+      // Gloo reports its own timeout as an I/O error; call it what it is.
+      if (SecondsLeft(deadline) <= 0) {
+        return DeadlineExceeded(std::string("gloo ") + what +
+                                " did not finish within its deadline: " + FirstLine(why));
+      }
+      return Unavailable(std::string("gloo ") + what + " failed: " + FirstLine(why));
+    }
+    return Status::Ok();
+  }
+
+  static std::string FirstLine(const std::string& s) {
+    const size_t nl = s.find('\n');
+    return nl == std::string::npos ? s : s.substr(0, nl);
+  }
+
+  const int rank_;
+  const int size_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  std::atomic<bool> aborted_{false};
+  std::mutex mu_;                         // guards inflight_
+  std::shared_ptr<Completion> inflight_;  // the call waiting now, for Abort()
+};
+
+StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& options) {
+  if (options.size < 1) return InvalidArgument("gloo group size must be at least 1");
+  if (options.rank < 0 || options.rank >= options.size) {
+    return InvalidArgument("gloo rank " + std::to_string(options.rank) + " outside a group of " +
+                           std::to_string(options.size));
+  }
+  if (options.group.empty()) return InvalidArgument("gloo group name is empty");
+  if (options.connect_timeout_s <= 0) return InvalidArgument("gloo connect timeout must be > 0");
+  GYRE_ASSIGN_OR_RETURN(auto host_port, SplitHostPort(options.store_address));
+  const auto timeout = ToMillis(options.connect_timeout_s);
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(host_port.second);
+    so.isServer = false;
+    so.waitWorkers = false;
+    so.timeout = timeout;
+    auto store = c10::make_intrusive<c10d::TCPStore>(host_port.first, so);
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gyre/" + options.group, store);
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
+    gloo_options->devices.push_back(
+        c10d::ProcessGroupGloo::createDeviceForHostname(options.bind_host));
+    // One worker thread: Gyre issues one collective at a time per group.
+    gloo_options->threads = 1;
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, options.rank, options.size,
+                                                          gloo_options);
+    return std::unique_ptr<Communicator>(
+        new GlooCommunicator(options.rank, options.size, std::move(pg)));
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    const std::string first = what.substr(0, what.find('\n'));
+    const std::string msg = "cannot form gloo group '" + options.group + "' (rank " +
+                            std::to_string(options.rank) + " of " + std::to_string(options.size) +
+                            ") via store " + options.store_address + ": " + first;
+    if (first.find("imeout") != std::string::npos || first.find("imed out") != std::string::npos) {
+      return DeadlineExceeded(msg);
+    }
+    return Unavailable(msg);
+  }
+}
+
+}  // namespace gyre::comm

@@ -1,0 +1,248 @@
+#include "comm/weight_broadcast.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "common/crc32.h"
+
+namespace gyre::comm {
+namespace {
+
+constexpr char kMagic[8] = {'G', 'Y', 'R', 'E', 'W', 'T', 'S', '1'};
+constexpr uint64_t kMaxManifestBytes = 64ull << 20;
+constexpr uint64_t kMaxPayloadBytes = 1ull << 40;
+
+// The fixed-size header, little-endian on every host Gyre supports (x86-64, aarch64).
+struct Header {
+  char magic[8];
+  int64_t version;
+  uint64_t total_bytes;
+  int64_t bucket_bytes;
+  uint64_t num_buckets;
+  uint64_t manifest_bytes;
+  uint64_t reserved[2];
+};
+static_assert(sizeof(Header) == 64, "the header is 64 bytes on the wire");
+
+void PutU32(std::vector<uint8_t>* out, uint32_t v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  out->insert(out->end(), p, p + 4);
+}
+void PutU64(std::vector<uint8_t>* out, uint64_t v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  out->insert(out->end(), p, p + 8);
+}
+void PutString(std::vector<uint8_t>* out, const std::string& s) {
+  PutU32(out, static_cast<uint32_t>(s.size()));
+  out->insert(out->end(), s.begin(), s.end());
+}
+
+std::vector<uint8_t> EncodeManifest(const std::vector<model::TensorEntry>& manifest) {
+  std::vector<uint8_t> out;
+  PutU32(&out, static_cast<uint32_t>(manifest.size()));
+  for (const auto& e : manifest) {
+    PutString(&out, e.name);
+    PutString(&out, e.dtype);
+    PutU32(&out, static_cast<uint32_t>(e.shape.size()));
+    for (int64_t d : e.shape) PutU64(&out, static_cast<uint64_t>(d));
+    PutU64(&out, e.offset);
+    PutU64(&out, e.nbytes);
+  }
+  return out;
+}
+
+// Reads the manifest; every length is checked against the bytes that remain.
+class Reader {
+ public:
+  Reader(const uint8_t* p, size_t n) : p_(p), n_(n) {}
+  bool U32(uint32_t* v) { return Take(v, 4); }
+  bool U64(uint64_t* v) { return Take(v, 8); }
+  bool String(std::string* s) {
+    uint32_t len;
+    if (!U32(&len) || len > n_) return false;
+    s->assign(reinterpret_cast<const char*>(p_), len);
+    p_ += len;
+    n_ -= len;
+    return true;
+  }
+  bool done() const { return n_ == 0; }
+
+ private:
+  bool Take(void* v, size_t k) {
+    if (n_ < k) return false;
+    std::memcpy(v, p_, k);
+    p_ += k;
+    n_ -= k;
+    return true;
+  }
+  const uint8_t* p_;
+  size_t n_;
+};
+
+Status DecodeManifest(const std::vector<uint8_t>& bytes, uint64_t total,
+                      std::vector<model::TensorEntry>* manifest) {
+  Reader r(bytes.data(), bytes.size());
+  uint32_t count;
+  if (!r.U32(&count)) return InvalidArgument("weight manifest is truncated");
+  manifest->clear();
+  for (uint32_t i = 0; i < count; ++i) {
+    model::TensorEntry e;
+    uint32_t ndim;
+    if (!r.String(&e.name) || !r.String(&e.dtype) || !r.U32(&ndim) || ndim > 16) {
+      return InvalidArgument("weight manifest entry " + std::to_string(i) + " is malformed");
+    }
+    for (uint32_t d = 0; d < ndim; ++d) {
+      uint64_t dim;
+      if (!r.U64(&dim)) return InvalidArgument("weight manifest entry " + e.name + " truncated");
+      e.shape.push_back(static_cast<int64_t>(dim));
+    }
+    if (!r.U64(&e.offset) || !r.U64(&e.nbytes)) {
+      return InvalidArgument("weight manifest entry " + e.name + " truncated");
+    }
+    if (e.offset > total || e.nbytes > total - e.offset) {
+      return InvalidArgument("tensor " + e.name + " lies outside the payload");
+    }
+    manifest->push_back(std::move(e));
+  }
+  if (!r.done()) return InvalidArgument("weight manifest has trailing bytes");
+  return Status::Ok();
+}
+
+uint64_t BucketCount(uint64_t total, int64_t bucket_bytes) {
+  return std::max<uint64_t>(1, (total + bucket_bytes - 1) / static_cast<uint64_t>(bucket_bytes));
+}
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+StatusOr<PublishResult> PublishWeights(Communicator* comm, const WeightPayload& payload,
+                                       int64_t bucket_bytes, Deadline deadline,
+                                       int corrupt_bucket) {
+  if (bucket_bytes <= 0) return InvalidArgument("bucket_bytes must be positive");
+  if (payload.version < 0) return InvalidArgument("policy versions are >= 0");
+  const auto t0 = std::chrono::steady_clock::now();
+  const int root = comm->rank();
+  const uint64_t total = payload.bytes.size();
+  const uint64_t num_buckets = BucketCount(total, bucket_bytes);
+  std::vector<uint8_t> manifest = EncodeManifest(payload.manifest);
+
+  Header h = {};
+  std::memcpy(h.magic, kMagic, sizeof(kMagic));
+  h.version = payload.version;
+  h.total_bytes = total;
+  h.bucket_bytes = bucket_bytes;
+  h.num_buckets = num_buckets;
+  h.manifest_bytes = manifest.size();
+  GYRE_RETURN_IF_ERROR(comm->Broadcast(&h, sizeof(h), root, deadline));
+  GYRE_RETURN_IF_ERROR(comm->Broadcast(manifest.data(), manifest.size(), root, deadline));
+
+  PublishResult result;
+  result.version = payload.version;
+  result.bytes = total;
+  result.bucket_bytes = bucket_bytes;
+  result.receivers = comm->size() - 1;
+  result.bucket_crc32.reserve(num_buckets);
+  std::vector<uint8_t> scratch;
+  for (uint64_t b = 0; b < num_buckets; ++b) {
+    const uint64_t off = b * static_cast<uint64_t>(bucket_bytes);
+    const uint64_t n = std::min<uint64_t>(bucket_bytes, total - std::min(total, off));
+    // Collectives write into their buffer on every rank, the root's included in principle;
+    // Gloo's broadcast only reads it on the root, so the payload is sent in place.
+    auto* p = const_cast<uint8_t*>(payload.bytes.data()) + off;
+    result.bucket_crc32.push_back(Crc32(p, n));
+    if (static_cast<int64_t>(b) == corrupt_bucket && n > 0) {
+      scratch.assign(p, p + n);
+      scratch[n / 2] ^= 0x5a;
+      p = scratch.data();
+    }
+    GYRE_RETURN_IF_ERROR(comm->Broadcast(p, n, root, deadline)
+                             .WithContext("bucket " + std::to_string(b) + " of version " +
+                                          std::to_string(payload.version)));
+  }
+  std::vector<uint32_t> crcs = result.bucket_crc32;
+  GYRE_RETURN_IF_ERROR(comm->Broadcast(crcs.data(), crcs.size() * 4, root, deadline));
+  float rejected = 0;
+  GYRE_RETURN_IF_ERROR(
+      comm->AllReduceSum(&rejected, 1, DataType::kFloat32, deadline)
+          .WithContext("acknowledgement of version " + std::to_string(payload.version)));
+  if (rejected > 0) {
+    return DataLoss(std::to_string(static_cast<int>(rejected)) + " of " +
+                    std::to_string(result.receivers) + " receivers rejected version " +
+                    std::to_string(payload.version) + " (bucket checksum mismatch)");
+  }
+  result.seconds = Since(t0);
+  return result;
+}
+
+Status PublishEndOfStream(Communicator* comm, Deadline deadline) {
+  Header h = {};
+  std::memcpy(h.magic, kMagic, sizeof(kMagic));
+  h.version = kEndOfStream;
+  return comm->Broadcast(&h, sizeof(h), comm->rank(), deadline);
+}
+
+StatusOr<Receipt> ReceivePublishedWeights(Communicator* comm, int root, Deadline deadline,
+                                          WeightPayload* payload) {
+  if (root == comm->rank()) return InvalidArgument("the root does not receive its own weights");
+  const auto t0 = std::chrono::steady_clock::now();
+  Header h = {};
+  GYRE_RETURN_IF_ERROR(comm->Broadcast(&h, sizeof(h), root, deadline));
+  // A header we cannot follow leaves this member out of step with the group for good.
+  auto malformed = [&](const std::string& why) {
+    comm->Abort();
+    return InvalidArgument("weight stream header: " + why);
+  };
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) return malformed("bad magic");
+  if (h.version == kEndOfStream) return OutOfRange("the publisher ended the weight stream");
+  if (h.version < 0) return malformed("negative version " + std::to_string(h.version));
+  if (h.bucket_bytes <= 0) return malformed("bucket size " + std::to_string(h.bucket_bytes));
+  if (h.total_bytes > kMaxPayloadBytes) return malformed("payload too large");
+  if (h.manifest_bytes > kMaxManifestBytes) return malformed("manifest too large");
+  if (h.num_buckets != BucketCount(h.total_bytes, h.bucket_bytes)) {
+    return malformed("bucket count does not match the sizes");
+  }
+  std::vector<uint8_t> manifest(h.manifest_bytes);
+  GYRE_RETURN_IF_ERROR(comm->Broadcast(manifest.data(), manifest.size(), root, deadline));
+  Status manifest_status = DecodeManifest(manifest, h.total_bytes, &payload->manifest);
+  if (!manifest_status.ok()) {
+    comm->Abort();
+    return manifest_status;
+  }
+  payload->version = h.version;
+  payload->bytes.resize(h.total_bytes);
+  Receipt receipt;
+  receipt.version = h.version;
+  receipt.bytes = h.total_bytes;
+  receipt.bucket_crc32.reserve(h.num_buckets);
+  for (uint64_t b = 0; b < h.num_buckets; ++b) {
+    const uint64_t off = b * static_cast<uint64_t>(h.bucket_bytes);
+    const uint64_t n =
+        std::min<uint64_t>(h.bucket_bytes, h.total_bytes - std::min(h.total_bytes, off));
+    uint8_t* p = payload->bytes.data() + off;
+    GYRE_RETURN_IF_ERROR(comm->Broadcast(p, n, root, deadline)
+                             .WithContext("bucket " + std::to_string(b) + " of version " +
+                                          std::to_string(h.version)));
+    receipt.bucket_crc32.push_back(Crc32(p, n));
+  }
+  std::vector<uint32_t> sent(h.num_buckets);
+  GYRE_RETURN_IF_ERROR(comm->Broadcast(sent.data(), sent.size() * 4, root, deadline));
+  Status verdict;
+  for (uint64_t b = 0; b < h.num_buckets; ++b) {
+    if (sent[b] != receipt.bucket_crc32[b]) {
+      verdict = DataLoss("bucket " + std::to_string(b) + " of version " +
+                         std::to_string(h.version) + " failed its CRC-32 check");
+      break;
+    }
+  }
+  float rejected = verdict.ok() ? 0.0f : 1.0f;
+  GYRE_RETURN_IF_ERROR(comm->AllReduceSum(&rejected, 1, DataType::kFloat32, deadline));
+  GYRE_RETURN_IF_ERROR(verdict);
+  receipt.seconds = Since(t0);
+  return receipt;
+}
+
+}  // namespace gyre::comm

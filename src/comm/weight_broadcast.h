@@ -1,0 +1,68 @@
+#pragma once
+// Bucketed, checksummed weight publishing over a Communicator (host memory: Gloo).
+//
+// One policy version moves from the root (a trainer) to every other member (rollout workers) as
+// a sequence of broadcasts that every member issues in the same order:
+//   1. a 64-byte header: magic, policy version, total bytes, bucket bytes, bucket count,
+//      manifest bytes (a header with version kEndOfStream ends a receiver's loop instead);
+//   2. the manifest (tensor names, dtypes, shapes, offsets) in a small binary encoding;
+//   3. the payload in fixed-size buckets, each received straight into the receiver's buffer;
+//   4. the root's CRC-32 of every bucket (4 bytes each, computed before sending);
+//   5. an acknowledgement: a sum all-reduce of one float per member, 1 from each receiver that
+//      rejected the version, so the root learns the outcome in-band and the time it reports
+//      covers the receivers' verification.
+// A receiver checks every bucket against the root's CRC-32 and returns a Receipt (version, its
+// own CRC-32 per bucket) that the caller reports to the controller, which compares it with the
+// root's list. On any error the receiver's buffer must not be used.
+//
+// Thread-safety: one call at a time per communicator (as for Communicator).
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/weight_sync.h"
+
+namespace gyre::comm {
+
+// The version carried by the end-of-stream header.
+constexpr int64_t kEndOfStream = -2;
+
+struct PublishResult {
+  int64_t version = 0;
+  uint64_t bytes = 0;
+  int64_t bucket_bytes = 0;
+  std::vector<uint32_t> bucket_crc32;  // the root's, one per bucket
+  int receivers = 0;                   // communicator size - 1
+  double seconds = 0;                  // header to acknowledgement
+};
+
+struct Receipt {
+  int64_t version = 0;
+  uint64_t bytes = 0;
+  std::vector<uint32_t> bucket_crc32;  // computed by the receiver, one per bucket
+  double seconds = 0;
+};
+
+// Root side. `bucket_bytes` > 0. Fails with kDataLoss when any receiver rejected the version
+// (the message says how many), with the communicator's error when a collective fails (then the
+// communicator is aborted and the group must be formed again). `corrupt_bucket` >= 0 flips one
+// byte of that bucket on the wire after its checksum was taken (fault injection for tests).
+StatusOr<PublishResult> PublishWeights(Communicator* comm, const WeightPayload& payload,
+                                       int64_t bucket_bytes, Deadline deadline,
+                                       int corrupt_bucket = -1);
+
+// Tells every receiver of `comm` that no more versions follow (their ReceivePublishedWeights
+// returns kOutOfRange).
+Status PublishEndOfStream(Communicator* comm, Deadline deadline);
+
+// Receiver side: receives one version from `root` into `*payload` (its byte vector is reused
+// between calls). Errors: kDataLoss naming the first bucket whose CRC-32 differs from the root's
+// (the other members still finish the transfer; the root is told through the
+// acknowledgement), kInvalidArgument for a malformed header or manifest (the communicator is
+// aborted: the stream can no longer be followed), kOutOfRange at the end of the stream, and the
+// communicator's errors.
+StatusOr<Receipt> ReceivePublishedWeights(Communicator* comm, int root, Deadline deadline,
+                                          WeightPayload* payload);
+
+}  // namespace gyre::comm

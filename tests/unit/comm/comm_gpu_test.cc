@@ -1,0 +1,137 @@
+// GPU transports: NCCL with one rank (a second rank needs a second GPU) and a CUDA IPC colocated
+// update between two processes on one GPU. Every test that needs a device skips without one.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "comm/cuda_ipc.h"
+#include "comm/nccl_communicator.h"
+#include "common/file_util.h"
+#include "common/subprocess.h"
+
+namespace gyre::comm {
+namespace {
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define GYRE_REQUIRE_GPU() \
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device"
+
+TEST(NcclTest, MalformedOptionsAreRejectedWithoutTouchingTheGpu) {
+  NcclOptions o;
+  o.unique_id = "short";
+  EXPECT_EQ(CreateNcclCommunicator(o).status().code(), StatusCode::kInvalidArgument);
+  o.unique_id.assign(128, '\0');
+  o.rank = 1;
+  EXPECT_EQ(CreateNcclCommunicator(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(NcclTest, OneRankCollectivesAbortAndDeadline) {
+  GYRE_REQUIRE_GPU();
+  auto id = NewNcclUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  NcclOptions o;
+  o.unique_id = *id;
+  auto c = CreateNcclCommunicator(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->backend(), "nccl");
+  std::vector<float> host(1 << 20);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i % 1000);
+  float* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), host.size() * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dev, host.data(), host.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  Status s = (*c)->AllReduceSum(dev, host.size(), DataType::kFloat32, DeadlineAfter(30));
+  ASSERT_TRUE(s.ok()) << s;
+  s = (*c)->Broadcast(dev, host.size() * 4, 0, DeadlineAfter(30));
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE((*c)->Barrier(DeadlineAfter(30)).ok());
+  std::vector<float> back(host.size());
+  ASSERT_EQ(cudaMemcpy(back.data(), dev, back.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, host);  // a one-rank sum and broadcast leave the data as it was
+  // An expired deadline aborts the communicator; so does Abort().
+  EXPECT_EQ((*c)->Broadcast(dev, 4, 0, DeadlineAfter(-1)).code(), StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE((*c)->aborted());
+  EXPECT_EQ((*c)->Barrier(DeadlineAfter(5)).code(), StatusCode::kAborted);
+  auto id2 = NewNcclUniqueId();
+  ASSERT_TRUE(id2.ok()) << id2.status();
+  o.unique_id = *id2;
+  auto c2 = CreateNcclCommunicator(o);
+  ASSERT_TRUE(c2.ok()) << c2.status();
+  (*c2)->Abort();
+  EXPECT_EQ((*c2)->Barrier(DeadlineAfter(5)).code(), StatusCode::kAborted);
+  cudaFree(dev);
+}
+
+// Child half of the IPC test: runs only when the parent test starts this binary with
+// GYRE_IPC_HANDLE_FILE set. Maps the parent's buffer, copies it (timed), checks the bytes.
+TEST(CudaIpcTest, ChildMapsAndCopies) {
+  const char* handle_file = std::getenv("GYRE_IPC_HANDLE_FILE");
+  if (handle_file == nullptr) GTEST_SKIP() << "child half of ColocatedUpdateOfOneGigabyte";
+  GYRE_REQUIRE_GPU();
+  std::ifstream in(handle_file, std::ios::binary);
+  std::string handle((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t bytes = size_t{1} << 30;
+  auto m = CudaIpcMapping::Open(handle, 0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  void* dst = nullptr;
+  ASSERT_EQ(cudaMalloc(&dst, bytes), cudaSuccess);
+  ASSERT_TRUE((*m)->CopyTo(dst, 0, bytes, DeadlineAfter(10)).ok());  // warm-up
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = (*m)->CopyTo(dst, 0, bytes, DeadlineAfter(10));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(s.ok()) << s;
+  std::vector<uint8_t> sample(4096);
+  for (size_t off : {size_t{0}, bytes / 2, bytes - sample.size()}) {
+    ASSERT_EQ(cudaMemcpy(sample.data(), static_cast<char*>(dst) + off, sample.size(),
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (uint8_t b : sample) ASSERT_EQ(b, 0xA7);
+  }
+  std::ofstream(std::string(handle_file) + ".seconds") << secs;
+  cudaFree(dst);
+}
+
+TEST(CudaIpcTest, ColocatedUpdateOfOneGigabyteTakesUnder50Ms) {
+  GYRE_REQUIRE_GPU();
+  const size_t bytes = size_t{1} << 30;
+  void* src = nullptr;
+  ASSERT_EQ(cudaMalloc(&src, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(src, 0xA7, bytes), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  auto handle = ExportCudaIpcHandle(src);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  const std::string dir = TempDirectory() + "/gyre_ipc_" + std::to_string(::getpid());
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  const std::string file = dir + "/handle";
+  std::ofstream(file, std::ios::binary) << *handle;
+  ::setenv("GYRE_IPC_HANDLE_FILE", file.c_str(), 1);
+  auto pid = SpawnProcess({SelfExecutable(), "--gtest_filter=CudaIpcTest.ChildMapsAndCopies"},
+                          dir + "/child.log");
+  ::unsetenv("GYRE_IPC_HANDLE_FILE");
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  int status = 0;
+  while (!PollExit(*pid, &status)) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::ifstream log(dir + "/child.log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
+  double secs = -1;
+  std::ifstream(file + ".seconds") >> secs;
+  ASSERT_GT(secs, 0) << text;
+  std::printf("cuda ipc colocated update, 1 GiB: %.2f ms (%.0f GB/s)\n", secs * 1e3, 1.0737 / secs);
+  EXPECT_LT(secs, 0.050);
+  cudaFree(src);
+  RemoveTree(dir);
+}
+
+}  // namespace
+}  // namespace gyre::comm

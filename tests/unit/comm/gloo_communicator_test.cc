@@ -1,0 +1,169 @@
+// GlooCommunicator with real TCP on loopback: each rank runs on its own thread with its own
+// ProcessGroupGloo, meeting through a real StoreServer on an OS-chosen port.
+#include "comm/gloo_communicator.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace gyre::comm {
+namespace {
+
+double Elapsed(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+class GlooTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = StoreServer::Start("127.0.0.1");
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+  }
+
+  GlooOptions Options(const std::string& group, int rank, int size) {
+    GlooOptions o;
+    o.store_address = store_->address();
+    o.group = group;
+    o.rank = rank;
+    o.size = size;
+    o.connect_timeout_s = 20;
+    return o;
+  }
+
+  // Runs body(rank, comm) on `size` threads, each with its own communicator.
+  void RunRanks(const std::string& group, int size,
+                const std::function<void(int, Communicator*)>& body) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size; ++r) {
+      threads.emplace_back([&, r] {
+        auto c = CreateGlooCommunicator(Options(group, r, size));
+        ASSERT_TRUE(c.ok()) << c.status();
+        EXPECT_EQ((*c)->rank(), r);
+        EXPECT_EQ((*c)->size(), size);
+        body(r, c->get());
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+
+  std::unique_ptr<StoreServer> store_;
+};
+
+TEST_F(GlooTest, StoreListensOnAnOsChosenLoopbackPort) {
+  EXPECT_GT(store_->port(), 0);
+  EXPECT_EQ(store_->address(), "127.0.0.1:" + std::to_string(store_->port()));
+  auto second = StoreServer::Start("127.0.0.1");
+  ASSERT_TRUE(second.ok());
+  EXPECT_NE((*second)->port(), store_->port());
+}
+
+TEST_F(GlooTest, BroadcastAllReduceAndBarrierAcrossThreeRanks) {
+  RunRanks("basic", 3, [](int rank, Communicator* c) {
+    // Broadcast from rank 1: everyone ends with rank 1's bytes.
+    std::vector<uint8_t> data(1 << 20);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(rank * 31 + i * 7);
+    ASSERT_TRUE(c->Broadcast(data.data(), data.size(), 1, DeadlineAfter(20)).ok());
+    for (size_t i = 0; i < data.size(); i += 4099) {
+      ASSERT_EQ(data[i], static_cast<uint8_t>(31 + i * 7)) << "rank " << rank << " byte " << i;
+    }
+    // Sum all-reduce: element i ends as sum over ranks of (rank + 1) * i.
+    std::vector<float> f(1000);
+    for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>((rank + 1) * i);
+    ASSERT_TRUE(c->AllReduceSum(f.data(), f.size(), DataType::kFloat32, DeadlineAfter(20)).ok());
+    for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(f[i], static_cast<float>(6 * i));
+    std::vector<double> d = {0.5 * rank, 1.0};
+    ASSERT_TRUE(c->AllReduceSum(d.data(), d.size(), DataType::kFloat64, DeadlineAfter(20)).ok());
+    EXPECT_EQ(d[0], 1.5);
+    EXPECT_EQ(d[1], 3.0);
+    EXPECT_TRUE(c->Barrier(DeadlineAfter(20)).ok());
+    EXPECT_FALSE(c->aborted());
+  });
+}
+
+TEST_F(GlooTest, BadOptionsAreRejected) {
+  auto o = Options("bad", 2, 2);
+  EXPECT_EQ(CreateGlooCommunicator(o).status().code(), StatusCode::kInvalidArgument);
+  o = Options("", 0, 1);
+  EXPECT_EQ(CreateGlooCommunicator(o).status().code(), StatusCode::kInvalidArgument);
+  o = Options("bad", 0, 1);
+  o.store_address = "no-port";
+  EXPECT_EQ(CreateGlooCommunicator(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(GlooTest, MissingMemberFailsWithinTheConnectTimeout) {
+  auto o = Options("missing", 0, 2);
+  o.connect_timeout_s = 2;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto c = CreateGlooCommunicator(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_LT(Elapsed(t0), 15.0);
+  EXPECT_NE(c.status().message().find("missing"), std::string::npos) << c.status();
+}
+
+// A peer that never joins the collective: the call ends at its deadline, and the communicator
+// refuses further work.
+TEST_F(GlooTest, DeadlineExpiresWhenAPeerDoesNotTakePart) {
+  RunRanks("deadline", 2, [](int rank, Communicator* c) {
+    if (rank == 1) {
+      // Stays connected but never calls the broadcast; waits long enough for rank 0 to expire.
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      return;
+    }
+    std::vector<uint8_t> data(1 << 16, 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = c->Broadcast(data.data(), data.size(), 1, DeadlineAfter(1.0));
+    const double took = Elapsed(t0);
+    EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+    EXPECT_GT(took, 0.9);
+    EXPECT_LT(took, 2.5);
+    EXPECT_TRUE(c->aborted());
+    EXPECT_EQ(c->Barrier(DeadlineAfter(5)).code(), StatusCode::kAborted);
+  });
+}
+
+TEST_F(GlooTest, AbortFromAnotherThreadEndsAWaitingCall) {
+  RunRanks("abort", 2, [](int rank, Communicator* c) {
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      return;
+    }
+    std::thread aborter([c] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      c->Abort();
+    });
+    std::vector<uint8_t> data(1024);
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = c->Broadcast(data.data(), data.size(), 1, DeadlineAfter(1.5));
+    EXPECT_EQ(s.code(), StatusCode::kAborted) << s;
+    EXPECT_LT(Elapsed(t0), 1.0);
+    aborter.join();
+  });
+}
+
+TEST_F(GlooTest, PeerThatLeavesTheGroupIsAnErrorNotAHang) {
+  std::atomic<bool> left{false};
+  RunRanks("leave", 2, [&](int rank, Communicator* c) {
+    if (rank == 1) {
+      left = true;
+      return;  // destroys this member's process group: its sockets close
+    }
+    while (!left) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::vector<uint8_t> data(1 << 20, 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    // The broadcast may complete into socket buffers; the barrier needs the peer to answer.
+    Status s = c->Broadcast(data.data(), data.size(), 0, DeadlineAfter(10));
+    if (s.ok()) s = c->Barrier(DeadlineAfter(10));
+    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;  // seen at once, not at the deadline
+    EXPECT_LT(Elapsed(t0), 5.0);
+  });
+}
+
+}  // namespace
+}  // namespace gyre::comm

@@ -1,0 +1,180 @@
+// Bucketed weight publishing over real Gloo groups on loopback (one thread per rank).
+#include "comm/weight_broadcast.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <thread>
+
+#include "comm/gloo_communicator.h"
+#include "common/crc32.h"
+#include "model/transformer.h"
+#include "testing/tiny_model.h"
+
+namespace gyre::comm {
+namespace {
+
+class WeightBroadcastTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = StoreServer::Start("127.0.0.1");
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    auto m = model::Transformer::Create(testing::TinySpec(40, 32, 2, 4, 2, 64), 77, 0.1);
+    payload_.version = 5;
+    payload_.bytes = model::FlattenParameters(m->NamedParameters(), &payload_.manifest);
+  }
+
+  // root(comm) on rank 0, receiver(rank, comm) on ranks 1..size-1.
+  void Run(const std::string& group, int size, const std::function<void(Communicator*)>& root,
+           const std::function<void(int, Communicator*)>& receiver) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size; ++r) {
+      threads.emplace_back([&, r] {
+        GlooOptions o;
+        o.store_address = store_->address();
+        o.group = group;
+        o.rank = r;
+        o.size = size;
+        o.connect_timeout_s = 20;
+        auto c = CreateGlooCommunicator(o);
+        ASSERT_TRUE(c.ok()) << c.status();
+        if (r == 0) {
+          root(c->get());
+        } else {
+          receiver(r, c->get());
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+
+  std::unique_ptr<StoreServer> store_;
+  WeightPayload payload_;
+};
+
+TEST_F(WeightBroadcastTest, EveryReceiverGetsTheExactVersionAndAMatchingReceipt) {
+  const int64_t bucket = 4096;
+  const size_t expect_buckets = (payload_.bytes.size() + bucket - 1) / bucket;
+  ASSERT_GT(expect_buckets, 3u);
+  std::vector<uint32_t> sent;
+  std::vector<Receipt> receipts(3);
+  std::vector<WeightPayload> got(3);
+  Run(
+      "ok", 3,
+      [&](Communicator* c) {
+        auto r = PublishWeights(c, payload_, bucket, DeadlineAfter(30));
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->version, 5);
+        EXPECT_EQ(r->receivers, 2);
+        EXPECT_EQ(r->bucket_crc32.size(), expect_buckets);
+        sent = r->bucket_crc32;
+        ASSERT_TRUE(PublishEndOfStream(c, DeadlineAfter(30)).ok());
+      },
+      [&](int rank, Communicator* c) {
+        auto r = ReceivePublishedWeights(c, 0, DeadlineAfter(30), &got[rank]);
+        ASSERT_TRUE(r.ok()) << r.status();
+        receipts[rank] = *r;
+        auto end = ReceivePublishedWeights(c, 0, DeadlineAfter(30), &got[rank]);
+        EXPECT_EQ(end.status().code(), StatusCode::kOutOfRange) << end.status();
+      });
+  for (int rank : {1, 2}) {
+    EXPECT_EQ(receipts[rank].version, 5);
+    EXPECT_EQ(receipts[rank].bytes, payload_.bytes.size());
+    EXPECT_EQ(receipts[rank].bucket_crc32, sent);
+    EXPECT_EQ(got[rank].bytes, payload_.bytes);
+    EXPECT_EQ(got[rank].version, 5);
+    ASSERT_EQ(got[rank].manifest.size(), payload_.manifest.size());
+    for (size_t i = 0; i < payload_.manifest.size(); ++i) {
+      EXPECT_EQ(got[rank].manifest[i].name, payload_.manifest[i].name);
+      EXPECT_EQ(got[rank].manifest[i].shape, payload_.manifest[i].shape);
+      EXPECT_EQ(got[rank].manifest[i].offset, payload_.manifest[i].offset);
+    }
+  }
+  // The checksums are the CRC-32 of each bucket.
+  EXPECT_EQ(sent[1], Crc32(payload_.bytes.data() + bucket, bucket));
+}
+
+TEST_F(WeightBroadcastTest, CorruptedBucketIsCaughtByItsChecksumOnBothSides) {
+  Run(
+      "corrupt", 3,
+      [&](Communicator* c) {
+        auto r = PublishWeights(c, payload_, 4096, DeadlineAfter(30), /*corrupt_bucket=*/2);
+        ASSERT_FALSE(r.ok());
+        EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+        EXPECT_NE(r.status().message().find("2 of 2 receivers rejected version 5"),
+                  std::string::npos)
+            << r.status();
+        // The group stays usable: the next version goes through.
+        WeightPayload next = payload_;
+        next.version = 6;
+        EXPECT_TRUE(PublishWeights(c, next, 4096, DeadlineAfter(30)).ok());
+      },
+      [&](int, Communicator* c) {
+        WeightPayload got;
+        auto r = ReceivePublishedWeights(c, 0, DeadlineAfter(30), &got);
+        ASSERT_FALSE(r.ok());
+        EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+        EXPECT_NE(r.status().message().find("bucket 2 of version 5"), std::string::npos)
+            << r.status();
+        auto again = ReceivePublishedWeights(c, 0, DeadlineAfter(30), &got);
+        ASSERT_TRUE(again.ok()) << again.status();
+        EXPECT_EQ(again->version, 6);
+        EXPECT_EQ(got.bytes, payload_.bytes);
+      });
+}
+
+TEST_F(WeightBroadcastTest, OneBucketAndUnevenLastBucket) {
+  for (int64_t bucket : {int64_t{1} << 30, int64_t{1000}}) {
+    Run(
+        "sizes" + std::to_string(bucket), 2,
+        [&](Communicator* c) {
+          auto r = PublishWeights(c, payload_, bucket, DeadlineAfter(30));
+          ASSERT_TRUE(r.ok()) << r.status();
+          EXPECT_EQ(r->bucket_crc32.size(), (payload_.bytes.size() + bucket - 1) / bucket);
+        },
+        [&](int, Communicator* c) {
+          WeightPayload got;
+          auto r = ReceivePublishedWeights(c, 0, DeadlineAfter(30), &got);
+          ASSERT_TRUE(r.ok()) << r.status();
+          EXPECT_EQ(got.bytes, payload_.bytes);
+        });
+  }
+}
+
+TEST_F(WeightBroadcastTest, BadArgumentsChangeNothing) {
+  Run(
+      "args", 2,
+      [&](Communicator* c) {
+        EXPECT_EQ(PublishWeights(c, payload_, 0, DeadlineAfter(5)).status().code(),
+                  StatusCode::kInvalidArgument);
+        WeightPayload root_payload;
+        EXPECT_EQ(ReceivePublishedWeights(c, 0, DeadlineAfter(5), &root_payload).status().code(),
+                  StatusCode::kInvalidArgument);
+        EXPECT_FALSE(c->aborted());
+        ASSERT_TRUE(PublishEndOfStream(c, DeadlineAfter(10)).ok());
+      },
+      [&](int, Communicator* c) {
+        WeightPayload got;
+        EXPECT_EQ(ReceivePublishedWeights(c, 0, DeadlineAfter(10), &got).status().code(),
+                  StatusCode::kOutOfRange);
+      });
+}
+
+// A receiver that stops taking part: the publish fails at its deadline, not later.
+TEST_F(WeightBroadcastTest, PublishToASilentReceiverEndsAtTheDeadline) {
+  Run(
+      "silent", 2,
+      [&](Communicator* c) {
+        const auto t0 = std::chrono::steady_clock::now();
+        auto r = PublishWeights(c, payload_, 4096, DeadlineAfter(1.0));
+        const double took =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded) << r.status();
+        EXPECT_LT(took, 2.5);
+      },
+      [&](int, Communicator*) { std::this_thread::sleep_for(std::chrono::seconds(3)); });
+}
+
+}  // namespace
+}  // namespace gyre::comm
