@@ -47,6 +47,10 @@ class BenchReport {
 // The subcommands; each takes the arguments after its name and returns an exit status
 // (0 ok, 1 failure, 2 usage error).
 
+// gyre bench weight-sync: weight transports against one unbucketed gRPC message
+// (bench_weight_sync.cc).
+int RunBenchWeightSync(const std::vector<std::string>& args);
+
 // gyre bench SUBCOMMAND ...: dispatch and help.
 int RunBench(const std::vector<std::string>& args);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
 
 #include "common/crc32.h"
 
@@ -176,6 +177,28 @@ StatusOr<PublishResult> PublishWeights(Communicator* comm, const WeightPayload& 
   }
   result.seconds = Since(t0);
   return result;
+}
+
+std::vector<FanoutResult> PublishToEach(const std::vector<Communicator*>& groups,
+                                        const WeightPayload& payload, int64_t bucket_bytes,
+                                        Deadline deadline) {
+  std::vector<std::future<StatusOr<PublishResult>>> futures;
+  for (Communicator* c : groups) {
+    futures.push_back(std::async(std::launch::async, [c, &payload, bucket_bytes, deadline] {
+      if (c->size() != 2 || c->rank() != 0) {
+        return StatusOr<PublishResult>(
+            InvalidArgument("PublishToEach needs two-member groups with the publisher as rank 0"));
+      }
+      return PublishWeights(c, payload, bucket_bytes, deadline);
+    }));
+  }
+  std::vector<FanoutResult> out(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) {
+    auto r = futures[i].get();
+    out[i].status = r.status();
+    if (r.ok()) out[i].result = std::move(*r);
+  }
+  return out;
 }
 
 Status PublishEndOfStream(Communicator* comm, Deadline deadline) {

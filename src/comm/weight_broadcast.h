@@ -52,6 +52,20 @@ StatusOr<PublishResult> PublishWeights(Communicator* comm, const WeightPayload& 
                                        int64_t bucket_bytes, Deadline deadline,
                                        int corrupt_bucket = -1);
 
+// One receiver's outcome in PublishToEach.
+struct FanoutResult {
+  Status status;
+  PublishResult result;  // valid when status is OK
+};
+
+// Publishes one version to several receivers, each over its own two-member group in which the
+// caller is the root (rank 0), all concurrently: a receiver that dies or stalls fails only its
+// own transfer (its communicator is then aborted; form a new group to re-sync it), and the others
+// complete within `deadline`. Results are in the order of `groups`.
+std::vector<FanoutResult> PublishToEach(const std::vector<Communicator*>& groups,
+                                        const WeightPayload& payload, int64_t bucket_bytes,
+                                        Deadline deadline);
+
 // Tells every receiver of `comm` that no more versions follow (their ReceivePublishedWeights
 // returns kOutOfRange).
 Status PublishEndOfStream(Communicator* comm, Deadline deadline);
