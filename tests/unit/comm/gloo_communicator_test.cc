@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -80,6 +81,13 @@ TEST_F(GlooTest, BroadcastAllReduceAndBarrierAcrossThreeRanks) {
     ASSERT_TRUE(c->AllReduceSum(d.data(), d.size(), DataType::kFloat64, DeadlineAfter(20)).ok());
     EXPECT_EQ(d[0], 1.5);
     EXPECT_EQ(d[1], 3.0);
+    // bfloat16 (what data-parallel gradients may use): 1.5 * (1 + 2 + 3) is exact in bf16.
+    const uint16_t bf16_1_5 = 0x3FC0;  // 1.5 = 0x3FC00000 as float32
+    std::vector<uint16_t> h(8, static_cast<uint16_t>(rank == 0 ? bf16_1_5 : 0x0000));
+    if (rank == 1) std::fill(h.begin(), h.end(), static_cast<uint16_t>(0x4040));  // 3.0
+    if (rank == 2) std::fill(h.begin(), h.end(), static_cast<uint16_t>(0x4090));  // 4.5
+    ASSERT_TRUE(c->AllReduceSum(h.data(), h.size(), DataType::kBFloat16, DeadlineAfter(20)).ok());
+    for (uint16_t v : h) EXPECT_EQ(v, 0x4110);  // 9.0
     EXPECT_TRUE(c->Barrier(DeadlineAfter(20)).ok());
     EXPECT_FALSE(c->aborted());
   });
