@@ -353,7 +353,7 @@ int RunBenchWeightSync(const std::vector<std::string>& args) {
       rx.stubs[i]->Stop(&ctx, req, &resp);
     }
     for (pid_t pid : rx.pids) TerminateProcess(pid, 10);
-    RemoveTree(dir);
+    (void)RemoveTree(dir);  // best effort: a leftover temporary directory is harmless
   };
   for (int r = 1; r <= receivers; ++r) {
     std::vector<std::string> argv = {SelfExecutable(), "bench",

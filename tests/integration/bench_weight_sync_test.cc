@@ -49,7 +49,7 @@ TEST(BenchWeightSyncTest, TinyRunWritesConsistentJson) {
   }
   EXPECT_EQ(transports,
             (std::vector<std::string>{"grpc-naive", "grpc/1", "gloo/1", "grpc/2", "gloo/2"}));
-  RemoveTree(dir);
+  EXPECT_TRUE(RemoveTree(dir).ok());
 }
 
 TEST(BenchWeightSyncTest, BadOptionsAreUsageErrors) {
@@ -63,7 +63,7 @@ TEST(BenchWeightSyncTest, BadOptionsAreUsageErrors) {
     EXPECT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 2) << p.Output();
     EXPECT_NE(p.Output().find("usage: gyre bench weight-sync"), std::string::npos);
   }
-  RemoveTree(dir);
+  EXPECT_TRUE(RemoveTree(dir).ok());
 }
 
 }  // namespace

@@ -74,7 +74,7 @@ class WeightFanoutTest : public ::testing::Test {
   }
   void TearDown() override {
     for (pid_t pid : pids_) TerminateProcess(pid, 2);
-    RemoveTree(dir_);
+    (void)RemoveTree(dir_);
   }
 
   // Starts a receiver process for `group`; returns its pid.
