@@ -105,6 +105,7 @@ struct ClusterSection {
   double rpc_timeout_s = 300;
   double weight_sync_timeout_s = 60;
   int64_t weight_bucket_bytes = 4 << 20;
+  std::string weight_transport = "grpc";       // grpc (streams) or gloo (bucketed Gloo broadcast)
   std::string on_worker_failure = "continue";  // continue (re-queue on survivors) or fail
   std::string worker_binary;                   // empty = this executable
 };

@@ -34,6 +34,7 @@ constexpr char kBenchUsage[] =
     "subcommands:\n"
     "  kernels       sampling, advantages, policy loss and token log-probs against their\n"
     "                libtorch baselines (CUDA kernels on a GPU, CPU references otherwise)\n"
+    "  weight-sync   weight publishing per transport and bucket size vs one gRPC message\n"
     "\n"
     "`gyre bench SUBCOMMAND --help` lists a subcommand's options.\n";
 
@@ -105,6 +106,7 @@ int RunBench(const std::vector<std::string>& args) {
     return 0;
   }
   if (sub == "kernels") return RunBenchKernels(rest);
+  if (sub == "weight-sync") return RunBenchWeightSync(rest);
   std::fprintf(stderr, "gyre bench: unknown subcommand '%s'\n\n%s", sub.c_str(), kBenchUsage);
   return 2;
 }

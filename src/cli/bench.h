@@ -48,6 +48,10 @@ class BenchReport {
 // (0 ok, 1 failure, 2 usage error).
 int RunBenchKernels(const std::vector<std::string>& args);
 
+// gyre bench weight-sync: weight transports against one unbucketed gRPC message
+// (bench_weight_sync.cc).
+int RunBenchWeightSync(const std::vector<std::string>& args);
+
 // gyre bench SUBCOMMAND ...: dispatch and help.
 int RunBench(const std::vector<std::string>& args);
 

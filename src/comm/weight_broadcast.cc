@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
 
 #include "common/crc32.h"
 
@@ -165,17 +166,43 @@ StatusOr<PublishResult> PublishWeights(Communicator* comm, const WeightPayload& 
   }
   std::vector<uint32_t> crcs = result.bucket_crc32;
   GYRE_RETURN_IF_ERROR(comm->Broadcast(crcs.data(), crcs.size() * 4, root, deadline));
-  float rejected = 0;
+  // Positive acknowledgement: each receiver adds 1 once it verified every bucket. Counting
+  // confirmations rather than rejections matters: after a peer closed its connections cleanly,
+  // Gloo can complete a collective without it, and a missing peer must not read as success.
+  float confirmed = 0;
   GYRE_RETURN_IF_ERROR(
-      comm->AllReduceSum(&rejected, 1, DataType::kFloat32, deadline)
+      comm->AllReduceSum(&confirmed, 1, DataType::kFloat32, deadline)
           .WithContext("acknowledgement of version " + std::to_string(payload.version)));
-  if (rejected > 0) {
-    return DataLoss(std::to_string(static_cast<int>(rejected)) + " of " +
-                    std::to_string(result.receivers) + " receivers rejected version " +
-                    std::to_string(payload.version) + " (bucket checksum mismatch)");
+  if (confirmed != static_cast<float>(result.receivers)) {
+    const int missing = result.receivers - static_cast<int>(confirmed);
+    return DataLoss(std::to_string(missing) + " of " + std::to_string(result.receivers) +
+                    " receivers did not confirm version " + std::to_string(payload.version) +
+                    " (a bucket checksum mismatch, or a receiver that left)");
   }
   result.seconds = Since(t0);
   return result;
+}
+
+std::vector<FanoutResult> PublishToEach(const std::vector<Communicator*>& groups,
+                                        const WeightPayload& payload, int64_t bucket_bytes,
+                                        Deadline deadline) {
+  std::vector<std::future<StatusOr<PublishResult>>> futures;
+  for (Communicator* c : groups) {
+    futures.push_back(std::async(std::launch::async, [c, &payload, bucket_bytes, deadline] {
+      if (c->size() != 2 || c->rank() != 0) {
+        return StatusOr<PublishResult>(
+            InvalidArgument("PublishToEach needs two-member groups with the publisher as rank 0"));
+      }
+      return PublishWeights(c, payload, bucket_bytes, deadline);
+    }));
+  }
+  std::vector<FanoutResult> out(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) {
+    auto r = futures[i].get();
+    out[i].status = r.status();
+    if (r.ok()) out[i].result = std::move(*r);
+  }
+  return out;
 }
 
 Status PublishEndOfStream(Communicator* comm, Deadline deadline) {
@@ -238,8 +265,8 @@ StatusOr<Receipt> ReceivePublishedWeights(Communicator* comm, int root, Deadline
       break;
     }
   }
-  float rejected = verdict.ok() ? 0.0f : 1.0f;
-  GYRE_RETURN_IF_ERROR(comm->AllReduceSum(&rejected, 1, DataType::kFloat32, deadline));
+  float confirmed = verdict.ok() ? 1.0f : 0.0f;
+  GYRE_RETURN_IF_ERROR(comm->AllReduceSum(&confirmed, 1, DataType::kFloat32, deadline));
   GYRE_RETURN_IF_ERROR(verdict);
   receipt.seconds = Since(t0);
   return receipt;

@@ -9,8 +9,10 @@
 //   3. the payload in fixed-size buckets, each received straight into the receiver's buffer;
 //   4. the root's CRC-32 of every bucket (4 bytes each, computed before sending);
 //   5. an acknowledgement: a sum all-reduce of one float per member, 1 from each receiver that
-//      rejected the version, so the root learns the outcome in-band and the time it reports
-//      covers the receivers' verification.
+//      verified every bucket, so the root learns the outcome in-band and the time it reports
+//      covers the receivers' verification. Confirmations are counted, not rejections: Gloo can
+//      complete a collective after a peer closed its connections cleanly, and a receiver that
+//      is gone must not count as one that accepted.
 // A receiver checks every bucket against the root's CRC-32 and returns a Receipt (version, its
 // own CRC-32 per bucket) that the caller reports to the controller, which compares it with the
 // root's list. On any error the receiver's buffer must not be used.
@@ -44,13 +46,27 @@ struct Receipt {
   double seconds = 0;
 };
 
-// Root side. `bucket_bytes` > 0. Fails with kDataLoss when any receiver rejected the version
-// (the message says how many), with the communicator's error when a collective fails (then the
-// communicator is aborted and the group must be formed again). `corrupt_bucket` >= 0 flips one
+// Root side. `bucket_bytes` > 0. Fails with kDataLoss when any receiver did not confirm the
+// version (the message says how many), with the communicator's error when a collective fails (then
+// the communicator is aborted and the group must be formed again). `corrupt_bucket` >= 0 flips one
 // byte of that bucket on the wire after its checksum was taken (fault injection for tests).
 StatusOr<PublishResult> PublishWeights(Communicator* comm, const WeightPayload& payload,
                                        int64_t bucket_bytes, Deadline deadline,
                                        int corrupt_bucket = -1);
+
+// One receiver's outcome in PublishToEach.
+struct FanoutResult {
+  Status status;
+  PublishResult result;  // valid when status is OK
+};
+
+// Publishes one version to several receivers, each over its own two-member group in which the
+// caller is the root (rank 0), all concurrently: a receiver that dies or stalls fails only its
+// own transfer (its communicator is then aborted; form a new group to re-sync it), and the others
+// complete within `deadline`. Results are in the order of `groups`.
+std::vector<FanoutResult> PublishToEach(const std::vector<Communicator*>& groups,
+                                        const WeightPayload& payload, int64_t bucket_bytes,
+                                        Deadline deadline);
 
 // Tells every receiver of `comm` that no more versions follow (their ReceivePublishedWeights
 // returns kOutOfRange).

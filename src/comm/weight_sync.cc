@@ -68,8 +68,8 @@ StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightP
   return result;
 }
 
-Status ReceiveWeights(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
-                      const model::NamedTensors& params, v1::WeightReceipt* receipt) {
+Status ReceiveWeightStream(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
+                           WeightPayload* payload, v1::WeightReceipt* receipt) {
   const auto t0 = std::chrono::steady_clock::now();
   v1::WeightChunk chunk;
   if (!reader->Read(&chunk)) return InvalidArgument("weight transfer carried no chunks");
@@ -87,7 +87,8 @@ Status ReceiveWeights(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
     e.nbytes = s.nbytes();
     manifest.push_back(std::move(e));
   }
-  std::vector<uint8_t> buffer(total);
+  std::vector<uint8_t>& buffer = payload->bytes;
+  buffer.resize(total);
   std::vector<uint32_t> crcs;
   uint64_t received = 0;
   Status error;
@@ -126,14 +127,23 @@ Status ReceiveWeights(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
                     std::to_string(crcs.size()) + " of " + std::to_string(num_buckets) +
                     " buckets");
   }
-  GYRE_RETURN_IF_ERROR(model::LoadFlatParameters(manifest, buffer.data(), total, params)
-                           .WithContext("weights of version " + std::to_string(version)));
+  payload->version = version;
+  payload->manifest = std::move(manifest);
   receipt->set_version(version);
   for (uint32_t c : crcs) receipt->add_bucket_crc32(c);
   receipt->set_bytes(total);
   receipt->set_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return Status::Ok();
+}
+
+Status ReceiveWeights(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
+                      const model::NamedTensors& params, v1::WeightReceipt* receipt) {
+  WeightPayload payload;
+  GYRE_RETURN_IF_ERROR(ReceiveWeightStream(reader, &payload, receipt));
+  return model::LoadFlatParameters(payload.manifest, payload.bytes.data(), payload.bytes.size(),
+                                   params)
+      .WithContext("weights of version " + std::to_string(payload.version));
 }
 
 }  // namespace gyre::comm

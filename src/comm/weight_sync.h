@@ -38,7 +38,12 @@ struct SendResult {
 StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightPayload& payload,
                                  int64_t bucket_bytes, double timeout_s, int corrupt_bucket = -1);
 
-// Reads a full transfer from `reader`, verifies it and loads it into `params`. On error nothing
+// Reads a full transfer from `reader` into `payload` (its byte vector is reused) and verifies
+// every bucket's CRC-32; fills `receipt` on success. On error `payload` must not be used.
+Status ReceiveWeightStream(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
+                           WeightPayload* payload, v1::WeightReceipt* receipt);
+
+// ReceiveWeightStream, then loads the weights into `params`. On error nothing
 // is loaded. On success fills `receipt` and stores the version in *version.
 Status ReceiveWeights(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
                       const model::NamedTensors& params, v1::WeightReceipt* receipt);

@@ -224,6 +224,8 @@ std::vector<Field> BuildTable() {
           "deadline of one weight broadcast"),
       Num(GYRE_CONFIG_KEY(cluster.weight_bucket_bytes), Closed(1024, 17179869184.0),
           "weight-sync bucket size in bytes"),
+      Choice(GYRE_CONFIG_KEY(cluster.weight_transport), {"grpc", "gloo"},
+             "grpc = gRPC streams; gloo = bucketed Gloo broadcast over TCP"),
       Choice(GYRE_CONFIG_KEY(cluster.on_worker_failure), {"continue", "fail"},
              "continue = re-queue a dead worker's work on survivors; fail = stop the job"),
       Text(GYRE_CONFIG_KEY(cluster.worker_binary), kAnyText,

@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "comm/gloo_communicator.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/subprocess.h"
@@ -110,6 +111,9 @@ class JobRunner {
   bool WaitForDeath(const std::string& id, double seconds);
 
   Status Publish(int64_t version);
+  // cluster.weight_transport gloo: the trainer and each rollout worker meet in a two-member Gloo
+  // group through weight_store_; the rollout worker reports its receipt directly.
+  Status PublishGloo(int64_t version);
   StatusOr<std::vector<v1::Sample>> GenerateAll(std::vector<GroupJob>* jobs,
                                                 const v1::SamplingParams& sampling,
                                                 int64_t* generated_tokens);
@@ -152,6 +156,7 @@ class JobRunner {
   std::mutex mu_;  // guards Worker::pid (monitor vs job thread), deaths_ and inflight_
   std::map<std::string, std::string> deaths_;  // id -> how it died
   std::set<std::string> handled_deaths_;
+  std::unique_ptr<comm::StoreServer> weight_store_;  // gloo weight transport's rendezvous
   int64_t version_ = 0;
   uint64_t next_group_id_ = 0;
   JobResult result_;
@@ -212,6 +217,10 @@ Status JobRunner::Setup() {
                         rpc::StartServer(cfg_.cluster.bind_host, cfg_.cluster.controller_port,
                                          {service_.get()}, &address_));
   GYRE_LOG_INFO("controller listening on {}; run directory {}", address_, run_dir_);
+  if (cfg_.cluster.weight_transport == "gloo") {
+    GYRE_ASSIGN_OR_RETURN(weight_store_, comm::StoreServer::Start(cfg_.cluster.bind_host));
+    GYRE_LOG_INFO("weight rendezvous store on {}", weight_store_->address());
+  }
   GYRE_RETURN_IF_ERROR(SpawnWorkers());
   monitor_ = std::thread([this] { MonitorLoop(); });
 
@@ -465,6 +474,7 @@ Status JobRunner::AfterRpcFailure(Worker* w, const Status& s) {
 }
 
 Status JobRunner::Publish(int64_t version) {
+  if (weight_store_) return PublishGloo(version);
   const auto t0 = Clock::now();
   v1::PublishWeightsRequest req;
   req.set_version(version);
@@ -507,6 +517,101 @@ Status JobRunner::Publish(int64_t version) {
     w.version = version;
   }
   GYRE_LOG_DEBUG("published v{} in {:.3f} s", version, Seconds(t0));
+  return CheckHealth();
+}
+
+namespace {
+std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
+}  // namespace
+
+Status JobRunner::PublishGloo(int64_t version) {
+  const double timeout = cfg_.cluster.weight_sync_timeout_s;
+  std::vector<Worker*> rollouts = AliveRollouts();
+  v1::PublishWeightsRequest req;
+  req.set_version(version);
+  req.set_timeout_s(timeout);
+  req.set_bucket_bytes(cfg_.cluster.weight_bucket_bytes);
+  req.set_transport("gloo");
+  req.set_store_address(weight_store_->address());
+  req.set_bind_host(HostOf(TrainerWorker()->address));
+  // Each rollout worker is asked to receive at the same time as the trainer publishes.
+  struct Receive {
+    grpc::ClientContext ctx;
+    v1::ReceiveWeightsRequest req;
+    v1::WeightReceipt receipt;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<Receive>> receives;
+  std::vector<std::unique_ptr<InflightCall>> inflight;
+  for (Worker* w : rollouts) {
+    const std::string group = "weights/" + w->id;
+    req.add_rollout_ids(w->id);
+    req.add_rollout_addresses(w->address);
+    req.add_groups(group);
+    auto r = std::make_unique<Receive>();
+    r->req.set_store_address(weight_store_->address());
+    r->req.set_group(group);
+    r->req.set_timeout_s(timeout);
+    r->req.set_bind_host(HostOf(w->address));
+    rpc::SetDeadline(&r->ctx, timeout + 10);
+    inflight.push_back(std::make_unique<InflightCall>(this, w->id, &r->ctx));
+    receives.push_back(std::move(r));
+  }
+  std::vector<std::future<void>> pending;
+  for (size_t i = 0; i < rollouts.size(); ++i) {
+    Receive* r = receives[i].get();
+    v1::Rollout::Stub* stub = rollouts[i]->rollout.get();
+    pending.push_back(std::async(std::launch::async, [r, stub] {
+      r->status = stub->ReceiveWeights(&r->ctx, r->req, &r->receipt);
+    }));
+  }
+  v1::PublishWeightsResponse resp;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, timeout + 10);
+  Status trainer_status;
+  {
+    InflightCall trainer_call(this, TrainerWorker()->id, &ctx);
+    trainer_status = rpc::FromGrpc(TrainerWorker()->trainer->PublishWeights(&ctx, req, &resp),
+                                   "publish weights v" + std::to_string(version));
+  }
+  if (!trainer_status.ok()) {
+    for (auto& r : receives) r->ctx.TryCancel();
+  }
+  for (auto& f : pending) f.get();
+  inflight.clear();
+  GYRE_RETURN_IF_ERROR(AfterRpcFailure(TrainerWorker(), trainer_status));
+  std::map<std::string, const v1::PublishResult*> sent;
+  for (const auto& pr : resp.results()) sent[pr.rollout_id()] = &pr;
+  for (size_t i = 0; i < rollouts.size(); ++i) {
+    Worker& w = *rollouts[i];
+    const Receive& r = *receives[i];
+    const v1::PublishResult* pr = sent.count(w.id) ? sent.at(w.id) : nullptr;
+    std::string error;
+    if (pr == nullptr || !pr->ok()) {
+      error = pr ? pr->error() : "the trainer did not report it";
+    } else if (!r.status.ok()) {
+      error = rpc::FromGrpc(r.status, "receive").ToString();
+    } else {
+      // The receipt must match what was sent, bucket by bucket.
+      bool match =
+          r.receipt.version() == version && r.receipt.bucket_crc32_size() == pr->sent_crc32_size();
+      for (int b = 0; match && b < pr->sent_crc32_size(); ++b) {
+        match = r.receipt.bucket_crc32(b) == pr->sent_crc32(b);
+      }
+      if (!match) error = "receipt for v" + std::to_string(version) + " does not match";
+    }
+    if (!error.empty()) {
+      // As with gRPC streams: a death is reported by the monitor; a live worker is dropped.
+      if (!WaitForDeath(w.id, 2.0)) {
+        GYRE_RETURN_IF_ERROR(
+            DropWorker(&w, "weight transfer of v" + std::to_string(version) + " failed: " + error));
+      }
+      GYRE_RETURN_IF_ERROR(CheckHealth());
+      continue;
+    }
+    w.version = version;
+  }
+  GYRE_LOG_DEBUG("published v{} over gloo", version);
   return CheckHealth();
 }
 

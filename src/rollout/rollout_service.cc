@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "comm/gloo_communicator.h"
+#include "comm/weight_broadcast.h"
 #include "comm/weight_sync.h"
 #include "common/logging.h"
 #include "rpc/rpc_util.h"
@@ -84,6 +86,49 @@ grpc::Status RolloutService::LoadWeights(grpc::ServerContext* ctx,
   }
   version_.store(receipt->version());
   GYRE_LOG_DEBUG("loaded policy version {} ({} bytes)", receipt->version(), receipt->bytes());
+  return grpc::Status::OK;
+}
+
+grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
+                                            const v1::ReceiveWeightsRequest* req,
+                                            v1::WeightReceipt* receipt) {
+  std::lock_guard<std::mutex> wlock(weights_mu_);
+  const double timeout = req->timeout_s() > 0 ? req->timeout_s() : 60.0;
+  const comm::Deadline deadline = comm::DeadlineAfter(timeout);
+  if (!weight_comm_ || weight_comm_->aborted() || weight_group_ != req->group()) {
+    weight_comm_.reset();
+    comm::GlooOptions o;
+    o.store_address = req->store_address();
+    o.group = req->group();
+    o.rank = 1;
+    o.size = 2;
+    if (!req->bind_host().empty()) o.bind_host = req->bind_host();
+    o.connect_timeout_s = timeout;
+    auto c = comm::CreateGlooCommunicator(o);
+    if (!c.ok()) return rpc::ToGrpc(c.status());
+    weight_comm_ = std::move(*c);
+    weight_group_ = req->group();
+  }
+  auto r = comm::ReceivePublishedWeights(weight_comm_.get(), 0, deadline, &weight_payload_);
+  if (!r.ok()) {
+    GYRE_LOG_ERROR("weight transfer rejected: {}", r.status().ToString());
+    if (weight_comm_->aborted()) weight_comm_.reset();
+    return rpc::ToGrpc(r.status());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = model::LoadFlatParameters(weight_payload_.manifest, weight_payload_.bytes.data(),
+                                         weight_payload_.bytes.size(), model_->NamedParameters());
+    if (!s.ok()) {
+      return rpc::ToGrpc(s.WithContext("weights of version " + std::to_string(r->version)));
+    }
+    version_.store(r->version);
+  }
+  receipt->set_version(r->version);
+  for (uint32_t c : r->bucket_crc32) receipt->add_bucket_crc32(c);
+  receipt->set_bytes(r->bytes);
+  receipt->set_seconds(r->seconds);
+  GYRE_LOG_DEBUG("loaded policy version {} over gloo ({} bytes)", r->version, r->bytes);
   return grpc::Status::OK;
 }
 

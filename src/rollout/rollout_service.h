@@ -8,6 +8,8 @@
 #include <memory>
 #include <mutex>
 
+#include "comm/communicator.h"
+#include "comm/weight_sync.h"
 #include "gyre/v1/gyre.grpc.pb.h"
 #include "model/transformer.h"
 #include "rollout/engine.h"
@@ -23,6 +25,10 @@ class RolloutService final : public v1::Rollout::Service {
                         v1::GenerateResponse* resp) override;
   grpc::Status LoadWeights(grpc::ServerContext* ctx, grpc::ServerReader<v1::WeightChunk>* reader,
                            v1::WeightReceipt* receipt) override;
+  // Gloo transport: joins (or reuses) this worker's two-member group with the trainer, receives
+  // one version, checks every bucket, then loads it under the model lock.
+  grpc::Status ReceiveWeights(grpc::ServerContext* ctx, const v1::ReceiveWeightsRequest* req,
+                              v1::WeightReceipt* receipt) override;
   grpc::Status Stop(grpc::ServerContext* ctx, const v1::StopRequest* req,
                     v1::StopResponse* resp) override;
 
@@ -34,6 +40,11 @@ class RolloutService final : public v1::Rollout::Service {
   Engine engine_;
   std::atomic<int64_t> version_{-1};  // -1: no weights received yet
   std::function<void(const std::string&)> on_stop_;
+  // Gloo weight plane; weights_mu_ serialises ReceiveWeights calls and guards these.
+  std::mutex weights_mu_;
+  std::string weight_group_;
+  std::unique_ptr<comm::Communicator> weight_comm_;
+  comm::WeightPayload weight_payload_;  // reused between versions
 };
 
 }  // namespace gyre::rollout

@@ -4,6 +4,8 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
+#include "comm/gloo_communicator.h"
+#include "comm/weight_broadcast.h"
 #include "comm/weight_sync.h"
 #include "common/file_util.h"
 #include "common/logging.h"
@@ -128,6 +130,11 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
   }
   const int64_t bucket = req->bucket_bytes() > 0 ? req->bucket_bytes() : (4 << 20);
   const double timeout = req->timeout_s() > 0 ? req->timeout_s() : 60.0;
+  if (req->transport() == "gloo") return PublishGloo(*req, payload, bucket, timeout, resp);
+  if (!req->transport().empty() && req->transport() != "grpc") {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "unknown weight transport '" + req->transport() + "'");
+  }
   std::vector<std::future<StatusOr<comm::SendResult>>> futures;
   for (int i = 0; i < req->rollout_addresses_size(); ++i) {
     const std::string address = req->rollout_addresses(i);
@@ -146,6 +153,70 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
       for (uint32_t c : r->sent_crc32) pr->add_sent_crc32(c);
     } else {
       pr->set_error(r.status().ToString());
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainerService::PublishGloo(const v1::PublishWeightsRequest& req,
+                                         const comm::WeightPayload& payload, int64_t bucket,
+                                         double timeout, v1::PublishWeightsResponse* resp) {
+  if (req.groups_size() != req.rollout_ids_size() || req.store_address().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "gloo publish needs a store address and one group per rollout worker");
+  }
+  std::lock_guard<std::mutex> lock(weights_mu_);
+  const comm::Deadline deadline = comm::DeadlineAfter(timeout);
+  const int n = req.groups_size();
+  // Groups not named any more belong to workers that are gone.
+  std::map<std::string, std::unique_ptr<comm::Communicator>> keep;
+  for (int i = 0; i < n; ++i) {
+    auto it = weight_groups_.find(req.groups(i));
+    if (it != weight_groups_.end() && !it->second->aborted())
+      keep[it->first] = std::move(it->second);
+  }
+  weight_groups_ = std::move(keep);
+  // Form the missing groups concurrently: each waits for its rollout worker to join.
+  std::vector<Status> formed(n);
+  std::vector<std::future<StatusOr<std::unique_ptr<comm::Communicator>>>> joining(n);
+  for (int i = 0; i < n; ++i) {
+    if (weight_groups_.count(req.groups(i))) continue;
+    comm::GlooOptions o;
+    o.store_address = req.store_address();
+    o.group = req.groups(i);
+    o.rank = 0;
+    o.size = 2;
+    if (!req.bind_host().empty()) o.bind_host = req.bind_host();
+    o.connect_timeout_s = timeout;
+    joining[i] = std::async(std::launch::async, [o] { return comm::CreateGlooCommunicator(o); });
+  }
+  std::vector<comm::Communicator*> groups;
+  std::vector<int> index;  // groups[k] serves rollout index[k]
+  for (int i = 0; i < n; ++i) {
+    if (joining[i].valid()) {
+      auto c = joining[i].get();
+      if (!c.ok()) {
+        formed[i] = c.status();
+        continue;
+      }
+      weight_groups_[req.groups(i)] = std::move(*c);
+    }
+    groups.push_back(weight_groups_.at(req.groups(i)).get());
+    index.push_back(i);
+  }
+  auto results = comm::PublishToEach(groups, payload, bucket, deadline);
+  std::vector<const comm::FanoutResult*> by_rollout(n, nullptr);
+  for (size_t k = 0; k < results.size(); ++k) by_rollout[index[k]] = &results[k];
+  for (int i = 0; i < n; ++i) {
+    v1::PublishResult* pr = resp->add_results();
+    pr->set_rollout_id(req.rollout_ids(i));
+    const Status s = by_rollout[i] ? by_rollout[i]->status : formed[i];
+    pr->set_ok(s.ok());
+    if (s.ok()) {
+      for (uint32_t c : by_rollout[i]->result.bucket_crc32) pr->add_sent_crc32(c);
+    } else {
+      pr->set_error(s.ToString());
+      weight_groups_.erase(req.groups(i));
     }
   }
   return grpc::Status::OK;

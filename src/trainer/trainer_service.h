@@ -1,19 +1,22 @@
 #pragma once
 // TrainerService: the gRPC face of a trainer worker. TrainStep runs one optimizer step on the
 // batch the controller sends; PublishWeights streams the current policy version to every
-// rollout worker named in the request, concurrently and each within its deadline; Save writes
-// an HF-style directory (config.json + model.safetensors); SaveState / LoadState write and restore
-// the resumable state of a checkpoint. With trainer.workers > 1 the controller forms a Gloo group
-// of the trainers (HostGroupStore, JoinGroup) and each TrainStep carries one rank's shard. Calls
-// are serialised by a mutex.
+// rollout worker named in the request, concurrently and each within its deadline (gRPC streams,
+// or with transport "gloo" one two-member Gloo group per rollout worker); Save writes an HF-style
+// directory (config.json + model.safetensors); SaveState / LoadState write and restore the
+// resumable state of a checkpoint. With trainer.workers > 1 the controller forms a Gloo group of
+// the trainers (HostGroupStore, JoinGroup) and each TrainStep carries one rank's shard. Calls are
+// serialised by a mutex.
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 
 #include "comm/communicator.h"
 #include "comm/gloo_communicator.h"
+#include "comm/weight_sync.h"
 #include "gyre/config.h"
 #include "gyre/v1/gyre.grpc.pb.h"
 #include "trainer/policy_trainer.h"
@@ -47,12 +50,19 @@ class TrainerService final : public v1::Trainer::Service {
   int64_t version() const;
 
  private:
+  grpc::Status PublishGloo(const v1::PublishWeightsRequest& req, const comm::WeightPayload& payload,
+                           int64_t bucket, double timeout, v1::PublishWeightsResponse* resp);
+
   JobConfig config_;
   mutable std::mutex mu_;
   PolicyTrainer trainer_;                      // guarded by mu_
   std::unique_ptr<comm::StoreServer> store_;   // rank 0 of a data-parallel group
   std::unique_ptr<comm::Communicator> group_;  // guarded by mu_
   std::function<void(const std::string&)> on_stop_;
+  // Gloo weight groups by name (this trainer is rank 0 of each), kept between publishes; a group
+  // whose transfer failed is dropped (the controller names a new one to re-sync that worker).
+  std::mutex weights_mu_;  // serialises publishes; guards weight_groups_
+  std::map<std::string, std::unique_ptr<comm::Communicator>> weight_groups_;
 };
 
 }  // namespace gyre::trainer

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -80,6 +81,13 @@ TEST_F(GlooTest, BroadcastAllReduceAndBarrierAcrossThreeRanks) {
     ASSERT_TRUE(c->AllReduceSum(d.data(), d.size(), DataType::kFloat64, DeadlineAfter(20)).ok());
     EXPECT_EQ(d[0], 1.5);
     EXPECT_EQ(d[1], 3.0);
+    // bfloat16 (what data-parallel gradients may use): 1.5 * (1 + 2 + 3) is exact in bf16.
+    const uint16_t bf16_1_5 = 0x3FC0;  // 1.5 = 0x3FC00000 as float32
+    std::vector<uint16_t> h(8, static_cast<uint16_t>(rank == 0 ? bf16_1_5 : 0x0000));
+    if (rank == 1) std::fill(h.begin(), h.end(), static_cast<uint16_t>(0x4040));  // 3.0
+    if (rank == 2) std::fill(h.begin(), h.end(), static_cast<uint16_t>(0x4090));  // 4.5
+    ASSERT_TRUE(c->AllReduceSum(h.data(), h.size(), DataType::kBFloat16, DeadlineAfter(20)).ok());
+    for (uint16_t v : h) EXPECT_EQ(v, 0x4110);  // 9.0
     EXPECT_TRUE(c->Barrier(DeadlineAfter(20)).ok());
     EXPECT_FALSE(c->aborted());
   });
@@ -110,8 +118,9 @@ TEST_F(GlooTest, MissingMemberFailsWithinTheConnectTimeout) {
 TEST_F(GlooTest, DeadlineExpiresWhenAPeerDoesNotTakePart) {
   RunRanks("deadline", 2, [](int rank, Communicator* c) {
     if (rank == 1) {
-      // Stays connected but never calls the broadcast; waits long enough for rank 0 to expire.
-      std::this_thread::sleep_for(std::chrono::seconds(3));
+      // Stays connected but never calls the broadcast; waits long enough for rank 0 to expire
+      // (leaving earlier would close its connections, which is a different test).
+      std::this_thread::sleep_for(std::chrono::seconds(6));
       return;
     }
     std::vector<uint8_t> data(1 << 16, 1);
@@ -120,7 +129,7 @@ TEST_F(GlooTest, DeadlineExpiresWhenAPeerDoesNotTakePart) {
     const double took = Elapsed(t0);
     EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
     EXPECT_GT(took, 0.9);
-    EXPECT_LT(took, 2.5);
+    EXPECT_LT(took, 4.0);  // slack for a loaded machine; the peer stays silent for 6 s
     EXPECT_TRUE(c->aborted());
     EXPECT_EQ(c->Barrier(DeadlineAfter(5)).code(), StatusCode::kAborted);
   });
@@ -129,7 +138,7 @@ TEST_F(GlooTest, DeadlineExpiresWhenAPeerDoesNotTakePart) {
 TEST_F(GlooTest, AbortFromAnotherThreadEndsAWaitingCall) {
   RunRanks("abort", 2, [](int rank, Communicator* c) {
     if (rank == 1) {
-      std::this_thread::sleep_for(std::chrono::seconds(2));
+      std::this_thread::sleep_for(std::chrono::seconds(8));
       return;
     }
     std::thread aborter([c] {
@@ -138,14 +147,19 @@ TEST_F(GlooTest, AbortFromAnotherThreadEndsAWaitingCall) {
     });
     std::vector<uint8_t> data(1024);
     const auto t0 = std::chrono::steady_clock::now();
-    Status s = c->Broadcast(data.data(), data.size(), 1, DeadlineAfter(1.5));
+    Status s = c->Broadcast(data.data(), data.size(), 1, DeadlineAfter(6));
     EXPECT_EQ(s.code(), StatusCode::kAborted) << s;
-    EXPECT_LT(Elapsed(t0), 1.0);
+    EXPECT_LT(Elapsed(t0), 3.0);  // Abort at 0.3 s, far before the 6 s deadline
     aborter.join();
   });
 }
 
-TEST_F(GlooTest, PeerThatLeavesTheGroupIsAnErrorNotAHang) {
+// A peer that leaves (its process group destroyed, connections closed cleanly) never makes the
+// survivor hang. Note what Gloo does here: the survivor's collectives may complete at once as if
+// the peer had taken part (seen with libtorch 2.11: broadcast, barrier, and a sum all-reduce that
+// returns only the local value). Callers must rely on positive acknowledgements, as
+// PublishWeights does (weight_broadcast_test: ReceiverThatLeftIsNotCountedAsConfirmed).
+TEST_F(GlooTest, PeerThatLeavesTheGroupDoesNotCauseAHang) {
   std::atomic<bool> left{false};
   RunRanks("leave", 2, [&](int rank, Communicator* c) {
     if (rank == 1) {
@@ -156,12 +170,11 @@ TEST_F(GlooTest, PeerThatLeavesTheGroupIsAnErrorNotAHang) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     std::vector<uint8_t> data(1 << 20, 1);
     const auto t0 = std::chrono::steady_clock::now();
-    // The broadcast may complete into socket buffers; the barrier needs the peer to answer.
     Status s = c->Broadcast(data.data(), data.size(), 0, DeadlineAfter(10));
     if (s.ok()) s = c->Barrier(DeadlineAfter(10));
-    EXPECT_FALSE(s.ok());
-    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;  // seen at once, not at the deadline
-    EXPECT_LT(Elapsed(t0), 5.0);
+    float v = 1;
+    if (s.ok()) s = c->AllReduceSum(&v, 1, DataType::kFloat32, DeadlineAfter(10));
+    EXPECT_LT(Elapsed(t0), 5.0) << s;
   });
 }
 

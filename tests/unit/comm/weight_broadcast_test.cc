@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <functional>
 #include <thread>
 
@@ -102,7 +103,7 @@ TEST_F(WeightBroadcastTest, CorruptedBucketIsCaughtByItsChecksumOnBothSides) {
         auto r = PublishWeights(c, payload_, 4096, DeadlineAfter(30), /*corrupt_bucket=*/2);
         ASSERT_FALSE(r.ok());
         EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
-        EXPECT_NE(r.status().message().find("2 of 2 receivers rejected version 5"),
+        EXPECT_NE(r.status().message().find("2 of 2 receivers did not confirm version 5"),
                   std::string::npos)
             << r.status();
         // The group stays usable: the next version goes through.
@@ -158,6 +159,34 @@ TEST_F(WeightBroadcastTest, BadArgumentsChangeNothing) {
         WeightPayload got;
         EXPECT_EQ(ReceivePublishedWeights(c, 0, DeadlineAfter(10), &got).status().code(),
                   StatusCode::kOutOfRange);
+      });
+}
+
+// A receiver that leaves the group between versions (its process group destroyed, connections
+// closed cleanly) is never counted as having received the next one.
+TEST_F(WeightBroadcastTest, ReceiverThatLeftIsNotCountedAsConfirmed) {
+  std::atomic<bool> left{false};
+  Run(
+      "left", 2,
+      [&](Communicator* c) {
+        ASSERT_TRUE(PublishWeights(c, payload_, 4096, DeadlineAfter(30)).ok());
+        while (!left) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        WeightPayload next = payload_;
+        next.version = 6;
+        const auto t0 = std::chrono::steady_clock::now();
+        auto r = PublishWeights(c, next, 4096, DeadlineAfter(10));
+        EXPECT_FALSE(r.ok());
+        EXPECT_TRUE(r.status().code() == StatusCode::kDataLoss ||
+                    r.status().code() == StatusCode::kUnavailable)
+            << r.status();
+        EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                  5.0);
+      },
+      [&](int, Communicator* c) {
+        WeightPayload got;
+        ASSERT_TRUE(ReceivePublishedWeights(c, 0, DeadlineAfter(30), &got).ok());
+        left = true;  // returning destroys this member's communicator
       });
 }
 

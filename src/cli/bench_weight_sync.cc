@@ -1,0 +1,477 @@
+// gyre bench weight-sync: moves one policy version of --size bytes from this process to
+// --receivers receiver processes (this binary, re-executed) on loopback, over each transport and
+// bucket size, and compares every figure with a naive baseline measured in the same run: one
+// unbucketed gRPC message carrying the whole payload.
+//
+// Rendezvous: this process runs the Gloo store (OS-chosen port) and gives its address to the
+// receivers on their command line; each receiver writes its gRPC address (also an OS-chosen port)
+// to a file in the run's temporary directory. Every transfer is verified: gRPC receipts are
+// compared bucket by bucket, and a Gloo publish succeeds only when every receiver acknowledged
+// every bucket's CRC-32.
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "cli/bench.h"
+#include "comm/gloo_communicator.h"
+#include "comm/weight_broadcast.h"
+#include "comm/weight_sync.h"
+#include "common/file_util.h"
+#include "common/subprocess.h"
+#include "rpc/rpc_util.h"
+
+namespace gyre::cli {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: gyre bench weight-sync [--size SIZE] [--bucket-mb LIST] [--receivers N]\n"
+    "                              [--transports LIST] [--reps N] [--deadline-s S] [--json FILE]\n"
+    "\n"
+    "Moves one policy version of SIZE bytes to N receiver processes on loopback and reports,\n"
+    "per transport and bucket size, the median seconds over the repetitions, GB/s (payload\n"
+    "bytes / seconds, 1 GB = 1e9 bytes) and speedup = baseline seconds / seconds. The baseline,\n"
+    "measured in the same run, is one unbucketed gRPC message carrying the whole payload.\n"
+    "Every transfer is verified with per-bucket CRC-32 receipts.\n"
+    "\n"
+    "  --size SIZE         payload size: 1GB, 512MB, 64MiB, 1000000 (default 1GB)\n"
+    "  --bucket-mb LIST    bucket sizes in MiB, comma-separated (default 16,64,256)\n"
+    "  --receivers N       receiver processes (default 1)\n"
+    "  --transports LIST   from grpc (bucketed gRPC stream), gloo (bucketed Gloo broadcast);\n"
+    "                      default grpc,gloo. The naive baseline always runs.\n"
+    "  --reps N            timed repetitions per row, after one untimed warm-up (default 3)\n"
+    "  --deadline-s S      deadline of each transfer (default 300)\n"
+    "  --json FILE         also write the figures as JSON\n"
+    "\n"
+    "Progress goes to stderr. NCCL and CUDA IPC need GPUs and are not part of this CPU bench.\n";
+
+StatusOr<uint64_t> ParseSize(const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return InvalidArgument("size '" + text + "' is not a number with an optional unit");
+  }
+  std::string unit = text.substr(used);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double scale = 0;
+  if (unit.empty() || unit == "B") scale = 1;
+  if (unit == "KB") scale = 1e3;
+  if (unit == "MB") scale = 1e6;
+  if (unit == "GB") scale = 1e9;
+  if (unit == "KIB") scale = 1024.0;
+  if (unit == "MIB") scale = 1024.0 * 1024;
+  if (unit == "GIB") scale = 1024.0 * 1024 * 1024;
+  if (scale == 0) return InvalidArgument("size '" + text + "' has an unknown unit");
+  if (!(value > 0) || value * scale > 64e9) {
+    return InvalidArgument("size '" + text + "' must be between 1 byte and 64 GB");
+  }
+  return static_cast<uint64_t>(value * scale);
+}
+
+std::vector<std::string> SplitCommas(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const size_t end = comma == std::string::npos ? text.size() : comma;
+    if (end > start) out.push_back(text.substr(start, end - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+StatusOr<int64_t> ParsePositive(const std::string& flag, const std::string& text) {
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(text, &used);
+    if (used == text.size() && v > 0) return static_cast<int64_t>(v);
+  } catch (const std::exception&) {
+  }
+  return InvalidArgument(flag + " needs a positive integer, got '" + text + "'");
+}
+
+std::string ReadSmallFile(const std::string& path) {
+  std::string out;
+  if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+    char buf[256];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+    std::fclose(f);
+  }
+  return out;
+}
+
+// gRPC with no message-size limit (the baseline sends the whole payload as one message).
+std::shared_ptr<grpc::Channel> UnlimitedChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Receiver process.
+
+// Accepts weight streams (Rollout.LoadWeights), verifies them and keeps nothing but the bytes.
+class SinkService final : public v1::Rollout::Service {
+ public:
+  grpc::Status LoadWeights(grpc::ServerContext*, grpc::ServerReader<v1::WeightChunk>* reader,
+                           v1::WeightReceipt* receipt) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return rpc::ToGrpc(comm::ReceiveWeightStream(reader, &payload_, receipt));
+  }
+  grpc::Status Stop(grpc::ServerContext*, const v1::StopRequest*, v1::StopResponse*) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+    return grpc::Status::OK;
+  }
+  void WaitForStop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return stop_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  comm::WeightPayload payload_;
+};
+
+int RunReceiver(const std::vector<std::string>& args) {
+  std::string dir, store;
+  int rank = 0, world = 0;
+  double deadline_s = 300;
+  for (size_t i = 0; i + 1 < args.size(); i += 2) {
+    if (args[i] == "--dir") dir = args[i + 1];
+    if (args[i] == "--store") store = args[i + 1];
+    if (args[i] == "--rank") rank = std::atoi(args[i + 1].c_str());
+    if (args[i] == "--world") world = std::atoi(args[i + 1].c_str());
+    if (args[i] == "--deadline-s") deadline_s = std::atof(args[i + 1].c_str());
+  }
+  const std::string me = "receiver " + std::to_string(rank);
+  SinkService sink;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(-1);
+  builder.SetMaxSendMessageSize(-1);
+  builder.RegisterService(&sink);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    std::fprintf(stderr, "%s: cannot start a gRPC server on loopback\n", me.c_str());
+    return 1;
+  }
+  Status s = WriteFileAtomic(dir + "/receiver-" + std::to_string(rank) + ".addr",
+                             "127.0.0.1:" + std::to_string(port));
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", me.c_str(), s.ToString().c_str());
+    return 1;
+  }
+  int rc = 0;
+  if (!store.empty()) {
+    comm::GlooOptions o;
+    o.store_address = store;
+    o.group = "bench";
+    o.rank = rank;
+    o.size = world;
+    auto c = comm::CreateGlooCommunicator(o);
+    if (!c.ok()) {
+      std::fprintf(stderr, "%s: %s\n", me.c_str(), c.status().ToString().c_str());
+      return 1;
+    }
+    comm::WeightPayload payload;
+    int versions = 0;
+    while (true) {
+      // The wait for a header includes the time the sender spends on other transports.
+      auto r = comm::ReceivePublishedWeights(c->get(), 0, comm::DeadlineAfter(deadline_s + 3600),
+                                             &payload);
+      if (r.status().code() == StatusCode::kOutOfRange) break;
+      if (!r.ok()) {
+        std::fprintf(stderr, "%s: %s\n", me.c_str(), r.status().ToString().c_str());
+        rc = 1;
+        if (c->get()->aborted()) break;
+        continue;
+      }
+      ++versions;
+    }
+    std::fprintf(stderr, "%s: received %d versions over gloo\n", me.c_str(), versions);
+  }
+  sink.WaitForStop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  return rc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sender (the benchmark itself).
+
+struct Receivers {
+  std::vector<pid_t> pids;
+  std::vector<std::string> addresses;
+  std::vector<std::unique_ptr<v1::Rollout::Stub>> stubs;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Sends `payload` to every receiver concurrently over gRPC in buckets of `bucket` bytes and
+// checks each receipt (SendWeights compares it with the CRC-32 it sent).
+Status SendGrpcToAll(Receivers* rx, const comm::WeightPayload& payload, int64_t bucket,
+                     double deadline_s) {
+  std::vector<std::future<StatusOr<comm::SendResult>>> futures;
+  for (auto& stub : rx->stubs) {
+    auto* s = stub.get();
+    futures.push_back(std::async(std::launch::async, [s, &payload, bucket, deadline_s] {
+      return comm::SendWeights(s, payload, bucket, deadline_s);
+    }));
+  }
+  Status first;
+  for (size_t i = 0; i < futures.size(); ++i) {
+    auto r = futures[i].get();
+    if (!r.ok() && first.ok()) first = r.status().WithContext("receiver " + std::to_string(i + 1));
+  }
+  return first;
+}
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "gyre bench weight-sync: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int RunBenchWeightSync(const std::vector<std::string>& args) {
+  if (!args.empty() && args[0] == "--serve-receiver") {
+    return RunReceiver(std::vector<std::string>(args.begin() + 1, args.end()));
+  }
+  uint64_t size = 1000000000ull;
+  std::vector<int64_t> bucket_mib = {16, 64, 256};
+  int64_t receivers = 1, reps = 3;
+  double deadline_s = 300;
+  bool use_grpc = true, use_gloo = true;
+  std::string json_path;
+  auto usage_error = [](const std::string& why) {
+    std::fprintf(stderr, "gyre bench weight-sync: %s\n\n%s", why.c_str(), kUsage);
+    return 2;
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (i + 1 >= args.size()) return usage_error("unknown option or missing value: " + a);
+    const std::string& v = args[++i];
+    if (a == "--size") {
+      auto s = ParseSize(v);
+      if (!s.ok()) return usage_error(s.status().message());
+      size = *s;
+    } else if (a == "--bucket-mb") {
+      bucket_mib.clear();
+      for (const auto& part : SplitCommas(v)) {
+        auto b = ParsePositive("--bucket-mb", part);
+        if (!b.ok()) return usage_error(b.status().message());
+        bucket_mib.push_back(*b);
+      }
+      if (bucket_mib.empty()) return usage_error("--bucket-mb needs at least one size");
+    } else if (a == "--receivers") {
+      auto n = ParsePositive(a, v);
+      if (!n.ok() || *n > 64) return usage_error("--receivers needs an integer in 1..64");
+      receivers = *n;
+    } else if (a == "--reps") {
+      auto n = ParsePositive(a, v);
+      if (!n.ok()) return usage_error(n.status().message());
+      reps = *n;
+    } else if (a == "--deadline-s") {
+      deadline_s = std::atof(v.c_str());
+      if (!(deadline_s > 0)) return usage_error("--deadline-s needs a positive number");
+    } else if (a == "--transports") {
+      use_grpc = use_gloo = false;
+      for (const auto& t : SplitCommas(v)) {
+        if (t == "grpc") {
+          use_grpc = true;
+        } else if (t == "gloo") {
+          use_gloo = true;
+        } else {
+          return usage_error("unknown transport '" + t + "' (this bench has grpc and gloo)");
+        }
+      }
+    } else if (a == "--json") {
+      json_path = v;
+    } else {
+      return usage_error("unknown option " + a);
+    }
+  }
+
+  // The payload: one flat uint8 tensor of pseudo-random bytes.
+  std::fprintf(stderr, "weight-sync: preparing %.3f GB payload\n", size / 1e9);
+  comm::WeightPayload payload;
+  payload.version = 0;
+  payload.bytes.resize(size);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (uint64_t i = 0; i + 8 <= size; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(payload.bytes.data() + i, &x, 8);
+  }
+  model::TensorEntry entry;
+  entry.name = "payload";
+  entry.shape = {static_cast<int64_t>(size)};
+  entry.dtype = "uint8";
+  entry.nbytes = size;
+  payload.manifest.push_back(entry);
+
+  // Rendezvous and receivers.
+  const std::string dir = TempDirectory() + "/gyre-bench-weight-sync-" + std::to_string(::getpid());
+  if (Status s = MakeDirs(dir); !s.ok()) return Fail(s);
+  std::unique_ptr<comm::StoreServer> store;
+  if (use_gloo) {
+    auto st = comm::StoreServer::Start("127.0.0.1");
+    if (!st.ok()) return Fail(st.status());
+    store = std::move(*st);
+  }
+  Receivers rx;
+  auto cleanup = [&] {
+    for (size_t i = 0; i < rx.stubs.size(); ++i) {
+      grpc::ClientContext ctx;
+      rpc::SetDeadline(&ctx, 5);
+      v1::StopRequest req;
+      v1::StopResponse resp;
+      rx.stubs[i]->Stop(&ctx, req, &resp);
+    }
+    for (pid_t pid : rx.pids) TerminateProcess(pid, 10);
+    (void)RemoveTree(dir);  // best effort: a leftover temporary directory is harmless
+  };
+  for (int r = 1; r <= receivers; ++r) {
+    std::vector<std::string> argv = {SelfExecutable(), "bench",
+                                     "weight-sync",    "--serve-receiver",
+                                     "--dir",          dir,
+                                     "--rank",         std::to_string(r),
+                                     "--world",        std::to_string(receivers + 1),
+                                     "--deadline-s",   std::to_string(deadline_s)};
+    if (store) {
+      argv.push_back("--store");
+      argv.push_back(store->address());
+    }
+    auto pid = SpawnProcess(argv, dir + "/receiver-" + std::to_string(r) + ".log");
+    if (!pid.ok()) {
+      cleanup();
+      return Fail(pid.status());
+    }
+    rx.pids.push_back(*pid);
+  }
+  const auto wait_until = comm::DeadlineAfter(60);
+  for (int r = 1; r <= receivers; ++r) {
+    const std::string file = dir + "/receiver-" + std::to_string(r) + ".addr";
+    while (!PathExists(file)) {
+      int status;
+      if (PollExit(rx.pids[r - 1], &status) || comm::SecondsLeft(wait_until) < 0) {
+        const std::string log = ReadSmallFile(dir + "/receiver-" + std::to_string(r) + ".log");
+        rx.pids.erase(rx.pids.begin() + (r - 1));
+        cleanup();
+        return Fail(Unavailable("receiver " + std::to_string(r) + " did not start: " + log));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    rx.addresses.push_back(ReadSmallFile(file));
+    rx.stubs.push_back(v1::Rollout::NewStub(UnlimitedChannel(rx.addresses.back())));
+  }
+  std::unique_ptr<comm::Communicator> gloo;
+  if (use_gloo) {
+    comm::GlooOptions o;
+    o.store_address = store->address();
+    o.group = "bench";
+    o.rank = 0;
+    o.size = static_cast<int>(receivers + 1);
+    auto c = comm::CreateGlooCommunicator(o);
+    if (!c.ok()) {
+      cleanup();
+      return Fail(c.status());
+    }
+    gloo = std::move(*c);
+  }
+
+  // One row: a warm-up, then `reps` timed transfers, each its own policy version.
+  BenchReport report("weight-sync");
+  report.SetContext("payload_bytes", size);
+  report.SetContext("receivers", receivers);
+  report.SetContext("reps", reps);
+  report.SetContext("host_cpus", static_cast<int64_t>(std::thread::hardware_concurrency()));
+  report.SetContext("baseline", "grpc-naive: one unbucketed gRPC message of the whole payload");
+  double baseline_s = 0;
+  auto run_row = [&](const std::string& transport, int64_t bucket_bytes) -> Status {
+    std::vector<double> times;
+    for (int64_t rep = 0; rep <= reps; ++rep) {
+      payload.version += 1;
+      const auto t0 = std::chrono::steady_clock::now();
+      if (transport == "gloo") {
+        auto r = comm::PublishWeights(gloo.get(), payload, bucket_bytes,
+                                      comm::DeadlineAfter(deadline_s));
+        if (!r.ok()) return r.status().WithContext("gloo publish");
+      } else {
+        GYRE_RETURN_IF_ERROR(SendGrpcToAll(&rx, payload, bucket_bytes, deadline_s));
+      }
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::fprintf(stderr, "weight-sync: %-10s bucket %9s  %s %.3f s\n", transport.c_str(),
+                   transport == "grpc-naive"
+                       ? "whole"
+                       : (std::to_string(bucket_bytes >> 20) + " MiB").c_str(),
+                   rep == 0 ? "warm-up" : "rep    ", secs);
+      if (rep > 0) times.push_back(secs);
+    }
+    const double median = Median(times);
+    if (transport == "grpc-naive") baseline_s = median;
+    nlohmann::json row = {
+        {"transport", transport},
+        {"bucket_mb",
+         transport == "grpc-naive" ? nlohmann::json(nullptr) : nlohmann::json(bucket_bytes >> 20)},
+        {"receivers", receivers},
+        {"bytes", size},
+        {"seconds", median},
+        {"min_seconds", *std::min_element(times.begin(), times.end())},
+        {"gb_per_s", size / median / 1e9},
+        {"speedup", baseline_s / median},
+        {"verified", true}};
+    report.AddRow(row);
+    return Status::Ok();
+  };
+  Status status = run_row("grpc-naive", static_cast<int64_t>(std::max<uint64_t>(size, 1)));
+  for (int64_t mib : bucket_mib) {
+    if (status.ok() && use_grpc) status = run_row("grpc", mib << 20);
+    if (status.ok() && use_gloo) status = run_row("gloo", mib << 20);
+  }
+  if (gloo && !gloo->aborted()) {
+    Status end = comm::PublishEndOfStream(gloo.get(), comm::DeadlineAfter(30));
+    if (!end.ok() && status.ok()) status = end;
+  }
+  gloo.reset();
+  cleanup();
+  if (!status.ok()) return Fail(status);
+
+  report.PrintTable({{"transport", "transport", 0},
+                     {"bucket_mb", "bucket MiB", 0},
+                     {"receivers", "receivers", 0},
+                     {"seconds", "seconds", 3},
+                     {"gb_per_s", "GB/s", 3},
+                     {"speedup", "speedup", 2}});
+  if (!json_path.empty()) {
+    if (Status s = report.WriteJson(json_path); !s.ok()) return Fail(s);
+  }
+  return 0;
+}
+
+}  // namespace gyre::cli

@@ -1,0 +1,70 @@
+// `gyre bench weight-sync` at a tiny size, as a real process with real receiver processes: the
+// JSON carries every field the docs promise, the figures are consistent with each other, and
+// bad options are usage errors.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "integration/run_util.h"
+
+namespace gyre {
+namespace {
+
+using testing::GyreProcess;
+
+TEST(BenchWeightSyncTest, TinyRunWritesConsistentJson) {
+  const std::string dir = testing::MakeTempDir("bench_ws");
+  const std::string json_path = dir + "/ws.json";
+  GyreProcess p =
+      GyreProcess::Start({"bench", "weight-sync", "--size", "3MiB", "--bucket-mb", "1,2",
+                          "--receivers", "2", "--reps", "2", "--json", json_path},
+                         dir);
+  ASSERT_TRUE(p.Wait(120)) << p.Output();
+  ASSERT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 0) << p.Output();
+  EXPECT_NE(p.Output().find("speedup"), std::string::npos) << p.Output();  // the table
+  const auto j = nlohmann::json::parse(testing::ReadFile(json_path));
+  EXPECT_EQ(j["benchmark"], "weight-sync");
+  EXPECT_EQ(j["context"]["payload_bytes"], 3 << 20);
+  EXPECT_EQ(j["context"]["receivers"], 2);
+  const auto& rows = j["results"];
+  // Baseline, then grpc and gloo for each of the two bucket sizes.
+  ASSERT_EQ(rows.size(), 5u) << j.dump(2);
+  EXPECT_EQ(rows[0]["transport"], "grpc-naive");
+  EXPECT_TRUE(rows[0]["bucket_mb"].is_null());
+  const double baseline = rows[0]["seconds"];
+  std::vector<std::string> transports;
+  for (const auto& r : rows) {
+    for (const char* key : {"transport", "bucket_mb", "receivers", "bytes", "seconds",
+                            "min_seconds", "gb_per_s", "speedup", "verified"}) {
+      EXPECT_TRUE(r.contains(key)) << key << " missing in " << r.dump();
+    }
+    const double secs = r["seconds"];
+    ASSERT_GT(secs, 0);
+    EXPECT_LE(r["min_seconds"].get<double>(), secs);
+    EXPECT_NEAR(r["gb_per_s"].get<double>(), (3 << 20) / secs / 1e9, 1e-9);
+    EXPECT_NEAR(r["speedup"].get<double>(), baseline / secs, 1e-9);
+    EXPECT_EQ(r["verified"], true);
+    transports.push_back(r["transport"].get<std::string>() +
+                         (r["bucket_mb"].is_null() ? "" : "/" + r["bucket_mb"].dump()));
+  }
+  EXPECT_EQ(transports,
+            (std::vector<std::string>{"grpc-naive", "grpc/1", "gloo/1", "grpc/2", "gloo/2"}));
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+TEST(BenchWeightSyncTest, BadOptionsAreUsageErrors) {
+  const std::string dir = testing::MakeTempDir("bench_ws_bad");
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"bench", "weight-sync", "--size", "lots"},
+           {"bench", "weight-sync", "--transports", "carrier-pigeon"},
+           {"bench", "weight-sync", "--bucket-mb", "0"}}) {
+    GyreProcess p = GyreProcess::Start(args, dir);
+    ASSERT_TRUE(p.Wait(30));
+    EXPECT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 2) << p.Output();
+    EXPECT_NE(p.Output().find("usage: gyre bench weight-sync"), std::string::npos);
+  }
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+}  // namespace
+}  // namespace gyre
