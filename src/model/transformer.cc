@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/check.h"
@@ -82,10 +83,12 @@ struct Transformer::Impl {
     return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   }
 
-  // x [B, T, H]; mask: bool [B, 1, T, S] or undefined (then causal over T).
-  at::Tensor Attention(const Layer& l, const at::Tensor& x, const at::Tensor& cos,
-                       const at::Tensor& sin, const at::Tensor& mask, KvCache* cache,
-                       int layer_index) const {
+  // x [B, T, H] -> q [B, nh, T, hd], k and v [B, nkv, T, hd], with q/k norm and RoPE applied.
+  struct Qkv {
+    at::Tensor q, k, v;
+  };
+  Qkv Project(const Layer& l, const at::Tensor& x, const at::Tensor& cos,
+              const at::Tensor& sin) const {
     const int64_t B = x.size(0), T = x.size(1);
     const int64_t nh = spec.num_heads, nkv = spec.num_kv_heads, hd = spec.head_dim;
     at::Tensor q = at::linear(x, l.q_proj, l.q_bias).view({B, T, nh, hd}).transpose(1, 2);
@@ -97,6 +100,16 @@ struct Transformer::Impl {
     }
     q = q * cos + RotateHalf(q) * sin;
     k = k * cos + RotateHalf(k) * sin;
+    return {q, k, v};
+  }
+
+  // x [B, T, H]; mask: bool [B, 1, T, S] or undefined (then causal over T).
+  at::Tensor Attention(const Layer& l, const at::Tensor& x, const at::Tensor& cos,
+                       const at::Tensor& sin, const at::Tensor& mask, KvCache* cache,
+                       int layer_index) const {
+    const int64_t B = x.size(0), T = x.size(1);
+    const int64_t nh = spec.num_heads, nkv = spec.num_kv_heads, hd = spec.head_dim;
+    auto [q, k, v] = Project(l, x, cos, sin);
     if (cache != nullptr) {
       const int64_t start = cache->length;
       cache->k[layer_index].narrow(2, start, T).copy_(k);
@@ -131,6 +144,65 @@ struct Transformer::Impl {
     }
     h = RmsNorm(h, final_norm);
     return at::linear(h, spec.tie_embeddings ? embed : lm_head).to(at::kFloat);
+  }
+
+  // Paged attention for the flattened batch: x [1, N, H]. Decoding sequences (one new token)
+  // share one attention call over their gathered contexts; each prefill chunk gets its own.
+  at::Tensor PagedAttention(const Layer& l, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin, const PagedBatch& b,
+                            const at::Tensor& decode_rows, const at::Tensor& decode_slots,
+                            const at::Tensor& decode_mask, PagedKvCache* cache,
+                            int layer_index) const {
+    const int64_t N = x.size(1);
+    const int64_t nh = spec.num_heads, nkv = spec.num_kv_heads, hd = spec.head_dim;
+    auto [q4, k4, v4] = Project(l, x, cos, sin);
+    at::Tensor q = q4.squeeze(0).transpose(0, 1);  // [N, nh, hd]
+    at::Tensor k = k4.squeeze(0).transpose(0, 1);  // [N, nkv, hd]
+    at::Tensor v = v4.squeeze(0).transpose(0, 1);
+    at::Tensor k_pool = cache->k[layer_index].view({-1, nkv, hd});
+    at::Tensor v_pool = cache->v[layer_index].view({-1, nkv, hd});
+    k_pool.index_copy_(0, b.slots, k.contiguous());
+    v_pool.index_copy_(0, b.slots, v.contiguous());
+    auto expand_kv = [&](at::Tensor t) {  // [S, nkv, hd] gathered -> [1, nh, S, hd]
+      t = t.transpose(0, 1).unsqueeze(0);
+      return nkv == nh ? t : t.repeat_interleave(nh / nkv, 1);
+    };
+    at::Tensor out = at::empty({N, nh * hd}, x.options());
+    if (decode_rows.defined()) {
+      const int64_t D = decode_slots.size(0), S = decode_slots.size(1);
+      at::Tensor flat = decode_slots.reshape({-1});
+      at::Tensor kd = k_pool.index_select(0, flat).view({D, S, nkv, hd}).transpose(1, 2);
+      at::Tensor vd = v_pool.index_select(0, flat).view({D, S, nkv, hd}).transpose(1, 2);
+      if (nkv != nh) {
+        kd = kd.repeat_interleave(nh / nkv, 1);
+        vd = vd.repeat_interleave(nh / nkv, 1);
+      }
+      at::Tensor qd = q.index_select(0, decode_rows).unsqueeze(2);  // [D, nh, 1, hd]
+      at::Tensor od = at::scaled_dot_product_attention(qd, kd, vd, decode_mask);
+      out.index_copy_(0, decode_rows, od.reshape({D, nh * hd}));
+    }
+    int64_t start = 0;
+    for (size_t i = 0; i < b.query_lens.size(); ++i) {
+      const int64_t T = b.query_lens[i], C = b.context_lens[i];
+      if (T > 1) {
+        at::Tensor idx = b.context_slots[static_cast<int64_t>(i)].narrow(0, 0, C);
+        at::Tensor ks = expand_kv(k_pool.index_select(0, idx));
+        at::Tensor vs = expand_kv(v_pool.index_select(0, idx));
+        at::Tensor qs = q.narrow(0, start, T).transpose(0, 1).unsqueeze(0);  // [1, nh, T, hd]
+        at::Tensor o;
+        if (C == T) {
+          o = at::scaled_dot_product_attention(qs, ks, vs, {}, 0.0, /*is_causal=*/true);
+        } else {
+          auto lopts = b.slots.options();
+          at::Tensor q_idx = at::arange(C - T, C, lopts).view({T, 1});
+          at::Tensor k_idx = at::arange(0, C, lopts).view({1, C});
+          o = at::scaled_dot_product_attention(qs, ks, vs, (k_idx <= q_idx).view({1, 1, T, C}));
+        }
+        out.narrow(0, start, T).copy_(o.squeeze(0).transpose(0, 1).reshape({T, nh * hd}));
+      }
+      start += T;
+    }
+    return at::linear(out.unsqueeze(0), l.o_proj);
   }
 };
 
@@ -219,6 +291,83 @@ at::Tensor Transformer::ForwardCached(const at::Tensor& tokens, const at::Tensor
   at::Tensor logits = impl_->Run(tokens, positions, mask, cache);
   cache->length = S;
   return logits;
+}
+
+PagedKvCache Transformer::NewPagedCache(int64_t num_blocks, int64_t block_size) const {
+  const ModelSpec& s = impl_->spec;
+  GYRE_CHECK(num_blocks > 0 && block_size > 0) << "empty paged cache";
+  PagedKvCache cache;
+  auto opts = impl_->embed.options().requires_grad(false);
+  for (int64_t i = 0; i < s.num_layers; ++i) {
+    cache.k.push_back(at::empty({num_blocks, block_size, s.num_kv_heads, s.head_dim}, opts));
+    cache.v.push_back(at::empty({num_blocks, block_size, s.num_kv_heads, s.head_dim}, opts));
+  }
+  cache.num_blocks = num_blocks;
+  cache.block_size = block_size;
+  return cache;
+}
+
+int64_t Transformer::KvBytesPerToken() const {
+  const ModelSpec& s = impl_->spec;
+  return 2 * s.num_layers * s.num_kv_heads * s.head_dim *
+         static_cast<int64_t>(impl_->embed.element_size());
+}
+
+at::Tensor Transformer::ForwardPaged(const PagedBatch& b, PagedKvCache* cache) const {
+  const int64_t N = b.tokens.numel();
+  const int64_t num_seqs = static_cast<int64_t>(b.query_lens.size());
+  GYRE_CHECK(b.positions.numel() == N && b.slots.numel() == N) << "tokens/positions/slots differ";
+  GYRE_CHECK(static_cast<int64_t>(b.context_lens.size()) == num_seqs &&
+             b.context_slots.dim() == 2 && b.context_slots.size(0) == num_seqs)
+      << "per-sequence sizes differ";
+  int64_t total = 0, max_ctx = 0;
+  std::vector<int64_t> decode_rows, decode_seqs;
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    GYRE_CHECK(b.query_lens[i] >= 1 && b.context_lens[i] >= b.query_lens[i] &&
+               b.context_lens[i] <= b.context_slots.size(1))
+        << "sequence " << i << ": query " << b.query_lens[i] << ", context " << b.context_lens[i];
+    if (b.query_lens[i] == 1) {
+      decode_rows.push_back(total);
+      decode_seqs.push_back(i);
+      max_ctx = std::max(max_ctx, b.context_lens[i]);
+    }
+    total += b.query_lens[i];
+  }
+  GYRE_CHECK(total == N) << "query lengths sum to " << total << ", not " << N;
+  const int64_t capacity = cache->num_blocks * cache->block_size;
+  if (N > 0 && b.slots.is_cpu()) {  // (a device-side check would cost a host sync)
+    GYRE_CHECK(b.slots.min().item<int64_t>() >= 0 && b.slots.max().item<int64_t>() < capacity)
+        << "slot outside the paged cache";
+  }
+  auto lopts = b.slots.options();
+  at::Tensor decode_rows_t, decode_slots, decode_mask;
+  if (!decode_rows.empty()) {
+    const int64_t D = static_cast<int64_t>(decode_rows.size());
+    decode_rows_t = at::tensor(decode_rows, lopts);
+    decode_slots = b.context_slots.index_select(0, at::tensor(decode_seqs, lopts))
+                       .narrow(1, 0, max_ctx)
+                       .contiguous();
+    std::vector<int64_t> lens(D);
+    for (int64_t d = 0; d < D; ++d) lens[d] = b.context_lens[decode_seqs[d]];
+    at::Tensor len_t = at::tensor(lens, lopts).view({D, 1});
+    decode_mask = (at::arange(max_ctx, lopts).view({1, max_ctx}) < len_t).view({D, 1, 1, max_ctx});
+    // Padded context entries may point anywhere in the pool; keep the gather in range.
+    decode_slots = decode_slots.clamp(0, capacity - 1);
+  }
+  const Impl& m = *impl_;
+  at::Tensor h = at::embedding(m.embed, b.tokens.view({1, N}));
+  auto [cos, sin] = m.Rope(b.positions.view({1, N}));
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    const Layer& l = m.layers[i];
+    h = h + m.PagedAttention(l, m.RmsNorm(h, l.input_norm), cos, sin, b, decode_rows_t,
+                             decode_slots, decode_mask, cache, static_cast<int>(i));
+    at::Tensor y = m.RmsNorm(h, l.post_norm);
+    h = h +
+        at::linear(at::silu(at::linear(y, l.gate_proj)) * at::linear(y, l.up_proj), l.down_proj);
+  }
+  at::Tensor rows = h.squeeze(0).index_select(0, at::tensor(b.logit_rows, lopts));
+  rows = m.RmsNorm(rows, m.final_norm);
+  return at::linear(rows, m.spec.tie_embeddings ? m.embed : m.lm_head).to(at::kFloat);
 }
 
 NamedTensors Transformer::NamedParameters() const {
