@@ -32,6 +32,7 @@ constexpr char kBenchUsage[] =
     "baseline time / gyre time.\n"
     "\n"
     "subcommands:\n"
+    "  rollout   continuous batching + prefix sharing vs static batching (long-tail lengths)\n"
     "\n"
     "`gyre bench SUBCOMMAND --help` lists a subcommand's options.\n";
 
@@ -102,6 +103,7 @@ int RunBench(const std::vector<std::string>& args) {
     std::fputs(kBenchUsage, stdout);
     return 0;
   }
+  if (sub == "rollout") return RunBenchRollout(rest);
   std::fprintf(stderr, "gyre bench: unknown subcommand '%s'\n\n%s", sub.c_str(), kBenchUsage);
   return 2;
 }

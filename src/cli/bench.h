@@ -47,6 +47,9 @@ class BenchReport {
 // The subcommands; each takes the arguments after its name and returns an exit status
 // (0 ok, 1 failure, 2 usage error).
 
+// gyre bench rollout: continuous batching vs static batching on a long-tail workload.
+int RunBenchRollout(const std::vector<std::string>& args);
+
 // gyre bench SUBCOMMAND ...: dispatch and help.
 int RunBench(const std::vector<std::string>& args);
 

@@ -49,9 +49,10 @@ struct PagedBatch {
   at::Tensor slots;      // int64 [N]: cache slot that receives each new token's key and value
   std::vector<int64_t> query_lens;    // per sequence; sums to N
   std::vector<int64_t> context_lens;  // per sequence; >= query_lens[i]
-  // int64 [num_sequences, max context_len]: the slot of every context position of each sequence
-  // (entries past context_lens[i] are ignored).
-  at::Tensor context_slots;
+  // int64 [num_sequences, max blocks]: each sequence's block table (context position p is in
+  // block block_tables[i][p / block_size]); entries past its context must still be valid block
+  // indices (0 will do) and are ignored.
+  at::Tensor block_tables;
   // Rows of the N new tokens whose next-token logits are wanted, in the order returned.
   std::vector<int64_t> logit_rows;
 };
@@ -86,7 +87,7 @@ class Transformer {
                            const at::Tensor& valid, KvCache* cache) const;
 
   // A paged cache of `num_blocks` blocks of `block_size` positions, on the model's device and
-  // dtype. Contents are uninitialised: slots are written before they are read.
+  // dtype, zero-filled.
   PagedKvCache NewPagedCache(int64_t num_blocks, int64_t block_size) const;
   // Bytes of key + value cache one token position takes, over all layers.
   int64_t KvBytesPerToken() const;

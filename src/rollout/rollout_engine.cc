@@ -455,19 +455,19 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
   const int64_t bs = config_.block_size;
   std::vector<int64_t> toks, pos, slots, qlens, clens, logit_rows;
   std::vector<Seq*> sampled;  // sequences whose last context token is in this step
-  int64_t max_ctx = 0;
-  for (const Work& w : work) max_ctx = std::max(max_ctx, w.first + w.count);
-  std::vector<int64_t> ctx_slots(work.size() * static_cast<size_t>(max_ctx), 0);
+  int64_t max_blocks = 1;
+  for (const Work& w : work) {
+    max_blocks = std::max(max_blocks, static_cast<int64_t>(w.seq->blocks.size()));
+  }
+  std::vector<int64_t> tables(work.size() * static_cast<size_t>(max_blocks), 0);
   for (size_t i = 0; i < work.size(); ++i) {
     const Work& w = work[i];
     Seq* s = w.seq;
-    for (int64_t p = 0; p < w.first + w.count; ++p) {
-      ctx_slots[i * max_ctx + p] = int64_t{s->blocks[p / bs]} * bs + p % bs;
-    }
+    std::copy(s->blocks.begin(), s->blocks.end(), tables.begin() + i * max_blocks);
     for (int64_t p = w.first; p < w.first + w.count; ++p) {
       toks.push_back(s->tokens[p]);
       pos.push_back(p);
-      slots.push_back(ctx_slots[i * max_ctx + p]);
+      slots.push_back(int64_t{s->blocks[p / bs]} * bs + p % bs);
     }
     qlens.push_back(w.count);
     clens.push_back(w.first + w.count);
@@ -489,8 +489,8 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
   batch.slots = at::tensor(slots, lopts).to(device);
   batch.query_lens = qlens;
   batch.context_lens = clens;
-  batch.context_slots =
-      at::tensor(ctx_slots, lopts).view({static_cast<int64_t>(work.size()), max_ctx}).to(device);
+  batch.block_tables =
+      at::tensor(tables, lopts).view({static_cast<int64_t>(work.size()), max_blocks}).to(device);
   batch.logit_rows = logit_rows;
   const auto t_fwd = Clock::now();
   at::Tensor logits = model_->ForwardPaged(batch, &cache_);
