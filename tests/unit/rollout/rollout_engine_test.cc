@@ -412,7 +412,10 @@ TEST_P(PartialRolloutTest, StopAtTargetThenResumeAfterAWeightUpdate) {
 }
 
 INSTANTIATE_TEST_SUITE_P(KvPolicy, PartialRolloutTest,
-                         ::testing::Values(WeightUpdateKv::kKeep, WeightUpdateKv::kRecompute));
+                         ::testing::Values(WeightUpdateKv::kKeep, WeightUpdateKv::kRecompute),
+                         [](const ::testing::TestParamInfo<WeightUpdateKv>& info) {
+                           return info.param == WeightUpdateKv::kKeep ? "Keep" : "Recompute";
+                         });
 
 // A weight update in the middle of generation: recompute gives exactly what a fresh engine with
 // the new weights gives for the same prefix; keep continues from the old keys/values.
