@@ -601,8 +601,12 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Run(int64_t target_groups) {
   std::vector<SampleResult> out;
   const int64_t start = groups_finished_;
   while (!idle() && (target_groups <= 0 || groups_finished_ - start < target_groups)) {
-    GYRE_ASSIGN_OR_RETURN(auto part, Step());
-    for (auto& r : part) out.push_back(std::move(r));
+    auto part = Step();
+    if (!part.ok()) {
+      DropAll();
+      return part.status();
+    }
+    for (auto& r : *part) out.push_back(std::move(r));
   }
   if (idle()) return out;
   // Target reached: everything left goes back to the caller, unfinished.
@@ -640,6 +644,13 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Run(int64_t target_groups) {
   running_.clear();
   waiting_.clear();
   return out;
+}
+
+void RolloutEngine::DropAll() {
+  for (auto& s : running_) ReleaseBlocks(s.get());
+  running_.clear();
+  waiting_.clear();
+  group_pending_.clear();
 }
 
 StatusOr<std::vector<SampleResult>> RolloutEngine::Generate(const std::vector<Request>& requests) {

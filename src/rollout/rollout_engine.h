@@ -142,7 +142,8 @@ class RolloutEngine {
   // Steps until nothing is left or, with target_groups > 0, until that many groups (by
   // Request::group, counted when their last queued sample finishes) have finished in this call.
   // Then every sample still in the engine is returned unfinished (finished = false) and removed;
-  // its computed KV is parked for a resume. Results come in completion order.
+  // its computed KV is parked for a resume. Results come in completion order. If a step fails,
+  // every queued and running sample is dropped (the engine is idle again) and the error returned.
   StatusOr<std::vector<SampleResult>> Run(int64_t target_groups = 0);
 
   // Add + Run on an idle engine, results ordered by request then sample index.
@@ -169,6 +170,8 @@ class RolloutEngine {
   int64_t parked_sequences() const { return static_cast<int64_t>(parked_.size()); }
   // Drops all parked KV.
   void ClearParked();
+  // Drops every queued and running sample and frees its blocks (parked KV stays).
+  void DropAll();
 
  private:
   struct Seq;

@@ -210,5 +210,45 @@ TEST_F(WeightSyncTest, PartialRolloutResumesAfterAWeightUpdate) {
   EXPECT_NE(s.error_message().find("log-probs"), std::string::npos) << s.error_message();
 }
 
+// Stop strings reach the engine through the service, which decodes with the worker's tokenizer
+// (here: token t is the letter 'a' + t).
+TEST(RolloutServiceTest, StopStringsEndResponsesAndNeedADecoder) {
+  rollout::EngineConfig config;
+  config.block_size = 4;
+  config.num_blocks = 32;
+  auto decode = [](const std::vector<int32_t>& ids) {
+    std::string s;
+    for (int32_t t : ids) s.push_back(static_cast<char>('a' + t));
+    return s;
+  };
+  auto with = rollout::RolloutService::Create(model::Transformer::Create(Spec(), 5, 0.1), config,
+                                              decode, nullptr);
+  auto without = rollout::RolloutService::Create(model::Transformer::Create(Spec(), 5, 0.1), config,
+                                                 nullptr, nullptr);
+  ASSERT_TRUE(with.ok() && without.ok());
+  v1::GenerateRequest req;
+  auto* g = req.add_groups();
+  for (int32_t id : {1, 5, 9, 12}) g->add_prompt_ids(id);
+  g->set_n(1);
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_max_new_tokens(12);
+  req.set_min_policy_version(-1);
+  v1::GenerateResponse full;
+  grpc::ServerContext server_ctx;
+  ASSERT_TRUE((*with)->Generate(&server_ctx, &req, &full).ok());
+  std::string text;
+  for (int32_t t : full.samples(0).response_ids()) text.push_back(static_cast<char>('a' + t));
+  const std::string stop = text.substr(4, 2);
+  req.mutable_sampling()->add_stop_strings(stop);
+  v1::GenerateResponse stopped;
+  ASSERT_TRUE((*with)->Generate(&server_ctx, &req, &stopped).ok());
+  EXPECT_EQ(stopped.samples(0).finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(stopped.samples(0).response_ids_size(), static_cast<int>(text.find(stop) + 2));
+  v1::GenerateResponse refused;
+  grpc::Status s = (*without)->Generate(&server_ctx, &req, &refused);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("stop strings need a tokenizer decoder"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace gyre::comm

@@ -495,5 +495,21 @@ TEST(RolloutEngineTest, StaticSchedulingAdmitsOnlyIntoAnEmptyBatch) {
   EXPECT_EQ((*a)[0].response.tokens, Reference(*model, {3, 4}, 9));
 }
 
+// DropAll (what Run does when a step fails) leaves an idle engine with every block free, and
+// the engine keeps working afterwards.
+TEST(RolloutEngineTest, DropAllFreesEverything) {
+  auto model = model::Transformer::Create(Spec(), 23, 0.3);
+  auto engine = MakeEngine(model.get(), SmallConfig());
+  ASSERT_TRUE(engine->Add({Req({1, 2, 3}, 0, 1.0f, 20, 3), Req({4, 5}, 1, 1.0f, 20)}).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(engine->Step().ok());
+  EXPECT_GT(engine->allocator().used_blocks(), 0);
+  engine->DropAll();
+  EXPECT_TRUE(engine->idle());
+  EXPECT_EQ(engine->allocator().used_blocks(), 0);
+  auto again = engine->Generate({Req({1, 2, 3}, 0, 0.0f, 5)});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)[0].response.tokens, Reference(*model, {1, 2, 3}, 5));
+}
+
 }  // namespace
 }  // namespace gyre::rollout
