@@ -56,6 +56,20 @@ struct RolloutSection {
   int prompts_per_step = 16;  // groups per GRPO step
   int max_new_tokens = 8;
   SamplingSection sampling;
+  std::string stop_string;  // responses also stop at this text; empty = none
+  // Generation engine (docs/rollout.md).
+  int64_t kv_cache_bytes = 0;             // KV cache per worker; 0 = kv_cache_fraction of memory
+  double kv_cache_fraction = 0.05;        // of the device's memory (CPU: physical RAM)
+  int block_size = 16;                    // positions per KV block
+  int max_running = 256;                  // sequences in a worker's running batch
+  int max_step_tokens = 2048;             // tokens per forward (decodes + prefill chunks)
+  bool prefix_sharing = true;             // a group's samples share one prefill of the prompt
+  std::string scheduling = "continuous";  // continuous or static (a batch at a time)
+  std::string weight_update_kv = "recompute";  // keep or recompute unfinished sequences' KV
+  // Partial rollouts (APRIL): launch over_provision * prompts_per_step groups, stop when
+  // prompts_per_step have finished, and resume the rest in the next step.
+  bool partial_rollouts = false;
+  double over_provision = 1.5;
 };
 
 struct AlgorithmSection {

@@ -35,6 +35,7 @@ constexpr char kBenchUsage[] =
     "  kernels       sampling, advantages, policy loss and token log-probs against their\n"
     "                libtorch baselines (CUDA kernels on a GPU, CPU references otherwise)\n"
     "  weight-sync   weight publishing per transport and bucket size vs one gRPC message\n"
+    "  rollout       continuous batching + prefix sharing vs static batching (long-tail lengths)\n"
     "\n"
     "`gyre bench SUBCOMMAND --help` lists a subcommand's options.\n";
 
@@ -107,6 +108,7 @@ int RunBench(const std::vector<std::string>& args) {
   }
   if (sub == "kernels") return RunBenchKernels(rest);
   if (sub == "weight-sync") return RunBenchWeightSync(rest);
+  if (sub == "rollout") return RunBenchRollout(rest);
   std::fprintf(stderr, "gyre bench: unknown subcommand '%s'\n\n%s", sub.c_str(), kBenchUsage);
   return 2;
 }

@@ -52,6 +52,9 @@ int RunBenchKernels(const std::vector<std::string>& args);
 // (bench_weight_sync.cc).
 int RunBenchWeightSync(const std::vector<std::string>& args);
 
+// gyre bench rollout: continuous batching vs static batching on a long-tail workload.
+int RunBenchRollout(const std::vector<std::string>& args);
+
 // gyre bench SUBCOMMAND ...: dispatch and help.
 int RunBench(const std::vector<std::string>& args);
 

@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "config/config.h"
 #include "model/hf_config.h"
+#include "model/text_tokenizer.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "rollout/rollout_service.h"
@@ -147,10 +148,32 @@ int RunWorker(const std::vector<std::string>& args) {
   grpc::Service* service = nullptr;
   std::function<int64_t()> version;
   if (wrole == v1::WORKER_ROLE_ROLLOUT) {
-    const int64_t max_batch =
-        static_cast<int64_t>(cfg->rollout.prompts_per_step) * cfg->rollout.group_size;
-    rollout_service =
-        std::make_unique<rollout::RolloutService>(std::move(model), max_batch, on_stop);
+    auto engine_config = rollout::EngineConfigFromJob(cfg->rollout, *model);
+    // Stop strings need the job's tokenizer to turn response tokens into text.
+    std::shared_ptr<model::TextTokenizer> tokenizer;
+    if (engine_config.ok() && !cfg->rollout.stop_string.empty()) {
+      auto made = model::MakeTextTokenizer(cfg->model);
+      if (!made.ok()) {
+        engine_config = made.status();
+      } else {
+        tokenizer = std::move(*made);
+      }
+    }
+    rollout::RolloutEngine::Decoder decoder;
+    if (tokenizer) {
+      decoder = [tokenizer](const std::vector<int32_t>& ids) { return tokenizer->Decode(ids); };
+    }
+    auto made_service =
+        engine_config.ok()
+            ? rollout::RolloutService::Create(std::move(model), *engine_config, std::move(decoder),
+                                              on_stop)
+            : StatusOr<std::unique_ptr<rollout::RolloutService>>(engine_config.status());
+    if (!made_service.ok()) {
+      session.ReportFatal("cannot start the rollout engine: " + made_service.status().ToString());
+      std::fprintf(stderr, "gyre worker: %s\n", made_service.status().ToString().c_str());
+      return 1;
+    }
+    rollout_service = std::move(*made_service);
     service = rollout_service.get();
     version = [&] { return rollout_service->version(); };
   } else {

@@ -159,6 +159,27 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(rollout.sampling.top_p), OpenLow(0, 1), "nucleus sampling mass; 1 = off"),
       Num(GYRE_CONFIG_KEY(rollout.sampling.min_p), Closed(0, 1),
           "drop tokens below min_p * the top probability; 0 = off"),
+      Text(GYRE_CONFIG_KEY(rollout.stop_string), kAnyText,
+           "responses also stop once their text contains this; empty = none"),
+      Num(GYRE_CONFIG_KEY(rollout.kv_cache_bytes), Closed(0, 1099511627776.0),
+          "KV cache budget per rollout worker in bytes; 0 = kv_cache_fraction of memory"),
+      Num(GYRE_CONFIG_KEY(rollout.kv_cache_fraction), OpenLow(0, 1),
+          "KV cache budget as a fraction of device memory, when kv_cache_bytes is 0"),
+      Num(GYRE_CONFIG_KEY(rollout.block_size), Closed(1, 4096), "positions per KV cache block"),
+      Num(GYRE_CONFIG_KEY(rollout.max_running), Closed(1, kMaxCount),
+          "sequences in a worker's running batch"),
+      Num(GYRE_CONFIG_KEY(rollout.max_step_tokens), Closed(1, kMaxCount),
+          "tokens per engine step (decodes + prefill chunks)"),
+      Flag(GYRE_CONFIG_KEY(rollout.prefix_sharing),
+           "a group's samples share one prefill of their prompt"),
+      Choice(GYRE_CONFIG_KEY(rollout.scheduling), {"continuous", "static"},
+             "continuous batching, or static batches (a new batch when the last has finished)"),
+      Choice(GYRE_CONFIG_KEY(rollout.weight_update_kv), {"keep", "recompute"},
+             "on a weight update, keep or recompute the KV cache of unfinished sequences"),
+      Flag(GYRE_CONFIG_KEY(rollout.partial_rollouts),
+           "stop each step at prompts_per_step finished groups and resume the rest later"),
+      Num(GYRE_CONFIG_KEY(rollout.over_provision), Closed(1, 16),
+          "partial rollouts: groups in flight per step, as a multiple of prompts_per_step"),
       // algorithm
       Choice(GYRE_CONFIG_KEY(algorithm.advantage), {"grpo", "grpo_no_std", "rloo"},
              "group-relative advantage estimator"),
@@ -741,6 +762,11 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
                    "rollout.group_size (" + str(c.rollout.group_size) +
                        ") must be >= 2 when algorithm.advantage is rloo (the leave-one-out "
                        "baseline needs another sample of the same prompt)"};
+  }
+  if (c.rollout.partial_rollouts && c.algorithm.max_staleness < 1) {
+    return Problem{{"rollout.partial_rollouts", "algorithm.max_staleness"},
+                   "rollout.partial_rollouts needs algorithm.max_staleness >= 1 (a resumed sample "
+                   "carries tokens of the previous policy version)"};
   }
   if (c.algorithm.dual_clip_c != 0 && c.algorithm.dual_clip_c <= 1) {
     return Problem{{"algorithm.dual_clip_c"},

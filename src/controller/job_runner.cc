@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -117,6 +118,12 @@ class JobRunner {
   StatusOr<std::vector<v1::Sample>> GenerateAll(std::vector<GroupJob>* jobs,
                                                 const v1::SamplingParams& sampling,
                                                 int64_t* generated_tokens);
+  // Partial rollouts (rollout.partial_rollouts): runs the carried-over groups plus `jobs` until
+  // prompts_per_step groups have finished; replaces *jobs with the finished groups and returns
+  // their samples (n per group, in group order). Unfinished samples are kept for the next step.
+  StatusOr<std::vector<v1::Sample>> GeneratePartial(std::vector<GroupJob>* jobs,
+                                                    const v1::SamplingParams& sampling,
+                                                    int64_t* generated_tokens);
   StatusOr<std::vector<int32_t>> EncodePrompt(const Problem& problem) const;
   StatusOr<double> Evaluate(const std::string& tag);
   Status WarmUp();
@@ -165,6 +172,16 @@ class JobRunner {
   ControllerState resume_state_;  // its controller part, read by PrepareResume
   int first_step_ = 1;            // the first GRPO step this process runs
   double wall_before_ = 0;        // job time spent before the resumed checkpoint
+  // Partial rollouts: groups in flight across steps, by group id (oldest first).
+  struct PartialGroup {
+    GroupJob job;
+    std::map<uint64_t, v1::Sample> finished;    // by sample id
+    std::map<uint64_t, v1::Sample> unfinished;  // by sample id; resumed next time
+    std::string worker;                         // last worker, preferred for its kept KV
+  };
+  std::map<uint64_t, PartialGroup> partial_;
+  // Engine counters of the current step's generation (all rollout workers).
+  int64_t step_prefill_tokens_ = 0, step_prefix_shared_tokens_ = 0, step_resumed_samples_ = 0;
 };
 
 Status JobRunner::Setup() {
@@ -672,6 +689,8 @@ StatusOr<std::vector<v1::Sample>> JobRunner::GenerateAll(std::vector<GroupJob>* 
       auto [s, resp] = futures[a].get();
       if (s.ok()) {
         *generated_tokens += resp.generated_tokens();
+        step_prefill_tokens_ += resp.prefill_tokens();
+        step_prefix_shared_tokens_ += resp.prefix_shared_tokens();
         for (auto& sample : *resp.mutable_samples()) {
           by_group[sample.group_id()].push_back(std::move(sample));
         }
@@ -703,6 +722,117 @@ StatusOr<std::vector<v1::Sample>> JobRunner::GenerateAll(std::vector<GroupJob>* 
   return out;
 }
 
+StatusOr<std::vector<v1::Sample>> JobRunner::GeneratePartial(std::vector<GroupJob>* jobs,
+                                                             const v1::SamplingParams& sampling,
+                                                             int64_t* generated_tokens) {
+  const int n = cfg_.rollout.group_size;
+  for (GroupJob& j : *jobs) partial_[j.group.group_id()].job = std::move(j);
+  jobs->clear();
+  *generated_tokens = 0;
+  auto completed = [&] {
+    int64_t c = 0;
+    for (const auto& [gid, pg] : partial_) c += static_cast<int>(pg.finished.size()) == n;
+    return c;
+  };
+  std::vector<uint64_t> pending;
+  for (const auto& [gid, pg] : partial_) {
+    if (static_cast<int>(pg.finished.size()) < n) pending.push_back(gid);
+  }
+  while (completed() < cfg_.rollout.prompts_per_step && !pending.empty()) {
+    GYRE_RETURN_IF_ERROR(CheckHealth());
+    std::vector<Worker*> alive = AliveRollouts();
+    if (alive.empty()) return Aborted("no rollout workers are alive");
+    // A group goes back to the worker that holds its kept KV when that one is alive.
+    std::vector<std::vector<uint64_t>> assign(alive.size());
+    size_t rr = 0;
+    for (uint64_t gid : pending) {
+      size_t a = alive.size();
+      for (size_t k = 0; k < alive.size(); ++k) {
+        if (alive[k]->id == partial_[gid].worker) a = k;
+      }
+      if (a == alive.size()) a = rr++ % alive.size();
+      assign[a].push_back(gid);
+    }
+    const int64_t still = cfg_.rollout.prompts_per_step - completed();
+    std::vector<std::future<std::pair<grpc::Status, v1::GenerateResponse>>> futures;
+    for (size_t a = 0; a < alive.size(); ++a) {
+      v1::GenerateRequest req;
+      *req.mutable_sampling() = sampling;
+      req.set_min_policy_version(version_);
+      const int64_t share = static_cast<int64_t>(assign[a].size());
+      const int64_t target =
+          std::min<int64_t>(share, (still * share + static_cast<int64_t>(pending.size()) - 1) /
+                                       static_cast<int64_t>(pending.size()));
+      req.set_target_finished_groups(static_cast<int32_t>(target));
+      for (uint64_t gid : assign[a]) {
+        PartialGroup& pg = partial_[gid];
+        bool started = !pg.finished.empty();
+        for (const auto& [sid, sample] : pg.unfinished) started |= sample.response_ids_size() > 0;
+        if (!started) {
+          *req.add_groups() = pg.job.group;  // not started: the whole group, prefix shared
+        } else {
+          for (const auto& [sid, sample] : pg.unfinished) *req.add_resume() = sample;
+          step_resumed_samples_ += static_cast<int64_t>(pg.unfinished.size());
+        }
+      }
+      Worker* w = alive[a];
+      const double timeout = cfg_.cluster.rpc_timeout_s;
+      futures.push_back(std::async(std::launch::async, [this, w, req, timeout] {
+        grpc::ClientContext ctx;
+        rpc::SetDeadline(&ctx, timeout);
+        InflightCall inflight(this, w->id, &ctx);
+        v1::GenerateResponse resp;
+        grpc::Status s = req.groups_size() == 0 && req.resume_size() == 0
+                             ? grpc::Status::OK
+                             : w->rollout->Generate(&ctx, req, &resp);
+        return std::make_pair(s, std::move(resp));
+      }));
+    }
+    std::vector<uint64_t> retry;
+    for (size_t a = 0; a < alive.size(); ++a) {
+      auto [s, resp] = futures[a].get();
+      if (s.ok()) {
+        *generated_tokens += resp.generated_tokens();
+        step_prefill_tokens_ += resp.prefill_tokens();
+        step_prefix_shared_tokens_ += resp.prefix_shared_tokens();
+        for (auto& sample : *resp.mutable_samples()) {
+          PartialGroup& pg = partial_[sample.group_id()];
+          pg.unfinished.erase(sample.sample_id());
+          pg.finished[sample.sample_id()] = std::move(sample);
+        }
+        for (auto& sample : *resp.mutable_unfinished()) {
+          PartialGroup& pg = partial_[sample.group_id()];
+          pg.unfinished[sample.sample_id()] = std::move(sample);
+          pg.worker = alive[a]->id;
+        }
+        continue;
+      }
+      if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+        return rpc::FromGrpc(s, "generate on " + alive[a]->id);
+      }
+      if (!WaitForDeath(alive[a]->id, 2.0)) {
+        GYRE_RETURN_IF_ERROR(DropWorker(alive[a], "generate failed: " + s.error_message()));
+      }
+      GYRE_RETURN_IF_ERROR(CheckHealth());
+      GYRE_LOG_WARN("re-queueing {} group(s) from {}", assign[a].size(), alive[a]->id);
+      retry.insert(retry.end(), assign[a].begin(), assign[a].end());
+    }
+    pending = retry;
+  }
+  // The finished groups leave the ledger of groups in flight; the others carry over.
+  std::vector<v1::Sample> out;
+  for (auto it = partial_.begin(); it != partial_.end();) {
+    if (static_cast<int>(it->second.finished.size()) != n) {
+      ++it;
+      continue;
+    }
+    for (auto& [sid, sample] : it->second.finished) out.push_back(std::move(sample));
+    jobs->push_back(std::move(it->second.job));
+    it = partial_.erase(it);
+  }
+  return out;
+}
+
 StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
   const auto t0 = Clock::now();
   std::vector<GroupJob> jobs;
@@ -721,6 +851,7 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
   greedy.set_top_p(1.0f);
   greedy.set_max_new_tokens(cfg_.rollout.max_new_tokens);
   for (int32_t id : tokenizer_->stop_ids()) greedy.add_stop_token_ids(id);
+  if (!cfg_.rollout.stop_string.empty()) greedy.add_stop_strings(cfg_.rollout.stop_string);
   int64_t tokens = 0;
   GYRE_ASSIGN_OR_RETURN(auto samples, GenerateAll(&jobs, greedy, &tokens));
   int correct = 0, scored = 0;
@@ -861,7 +992,15 @@ Status JobRunner::GrpoStep(int step) {
   const auto t0 = Clock::now();
   const int n = cfg_.rollout.group_size;
   std::vector<GroupJob> jobs;
-  for (int g = 0; g < cfg_.rollout.prompts_per_step; ++g) {
+  // With partial rollouts, over_provision * prompts_per_step groups are in flight, counting
+  // those carried over from the last step.
+  const int in_flight = static_cast<int>(
+      std::ceil(cfg_.rollout.over_provision * cfg_.rollout.prompts_per_step - 1e-9));
+  const int new_groups = cfg_.rollout.partial_rollouts
+                             ? std::max(0, in_flight - static_cast<int>(partial_.size()))
+                             : cfg_.rollout.prompts_per_step;
+  step_prefill_tokens_ = step_prefix_shared_tokens_ = step_resumed_samples_ = 0;
+  for (int g = 0; g < new_groups; ++g) {
     GroupJob j;
     j.problem = problems_->Next();
     const uint64_t gid = next_group_id_++;
@@ -881,9 +1020,12 @@ Status JobRunner::GrpoStep(int step) {
   sampling.set_min_p(static_cast<float>(sc.min_p));
   sampling.set_max_new_tokens(cfg_.rollout.max_new_tokens);
   for (int32_t id : tokenizer_->stop_ids()) sampling.add_stop_token_ids(id);
+  if (!cfg_.rollout.stop_string.empty()) sampling.add_stop_strings(cfg_.rollout.stop_string);
   int64_t gen_tokens = 0;
   const auto tg = Clock::now();
-  GYRE_ASSIGN_OR_RETURN(auto samples, GenerateAll(&jobs, sampling, &gen_tokens));
+  GYRE_ASSIGN_OR_RETURN(auto samples, cfg_.rollout.partial_rollouts
+                                          ? GeneratePartial(&jobs, sampling, &gen_tokens)
+                                          : GenerateAll(&jobs, sampling, &gen_tokens));
   const double gen_s = Seconds(tg);
 
   // Rewards. A failed reward leaves its sample out (and is counted), never a silent 0.
@@ -969,6 +1111,12 @@ Status JobRunner::GrpoStep(int step) {
                       {"zero_variance_groups", zero_var_groups},
                       {"reward_errors", reward_errors},
                       {"stale_dropped", stale}};
+  j["prefill_tokens"] = step_prefill_tokens_;
+  j["prefix_shared_tokens"] = step_prefix_shared_tokens_;
+  if (cfg_.rollout.partial_rollouts) {
+    j["partial_resumed_samples"] = step_resumed_samples_;
+    j["partial_carried_groups"] = partial_.size();
+  }
   for (const auto& [k, v] : m) j[k] = v;
   WriteMetrics(j);
   if (opts_.print_progress) {

@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "common/check.h"
 
@@ -82,10 +84,12 @@ struct Transformer::Impl {
     return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   }
 
-  // x [B, T, H]; mask: bool [B, 1, T, S] or undefined (then causal over T).
-  at::Tensor Attention(const Layer& l, const at::Tensor& x, const at::Tensor& cos,
-                       const at::Tensor& sin, const at::Tensor& mask, KvCache* cache,
-                       int layer_index) const {
+  // x [B, T, H] -> q [B, nh, T, hd], k and v [B, nkv, T, hd], with q/k norm and RoPE applied.
+  struct Qkv {
+    at::Tensor q, k, v;
+  };
+  Qkv Project(const Layer& l, const at::Tensor& x, const at::Tensor& cos,
+              const at::Tensor& sin) const {
     const int64_t B = x.size(0), T = x.size(1);
     const int64_t nh = spec.num_heads, nkv = spec.num_kv_heads, hd = spec.head_dim;
     at::Tensor q = at::linear(x, l.q_proj, l.q_bias).view({B, T, nh, hd}).transpose(1, 2);
@@ -97,6 +101,16 @@ struct Transformer::Impl {
     }
     q = q * cos + RotateHalf(q) * sin;
     k = k * cos + RotateHalf(k) * sin;
+    return {q, k, v};
+  }
+
+  // x [B, T, H]; mask: bool [B, 1, T, S] or undefined (then causal over T).
+  at::Tensor Attention(const Layer& l, const at::Tensor& x, const at::Tensor& cos,
+                       const at::Tensor& sin, const at::Tensor& mask, KvCache* cache,
+                       int layer_index) const {
+    const int64_t B = x.size(0), T = x.size(1);
+    const int64_t nh = spec.num_heads, nkv = spec.num_kv_heads, hd = spec.head_dim;
+    auto [q, k, v] = Project(l, x, cos, sin);
     if (cache != nullptr) {
       const int64_t start = cache->length;
       cache->k[layer_index].narrow(2, start, T).copy_(k);
@@ -131,6 +145,75 @@ struct Transformer::Impl {
     }
     h = RmsNorm(h, final_norm);
     return at::linear(h, spec.tie_embeddings ? embed : lm_head).to(at::kFloat);
+  }
+
+  // Decoding sequences of similar context length, attended together (see ForwardPaged).
+  struct DecodeBucket {
+    at::Tensor rows;    // int64 [D]: their rows among the N new tokens
+    at::Tensor tables;  // int64 [D, blocks]
+    at::Tensor mask;    // bool [D, 1, 1, blocks * block_size]: position < context length
+  };
+
+  // Paged attention for the flattened batch: x [1, N, H]. Each bucket of decoding sequences
+  // (one new token each) shares one attention call over its gathered blocks; each prefill chunk
+  // gets its own call.
+  at::Tensor PagedAttention(const Layer& l, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin, const PagedBatch& b,
+                            const std::vector<DecodeBucket>& buckets, PagedKvCache* cache,
+                            int layer_index) const {
+    const int64_t N = x.size(1);
+    const int64_t nh = spec.num_heads, nkv = spec.num_kv_heads, hd = spec.head_dim;
+    const int64_t bs = cache->block_size;
+    auto [q4, k4, v4] = Project(l, x, cos, sin);
+    at::Tensor q = q4.squeeze(0).transpose(0, 1);  // [N, nh, hd]
+    at::Tensor k = k4.squeeze(0).transpose(0, 1);  // [N, nkv, hd]
+    at::Tensor v = v4.squeeze(0).transpose(0, 1);
+    const at::Tensor& k_blocks = cache->k[layer_index];  // [num_blocks, bs, nkv, hd]
+    const at::Tensor& v_blocks = cache->v[layer_index];
+    k_blocks.view({-1, nkv, hd}).index_copy_(0, b.slots, k.contiguous());
+    v_blocks.view({-1, nkv, hd}).index_copy_(0, b.slots, v.contiguous());
+    at::Tensor out = at::empty({N, nh * hd}, x.options());
+    for (const DecodeBucket& d : buckets) {
+      const int64_t D = d.tables.size(0), S = d.tables.size(1) * bs;
+      at::Tensor flat = d.tables.reshape({-1});
+      at::Tensor kd = k_blocks.index_select(0, flat).view({D, S, nkv, hd}).transpose(1, 2);
+      at::Tensor vd = v_blocks.index_select(0, flat).view({D, S, nkv, hd}).transpose(1, 2);
+      at::Tensor qd = q.index_select(0, d.rows).unsqueeze(2);  // [D, nh, 1, hd]
+      at::Tensor od = at::scaled_dot_product_attention(qd, kd, vd, d.mask, 0.0, false, std::nullopt,
+                                                       /*enable_gqa=*/true);
+      out.index_copy_(0, d.rows, od.reshape({D, nh * hd}));
+    }
+    int64_t start = 0;
+    for (size_t i = 0; i < b.query_lens.size(); ++i) {
+      const int64_t T = b.query_lens[i], C = b.context_lens[i];
+      if (T > 1) {
+        const int64_t nblk = (C + bs - 1) / bs;
+        at::Tensor table = b.block_tables[static_cast<int64_t>(i)].narrow(0, 0, nblk);
+        auto gather = [&](const at::Tensor& blocks) {  // -> [1, nkv, C, hd]
+          return blocks.index_select(0, table)
+              .view({nblk * bs, nkv, hd})
+              .narrow(0, 0, C)
+              .transpose(0, 1)
+              .unsqueeze(0);
+        };
+        at::Tensor ks = gather(k_blocks), vs = gather(v_blocks);
+        at::Tensor qs = q.narrow(0, start, T).transpose(0, 1).unsqueeze(0);  // [1, nh, T, hd]
+        at::Tensor o;
+        if (C == T) {
+          o = at::scaled_dot_product_attention(qs, ks, vs, {}, 0.0, /*is_causal=*/true,
+                                               std::nullopt, /*enable_gqa=*/true);
+        } else {
+          auto lopts = b.slots.options();
+          at::Tensor q_idx = at::arange(C - T, C, lopts).view({T, 1});
+          at::Tensor k_idx = at::arange(0, C, lopts).view({1, C});
+          o = at::scaled_dot_product_attention(qs, ks, vs, (k_idx <= q_idx).view({1, 1, T, C}), 0.0,
+                                               false, std::nullopt, /*enable_gqa=*/true);
+        }
+        out.narrow(0, start, T).copy_(o.squeeze(0).transpose(0, 1).reshape({T, nh * hd}));
+      }
+      start += T;
+    }
+    return at::linear(out.unsqueeze(0), l.o_proj);
   }
 };
 
@@ -219,6 +302,96 @@ at::Tensor Transformer::ForwardCached(const at::Tensor& tokens, const at::Tensor
   at::Tensor logits = impl_->Run(tokens, positions, mask, cache);
   cache->length = S;
   return logits;
+}
+
+PagedKvCache Transformer::NewPagedCache(int64_t num_blocks, int64_t block_size) const {
+  const ModelSpec& s = impl_->spec;
+  GYRE_CHECK(num_blocks > 0 && block_size > 0) << "empty paged cache";
+  PagedKvCache cache;
+  auto opts = impl_->embed.options().requires_grad(false);
+  for (int64_t i = 0; i < s.num_layers; ++i) {
+    // Zeros, not garbage: attention gathers whole blocks and masks the unused positions, and a
+    // masked NaN would still poison the weighted sum (0 * NaN).
+    cache.k.push_back(at::zeros({num_blocks, block_size, s.num_kv_heads, s.head_dim}, opts));
+    cache.v.push_back(at::zeros({num_blocks, block_size, s.num_kv_heads, s.head_dim}, opts));
+  }
+  cache.num_blocks = num_blocks;
+  cache.block_size = block_size;
+  return cache;
+}
+
+int64_t Transformer::KvBytesPerToken() const {
+  const ModelSpec& s = impl_->spec;
+  return 2 * s.num_layers * s.num_kv_heads * s.head_dim *
+         static_cast<int64_t>(impl_->embed.element_size());
+}
+
+at::Tensor Transformer::ForwardPaged(const PagedBatch& b, PagedKvCache* cache) const {
+  const int64_t N = b.tokens.numel();
+  const int64_t num_seqs = static_cast<int64_t>(b.query_lens.size());
+  const int64_t bs = cache->block_size;
+  GYRE_CHECK(b.positions.numel() == N && b.slots.numel() == N) << "tokens/positions/slots differ";
+  GYRE_CHECK(static_cast<int64_t>(b.context_lens.size()) == num_seqs && b.block_tables.dim() == 2 &&
+             b.block_tables.size(0) == num_seqs)
+      << "per-sequence sizes differ";
+  int64_t total = 0;
+  // Decoding sequences, bucketed by the power of two above their block count, so a few long
+  // contexts do not pad every short one to their length.
+  std::map<int, std::vector<std::pair<int64_t, int64_t>>> by_size;  // -> (row, sequence)
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int64_t nblk = (b.context_lens[i] + bs - 1) / bs;
+    GYRE_CHECK(b.query_lens[i] >= 1 && b.context_lens[i] >= b.query_lens[i] &&
+               nblk <= b.block_tables.size(1))
+        << "sequence " << i << ": query " << b.query_lens[i] << ", context " << b.context_lens[i];
+    if (b.query_lens[i] == 1) {
+      int bucket = 0;
+      while ((int64_t{1} << bucket) < nblk) ++bucket;
+      by_size[bucket].emplace_back(total, i);
+    }
+    total += b.query_lens[i];
+  }
+  GYRE_CHECK(total == N) << "query lengths sum to " << total << ", not " << N;
+  if (N > 0 && b.slots.is_cpu()) {  // (a device-side check would cost a host sync)
+    GYRE_CHECK(b.slots.min().item<int64_t>() >= 0 &&
+               b.slots.max().item<int64_t>() < cache->num_blocks * bs)
+        << "slot outside the paged cache";
+  }
+  auto lopts = b.slots.options();
+  std::vector<Impl::DecodeBucket> buckets;
+  for (const auto& [bucket, members] : by_size) {
+    const int64_t D = static_cast<int64_t>(members.size());
+    std::vector<int64_t> rows, seqs, lens;
+    int64_t max_blocks = 0;
+    for (const auto& [row, seq] : members) {
+      rows.push_back(row);
+      seqs.push_back(seq);
+      lens.push_back(b.context_lens[seq]);
+      max_blocks = std::max(max_blocks, (b.context_lens[seq] + bs - 1) / bs);
+    }
+    Impl::DecodeBucket d;
+    d.rows = at::tensor(rows, lopts);
+    d.tables = b.block_tables.index_select(0, at::tensor(seqs, lopts))
+                   .narrow(1, 0, max_blocks)
+                   .contiguous();
+    const int64_t S = max_blocks * bs;
+    d.mask = (at::arange(S, lopts).view({1, S}) < at::tensor(lens, lopts).view({D, 1}))
+                 .view({D, 1, 1, S});
+    buckets.push_back(std::move(d));
+  }
+  const Impl& m = *impl_;
+  at::Tensor h = at::embedding(m.embed, b.tokens.view({1, N}));
+  auto [cos, sin] = m.Rope(b.positions.view({1, N}));
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    const Layer& l = m.layers[i];
+    h = h + m.PagedAttention(l, m.RmsNorm(h, l.input_norm), cos, sin, b, buckets, cache,
+                             static_cast<int>(i));
+    at::Tensor y = m.RmsNorm(h, l.post_norm);
+    h = h +
+        at::linear(at::silu(at::linear(y, l.gate_proj)) * at::linear(y, l.up_proj), l.down_proj);
+  }
+  at::Tensor rows = h.squeeze(0).index_select(0, at::tensor(b.logit_rows, lopts));
+  rows = m.RmsNorm(rows, m.final_norm);
+  return at::linear(rows, m.spec.tie_embeddings ? m.embed : m.lm_head).to(at::kFloat);
 }
 
 NamedTensors Transformer::NamedParameters() const {

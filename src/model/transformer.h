@@ -29,6 +29,34 @@ struct KvCache {
   int64_t capacity = 0;
 };
 
+// Paged key/value cache: per layer, k[l] and v[l] are pools [num_blocks, block_size, kv_heads,
+// head_dim]. Which block holds which positions of which sequence is the caller's business (see
+// rollout/block_allocator.h); the model only reads and writes the slots it is given, where slot
+// s is row s % block_size of block s / block_size.
+struct PagedKvCache {
+  std::vector<at::Tensor> k;
+  std::vector<at::Tensor> v;
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+};
+
+// One forward over the new tokens of several sequences, flattened sequence after sequence (no
+// padding). Sequence i contributes query_lens[i] new tokens, which sit at the end of its
+// context of context_lens[i] tokens (the earlier ones already in the cache).
+struct PagedBatch {
+  at::Tensor tokens;     // int64 [N]
+  at::Tensor positions;  // int64 [N]: RoPE positions (the token's index in its sequence)
+  at::Tensor slots;      // int64 [N]: cache slot that receives each new token's key and value
+  std::vector<int64_t> query_lens;    // per sequence; sums to N
+  std::vector<int64_t> context_lens;  // per sequence; >= query_lens[i]
+  // int64 [num_sequences, max blocks]: each sequence's block table (context position p is in
+  // block block_tables[i][p / block_size]); entries past its context must still be valid block
+  // indices (0 will do) and are ignored.
+  at::Tensor block_tables;
+  // Rows of the N new tokens whose next-token logits are wanted, in the order returned.
+  std::vector<int64_t> logit_rows;
+};
+
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 // RoPE inverse frequencies [head_dim / 2] (float32), with the spec's scaling applied.
@@ -57,6 +85,18 @@ class Transformer {
   // valid earlier slots and to itself. Returns logits [B, T, V] and advances cache->length.
   at::Tensor ForwardCached(const at::Tensor& tokens, const at::Tensor& positions,
                            const at::Tensor& valid, KvCache* cache) const;
+
+  // A paged cache of `num_blocks` blocks of `block_size` positions, on the model's device and
+  // dtype, zero-filled.
+  PagedKvCache NewPagedCache(int64_t num_blocks, int64_t block_size) const;
+  // Bytes of key + value cache one token position takes, over all layers.
+  int64_t KvBytesPerToken() const;
+
+  // Writes the keys/values of batch.tokens into their slots, then lets each new token attend to
+  // its sequence's context (earlier slots and itself, causally). Returns float32 logits
+  // [batch.logit_rows.size(), V]. Preconditions (checked): consistent sizes, slots inside the
+  // cache; the caller guarantees that no two sequences write the same slot.
+  at::Tensor ForwardPaged(const PagedBatch& batch, PagedKvCache* cache) const;
 
   // Parameters in a fixed order with Hugging Face names (model.layers.0.self_attn.q_proj.weight).
   NamedTensors NamedParameters() const;

@@ -5,7 +5,9 @@
 // prompt length, prefilled once and decoded token by token until every sequence has hit a stop
 // token or its max_new_tokens. Sampling goes through ops::SampleRows with a counter-based stream
 // keyed by (request seed, response position), so a sample does not depend on its batch.
-// (Continuous batching and paged KV blocks are the rollout-engine issue.)
+// This is the simple fixed-batch path (`gyre generate`, and the static-batching baseline of
+// `gyre bench rollout`); rollout workers use RolloutEngine (rollout_engine.h): continuous
+// batching over a paged KV cache.
 //
 // Not thread-safe: callers serialise Generate() with weight updates to the same model.
 

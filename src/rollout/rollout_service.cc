@@ -1,6 +1,11 @@
 #include "rollout/rollout_service.h"
 
+#include <ATen/core/Tensor.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <map>
 
 #include "comm/gloo_communicator.h"
 #include "comm/weight_broadcast.h"
@@ -10,9 +15,73 @@
 
 namespace gyre::rollout {
 
-RolloutService::RolloutService(std::unique_ptr<model::Transformer> model, int64_t max_batch,
+StatusOr<EngineConfig> EngineConfigFromJob(const RolloutSection& rollout,
+                                           const model::Transformer& model) {
+  EngineConfig c;
+  c.block_size = rollout.block_size;
+  c.max_running = rollout.max_running;
+  c.max_step_tokens = rollout.max_step_tokens;
+  c.prefix_sharing = rollout.prefix_sharing;
+  c.scheduling = rollout.scheduling == "static" ? Scheduling::kStatic : Scheduling::kContinuous;
+  c.weight_update_kv =
+      rollout.weight_update_kv == "keep" ? WeightUpdateKv::kKeep : WeightUpdateKv::kRecompute;
+  int64_t bytes = rollout.kv_cache_bytes;
+  if (bytes == 0) {
+    const at::Device device = model.NamedParameters().front().second.device();
+    if (!device.is_cpu()) {
+      return FailedPrecondition(
+          "rollout.kv_cache_fraction: this build cannot query the memory of device " +
+          device.str() + "; set rollout.kv_cache_bytes instead");
+    }
+    const double ram =
+        static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+    bytes = static_cast<int64_t>(ram * rollout.kv_cache_fraction);
+  }
+  GYRE_ASSIGN_OR_RETURN(int64_t blocks, BlocksForBudget(model, bytes, c.block_size));
+  const int64_t full = (model.spec().max_seq_len + c.block_size - 1) / c.block_size;
+  c.num_blocks = std::min<int64_t>(blocks, 2 * c.max_running * full);
+  return c;
+}
+
+RolloutService::RolloutService(std::unique_ptr<model::Transformer> model,
                                std::function<void(const std::string&)> on_stop)
-    : model_(std::move(model)), engine_(model_.get(), max_batch), on_stop_(std::move(on_stop)) {}
+    : model_(std::move(model)), on_stop_(std::move(on_stop)) {}
+
+StatusOr<std::unique_ptr<RolloutService>> RolloutService::Create(
+    std::unique_ptr<model::Transformer> model, const EngineConfig& config,
+    RolloutEngine::Decoder decoder, std::function<void(const std::string&)> on_stop) {
+  std::unique_ptr<RolloutService> s(new RolloutService(std::move(model), std::move(on_stop)));
+  GYRE_ASSIGN_OR_RETURN(s->engine_, RolloutEngine::Create(s->model_.get(), config));
+  if (decoder) s->engine_->SetDecoder(std::move(decoder));
+  GYRE_LOG_INFO("rollout engine: {} KV blocks of {} positions ({} MiB), max_running {}",
+                config.num_blocks, config.block_size,
+                config.num_blocks * config.block_size * s->model_->KvBytesPerToken() >> 20,
+                config.max_running);
+  return s;
+}
+
+namespace {
+
+void FillSample(const SampleResult& r, uint64_t sample_id, uint64_t group_id,
+                const google::protobuf::RepeatedField<int32_t>& prompt, v1::Sample* s) {
+  s->set_sample_id(sample_id);
+  s->set_group_id(group_id);
+  *s->mutable_prompt_ids() = prompt;
+  const Response& res = r.response;
+  s->mutable_response_ids()->Add(res.tokens.begin(), res.tokens.end());
+  s->mutable_logprobs()->Add(res.logprobs.begin(), res.logprobs.end());
+  s->mutable_kept_mass()->Add(res.kept_mass.begin(), res.kept_mass.end());
+  s->mutable_versions()->Add(res.versions.begin(), res.versions.end());
+  for (size_t t = 0; t < res.tokens.size(); ++t) s->add_loss_mask(1.0f);
+  s->set_seed(r.seed);
+  s->set_kv_version(r.kv_version);
+  s->set_finish_reason(!r.finished                   ? v1::FINISH_REASON_ABORT
+                       : r.finish == Finish::kStop   ? v1::FINISH_REASON_STOP
+                       : r.finish == Finish::kLength ? v1::FINISH_REASON_LENGTH
+                                                     : v1::FINISH_REASON_ABORT);
+}
+
+}  // namespace
 
 grpc::Status RolloutService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                       v1::GenerateResponse* resp) {
@@ -25,52 +94,73 @@ grpc::Status RolloutService::Generate(grpc::ServerContext* ctx, const v1::Genera
                             ", the request needs at least " +
                             std::to_string(req->min_policy_version()));
   }
+  if (req->target_finished_groups() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "target_finished_groups must be >= 0");
+  }
   const auto& sp = req->sampling();
-  std::vector<GenerationRequest> gens;
-  for (const auto& g : req->groups()) {
-    if (g.n() < 1) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "group " + std::to_string(g.group_id()) + " asks for n < 1 samples");
-    }
-    for (int i = 0; i < g.n(); ++i) {
-      GenerationRequest r;
-      r.prompt.assign(g.prompt_ids().begin(), g.prompt_ids().end());
-      r.seed = g.seed() + static_cast<uint64_t>(i);
-      r.temperature = sp.temperature();
-      r.top_k = sp.top_k();
-      r.top_p = sp.top_p() > 0 ? sp.top_p() : 1.0f;
-      r.min_p = sp.min_p();
-      r.max_new_tokens = sp.max_new_tokens();
-      r.stop_token_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
-      gens.push_back(std::move(r));
-    }
+  SamplingOptions so;
+  so.temperature = sp.temperature();
+  so.top_k = sp.top_k();
+  so.top_p = sp.top_p() > 0 ? sp.top_p() : 1.0f;
+  so.min_p = sp.min_p();
+  so.max_new_tokens = sp.max_new_tokens();
+  so.stop_token_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
+  so.stop_strings.assign(sp.stop_strings().begin(), sp.stop_strings().end());
+  // Request ids: 0..G-1 are the groups, G.. the resumed samples.
+  std::vector<Request> requests;
+  const int G = req->groups_size();
+  for (int k = 0; k < G; ++k) {
+    const auto& g = req->groups(k);
+    Request r;
+    r.id = static_cast<uint64_t>(k);
+    r.group = g.group_id();
+    r.prompt.assign(g.prompt_ids().begin(), g.prompt_ids().end());
+    r.n = g.n();
+    r.seed = g.seed();
+    r.sampling = so;
+    requests.push_back(std::move(r));
   }
-  auto results = engine_.Generate(gens);
+  for (int k = 0; k < req->resume_size(); ++k) {
+    const auto& s = req->resume(k);
+    Request r;
+    r.id = static_cast<uint64_t>(G + k);
+    r.group = s.group_id();
+    r.prompt.assign(s.prompt_ids().begin(), s.prompt_ids().end());
+    r.seed = s.seed();
+    r.sampling = so;
+    r.resume.tokens.assign(s.response_ids().begin(), s.response_ids().end());
+    r.resume.logprobs.assign(s.logprobs().begin(), s.logprobs().end());
+    r.resume.kept_mass.assign(s.kept_mass().begin(), s.kept_mass().end());
+    r.resume.versions.assign(s.versions().begin(), s.versions().end());
+    requests.push_back(std::move(r));
+  }
+  engine_->set_version(version);
+  engine_->ResetStats();
+  Status added = engine_->Add(requests);
+  if (!added.ok()) return rpc::ToGrpc(added);
+  auto results = engine_->Run(req->target_finished_groups());
   if (!results.ok()) return rpc::ToGrpc(results.status());
-  size_t k = 0;
-  int64_t generated = 0;
-  for (const auto& g : req->groups()) {
-    for (int i = 0; i < g.n(); ++i, ++k) {
-      const GenerationResult& r = (*results)[k];
-      v1::Sample* s = resp->add_samples();
-      s->set_sample_id(g.first_sample_id() + static_cast<uint64_t>(i));
-      s->set_group_id(g.group_id());
-      *s->mutable_prompt_ids() = g.prompt_ids();
-      s->mutable_response_ids()->Add(r.tokens.begin(), r.tokens.end());
-      s->mutable_logprobs()->Add(r.logprobs.begin(), r.logprobs.end());
-      s->mutable_kept_mass()->Add(r.kept_mass.begin(), r.kept_mass.end());
-      for (size_t t = 0; t < r.tokens.size(); ++t) {
-        s->add_versions(version);
-        s->add_loss_mask(1.0f);
-      }
-      s->set_finish_reason(r.finish == Finish::kStop     ? v1::FINISH_REASON_STOP
-                           : r.finish == Finish::kLength ? v1::FINISH_REASON_LENGTH
-                                                         : v1::FINISH_REASON_ABORT);
-      generated += static_cast<int64_t>(r.tokens.size());
+  std::sort(results->begin(), results->end(), [](const SampleResult& a, const SampleResult& b) {
+    return a.id != b.id ? a.id < b.id : a.index < b.index;
+  });
+  for (const SampleResult& r : *results) {
+    v1::Sample* s = r.finished ? resp->add_samples() : resp->add_unfinished();
+    if (r.id < static_cast<uint64_t>(G)) {
+      const auto& g = req->groups(static_cast<int>(r.id));
+      FillSample(r, g.first_sample_id() + static_cast<uint64_t>(r.index), g.group_id(),
+                 g.prompt_ids(), s);
+    } else {
+      const auto& in = req->resume(static_cast<int>(r.id) - G);
+      FillSample(r, in.sample_id(), in.group_id(), in.prompt_ids(), s);
     }
   }
+  const EngineStats& st = engine_->stats();
   resp->set_policy_version(version);
-  resp->set_generated_tokens(generated);
+  resp->set_generated_tokens(st.generated_tokens);
+  resp->set_prefill_tokens(st.prefill_tokens);
+  resp->set_prefix_shared_tokens(st.prefix_shared_tokens);
+  resp->set_parked_reused_tokens(st.parked_reused_tokens);
+  resp->set_preemptions(st.preemptions);
   resp->set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return grpc::Status::OK;
 }
@@ -79,11 +169,16 @@ grpc::Status RolloutService::LoadWeights(grpc::ServerContext* ctx,
                                          grpc::ServerReader<v1::WeightChunk>* reader,
                                          v1::WeightReceipt* receipt) {
   std::lock_guard<std::mutex> lock(mu_);
-  Status s = comm::ReceiveWeights(reader, model_->NamedParameters(), receipt);
+  // The engine is idle between Generate calls; the update drops or keeps the KV of parked
+  // unfinished samples (rollout.weight_update_kv). The version is known once the transfer ends.
+  Status s = engine_->UpdateWeights(version_.load(), [&] {
+    return comm::ReceiveWeights(reader, model_->NamedParameters(), receipt);
+  });
   if (!s.ok()) {
     GYRE_LOG_ERROR("weight transfer rejected: {}", s.ToString());
     return rpc::ToGrpc(s);
   }
+  engine_->set_version(receipt->version());
   version_.store(receipt->version());
   GYRE_LOG_DEBUG("loaded policy version {} ({} bytes)", receipt->version(), receipt->bytes());
   return grpc::Status::OK;
@@ -116,12 +211,16 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
     return rpc::ToGrpc(r.status());
   }
   {
+    // As LoadWeights: through the engine, which keeps or recomputes the KV of parked samples.
     std::lock_guard<std::mutex> lock(mu_);
-    Status s = model::LoadFlatParameters(weight_payload_.manifest, weight_payload_.bytes.data(),
-                                         weight_payload_.bytes.size(), model_->NamedParameters());
+    Status s = engine_->UpdateWeights(r->version, [&] {
+      return model::LoadFlatParameters(weight_payload_.manifest, weight_payload_.bytes.data(),
+                                       weight_payload_.bytes.size(), model_->NamedParameters());
+    });
     if (!s.ok()) {
       return rpc::ToGrpc(s.WithContext("weights of version " + std::to_string(r->version)));
     }
+    engine_->set_version(r->version);
     version_.store(r->version);
   }
   receipt->set_version(r->version);

@@ -1,25 +1,40 @@
 #pragma once
-// RolloutService: the gRPC face of a rollout worker. Generate runs the engine on the groups it
-// is given and labels every token with the policy version the worker holds; LoadWeights
-// receives a new version from a trainer (see comm/weight_sync.h). A mutex serialises the two,
-// so a weight update never lands in the middle of a generation.
+// RolloutService: the gRPC face of a rollout worker. Generate runs the rollout engine
+// (rollout_engine.h) on the groups and resumed samples it is given and labels every new token
+// with the policy version the worker holds; with a target number of finished groups it stops
+// there and returns the other samples unfinished (partial rollouts). LoadWeights receives a new
+// version from a trainer (see comm/weight_sync.h) and applies it through the engine, which keeps
+// or drops the KV cache of parked unfinished samples as configured. A mutex serialises the two,
+// so a weight update never lands in the middle of a generation step.
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "comm/communicator.h"
 #include "comm/weight_sync.h"
+#include "gyre/config.h"
 #include "gyre/v1/gyre.grpc.pb.h"
 #include "model/transformer.h"
-#include "rollout/engine.h"
+#include "rollout/rollout_engine.h"
 
 namespace gyre::rollout {
 
+// The engine limits of a job's rollout section for `model`: the KV budget is
+// rollout.kv_cache_bytes, or rollout.kv_cache_fraction of the device's memory (physical RAM
+// on CPU), capped at what 2 * max_running samples of max_seq_len positions can use.
+StatusOr<EngineConfig> EngineConfigFromJob(const RolloutSection& rollout,
+                                           const model::Transformer& model);
+
 class RolloutService final : public v1::Rollout::Service {
  public:
-  RolloutService(std::unique_ptr<model::Transformer> model, int64_t max_batch,
-                 std::function<void(const std::string&)> on_stop);
+  // Fails when the engine config is invalid. `decoder` (may be null) turns response tokens
+  // into text for stop strings.
+  static StatusOr<std::unique_ptr<RolloutService>> Create(
+      std::unique_ptr<model::Transformer> model, const EngineConfig& config,
+      RolloutEngine::Decoder decoder, std::function<void(const std::string&)> on_stop);
 
   grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                         v1::GenerateResponse* resp) override;
@@ -35,9 +50,12 @@ class RolloutService final : public v1::Rollout::Service {
   int64_t version() const { return version_.load(); }
 
  private:
+  RolloutService(std::unique_ptr<model::Transformer> model,
+                 std::function<void(const std::string&)> on_stop);
+
   std::mutex mu_;  // guards model_ and engine_ use
   std::unique_ptr<model::Transformer> model_;
-  Engine engine_;
+  std::unique_ptr<RolloutEngine> engine_;
   std::atomic<int64_t> version_{-1};  // -1: no weights received yet
   std::function<void(const std::string&)> on_stop_;
   // Gloo weight plane; weights_mu_ serialises ReceiveWeights calls and guards these.

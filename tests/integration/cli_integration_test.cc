@@ -346,6 +346,94 @@ TEST(ModelCommandsTest, InitModelTokenizeAndGenerate) {
       << p.Output();
 }
 
+// Partial rollouts: twice the groups in flight, each step stops at prompts_per_step finished
+// groups and carries the rest (with their tokens) into the next step. A small running batch
+// makes sure some groups are cut mid-generation.
+TEST(TrainTest, PartialRolloutsCarryUnfinishedGroupsAcrossSteps) {
+  const std::string dir = MakeTempDir("partial");
+  auto args = SmallJob(dir, 3);
+  for (const char* kv :
+       {"rollout.partial_rollouts=true", "rollout.over_provision=2", "algorithm.max_staleness=1",
+        "rollout.max_running=16", "rollout.weight_update_kv=keep", "rollout.stop_string=++"}) {
+    args.push_back("--set");
+    args.push_back(kv);
+  }
+  auto p = GyreProcess::Start(args, dir);
+  ASSERT_TRUE(p.Wait(240)) << p.Output();
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+  auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  ASSERT_EQ(steps.size(), 3u);
+  int64_t resumed = 0, carried = 0;
+  for (const auto& s : steps) {
+    // Every step trains on at least prompts_per_step finished groups (minus stale samples).
+    EXPECT_GE(s["samples"].get<int>() + s["stale_dropped"].get<int>(), 8 * 8) << s.dump();
+    EXPECT_GT(s["prefix_shared_tokens"].get<int64_t>(), 0) << s.dump();
+    resumed += s["partial_resumed_samples"].get<int64_t>();
+    carried += s["partial_carried_groups"].get<int64_t>();
+  }
+  EXPECT_GT(carried, 0) << "no group was cut: the test does not exercise partial rollouts";
+  EXPECT_GT(resumed, 0);
+
+  // Without max_staleness the configuration is refused before anything starts.
+  const std::string dir2 = MakeTempDir("partial_bad");
+  auto bad = SmallJob(dir2, 1);
+  bad.insert(bad.end(), {"--set", "rollout.partial_rollouts=true"});
+  p = GyreProcess::Start(bad, dir2);
+  ASSERT_TRUE(p.Wait(60));
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 1);
+  EXPECT_NE(p.Output().find("rollout.partial_rollouts needs algorithm.max_staleness >= 1"),
+            std::string::npos)
+      << p.Output();
+}
+
+// `gyre bench rollout` on a tiny model with small sizes: every figure is in the JSON.
+TEST(BenchTest, RolloutWritesTheTableAndJson) {
+  const std::string dir = MakeTempDir("bench_rollout");
+  auto p = GyreProcess::Start(
+      {"init-model", "--arch", "qwen2", "--out", dir + "/m", "--preset", "tiny"}, dir);
+  ASSERT_TRUE(p.Wait(60));
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+  ASSERT_TRUE(MakeDirs(dir + "/b").ok());
+  p = GyreProcess::Start({"bench", "rollout", "--model", dir + "/m", "--groups", "6",
+                          "--group-size", "4", "--prompt-len", "8", "--max-new-tokens", "40",
+                          "--median-len", "8", "--max-running", "8", "--json", dir + "/b.json"},
+                         dir + "/b");
+  ASSERT_TRUE(p.Wait(120));
+  const std::string out = p.Output();
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << out;
+  EXPECT_NE(out.find("continuous+prefix"), std::string::npos) << out;
+  auto j = nlohmann::json::parse(ReadFile(dir + "/b.json"));
+  EXPECT_EQ(j["benchmark"], "rollout");
+  for (const char* key :
+       {"groups", "group_size", "max_running", "kv_blocks", "response_len_mean"}) {
+    EXPECT_TRUE(j["context"].contains(key)) << key;
+  }
+  ASSERT_EQ(j["results"].size(), 4u);
+  const std::vector<std::string> modes = {"static", "static_compacting", "continuous",
+                                          "continuous+prefix"};
+  for (size_t i = 0; i < 4; ++i) {
+    const auto& r = j["results"][i];
+    EXPECT_EQ(r["mode"], modes[i]);
+    for (const char* key : {"tokens_per_s", "batch_time_s", "speedup", "kv_util_mean",
+                            "kv_util_peak", "tail_time_share", "prefill_tokens", "steps"}) {
+      EXPECT_TRUE(r.contains(key)) << modes[i] << " " << key;
+    }
+    EXPECT_GT(r["tokens_per_s"].get<double>(), 0);
+    EXPECT_GT(r["kv_util_peak"].get<double>(), 0);
+    EXPECT_LE(r["kv_util_peak"].get<double>(), 1.0);
+    // Every sample stops at its drawn length, whatever the scheduling.
+    EXPECT_EQ(r["generated_tokens"], j["results"][0]["generated_tokens"]);
+  }
+  EXPECT_DOUBLE_EQ(j["results"][0]["speedup"].get<double>(), 1.0);
+  // Prefix sharing prefills each of the 6 prompts once instead of 4 times.
+  EXPECT_EQ(j["results"][3]["prefill_tokens"], 6 * 8);
+  EXPECT_EQ(j["results"][1]["prefill_tokens"], 6 * 4 * 8);
+
+  p = GyreProcess::Start({"bench", "rollout", "--groups", "0"}, dir + "/b");
+  ASSERT_TRUE(p.Wait(30));
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 2);
+}
+
 TEST(WorkerTest, WorkerWithoutControllerGivesUpWithAClearError) {
   const std::string dir = MakeTempDir("worker");
   auto p = GyreProcess::Start(

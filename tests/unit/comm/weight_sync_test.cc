@@ -17,8 +17,14 @@ model::ModelSpec Spec() { return testing::TinySpec(40, 32, 2, 4, 2, 64); }
 class WeightSyncTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    service_ = std::make_unique<rollout::RolloutService>(model::Transformer::Create(Spec(), 5, 0.1),
-                                                         8, nullptr);
+    rollout::EngineConfig config;
+    config.block_size = 4;
+    config.num_blocks = 64;
+    config.max_running = 8;
+    auto service = rollout::RolloutService::Create(model::Transformer::Create(Spec(), 5, 0.1),
+                                                   config, nullptr, nullptr);
+    ASSERT_TRUE(service.ok()) << service.status();
+    service_ = std::move(*service);
     auto server = rpc::StartServer("127.0.0.1", 0, {service_.get()}, &address_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -117,6 +123,131 @@ TEST_F(WeightSyncTest, UnreachableReceiverFailsWithinTheDeadline) {
   auto r = SendWeights(dead.get(), payload_, 4096, 1.0);
   EXPECT_FALSE(r.ok());
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+}
+
+// Partial rollouts through the service: stop at one finished group, receive new weights, resume
+// the unfinished samples; their returned tokens are kept and versions say who made each token.
+TEST_F(WeightSyncTest, PartialRolloutResumesAfterAWeightUpdate) {
+  v1::GenerateRequest req;
+  for (uint64_t g = 0; g < 3; ++g) {
+    auto* group = req.add_groups();
+    for (int32_t id : {1, 5, 9, static_cast<int32_t>(12 + g)}) group->add_prompt_ids(id);
+    group->set_group_id(g);
+    group->set_n(g == 0 ? 1 : 2);  // group 0's single sample stops early (below)
+    group->set_first_sample_id(10 * g);
+    group->set_seed(100 * g);
+  }
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_max_new_tokens(20);
+  req.set_min_policy_version(-1);
+  v1::GenerateResponse first;  // the whole run, to pick a stop token that ends a group early
+  {
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, 10);
+    ASSERT_TRUE(stub_->Generate(&ctx, req, &first).ok());
+  }
+  ASSERT_EQ(first.samples_size(), 5);
+  EXPECT_EQ(first.unfinished_size(), 0);
+  v1::GenerateRequest cut = req;
+  cut.set_target_finished_groups(1);
+  cut.mutable_sampling()->add_stop_token_ids(first.samples(0).response_ids(2));
+  v1::GenerateResponse part;
+  {
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, 10);
+    ASSERT_TRUE(stub_->Generate(&ctx, cut, &part).ok());
+  }
+  ASSERT_GT(part.unfinished_size(), 0) << "the target should cut some samples";
+  for (const auto& u : part.unfinished()) {
+    EXPECT_EQ(u.finish_reason(), v1::FINISH_REASON_ABORT);
+    for (int64_t v : u.versions()) EXPECT_EQ(v, -1);
+  }
+  auto r = SendWeights(stub_.get(), payload_, 4096, 10.0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  v1::GenerateRequest resume;
+  *resume.mutable_sampling() = cut.sampling();
+  resume.set_min_policy_version(3);
+  for (const auto& u : part.unfinished()) *resume.add_resume() = u;
+  v1::GenerateResponse rest;
+  {
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, 10);
+    ASSERT_TRUE(stub_->Generate(&ctx, resume, &rest).ok());
+  }
+  ASSERT_EQ(rest.samples_size(), part.unfinished_size());
+  EXPECT_EQ(rest.unfinished_size(), 0);
+  EXPECT_EQ(rest.policy_version(), 3);
+  for (int i = 0; i < rest.samples_size(); ++i) {
+    const auto& before = part.unfinished(i);
+    const auto& after = rest.samples(i);
+    EXPECT_EQ(after.sample_id(), before.sample_id());
+    EXPECT_EQ(after.seed(), before.seed());
+    ASSERT_GE(after.response_ids_size(), before.response_ids_size());
+    for (int t = 0; t < after.response_ids_size(); ++t) {
+      if (t < before.response_ids_size()) {
+        EXPECT_EQ(after.response_ids(t), before.response_ids(t));
+        EXPECT_EQ(after.versions(t), -1);
+      } else {
+        EXPECT_EQ(after.versions(t), 3) << "token " << t;
+      }
+    }
+  }
+  // Only the new tokens were drawn.
+  int64_t fresh = 0;
+  for (int i = 0; i < rest.samples_size(); ++i) {
+    fresh += rest.samples(i).response_ids_size() - part.unfinished(i).response_ids_size();
+  }
+  EXPECT_EQ(rest.generated_tokens(), fresh);
+
+  // A resume with inconsistent arrays is refused with a clear error.
+  v1::GenerateRequest bad = resume;
+  bad.mutable_resume(0)->add_logprobs(0.0f);
+  v1::GenerateResponse none;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, 10);
+  grpc::Status s = stub_->Generate(&ctx, bad, &none);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("log-probs"), std::string::npos) << s.error_message();
+}
+
+// Stop strings reach the engine through the service, which decodes with the worker's tokenizer
+// (here: token t is the letter 'a' + t).
+TEST(RolloutServiceTest, StopStringsEndResponsesAndNeedADecoder) {
+  rollout::EngineConfig config;
+  config.block_size = 4;
+  config.num_blocks = 32;
+  auto decode = [](const std::vector<int32_t>& ids) {
+    std::string s;
+    for (int32_t t : ids) s.push_back(static_cast<char>('a' + t));
+    return s;
+  };
+  auto with = rollout::RolloutService::Create(model::Transformer::Create(Spec(), 5, 0.1), config,
+                                              decode, nullptr);
+  auto without = rollout::RolloutService::Create(model::Transformer::Create(Spec(), 5, 0.1), config,
+                                                 nullptr, nullptr);
+  ASSERT_TRUE(with.ok() && without.ok());
+  v1::GenerateRequest req;
+  auto* g = req.add_groups();
+  for (int32_t id : {1, 5, 9, 12}) g->add_prompt_ids(id);
+  g->set_n(1);
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_max_new_tokens(12);
+  req.set_min_policy_version(-1);
+  v1::GenerateResponse full;
+  grpc::ServerContext server_ctx;
+  ASSERT_TRUE((*with)->Generate(&server_ctx, &req, &full).ok());
+  std::string text;
+  for (int32_t t : full.samples(0).response_ids()) text.push_back(static_cast<char>('a' + t));
+  const std::string stop = text.substr(4, 2);
+  req.mutable_sampling()->add_stop_strings(stop);
+  v1::GenerateResponse stopped;
+  ASSERT_TRUE((*with)->Generate(&server_ctx, &req, &stopped).ok());
+  EXPECT_EQ(stopped.samples(0).finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(stopped.samples(0).response_ids_size(), static_cast<int>(text.find(stop) + 2));
+  v1::GenerateResponse refused;
+  grpc::Status s = (*without)->Generate(&server_ctx, &req, &refused);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("stop strings need a tokenizer decoder"), std::string::npos);
 }
 
 }  // namespace

@@ -1,0 +1,433 @@
+// `gyre bench rollout`: the rollout engine on a synthetic long-tail workload, continuous
+// batching (with and without group prefix sharing) against static batching in the same run.
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli/bench.h"
+#include "model/hf_config.h"
+#include "rollout/engine.h"
+#include "rollout/rollout_engine.h"
+
+namespace gyre::cli {
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: gyre bench rollout --model DIR [options] [--json FILE]\n"
+    "\n"
+    "Generates one batch of prompt groups four ways on the same model and workload, with the\n"
+    "same sampling (ops::SampleRows) and seeds:\n"
+    "  static             fixed batches of R samples (rollout::Engine): a batch is prefilled\n"
+    "                     together and decoded until its longest sample ends, finished rows\n"
+    "                     included; the next batch starts after it (the baseline)\n"
+    "  static_compacting  the paged engine admitting only into an empty batch: finished\n"
+    "                     samples leave the batch, but nothing joins until all have finished\n"
+    "  continuous         the paged engine with continuous batching, no prefix sharing\n"
+    "  continuous+prefix  continuous batching with group prefix sharing (the default)\n"
+    "Response lengths follow a long-tail (lognormal)\n"
+    "distribution: sample i of the workload stops after exactly its drawn length. Reports\n"
+    "generated tokens/s, the time to finish the group batch, KV-cache utilisation (positions\n"
+    "of live samples over the KV memory reserved: the pool, or a fixed batch's cache) and the\n"
+    "share of time spent with the batch under half full (lost to the longest sequences);\n"
+    "`speedup` is tokens/s over static's in the same run, `vs compacting` over\n"
+    "static_compacting's.\n"
+    "\n"
+    "options (defaults in brackets):\n"
+    "  --model DIR            Hugging Face model directory (gyre init-model writes one)\n"
+    "  --groups G             prompt groups [32]\n"
+    "  --group-size N         samples per prompt [8]\n"
+    "  --prompt-len P         prompt tokens [32]\n"
+    "  --median-len L         median response length [24]\n"
+    "  --sigma S              lognormal sigma of response lengths [1.0]\n"
+    "  --max-new-tokens M     response length cap [256]\n"
+    "  --max-running R        sequences in the running batch [64]\n"
+    "  --block-size B         KV block size in positions [16]\n"
+    "  --max-step-tokens T    tokens per forward (decodes + prefill chunks) [512]\n"
+    "  --kv-cache-mb MB       KV cache budget; 0 = enough for R full-length samples [0]\n"
+    "  --temperature X        sampling temperature [1.0]\n"
+    "  --seed S               workload seed [1]\n"
+    "  --threads N            intra-op CPU threads [1]\n"
+    "  --json FILE            also write the figures as JSON\n";
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct Mode {
+  const char* name;
+  rollout::Scheduling scheduling;
+  bool prefix_sharing;
+};
+
+struct Measured {
+  double seconds = 0;
+  int64_t generated = 0;
+  double kv_util_mean = 0;
+  double kv_util_peak = 0;
+  double tail_share = 0;
+  rollout::EngineStats stats;
+  std::vector<rollout::SampleResult> results;
+};
+
+StatusOr<Measured> RunMode(const model::Transformer& model, const rollout::EngineConfig& base,
+                           const Mode& mode, const std::vector<rollout::Request>& requests) {
+  rollout::EngineConfig config = base;
+  config.scheduling = mode.scheduling;
+  config.prefix_sharing = mode.prefix_sharing;
+  GYRE_ASSIGN_OR_RETURN(auto engine, rollout::RolloutEngine::Create(&model, config));
+  GYRE_RETURN_IF_ERROR(engine->Add(requests));
+  Measured m;
+  double tail_s = 0, util_sum = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!engine->idle()) {
+    const auto ts = std::chrono::steady_clock::now();
+    const int64_t slots = engine->running_slots();
+    GYRE_ASSIGN_OR_RETURN(auto done, engine->Step());
+    const double dt = Since(ts);
+    // A step counts as lost to the tail when the batch it ran was under half full.
+    if (2 * std::max(slots, engine->running_slots()) < config.max_running) tail_s += dt;
+    util_sum += static_cast<double>(engine->allocator().used_blocks()) /
+                static_cast<double>(config.num_blocks);
+    for (auto& r : done) m.results.push_back(std::move(r));
+  }
+  m.seconds = Since(t0);
+  m.stats = engine->stats();
+  m.generated = m.stats.generated_tokens;
+  m.kv_util_mean = m.stats.steps ? util_sum / static_cast<double>(m.stats.steps) : 0.0;
+  m.kv_util_peak = static_cast<double>(engine->allocator().peak_used_blocks()) /
+                   static_cast<double>(config.num_blocks);
+  m.tail_share = m.seconds > 0 ? tail_s / m.seconds : 0.0;
+  std::sort(m.results.begin(), m.results.end(),
+            [](const rollout::SampleResult& a, const rollout::SampleResult& b) {
+              return a.id != b.id ? a.id < b.id : a.index < b.index;
+            });
+  return m;
+}
+
+// Static batching with a fixed batch (rollout::Engine): each batch of `batch` samples is
+// prefilled together and decoded until its longest sample ends; rows of finished samples stay
+// in the batch. Its schedule follows from the lengths alone, so the utilisation and tail figures
+// are computed from them: every step of a batch costs the same.
+StatusOr<Measured> RunFixedBatch(const model::Transformer& model, int64_t batch, int64_t prompt_len,
+                                 const std::vector<rollout::Request>& requests) {
+  std::vector<rollout::GenerationRequest> flat;
+  for (const auto& r : requests) {
+    for (int32_t i = 0; i < r.n; ++i) {
+      rollout::GenerationRequest g;
+      g.prompt = r.prompt;
+      g.seed = r.seed + static_cast<uint64_t>(i);
+      g.temperature = r.sampling.temperature;
+      g.max_new_tokens = r.sample_max_new_tokens[i];
+      flat.push_back(std::move(g));
+    }
+  }
+  rollout::Engine engine(&model, batch);
+  Measured m;
+  const auto t0 = std::chrono::steady_clock::now();
+  GYRE_ASSIGN_OR_RETURN(auto out, engine.Generate(flat));
+  m.seconds = Since(t0);
+  int64_t steps = 0, tail_steps = 0;
+  double util_sum = 0;
+  for (size_t start = 0; start < flat.size(); start += batch) {
+    const size_t end = std::min(flat.size(), start + static_cast<size_t>(batch));
+    int64_t longest = 0;
+    for (size_t i = start; i < end; ++i) {
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(out[i].tokens.size()));
+    }
+    const double reserved = static_cast<double>(end - start) * (prompt_len + longest);
+    for (int64_t t = 1; t <= longest; ++t) {
+      int64_t live = 0;
+      double used = 0;
+      for (size_t i = start; i < end; ++i) {
+        const int64_t len = static_cast<int64_t>(out[i].tokens.size());
+        live += len >= t;
+        if (len >= t) used += static_cast<double>(prompt_len + t);
+      }
+      tail_steps += 2 * live < batch;
+      util_sum += used / reserved;
+      m.kv_util_peak = std::max(m.kv_util_peak, used / reserved);
+      ++steps;
+    }
+  }
+  m.stats.steps = steps;
+  m.stats.prefill_tokens = static_cast<int64_t>(flat.size()) * prompt_len;
+  m.kv_util_mean = steps ? util_sum / static_cast<double>(steps) : 0.0;
+  m.tail_share = steps ? static_cast<double>(tail_steps) / static_cast<double>(steps) : 0.0;
+  size_t k = 0;
+  for (const auto& r : requests) {
+    for (int32_t i = 0; i < r.n; ++i, ++k) {
+      rollout::SampleResult s;
+      s.id = r.id;
+      s.index = i;
+      s.response.tokens = out[k].tokens;
+      m.generated += static_cast<int64_t>(out[k].tokens.size());
+      m.results.push_back(std::move(s));
+    }
+  }
+  m.stats.generated_tokens = m.generated;
+  return m;
+}
+
+bool ParseInt(const std::string& s, int64_t lo, int64_t hi, int64_t* out) {
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+bool ParseDouble(const std::string& s, double lo, double hi, double* out) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+int RunBenchRollout(const std::vector<std::string>& args) {
+  std::string dir, json_path;
+  int64_t groups = 32, group_size = 8, prompt_len = 32, max_new = 256, max_running = 64;
+  int64_t block_size = 16, max_step_tokens = 512, kv_mb = 0, seed = 1, threads = 1;
+  double median = 24, sigma = 1.0, temperature = 1.0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (i + 1 >= args.size()) {
+      std::fprintf(stderr, "gyre bench rollout: unknown argument or missing value: '%s'\n\n%s",
+                   a.c_str(), kUsage);
+      return 2;
+    }
+    const std::string& v = args[++i];
+    bool ok = true;
+    if (a == "--model") {
+      dir = v;
+    } else if (a == "--json") {
+      json_path = v;
+    } else if (a == "--groups") {
+      ok = ParseInt(v, 1, 1 << 20, &groups);
+    } else if (a == "--group-size") {
+      ok = ParseInt(v, 1, 4096, &group_size);
+    } else if (a == "--prompt-len") {
+      ok = ParseInt(v, 1, 1 << 20, &prompt_len);
+    } else if (a == "--max-new-tokens") {
+      ok = ParseInt(v, 1, 1 << 20, &max_new);
+    } else if (a == "--max-running") {
+      ok = ParseInt(v, 1, 1 << 20, &max_running);
+    } else if (a == "--block-size") {
+      ok = ParseInt(v, 1, 4096, &block_size);
+    } else if (a == "--max-step-tokens") {
+      ok = ParseInt(v, 1, 1 << 24, &max_step_tokens);
+    } else if (a == "--kv-cache-mb") {
+      ok = ParseInt(v, 0, 1 << 24, &kv_mb);
+    } else if (a == "--seed") {
+      ok = ParseInt(v, 0, INT64_MAX, &seed);
+    } else if (a == "--threads") {
+      ok = ParseInt(v, 1, 1024, &threads);
+    } else if (a == "--median-len") {
+      ok = ParseDouble(v, 1, 1e6, &median);
+    } else if (a == "--sigma") {
+      ok = ParseDouble(v, 0, 10, &sigma);
+    } else if (a == "--temperature") {
+      ok = ParseDouble(v, 0, 100, &temperature);
+    } else {
+      std::fprintf(stderr, "gyre bench rollout: unknown argument '%s'\n\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "gyre bench rollout: bad value '%s' for %s (see --help)\n", v.c_str(),
+                   a.c_str());
+      return 2;
+    }
+  }
+  if (dir.empty()) {
+    std::fprintf(stderr, "gyre bench rollout: --model DIR is required (see --help)\n");
+    return 2;
+  }
+  at::set_num_threads(static_cast<int>(threads));
+  std::fprintf(stderr, "bench rollout: loading %s\n", dir.c_str());
+  auto model = model::LoadHfModel(dir);
+  if (!model.ok()) {
+    std::fprintf(stderr, "gyre bench rollout: %s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  const auto& spec = (*model)->spec();
+  if (prompt_len + max_new > spec.max_seq_len) {
+    std::fprintf(stderr,
+                 "gyre bench rollout: --prompt-len %lld + --max-new-tokens %lld exceeds the "
+                 "model's max_seq_len %lld\n",
+                 static_cast<long long>(prompt_len), static_cast<long long>(max_new),
+                 static_cast<long long>(spec.max_seq_len));
+    return 2;
+  }
+
+  // The workload: random prompts, lognormal response lengths (one per sample).
+  std::mt19937_64 rng(static_cast<uint64_t>(seed));
+  std::uniform_int_distribution<int32_t> token(
+      0, static_cast<int32_t>(std::min<int64_t>(spec.vocab_size, 256) - 1));
+  std::lognormal_distribution<double> length(std::log(median), sigma);
+  std::vector<rollout::Request> requests;
+  std::vector<int32_t> lengths;
+  for (int64_t g = 0; g < groups; ++g) {
+    rollout::Request r;
+    r.id = static_cast<uint64_t>(g);
+    r.group = static_cast<uint64_t>(g);
+    for (int64_t t = 0; t < prompt_len; ++t) r.prompt.push_back(token(rng));
+    r.n = static_cast<int32_t>(group_size);
+    r.seed = static_cast<uint64_t>(seed) * 1000003u + static_cast<uint64_t>(g) * 4096u;
+    r.sampling.temperature = static_cast<float>(temperature);
+    r.sampling.max_new_tokens = static_cast<int32_t>(max_new);
+    for (int64_t i = 0; i < group_size; ++i) {
+      const double l = std::round(length(rng));
+      const int32_t len = static_cast<int32_t>(std::clamp<double>(l, 1, max_new));
+      r.sample_max_new_tokens.push_back(len);
+      lengths.push_back(len);
+    }
+    requests.push_back(std::move(r));
+  }
+  std::vector<int32_t> sorted = lengths;
+  std::sort(sorted.begin(), sorted.end());
+  double mean_len = 0;
+  for (int32_t l : lengths) mean_len += l / static_cast<double>(lengths.size());
+
+  rollout::EngineConfig config;
+  config.block_size = block_size;
+  config.max_running = max_running;
+  config.max_step_tokens = max_step_tokens;
+  const int64_t full = (prompt_len + max_new + block_size - 1) / block_size;
+  if (kv_mb > 0) {
+    auto blocks = rollout::BlocksForBudget(**model, kv_mb << 20, block_size);
+    if (!blocks.ok()) {
+      std::fprintf(stderr, "gyre bench rollout: %s\n", blocks.status().ToString().c_str());
+      return 2;
+    }
+    config.num_blocks = *blocks;
+  } else {
+    config.num_blocks = max_running * full;
+  }
+  if (config.num_blocks < full) {
+    std::fprintf(stderr,
+                 "gyre bench rollout: the KV cache (%lld blocks) cannot hold one full-length "
+                 "sample (%lld blocks)\n",
+                 static_cast<long long>(config.num_blocks), static_cast<long long>(full));
+    return 2;
+  }
+
+  // Warm-up (allocator, thread pool) on a slice of the workload, not measured.
+  {
+    std::vector<rollout::Request> warm(requests.begin(),
+                                       requests.begin() + std::min<int64_t>(2, groups));
+    for (auto& r : warm) {
+      for (auto& l : r.sample_max_new_tokens) l = std::min<int32_t>(l, 4);
+    }
+    auto w = RunMode(**model, config, {"warmup", rollout::Scheduling::kContinuous, true}, warm);
+    if (!w.ok()) {
+      std::fprintf(stderr, "gyre bench rollout: %s\n", w.status().ToString().c_str());
+      return 1;
+    }
+  }
+
+  const std::vector<Mode> modes = {
+      {"static", rollout::Scheduling::kStatic, false},
+      {"static_compacting", rollout::Scheduling::kStatic, false},
+      {"continuous", rollout::Scheduling::kContinuous, false},
+      {"continuous+prefix", rollout::Scheduling::kContinuous, true},
+  };
+  BenchReport report("rollout");
+  report.SetContext("model", dir);
+  report.SetContext("device", "cpu");
+  report.SetContext("parameters", (*model)->NumParameters());
+  report.SetContext("threads", threads);
+  report.SetContext("groups", groups);
+  report.SetContext("group_size", group_size);
+  report.SetContext("prompt_len", prompt_len);
+  report.SetContext("response_len_distribution", "lognormal(median " + std::to_string(median) +
+                                                     ", sigma " + std::to_string(sigma) +
+                                                     "), capped at " + std::to_string(max_new));
+  report.SetContext("response_len_mean", mean_len);
+  report.SetContext("response_len_median", sorted[sorted.size() / 2]);
+  report.SetContext("response_len_max", sorted.back());
+  report.SetContext("max_running", max_running);
+  report.SetContext("block_size", block_size);
+  report.SetContext("kv_blocks", config.num_blocks);
+  report.SetContext("kv_cache_bytes", config.num_blocks * block_size * (*model)->KvBytesPerToken());
+  std::vector<Measured> measured;
+  for (const Mode& mode : modes) {
+    std::fprintf(stderr, "bench rollout: %s ...\n", mode.name);
+    auto m = &mode == &modes[0] ? RunFixedBatch(**model, max_running, prompt_len, requests)
+                                : RunMode(**model, config, mode, requests);
+    if (!m.ok()) {
+      std::fprintf(stderr, "gyre bench rollout: %s: %s\n", mode.name,
+                   m.status().ToString().c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "bench rollout: %s: %lld tokens in %.2f s\n", mode.name,
+                 static_cast<long long>(m->generated), m->seconds);
+    measured.push_back(std::move(*m));
+  }
+  const Measured& base = measured[0];
+  const double base_tps = static_cast<double>(base.generated) / base.seconds;
+  const double compacting_tps = static_cast<double>(measured[1].generated) / measured[1].seconds;
+  for (size_t k = 0; k < modes.size(); ++k) {
+    const Measured& m = measured[k];
+    const double tps = static_cast<double>(m.generated) / m.seconds;
+    // Same seeds, same lengths: the samples should agree token for token with the baseline.
+    int64_t same = 0;
+    for (size_t i = 0; i < m.results.size() && i < base.results.size(); ++i) {
+      same += m.results[i].response.tokens == base.results[i].response.tokens;
+    }
+    report.AddRow({{"mode", modes[k].name},
+                   {"tokens_per_s", tps},
+                   {"batch_time_s", m.seconds},
+                   {"speedup", tps / base_tps},
+                   {"speedup_vs_static_compacting", tps / compacting_tps},
+                   {"batch_time_speedup", base.seconds / m.seconds},
+                   {"kv_util_mean", m.kv_util_mean},
+                   {"kv_util_peak", m.kv_util_peak},
+                   {"tail_time_share", m.tail_share},
+                   {"generated_tokens", m.generated},
+                   {"prefill_tokens", m.stats.prefill_tokens},
+                   {"prefix_shared_tokens", m.stats.prefix_shared_tokens},
+                   {"steps", m.stats.steps},
+                   {"preemptions", m.stats.preemptions},
+                   {"cow_copies", m.stats.cow_copies},
+                   {"forward_s", m.stats.forward_seconds},
+                   {"sample_s", m.stats.sample_seconds},
+                   {"samples_same_as_static", same},
+                   {"samples", static_cast<int64_t>(m.results.size())}});
+  }
+  report.PrintTable({{"mode", "mode"},
+                     {"tokens_per_s", "tokens/s", 1},
+                     {"speedup", "speedup", 2},
+                     {"speedup_vs_static_compacting", "vs compacting", 2},
+                     {"batch_time_s", "batch s", 2},
+                     {"kv_util_mean", "kv util", 3},
+                     {"kv_util_peak", "kv peak", 3},
+                     {"tail_time_share", "tail share", 3},
+                     {"prefill_tokens", "prefill tok"},
+                     {"steps", "steps"},
+                     {"preemptions", "preempt"}});
+  if (!json_path.empty()) {
+    Status s = report.WriteJson(json_path);
+    if (!s.ok()) {
+      std::fprintf(stderr, "gyre bench rollout: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace gyre::cli

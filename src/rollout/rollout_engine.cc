@@ -1,0 +1,685 @@
+#include "rollout/rollout_engine.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "common/check.h"
+#include "ops/ops.h"
+
+namespace gyre::rollout {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+// One sequence in the engine. A "fork parent" (fork_n > 1) is the prompt of a group whose
+// samples share its prefill: when its prefill completes it becomes fork_n samples.
+struct RolloutEngine::Seq {
+  std::shared_ptr<const Request> req;
+  int32_t index = 0;  // sample index within the request (a fork parent: its first sample's)
+  uint64_t seed = 0;
+  std::vector<int32_t> tokens;  // prompt + response: the context
+  int64_t prompt_len = 0;
+  Response response;
+  int64_t max_new = 0;
+  int64_t fork_n = 1;
+  std::vector<int32_t> fork_max_new;  // fork parent: each sample's response limit
+  int64_t computed = 0;               // leading context positions whose K/V are in the cache
+  std::vector<int32_t> blocks;        // block table: position p is in blocks[p / block_size]
+  uint64_t order = 0;                 // admission order (preemption takes the newest)
+  int64_t kv_version = 0;             // version of the oldest K/V in the cache
+  Finish finish = Finish::kLength;
+
+  int64_t len() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t pending() const { return len() - computed; }
+};
+
+StatusOr<int64_t> BlocksForBudget(const model::Transformer& model, int64_t bytes,
+                                  int64_t block_size) {
+  if (block_size < 1) return InvalidArgument("KV block size must be >= 1");
+  const int64_t per_block = model.KvBytesPerToken() * block_size;
+  const int64_t blocks = bytes / per_block;
+  if (blocks < 1) {
+    return InvalidArgument("a KV cache budget of " + std::to_string(bytes) +
+                           " bytes does not hold one block of " + std::to_string(block_size) +
+                           " positions (" + std::to_string(per_block) + " bytes for this model)");
+  }
+  return blocks;
+}
+
+RolloutEngine::RolloutEngine(const model::Transformer* model, const EngineConfig& config)
+    : model_(model),
+      config_(config),
+      cache_(model->NewPagedCache(config.num_blocks, config.block_size)),
+      allocator_(config.num_blocks) {}
+
+RolloutEngine::~RolloutEngine() = default;
+
+StatusOr<std::unique_ptr<RolloutEngine>> RolloutEngine::Create(const model::Transformer* model,
+                                                               const EngineConfig& config) {
+  if (model == nullptr) return InvalidArgument("engine needs a model");
+  if (config.block_size < 1 || config.block_size > 4096) {
+    return InvalidArgument("block_size must be in [1, 4096], got " +
+                           std::to_string(config.block_size));
+  }
+  if (config.num_blocks < 1) {
+    return InvalidArgument("num_blocks must be >= 1, got " + std::to_string(config.num_blocks));
+  }
+  if (config.max_running < 1) {
+    return InvalidArgument("max_running must be >= 1, got " + std::to_string(config.max_running));
+  }
+  if (config.max_step_tokens < 1) {
+    return InvalidArgument("max_step_tokens must be >= 1, got " +
+                           std::to_string(config.max_step_tokens));
+  }
+  return std::unique_ptr<RolloutEngine>(new RolloutEngine(model, config));
+}
+
+Status RolloutEngine::Validate(const Request& r, size_t i) const {
+  const auto& spec = model_->spec();
+  const std::string where = "request " + std::to_string(i) + ": ";
+  if (r.prompt.empty()) return InvalidArgument(where + "empty prompt");
+  auto check_ids = [&](const std::vector<int32_t>& ids, const char* what) -> Status {
+    for (int32_t id : ids) {
+      if (id < 0 || id >= spec.vocab_size) {
+        return InvalidArgument(where + what + " token id " + std::to_string(id) +
+                               " outside the vocabulary of " + std::to_string(spec.vocab_size));
+      }
+    }
+    return Status::Ok();
+  };
+  GYRE_RETURN_IF_ERROR(check_ids(r.prompt, "prompt"));
+  if (r.n < 1 || r.n > 65536) {
+    return InvalidArgument(where + "n must be in [1, 65536], got " + std::to_string(r.n));
+  }
+  const auto& sp = r.sampling;
+  if (sp.max_new_tokens < 1) return InvalidArgument(where + "max_new_tokens must be >= 1");
+  if (!(sp.temperature >= 0) || !std::isfinite(sp.temperature)) {
+    return InvalidArgument(where + "temperature must be a finite number >= 0");
+  }
+  if (!(sp.top_p > 0 && sp.top_p <= 1)) return InvalidArgument(where + "top_p must be in (0, 1]");
+  if (!(sp.min_p >= 0 && sp.min_p <= 1)) return InvalidArgument(where + "min_p must be in [0, 1]");
+  if (sp.top_k < 0) return InvalidArgument(where + "top_k must be >= 0");
+  const int64_t prompt = static_cast<int64_t>(r.prompt.size());
+  if (prompt + sp.max_new_tokens > spec.max_seq_len) {
+    return InvalidArgument(where + "prompt of " + std::to_string(prompt) +
+                           " tokens + max_new_tokens " + std::to_string(sp.max_new_tokens) +
+                           " exceeds max_seq_len " + std::to_string(spec.max_seq_len));
+  }
+  const int64_t blocks = CeilDiv(prompt + sp.max_new_tokens, config_.block_size);
+  if (blocks > config_.num_blocks) {
+    return InvalidArgument(where + "a sample of up to " +
+                           std::to_string(prompt + sp.max_new_tokens) + " tokens needs " +
+                           std::to_string(blocks) + " KV blocks; the cache holds " +
+                           std::to_string(config_.num_blocks) + " (raise the KV cache budget)");
+  }
+  if (!r.sample_max_new_tokens.empty()) {
+    if (static_cast<int64_t>(r.sample_max_new_tokens.size()) != r.n) {
+      return InvalidArgument(where + "sample_max_new_tokens has " +
+                             std::to_string(r.sample_max_new_tokens.size()) +
+                             " entries for n = " + std::to_string(r.n));
+    }
+    for (int32_t m : r.sample_max_new_tokens) {
+      if (m < 1 || m > sp.max_new_tokens) {
+        return InvalidArgument(where + "sample_max_new_tokens entries must be in [1, " +
+                               std::to_string(sp.max_new_tokens) + "], got " + std::to_string(m));
+      }
+    }
+  }
+  const Response& res = r.resume;
+  if (!res.tokens.empty() || !res.logprobs.empty() || !res.kept_mass.empty() ||
+      !res.versions.empty()) {
+    if (r.n != 1) return InvalidArgument(where + "a resumed response needs n == 1");
+    const size_t t = res.tokens.size();
+    if (res.logprobs.size() != t || res.kept_mass.size() != t || res.versions.size() != t) {
+      return InvalidArgument(where + "resumed response has " + std::to_string(t) + " tokens but " +
+                             std::to_string(res.logprobs.size()) + " log-probs, " +
+                             std::to_string(res.kept_mass.size()) + " kept masses and " +
+                             std::to_string(res.versions.size()) + " versions");
+    }
+    GYRE_RETURN_IF_ERROR(check_ids(res.tokens, "resumed"));
+    const int64_t limit =
+        r.sample_max_new_tokens.empty() ? sp.max_new_tokens : r.sample_max_new_tokens[0];
+    if (static_cast<int64_t>(t) >= limit) {
+      return InvalidArgument(where + "resumed response already has " + std::to_string(t) +
+                             " tokens, the limit is " + std::to_string(limit));
+    }
+  }
+  if (!sp.stop_strings.empty()) {
+    if (!decoder_) {
+      return InvalidArgument(where + "stop strings need a tokenizer decoder, and none is set");
+    }
+    for (const auto& s : sp.stop_strings) {
+      if (s.empty()) return InvalidArgument(where + "empty stop string");
+    }
+  }
+  return Status::Ok();
+}
+
+Status RolloutEngine::Add(const std::vector<Request>& requests) {
+  for (size_t i = 0; i < requests.size(); ++i) GYRE_RETURN_IF_ERROR(Validate(requests[i], i));
+  for (const Request& r : requests) {
+    auto req = std::make_shared<Request>(r);
+    req->resume = Response{};  // sequences carry their own copy of the response
+    const int64_t prompt = static_cast<int64_t>(r.prompt.size());
+    auto limit = [&](int32_t i) {
+      return r.sample_max_new_tokens.empty() ? r.sampling.max_new_tokens
+                                             : r.sample_max_new_tokens[i];
+    };
+    group_pending_[r.group] += r.n;
+    // Share the prompt when the whole group can be admitted at once (slots and blocks).
+    const bool share = config_.prefix_sharing && r.n > 1 && r.n <= config_.max_running &&
+                       CeilDiv(prompt, config_.block_size) + r.n <= config_.num_blocks;
+    const int32_t count = share ? 1 : r.n;
+    for (int32_t i = 0; i < count; ++i) {
+      auto s = std::make_unique<Seq>();
+      s->req = req;
+      s->index = i;
+      s->seed = r.seed + static_cast<uint64_t>(i);
+      s->tokens = r.prompt;
+      s->prompt_len = prompt;
+      s->max_new = limit(i);
+      if (share) {
+        s->fork_n = r.n;
+        for (int32_t k = 0; k < r.n; ++k) s->fork_max_new.push_back(limit(k));
+      } else if (!r.resume.tokens.empty()) {
+        s->response = r.resume;
+        s->tokens.insert(s->tokens.end(), r.resume.tokens.begin(), r.resume.tokens.end());
+      }
+      waiting_.push_back(std::move(s));
+    }
+  }
+  return Status::Ok();
+}
+
+int64_t RolloutEngine::running_slots() const {
+  int64_t n = 0;
+  for (const auto& s : running_) n += s->fork_n;
+  return n;
+}
+
+void RolloutEngine::ResetStats() {
+  stats_ = EngineStats{};
+  allocator_.ResetPeak();
+}
+
+void RolloutEngine::ReleaseBlocks(Seq* s) {
+  for (int32_t b : s->blocks) allocator_.Release(b);
+  s->blocks.clear();
+  s->computed = 0;
+}
+
+bool RolloutEngine::EvictParked() {
+  if (parked_.empty()) return false;
+  for (int32_t b : parked_.front().blocks) allocator_.Release(b);
+  parked_.pop_front();
+  return true;
+}
+
+void RolloutEngine::ClearParked() {
+  while (EvictParked()) {
+  }
+}
+
+void RolloutEngine::CopyBlock(int32_t from, int32_t to) {
+  for (size_t l = 0; l < cache_.k.size(); ++l) {
+    cache_.k[l][to].copy_(cache_.k[l][from]);
+    cache_.v[l][to].copy_(cache_.v[l][from]);
+  }
+}
+
+int64_t RolloutEngine::BlocksNeeded(const Seq& s, int64_t first, int64_t count) const {
+  int64_t need = 0;
+  const int64_t bs = config_.block_size;
+  for (int64_t b = first / bs; b <= (first + count - 1) / bs; ++b) {
+    if (b >= static_cast<int64_t>(s.blocks.size()) || allocator_.RefCount(s.blocks[b]) > 1) ++need;
+  }
+  return need;
+}
+
+// Makes positions [first, first + count) of `s` writable: appends missing blocks and copies a
+// block still shared with other samples (copy-on-write). False when the pool is exhausted.
+bool RolloutEngine::EnsureWritable(Seq* s, int64_t first, int64_t count) {
+  const int64_t bs = config_.block_size;
+  while (allocator_.free_blocks() < BlocksNeeded(*s, first, count)) {
+    if (!EvictParked()) return false;
+  }
+  for (int64_t b = first / bs; b <= (first + count - 1) / bs; ++b) {
+    if (b >= static_cast<int64_t>(s->blocks.size())) {
+      s->blocks.push_back(*allocator_.Allocate());
+    } else if (allocator_.RefCount(s->blocks[b]) > 1) {
+      const int32_t fresh = *allocator_.Allocate();
+      CopyBlock(s->blocks[b], fresh);
+      allocator_.Release(s->blocks[b]);
+      s->blocks[b] = fresh;
+      ++stats_.cow_copies;
+    }
+  }
+  return true;
+}
+
+// Moves the newest running sequence back to the front of the queue, freeing its blocks. Returns
+// false (and does nothing) when that sequence is `keep`.
+bool RolloutEngine::PreemptOne(const Seq* keep) {
+  if (running_.empty() || running_.back().get() == keep) return false;
+  std::unique_ptr<Seq> victim = std::move(running_.back());
+  running_.pop_back();
+  ReleaseBlocks(victim.get());
+  waiting_.push_front(std::move(victim));
+  ++stats_.preemptions;
+  return true;
+}
+
+bool RolloutEngine::AdoptParked(Seq* s) {
+  for (auto it = parked_.begin(); it != parked_.end(); ++it) {
+    if (it->seed != s->seed || it->computed > s->len() ||
+        !std::equal(it->tokens.begin(), it->tokens.begin() + it->computed, s->tokens.begin())) {
+      continue;
+    }
+    s->blocks = std::move(it->blocks);
+    // At least the last context token is recomputed, to produce the next logits.
+    s->computed = std::min(it->computed, s->len() - 1);
+    s->kv_version = it->kv_version;
+    stats_.parked_reused_tokens += s->computed;
+    parked_.erase(it);
+    // Blocks past the part still needed go back to the pool.
+    const int64_t keep = CeilDiv(s->len(), config_.block_size);
+    while (static_cast<int64_t>(s->blocks.size()) > keep) {
+      allocator_.Release(s->blocks.back());
+      s->blocks.pop_back();
+    }
+    return true;
+  }
+  return false;
+}
+
+// Admits `s` if its whole context fits in the pool now, with one spare block per sample when
+// other sequences are running (so the step after admission rarely has to preempt).
+bool RolloutEngine::TryAdmit(Seq* s) {
+  if (s->computed == 0 && s->blocks.empty() && !parked_.empty()) AdoptParked(s);
+  const int64_t need =
+      CeilDiv(s->len(), config_.block_size) - static_cast<int64_t>(s->blocks.size());
+  const int64_t reserve = running_.empty() ? 0 : s->fork_n;
+  while (allocator_.free_blocks() < need + reserve) {
+    if (!EvictParked()) {
+      // Not admitted: give adopted blocks back so a waiting sequence never holds cache.
+      if (!s->blocks.empty()) {
+        stats_.parked_reused_tokens -= s->computed;
+        ReleaseBlocks(s);
+      }
+      return false;
+    }
+  }
+  for (int64_t i = 0; i < need; ++i) s->blocks.push_back(*allocator_.Allocate());
+  if (s->computed == 0) s->kv_version = version_;
+  s->order = next_order_++;
+  return true;
+}
+
+bool RolloutEngine::CheckStop(Seq* s) {
+  const int32_t tok = s->response.tokens.back();
+  const auto& sp = s->req->sampling;
+  if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok) !=
+      sp.stop_token_ids.end()) {
+    s->finish = Finish::kStop;
+    return true;
+  }
+  if (!sp.stop_strings.empty()) {
+    // A stop string first appears when its last token arrives; decoding a window of the last
+    // (longest stop string + 8) tokens covers it (every non-special token is >= 1 byte).
+    size_t longest = 0;
+    for (const auto& str : sp.stop_strings) longest = std::max(longest, str.size());
+    const size_t n = s->response.tokens.size();
+    const size_t w = std::min(n, longest + 8);
+    const std::string text =
+        decoder_(std::vector<int32_t>(s->response.tokens.end() - w, s->response.tokens.end()));
+    for (const auto& str : sp.stop_strings) {
+      if (text.find(str) != std::string::npos) {
+        s->finish = Finish::kStop;
+        return true;
+      }
+    }
+  }
+  if (static_cast<int64_t>(s->response.tokens.size()) >= s->max_new ||
+      s->len() >= model_->spec().max_seq_len) {
+    s->finish = Finish::kLength;
+    return true;
+  }
+  return false;
+}
+
+SampleResult RolloutEngine::MakeResult(Seq* s, bool finished) {
+  SampleResult r;
+  r.id = s->req->id;
+  r.group = s->req->group;
+  r.index = s->index;
+  r.seed = s->seed;
+  r.response = std::move(s->response);
+  r.finished = finished;
+  r.finish = finished ? s->finish : Finish::kAbort;
+  r.kv_version = s->computed > 0 ? s->kv_version : version_;
+  return r;
+}
+
+void RolloutEngine::CountGroupDone(const Seq& s) {
+  auto it = group_pending_.find(s.req->group);
+  GYRE_CHECK(it != group_pending_.end() && it->second > 0) << "group count out of step";
+  if (--it->second == 0) {
+    group_pending_.erase(it);
+    ++groups_finished_;
+  }
+}
+
+StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
+  std::vector<SampleResult> done;
+  if (idle()) return done;
+  c10::InferenceMode guard;
+  struct Work {
+    Seq* seq;
+    int64_t first;
+    int64_t count;
+  };
+  std::vector<Work> work;
+  int64_t budget = config_.max_step_tokens;
+
+  // 1. Decodes: every running sequence with one pending token, oldest first. A sequence that
+  // cannot get a block preempts the newest one (possibly itself).
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Seq* s = running_[i].get();
+    if (s->pending() != 1) continue;
+    bool ok = true;
+    while (!EnsureWritable(s, s->computed, 1)) {
+      if (!PreemptOne(s)) {
+        ok = false;
+        break;
+      }
+    }
+    if (!ok) {  // s is the newest: it waits (its blocks free) rather than anyone else
+      PreemptOne(nullptr);
+      break;
+    }
+    work.push_back({s, s->computed, 1});
+    --budget;
+  }
+  // 2. Prefill chunks of admitted sequences, oldest first, within the step's token budget.
+  for (auto& sp : running_) {
+    if (budget <= 0) break;
+    Seq* s = sp.get();
+    if (s->pending() <= 1) continue;
+    const int64_t take = std::min(s->pending(), budget);
+    // Blocks of a resumed context may still be shared with its group's other samples.
+    if (!EnsureWritable(s, s->computed, take)) continue;
+    work.push_back({s, s->computed, take});
+    budget -= take;
+  }
+  // 3. Admissions, in FIFO order: continuous batching admits whenever there is room; static
+  // batching only into an empty batch.
+  const bool may_admit = config_.scheduling == Scheduling::kContinuous || running_.empty();
+  if (may_admit) {
+    int64_t slots = running_slots();
+    const bool static_fill = config_.scheduling == Scheduling::kStatic;
+    while (!waiting_.empty() && (budget > 0 || static_fill)) {
+      Seq* s = waiting_.front().get();
+      if (slots + s->fork_n > config_.max_running) break;
+      if (!TryAdmit(s)) break;
+      slots += s->fork_n;
+      running_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+      if (budget > 0) {
+        const int64_t take = std::min(s->pending(), budget);
+        if (!EnsureWritable(s, s->computed, take)) break;
+        work.push_back({s, s->computed, take});
+        budget -= take;
+      }
+    }
+  }
+  if (work.empty()) {
+    return Internal("rollout engine made no progress: " + std::to_string(waiting_.size()) +
+                    " waiting, " + std::to_string(running_.size()) + " running, " +
+                    std::to_string(allocator_.free_blocks()) + " free blocks");
+  }
+
+  // 4. The flattened batch.
+  const int64_t bs = config_.block_size;
+  std::vector<int64_t> toks, pos, slots, qlens, clens, logit_rows;
+  std::vector<Seq*> sampled;  // sequences whose last context token is in this step
+  int64_t max_blocks = 1;
+  for (const Work& w : work) {
+    max_blocks = std::max(max_blocks, static_cast<int64_t>(w.seq->blocks.size()));
+  }
+  std::vector<int64_t> tables(work.size() * static_cast<size_t>(max_blocks), 0);
+  for (size_t i = 0; i < work.size(); ++i) {
+    const Work& w = work[i];
+    Seq* s = w.seq;
+    std::copy(s->blocks.begin(), s->blocks.end(), tables.begin() + i * max_blocks);
+    for (int64_t p = w.first; p < w.first + w.count; ++p) {
+      toks.push_back(s->tokens[p]);
+      pos.push_back(p);
+      slots.push_back(int64_t{s->blocks[p / bs]} * bs + p % bs);
+    }
+    qlens.push_back(w.count);
+    clens.push_back(w.first + w.count);
+    if (w.first + w.count == s->len()) {
+      logit_rows.push_back(static_cast<int64_t>(toks.size()) - 1);
+      sampled.push_back(s);
+    }
+    if (w.count == 1 && s->pending() == 1) {
+      stats_.decode_tokens += 1;
+    } else {
+      stats_.prefill_tokens += w.count;
+    }
+  }
+  const auto device = cache_.k[0].device();
+  auto lopts = at::TensorOptions().dtype(at::kLong);
+  model::PagedBatch batch;
+  batch.tokens = at::tensor(toks, lopts).to(device);
+  batch.positions = at::tensor(pos, lopts).to(device);
+  batch.slots = at::tensor(slots, lopts).to(device);
+  batch.query_lens = qlens;
+  batch.context_lens = clens;
+  batch.block_tables =
+      at::tensor(tables, lopts).view({static_cast<int64_t>(work.size()), max_blocks}).to(device);
+  batch.logit_rows = logit_rows;
+  const auto t_fwd = Clock::now();
+  at::Tensor logits = model_->ForwardPaged(batch, &cache_);
+  stats_.forward_seconds += Since(t_fwd);
+  for (const Work& w : work) w.seq->computed = w.first + w.count;
+
+  // 5. Sampling: one row per sample (a fork parent's row serves each of its samples).
+  std::vector<kernels::SamplingRowParams> params;
+  std::vector<int64_t> row_of;
+  bool repeated = false;
+  for (size_t r = 0; r < sampled.size(); ++r) {
+    Seq* s = sampled[r];
+    const auto& sp = s->req->sampling;
+    for (int64_t k = 0; k < s->fork_n; ++k) {
+      params.push_back({sp.temperature, sp.top_k, sp.top_p, sp.min_p,
+                        s->seed + static_cast<uint64_t>(k),
+                        static_cast<uint64_t>(s->response.tokens.size())});
+      row_of.push_back(static_cast<int64_t>(r));
+    }
+    repeated = repeated || s->fork_n > 1;
+  }
+  const auto t_sample = Clock::now();
+  at::Tensor rows =
+      repeated ? logits.index_select(0, at::tensor(row_of, lopts).to(device)) : logits;
+  auto drawn = ops::SampleRows(rows, params);
+  stats_.sample_seconds += Since(t_sample);
+  if (!drawn.ok()) return drawn.status();
+
+  // 6. Append tokens, fork groups, retire finished samples.
+  std::vector<Seq*> finished_seqs;
+  std::vector<std::unique_ptr<Seq>> children;
+  size_t row = 0;
+  for (Seq* s : sampled) {
+    if (s->fork_n == 1) {
+      s->tokens.push_back(drawn->tokens[row]);
+      s->response.tokens.push_back(drawn->tokens[row]);
+      s->response.logprobs.push_back(drawn->logprobs[row]);
+      s->response.kept_mass.push_back(drawn->kept_mass[row]);
+      s->response.versions.push_back(version_);
+      ++row;
+      ++stats_.generated_tokens;
+      if (CheckStop(s)) finished_seqs.push_back(s);
+      continue;
+    }
+    // Fork: sample k takes the parent's block table (one more reference per block).
+    for (int64_t k = 0; k < s->fork_n; ++k, ++row) {
+      auto c = std::make_unique<Seq>();
+      c->req = s->req;
+      c->index = s->index + static_cast<int32_t>(k);
+      c->seed = s->seed + static_cast<uint64_t>(k);
+      c->tokens = s->tokens;
+      c->tokens.push_back(drawn->tokens[row]);
+      c->prompt_len = s->prompt_len;
+      c->response.tokens = {drawn->tokens[row]};
+      c->response.logprobs = {drawn->logprobs[row]};
+      c->response.kept_mass = {drawn->kept_mass[row]};
+      c->response.versions = {version_};
+      c->max_new = s->fork_max_new[k];
+      c->computed = s->computed;
+      c->blocks = s->blocks;
+      if (k > 0) {
+        for (int32_t b : c->blocks) allocator_.Retain(b);
+      }
+      c->order = s->order;
+      c->kv_version = s->kv_version;
+      ++stats_.generated_tokens;
+      if (CheckStop(c.get())) finished_seqs.push_back(c.get());
+      children.push_back(std::move(c));
+    }
+    stats_.prefix_shared_tokens += (s->fork_n - 1) * s->prompt_len;
+    s->blocks.clear();  // the samples own the references now
+    s->fork_n = 0;      // marks the parent for removal below
+  }
+  // Replace each fork parent by its samples, in place (they inherit its admission order).
+  if (!children.empty()) {
+    std::vector<std::unique_ptr<Seq>> next;
+    size_t c = 0;
+    for (auto& s : running_) {
+      if (s->fork_n != 0) {
+        next.push_back(std::move(s));
+        continue;
+      }
+      const size_t n = s->fork_max_new.size();
+      for (size_t k = 0; k < n; ++k) next.push_back(std::move(children[c++]));
+    }
+    running_ = std::move(next);
+  }
+  if (!finished_seqs.empty()) {
+    std::vector<std::unique_ptr<Seq>> next;
+    for (auto& s : running_) {
+      if (std::find(finished_seqs.begin(), finished_seqs.end(), s.get()) == finished_seqs.end()) {
+        next.push_back(std::move(s));
+        continue;
+      }
+      CountGroupDone(*s);
+      done.push_back(MakeResult(s.get(), true));
+      ReleaseBlocks(s.get());
+      ++stats_.finished_samples;
+    }
+    running_ = std::move(next);
+  }
+  ++stats_.steps;
+  stats_.block_steps += static_cast<double>(allocator_.used_blocks());
+  return done;
+}
+
+StatusOr<std::vector<SampleResult>> RolloutEngine::Run(int64_t target_groups) {
+  std::vector<SampleResult> out;
+  const int64_t start = groups_finished_;
+  while (!idle() && (target_groups <= 0 || groups_finished_ - start < target_groups)) {
+    auto part = Step();
+    if (!part.ok()) {
+      DropAll();
+      return part.status();
+    }
+    for (auto& r : *part) out.push_back(std::move(r));
+  }
+  if (idle()) return out;
+  // Target reached: everything left goes back to the caller, unfinished.
+  auto retire = [&](std::unique_ptr<Seq>& s) {
+    const int64_t samples = std::max<int64_t>(1, s->fork_n);
+    for (int64_t k = 0; k < samples; ++k) {
+      auto it = group_pending_.find(s->req->group);
+      if (it != group_pending_.end() && --it->second == 0) group_pending_.erase(it);
+    }
+    if (s->fork_n > 1) {  // a group still prefilling: its samples have no tokens yet
+      ReleaseBlocks(s.get());
+      for (int64_t k = 0; k < s->fork_n; ++k) {
+        Seq sample;
+        sample.req = s->req;
+        sample.index = s->index + static_cast<int32_t>(k);
+        sample.seed = s->seed + static_cast<uint64_t>(k);
+        out.push_back(MakeResult(&sample, false));
+      }
+      return;
+    }
+    if (s->computed > 0) {
+      Parked p;
+      p.seed = s->seed;
+      p.tokens = s->tokens;
+      p.computed = s->computed;
+      p.kv_version = s->kv_version;
+      p.blocks = std::move(s->blocks);
+      s->blocks.clear();
+      parked_.push_back(std::move(p));
+    }
+    out.push_back(MakeResult(s.get(), false));
+  };
+  for (auto& s : running_) retire(s);
+  for (auto& s : waiting_) retire(s);
+  running_.clear();
+  waiting_.clear();
+  return out;
+}
+
+void RolloutEngine::DropAll() {
+  for (auto& s : running_) ReleaseBlocks(s.get());
+  running_.clear();
+  waiting_.clear();
+  group_pending_.clear();
+}
+
+StatusOr<std::vector<SampleResult>> RolloutEngine::Generate(const std::vector<Request>& requests) {
+  if (!idle()) return FailedPrecondition("Generate needs an idle engine; use Add and Run");
+  std::vector<Request> tagged = requests;
+  for (size_t i = 0; i < tagged.size(); ++i) tagged[i].id = i;
+  GYRE_RETURN_IF_ERROR(Add(tagged));
+  GYRE_ASSIGN_OR_RETURN(auto results, Run(0));
+  std::sort(results.begin(), results.end(), [](const SampleResult& a, const SampleResult& b) {
+    return a.id != b.id ? a.id < b.id : a.index < b.index;
+  });
+  for (auto& r : results) r.id = requests[r.id].id;
+  return results;
+}
+
+Status RolloutEngine::UpdateWeights(int64_t version, const std::function<Status()>& swap) {
+  if (swap) GYRE_RETURN_IF_ERROR(swap());
+  version_ = version;
+  if (config_.weight_update_kv == WeightUpdateKv::kKeep) return Status::Ok();
+  ClearParked();
+  // Every running sequence goes back to the front of the queue (oldest first) and is
+  // recomputed with the new weights when readmitted.
+  while (!running_.empty()) {
+    std::unique_ptr<Seq> s = std::move(running_.back());
+    running_.pop_back();
+    ReleaseBlocks(s.get());
+    waiting_.push_front(std::move(s));
+  }
+  return Status::Ok();
+}
+
+}  // namespace gyre::rollout

@@ -1,0 +1,216 @@
+#pragma once
+// RolloutEngine: continuous-batching generation over a paged KV cache (docs/rollout.md).
+//
+// Requests wait in a FIFO queue and join the running batch whenever sequence slots and KV
+// blocks allow; a sequence leaves the batch the step it finishes, and its blocks go back to the
+// pool. Each step is one model forward over a flattened batch: one token for every decoding
+// sequence (decodes are always scheduled first, so prefills never starve them) plus prefill
+// chunks up to a per-step token budget. The KV cache is a fixed pool of blocks sized by a memory
+// budget; blocks are reserved before a step runs, and when the pool is exhausted the most
+// recently admitted sequence is preempted (its blocks are freed and it is recomputed later), so
+// a step never runs out of cache memory.
+//
+// The n samples of one prompt are prefilled once: the prompt's blocks are shared by reference
+// count and the last, partially filled block is copied on the first write after the samples
+// diverge (copy-on-write). Sampling goes through ops::SampleRows with the stream of (sample seed,
+// response position), so a token does not depend on batch mates, preemption or prefix sharing.
+//
+// Run() can stop once a target number of groups has finished and hand back the others as
+// partial responses (tokens, log-probs, per-token policy versions); their KV blocks stay parked
+// in the pool (evicted first when space is needed), so a later resume request for the same
+// sample continues without recomputing its context. UpdateWeights() swaps weights between steps
+// and either keeps the KV of unfinished sequences (computed by the old version) or recomputes it.
+//
+// Static batching (the benchmark baseline) is the same engine with admission only when the batch
+// is empty. Not thread-safe: one thread drives an engine and the model it uses.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gyre/status.h"
+#include "model/transformer.h"
+#include "rollout/block_allocator.h"
+#include "rollout/engine.h"
+
+namespace gyre::rollout {
+
+enum class Scheduling { kContinuous, kStatic };
+enum class WeightUpdateKv { kKeep, kRecompute };
+
+struct EngineConfig {
+  int64_t block_size = 16;        // token positions per KV block
+  int64_t num_blocks = 256;       // KV blocks in the pool (see BlocksForBudget)
+  int64_t max_running = 64;       // sequences in the running batch at once
+  int64_t max_step_tokens = 512;  // tokens one forward may process (decodes + prefill chunks)
+  bool prefix_sharing = true;     // a group's n samples share one prefill of the prompt
+  Scheduling scheduling = Scheduling::kContinuous;
+  WeightUpdateKv weight_update_kv = WeightUpdateKv::kRecompute;
+};
+
+// Blocks a budget of `bytes` holds for `model`, or an error naming the figures when it cannot
+// hold one block.
+StatusOr<int64_t> BlocksForBudget(const model::Transformer& model, int64_t bytes,
+                                  int64_t block_size);
+
+struct SamplingOptions {
+  float temperature = 1.0f;  // 0 = greedy
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  int32_t max_new_tokens = 16;  // response length limit (resumed tokens included)
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop_strings;  // need a decoder (RolloutEngine::SetDecoder)
+};
+
+// A response so far: one entry per generated token.
+struct Response {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;    // log softmax(logits / T) over the full vocabulary
+  std::vector<float> kept_mass;   // probability mass the truncation kept
+  std::vector<int64_t> versions;  // policy version that produced each token
+};
+
+struct Request {
+  uint64_t id = 0;     // the caller's key, echoed in results
+  uint64_t group = 0;  // groups are what Run() counts toward its target
+  std::vector<int32_t> prompt;
+  int32_t n = 1;  // samples of this prompt; sample i draws with seed + i
+  uint64_t seed = 0;
+  SamplingOptions sampling;
+  // Optional per-sample response limits (size n, each in [1, sampling.max_new_tokens]).
+  std::vector<int32_t> sample_max_new_tokens;
+  // n == 1 only: continue this partial response (its tokens are not generated again).
+  Response resume;
+};
+
+struct SampleResult {
+  uint64_t id = 0;
+  uint64_t group = 0;
+  int32_t index = 0;  // sample index within its request
+  uint64_t seed = 0;
+  Response response;
+  bool finished = false;  // false: stopped early by Run()'s target; resume it later
+  Finish finish = Finish::kLength;
+  // Oldest policy version whose keys/values the sample's context still used when it left the
+  // engine: older than the newest token's version only when KV was kept across a weight update.
+  int64_t kv_version = 0;
+};
+
+// Counters since construction (or ResetStats). Token counts are positions whose keys/values
+// were computed, split by kind.
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t prefill_tokens = 0;        // prompt / context positions computed in prefill chunks
+  int64_t decode_tokens = 0;         // positions computed one per sequence per step
+  int64_t generated_tokens = 0;      // tokens sampled
+  int64_t prefix_shared_tokens = 0;  // prompt positions not prefilled thanks to group sharing
+  int64_t parked_reused_tokens = 0;  // context positions a resume took from parked KV
+  int64_t cow_copies = 0;            // shared blocks copied at divergence
+  int64_t preemptions = 0;
+  int64_t finished_samples = 0;
+  double block_steps = 0;  // sum over steps of blocks in use (mean utilisation = / steps)
+  double forward_seconds = 0;
+  double sample_seconds = 0;
+};
+
+class RolloutEngine {
+ public:
+  // Validates `config` and allocates the KV pool on the model's device. `model` must outlive
+  // the engine.
+  static StatusOr<std::unique_ptr<RolloutEngine>> Create(const model::Transformer* model,
+                                                         const EngineConfig& config);
+  ~RolloutEngine();
+  RolloutEngine(const RolloutEngine&) = delete;
+  RolloutEngine& operator=(const RolloutEngine&) = delete;
+
+  // Decodes response tokens to text, for stop strings. Without one, requests with stop strings
+  // are rejected.
+  using Decoder = std::function<std::string(const std::vector<int32_t>&)>;
+  void SetDecoder(Decoder decoder) { decoder_ = std::move(decoder); }
+
+  // Queues requests. All are validated first; on any error nothing is queued.
+  Status Add(const std::vector<Request>& requests);
+
+  // One scheduling step and model forward. Returns the samples that finished in it.
+  StatusOr<std::vector<SampleResult>> Step();
+
+  // Steps until nothing is left or, with target_groups > 0, until that many groups (by
+  // Request::group, counted when their last queued sample finishes) have finished in this call.
+  // Then every sample still in the engine is returned unfinished (finished = false) and removed;
+  // its computed KV is parked for a resume. Results come in completion order. If a step fails,
+  // every queued and running sample is dropped (the engine is idle again) and the error returned.
+  StatusOr<std::vector<SampleResult>> Run(int64_t target_groups = 0);
+
+  // Add + Run on an idle engine, results ordered by request then sample index.
+  StatusOr<std::vector<SampleResult>> Generate(const std::vector<Request>& requests);
+
+  // Pauses between steps, calls `swap` (which replaces the model's weights in place) and labels
+  // later tokens with `version`. With WeightUpdateKv::kRecompute the KV of every unfinished
+  // sequence (running, waiting with computed context, or parked) is dropped and recomputed
+  // with the new weights before it continues; with kKeep it is kept. If `swap` fails its error
+  // is returned and the engine is unchanged.
+  Status UpdateWeights(int64_t version, const std::function<Status()>& swap);
+
+  void set_version(int64_t version) { version_ = version; }
+  int64_t version() const { return version_; }
+  const EngineConfig& config() const { return config_; }
+  const EngineStats& stats() const { return stats_; }
+  void ResetStats();
+  const BlockAllocator& allocator() const { return allocator_; }
+
+  bool idle() const { return waiting_.empty() && running_.empty(); }
+  // Sequence slots in use (a group still prefilling holds n).
+  int64_t running_slots() const;
+  int64_t waiting_requests() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t parked_sequences() const { return static_cast<int64_t>(parked_.size()); }
+  // Drops all parked KV.
+  void ClearParked();
+  // Drops every queued and running sample and frees its blocks (parked KV stays).
+  void DropAll();
+
+ private:
+  struct Seq;
+  // The cached context of a sample that left the engine unfinished, kept for its resume.
+  struct Parked {
+    uint64_t seed = 0;
+    std::vector<int32_t> tokens;
+    int64_t computed = 0;
+    int64_t kv_version = 0;
+    std::vector<int32_t> blocks;
+  };
+  RolloutEngine(const model::Transformer* model, const EngineConfig& config);
+
+  Status Validate(const Request& r, size_t index) const;
+  bool TryAdmit(Seq* s);
+  bool AdoptParked(Seq* s);
+  bool EnsureWritable(Seq* s, int64_t first, int64_t count);
+  int64_t BlocksNeeded(const Seq& s, int64_t first, int64_t count) const;
+  bool PreemptOne(const Seq* keep);
+  void ReleaseBlocks(Seq* s);
+  void CopyBlock(int32_t from, int32_t to);
+  bool EvictParked();
+  bool CheckStop(Seq* s);
+  SampleResult MakeResult(Seq* s, bool finished);
+  void CountGroupDone(const Seq& s);
+
+  const model::Transformer* model_;
+  EngineConfig config_;
+  model::PagedKvCache cache_;
+  BlockAllocator allocator_;
+  Decoder decoder_;
+  int64_t version_ = 0;
+  uint64_t next_order_ = 0;
+  std::deque<std::unique_ptr<Seq>> waiting_;
+  std::vector<std::unique_ptr<Seq>> running_;  // admission order
+  std::deque<Parked> parked_;                  // oldest first
+  std::map<uint64_t, int64_t> group_pending_;  // group -> samples not yet finished
+  int64_t groups_finished_ = 0;
+  EngineStats stats_;
+};
+
+}  // namespace gyre::rollout
