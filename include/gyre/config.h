@@ -20,6 +20,7 @@ struct JobSection {
 struct ModelSection {
   std::string path;  // Hugging Face model directory; empty = the built-in spec below
   std::string dtype = "float32";
+  std::string device = "cpu";  // cpu, cuda or auto (cuda when a device is usable)
   int hidden_size = 128;
   int num_layers = 2;
   int num_heads = 4;

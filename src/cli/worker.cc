@@ -10,6 +10,7 @@
 
 #include "common/logging.h"
 #include "config/config.h"
+#include "kernels/device_info.h"
 #include "model/hf_config.h"
 #include "model/text_tokenizer.h"
 #include "model/tokenizer.h"
@@ -22,6 +23,20 @@
 namespace gyre::cli {
 
 namespace {
+
+// model.device for worker `index` of its role: cpu, cuda (GPU index mod the visible count), or
+// auto (cuda when a device is usable).
+StatusOr<at::Device> ResolveDevice(const std::string& setting, int index) {
+  if (setting == "cpu") return at::Device(at::kCPU);
+  const int gpus = kernels::CudaDeviceCount();
+  if (gpus == 0) {
+    if (setting == "auto") return at::Device(at::kCPU);
+    return FailedPrecondition(
+        "model.device is cuda but this worker sees no usable CUDA device (no GPU or driver, "
+        "CUDA_VISIBLE_DEVICES empty, or a build without CUDA); set model.device: cpu or auto");
+  }
+  return at::Device(at::kCUDA, static_cast<at::DeviceIndex>(index % gpus));
+}
 
 constexpr char kWorkerUsage[] =
     "usage: gyre worker --role rollout|trainer --controller HOST:PORT [--index N]\n"
@@ -143,7 +158,15 @@ int RunWorker(const std::vector<std::string>& args) {
     }
     model = std::move(*loaded);
   }
-  GYRE_LOG_INFO("{}: model with {} parameters", session.worker_id(), model->NumParameters());
+  auto device = ResolveDevice(cfg->model.device, index);
+  if (!device.ok()) {
+    session.ReportFatal(device.status().message());
+    std::fprintf(stderr, "gyre worker: %s\n", device.status().ToString().c_str());
+    return 1;
+  }
+  model->To(*device);
+  GYRE_LOG_INFO("{}: model with {} parameters on {}", session.worker_id(), model->NumParameters(),
+                device->str());
 
   grpc::Service* service = nullptr;
   std::function<int64_t()> version;

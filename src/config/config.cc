@@ -120,6 +120,8 @@ std::vector<Field> BuildTable() {
            "Hugging Face model directory (config.json, safetensors, tokenizer.json); empty = the "
            "built-in tiny decoder below"),
       Choice(GYRE_CONFIG_KEY(model.dtype), {"float32"}, "parameter and compute dtype"),
+      Choice(GYRE_CONFIG_KEY(model.device), {"cpu", "cuda", "auto"},
+             "where workers keep the model: cpu, cuda, or auto (cuda when usable)"),
       Num(GYRE_CONFIG_KEY(model.hidden_size), Closed(1, 65536), "model width"),
       Num(GYRE_CONFIG_KEY(model.num_layers), Closed(1, 1024), "decoder layers"),
       Num(GYRE_CONFIG_KEY(model.num_heads), Closed(1, 1024), "query heads"),

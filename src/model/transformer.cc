@@ -394,6 +394,27 @@ at::Tensor Transformer::ForwardPaged(const PagedBatch& b, PagedKvCache* cache) c
   return at::linear(rows, m.spec.tie_embeddings ? m.embed : m.lm_head).to(at::kFloat);
 }
 
+void Transformer::To(const at::Device& device) {
+  auto move = [&](at::Tensor& t) {
+    if (!t.defined() || t.device() == device) return;
+    const bool grad = t.requires_grad();
+    t = t.detach().to(device).set_requires_grad(grad);
+  };
+  move(impl_->embed);
+  for (Layer& l : impl_->layers) {
+    for (at::Tensor* t :
+         {&l.input_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.q_bias, &l.k_bias,
+          &l.v_bias, &l.q_norm, &l.k_norm, &l.post_norm, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      move(*t);
+    }
+  }
+  move(impl_->final_norm);
+  move(impl_->lm_head);
+  move(impl_->inv_freq);
+}
+
+at::Device Transformer::device() const { return impl_->embed.device(); }
+
 NamedTensors Transformer::NamedParameters() const {
   NamedTensors out;
   out.emplace_back("model.embed_tokens.weight", impl_->embed);

@@ -98,6 +98,12 @@ class Transformer {
   // cache; the caller guarantees that no two sequences write the same slot.
   at::Tensor ForwardPaged(const PagedBatch& batch, PagedKvCache* cache) const;
 
+  // Moves every parameter (and the RoPE table) to `device`; parameters stay leaf tensors that
+  // require grad. Inputs to the forward passes must then live on the same device. Aliases from
+  // an earlier NamedParameters() call keep pointing at the old tensors: call it again.
+  void To(const at::Device& device);
+  at::Device device() const;
+
   // Parameters in a fixed order with Hugging Face names (model.layers.0.self_attn.q_proj.weight).
   NamedTensors NamedParameters() const;
   int64_t NumParameters() const;

@@ -73,8 +73,11 @@ StatusOr<std::vector<GenerationResult>> Engine::GenerateBatch(const GenerationRe
     }
     next_pos[b] = static_cast<int64_t>(p.size());
   }
+  const at::Device device = model_->device();
   model::KvCache cache = model_->NewCache(B, P + max_new);
-  at::Tensor logits = model_->ForwardCached(tokens, positions, valid, &cache).select(1, P - 1);
+  at::Tensor logits =
+      model_->ForwardCached(tokens.to(device), positions.to(device), valid.to(device), &cache)
+          .select(1, P - 1);
 
   std::vector<GenerationResult> results(B);
   std::vector<bool> done(B, false);
@@ -110,8 +113,9 @@ StatusOr<std::vector<GenerationResult>> Engine::GenerateBatch(const GenerationRe
       all_done = all_done && done[b];
     }
     if (all_done || step + 1 == max_new) break;
-    at::Tensor ones = at::ones({B, 1}, at::TensorOptions().dtype(at::kBool));
-    logits = model_->ForwardCached(next, next_positions, ones, &cache).select(1, 0);
+    at::Tensor ones = at::ones({B, 1}, at::TensorOptions().dtype(at::kBool).device(device));
+    logits = model_->ForwardCached(next.to(device), next_positions.to(device), ones, &cache)
+                 .select(1, 0);
   }
   return results;
 }

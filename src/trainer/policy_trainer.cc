@@ -134,7 +134,9 @@ struct MicroBatch {
   bool has_old = true;  // every sample carries old_logprobs
 };
 
-MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, size_t end) {
+// Built on the CPU, then moved to `device` (the model's) in one go.
+MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, size_t end,
+                           const at::Device& device) {
   MicroBatch mb;
   mb.S = static_cast<int64_t>(end - start);
   int64_t L = 0;
@@ -173,6 +175,12 @@ MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, 
       ol_a[s][t] = x.old_logprobs.size() == x.response.size() ? x.old_logprobs[t] : 0.0f;
     }
   }
+  if (!device.is_cpu()) {
+    for (at::Tensor* t :
+         {&mb.inputs, &mb.gather_idx, &mb.targets, &mb.mask, &mb.adv, &mb.rollout_lp, &mb.old_lp}) {
+      *t = t->to(device, /*non_blocking=*/false);
+    }
+  }
   return mb;
 }
 
@@ -190,9 +198,9 @@ void PolicyTrainer::ComputeOldLogprobs(std::vector<TrainSample>* batch,
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, options.micro_batch_size));
   for (size_t start = 0; start < batch->size(); start += step) {
     const size_t end = std::min(batch->size(), start + step);
-    MicroBatch mb = BuildMicroBatch(*batch, start, end);
+    MicroBatch mb = BuildMicroBatch(*batch, start, end, model_->device());
     at::Tensor logp =
-        ops::TokenLogprobs(ResponseLogits(*model_, mb), mb.targets, options.temperature);
+        ops::TokenLogprobs(ResponseLogits(*model_, mb), mb.targets, options.temperature).cpu();
     auto a = logp.accessor<float, 2>();
     for (int64_t s = 0; s < mb.S; ++s) {
       TrainSample& x = (*batch)[start + s];
@@ -338,7 +346,7 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, options.micro_batch_size));
   for (size_t start = 0; start < batch.size(); start += step) {
     const size_t end = std::min(batch.size(), start + step);
-    MicroBatch mb = BuildMicroBatch(batch, start, end);
+    MicroBatch mb = BuildMicroBatch(batch, start, end, model_->device());
     at::Tensor resp_logits = ResponseLogits(*model_, mb);
     const double temp = objective == Objective::kSft ? 1.0 : options.temperature;
     at::Tensor logp = ops::TokenLogprobs(resp_logits, mb.targets, temp);  // [S, R]

@@ -1,0 +1,57 @@
+// model.device end to end: on a host without a usable GPU, `cuda` fails at worker start with an
+// error that says what to do and `auto` trains on the CPU; on a GPU host, a job runs on the GPU
+// (the CUDA kernels end to end) and reports where its workers put the model.
+
+#include <gtest/gtest.h>
+
+#include "integration/run_util.h"
+#include "kernels/device_info.h"
+
+namespace gyre::testing {
+namespace {
+
+const std::string kQuickstart = std::string(GYRE_SOURCE_DIR) + "/configs/quickstart.yaml";
+
+std::vector<std::string> Job(const std::string& dir, const std::string& device) {
+  return {"train", kQuickstart,
+          "--set", "job.output_dir=" + dir,
+          "--set", "job.name=t",
+          "--set", "model.device=" + device,
+          "--set", "trainer.warmup_sft_steps=2",
+          "--set", "trainer.steps=1",
+          "--set", "rollout.prompts_per_step=4",
+          "--set", "rollout.workers=1",
+          "--set", "data.eval_size=8"};
+}
+
+TEST(DeviceTest, CudaWithoutAGpuIsAClearErrorAndAutoFallsBackToTheCpu) {
+  if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "this host has a GPU";
+  const std::string dir = MakeTempDir("device_cuda");
+  auto p = GyreProcess::Start(Job(dir, "cuda"), dir);
+  ASSERT_TRUE(p.Wait(120)) << p.Output();
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 1) << p.Output();
+  EXPECT_NE(p.Output().find("model.device is cuda but this worker sees no usable CUDA device"),
+            std::string::npos)
+      << p.Output();
+
+  const std::string dir2 = MakeTempDir("device_auto");
+  auto q = GyreProcess::Start(Job(dir2, "auto"), dir2);
+  ASSERT_TRUE(q.Wait(180)) << q.Output();
+  ASSERT_EQ(WEXITSTATUS(q.wait_status), 0) << q.Output();
+  EXPECT_NE(ReadFile(dir2 + "/t/logs/trainer-0.log").find("parameters on cpu"), std::string::npos);
+}
+
+TEST(DeviceTest, AJobRunsOnTheGpu) {
+  if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = MakeTempDir("device_gpu");
+  auto p = GyreProcess::Start(Job(dir, "cuda"), dir);
+  ASSERT_TRUE(p.Wait(300)) << p.Output();
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+  EXPECT_NE(ReadFile(dir + "/t/logs/trainer-0.log").find("parameters on cuda:0"),
+            std::string::npos);
+  EXPECT_NE(ReadFile(dir + "/t/logs/rollout-0.log").find("parameters on cuda:0"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace gyre::testing
