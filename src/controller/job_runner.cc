@@ -101,6 +101,9 @@ class JobRunner {
   Status CheckHealth();
   std::vector<Worker*> AliveRollouts();
   std::vector<Worker*> Trainers();  // trainer-0 .. trainer-(M-1)
+  template <typename Id>
+  Status AfterGenerateFailure(Worker* w, const grpc::Status& s, const std::vector<Id>& groups,
+                              std::vector<Id>* retry);
   // Data parallel: trainer-0 hosts the Gloo store; every trainer joins the group.
   Status FormTrainerGroup();
   int trainer_group_formations_ = 0;
@@ -651,6 +654,24 @@ StatusOr<std::vector<int32_t>> JobRunner::EncodePrompt(const Problem& problem) c
   return ids;
 }
 
+// A Generate call that failed: a bad request fails the job; otherwise the worker is waited for
+// briefly (the monitor may be about to see it die), dropped either way, and its groups re-queued
+// on the survivors.
+template <typename Id>
+Status JobRunner::AfterGenerateFailure(Worker* w, const grpc::Status& s,
+                                       const std::vector<Id>& groups, std::vector<Id>* retry) {
+  if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+    return rpc::FromGrpc(s, "generate on " + w->id);
+  }
+  if (!WaitForDeath(w->id, 2.0)) {
+    GYRE_RETURN_IF_ERROR(DropWorker(w, "generate failed: " + s.error_message()));
+  }
+  GYRE_RETURN_IF_ERROR(CheckHealth());
+  GYRE_LOG_WARN("re-queueing {} group(s) from {}", groups.size(), w->id);
+  retry->insert(retry->end(), groups.begin(), groups.end());
+  return Status::Ok();
+}
+
 // Sends each group to one alive rollout worker (round robin). Groups whose worker fails are
 // re-queued on the workers that are left; results come back in job order.
 StatusOr<std::vector<v1::Sample>> JobRunner::GenerateAll(std::vector<GroupJob>* jobs,
@@ -696,16 +717,7 @@ StatusOr<std::vector<v1::Sample>> JobRunner::GenerateAll(std::vector<GroupJob>* 
         }
         continue;
       }
-      if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
-        return rpc::FromGrpc(s, "generate on " + alive[a]->id);
-      }
-      // Wait briefly for the monitor to see a dying process, then drop it either way.
-      if (!WaitForDeath(alive[a]->id, 2.0)) {
-        GYRE_RETURN_IF_ERROR(DropWorker(alive[a], "generate failed: " + s.error_message()));
-      }
-      GYRE_RETURN_IF_ERROR(CheckHealth());
-      GYRE_LOG_WARN("re-queueing {} group(s) from {}", assign[a].size(), alive[a]->id);
-      retry.insert(retry.end(), assign[a].begin(), assign[a].end());
+      GYRE_RETURN_IF_ERROR(AfterGenerateFailure(alive[a], s, assign[a], &retry));
     }
     pending = retry;
   }
@@ -807,15 +819,7 @@ StatusOr<std::vector<v1::Sample>> JobRunner::GeneratePartial(std::vector<GroupJo
         }
         continue;
       }
-      if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
-        return rpc::FromGrpc(s, "generate on " + alive[a]->id);
-      }
-      if (!WaitForDeath(alive[a]->id, 2.0)) {
-        GYRE_RETURN_IF_ERROR(DropWorker(alive[a], "generate failed: " + s.error_message()));
-      }
-      GYRE_RETURN_IF_ERROR(CheckHealth());
-      GYRE_LOG_WARN("re-queueing {} group(s) from {}", assign[a].size(), alive[a]->id);
-      retry.insert(retry.end(), assign[a].begin(), assign[a].end());
+      GYRE_RETURN_IF_ERROR(AfterGenerateFailure(alive[a], s, assign[a], &retry));
     }
     pending = retry;
   }

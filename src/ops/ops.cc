@@ -44,6 +44,22 @@ StatusOr<bool> UseCuda(const at::Tensor& t, const char* name) {
 
 at::Tensor AsFloatContiguous(const at::Tensor& t) { return t.detach().to(at::kFloat).contiguous(); }
 
+// Raw pointers of float32 [S, T] tensors on one device (logp_rollout / logp_ref may be undefined).
+kernels::PolicyLossInputs LossInputs(const at::Tensor& lp, const at::Tensor& lo,
+                                     const at::Tensor& lr, const at::Tensor& lref,
+                                     const at::Tensor& adv, const at::Tensor& m) {
+  kernels::PolicyLossInputs in;
+  in.S = lp.size(0);
+  in.T = lp.size(1);
+  in.logp = lp.data_ptr<float>();
+  in.logp_old = lo.data_ptr<float>();
+  in.logp_rollout = lr.defined() ? lr.data_ptr<float>() : nullptr;
+  in.logp_ref = lref.defined() ? lref.data_ptr<float>() : nullptr;
+  in.advantages = adv.data_ptr<float>();
+  in.mask = m.data_ptr<float>();
+  return in;
+}
+
 #if GYRE_OPS_CUDA
 Status CudaStatus(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status::Ok();
@@ -153,15 +169,7 @@ StatusOr<PolicyLossResult> PolicyLossCuda(const at::Tensor& lp, const at::Tensor
                                           const kernels::PolicyLossParams& params) {
   const c10::cuda::CUDAGuard guard(lp.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(lp.device().index()).stream();
-  kernels::PolicyLossInputs in;
-  in.S = lp.size(0);
-  in.T = lp.size(1);
-  in.logp = lp.data_ptr<float>();
-  in.logp_old = lo.data_ptr<float>();
-  in.logp_rollout = lr.defined() ? lr.data_ptr<float>() : nullptr;
-  in.logp_ref = lref.defined() ? lref.data_ptr<float>() : nullptr;
-  in.advantages = adv.data_ptr<float>();
-  in.mask = m.data_ptr<float>();
+  const kernels::PolicyLossInputs in = LossInputs(lp, lo, lr, lref, adv, m);
   PolicyLossResult r;
   r.grad_logp = at::empty_like(lp);
   at::Tensor stats = at::empty({kernels::kPolicyLossStatSlots}, lp.options().dtype(at::kDouble));
@@ -250,15 +258,7 @@ StatusOr<PolicyLossResult> PolicyLoss(const at::Tensor& logp, const at::Tensor& 
   if (cuda) return PolicyLossCuda(lp, lo, lr, lref, adv, m, params);
 #endif
   (void)cuda;
-  kernels::PolicyLossInputs in;
-  in.S = lp.size(0);
-  in.T = lp.size(1);
-  in.logp = lp.data_ptr<float>();
-  in.logp_old = lo.data_ptr<float>();
-  in.logp_rollout = lr.defined() ? lr.data_ptr<float>() : nullptr;
-  in.logp_ref = lref.defined() ? lref.data_ptr<float>() : nullptr;
-  in.advantages = adv.data_ptr<float>();
-  in.mask = m.data_ptr<float>();
+  const kernels::PolicyLossInputs in = LossInputs(lp, lo, lr, lref, adv, m);
   PolicyLossResult r;
   r.grad_logp = at::zeros_like(lp);
   r.stats = kernels::PolicyLossRef(in, params, r.grad_logp.data_ptr<float>());
