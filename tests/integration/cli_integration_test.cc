@@ -369,6 +369,60 @@ TEST(TrainTest, ExternalWorkersDialTheController) {
   }
 }
 
+// cluster.mode: external: nothing is spawned, but a rollout worker that a launcher starts again
+// after it was declared dead registers with the same id and is caught up before it gets work.
+TEST(TrainTest, ExternalWorkerThatRegistersAgainIsCaughtUp) {
+  const std::string dir = MakeTempDir("external_restart");
+  auto port = rpc_port();
+  auto args = SmallJob(dir, 80);
+  args.insert(
+      args.end(),
+      {"--set", "cluster.mode=external", "--set", "cluster.controller_port=" + std::to_string(port),
+       "--set", "cluster.heartbeat_interval_s=0.5", "--set", "cluster.heartbeat_timeout_s=2"});
+  auto controller = GyreProcess::Start(args, dir);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  auto start = [&](const std::string& role, int index, const std::string& tag) {
+    const std::string wdir = dir + "/" + tag;
+    if (!MakeDirs(wdir).ok()) std::abort();
+    return GyreProcess::Start(
+        {"worker", "--role", role, "--index", std::to_string(index), "--controller", address},
+        wdir);
+  };
+  std::vector<GyreProcess> workers = {start("trainer", 0, "t0"), start("rollout", 0, "r0"),
+                                      start("rollout", 1, "r1")};
+  std::string out;
+  ASSERT_FALSE(controller.WaitForOutput("step    3/80", 120, &out).empty()) << out;
+  ::kill(workers[2].pid, SIGKILL);
+  workers[2].Wait(10);
+  ASSERT_FALSE(controller.WaitForOutput("worker rollout-1 died", 30, &out).empty()) << out;
+  workers.push_back(start("rollout", 1, "r1b"));
+  ASSERT_TRUE(controller.Wait(180)) << controller.Output();
+  out = controller.Output();
+  EXPECT_EQ(WEXITSTATUS(controller.wait_status), 0) << out;
+  EXPECT_EQ(out.find("will be restarted"), std::string::npos) << "external mode spawns nothing";
+  EXPECT_NE(out.find("rollout-1 registered again (pid " + std::to_string(workers[3].pid)),
+            std::string::npos)
+      << out;
+  std::smatch m;
+  const std::regex re("rollout-1 restarted \\(pid ([0-9]+)\\), caught up to policy v([0-9]+)");
+  ASSERT_TRUE(std::regex_search(out, m, re)) << out;
+  EXPECT_EQ(std::stoi(m[1]), workers[3].pid);
+  const std::string log = workers[3].Output();
+  const size_t received = log.find("received policy version " + std::string(m[2]) + " ");
+  const size_t generated = log.find("first generate request, holding policy version " + m[2].str());
+  ASSERT_NE(received, std::string::npos) << log;
+  ASSERT_NE(generated, std::string::npos) << "the re-registered worker got no work: " << log;
+  EXPECT_LT(received, generated) << log;
+  for (const auto& s : ReadMetrics(dir + "/t/metrics.jsonl", "grpo")) {
+    EXPECT_EQ(s["samples"], 64) << s.dump();
+  }
+  EXPECT_EQ(nlohmann::json::parse(ReadFile(dir + "/t/summary.json"))["worker_restarts"], 1);
+  for (size_t i : {0, 1, 3}) {
+    ASSERT_TRUE(workers[i].Wait(30)) << "worker did not stop with its job: " << workers[i].Output();
+    EXPECT_EQ(WEXITSTATUS(workers[i].wait_status), 0) << workers[i].Output();
+  }
+}
+
 // The model-directory commands on a directory `gyre init-model` writes.
 TEST(ModelCommandsTest, InitModelTokenizeAndGenerate) {
   const std::string dir = MakeTempDir("modelcmds");
