@@ -122,7 +122,8 @@ struct ClusterSection {
   int64_t weight_bucket_bytes = 4 << 20;
   std::string weight_transport = "grpc";       // grpc (streams) or gloo (bucketed Gloo broadcast)
   std::string on_worker_failure = "continue";  // continue (re-queue on survivors) or fail
-  std::string worker_binary;                   // empty = this executable
+  int max_worker_restarts = 3;  // respawns of each dead rollout worker (local mode); 0 = never
+  std::string worker_binary;    // empty = this executable
 };
 
 struct MetricsSection {

@@ -251,6 +251,8 @@ std::vector<Field> BuildTable() {
              "grpc = gRPC streams; gloo = bucketed Gloo broadcast over TCP"),
       Choice(GYRE_CONFIG_KEY(cluster.on_worker_failure), {"continue", "fail"},
              "continue = re-queue a dead worker's work on survivors; fail = stop the job"),
+      Num(GYRE_CONFIG_KEY(cluster.max_worker_restarts), Closed(0, 1000),
+          "times a dead rollout worker is respawned (local mode); 0 = never"),
       Text(GYRE_CONFIG_KEY(cluster.worker_binary), kAnyText,
            "worker executable; empty = this executable"),
       // metrics

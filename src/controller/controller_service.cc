@@ -21,6 +21,20 @@ void ControllerService::Expect(const std::string& id, v1::WorkerRole role, int i
   w.last_heartbeat = std::chrono::steady_clock::now();
 }
 
+void ControllerService::ExpectAgain(const std::string& id, int64_t spawned_pid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WorkerInfo& w = workers_.at(id);
+  w.spawned_pid = spawned_pid;
+  w.address.clear();
+  w.pid = 0;
+  w.registered = false;
+  w.ready = false;
+  w.alive = true;
+  w.death.clear();
+  w.policy_version = -1;
+  w.last_heartbeat = std::chrono::steady_clock::now();
+}
+
 grpc::Status ControllerService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                                          v1::RegisterResponse* resp) {
   const char* role = req->role() == v1::WORKER_ROLE_ROLLOUT   ? "rollout"

@@ -38,6 +38,10 @@ class ControllerService final : public v1::Controller::Service {
   // Declares the workers the job expects; Register accepts only these.
   void Expect(const std::string& id, v1::WorkerRole role, int index, int64_t spawned_pid);
 
+  // A dead worker is expected again (local mode: respawned as `spawned_pid`): it must register
+  // and heartbeat anew before it counts as ready.
+  void ExpectAgain(const std::string& id, int64_t spawned_pid);
+
   grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                         v1::RegisterResponse* resp) override;
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,

@@ -80,6 +80,7 @@ struct Worker {
   std::unique_ptr<v1::Rollout::Stub> rollout;
   std::unique_ptr<v1::Trainer::Stub> trainer;
   int64_t version = -1;  // last version this worker acknowledged with a receipt
+  int restarts = 0;      // times the controller took it back after a death
 };
 
 struct GroupJob {
@@ -114,10 +115,33 @@ class JobRunner {
   Status AfterRpcFailure(Worker* w, const Status& s);
   bool WaitForDeath(const std::string& id, double seconds);
 
-  Status Publish(int64_t version);
+  // Publishes `version` to every alive rollout worker, or only to *only (a restarted worker's
+  // catch-up, see ReviveRollouts).
+  Status Publish(int64_t version, const std::vector<Worker*>* only = nullptr);
   // cluster.weight_transport gloo: the trainer and each rollout worker meet in a two-member Gloo
   // group through weight_store_; the rollout worker reports its receipt directly.
-  Status PublishGloo(int64_t version);
+  Status PublishGloo(int64_t version, const std::vector<Worker*>* only);
+  std::string WeightGroup(const Worker& w) const;
+
+  // Worker restarts (cluster.max_worker_restarts; docs/design.md, "Worker restarts"). Run by the
+  // job thread at each GRPO step boundary, before generation: respawns dead rollout workers
+  // (local mode; without waiting for them), and catches up those that have registered since (in
+  // external mode: that registered again after being declared dead) by publishing the current
+  // version to them alone. Only then do they get work again. Error = the job must end.
+  Status ReviveRollouts();
+  Status RespawnRollout(Worker* w);
+  Status CatchUp(Worker* w);
+  std::vector<std::string> WorkerArgv(const std::string& role, int index) const;
+  std::string worker_binary_;
+  // Respawned or re-registered rollout workers that have not yet received the current version;
+  // guarded by mu_. AliveRollouts leaves them out.
+  std::set<std::string> restarting_;
+  std::map<std::string, Clock::time_point> restart_started_;
+  int worker_restarts_ = 0;  // restarts that caught up
+  // Gloo weight groups are named with this epoch; a catch-up publish starts a new one, so that
+  // the next full publish forms fresh groups with every worker (the trainer keeps only the groups
+  // a publish names).
+  int weight_epoch_ = 0;
   StatusOr<std::vector<v1::Sample>> GenerateAll(std::vector<GroupJob>* jobs,
                                                 const v1::SamplingParams& sampling,
                                                 int64_t* generated_tokens);
@@ -270,9 +294,9 @@ Status JobRunner::Setup() {
 
 Status JobRunner::SpawnWorkers() {
   const bool local = cfg_.cluster.mode == "local";
-  std::string binary = !opts_.worker_binary.empty()          ? opts_.worker_binary
-                       : !cfg_.cluster.worker_binary.empty() ? cfg_.cluster.worker_binary
-                                                             : SelfExecutable();
+  worker_binary_ = !opts_.worker_binary.empty()          ? opts_.worker_binary
+                   : !cfg_.cluster.worker_binary.empty() ? cfg_.cluster.worker_binary
+                                                         : SelfExecutable();
   auto add = [&](v1::WorkerRole role, const char* name, int index) -> Status {
     Worker w;
     w.id = std::string(name) + "-" + std::to_string(index);
@@ -280,12 +304,7 @@ Status JobRunner::SpawnWorkers() {
     w.index = index;
     w.log_path = run_dir_ + "/logs/" + w.id + ".log";
     if (local) {
-      std::vector<std::string> argv = {binary,         "worker",
-                                       "--role",       name,
-                                       "--index",      std::to_string(index),
-                                       "--controller", address_,
-                                       "--bind-host",  cfg_.cluster.bind_host};
-      GYRE_ASSIGN_OR_RETURN(w.pid, SpawnProcess(argv, w.log_path));
+      GYRE_ASSIGN_OR_RETURN(w.pid, SpawnProcess(WorkerArgv(name, index), w.log_path));
       GYRE_LOG_INFO("started {} (pid {}), log {}", w.id, w.pid, w.log_path);
     }
     service_->Expect(w.id, role, index, w.pid);
@@ -393,7 +412,13 @@ Status JobRunner::CheckHealth() {
     if (workers_.at(id).role == v1::WORKER_ROLE_TRAINER) return Aborted(msg);
     if (cfg_.cluster.on_worker_failure == "fail") return Aborted(msg);
     if (AliveRollouts().empty()) return Aborted(msg + "; no rollout workers are left");
-    GYRE_LOG_WARN("{}; continuing with {} rollout worker(s)", msg, AliveRollouts().size());
+    const Worker& w = workers_.at(id);
+    const bool restart =
+        cfg_.cluster.mode == "local" && w.restarts < cfg_.cluster.max_worker_restarts;
+    GYRE_LOG_WARN("{}; continuing with {} rollout worker(s){}", msg, AliveRollouts().size(),
+                  restart ? "; it will be restarted (restart " + std::to_string(w.restarts + 1) +
+                                " of " + std::to_string(cfg_.cluster.max_worker_restarts) + ")"
+                          : "");
   }
   return Status::Ok();
 }
@@ -402,7 +427,9 @@ std::vector<Worker*> JobRunner::AliveRollouts() {
   std::vector<Worker*> out;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, w] : workers_) {
-    if (w.role == v1::WORKER_ROLE_ROLLOUT && !deaths_.count(id)) out.push_back(&w);
+    if (w.role == v1::WORKER_ROLE_ROLLOUT && !deaths_.count(id) && !restarting_.count(id)) {
+      out.push_back(&w);
+    }
   }
   return out;
 }
@@ -493,14 +520,14 @@ Status JobRunner::AfterRpcFailure(Worker* w, const Status& s) {
   return s;
 }
 
-Status JobRunner::Publish(int64_t version) {
-  if (weight_store_) return PublishGloo(version);
+Status JobRunner::Publish(int64_t version, const std::vector<Worker*>* only) {
+  if (weight_store_) return PublishGloo(version, only);
   const auto t0 = Clock::now();
   v1::PublishWeightsRequest req;
   req.set_version(version);
   req.set_timeout_s(cfg_.cluster.weight_sync_timeout_s);
   req.set_bucket_bytes(cfg_.cluster.weight_bucket_bytes);
-  for (Worker* w : AliveRollouts()) {
+  for (Worker* w : only ? *only : AliveRollouts()) {
     req.add_rollout_addresses(w->address);
     req.add_rollout_ids(w->id);
   }
@@ -544,9 +571,14 @@ namespace {
 std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
 }  // namespace
 
-Status JobRunner::PublishGloo(int64_t version) {
+std::string JobRunner::WeightGroup(const Worker& w) const {
+  return weight_epoch_ == 0 ? "weights/" + w.id
+                            : "weights/e" + std::to_string(weight_epoch_) + "/" + w.id;
+}
+
+Status JobRunner::PublishGloo(int64_t version, const std::vector<Worker*>* only) {
   const double timeout = cfg_.cluster.weight_sync_timeout_s;
-  std::vector<Worker*> rollouts = AliveRollouts();
+  std::vector<Worker*> rollouts = only ? *only : AliveRollouts();
   v1::PublishWeightsRequest req;
   req.set_version(version);
   req.set_timeout_s(timeout);
@@ -564,7 +596,7 @@ Status JobRunner::PublishGloo(int64_t version) {
   std::vector<std::unique_ptr<Receive>> receives;
   std::vector<std::unique_ptr<InflightCall>> inflight;
   for (Worker* w : rollouts) {
-    const std::string group = "weights/" + w->id;
+    const std::string group = WeightGroup(*w);
     req.add_rollout_ids(w->id);
     req.add_rollout_addresses(w->address);
     req.add_groups(group);
@@ -633,6 +665,136 @@ Status JobRunner::PublishGloo(int64_t version) {
   }
   GYRE_LOG_DEBUG("published v{} over gloo", version);
   return CheckHealth();
+}
+
+std::vector<std::string> JobRunner::WorkerArgv(const std::string& role, int index) const {
+  return {worker_binary_,        "worker",       "--role", role,          "--index",
+          std::to_string(index), "--controller", address_, "--bind-host", cfg_.cluster.bind_host};
+}
+
+Status JobRunner::ReviveRollouts() {
+  GYRE_RETURN_IF_ERROR(CheckHealth());
+  if (cfg_.cluster.on_worker_failure != "continue") return Status::Ok();
+  const bool local = cfg_.cluster.mode == "local";
+  std::set<std::string> dead, restarting;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, how] : deaths_) {
+      restarting_.erase(id);  // died again before it caught up: that was another death
+      dead.insert(id);
+    }
+    restarting = restarting_;
+  }
+  std::map<std::string, WorkerInfo> info;
+  for (auto& i : service_->Snapshot()) info[i.id] = std::move(i);
+  for (auto& [id, w] : workers_) {
+    if (w.role != v1::WORKER_ROLE_ROLLOUT || !dead.count(id)) continue;
+    if (local) {
+      if (w.restarts >= cfg_.cluster.max_worker_restarts) continue;
+      GYRE_RETURN_IF_ERROR(RespawnRollout(&w));
+      continue;
+    }
+    // External mode: a launcher restarted it and it registered again with the same id (the
+    // controller service accepts a known id whose worker was declared dead).
+    const WorkerInfo& i = info.at(id);
+    if (!i.alive || !i.registered) continue;
+    GYRE_LOG_INFO("{} registered again (pid {}) after it was declared dead", id, i.pid);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      w.pid = 0;
+      deaths_.erase(id);
+      restarting_.insert(id);
+    }
+    handled_deaths_.erase(id);
+    ++w.restarts;
+    w.version = -1;
+    restart_started_[id] = Clock::now();
+    restarting.insert(id);
+  }
+  info.clear();
+  for (auto& i : service_->Snapshot()) info[i.id] = std::move(i);
+  for (const auto& id : restarting) {
+    Worker& w = workers_.at(id);
+    const WorkerInfo& i = info.at(id);
+    if (i.alive && i.registered && i.ready) {
+      GYRE_RETURN_IF_ERROR(CatchUp(&w));
+    } else if (Seconds(restart_started_.at(id)) > cfg_.cluster.register_timeout_s) {
+      GYRE_RETURN_IF_ERROR(DropWorker(
+          &w, "restarted, but it did not register within " +
+                  std::to_string(static_cast<int>(cfg_.cluster.register_timeout_s)) + " s"));
+    }
+  }
+  return CheckHealth();
+}
+
+Status JobRunner::RespawnRollout(Worker* w) {
+  ++w->restarts;
+  // The dead process's log is kept as <id>.log.<n>; the new one writes <id>.log.
+  const std::string old_log = w->log_path + "." + std::to_string(w->restarts);
+  if (PathExists(w->log_path)) {
+    if (Status s = RenamePath(w->log_path, old_log); !s.ok()) {
+      GYRE_LOG_WARN("cannot keep {} as {}: {}", w->log_path, old_log, s.ToString());
+    }
+  }
+  // Before the process exists, so that its registration is not undone.
+  service_->ExpectAgain(w->id, 0);
+  auto pid = SpawnProcess(WorkerArgv("rollout", w->index), w->log_path);
+  if (!pid.ok()) {
+    GYRE_LOG_WARN("cannot restart {} (restart {} of {}): {}", w->id, w->restarts,
+                  cfg_.cluster.max_worker_restarts, pid.status().ToString());
+    service_->MarkDead(w->id, "restart failed: " + pid.status().ToString());
+    return Status::Ok();  // stays dead; counted as a restart
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    w->pid = *pid;
+    deaths_.erase(w->id);
+    restarting_.insert(w->id);
+  }
+  handled_deaths_.erase(w->id);
+  w->version = -1;
+  w->address.clear();
+  w->rollout.reset();
+  restart_started_[w->id] = Clock::now();
+  GYRE_LOG_INFO("started {} (pid {}), log {}; restart {} of {}, old log {}", w->id, *pid,
+                w->log_path, w->restarts, cfg_.cluster.max_worker_restarts, old_log);
+  return Status::Ok();
+}
+
+Status JobRunner::CatchUp(Worker* w) {
+  const auto t0 = Clock::now();
+  WorkerInfo info;
+  for (auto& i : service_->Snapshot()) {
+    if (i.id == w->id) info = std::move(i);
+  }
+  w->address = info.address;
+  w->rollout = v1::Rollout::NewStub(rpc::MakeChannel(info.address));
+  // A fresh Gloo group with this worker (see weight_epoch_).
+  if (weight_store_) ++weight_epoch_;
+  const std::vector<Worker*> only = {w};
+  GYRE_RETURN_IF_ERROR(Publish(version_, &only));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Publish reports a failed transfer as a death (the monitor's, or by dropping the worker);
+    // the next step boundary restarts it again if restarts are left.
+    if (deaths_.count(w->id)) return Status::Ok();
+  }
+  if (w->version != version_) {
+    return DropWorker(w, "catch-up to policy v" + std::to_string(version_) + " got no receipt");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    restarting_.erase(w->id);
+  }
+  ++worker_restarts_;
+  GYRE_LOG_INFO("{} caught up to policy v{} in {:.2f} s ({:.1f} s after its restart)", w->id,
+                version_, Seconds(t0), Seconds(restart_started_.at(w->id)));
+  if (opts_.print_progress) {
+    std::printf("%s restarted (pid %lld), caught up to policy v%lld\n", w->id.c_str(),
+                static_cast<long long>(info.pid), static_cast<long long>(version_));
+    std::fflush(stdout);
+  }
+  return Status::Ok();
 }
 
 StatusOr<std::vector<int32_t>> JobRunner::EncodePrompt(const Problem& problem) const {
@@ -1150,6 +1312,7 @@ StatusOr<JobResult> JobRunner::Run() {
     if (cfg_.trainer.checkpoint_every > 0) GYRE_RETURN_IF_ERROR(SaveCheckpoint(0, t0));
   }
   for (int step = first_step_; step <= cfg_.trainer.steps; ++step) {
+    GYRE_RETURN_IF_ERROR(ReviveRollouts());
     GYRE_RETURN_IF_ERROR(GrpoStep(step));
     result_.grpo_steps = step;
     if (cfg_.metrics.eval_every > 0 && step % cfg_.metrics.eval_every == 0 &&
@@ -1178,6 +1341,7 @@ StatusOr<JobResult> JobRunner::Run() {
                             {"grpo_steps", result_.grpo_steps},
                             {"policy_version", result_.policy_version},
                             {"final_mean_reward", result_.final_mean_reward},
+                            {"worker_restarts", worker_restarts_},
                             {"wall_seconds", result_.wall_seconds}};
   std::ofstream(run_dir_ + "/summary.json") << summary.dump(2) << "\n";
   WriteMetrics({{"phase", "summary"},

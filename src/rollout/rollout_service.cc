@@ -88,6 +88,9 @@ grpc::Status RolloutService::Generate(grpc::ServerContext* ctx, const v1::Genera
   const auto t0 = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t version = version_.load();
+  if (!generated_.exchange(true)) {
+    GYRE_LOG_INFO("first generate request, holding policy version {}", version);
+  }
   if (version < req->min_policy_version()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this worker holds policy version " + std::to_string(version) +
@@ -179,7 +182,11 @@ grpc::Status RolloutService::LoadWeights(grpc::ServerContext* ctx,
     return rpc::ToGrpc(s);
   }
   engine_->set_version(receipt->version());
-  version_.store(receipt->version());
+  const int64_t before = version_.exchange(receipt->version());
+  if (before < 0) {
+    GYRE_LOG_INFO("received policy version {} ({} bytes; this process's first weights)",
+                  receipt->version(), receipt->bytes());
+  }
   GYRE_LOG_DEBUG("loaded policy version {} ({} bytes)", receipt->version(), receipt->bytes());
   return grpc::Status::OK;
 }
@@ -221,7 +228,10 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
       return rpc::ToGrpc(s.WithContext("weights of version " + std::to_string(r->version)));
     }
     engine_->set_version(r->version);
-    version_.store(r->version);
+    if (version_.exchange(r->version) < 0) {
+      GYRE_LOG_INFO("received policy version {} over gloo ({} bytes; this process's first weights)",
+                    r->version, r->bytes);
+    }
   }
   receipt->set_version(r->version);
   for (uint32_t c : r->bucket_crc32) receipt->add_bucket_crc32(c);

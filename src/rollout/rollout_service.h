@@ -56,7 +56,8 @@ class RolloutService final : public v1::Rollout::Service {
   std::mutex mu_;  // guards model_ and engine_ use
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<RolloutEngine> engine_;
-  std::atomic<int64_t> version_{-1};  // -1: no weights received yet
+  std::atomic<int64_t> version_{-1};    // -1: no weights received yet
+  std::atomic<bool> generated_{false};  // a Generate call arrived (logged once)
   std::function<void(const std::string&)> on_stop_;
   // Gloo weight plane; weights_mu_ serialises ReceiveWeights calls and guards these.
   std::mutex weights_mu_;

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "integration/run_util.h"
@@ -111,10 +112,12 @@ TEST(TrainTest, TwoGrpoStepsWithRealWorkers) {
 }
 
 // kill -9 of a rollout worker mid-job: the controller names it, re-queues its work on the other
-// worker and finishes.
+// worker and finishes. With cluster.max_worker_restarts: 0 it is not restarted.
 TEST(TrainTest, RolloutWorkerDeathIsReportedAndTheJobContinues) {
   const std::string dir = MakeTempDir("death");
-  auto p = GyreProcess::Start(SmallJob(dir, 60), dir);
+  auto args = SmallJob(dir, 60);
+  args.insert(args.end(), {"--set", "cluster.max_worker_restarts=0"});
+  auto p = GyreProcess::Start(args, dir);
   std::string out;
   auto m = p.WaitForOutput("started rollout-1 \\(pid ([0-9]+)\\)", 60, &out);
   ASSERT_FALSE(m.empty()) << out;
@@ -130,16 +133,78 @@ TEST(TrainTest, RolloutWorkerDeathIsReportedAndTheJobContinues) {
       << out;
   EXPECT_NE(out.find("continuing with 1 rollout worker(s)"), std::string::npos) << out;
   EXPECT_NE(out.find("step   60/60"), std::string::npos) << out;
+  EXPECT_EQ(out.find("will be restarted"), std::string::npos) << out;
+  EXPECT_EQ(out.find("restarted (pid"), std::string::npos) << out;
+  EXPECT_EQ(WorkerPids(out).size(), 3u) << out;
+  EXPECT_FALSE(PathExists(dir + "/t/logs/rollout-1.log.1"));
   auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
   ASSERT_EQ(steps.size(), 60u);
   for (const auto& s : steps) EXPECT_EQ(s["samples"], 64) << s.dump();  // nothing lost
+  EXPECT_EQ(nlohmann::json::parse(ReadFile(dir + "/t/summary.json"))["worker_restarts"], 0);
   EXPECT_TRUE(AllGone(WorkerPids(out), 10));
+}
+
+// After `victim` (rollout-1) was killed: the controller restarted it, published the current
+// version to it alone, and only then gave it work; the job finished with every sample.
+void ExpectRestartedAndCaughtUp(const std::string& dir, const std::string& out, pid_t victim,
+                                int steps_total) {
+  EXPECT_NE(
+      out.find("worker rollout-1 died: pid " + std::to_string(victim) + " killed by signal 9"),
+      std::string::npos)
+      << out;
+  EXPECT_NE(out.find("it will be restarted (restart 1 of 3)"), std::string::npos) << out;
+  std::smatch m;
+  const std::regex re("rollout-1 restarted \\(pid ([0-9]+)\\), caught up to policy v([0-9]+)");
+  ASSERT_TRUE(std::regex_search(out, m, re)) << out;
+  const pid_t new_pid = std::stoi(m[1]);
+  const std::string version = m[2];
+  EXPECT_NE(new_pid, victim);
+  const auto pids = WorkerPids(out);  // the restart is announced as "started rollout-1 (pid N)"
+  EXPECT_EQ(pids.size(), 4u) << out;
+  EXPECT_NE(std::find(pids.begin(), pids.end(), new_pid), pids.end()) << out;
+  // The first process's log is kept; the new one received version V before any generation.
+  EXPECT_NE(ReadFile(dir + "/t/logs/rollout-1.log.1").find("serving on"), std::string::npos);
+  const std::string log = ReadFile(dir + "/t/logs/rollout-1.log");
+  const size_t received = log.find("received policy version " + version + " ");
+  const size_t generated = log.find("first generate request, holding policy version " + version);
+  ASSERT_NE(received, std::string::npos) << log;
+  ASSERT_NE(generated, std::string::npos) << "the restarted worker got no work: " << log;
+  EXPECT_LT(received, generated) << log;
+  EXPECT_EQ(log.find("received policy version", received + 1), std::string::npos)
+      << "one catch-up publish, then regular ones at DEBUG: " << log;
+  // Nothing lost, and the later steps had both workers again (the new one generated).
+  auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  ASSERT_EQ(steps.size(), static_cast<size_t>(steps_total));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i]["samples"], 64) << steps[i].dump();
+    EXPECT_EQ(steps[i]["policy_version"], static_cast<int>(6 + i));
+  }
+  EXPECT_LT(std::stoi(version), 6 + steps_total) << "caught up before the last step";
+  EXPECT_EQ(nlohmann::json::parse(ReadFile(dir + "/t/summary.json"))["worker_restarts"], 1);
+  EXPECT_TRUE(AllGone(pids, 10));
+}
+
+// Restarts (cluster.max_worker_restarts, default 3) over gRPC weight streams.
+TEST(TrainTest, KilledRolloutWorkerIsRestartedAndCaughtUp) {
+  const std::string dir = MakeTempDir("restart");
+  auto p = GyreProcess::Start(SmallJob(dir, 30), dir);
+  std::string out;
+  auto m = p.WaitForOutput("started rollout-1 \\(pid ([0-9]+)\\)", 60, &out);
+  ASSERT_FALSE(m.empty()) << out;
+  const pid_t victim = std::stoi(m[1]);
+  ASSERT_FALSE(p.WaitForOutput("step    3/30", 120, &out).empty()) << out;
+  ::kill(victim, SIGKILL);
+  ASSERT_TRUE(p.Wait(240)) << p.Output();
+  out = p.Output();
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 0) << out;
+  EXPECT_NE(out.find("step   30/30"), std::string::npos) << out;
+  ExpectRestartedAndCaughtUp(dir, out, victim, 30);
 }
 
 // cluster.weight_transport: gloo: every publish goes to each rollout worker over its own Gloo
 // group (met through the controller's rendezvous store), with receipts checked by the controller.
-// A rollout worker killed mid-job is detected and the job finishes on the other one with every
-// sample accounted for and the same policy versions as over gRPC.
+// A rollout worker killed mid-job is detected, restarted and caught up over a fresh Gloo group,
+// and the job finishes with every sample accounted for and the same policy versions as over gRPC.
 TEST(TrainTest, GlooWeightTransportTrainsAndSurvivesARolloutDeath) {
   const std::string dir = MakeTempDir("gloo");
   auto args = SmallJob(dir, 30);
@@ -161,13 +226,7 @@ TEST(TrainTest, GlooWeightTransportTrainsAndSurvivesARolloutDeath) {
       std::string::npos)
       << out;
   EXPECT_NE(out.find("step   30/30"), std::string::npos) << out;
-  auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
-  ASSERT_EQ(steps.size(), 30u);
-  for (size_t i = 0; i < steps.size(); ++i) {
-    EXPECT_EQ(steps[i]["samples"], 64) << steps[i].dump();  // nothing lost
-    EXPECT_EQ(steps[i]["policy_version"], static_cast<int>(6 + i));
-  }
-  EXPECT_TRUE(AllGone(WorkerPids(out), 10));
+  ExpectRestartedAndCaughtUp(dir, out, victim, 30);
 }
 
 // A worker that stops answering (SIGSTOP: alive, silent) is declared dead after the heartbeat
@@ -307,6 +366,60 @@ TEST(TrainTest, ExternalWorkersDialTheController) {
   for (auto& w : workers) {
     ASSERT_TRUE(w.Wait(30)) << "worker did not stop with its job: " << w.Output();
     EXPECT_EQ(WEXITSTATUS(w.wait_status), 0) << w.Output();
+  }
+}
+
+// cluster.mode: external: nothing is spawned, but a rollout worker that a launcher starts again
+// after it was declared dead registers with the same id and is caught up before it gets work.
+TEST(TrainTest, ExternalWorkerThatRegistersAgainIsCaughtUp) {
+  const std::string dir = MakeTempDir("external_restart");
+  auto port = rpc_port();
+  auto args = SmallJob(dir, 80);
+  args.insert(
+      args.end(),
+      {"--set", "cluster.mode=external", "--set", "cluster.controller_port=" + std::to_string(port),
+       "--set", "cluster.heartbeat_interval_s=0.5", "--set", "cluster.heartbeat_timeout_s=2"});
+  auto controller = GyreProcess::Start(args, dir);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  auto start = [&](const std::string& role, int index, const std::string& tag) {
+    const std::string wdir = dir + "/" + tag;
+    if (!MakeDirs(wdir).ok()) std::abort();
+    return GyreProcess::Start(
+        {"worker", "--role", role, "--index", std::to_string(index), "--controller", address},
+        wdir);
+  };
+  std::vector<GyreProcess> workers = {start("trainer", 0, "t0"), start("rollout", 0, "r0"),
+                                      start("rollout", 1, "r1")};
+  std::string out;
+  ASSERT_FALSE(controller.WaitForOutput("step    3/80", 120, &out).empty()) << out;
+  ::kill(workers[2].pid, SIGKILL);
+  workers[2].Wait(10);
+  ASSERT_FALSE(controller.WaitForOutput("worker rollout-1 died", 30, &out).empty()) << out;
+  workers.push_back(start("rollout", 1, "r1b"));
+  ASSERT_TRUE(controller.Wait(180)) << controller.Output();
+  out = controller.Output();
+  EXPECT_EQ(WEXITSTATUS(controller.wait_status), 0) << out;
+  EXPECT_EQ(out.find("will be restarted"), std::string::npos) << "external mode spawns nothing";
+  EXPECT_NE(out.find("rollout-1 registered again (pid " + std::to_string(workers[3].pid)),
+            std::string::npos)
+      << out;
+  std::smatch m;
+  const std::regex re("rollout-1 restarted \\(pid ([0-9]+)\\), caught up to policy v([0-9]+)");
+  ASSERT_TRUE(std::regex_search(out, m, re)) << out;
+  EXPECT_EQ(std::stoi(m[1]), workers[3].pid);
+  const std::string log = workers[3].Output();
+  const size_t received = log.find("received policy version " + std::string(m[2]) + " ");
+  const size_t generated = log.find("first generate request, holding policy version " + m[2].str());
+  ASSERT_NE(received, std::string::npos) << log;
+  ASSERT_NE(generated, std::string::npos) << "the re-registered worker got no work: " << log;
+  EXPECT_LT(received, generated) << log;
+  for (const auto& s : ReadMetrics(dir + "/t/metrics.jsonl", "grpo")) {
+    EXPECT_EQ(s["samples"], 64) << s.dump();
+  }
+  EXPECT_EQ(nlohmann::json::parse(ReadFile(dir + "/t/summary.json"))["worker_restarts"], 1);
+  for (size_t i : {0, 1, 3}) {
+    ASSERT_TRUE(workers[i].Wait(30)) << "worker did not stop with its job: " << workers[i].Output();
+    EXPECT_EQ(WEXITSTATUS(workers[i].wait_status), 0) << workers[i].Output();
   }
 }
 
