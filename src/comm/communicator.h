@@ -45,7 +45,8 @@ class Communicator {
   virtual bool aborted() const = 0;
 
   // Copies `bytes` bytes at `data` on rank `root` into `data` on every other rank. `data` is host
-  // memory for Gloo and device memory for NCCL.
+  // memory for Gloo. NCCL takes device memory directly and stages host memory through the device
+  // (meant for small control messages: headers, manifests, acknowledgements).
   virtual Status Broadcast(void* data, size_t bytes, int root, Deadline deadline) = 0;
   // In place: every rank ends with the element-wise sum over ranks of `count` elements.
   virtual Status AllReduceSum(void* data, size_t count, DataType type, Deadline deadline) = 0;

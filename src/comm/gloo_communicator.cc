@@ -254,6 +254,58 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<Completion> inflight_;  // the call waiting now, for Abort()
 };
 
+namespace {
+
+// A client of the store at `address`, connected within `timeout_s`.
+StatusOr<c10::intrusive_ptr<c10d::TCPStore>> ConnectStore(const std::string& address,
+                                                          double timeout_s) {
+  GYRE_ASSIGN_OR_RETURN(auto host_port, SplitHostPort(address));
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(host_port.second);
+    so.isServer = false;
+    so.waitWorkers = false;
+    so.timeout = ToMillis(timeout_s);
+    return c10::make_intrusive<c10d::TCPStore>(host_port.first, so);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    return Unavailable("cannot reach the rendezvous store " + address + ": " +
+                       what.substr(0, what.find('\n')));
+  }
+}
+
+}  // namespace
+
+Status StoreSet(const std::string& address, const std::string& key, const std::string& value,
+                double timeout_s) {
+  GYRE_ASSIGN_OR_RETURN(auto store, ConnectStore(address, timeout_s));
+  try {
+    store->set("gyre/" + key, std::vector<uint8_t>(value.begin(), value.end()));
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    return Unavailable("store " + address + ": cannot set " + key + ": " +
+                       what.substr(0, what.find('\n')));
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::string> StoreGet(const std::string& address, const std::string& key,
+                               double timeout_s) {
+  GYRE_ASSIGN_OR_RETURN(auto store, ConnectStore(address, timeout_s));
+  try {
+    const std::vector<uint8_t> v = store->get("gyre/" + key);  // waits up to the timeout
+    return std::string(v.begin(), v.end());
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    const std::string first = what.substr(0, what.find('\n'));
+    const std::string msg = "store " + address + ": no value for " + key + ": " + first;
+    if (first.find("imeout") != std::string::npos || first.find("imed out") != std::string::npos) {
+      return DeadlineExceeded(msg);
+    }
+    return Unavailable(msg);
+  }
+}
+
 StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& options) {
   if (options.size < 1) return InvalidArgument("gloo group size must be at least 1");
   if (options.rank < 0 || options.rank >= options.size) {

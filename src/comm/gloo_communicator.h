@@ -38,6 +38,14 @@ class StoreServer {
   std::unique_ptr<Impl> impl_;
 };
 
+// A key-value pair in the store at `address` (keys are namespaced under "gyre/"): how a member
+// hands others a small secret such as an NCCL unique id. StoreGet waits up to `timeout_s` for the
+// key to be set (kDeadlineExceeded after that).
+Status StoreSet(const std::string& address, const std::string& key, const std::string& value,
+                double timeout_s);
+StatusOr<std::string> StoreGet(const std::string& address, const std::string& key,
+                               double timeout_s);
+
 struct GlooOptions {
   std::string store_address;  // "host:port" of a StoreServer, from the rendezvous
   std::string group;          // names this group in the store; a new name for each formation

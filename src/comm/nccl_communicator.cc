@@ -73,6 +73,8 @@ class NcclCommunicator final : public Communicator {
     // was already abandoned.
     AbortLocked();
     if (scratch_ != nullptr) cudaFree(scratch_);
+    if (staging_ != nullptr) cudaFree(staging_);
+    if (pinned_ != nullptr) cudaFreeHost(pinned_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -87,6 +89,11 @@ class NcclCommunicator final : public Communicator {
                              std::to_string(size_));
     }
     if (bytes == 0) return Status::Ok();
+    if (!IsDeviceMemory(data)) {
+      return RunStaged("broadcast", deadline, data, bytes, [&](void* dev) {
+        return ncclBroadcast(dev, dev, bytes, ncclUint8, root, comm_, stream_);
+      });
+    }
     return Run("broadcast", deadline,
                [&] { return ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_); });
   }
@@ -94,6 +101,11 @@ class NcclCommunicator final : public Communicator {
   Status AllReduceSum(void* data, size_t count, DataType type, Deadline deadline) override {
     GYRE_ASSIGN_OR_RETURN(ncclDataType_t t, ToNccl(type));
     if (count == 0) return Status::Ok();
+    if (!IsDeviceMemory(data)) {
+      return RunStaged("all-reduce", deadline, data, count * DataTypeSize(type), [&](void* dev) {
+        return ncclAllReduce(dev, dev, count, t, ncclSum, comm_, stream_);
+      });
+    }
     return Run("all-reduce", deadline,
                [&] { return ncclAllReduce(data, data, count, t, ncclSum, comm_, stream_); });
   }
@@ -157,6 +169,72 @@ class NcclCommunicator final : public Communicator {
     return status;
   }
 
+  // Host memory (pageable or pinned) is staged; device and managed memory go to NCCL directly.
+  static bool IsDeviceMemory(const void* p) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();  // an unknown pointer is host memory; clear the error slot
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  }
+
+  // A collective on host memory (the weight plane's headers, manifests and acknowledgements):
+  // copied into pinned memory, then to a device staging buffer, run there, and copied back,
+  // all on the communicator's stream so that the deadline poll covers every step (a pageable
+  // copy would block the thread on an unfinished collective, out of the deadline's reach).
+  template <typename EnqueueFn>
+  Status RunStaged(const char* what, Deadline deadline, void* host, size_t bytes,
+                   EnqueueFn enqueue) {
+    {
+      std::lock_guard<std::mutex> lock(call_mu_);
+      if (bytes > staged_bytes_) {
+        cudaSetDevice(device_);
+        if (pinned_ != nullptr) cudaFreeHost(pinned_);
+        if (staging_ != nullptr) cudaFree(staging_);
+        pinned_ = staging_ = nullptr;
+        staged_bytes_ = 0;
+        cudaError_t e = cudaMallocHost(&pinned_, bytes);
+        if (e == cudaSuccess) e = cudaMalloc(&staging_, bytes);
+        if (e != cudaSuccess) {
+          return Unavailable(std::string("nccl ") + what + ": staging buffers: " + CudaError(e));
+        }
+        staged_bytes_ = bytes;
+      }
+      std::memcpy(pinned_, host, bytes);
+    }
+    GYRE_RETURN_IF_ERROR(Run(what, deadline, [&] {
+      if (cudaMemcpyAsync(staging_, pinned_, bytes, cudaMemcpyHostToDevice, stream_) !=
+          cudaSuccess) {
+        return ncclUnhandledCudaError;
+      }
+      return enqueue(staging_);
+    }));
+    // The copy back is enqueued only after the collective completed: a non-blocking NCCL call
+    // may still be enqueueing its own work when it returns.
+    std::lock_guard<std::mutex> lock(call_mu_);
+    const std::string name = std::string("nccl ") + what + " (copy back)";
+    cudaError_t e = cudaMemcpyAsync(pinned_, staging_, bytes, cudaMemcpyDeviceToHost, stream_);
+    if (e != cudaSuccess) return Unavailable(name + ": " + CudaError(e));
+    Status status;
+    PollUntil([&] {
+      e = cudaStreamQuery(stream_);
+      if (e == cudaErrorNotReady) {
+        if (std::chrono::steady_clock::now() < deadline) return false;
+        status = DeadlineExceeded(name + " did not finish within its deadline");
+        return true;
+      }
+      if (e != cudaSuccess) status = Unavailable(name + ": " + CudaError(e));
+      return true;
+    });
+    if (!status.ok()) {
+      AbortLocked();
+      return status;
+    }
+    std::memcpy(host, pinned_, bytes);
+    return Status::Ok();
+  }
+
   // Requires call_mu_ held (or the destructor).
   void AbortLocked() {
     aborted_.store(true);
@@ -173,6 +251,10 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_;
   cudaStream_t stream_;
   void* scratch_;  // one float on the device, for Barrier
+  // Host-memory collectives: pinned and device staging of staged_bytes_ each (under call_mu_).
+  void* pinned_ = nullptr;
+  void* staging_ = nullptr;
+  size_t staged_bytes_ = 0;
   std::atomic<bool> aborted_{false};
 };
 

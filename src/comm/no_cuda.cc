@@ -1,5 +1,6 @@
 // The CUDA transports in a build without CUDA: each entry point says so.
 #include "comm/cuda_ipc.h"
+#include "comm/device_weights.h"
 #include "comm/nccl_communicator.h"
 
 namespace gyre::comm {
@@ -24,5 +25,18 @@ StatusOr<std::unique_ptr<CudaIpcMapping>> CudaIpcMapping::Open(const std::string
 }
 CudaIpcMapping::~CudaIpcMapping() = default;
 Status CudaIpcMapping::CopyTo(void*, size_t, size_t, Deadline) { return NoCuda("CUDA IPC"); }
+
+bool DeviceWeightsCompiled() { return false; }
+StatusOr<std::unique_ptr<DeviceBuffer>> DeviceBuffer::Allocate(uint64_t, int) {
+  return NoCuda("a device weight buffer");
+}
+DeviceBuffer::~DeviceBuffer() = default;
+Status EnsureDeviceBuffer(uint64_t, int, std::unique_ptr<DeviceBuffer>*, bool*) {
+  return NoCuda("a device weight buffer");
+}
+Status SynchronizeDevice(int, Deadline) { return NoCuda("device synchronisation"); }
+StatusOr<std::vector<uint32_t>> DeviceBucketCrc32(const void*, uint64_t, int64_t, int, Deadline) {
+  return NoCuda("device checksums");
+}
 
 }  // namespace gyre::comm

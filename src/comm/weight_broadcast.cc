@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 
 #include "common/crc32.h"
@@ -120,20 +121,28 @@ double Since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-StatusOr<PublishResult> PublishWeights(Communicator* comm, const WeightPayload& payload,
-                                       int64_t bucket_bytes, Deadline deadline,
-                                       int corrupt_bucket) {
+namespace {
+
+// The root's side of one version, whatever memory the payload is in. `precomputed` holds the
+// bucket checksums of a device payload (computed on its device before the header goes out);
+// host payloads are checksummed bucket by bucket as they are sent.
+StatusOr<PublishResult> PublishCore(Communicator* comm, int64_t version,
+                                    const std::vector<model::TensorEntry>& entries, uint8_t* base,
+                                    uint64_t total, int64_t bucket_bytes, Deadline deadline,
+                                    const std::vector<uint32_t>* precomputed, int corrupt_bucket) {
   if (bucket_bytes <= 0) return InvalidArgument("bucket_bytes must be positive");
-  if (payload.version < 0) return InvalidArgument("policy versions are >= 0");
+  if (version < 0) return InvalidArgument("policy versions are >= 0");
   const auto t0 = std::chrono::steady_clock::now();
   const int root = comm->rank();
-  const uint64_t total = payload.bytes.size();
   const uint64_t num_buckets = BucketCount(total, bucket_bytes);
-  std::vector<uint8_t> manifest = EncodeManifest(payload.manifest);
+  if (precomputed != nullptr && precomputed->size() != num_buckets) {
+    return InvalidArgument("device checksums do not match the bucket count");
+  }
+  std::vector<uint8_t> manifest = EncodeManifest(entries);
 
   Header h = {};
   std::memcpy(h.magic, kMagic, sizeof(kMagic));
-  h.version = payload.version;
+  h.version = version;
   h.total_bytes = total;
   h.bucket_bytes = bucket_bytes;
   h.num_buckets = num_buckets;
@@ -142,7 +151,7 @@ StatusOr<PublishResult> PublishWeights(Communicator* comm, const WeightPayload& 
   GYRE_RETURN_IF_ERROR(comm->Broadcast(manifest.data(), manifest.size(), root, deadline));
 
   PublishResult result;
-  result.version = payload.version;
+  result.version = version;
   result.bytes = total;
   result.bucket_bytes = bucket_bytes;
   result.receivers = comm->size() - 1;
@@ -152,17 +161,17 @@ StatusOr<PublishResult> PublishWeights(Communicator* comm, const WeightPayload& 
     const uint64_t off = b * static_cast<uint64_t>(bucket_bytes);
     const uint64_t n = std::min<uint64_t>(bucket_bytes, total - std::min(total, off));
     // Collectives write into their buffer on every rank, the root's included in principle;
-    // Gloo's broadcast only reads it on the root, so the payload is sent in place.
-    auto* p = const_cast<uint8_t*>(payload.bytes.data()) + off;
-    result.bucket_crc32.push_back(Crc32(p, n));
-    if (static_cast<int64_t>(b) == corrupt_bucket && n > 0) {
+    // Gloo's and NCCL's broadcasts only read it on the root, so the payload is sent in place.
+    uint8_t* p = base + off;
+    result.bucket_crc32.push_back(precomputed ? (*precomputed)[b] : Crc32(p, n));
+    if (precomputed == nullptr && static_cast<int64_t>(b) == corrupt_bucket && n > 0) {
       scratch.assign(p, p + n);
       scratch[n / 2] ^= 0x5a;
       p = scratch.data();
     }
-    GYRE_RETURN_IF_ERROR(comm->Broadcast(p, n, root, deadline)
-                             .WithContext("bucket " + std::to_string(b) + " of version " +
-                                          std::to_string(payload.version)));
+    GYRE_RETURN_IF_ERROR(
+        comm->Broadcast(p, n, root, deadline)
+            .WithContext("bucket " + std::to_string(b) + " of version " + std::to_string(version)));
   }
   std::vector<uint32_t> crcs = result.bucket_crc32;
   GYRE_RETURN_IF_ERROR(comm->Broadcast(crcs.data(), crcs.size() * 4, root, deadline));
@@ -170,30 +179,49 @@ StatusOr<PublishResult> PublishWeights(Communicator* comm, const WeightPayload& 
   // confirmations rather than rejections matters: after a peer closed its connections cleanly,
   // Gloo can complete a collective without it, and a missing peer must not read as success.
   float confirmed = 0;
-  GYRE_RETURN_IF_ERROR(
-      comm->AllReduceSum(&confirmed, 1, DataType::kFloat32, deadline)
-          .WithContext("acknowledgement of version " + std::to_string(payload.version)));
+  GYRE_RETURN_IF_ERROR(comm->AllReduceSum(&confirmed, 1, DataType::kFloat32, deadline)
+                           .WithContext("acknowledgement of version " + std::to_string(version)));
   if (confirmed != static_cast<float>(result.receivers)) {
     const int missing = result.receivers - static_cast<int>(confirmed);
     return DataLoss(std::to_string(missing) + " of " + std::to_string(result.receivers) +
-                    " receivers did not confirm version " + std::to_string(payload.version) +
+                    " receivers did not confirm version " + std::to_string(version) +
                     " (a bucket checksum mismatch, or a receiver that left)");
   }
   result.seconds = Since(t0);
   return result;
 }
 
-std::vector<FanoutResult> PublishToEach(const std::vector<Communicator*>& groups,
-                                        const WeightPayload& payload, int64_t bucket_bytes,
-                                        Deadline deadline) {
+}  // namespace
+
+StatusOr<PublishResult> PublishWeights(Communicator* comm, const WeightPayload& payload,
+                                       int64_t bucket_bytes, Deadline deadline,
+                                       int corrupt_bucket) {
+  return PublishCore(comm, payload.version, payload.manifest,
+                     const_cast<uint8_t*>(payload.bytes.data()), payload.bytes.size(), bucket_bytes,
+                     deadline, nullptr, corrupt_bucket);
+}
+
+StatusOr<PublishResult> PublishDeviceWeights(Communicator* comm, const DevicePayload& payload,
+                                             int64_t bucket_bytes, Deadline deadline) {
+  if (bucket_bytes <= 0) return InvalidArgument("bucket_bytes must be positive");
+  GYRE_ASSIGN_OR_RETURN(auto crcs, DeviceBucketCrc32(payload.data, payload.bytes, bucket_bytes,
+                                                     payload.device, deadline));
+  return PublishCore(comm, payload.version, payload.manifest, static_cast<uint8_t*>(payload.data),
+                     payload.bytes, bucket_bytes, deadline, &crcs, -1);
+}
+
+namespace {
+
+template <typename PublishFn>
+std::vector<FanoutResult> FanOut(const std::vector<Communicator*>& groups, PublishFn publish) {
   std::vector<std::future<StatusOr<PublishResult>>> futures;
   for (Communicator* c : groups) {
-    futures.push_back(std::async(std::launch::async, [c, &payload, bucket_bytes, deadline] {
+    futures.push_back(std::async(std::launch::async, [c, &publish] {
       if (c->size() != 2 || c->rank() != 0) {
         return StatusOr<PublishResult>(
             InvalidArgument("PublishToEach needs two-member groups with the publisher as rank 0"));
       }
-      return PublishWeights(c, payload, bucket_bytes, deadline);
+      return publish(c);
     }));
   }
   std::vector<FanoutResult> out(groups.size());
@@ -205,6 +233,37 @@ std::vector<FanoutResult> PublishToEach(const std::vector<Communicator*>& groups
   return out;
 }
 
+}  // namespace
+
+std::vector<FanoutResult> PublishToEach(const std::vector<Communicator*>& groups,
+                                        const WeightPayload& payload, int64_t bucket_bytes,
+                                        Deadline deadline) {
+  return FanOut(
+      groups, [&](Communicator* c) { return PublishWeights(c, payload, bucket_bytes, deadline); });
+}
+
+std::vector<FanoutResult> PublishDeviceToEach(const std::vector<Communicator*>& groups,
+                                              const DevicePayload& payload, int64_t bucket_bytes,
+                                              Deadline deadline) {
+  if (bucket_bytes <= 0 || groups.empty()) {
+    std::vector<FanoutResult> out(groups.size());
+    for (auto& r : out) r.status = InvalidArgument("bucket_bytes must be positive");
+    return out;
+  }
+  // Checksums once, for every receiver.
+  auto crcs =
+      DeviceBucketCrc32(payload.data, payload.bytes, bucket_bytes, payload.device, deadline);
+  if (!crcs.ok()) {
+    std::vector<FanoutResult> out(groups.size());
+    for (auto& r : out) r.status = crcs.status();
+    return out;
+  }
+  return FanOut(groups, [&](Communicator* c) {
+    return PublishCore(c, payload.version, payload.manifest, static_cast<uint8_t*>(payload.data),
+                       payload.bytes, bucket_bytes, deadline, &*crcs, -1);
+  });
+}
+
 Status PublishEndOfStream(Communicator* comm, Deadline deadline) {
   Header h = {};
   std::memcpy(h.magic, kMagic, sizeof(kMagic));
@@ -212,8 +271,18 @@ Status PublishEndOfStream(Communicator* comm, Deadline deadline) {
   return comm->Broadcast(&h, sizeof(h), comm->rank(), deadline);
 }
 
-StatusOr<Receipt> ReceivePublishedWeights(Communicator* comm, int root, Deadline deadline,
-                                          WeightPayload* payload) {
+namespace {
+
+// The receiver's side of one version. `prepare(total)` returns where the payload goes (host or
+// device memory); `device_checksums`, when set, computes every bucket's CRC-32 after the last
+// bucket arrived (device payloads); host payloads are checksummed bucket by bucket.
+using PrepareFn = std::function<StatusOr<uint8_t*>(uint64_t total)>;
+using ChecksumFn = std::function<StatusOr<std::vector<uint32_t>>(
+    const uint8_t* base, uint64_t total, int64_t bucket_bytes)>;
+
+StatusOr<Receipt> ReceiveCore(Communicator* comm, int root, Deadline deadline,
+                              std::vector<model::TensorEntry>* manifest_out, int64_t* version_out,
+                              const PrepareFn& prepare, const ChecksumFn& device_checksums) {
   if (root == comm->rank()) return InvalidArgument("the root does not receive its own weights");
   const auto t0 = std::chrono::steady_clock::now();
   Header h = {};
@@ -234,13 +303,18 @@ StatusOr<Receipt> ReceivePublishedWeights(Communicator* comm, int root, Deadline
   }
   std::vector<uint8_t> manifest(h.manifest_bytes);
   GYRE_RETURN_IF_ERROR(comm->Broadcast(manifest.data(), manifest.size(), root, deadline));
-  Status manifest_status = DecodeManifest(manifest, h.total_bytes, &payload->manifest);
+  Status manifest_status = DecodeManifest(manifest, h.total_bytes, manifest_out);
   if (!manifest_status.ok()) {
     comm->Abort();
     return manifest_status;
   }
-  payload->version = h.version;
-  payload->bytes.resize(h.total_bytes);
+  auto base = prepare(h.total_bytes);
+  if (!base.ok()) {
+    // The publisher is about to send buckets this member cannot take.
+    comm->Abort();
+    return base.status();
+  }
+  *version_out = h.version;
   Receipt receipt;
   receipt.version = h.version;
   receipt.bytes = h.total_bytes;
@@ -249,20 +323,27 @@ StatusOr<Receipt> ReceivePublishedWeights(Communicator* comm, int root, Deadline
     const uint64_t off = b * static_cast<uint64_t>(h.bucket_bytes);
     const uint64_t n =
         std::min<uint64_t>(h.bucket_bytes, h.total_bytes - std::min(h.total_bytes, off));
-    uint8_t* p = payload->bytes.data() + off;
+    uint8_t* p = *base + off;
     GYRE_RETURN_IF_ERROR(comm->Broadcast(p, n, root, deadline)
                              .WithContext("bucket " + std::to_string(b) + " of version " +
                                           std::to_string(h.version)));
-    receipt.bucket_crc32.push_back(Crc32(p, n));
+    if (!device_checksums) receipt.bucket_crc32.push_back(Crc32(p, n));
   }
   std::vector<uint32_t> sent(h.num_buckets);
   GYRE_RETURN_IF_ERROR(comm->Broadcast(sent.data(), sent.size() * 4, root, deadline));
   Status verdict;
-  for (uint64_t b = 0; b < h.num_buckets; ++b) {
-    if (sent[b] != receipt.bucket_crc32[b]) {
+  if (device_checksums) {
+    auto crcs = device_checksums(*base, h.total_bytes, h.bucket_bytes);
+    if (crcs.ok()) {
+      receipt.bucket_crc32 = std::move(*crcs);
+    } else {
+      verdict = crcs.status();
+    }
+  }
+  for (uint64_t b = 0; verdict.ok() && b < h.num_buckets; ++b) {
+    if (b >= receipt.bucket_crc32.size() || sent[b] != receipt.bucket_crc32[b]) {
       verdict = DataLoss("bucket " + std::to_string(b) + " of version " +
                          std::to_string(h.version) + " failed its CRC-32 check");
-      break;
     }
   }
   float confirmed = verdict.ok() ? 1.0f : 0.0f;
@@ -270,6 +351,34 @@ StatusOr<Receipt> ReceivePublishedWeights(Communicator* comm, int root, Deadline
   GYRE_RETURN_IF_ERROR(verdict);
   receipt.seconds = Since(t0);
   return receipt;
+}
+
+}  // namespace
+
+StatusOr<Receipt> ReceivePublishedWeights(Communicator* comm, int root, Deadline deadline,
+                                          WeightPayload* payload) {
+  return ReceiveCore(
+      comm, root, deadline, &payload->manifest, &payload->version,
+      [payload](uint64_t total) -> StatusOr<uint8_t*> {
+        payload->bytes.resize(total);
+        return payload->bytes.data();
+      },
+      nullptr);
+}
+
+StatusOr<Receipt> ReceiveDeviceWeights(Communicator* comm, int root, int device, Deadline deadline,
+                                       std::vector<model::TensorEntry>* manifest,
+                                       std::unique_ptr<DeviceBuffer>* buffer) {
+  int64_t version = 0;
+  return ReceiveCore(
+      comm, root, deadline, manifest, &version,
+      [buffer, device](uint64_t total) -> StatusOr<uint8_t*> {
+        GYRE_RETURN_IF_ERROR(EnsureDeviceBuffer(total, device, buffer));
+        return static_cast<uint8_t*>((*buffer)->data());
+      },
+      [device, deadline](const uint8_t* base, uint64_t total, int64_t bucket_bytes) {
+        return DeviceBucketCrc32(base, total, bucket_bytes, device, deadline);
+      });
 }
 
 }  // namespace gyre::comm

@@ -20,9 +20,11 @@
 // Thread-safety: one call at a time per communicator (as for Communicator).
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/device_weights.h"
 #include "comm/weight_sync.h"
 
 namespace gyre::comm {
@@ -68,6 +70,27 @@ std::vector<FanoutResult> PublishToEach(const std::vector<Communicator*>& groups
                                         const WeightPayload& payload, int64_t bucket_bytes,
                                         Deadline deadline);
 
+// A policy version in device memory (the NCCL transport): `bytes` at `data` on CUDA `device`,
+// laid out as `manifest` (model::ParameterManifest). The caller synchronised the copies that
+// filled it.
+struct DevicePayload {
+  int64_t version = 0;
+  std::vector<model::TensorEntry> manifest;
+  void* data = nullptr;
+  uint64_t bytes = 0;
+  int device = 0;
+};
+
+// PublishWeights for a device payload over a communicator that takes device memory (NCCL). The
+// bucket checksums are computed on the device (device_weights.h) and equal the host CRC-32.
+StatusOr<PublishResult> PublishDeviceWeights(Communicator* comm, const DevicePayload& payload,
+                                             int64_t bucket_bytes, Deadline deadline);
+
+// PublishToEach for a device payload: checksums once, then every two-member group concurrently.
+std::vector<FanoutResult> PublishDeviceToEach(const std::vector<Communicator*>& groups,
+                                              const DevicePayload& payload, int64_t bucket_bytes,
+                                              Deadline deadline);
+
 // Tells every receiver of `comm` that no more versions follow (their ReceivePublishedWeights
 // returns kOutOfRange).
 Status PublishEndOfStream(Communicator* comm, Deadline deadline);
@@ -80,5 +103,12 @@ Status PublishEndOfStream(Communicator* comm, Deadline deadline);
 // communicator's errors.
 StatusOr<Receipt> ReceivePublishedWeights(Communicator* comm, int root, Deadline deadline,
                                           WeightPayload* payload);
+
+// ReceivePublishedWeights into device memory: the payload lands in *buffer (allocated or grown
+// on `device` as needed) and is checked on the device. Same errors; on any error the buffer's
+// contents must not be used.
+StatusOr<Receipt> ReceiveDeviceWeights(Communicator* comm, int root, int device, Deadline deadline,
+                                       std::vector<model::TensorEntry>* manifest,
+                                       std::unique_ptr<DeviceBuffer>* buffer);
 
 }  // namespace gyre::comm

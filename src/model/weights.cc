@@ -17,10 +17,9 @@ namespace gyre::model {
 
 uint32_t Crc32(const uint8_t* data, uint64_t n) { return gyre::Crc32(data, n); }
 
-std::vector<uint8_t> FlattenParameters(const NamedTensors& params,
-                                       std::vector<TensorEntry>* manifest) {
+std::vector<TensorEntry> ParameterManifest(const NamedTensors& params, uint64_t* total_bytes) {
+  std::vector<TensorEntry> manifest;
   uint64_t total = 0;
-  manifest->clear();
   for (const auto& [name, t] : params) {
     TensorEntry e;
     e.name = name;
@@ -29,8 +28,16 @@ std::vector<uint8_t> FlattenParameters(const NamedTensors& params,
     e.offset = total;
     e.nbytes = static_cast<uint64_t>(t.numel()) * sizeof(float);
     total += e.nbytes;
-    manifest->push_back(std::move(e));
+    manifest.push_back(std::move(e));
   }
+  *total_bytes = total;
+  return manifest;
+}
+
+std::vector<uint8_t> FlattenParameters(const NamedTensors& params,
+                                       std::vector<TensorEntry>* manifest) {
+  uint64_t total = 0;
+  *manifest = ParameterManifest(params, &total);
   std::vector<uint8_t> out(total);
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor c = params[i].second.detach().to(at::kFloat).contiguous().cpu();
@@ -90,14 +97,30 @@ StatusOr<std::vector<const TensorEntry*>> MatchManifest(const std::vector<Tensor
 }  // namespace
 
 Status LoadFlatParameters(const std::vector<TensorEntry>& manifest, const uint8_t* payload,
-                          uint64_t payload_bytes, const NamedTensors& params) {
+                          uint64_t payload_bytes, const NamedTensors& params,
+                          const at::Device& payload_device) {
   GYRE_ASSIGN_OR_RETURN(auto entries, MatchManifest(manifest, payload_bytes, params));
   at::NoGradGuard no_grad;
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(payload_device);
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& dst = params[i].second;
-    at::Tensor src = at::from_blob(const_cast<uint8_t*>(payload + entries[i]->offset), dst.sizes(),
-                                   at::TensorOptions().dtype(at::kFloat));
+    at::Tensor src =
+        at::from_blob(const_cast<uint8_t*>(payload + entries[i]->offset), dst.sizes(), options);
     dst.detach().copy_(src);
+  }
+  return Status::Ok();
+}
+
+Status FlattenParametersInto(const NamedTensors& params, const std::vector<TensorEntry>& manifest,
+                             void* dst, uint64_t dst_bytes, const at::Device& device) {
+  GYRE_ASSIGN_OR_RETURN(auto entries, MatchManifest(manifest, dst_bytes, params));
+  at::NoGradGuard no_grad;
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& src = params[i].second;
+    at::Tensor out =
+        at::from_blob(static_cast<uint8_t*>(dst) + entries[i]->offset, src.sizes(), options);
+    out.copy_(src.detach());
   }
   return Status::Ok();
 }

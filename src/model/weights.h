@@ -24,10 +24,23 @@ struct TensorEntry {
 std::vector<uint8_t> FlattenParameters(const NamedTensors& params,
                                        std::vector<TensorEntry>* manifest);
 
+// The manifest FlattenParameters writes (same order and offsets), without copying; the payload
+// size goes to *total_bytes.
+std::vector<TensorEntry> ParameterManifest(const NamedTensors& params, uint64_t* total_bytes);
+
+// Copies every parameter as float32 into the `dst_bytes` bytes at `dst`, which live on `device`
+// (a CUDA device's memory for the GPU weight transports), laid out as `manifest`
+// (ParameterManifest of the same parameters). The copies are enqueued on the device's current
+// stream; the caller synchronises before other streams or processes read `dst`.
+Status FlattenParametersInto(const NamedTensors& params, const std::vector<TensorEntry>& manifest,
+                             void* dst, uint64_t dst_bytes, const at::Device& device);
+
 // Copies `payload` into `params`. The manifest must name exactly the model's parameters with the
-// same shapes; on any mismatch nothing is written and the error names the tensor.
+// same shapes; on any mismatch nothing is written and the error names the tensor. The payload
+// lives in host memory, or on `payload_device` (e.g. a CUDA device) when given.
 Status LoadFlatParameters(const std::vector<TensorEntry>& manifest, const uint8_t* payload,
-                          uint64_t payload_bytes, const NamedTensors& params);
+                          uint64_t payload_bytes, const NamedTensors& params,
+                          const at::Device& payload_device = at::Device(at::kCPU));
 
 // Writes `params` as a safetensors file (8-byte little-endian header length, JSON header padded
 // with spaces to a multiple of 8, tensors contiguous in sorted-name order) in `dtype` (F32, F16

@@ -63,6 +63,25 @@ TEST_F(GlooTest, StoreListensOnAnOsChosenLoopbackPort) {
   EXPECT_NE((*second)->port(), store_->port());
 }
 
+TEST_F(GlooTest, StoreHandsAValueToAnotherClientAndTimesOutOnAMissingKey) {
+  // The value is binary (an NCCL unique id is 128 raw bytes, zeros included).
+  std::string secret(128, '\0');
+  for (size_t i = 0; i < secret.size(); i += 3) secret[i] = static_cast<char>(i);
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ASSERT_TRUE(StoreSet(store_->address(), "weights/rollout-0/nccl_id", secret, 10).ok());
+  });
+  auto got = StoreGet(store_->address(), "weights/rollout-0/nccl_id", 10);  // waits for the set
+  late.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, secret);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto missing = StoreGet(store_->address(), "never/set", 0.5);
+  EXPECT_EQ(missing.status().code(), StatusCode::kDeadlineExceeded) << missing.status();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10);
+  EXPECT_FALSE(StoreGet("127.0.0.1", "k", 1).ok());  // not HOST:PORT
+}
+
 TEST_F(GlooTest, BroadcastAllReduceAndBarrierAcrossThreeRanks) {
   RunRanks("basic", 3, [](int rank, Communicator* c) {
     // Broadcast from rank 1: everyone ends with rank 1's bytes.
