@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU host's check, as one script: configure and build Gyre against the host's CUDA-enabled
 # PyTorch (torch.utils.cmake_prefix_path) and the staged Debian packages, run the GPU tests
-# (ctest label gpu) and `gyre bench kernels`, and copy logs and JSON to $OUT (or ./gpu-out).
+# (ctest label gpu), `gyre bench kernels` and the CUDA IPC row of `gyre bench weight-sync`, and
+# copy logs and JSON to $OUT (or ./gpu-out).
 #
 # Preparation on a machine with Debian's registry, from the repository root:
 #   bash ../shared/device/stage-deps.sh            # -> .devdeps/ (git-ignored; carry it)
@@ -41,5 +42,9 @@ fi
 if [[ "$mode" != tests-only ]]; then
   "$build/bin/gyre" bench kernels --json "$out/bench-kernels.json" "$@" 2>"$out/bench-kernels.err" \
     | tee "$out/bench-kernels.txt" || rc=1
+  # Colocated weight update of a 1 GB version over CUDA IPC, beside the naive gRPC baseline.
+  "$build/bin/gyre" bench weight-sync --size 1GB --transports cuda_ipc --bucket-mb 64,256 \
+    --reps 5 --json "$out/bench-weight-sync.json" 2>"$out/bench-weight-sync.err" \
+    | tee "$out/bench-weight-sync.txt" || rc=1
 fi
 exit $rc

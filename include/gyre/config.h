@@ -120,7 +120,12 @@ struct ClusterSection {
   double rpc_timeout_s = 300;
   double weight_sync_timeout_s = 60;
   int64_t weight_bucket_bytes = 4 << 20;
-  std::string weight_transport = "grpc";       // grpc (streams) or gloo (bucketed Gloo broadcast)
+  // grpc (streams), gloo (bucketed Gloo broadcast), nccl (bucketed NCCL broadcast, GPU to GPU)
+  // or cuda_ipc (device-to-device copy from the trainer's buffer, one host).
+  std::string weight_transport = "grpc";
+  // GPUs: colocated = worker i of each role on GPU i mod n; disaggregated = trainers on GPUs
+  // 0..M-1, rollout worker i on GPU (M + i) mod n.
+  std::string placement = "colocated";
   std::string on_worker_failure = "continue";  // continue (re-queue on survivors) or fail
   int max_worker_restarts = 3;  // respawns of each dead rollout worker (local mode); 0 = never
   std::string worker_binary;    // empty = this executable

@@ -20,11 +20,14 @@
 #include <thread>
 
 #include "cli/bench.h"
+#include "comm/cuda_ipc.h"
+#include "comm/device_weights.h"
 #include "comm/gloo_communicator.h"
 #include "comm/weight_broadcast.h"
 #include "comm/weight_sync.h"
 #include "common/file_util.h"
 #include "common/subprocess.h"
+#include "kernels/device_info.h"
 #include "rpc/rpc_util.h"
 
 namespace gyre::cli {
@@ -43,13 +46,15 @@ constexpr char kUsage[] =
     "  --size SIZE         payload size: 1GB, 512MB, 64MiB, 1000000 (default 1GB)\n"
     "  --bucket-mb LIST    bucket sizes in MiB, comma-separated (default 16,64,256)\n"
     "  --receivers N       receiver processes (default 1)\n"
-    "  --transports LIST   from grpc (bucketed gRPC stream), gloo (bucketed Gloo broadcast);\n"
+    "  --transports LIST   from grpc (bucketed gRPC stream), gloo (bucketed Gloo broadcast),\n"
+    "                      cuda_ipc (colocated GPU update: device copy into an exported buffer,\n"
+    "                      GPU checksums, each receiver copies it out; needs a GPU);\n"
     "                      default grpc,gloo. The naive baseline always runs.\n"
     "  --reps N            timed repetitions per row, after one untimed warm-up (default 3)\n"
     "  --deadline-s S      deadline of each transfer (default 300)\n"
     "  --json FILE         also write the figures as JSON\n"
     "\n"
-    "Progress goes to stderr. NCCL and CUDA IPC need GPUs and are not part of this CPU bench.\n";
+    "Progress goes to stderr. NCCL needs one GPU per process and is not part of this bench.\n";
 
 StatusOr<uint64_t> ParseSize(const std::string& text) {
   size_t used = 0;
@@ -129,6 +134,41 @@ class SinkService final : public v1::Rollout::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return rpc::ToGrpc(comm::ReceiveWeightStream(reader, &payload_, receipt));
   }
+  // cuda_ipc: copies the sender's buffer device-to-device into this process's own buffer and
+  // checks every bucket on the GPU, as a colocated rollout worker does.
+  grpc::Status ReceiveWeights(grpc::ServerContext*, const v1::ReceiveWeightsRequest* req,
+                              v1::WeightReceipt* receipt) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto t0 = std::chrono::steady_clock::now();
+    const comm::Deadline deadline = comm::DeadlineAfter(req->timeout_s());
+    if (!mapping_ || handle_ != req->ipc_handle()) {
+      mapping_.reset();
+      auto m = comm::CudaIpcMapping::Open(req->ipc_handle(), 0);
+      if (!m.ok()) return rpc::ToGrpc(m.status());
+      mapping_ = std::move(*m);
+      handle_ = req->ipc_handle();
+    }
+    Status s = comm::EnsureDeviceBuffer(req->total_bytes(), 0, &buffer_);
+    if (s.ok()) s = mapping_->CopyTo(buffer_->data(), 0, req->total_bytes(), deadline);
+    if (!s.ok()) return rpc::ToGrpc(s);
+    auto crcs = comm::DeviceBucketCrc32(buffer_->data(), req->total_bytes(), req->bucket_bytes(), 0,
+                                        deadline);
+    if (!crcs.ok()) return rpc::ToGrpc(crcs.status());
+    if (static_cast<int>(crcs->size()) != req->sent_crc32_size()) {
+      return rpc::ToGrpc(DataLoss("bucket count differs from the sender's"));
+    }
+    for (size_t b = 0; b < crcs->size(); ++b) {
+      if ((*crcs)[b] != req->sent_crc32(static_cast<int>(b))) {
+        return rpc::ToGrpc(DataLoss("bucket " + std::to_string(b) + " failed its CRC-32 check"));
+      }
+    }
+    receipt->set_version(req->version());
+    for (uint32_t c : *crcs) receipt->add_bucket_crc32(c);
+    receipt->set_bytes(req->total_bytes());
+    receipt->set_seconds(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return grpc::Status::OK;
+  }
   grpc::Status Stop(grpc::ServerContext*, const v1::StopRequest*, v1::StopResponse*) override {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -145,6 +185,9 @@ class SinkService final : public v1::Rollout::Service {
   std::condition_variable cv_;
   bool stop_ = false;
   comm::WeightPayload payload_;
+  std::unique_ptr<comm::CudaIpcMapping> mapping_;
+  std::string handle_;
+  std::unique_ptr<comm::DeviceBuffer> buffer_;
 };
 
 int RunReceiver(const std::vector<std::string>& args) {
@@ -226,6 +269,50 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// A colocated update over CUDA IPC, as a job does it: the sender copies its "parameters" into the
+// exported buffer (device to device), checksums every bucket on the GPU, and every receiver copies
+// the buffer into its own device memory and checks it. Returns the first error.
+Status SendCudaIpcToAll(Receivers* rx, const comm::DeviceBuffer& params,
+                        const comm::DeviceBuffer& published, const std::string& handle,
+                        int64_t version, int64_t bucket, double deadline_s) {
+  const comm::Deadline deadline = comm::DeadlineAfter(deadline_s);
+  GYRE_RETURN_IF_ERROR(comm::CopyDeviceToDevice(published.data(), params.data(), params.size(),
+                                                published.device(), deadline));
+  GYRE_ASSIGN_OR_RETURN(auto crcs, comm::DeviceBucketCrc32(published.data(), params.size(), bucket,
+                                                           published.device(), deadline));
+  v1::ReceiveWeightsRequest req;
+  req.set_transport("cuda_ipc");
+  req.set_timeout_s(deadline_s);
+  req.set_ipc_handle(handle);
+  req.set_version(version);
+  req.set_total_bytes(params.size());
+  req.set_bucket_bytes(bucket);
+  for (uint32_t c : crcs) req.add_sent_crc32(c);
+  std::vector<std::future<Status>> futures;
+  for (auto& stub : rx->stubs) {
+    auto* st = stub.get();
+    futures.push_back(std::async(std::launch::async, [st, &req, &crcs, deadline_s, version] {
+      grpc::ClientContext ctx;
+      rpc::SetDeadline(&ctx, deadline_s + 10);
+      v1::WeightReceipt receipt;
+      Status s = rpc::FromGrpc(st->ReceiveWeights(&ctx, req, &receipt), "cuda_ipc receive");
+      if (!s.ok()) return s;
+      bool match = receipt.version() == version &&
+                   receipt.bucket_crc32_size() == static_cast<int>(crcs.size());
+      for (size_t b = 0; match && b < crcs.size(); ++b) {
+        match = receipt.bucket_crc32(static_cast<int>(b)) == crcs[b];
+      }
+      return match ? Status::Ok() : DataLoss("receipt does not match the sent checksums");
+    }));
+  }
+  Status first;
+  for (size_t i = 0; i < futures.size(); ++i) {
+    Status s = futures[i].get();
+    if (!s.ok() && first.ok()) first = s.WithContext("receiver " + std::to_string(i + 1));
+  }
+  return first;
+}
+
 // Sends `payload` to every receiver concurrently over gRPC in buckets of `bucket` bytes and
 // checks each receipt (SendWeights compares it with the CRC-32 it sent).
 Status SendGrpcToAll(Receivers* rx, const comm::WeightPayload& payload, int64_t bucket,
@@ -260,7 +347,7 @@ int RunBenchWeightSync(const std::vector<std::string>& args) {
   std::vector<int64_t> bucket_mib = {16, 64, 256};
   int64_t receivers = 1, reps = 3;
   double deadline_s = 300;
-  bool use_grpc = true, use_gloo = true;
+  bool use_grpc = true, use_gloo = true, use_cuda_ipc = false;
   std::string json_path;
   auto usage_error = [](const std::string& why) {
     std::fprintf(stderr, "gyre bench weight-sync: %s\n\n%s", why.c_str(), kUsage);
@@ -304,8 +391,11 @@ int RunBenchWeightSync(const std::vector<std::string>& args) {
           use_grpc = true;
         } else if (t == "gloo") {
           use_gloo = true;
+        } else if (t == "cuda_ipc") {
+          use_cuda_ipc = true;
         } else {
-          return usage_error("unknown transport '" + t + "' (this bench has grpc and gloo)");
+          return usage_error("unknown transport '" + t +
+                             "' (this bench has grpc, gloo and cuda_ipc)");
         }
       }
     } else if (a == "--json") {
@@ -333,6 +423,27 @@ int RunBenchWeightSync(const std::vector<std::string>& args) {
   entry.dtype = "uint8";
   entry.nbytes = size;
   payload.manifest.push_back(entry);
+
+  // cuda_ipc: the "parameters" and the exported buffer they are published through, on GPU 0.
+  std::unique_ptr<comm::DeviceBuffer> ipc_params, ipc_published;
+  std::string ipc_handle;
+  if (use_cuda_ipc) {
+    if (kernels::CudaDeviceCount() == 0) {
+      return Fail(FailedPrecondition("--transports cuda_ipc needs a CUDA device; none is usable"));
+    }
+    auto a = comm::DeviceBuffer::Allocate(size, 0);
+    if (!a.ok()) return Fail(a.status());
+    ipc_params = std::move(*a);
+    auto b = comm::DeviceBuffer::Allocate(size, 0);
+    if (!b.ok()) return Fail(b.status());
+    ipc_published = std::move(*b);
+    Status up = comm::CopyHostToDevice(ipc_params->data(), payload.bytes.data(), size, 0,
+                                       comm::DeadlineAfter(deadline_s));
+    if (!up.ok()) return Fail(up);
+    auto h = comm::ExportCudaIpcHandle(ipc_published->data());
+    if (!h.ok()) return Fail(h.status());
+    ipc_handle = *h;
+  }
 
   // Rendezvous and receivers.
   const std::string dir = TempDirectory() + "/gyre-bench-weight-sync-" + std::to_string(::getpid());
@@ -421,6 +532,9 @@ int RunBenchWeightSync(const std::vector<std::string>& args) {
         auto r = comm::PublishWeights(gloo.get(), payload, bucket_bytes,
                                       comm::DeadlineAfter(deadline_s));
         if (!r.ok()) return r.status().WithContext("gloo publish");
+      } else if (transport == "cuda_ipc") {
+        GYRE_RETURN_IF_ERROR(SendCudaIpcToAll(&rx, *ipc_params, *ipc_published, ipc_handle,
+                                              payload.version, bucket_bytes, deadline_s));
       } else {
         GYRE_RETURN_IF_ERROR(SendGrpcToAll(&rx, payload, bucket_bytes, deadline_s));
       }
@@ -453,6 +567,7 @@ int RunBenchWeightSync(const std::vector<std::string>& args) {
   for (int64_t mib : bucket_mib) {
     if (status.ok() && use_grpc) status = run_row("grpc", mib << 20);
     if (status.ok() && use_gloo) status = run_row("gloo", mib << 20);
+    if (status.ok() && use_cuda_ipc) status = run_row("cuda_ipc", mib << 20);
   }
   if (gloo && !gloo->aborted()) {
     Status end = comm::PublishEndOfStream(gloo.get(), comm::DeadlineAfter(30));

@@ -26,7 +26,9 @@ namespace {
 
 // model.device for worker `index` of its role: cpu, cuda (GPU index mod the visible count), or
 // auto (cuda when a device is usable).
-StatusOr<at::Device> ResolveDevice(const std::string& setting, int index) {
+// The device of worker `index` of `role` (cluster.placement, see docs/config.md).
+StatusOr<at::Device> ResolveDevice(const JobConfig& cfg, v1::WorkerRole role, int index) {
+  const std::string& setting = cfg.model.device;
   if (setting == "cpu") return at::Device(at::kCPU);
   const int gpus = kernels::CudaDeviceCount();
   if (gpus == 0) {
@@ -35,7 +37,19 @@ StatusOr<at::Device> ResolveDevice(const std::string& setting, int index) {
         "model.device is cuda but this worker sees no usable CUDA device (no GPU or driver, "
         "CUDA_VISIBLE_DEVICES empty, or a build without CUDA); set model.device: cpu or auto");
   }
-  return at::Device(at::kCUDA, static_cast<at::DeviceIndex>(index % gpus));
+  int gpu = index % gpus;
+  if (cfg.cluster.placement == "disaggregated" && role == v1::WORKER_ROLE_ROLLOUT) {
+    const int trainers = cfg.trainer.workers;
+    gpu = (trainers + index) % gpus;
+    if (gpu < trainers) {
+      return FailedPrecondition("cluster.placement is disaggregated, but rollout worker " +
+                                std::to_string(index) + " would share GPU " + std::to_string(gpu) +
+                                " with a trainer: this host has " + std::to_string(gpus) +
+                                " GPU(s) for " + std::to_string(trainers) +
+                                " trainer(s); add GPUs or use cluster.placement: colocated");
+    }
+  }
+  return at::Device(at::kCUDA, static_cast<at::DeviceIndex>(gpu));
 }
 
 constexpr char kWorkerUsage[] =
@@ -158,7 +172,7 @@ int RunWorker(const std::vector<std::string>& args) {
     }
     model = std::move(*loaded);
   }
-  auto device = ResolveDevice(cfg->model.device, index);
+  auto device = ResolveDevice(*cfg, wrole, index);
   if (!device.ok()) {
     session.ReportFatal(device.status().message());
     std::fprintf(stderr, "gyre worker: %s\n", device.status().ToString().c_str());

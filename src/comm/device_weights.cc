@@ -88,6 +88,27 @@ Status SynchronizeDevice(int device, Deadline deadline) {
   return WaitDefaultStream(deadline, "device synchronisation");
 }
 
+namespace {
+
+Status Copy(void* dst, const void* src, uint64_t bytes, int device, cudaMemcpyKind kind,
+            Deadline deadline) {
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+  if (e != cudaSuccess) return Unavailable("device copy: " + CudaError(e));
+  return WaitDefaultStream(deadline, "device copy");
+}
+
+}  // namespace
+
+Status CopyHostToDevice(void* dst, const void* src, uint64_t bytes, int device, Deadline deadline) {
+  return Copy(dst, src, bytes, device, cudaMemcpyHostToDevice, deadline);
+}
+
+Status CopyDeviceToDevice(void* dst, const void* src, uint64_t bytes, int device,
+                          Deadline deadline) {
+  return Copy(dst, src, bytes, device, cudaMemcpyDeviceToDevice, deadline);
+}
+
 StatusOr<std::vector<uint32_t>> DeviceBucketCrc32(const void* data, uint64_t total,
                                                   int64_t bucket_bytes, int device,
                                                   Deadline deadline) {

@@ -48,6 +48,12 @@ Status EnsureDeviceBuffer(uint64_t bytes, int device, std::unique_ptr<DeviceBuff
 // `deadline` bounds the wait (kDeadlineExceeded after it).
 Status SynchronizeDevice(int device, Deadline deadline);
 
+// Copies `bytes` into memory of `device` (from host memory, or from memory of the same device)
+// and waits for the copy until `deadline`.
+Status CopyHostToDevice(void* dst, const void* src, uint64_t bytes, int device, Deadline deadline);
+Status CopyDeviceToDevice(void* dst, const void* src, uint64_t bytes, int device,
+                          Deadline deadline);
+
 // The CRC-32 of each bucket of `bucket_bytes` of the `total` bytes at `data` (memory of
 // `device`), computed on that device; waits for the result until `deadline`. One entry per
 // bucket, at least one.

@@ -34,6 +34,12 @@ DeviceBuffer::~DeviceBuffer() = default;
 Status EnsureDeviceBuffer(uint64_t, int, std::unique_ptr<DeviceBuffer>*, bool*) {
   return NoCuda("a device weight buffer");
 }
+Status CopyHostToDevice(void*, const void*, uint64_t, int, Deadline) {
+  return NoCuda("a device copy");
+}
+Status CopyDeviceToDevice(void*, const void*, uint64_t, int, Deadline) {
+  return NoCuda("a device copy");
+}
 Status SynchronizeDevice(int, Deadline) { return NoCuda("device synchronisation"); }
 StatusOr<std::vector<uint32_t>> DeviceBucketCrc32(const void*, uint64_t, int64_t, int, Deadline) {
   return NoCuda("device checksums");

@@ -247,8 +247,12 @@ std::vector<Field> BuildTable() {
           "deadline of one weight broadcast"),
       Num(GYRE_CONFIG_KEY(cluster.weight_bucket_bytes), Closed(1024, 17179869184.0),
           "weight-sync bucket size in bytes"),
-      Choice(GYRE_CONFIG_KEY(cluster.weight_transport), {"grpc", "gloo"},
-             "grpc = gRPC streams; gloo = bucketed Gloo broadcast over TCP"),
+      Choice(GYRE_CONFIG_KEY(cluster.weight_transport), {"grpc", "gloo", "nccl", "cuda_ipc"},
+             "grpc = gRPC streams; gloo = bucketed Gloo broadcast over TCP; nccl = bucketed NCCL "
+             "broadcast between GPUs; cuda_ipc = device-to-device copy on one host"),
+      Choice(GYRE_CONFIG_KEY(cluster.placement), {"colocated", "disaggregated"},
+             "colocated = worker i of each role on GPU i; disaggregated = trainers on the first "
+             "GPUs, rollout workers on the next ones"),
       Choice(GYRE_CONFIG_KEY(cluster.on_worker_failure), {"continue", "fail"},
              "continue = re-queue a dead worker's work on survivors; fail = stop the job"),
       Num(GYRE_CONFIG_KEY(cluster.max_worker_restarts), Closed(0, 1000),
@@ -744,6 +748,24 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
                    "model.num_heads (" + str(c.model.num_heads) +
                        ") must be divisible by model.num_kv_heads (" + str(c.model.num_kv_heads) +
                        ") (each key/value head serves a whole group of query heads)"};
+  }
+  const std::string& wt = c.cluster.weight_transport;
+  if ((wt == "nccl" || wt == "cuda_ipc") && c.model.device == "cpu") {
+    return Problem{{"cluster.weight_transport", "model.device"},
+                   "cluster.weight_transport: " + wt +
+                       " moves weights between GPUs; set model.device: cuda (or use grpc or gloo "
+                       "with model.device: cpu)"};
+  }
+  if (wt == "nccl" && c.cluster.placement != "disaggregated") {
+    return Problem{{"cluster.weight_transport", "cluster.placement"},
+                   "cluster.weight_transport: nccl needs the trainer and the rollout workers on "
+                   "different GPUs (NCCL cannot connect two ranks on one GPU): set "
+                   "cluster.placement: disaggregated, or use cuda_ipc for colocated workers"};
+  }
+  if (wt == "cuda_ipc" && c.cluster.mode != "local") {
+    return Problem{{"cluster.weight_transport", "cluster.mode"},
+                   "cluster.weight_transport: cuda_ipc needs the trainer and the rollout workers "
+                   "on one host (cluster.mode: local); use nccl across hosts"};
   }
   if (c.data.min_digits > c.data.max_digits) {
     return Problem{{"data.min_digits", "data.max_digits"},

@@ -118,9 +118,14 @@ class JobRunner {
   // Publishes `version` to every alive rollout worker, or only to *only (a restarted worker's
   // catch-up, see ReviveRollouts).
   Status Publish(int64_t version, const std::vector<Worker*>* only = nullptr);
-  // cluster.weight_transport gloo: the trainer and each rollout worker meet in a two-member Gloo
-  // group through weight_store_; the rollout worker reports its receipt directly.
-  Status PublishGloo(int64_t version, const std::vector<Worker*>* only);
+  // cluster.weight_transport gloo or nccl: the trainer and each rollout worker meet in a
+  // two-member group through the controller's store; the trainer broadcasts in buckets.
+  Status PublishGroups(int64_t version, const std::vector<Worker*>* only);
+  // cluster.weight_transport cuda_ipc: the trainer fills its GPU buffer, then every rollout
+  // worker copies from it through a CUDA IPC handle and checks each bucket.
+  Status PublishCudaIpc(int64_t version, const std::vector<Worker*>* only);
+  // Records a finished transfer (error empty) or handles a failed one (death or drop).
+  Status SettleTransfer(Worker* w, int64_t version, const std::string& error);
   std::string WeightGroup(const Worker& w) const;
 
   // Worker restarts (cluster.max_worker_restarts; docs/design.md, "Worker restarts"). Run by the
@@ -261,7 +266,7 @@ Status JobRunner::Setup() {
                         rpc::StartServer(cfg_.cluster.bind_host, cfg_.cluster.controller_port,
                                          {service_.get()}, &address_));
   GYRE_LOG_INFO("controller listening on {}; run directory {}", address_, run_dir_);
-  if (cfg_.cluster.weight_transport == "gloo") {
+  if (cfg_.cluster.weight_transport == "gloo" || cfg_.cluster.weight_transport == "nccl") {
     GYRE_ASSIGN_OR_RETURN(weight_store_, comm::StoreServer::Start(cfg_.cluster.bind_host));
     GYRE_LOG_INFO("weight rendezvous store on {}", weight_store_->address());
   }
@@ -521,7 +526,8 @@ Status JobRunner::AfterRpcFailure(Worker* w, const Status& s) {
 }
 
 Status JobRunner::Publish(int64_t version, const std::vector<Worker*>* only) {
-  if (weight_store_) return PublishGloo(version, only);
+  if (weight_store_) return PublishGroups(version, only);
+  if (cfg_.cluster.weight_transport == "cuda_ipc") return PublishCudaIpc(version, only);
   const auto t0 = Clock::now();
   v1::PublishWeightsRequest req;
   req.set_version(version);
@@ -576,14 +582,103 @@ std::string JobRunner::WeightGroup(const Worker& w) const {
                             : "weights/e" + std::to_string(weight_epoch_) + "/" + w.id;
 }
 
-Status JobRunner::PublishGloo(int64_t version, const std::vector<Worker*>* only) {
+namespace {
+
+// Why a receipt does not confirm `version` as sent (empty when it does): it must match what the
+// trainer sent, bucket by bucket.
+std::string ReceiptMismatch(const v1::WeightReceipt& receipt, int64_t version,
+                            const google::protobuf::RepeatedField<uint32_t>& sent) {
+  bool match = receipt.version() == version && receipt.bucket_crc32_size() == sent.size();
+  for (int b = 0; match && b < sent.size(); ++b) match = receipt.bucket_crc32(b) == sent.Get(b);
+  return match ? "" : "receipt for v" + std::to_string(version) + " does not match";
+}
+
+}  // namespace
+
+Status JobRunner::SettleTransfer(Worker* w, int64_t version, const std::string& error) {
+  if (error.empty()) {
+    w->version = version;
+    return Status::Ok();
+  }
+  // As with gRPC streams: a death is reported by the monitor; a live worker is dropped.
+  if (!WaitForDeath(w->id, 2.0)) {
+    GYRE_RETURN_IF_ERROR(
+        DropWorker(w, "weight transfer of v" + std::to_string(version) + " failed: " + error));
+  }
+  return CheckHealth();
+}
+
+Status JobRunner::PublishCudaIpc(int64_t version, const std::vector<Worker*>* only) {
   const double timeout = cfg_.cluster.weight_sync_timeout_s;
+  const auto t0 = Clock::now();
+  std::vector<Worker*> rollouts = only ? *only : AliveRollouts();
+  // 1. The trainer writes the version into its GPU buffer and answers with the buffer's handle.
+  v1::PublishWeightsRequest req;
+  req.set_version(version);
+  req.set_timeout_s(timeout);
+  req.set_bucket_bytes(cfg_.cluster.weight_bucket_bytes);
+  req.set_transport("cuda_ipc");
+  v1::PublishWeightsResponse resp;
+  {
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, timeout + 10);
+    InflightCall inflight(this, TrainerWorker()->id, &ctx);
+    GYRE_RETURN_IF_ERROR(AfterRpcFailure(
+        TrainerWorker(), rpc::FromGrpc(TrainerWorker()->trainer->PublishWeights(&ctx, req, &resp),
+                                       "publish weights v" + std::to_string(version))));
+  }
+  // 2. Every rollout worker copies it device-to-device, concurrently, and checks each bucket.
+  v1::ReceiveWeightsRequest base;
+  base.set_transport("cuda_ipc");
+  base.set_timeout_s(timeout);
+  base.set_ipc_handle(resp.ipc_handle());
+  base.set_version(version);
+  *base.mutable_manifest() = resp.manifest();
+  base.set_total_bytes(resp.total_bytes());
+  base.set_bucket_bytes(resp.bucket_bytes());
+  *base.mutable_sent_crc32() = resp.bucket_crc32();
+  struct Receive {
+    grpc::ClientContext ctx;
+    v1::WeightReceipt receipt;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<Receive>> receives;
+  std::vector<std::unique_ptr<InflightCall>> inflight;
+  std::vector<std::future<void>> pending;
+  for (Worker* w : rollouts) {
+    auto r = std::make_unique<Receive>();
+    rpc::SetDeadline(&r->ctx, timeout + 10);
+    inflight.push_back(std::make_unique<InflightCall>(this, w->id, &r->ctx));
+    Receive* rp = r.get();
+    v1::Rollout::Stub* stub = w->rollout.get();
+    pending.push_back(std::async(std::launch::async, [rp, stub, &base] {
+      rp->status = stub->ReceiveWeights(&rp->ctx, base, &rp->receipt);
+    }));
+    receives.push_back(std::move(r));
+  }
+  for (auto& f : pending) f.get();
+  inflight.clear();
+  for (size_t i = 0; i < rollouts.size(); ++i) {
+    const Receive& r = *receives[i];
+    const std::string error = r.status.ok()
+                                  ? ReceiptMismatch(r.receipt, version, resp.bucket_crc32())
+                                  : rpc::FromGrpc(r.status, "receive").ToString();
+    GYRE_RETURN_IF_ERROR(SettleTransfer(rollouts[i], version, error));
+  }
+  GYRE_LOG_DEBUG("published v{} over cuda_ipc in {:.3f} s (trainer side {:.3f} s)", version,
+                 Seconds(t0), resp.seconds());
+  return CheckHealth();
+}
+
+Status JobRunner::PublishGroups(int64_t version, const std::vector<Worker*>* only) {
+  const double timeout = cfg_.cluster.weight_sync_timeout_s;
+  const std::string transport = cfg_.cluster.weight_transport;
   std::vector<Worker*> rollouts = only ? *only : AliveRollouts();
   v1::PublishWeightsRequest req;
   req.set_version(version);
   req.set_timeout_s(timeout);
   req.set_bucket_bytes(cfg_.cluster.weight_bucket_bytes);
-  req.set_transport("gloo");
+  req.set_transport(transport);
   req.set_store_address(weight_store_->address());
   req.set_bind_host(HostOf(TrainerWorker()->address));
   // Each rollout worker is asked to receive at the same time as the trainer publishes.
@@ -601,6 +696,7 @@ Status JobRunner::PublishGloo(int64_t version, const std::vector<Worker*>* only)
     req.add_rollout_addresses(w->address);
     req.add_groups(group);
     auto r = std::make_unique<Receive>();
+    r->req.set_transport(transport);
     r->req.set_store_address(weight_store_->address());
     r->req.set_group(group);
     r->req.set_timeout_s(timeout);
@@ -644,26 +740,11 @@ Status JobRunner::PublishGloo(int64_t version, const std::vector<Worker*>* only)
     } else if (!r.status.ok()) {
       error = rpc::FromGrpc(r.status, "receive").ToString();
     } else {
-      // The receipt must match what was sent, bucket by bucket.
-      bool match =
-          r.receipt.version() == version && r.receipt.bucket_crc32_size() == pr->sent_crc32_size();
-      for (int b = 0; match && b < pr->sent_crc32_size(); ++b) {
-        match = r.receipt.bucket_crc32(b) == pr->sent_crc32(b);
-      }
-      if (!match) error = "receipt for v" + std::to_string(version) + " does not match";
+      error = ReceiptMismatch(r.receipt, version, pr->sent_crc32());
     }
-    if (!error.empty()) {
-      // As with gRPC streams: a death is reported by the monitor; a live worker is dropped.
-      if (!WaitForDeath(w.id, 2.0)) {
-        GYRE_RETURN_IF_ERROR(
-            DropWorker(&w, "weight transfer of v" + std::to_string(version) + " failed: " + error));
-      }
-      GYRE_RETURN_IF_ERROR(CheckHealth());
-      continue;
-    }
-    w.version = version;
+    GYRE_RETURN_IF_ERROR(SettleTransfer(&w, version, error));
   }
-  GYRE_LOG_DEBUG("published v{} over gloo", version);
+  GYRE_LOG_DEBUG("published v{} over {}", version, transport);
   return CheckHealth();
 }
 

@@ -7,10 +7,13 @@
 #include <chrono>
 #include <map>
 
+#include "comm/cuda_ipc.h"
 #include "comm/gloo_communicator.h"
+#include "comm/nccl_communicator.h"
 #include "comm/weight_broadcast.h"
 #include "comm/weight_sync.h"
 #include "common/logging.h"
+#include "model/weights.h"
 #include "rpc/rpc_util.h"
 
 namespace gyre::rollout {
@@ -197,48 +200,145 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
   std::lock_guard<std::mutex> wlock(weights_mu_);
   const double timeout = req->timeout_s() > 0 ? req->timeout_s() : 60.0;
   const comm::Deadline deadline = comm::DeadlineAfter(timeout);
-  if (!weight_comm_ || weight_comm_->aborted() || weight_group_ != req->group()) {
-    weight_comm_.reset();
-    comm::GlooOptions o;
-    o.store_address = req->store_address();
-    o.group = req->group();
-    o.rank = 1;
-    o.size = 2;
-    if (!req->bind_host().empty()) o.bind_host = req->bind_host();
-    o.connect_timeout_s = timeout;
-    auto c = comm::CreateGlooCommunicator(o);
-    if (!c.ok()) return rpc::ToGrpc(c.status());
-    weight_comm_ = std::move(*c);
-    weight_group_ = req->group();
+  const std::string transport = req->transport().empty() ? "gloo" : req->transport();
+  if (transport != "gloo" && transport != "nccl" && transport != "cuda_ipc") {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "unknown weight transport '" + transport + "'");
   }
-  auto r = comm::ReceivePublishedWeights(weight_comm_.get(), 0, deadline, &weight_payload_);
+  at::Device device = at::Device(at::kCPU);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    device = model_->device();
+  }
+  if (transport != "gloo" && !device.is_cuda()) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        "the " + transport + " weight transport needs the model on a GPU (model.device: cuda)");
+  }
+  StatusOr<comm::Receipt> r = Unavailable("no transfer");
+  std::vector<model::TensorEntry> device_manifest;
+  if (transport == "cuda_ipc") {
+    r = ReceiveCudaIpc(*req, device.index(), deadline, &device_manifest);
+  } else {
+    if (!weight_comm_ || weight_comm_->aborted() || weight_group_ != req->group()) {
+      weight_comm_.reset();
+      StatusOr<std::unique_ptr<comm::Communicator>> c = Unavailable("no group");
+      if (transport == "nccl") {
+        auto id = comm::StoreGet(req->store_address(), req->group() + "/nccl_id", timeout);
+        if (!id.ok()) return rpc::ToGrpc(id.status().WithContext("nccl weight group"));
+        comm::NcclOptions o;
+        o.unique_id = *id;
+        o.rank = 1;
+        o.size = 2;
+        o.device = device.index();
+        o.connect_timeout_s = timeout;
+        c = comm::CreateNcclCommunicator(o);
+      } else {
+        comm::GlooOptions o;
+        o.store_address = req->store_address();
+        o.group = req->group();
+        o.rank = 1;
+        o.size = 2;
+        if (!req->bind_host().empty()) o.bind_host = req->bind_host();
+        o.connect_timeout_s = timeout;
+        c = comm::CreateGlooCommunicator(o);
+      }
+      if (!c.ok()) return rpc::ToGrpc(c.status());
+      weight_comm_ = std::move(*c);
+      weight_group_ = req->group();
+    }
+    if (transport == "nccl") {
+      r = comm::ReceiveDeviceWeights(weight_comm_.get(), 0, device.index(), deadline,
+                                     &device_manifest, &device_buffer_);
+    } else {
+      r = comm::ReceivePublishedWeights(weight_comm_.get(), 0, deadline, &weight_payload_);
+    }
+  }
   if (!r.ok()) {
     GYRE_LOG_ERROR("weight transfer rejected: {}", r.status().ToString());
-    if (weight_comm_->aborted()) weight_comm_.reset();
+    if (weight_comm_ && weight_comm_->aborted()) weight_comm_.reset();
     return rpc::ToGrpc(r.status());
   }
   {
     // As LoadWeights: through the engine, which keeps or recomputes the KV of parked samples.
     std::lock_guard<std::mutex> lock(mu_);
     Status s = engine_->UpdateWeights(r->version, [&] {
-      return model::LoadFlatParameters(weight_payload_.manifest, weight_payload_.bytes.data(),
-                                       weight_payload_.bytes.size(), model_->NamedParameters());
+      if (transport == "gloo") {
+        return model::LoadFlatParameters(weight_payload_.manifest, weight_payload_.bytes.data(),
+                                         weight_payload_.bytes.size(), model_->NamedParameters());
+      }
+      return model::LoadFlatParameters(device_manifest,
+                                       static_cast<const uint8_t*>(device_buffer_->data()),
+                                       r->bytes, model_->NamedParameters(), device);
     });
     if (!s.ok()) {
       return rpc::ToGrpc(s.WithContext("weights of version " + std::to_string(r->version)));
     }
     engine_->set_version(r->version);
     if (version_.exchange(r->version) < 0) {
-      GYRE_LOG_INFO("received policy version {} over gloo ({} bytes; this process's first weights)",
-                    r->version, r->bytes);
+      GYRE_LOG_INFO("received policy version {} over {} ({} bytes; this process's first weights)",
+                    r->version, transport, r->bytes);
     }
   }
   receipt->set_version(r->version);
   for (uint32_t c : r->bucket_crc32) receipt->add_bucket_crc32(c);
   receipt->set_bytes(r->bytes);
   receipt->set_seconds(r->seconds);
-  GYRE_LOG_DEBUG("loaded policy version {} over gloo ({} bytes)", r->version, r->bytes);
+  GYRE_LOG_DEBUG("loaded policy version {} over {} ({} bytes)", r->version, transport, r->bytes);
   return grpc::Status::OK;
+}
+
+StatusOr<comm::Receipt> RolloutService::ReceiveCudaIpc(const v1::ReceiveWeightsRequest& req,
+                                                       int device, comm::Deadline deadline,
+                                                       std::vector<model::TensorEntry>* manifest) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (req.bucket_bytes() <= 0) return InvalidArgument("cuda_ipc: bucket_bytes must be positive");
+  const uint64_t total = req.total_bytes();
+  const uint64_t buckets =
+      std::max<uint64_t>(1, (total + req.bucket_bytes() - 1) / req.bucket_bytes());
+  if (static_cast<uint64_t>(req.sent_crc32_size()) != buckets) {
+    return InvalidArgument("cuda_ipc: " + std::to_string(req.sent_crc32_size()) +
+                           " checksums for " + std::to_string(buckets) + " buckets");
+  }
+  manifest->clear();
+  for (const auto& t : req.manifest()) {
+    model::TensorEntry e;
+    e.name = t.name();
+    e.shape.assign(t.shape().begin(), t.shape().end());
+    e.dtype = t.dtype();
+    e.offset = t.offset();
+    e.nbytes = t.nbytes();
+    if (e.offset > total || e.nbytes > total - e.offset) {
+      return InvalidArgument("cuda_ipc: tensor " + e.name + " lies outside the payload");
+    }
+    manifest->push_back(std::move(e));
+  }
+  // The trainer exports one handle per buffer allocation; a new handle means a new buffer.
+  if (!ipc_mapping_ || ipc_handle_ != req.ipc_handle()) {
+    ipc_mapping_.reset();
+    GYRE_ASSIGN_OR_RETURN(ipc_mapping_, comm::CudaIpcMapping::Open(req.ipc_handle(), device));
+    ipc_handle_ = req.ipc_handle();
+  }
+  GYRE_RETURN_IF_ERROR(comm::EnsureDeviceBuffer(total, device, &device_buffer_));
+  Status s = ipc_mapping_->CopyTo(device_buffer_->data(), 0, total, deadline);
+  if (!s.ok()) {
+    ipc_mapping_.reset();  // map again next time
+    return s.WithContext("cuda_ipc copy of version " + std::to_string(req.version()));
+  }
+  GYRE_ASSIGN_OR_RETURN(auto crcs, comm::DeviceBucketCrc32(device_buffer_->data(), total,
+                                                           req.bucket_bytes(), device, deadline));
+  for (uint64_t b = 0; b < buckets; ++b) {
+    if (crcs[b] != req.sent_crc32(static_cast<int>(b))) {
+      return DataLoss("bucket " + std::to_string(b) + " of version " +
+                      std::to_string(req.version()) + " failed its CRC-32 check");
+    }
+  }
+  comm::Receipt receipt;
+  receipt.version = req.version();
+  receipt.bytes = total;
+  receipt.bucket_crc32 = std::move(crcs);
+  receipt.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return receipt;
 }
 
 grpc::Status RolloutService::Stop(grpc::ServerContext* ctx, const v1::StopRequest* req,

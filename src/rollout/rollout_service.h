@@ -14,6 +14,9 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/cuda_ipc.h"
+#include "comm/device_weights.h"
+#include "comm/weight_broadcast.h"
 #include "comm/weight_sync.h"
 #include "gyre/config.h"
 #include "gyre/v1/gyre.grpc.pb.h"
@@ -50,6 +53,11 @@ class RolloutService final : public v1::Rollout::Service {
   int64_t version() const { return version_.load(); }
 
  private:
+  // cuda_ipc: copies the version out of the trainer's mapped buffer into device_buffer_ and
+  // checks every bucket against the trainer's checksums. Under weights_mu_.
+  StatusOr<comm::Receipt> ReceiveCudaIpc(const v1::ReceiveWeightsRequest& req, int device,
+                                         comm::Deadline deadline,
+                                         std::vector<model::TensorEntry>* manifest);
   RolloutService(std::unique_ptr<model::Transformer> model,
                  std::function<void(const std::string&)> on_stop);
 
@@ -64,6 +72,11 @@ class RolloutService final : public v1::Rollout::Service {
   std::string weight_group_;
   std::unique_ptr<comm::Communicator> weight_comm_;
   comm::WeightPayload weight_payload_;  // reused between versions
+  // GPU transports: the version as received on this worker's GPU (nccl, cuda_ipc), and the
+  // trainer's buffer mapped into this process (cuda_ipc, kept while its handle stays the same).
+  std::unique_ptr<comm::DeviceBuffer> device_buffer_;
+  std::unique_ptr<comm::CudaIpcMapping> ipc_mapping_;
+  std::string ipc_handle_;
 };
 
 }  // namespace gyre::rollout

@@ -1,10 +1,13 @@
 #include "trainer/trainer_service.h"
 
+#include <chrono>
 #include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
 
+#include "comm/cuda_ipc.h"
 #include "comm/gloo_communicator.h"
+#include "comm/nccl_communicator.h"
 #include "comm/weight_broadcast.h"
 #include "comm/weight_sync.h"
 #include "common/file_util.h"
@@ -117,7 +120,14 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "rollout_addresses and rollout_ids differ in length");
   }
-  comm::WeightPayload payload;
+  const std::string transport = req->transport().empty() ? "grpc" : req->transport();
+  if (transport != "grpc" && transport != "gloo" && transport != "nccl" &&
+      transport != "cuda_ipc") {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "unknown weight transport '" + transport + "'");
+  }
+  const int64_t bucket = req->bucket_bytes() > 0 ? req->bucket_bytes() : (4 << 20);
+  const double timeout = req->timeout_s() > 0 ? req->timeout_s() : 60.0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (req->version() != trainer_.version()) {
@@ -125,15 +135,45 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
                           "asked to publish version " + std::to_string(req->version()) +
                               ", trainer holds " + std::to_string(trainer_.version()));
     }
+  }
+  if (transport == "nccl" || transport == "cuda_ipc") {
+    std::lock_guard<std::mutex> wlock(weights_mu_);
+    const auto t0 = std::chrono::steady_clock::now();
+    comm::DevicePayload payload;
+    Status s = FlattenToDevice(timeout, &payload);
+    if (!s.ok()) return rpc::ToGrpc(s.WithContext("publish weights over " + transport));
+    if (transport == "nccl") {
+      return PublishToGroups(*req, nullptr, &payload, bucket, timeout, resp);
+    }
+    // cuda_ipc: the receivers copy from the buffer; the controller checks their receipts
+    // against these checksums.
+    auto crcs = comm::DeviceBucketCrc32(payload.data, payload.bytes, bucket, payload.device,
+                                        comm::DeadlineAfter(timeout));
+    if (!crcs.ok()) return rpc::ToGrpc(crcs.status().WithContext("publish weights over cuda_ipc"));
+    resp->set_ipc_handle(ipc_handle_);
+    resp->set_total_bytes(payload.bytes);
+    resp->set_bucket_bytes(bucket);
+    for (uint32_t c : *crcs) resp->add_bucket_crc32(c);
+    for (const auto& e : payload.manifest) {
+      v1::TensorSpec* t = resp->add_manifest();
+      t->set_name(e.name);
+      for (int64_t d : e.shape) t->add_shape(d);
+      t->set_dtype(e.dtype);
+      t->set_offset(e.offset);
+      t->set_nbytes(e.nbytes);
+    }
+    resp->set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return grpc::Status::OK;
+  }
+  comm::WeightPayload payload;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     payload.version = trainer_.version();
     payload.bytes = model::FlattenParameters(trainer_.model().NamedParameters(), &payload.manifest);
   }
-  const int64_t bucket = req->bucket_bytes() > 0 ? req->bucket_bytes() : (4 << 20);
-  const double timeout = req->timeout_s() > 0 ? req->timeout_s() : 60.0;
-  if (req->transport() == "gloo") return PublishGloo(*req, payload, bucket, timeout, resp);
-  if (!req->transport().empty() && req->transport() != "grpc") {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "unknown weight transport '" + req->transport() + "'");
+  if (transport == "gloo") {
+    std::lock_guard<std::mutex> wlock(weights_mu_);
+    return PublishToGroups(*req, &payload, nullptr, bucket, timeout, resp);
   }
   std::vector<std::future<StatusOr<comm::SendResult>>> futures;
   for (int i = 0; i < req->rollout_addresses_size(); ++i) {
@@ -158,14 +198,41 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status TrainerService::PublishGloo(const v1::PublishWeightsRequest& req,
-                                         const comm::WeightPayload& payload, int64_t bucket,
-                                         double timeout, v1::PublishWeightsResponse* resp) {
+Status TrainerService::FlattenToDevice(double timeout, comm::DevicePayload* payload) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const at::Device device = trainer_.model().device();
+  if (!device.is_cuda()) {
+    return FailedPrecondition(
+        "the nccl and cuda_ipc weight transports need the model on a GPU (model.device: cuda)");
+  }
+  const auto params = trainer_.model().NamedParameters();
+  payload->version = trainer_.version();
+  payload->manifest = model::ParameterManifest(params, &payload->bytes);
+  payload->device = device.index();
+  bool reallocated = false;
+  GYRE_RETURN_IF_ERROR(
+      comm::EnsureDeviceBuffer(payload->bytes, payload->device, &device_buffer_, &reallocated));
+  if (reallocated || ipc_handle_.empty()) {
+    GYRE_ASSIGN_OR_RETURN(ipc_handle_, comm::ExportCudaIpcHandle(device_buffer_->data()));
+  }
+  payload->data = device_buffer_->data();
+  GYRE_RETURN_IF_ERROR(model::FlattenParametersInto(params, payload->manifest, payload->data,
+                                                    payload->bytes, device));
+  return comm::SynchronizeDevice(payload->device, comm::DeadlineAfter(timeout));
+}
+
+grpc::Status TrainerService::PublishToGroups(const v1::PublishWeightsRequest& req,
+                                             const comm::WeightPayload* host_payload,
+                                             const comm::DevicePayload* device_payload,
+                                             int64_t bucket, double timeout,
+                                             v1::PublishWeightsResponse* resp) {
+  const std::string transport = req.transport();
   if (req.groups_size() != req.rollout_ids_size() || req.store_address().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "gloo publish needs a store address and one group per rollout worker");
+                        transport +
+                            " publish needs a store address and one group per rollout "
+                            "worker");
   }
-  std::lock_guard<std::mutex> lock(weights_mu_);
   const comm::Deadline deadline = comm::DeadlineAfter(timeout);
   const int n = req.groups_size();
   // Groups not named any more belong to workers that are gone.
@@ -181,9 +248,30 @@ grpc::Status TrainerService::PublishGloo(const v1::PublishWeightsRequest& req,
   std::vector<std::future<StatusOr<std::unique_ptr<comm::Communicator>>>> joining(n);
   for (int i = 0; i < n; ++i) {
     if (weight_groups_.count(req.groups(i))) continue;
+    const std::string group = req.groups(i);
+    const std::string store = req.store_address();
+    if (transport == "nccl") {
+      const int device = device_payload->device;
+      joining[i] = std::async(
+          std::launch::async,
+          [group, store, device, timeout]() -> StatusOr<std::unique_ptr<comm::Communicator>> {
+            // The unique id names a bootstrap socket in this process; the worker reads it from
+            // the controller's store.
+            GYRE_ASSIGN_OR_RETURN(std::string id, comm::NewNcclUniqueId());
+            GYRE_RETURN_IF_ERROR(comm::StoreSet(store, group + "/nccl_id", id, timeout));
+            comm::NcclOptions o;
+            o.unique_id = id;
+            o.rank = 0;
+            o.size = 2;
+            o.device = device;
+            o.connect_timeout_s = timeout;
+            return comm::CreateNcclCommunicator(o);
+          });
+      continue;
+    }
     comm::GlooOptions o;
-    o.store_address = req.store_address();
-    o.group = req.groups(i);
+    o.store_address = store;
+    o.group = group;
     o.rank = 0;
     o.size = 2;
     if (!req.bind_host().empty()) o.bind_host = req.bind_host();
@@ -204,7 +292,9 @@ grpc::Status TrainerService::PublishGloo(const v1::PublishWeightsRequest& req,
     groups.push_back(weight_groups_.at(req.groups(i)).get());
     index.push_back(i);
   }
-  auto results = comm::PublishToEach(groups, payload, bucket, deadline);
+  auto results = device_payload != nullptr
+                     ? comm::PublishDeviceToEach(groups, *device_payload, bucket, deadline)
+                     : comm::PublishToEach(groups, *host_payload, bucket, deadline);
   std::vector<const comm::FanoutResult*> by_rollout(n, nullptr);
   for (size_t k = 0; k < results.size(); ++k) by_rollout[index[k]] = &results[k];
   for (int i = 0; i < n; ++i) {

@@ -1,12 +1,13 @@
 #pragma once
 // TrainerService: the gRPC face of a trainer worker. TrainStep runs one optimizer step on the
 // batch the controller sends; PublishWeights streams the current policy version to every
-// rollout worker named in the request, concurrently and each within its deadline (gRPC streams,
-// or with transport "gloo" one two-member Gloo group per rollout worker); Save writes an HF-style
-// directory (config.json + model.safetensors); SaveState / LoadState write and restore the
-// resumable state of a checkpoint. With trainer.workers > 1 the controller forms a Gloo group of
-// the trainers (HostGroupStore, JoinGroup) and each TrainStep carries one rank's shard. Calls are
-// serialised by a mutex.
+// rollout worker named in the request, concurrently and each within its deadline (gRPC streams;
+// with transport "gloo" or "nccl" one two-member group per rollout worker; with "cuda_ipc" it
+// fills a device buffer whose IPC handle the controller hands to colocated rollout workers); Save
+// writes an HF-style directory (config.json + model.safetensors); SaveState / LoadState write and
+// restore the resumable state of a checkpoint. With trainer.workers > 1 the controller forms a Gloo
+// group of the trainers (HostGroupStore, JoinGroup) and each TrainStep carries one rank's shard.
+// Calls are serialised by a mutex.
 
 #include <functional>
 #include <map>
@@ -15,7 +16,9 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/device_weights.h"
 #include "comm/gloo_communicator.h"
+#include "comm/weight_broadcast.h"
 #include "comm/weight_sync.h"
 #include "gyre/config.h"
 #include "gyre/v1/gyre.grpc.pb.h"
@@ -50,8 +53,14 @@ class TrainerService final : public v1::Trainer::Service {
   int64_t version() const;
 
  private:
-  grpc::Status PublishGloo(const v1::PublishWeightsRequest& req, const comm::WeightPayload& payload,
-                           int64_t bucket, double timeout, v1::PublishWeightsResponse* resp);
+  // gloo and nccl: one two-member group per rollout worker (this trainer is rank 0), formed on
+  // first use and kept; nccl sends from the device buffer.
+  grpc::Status PublishToGroups(const v1::PublishWeightsRequest& req,
+                               const comm::WeightPayload* host_payload,
+                               const comm::DevicePayload* device_payload, int64_t bucket,
+                               double timeout, v1::PublishWeightsResponse* resp);
+  // nccl and cuda_ipc: the current version in device_buffer_ (under mu_).
+  Status FlattenToDevice(double timeout, comm::DevicePayload* payload);
 
   JobConfig config_;
   mutable std::mutex mu_;
@@ -63,6 +72,10 @@ class TrainerService final : public v1::Trainer::Service {
   // whose transfer failed is dropped (the controller names a new one to re-sync that worker).
   std::mutex weights_mu_;  // serialises publishes; guards weight_groups_
   std::map<std::string, std::unique_ptr<comm::Communicator>> weight_groups_;
+  // nccl and cuda_ipc: the published version on the trainer's GPU, and its CUDA IPC handle
+  // (exported again whenever the buffer is reallocated). Guarded by weights_mu_.
+  std::unique_ptr<comm::DeviceBuffer> device_buffer_;
+  std::string ipc_handle_;
 };
 
 }  // namespace gyre::trainer

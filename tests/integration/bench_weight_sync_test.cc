@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "integration/run_util.h"
+#include "kernels/device_info.h"
 
 namespace gyre {
 namespace {
@@ -49,6 +50,41 @@ TEST(BenchWeightSyncTest, TinyRunWritesConsistentJson) {
   }
   EXPECT_EQ(transports,
             (std::vector<std::string>{"grpc-naive", "grpc/1", "gloo/1", "grpc/2", "gloo/2"}));
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+TEST(BenchWeightSyncTest, CudaIpcWithoutAGpuSaysSo) {
+  if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "this host has a GPU";
+  const std::string dir = testing::MakeTempDir("bench_ws_ipc");
+  GyreProcess p = GyreProcess::Start(
+      {"bench", "weight-sync", "--size", "1MiB", "--transports", "cuda_ipc"}, dir);
+  ASSERT_TRUE(p.Wait(60));
+  EXPECT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 1) << p.Output();
+  EXPECT_NE(p.Output().find("cuda_ipc needs a CUDA device"), std::string::npos) << p.Output();
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+// On a GPU host: a colocated 64 MiB update over CUDA IPC, verified by the receivers' receipts.
+TEST(BenchWeightSyncTest, CudaIpcRowOnAGpu) {
+  if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::MakeTempDir("bench_ws_ipc_gpu");
+  const std::string json_path = dir + "/ws.json";
+  GyreProcess p = GyreProcess::Start(
+      {"bench", "weight-sync", "--size", "64MiB", "--transports", "cuda_ipc", "--bucket-mb", "16",
+       "--receivers", "2", "--reps", "2", "--json", json_path},
+      dir);
+  ASSERT_TRUE(p.Wait(120)) << p.Output();
+  ASSERT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 0) << p.Output();
+  const auto j = nlohmann::json::parse(testing::ReadFile(json_path));
+  bool found = false;
+  for (const auto& row : j["results"]) {
+    if (row["transport"] == "cuda_ipc") {
+      found = true;
+      EXPECT_GT(row["seconds"].get<double>(), 0);
+      EXPECT_EQ(row["verified"], true);
+    }
+  }
+  EXPECT_TRUE(found) << j.dump();
   EXPECT_TRUE(RemoveTree(dir).ok());
 }
 

@@ -53,5 +53,54 @@ TEST(DeviceTest, AJobRunsOnTheGpu) {
             std::string::npos);
 }
 
+// Colocated weight updates over CUDA IPC: the trainer and the rollout worker share GPU 0; every
+// version goes device to device and is checked bucket by bucket on the GPU.
+TEST(DeviceTest, AJobPublishesOverCudaIpc) {
+  if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = MakeTempDir("device_ipc");
+  auto args = Job(dir, "cuda");
+  for (const char* kv : {"cluster.weight_transport=cuda_ipc", "trainer.steps=2",
+                         "cluster.weight_bucket_bytes=65536"}) {
+    args.push_back("--set");
+    args.push_back(kv);
+  }
+  auto p = GyreProcess::Start(args, dir);
+  ASSERT_TRUE(p.Wait(300)) << p.Output();
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+  EXPECT_NE(ReadFile(dir + "/t/logs/rollout-0.log").find("over cuda_ipc"), std::string::npos)
+      << ReadFile(dir + "/t/logs/rollout-0.log");
+}
+
+// Disaggregated GPUs over NCCL: the trainer on GPU 0, the rollout worker on GPU 1.
+TEST(DeviceTest, AJobPublishesOverNcclBetweenTwoGpus) {
+  if (kernels::CudaDeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const std::string dir = MakeTempDir("device_nccl");
+  auto args = Job(dir, "cuda");
+  for (const char* kv : {"cluster.weight_transport=nccl", "cluster.placement=disaggregated",
+                         "trainer.steps=2", "cluster.weight_bucket_bytes=65536"}) {
+    args.push_back("--set");
+    args.push_back(kv);
+  }
+  auto p = GyreProcess::Start(args, dir);
+  ASSERT_TRUE(p.Wait(300)) << p.Output();
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+  EXPECT_NE(ReadFile(dir + "/t/logs/rollout-0.log").find("parameters on cuda:1"),
+            std::string::npos);
+  EXPECT_NE(ReadFile(dir + "/t/logs/rollout-0.log").find("over nccl"), std::string::npos);
+}
+
+// With one GPU, disaggregated placement has no GPU left for the rollout worker: a clear error.
+TEST(DeviceTest, DisaggregatedPlacementOnOneGpuIsAClearError) {
+  if (kernels::CudaDeviceCount() != 1) GTEST_SKIP() << "needs exactly one CUDA device";
+  const std::string dir = MakeTempDir("device_one_gpu");
+  auto args = Job(dir, "cuda");
+  args.push_back("--set");
+  args.push_back("cluster.placement=disaggregated");
+  auto p = GyreProcess::Start(args, dir);
+  ASSERT_TRUE(p.Wait(120)) << p.Output();
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 1) << p.Output();
+  EXPECT_NE(p.Output().find("would share GPU 0 with a trainer"), std::string::npos) << p.Output();
+}
+
 }  // namespace
 }  // namespace gyre::testing

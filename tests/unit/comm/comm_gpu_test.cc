@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -12,7 +13,10 @@
 #include <vector>
 
 #include "comm/cuda_ipc.h"
+#include "comm/device_weights.h"
 #include "comm/nccl_communicator.h"
+#include "comm/weight_broadcast.h"
+#include "common/crc32.h"
 #include "common/file_util.h"
 #include "common/subprocess.h"
 
@@ -131,6 +135,78 @@ TEST(CudaIpcTest, ColocatedUpdateOfOneGigabyteTakesUnder50Ms) {
   EXPECT_LT(secs, 0.050);
   cudaFree(src);
   EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+std::vector<uint8_t> PseudoRandom(size_t n) {
+  std::vector<uint8_t> v(n);
+  uint32_t x = 12345;
+  for (auto& b : v) {
+    x = x * 1664525u + 1013904223u;
+    b = static_cast<uint8_t>(x >> 24);
+  }
+  return v;
+}
+
+TEST(DeviceWeightsTest, CopiesAndGpuChecksumsEqualTheHostCrc32) {
+  GYRE_REQUIRE_GPU();
+  const auto host = PseudoRandom((10 << 20) + 333);
+  auto a = DeviceBuffer::Allocate(host.size(), 0);
+  auto b = DeviceBuffer::Allocate(host.size(), 0);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(CopyHostToDevice((*a)->data(), host.data(), host.size(), 0, DeadlineAfter(30)).ok());
+  ASSERT_TRUE(
+      CopyDeviceToDevice((*b)->data(), (*a)->data(), host.size(), 0, DeadlineAfter(30)).ok());
+  const int64_t bucket = 1 << 20;
+  auto crcs = DeviceBucketCrc32((*b)->data(), host.size(), bucket, 0, DeadlineAfter(30));
+  ASSERT_TRUE(crcs.ok()) << crcs.status();
+  ASSERT_EQ(crcs->size(), 11u);
+  for (size_t i = 0; i < crcs->size(); ++i) {
+    const size_t off = i * bucket, n = std::min<size_t>(bucket, host.size() - off);
+    EXPECT_EQ((*crcs)[i], Crc32(host.data() + off, n)) << "bucket " << i;
+  }
+  std::unique_ptr<DeviceBuffer> grown;
+  bool reallocated = false;
+  ASSERT_TRUE(EnsureDeviceBuffer(100, 0, &grown, &reallocated).ok());
+  EXPECT_TRUE(reallocated);
+  ASSERT_TRUE(EnsureDeviceBuffer(50, 0, &grown, &reallocated).ok());
+  EXPECT_FALSE(reallocated);
+}
+
+TEST(NcclTest, HostMemoryIsStagedAndADevicePayloadPublishesOnOneRank) {
+  GYRE_REQUIRE_GPU();
+  auto id = NewNcclUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  NcclOptions o;
+  o.unique_id = *id;
+  auto c = CreateNcclCommunicator(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  // Host memory (the weight plane's headers and acknowledgements) goes through the device.
+  std::vector<float> host = {1.5f, -2.0f, 3.25f};
+  ASSERT_TRUE(
+      (*c)->AllReduceSum(host.data(), host.size(), DataType::kFloat32, DeadlineAfter(30)).ok());
+  EXPECT_EQ(host, (std::vector<float>{1.5f, -2.0f, 3.25f}));
+  std::string text(100000, 'x');  // larger than the first staging buffer: it grows
+  ASSERT_TRUE((*c)->Broadcast(text.data(), text.size(), 0, DeadlineAfter(30)).ok());
+  EXPECT_EQ(text, std::string(100000, 'x'));
+  // A device payload: published with GPU checksums equal to the host CRC-32 of each bucket.
+  const auto bytes = PseudoRandom(3 << 20);
+  auto buf = DeviceBuffer::Allocate(bytes.size(), 0);
+  ASSERT_TRUE(buf.ok());
+  ASSERT_TRUE(
+      CopyHostToDevice((*buf)->data(), bytes.data(), bytes.size(), 0, DeadlineAfter(30)).ok());
+  DevicePayload payload;
+  payload.version = 7;
+  payload.data = (*buf)->data();
+  payload.bytes = bytes.size();
+  payload.manifest.push_back(
+      {"w", {static_cast<int64_t>(bytes.size() / 4)}, "float32", 0, bytes.size()});
+  auto r = PublishDeviceWeights(c->get(), payload, 1 << 20, DeadlineAfter(30));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->receivers, 0);
+  ASSERT_EQ(r->bucket_crc32.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(r->bucket_crc32[i], Crc32(bytes.data() + (i << 20), 1 << 20));
+  }
 }
 
 }  // namespace

@@ -512,6 +512,30 @@ TEST_F(ConfigFileTest, DirectoryIsRejected) {
 
 // docs/config.md must document every key with its current type, default and allowed values, in
 // a table row that starts with the dotted key in backticks.
+TEST(ConfigCrossField, GpuWeightTransportsNeedGpusAndTheirPlacement) {
+  std::string e = ParseError("cluster:\n  weight_transport: cuda_ipc\n");
+  EXPECT_NE(e.find("jobs/x.yaml:2:"), std::string::npos) << e;
+  EXPECT_NE(e.find("set model.device: cuda"), std::string::npos) << e;
+  e = ParseError("model:\n  device: cuda\ncluster:\n  weight_transport: nccl\n");
+  EXPECT_NE(e.find("cluster.placement: disaggregated"), std::string::npos) << e;
+  e = ParseError(
+      "model:\n  device: cuda\ncluster:\n  weight_transport: cuda_ipc\n"
+      "  mode: external\n");
+  EXPECT_NE(e.find("on one host (cluster.mode: local)"), std::string::npos) << e;
+  e = ParseError("cluster:\n  placement: spread\n");
+  EXPECT_NE(e.find("colocated"), std::string::npos) << e;
+
+  auto ok = Parse(
+      "model:\n  device: cuda\ncluster:\n  weight_transport: nccl\n"
+      "  placement: disaggregated\n");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->cluster.weight_transport, "nccl");
+  EXPECT_EQ(ok->cluster.placement, "disaggregated");
+  ok = Parse("model:\n  device: auto\ncluster:\n  weight_transport: cuda_ipc\n");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(JobConfig{}.cluster.placement, "colocated");
+}
+
 TEST(ConfigDocs, EveryKeyIsDocumentedWithItsDefaultAndRange) {
   std::ifstream in(GYRE_SOURCE_DIR "/docs/config.md");
   ASSERT_TRUE(in) << "cannot open " GYRE_SOURCE_DIR "/docs/config.md";
