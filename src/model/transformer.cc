@@ -215,6 +215,23 @@ struct Transformer::Impl {
     }
     return at::linear(out.unsqueeze(0), l.o_proj);
   }
+
+  // Embedding and every decoder layer over the flattened batch: hidden states [1, N, H].
+  at::Tensor PagedLayers(const PagedBatch& b, const std::vector<DecodeBucket>& buckets,
+                         PagedKvCache* cache) const {
+    const int64_t N = b.tokens.numel();
+    at::Tensor h = at::embedding(embed, b.tokens.view({1, N}));
+    auto [cos, sin] = Rope(b.positions.view({1, N}));
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const Layer& l = layers[i];
+      h = h + PagedAttention(l, RmsNorm(h, l.input_norm), cos, sin, b, buckets, cache,
+                             static_cast<int>(i));
+      at::Tensor y = RmsNorm(h, l.post_norm);
+      h = h +
+          at::linear(at::silu(at::linear(y, l.gate_proj)) * at::linear(y, l.up_proj), l.down_proj);
+    }
+    return h;
+  }
 };
 
 Transformer::Transformer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -379,19 +396,35 @@ at::Tensor Transformer::ForwardPaged(const PagedBatch& b, PagedKvCache* cache) c
     buckets.push_back(std::move(d));
   }
   const Impl& m = *impl_;
-  at::Tensor h = at::embedding(m.embed, b.tokens.view({1, N}));
-  auto [cos, sin] = m.Rope(b.positions.view({1, N}));
-  for (size_t i = 0; i < m.layers.size(); ++i) {
-    const Layer& l = m.layers[i];
-    h = h + m.PagedAttention(l, m.RmsNorm(h, l.input_norm), cos, sin, b, buckets, cache,
-                             static_cast<int>(i));
-    at::Tensor y = m.RmsNorm(h, l.post_norm);
-    h = h +
-        at::linear(at::silu(at::linear(y, l.gate_proj)) * at::linear(y, l.up_proj), l.down_proj);
-  }
+  at::Tensor h = m.PagedLayers(b, buckets, cache);
   at::Tensor rows = h.squeeze(0).index_select(0, at::tensor(b.logit_rows, lopts));
   rows = m.RmsNorm(rows, m.final_norm);
   return at::linear(rows, m.spec.tie_embeddings ? m.embed : m.lm_head).to(at::kFloat);
+}
+
+at::Tensor Transformer::ForwardDecode(const DecodeBatch& db, PagedKvCache* cache) const {
+  const Impl& m = *impl_;
+  const int64_t B = db.tokens.numel();
+  GYRE_CHECK(db.positions.numel() == B && db.slots.numel() == B && db.tables.dim() == 2 &&
+             db.tables.size(0) == B && db.mask.dim() == 4 && db.mask.size(0) == B &&
+             db.mask.size(3) == db.tables.size(1) * cache->block_size)
+      << "decode batch sizes differ";
+  // One bucket holding every row; PagedAttention's per-sequence loop only handles prefill
+  // chunks (query length > 1), of which there are none.
+  PagedBatch b;
+  b.tokens = db.tokens;
+  b.positions = db.positions;
+  b.slots = db.slots;
+  b.query_lens.assign(static_cast<size_t>(B), 1);
+  b.context_lens.assign(static_cast<size_t>(B), 1);
+  b.block_tables = db.tables;
+  Impl::DecodeBucket bucket;
+  bucket.rows = at::arange(B, db.slots.options());
+  bucket.tables = db.tables;
+  bucket.mask = db.mask;
+  at::Tensor h = m.PagedLayers(b, {bucket}, cache).squeeze(0);
+  h = m.RmsNorm(h, m.final_norm);
+  return at::linear(h, m.spec.tie_embeddings ? m.embed : m.lm_head).to(at::kFloat);
 }
 
 void Transformer::To(const at::Device& device) {

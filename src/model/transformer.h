@@ -57,6 +57,19 @@ struct PagedBatch {
   std::vector<int64_t> logit_rows;
 };
 
+// A decode step of B sequences (one new token each) in fixed-shape device tensors, so that the
+// forward can be captured once as a CUDA graph and replayed with new contents
+// (rollout/decode_graphs.h). Rows may be padding: give them a slot and table entries in a scratch
+// block no sequence uses, and a mask with at least one true position.
+struct DecodeBatch {
+  at::Tensor tokens;     // int64 [B]
+  at::Tensor positions;  // int64 [B]
+  at::Tensor slots;      // int64 [B]
+  at::Tensor tables;     // int64 [B, M]: block tables, padded with any valid block index
+  at::Tensor mask;       // bool [B, 1, 1, M * block_size]: context position p of row b is
+                         // attended iff mask[b, 0, 0, p] (true for p < context length)
+};
+
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 // RoPE inverse frequencies [head_dim / 2] (float32), with the spec's scaling applied.
@@ -97,6 +110,10 @@ class Transformer {
   // [batch.logit_rows.size(), V]. Preconditions (checked): consistent sizes, slots inside the
   // cache; the caller guarantees that no two sequences write the same slot.
   at::Tensor ForwardPaged(const PagedBatch& batch, PagedKvCache* cache) const;
+  // The decode-only case of ForwardPaged with every input prepared on the device: no host reads,
+  // no shape that depends on the data, so it can be captured as a CUDA graph. Returns float32
+  // logits [B, V], one row per batch row. For the real rows it computes what ForwardPaged does.
+  at::Tensor ForwardDecode(const DecodeBatch& batch, PagedKvCache* cache) const;
 
   // Moves every parameter (and the RoPE table) to `device`; parameters stay leaf tensors that
   // require grad. Inputs to the forward passes must then live on the same device. Aliases from

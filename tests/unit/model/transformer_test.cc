@@ -74,6 +74,80 @@ TEST_P(TransformerTest, CachedDecodeEqualsFullForward) {
   }
 }
 
+// The fixed-shape decode forward (what a CUDA graph captures) computes the same logits as
+// ForwardPaged for the real rows, whatever the padding: extra rows on a scratch block, block
+// tables padded past each context, a wider mask. Padding writes only the scratch block.
+TEST_P(TransformerTest, FixedShapeDecodeEqualsPagedDecode) {
+  auto [tied, bias, qk_norm, qwen3_like] = GetParam();
+  auto model = Transformer::Create(TinySpec(tied, bias, qk_norm, qwen3_like), 7, 0.2);
+  c10::InferenceMode guard;
+  const int64_t bs = 4, blocks = 8, scratch = blocks;  // one block past the allocator's
+  PagedKvCache cache = model->NewPagedCache(blocks + 1, bs);
+  // Two sequences: 6 tokens in blocks {2, 5}, 3 tokens in block {1}; prefill all but the last.
+  const std::vector<std::vector<int64_t>> seqs = {{5, 9, 2, 30, 11, 4}, {3, 17, 6}};
+  const std::vector<std::vector<int64_t>> tables = {{2, 5}, {1}};
+  auto slot = [&](size_t s, int64_t p) { return tables[s][p / bs] * bs + p % bs; };
+  PagedBatch pre;
+  std::vector<int64_t> toks, pos, slots;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    for (int64_t p = 0; p + 1 < static_cast<int64_t>(seqs[s].size()); ++p) {
+      toks.push_back(seqs[s][p]);
+      pos.push_back(p);
+      slots.push_back(slot(s, p));
+    }
+    pre.query_lens.push_back(static_cast<int64_t>(seqs[s].size()) - 1);
+    pre.context_lens.push_back(static_cast<int64_t>(seqs[s].size()) - 1);
+  }
+  pre.tokens = at::tensor(toks, at::kLong);
+  pre.positions = at::tensor(pos, at::kLong);
+  pre.slots = at::tensor(slots, at::kLong);
+  pre.block_tables = at::tensor(std::vector<int64_t>{2, 5, 1, 0}, at::kLong).view({2, 2});
+  pre.logit_rows = {4, 6};
+  model->ForwardPaged(pre, &cache);
+  PagedKvCache copy = cache;
+  for (auto& t : copy.k) t = t.clone();
+  for (auto& t : copy.v) t = t.clone();
+
+  // Reference: the decode step through ForwardPaged.
+  PagedBatch dec;
+  dec.tokens = at::tensor(std::vector<int64_t>{seqs[0][5], seqs[1][2]}, at::kLong);
+  dec.positions = at::tensor(std::vector<int64_t>{5, 2}, at::kLong);
+  dec.slots = at::tensor(std::vector<int64_t>{slot(0, 5), slot(1, 2)}, at::kLong);
+  dec.query_lens = {1, 1};
+  dec.context_lens = {6, 3};
+  dec.block_tables = pre.block_tables;
+  dec.logit_rows = {0, 1};
+  at::Tensor want = model->ForwardPaged(dec, &cache);
+
+  // Fixed shape: 4 rows (2 padding), 4 blocks per row, the unused entries on the scratch block.
+  const int64_t B = 4, M = 4;
+  DecodeBatch db;
+  db.tokens = at::tensor(std::vector<int64_t>{seqs[0][5], seqs[1][2], 0, 0}, at::kLong);
+  db.positions = at::tensor(std::vector<int64_t>{5, 2, 0, 0}, at::kLong);
+  db.slots = at::tensor(std::vector<int64_t>{slot(0, 5), slot(1, 2), scratch * bs, scratch * bs},
+                        at::kLong);
+  db.tables = at::full({B, M}, scratch, at::kLong);
+  db.tables[0][0] = 2;
+  db.tables[0][1] = 5;
+  db.tables[1][0] = 1;
+  db.mask = at::zeros({B, 1, 1, M * bs}, at::kBool);
+  db.mask.narrow(3, 0, 6)[0].fill_(true);
+  db.mask.narrow(3, 0, 3)[1].fill_(true);
+  db.mask.narrow(3, 0, 1)[2].fill_(true);
+  db.mask.narrow(3, 0, 1)[3].fill_(true);
+  at::Tensor got = model->ForwardDecode(db, &copy);
+  ASSERT_EQ(got.sizes(), (std::vector<int64_t>{B, 37}));
+  EXPECT_TRUE(at::allclose(got.narrow(0, 0, 2), want, 1e-5, 1e-5))
+      << (got.narrow(0, 0, 2) - want).abs().max().item<float>();
+  for (size_t l = 0; l < cache.k.size(); ++l) {
+    // (Up to float reordering: a wider batch may block its matmuls differently.)
+    EXPECT_TRUE(
+        at::allclose(copy.k[l].narrow(0, 0, blocks), cache.k[l].narrow(0, 0, blocks), 1e-5, 1e-6));
+    EXPECT_TRUE(
+        at::allclose(copy.v[l].narrow(0, 0, blocks), cache.v[l].narrow(0, 0, blocks), 1e-5, 1e-6));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, TransformerTest,
                          ::testing::Values(std::make_tuple(true, false, false, false),
                                            std::make_tuple(false, true, false, false),
