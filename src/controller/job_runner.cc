@@ -1017,7 +1017,7 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
   greedy.set_top_p(1.0f);
   greedy.set_max_new_tokens(cfg_.rollout.max_new_tokens);
   for (int32_t id : tokenizer_->stop_ids()) greedy.add_stop_token_ids(id);
-  if (!cfg_.rollout.stop_string.empty()) greedy.add_stop_strings(cfg_.rollout.stop_string);
+  for (const std::string& stop : cfg_.rollout.stop_strings) greedy.add_stop_strings(stop);
   int64_t tokens = 0;
   GYRE_ASSIGN_OR_RETURN(auto samples, GenerateAll(&jobs, greedy, &tokens));
   int correct = 0, scored = 0;
@@ -1186,7 +1186,7 @@ Status JobRunner::GrpoStep(int step) {
   sampling.set_min_p(static_cast<float>(sc.min_p));
   sampling.set_max_new_tokens(cfg_.rollout.max_new_tokens);
   for (int32_t id : tokenizer_->stop_ids()) sampling.add_stop_token_ids(id);
-  if (!cfg_.rollout.stop_string.empty()) sampling.add_stop_strings(cfg_.rollout.stop_string);
+  for (const std::string& stop : cfg_.rollout.stop_strings) sampling.add_stop_strings(stop);
   int64_t gen_tokens = 0;
   const auto tg = Clock::now();
   GYRE_ASSIGN_OR_RETURN(auto samples, cfg_.rollout.partial_rollouts
