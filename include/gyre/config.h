@@ -57,7 +57,9 @@ struct RolloutSection {
   int prompts_per_step = 16;  // groups per GRPO step
   int max_new_tokens = 8;
   SamplingSection sampling;
-  std::string stop_string;  // responses also stop at this text; empty = none
+  // Responses also stop once their decoded text contains any of these (each non-empty); the
+  // token that completes one is kept. YAML also accepts the deprecated scalar `stop_string`.
+  std::vector<std::string> stop_strings;
   // Generation engine (docs/rollout.md).
   int64_t kv_cache_bytes = 0;             // KV cache per worker; 0 = kv_cache_fraction of memory
   double kv_cache_fraction = 0.05;        // of the device's memory (CPU: physical RAM)

@@ -188,7 +188,7 @@ int RunWorker(const std::vector<std::string>& args) {
     auto engine_config = rollout::EngineConfigFromJob(cfg->rollout, *model);
     // Stop strings need the job's tokenizer to turn response tokens into text.
     std::shared_ptr<model::TextTokenizer> tokenizer;
-    if (engine_config.ok() && !cfg->rollout.stop_string.empty()) {
+    if (engine_config.ok() && !cfg->rollout.stop_strings.empty()) {
       auto made = model::MakeTextTokenizer(cfg->model);
       if (!made.ok()) {
         engine_config = made.status();

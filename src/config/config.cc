@@ -20,6 +20,7 @@
 
 #include "common/check.h"
 #include "common/file_util.h"
+#include "common/logging.h"
 #include "common/strings.h"
 
 namespace gyre::config {
@@ -31,11 +32,12 @@ namespace {
 
 // A pointer to one field of a JobConfig. The variant's alternative *is* the field's type, so the
 // table cannot claim a type that disagrees with the struct.
-using FieldPtr = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*>;
+using FieldPtr = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*,
+                              std::vector<std::string>*>;
 using Getter = FieldPtr (*)(JobConfig&);
 
 // Same order as FieldPtr's alternatives: FieldType(ptr.index()) is the field's type.
-enum class FieldType { kInt, kInt64, kUint64, kDouble, kBool, kString };
+enum class FieldType { kInt, kInt64, kUint64, kDouble, kBool, kString, kStringList };
 
 struct Range {
   double lo = 0;
@@ -50,7 +52,7 @@ struct Field {
   FieldType type = FieldType::kInt;
   std::optional<Range> range;        // numbers; none = the type's full range
   std::vector<std::string> choices;  // strings; empty = any string
-  bool non_empty = false;            // strings
+  bool non_empty = false;            // strings; for a string list, each of its entries
   std::string doc;                   // one line
 };
 
@@ -91,6 +93,12 @@ Field Flag(const char* key, Getter get, const char* doc) {
 Field Text(const char* key, Getter get, bool non_empty, const char* doc) {
   Field f{key, get, TypeOf(get), std::nullopt, {}, non_empty, doc};
   GYRE_CHECK(f.type == FieldType::kString) << key << " is not a string field";
+  return f;
+}
+// A YAML sequence of strings, each non-empty; an empty value or [] is the empty list.
+Field TextList(const char* key, Getter get, const char* doc) {
+  Field f{key, get, TypeOf(get), std::nullopt, {}, true, doc};
+  GYRE_CHECK(f.type == FieldType::kStringList) << key << " is not a string list field";
   return f;
 }
 Field Choice(const char* key, Getter get, std::vector<std::string> choices, const char* doc) {
@@ -161,8 +169,8 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(rollout.sampling.top_p), OpenLow(0, 1), "nucleus sampling mass; 1 = off"),
       Num(GYRE_CONFIG_KEY(rollout.sampling.min_p), Closed(0, 1),
           "drop tokens below min_p * the top probability; 0 = off"),
-      Text(GYRE_CONFIG_KEY(rollout.stop_string), kAnyText,
-           "responses also stop once their text contains this; empty = none"),
+      TextList(GYRE_CONFIG_KEY(rollout.stop_strings),
+               "responses also stop once their text contains any of these; [] = none"),
       Num(GYRE_CONFIG_KEY(rollout.kv_cache_bytes), Closed(0, 1099511627776.0),
           "KV cache budget per rollout worker in bytes; 0 = kv_cache_fraction of memory"),
       Num(GYRE_CONFIG_KEY(rollout.kv_cache_fraction), OpenLow(0, 1),
@@ -308,6 +316,24 @@ const Field* FindField(const std::string& key) {
   return nullptr;
 }
 
+// Old spellings of renamed fields, still read from files and --set. Each old key took a single
+// string and its field is now a string list: "" reads as the empty list, anything else as a
+// one-element list.
+struct Alias {
+  const char* key;     // the deprecated spelling
+  const char* target;  // the string-list field it sets
+};
+constexpr Alias kAliases[] = {
+    {"rollout.stop_string", "rollout.stop_strings"},
+};
+
+const Alias* FindAlias(const std::string& key) {
+  for (const Alias& a : kAliases) {
+    if (key == a.key) return &a;
+  }
+  return nullptr;
+}
+
 // Sections are the proper dotted prefixes of keys: "rollout", "rollout.sampling", ...
 const std::vector<std::string>& Sections() {
   static const std::vector<std::string>* sections = [] {
@@ -397,6 +423,8 @@ const char* TypeName(FieldType t) {
       return "bool";
     case FieldType::kString:
       return "string";
+    case FieldType::kStringList:
+      return "string list";
   }
   return "?";
 }
@@ -413,6 +441,8 @@ const char* Expected(FieldType t) {
       return "true or false";
     case FieldType::kString:
       return "a string";
+    case FieldType::kStringList:
+      return "a list of strings";
   }
   return "?";
 }
@@ -436,7 +466,15 @@ std::string JoinChoices(const std::vector<std::string>& v) {
   return out;
 }
 
-// The field's current value in `cfg`, as DumpJobConfig writes it (strings quoted).
+// A YAML flow sequence of double-quoted strings: ["</answer>", "\n\nUser:"].
+std::string ListText(const std::vector<std::string>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + QuoteYaml(v[i]);
+  return out + "]";
+}
+
+// The field's current value in `cfg`, as DumpJobConfig writes it (strings quoted; a list's
+// entries always are).
 std::string ValueText(const Field& f, const JobConfig& cfg, bool quote_strings) {
   JobConfig copy = cfg;  // getters need a mutable config; a copy keeps `cfg` const
   FieldPtr p = f.get(copy);
@@ -456,6 +494,8 @@ std::string ValueText(const Field& f, const JobConfig& cfg, bool quote_strings) 
       if (quote_strings || s.empty()) return QuoteYaml(s);
       return s;
     }
+    case FieldType::kStringList:
+      return ListText(*std::get<std::vector<std::string>*>(p));
   }
   return "";
 }
@@ -493,6 +533,19 @@ std::string CheckString(const Field& f, const std::string& v) {
   return "";
 }
 
+// "" when every entry of a string list is acceptable; otherwise the first problem. *bad (if
+// given) receives the index of the offending entry.
+std::string CheckStringList(const Field& f, const std::vector<std::string>& v,
+                            size_t* bad = nullptr) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (f.non_empty && v[i].empty()) {
+      if (bad != nullptr) *bad = i;
+      return f.key + ": entry " + std::to_string(i + 1) + " must not be empty";
+    }
+  }
+  return "";
+}
+
 // The range check of the field's current value, for configs built in code.
 std::string CheckCurrentValue(const Field& f, const JobConfig& cfg) {
   JobConfig copy = cfg;
@@ -507,6 +560,8 @@ std::string CheckCurrentValue(const Field& f, const JobConfig& cfg) {
       return CheckNumber(f, *std::get<double*>(p), shown);
     case FieldType::kString:
       return CheckString(f, *std::get<std::string*>(p));
+    case FieldType::kStringList:
+      return CheckStringList(f, *std::get<std::vector<std::string>*>(p));
     case FieldType::kUint64:
     case FieldType::kBool:
       return "";
@@ -587,9 +642,47 @@ std::string DescribeNode(const YAML::Node& n) {
   return "?";
 }
 
+// A string list's value: a YAML sequence of scalars (each read as its text, like a string
+// field); an empty value is the empty list. On error *error_at (if given and the culprit has a
+// position) is moved to the offending entry.
+StatusOr<std::vector<std::string>> ParseStringList(const Field& f, const YAML::Node& node,
+                                                   YAML::Mark* error_at) {
+  std::vector<std::string> v;
+  if (node.IsNull()) return v;
+  if (!node.IsSequence()) {
+    return InvalidArgument(f.key + ": expected " + Expected(f.type) +
+                           " such as [\"a\", \"b\"], got " + DescribeNode(node));
+  }
+  std::vector<YAML::Mark> marks;
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    const YAML::Node e = *it;
+    if (!e.IsScalar()) {
+      if (error_at != nullptr && !e.IsNull()) *error_at = e.Mark();
+      return InvalidArgument(f.key + ": entry " + std::to_string(v.size() + 1) +
+                             ": expected a string, got " + DescribeNode(e));
+    }
+    v.push_back(e.Scalar());
+    marks.push_back(e.Mark());
+  }
+  size_t bad = 0;
+  const std::string problem = CheckStringList(f, v, &bad);
+  if (!problem.empty()) {
+    if (error_at != nullptr) *error_at = marks[bad];
+    return InvalidArgument(problem);
+  }
+  return v;
+}
+
 // Parses `node` as the field's value and stores it in `cfg`. On error (message without a
-// location prefix) `cfg` is untouched.
-Status SetField(const Field& f, const YAML::Node& node, JobConfig* cfg) {
+// location prefix) `cfg` is untouched; *error_at (if given) starts as the position of `node` and
+// may be moved to a more precise one, such as a bad entry of a list.
+Status SetField(const Field& f, const YAML::Node& node, JobConfig* cfg,
+                YAML::Mark* error_at = nullptr) {
+  if (f.type == FieldType::kStringList) {
+    GYRE_ASSIGN_OR_RETURN(std::vector<std::string> v, ParseStringList(f, node, error_at));
+    *std::get<std::vector<std::string>*>(f.get(*cfg)) = std::move(v);
+    return Status::Ok();
+  }
   // An empty value is the empty string for a string field ("path:" reads naturally as "none").
   bool empty_string = f.type == FieldType::kString && node.IsNull();
   if (!node.IsScalar() && !empty_string) {
@@ -649,8 +742,25 @@ Status SetField(const Field& f, const YAML::Node& node, JobConfig* cfg) {
       *std::get<std::string*>(p) = text;
       return Status::Ok();
     }
+    case FieldType::kStringList:
+      break;  // handled above
   }
   return Internal("unhandled field type");
+}
+
+// Sets the list field an alias stands for from the alias's single string (see kAliases).
+Status SetAlias(const Alias& a, const YAML::Node& node, JobConfig* cfg) {
+  const Field* f = FindField(a.target);
+  GYRE_CHECK(f != nullptr && f->type == FieldType::kStringList) << a.key << " -> " << a.target;
+  if (!node.IsNull() && !node.IsScalar()) {
+    return InvalidArgument(std::string(a.key) + ": expected a string, got " + DescribeNode(node) +
+                           " (" + a.key + " is the deprecated single-string spelling; write a " +
+                           "list as " + a.target + ")");
+  }
+  std::vector<std::string> v;
+  if (node.IsScalar() && !node.Scalar().empty()) v.push_back(node.Scalar());
+  *std::get<std::vector<std::string>*>(f->get(*cfg)) = std::move(v);
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -825,6 +935,7 @@ struct ParseState {
   std::string source;
   JobConfig cfg;
   std::map<std::string, YAML::Mark> seen;  // every dotted key set in the file -> its key's mark
+  std::map<std::string, std::string> spelled_as;  // field key -> the alias that set it
 };
 
 Status WalkMap(const YAML::Node& map, const std::string& prefix, ParseState* st) {
@@ -838,16 +949,34 @@ Status WalkMap(const YAML::Node& map, const std::string& prefix, ParseState* st)
     }
     // Dotted keys ("sampling.top_p: 0.9") are accepted too, like in --set.
     const std::string key = prefix.empty() ? k.Scalar() : prefix + "." + k.Scalar();
+    const Alias* alias = FindAlias(key);
+    // An alias and its field are one setting: setting both is a duplicate too.
+    const std::string field_key = alias != nullptr ? alias->target : key;
     // yaml-cpp keeps duplicate keys; YAML forbids them, and silently taking one would hide a typo.
-    auto [prev, inserted] = st->seen.emplace(key, k.Mark());
+    auto [prev, inserted] = st->seen.emplace(field_key, k.Mark());
     if (!inserted) {
-      return InvalidArgument(Where(st->source, k.Mark()) + ": duplicate key '" + key +
-                             "' (first set at " + LineCol(prev->second) + ")");
+      auto first = st->spelled_as.find(field_key);
+      const std::string first_key = first != st->spelled_as.end() ? first->second : field_key;
+      if (first_key == key) {
+        return InvalidArgument(Where(st->source, k.Mark()) + ": duplicate key '" + key +
+                               "' (first set at " + LineCol(prev->second) + ")");
+      }
+      return InvalidArgument(Where(st->source, k.Mark()) + ": duplicate key '" + key + "': '" +
+                             first_key + "' (set at " + LineCol(prev->second) +
+                             ") is the same setting; keep only " + field_key);
     }
-    if (const Field* f = FindField(key)) {
-      // A null value has no useful mark of its own (yaml-cpp points at the next token).
-      const YAML::Mark& at = v.IsNull() ? k.Mark() : v.Mark();
-      Status s = SetField(*f, v, &st->cfg);
+    // A null value has no useful mark of its own (yaml-cpp points at the next token).
+    YAML::Mark at = v.IsNull() ? k.Mark() : v.Mark();
+    if (alias != nullptr) {
+      st->spelled_as[field_key] = key;
+      Status s = SetAlias(*alias, v, &st->cfg);
+      if (!s.ok()) return s.WithContext(Where(st->source, at));
+      if (v.IsScalar() && !v.Scalar().empty()) {
+        GYRE_LOG_WARN("{}: {} is deprecated; write {}: {}", Where(st->source, k.Mark()), key,
+                      field_key, ListText({v.Scalar()}));
+      }
+    } else if (const Field* f = FindField(key)) {
+      Status s = SetField(*f, v, &st->cfg, &at);
       if (!s.ok()) return s.WithContext(Where(st->source, at));
     } else if (IsSection(key)) {
       if (v.IsNull()) continue;  // "sampling:" with nothing under it keeps the defaults
@@ -871,6 +1000,27 @@ Status ApplyOverrideImpl(JobConfig* cfg, const std::string& key_eq_value, std::s
     return InvalidArgument("--set: expected key=value (e.g. trainer.steps=10), got '" +
                            key_eq_value + "'");
   }
+  const std::string text = key_eq_value.substr(eq + 1);
+  YAML::Node value;
+  auto load = [&]() -> Status {
+    try {
+      value = YAML::Load(text);
+    } catch (const YAML::Exception& e) {
+      return InvalidArgument("--set: " + key + ": cannot read '" + text +
+                             "' as a YAML value: " + e.msg);
+    }
+    return Status::Ok();
+  };
+  if (const Alias* alias = FindAlias(key)) {
+    *key_out = alias->target;
+    GYRE_RETURN_IF_ERROR(load());
+    GYRE_RETURN_IF_ERROR(SetAlias(*alias, value, cfg).WithContext("--set"));
+    if (value.IsScalar() && !value.Scalar().empty()) {
+      GYRE_LOG_WARN("--set: {} is deprecated; write {}={}", key, alias->target,
+                    ListText({value.Scalar()}));
+    }
+    return Status::Ok();
+  }
   *key_out = key;
   const Field* f = FindField(key);
   if (f == nullptr) {
@@ -884,14 +1034,7 @@ Status ApplyOverrideImpl(JobConfig* cfg, const std::string& key_eq_value, std::s
     }
     return InvalidArgument("--set: unknown key '" + key + "'" + Suggestion(key));
   }
-  const std::string text = key_eq_value.substr(eq + 1);
-  YAML::Node value;
-  try {
-    value = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    return InvalidArgument("--set: " + key + ": cannot read '" + text +
-                           "' as a YAML value: " + e.msg);
-  }
+  GYRE_RETURN_IF_ERROR(load());
   return SetField(*f, value, cfg).WithContext("--set");
 }
 
@@ -1034,6 +1177,8 @@ std::vector<ConfigKeyInfo> DescribeConfigKeys() {
       info.allowed = JoinChoices(f.choices);
     } else if (f.type == FieldType::kBool) {
       info.allowed = "true, false";
+    } else if (f.type == FieldType::kStringList) {
+      info.allowed = f.non_empty ? "non-empty strings" : "any strings";
     } else if (f.non_empty) {
       info.allowed = "non-empty";
     } else {

@@ -6,6 +6,7 @@
 #include <set>
 #include <vector>
 
+#include "common/crc32.h"
 #include "common/file_util.h"
 #include "config/config.h"
 
@@ -14,7 +15,10 @@ namespace gyre::controller {
 namespace {
 
 constexpr char kFormat[] = "gyre.controller_state";
-constexpr int kFormatVersion = 1;
+// 2 added carried_groups (partial rollouts); 1 is still read, as a state with none.
+constexpr int kFormatVersion = 2;
+constexpr int kOldestFormatVersion = 1;
+constexpr char kCarriedFile[] = "carried_groups.pb";
 constexpr char kPrefix[] = "step-";
 constexpr size_t kDigits = 6;
 
@@ -53,6 +57,77 @@ std::string Hex64(uint64_t v) {
   return buf;
 }
 
+std::string Hex32(uint32_t v) {
+  char buf[9];
+  std::snprintf(buf, sizeof(buf), "%08x", static_cast<unsigned>(v));
+  return buf;
+}
+
+// Unfinished samples, and their response tokens, over all carried groups.
+void CountUnfinished(const std::vector<v1::CarriedGroup>& groups, int64_t* samples,
+                     int64_t* tokens) {
+  *samples = *tokens = 0;
+  for (const v1::CarriedGroup& g : groups) {
+    *samples += g.unfinished_size();
+    for (const v1::Sample& u : g.unfinished()) *tokens += u.response_ids_size();
+  }
+}
+
+// Reads carried_groups.pb of a checkpoint in `dir` and checks it against the manifest in
+// controller.json (`manifest`, its "carried_groups" object) and against the rest of the state.
+StatusOr<std::vector<v1::CarriedGroup>> ReadCarriedGroups(const std::string& dir,
+                                                          const nlohmann::json& manifest,
+                                                          const ControllerState& state) {
+  const std::string json_path = dir + "/controller.json";
+  const std::string path = dir + "/" + kCarriedFile;
+  if (!manifest.is_object()) {
+    return InvalidArgument(json_path + ": \"carried_groups\" must be an object");
+  }
+  std::map<std::string, int64_t> want;
+  for (const char* key : {"groups", "unfinished_samples", "unfinished_tokens", "bytes"}) {
+    if (!manifest.contains(key) || !manifest[key].is_number_integer() ||
+        manifest[key].get<int64_t>() < 0) {
+      return InvalidArgument(json_path + ": \"carried_groups." + key +
+                             "\" must be a non-negative integer");
+    }
+    want[key] = manifest[key].get<int64_t>();
+  }
+  if (!manifest.contains("crc32") || !manifest["crc32"].is_string() ||
+      manifest["crc32"].get<std::string>().size() != 8) {
+    return InvalidArgument(json_path + ": \"carried_groups.crc32\" must be 8 hex digits");
+  }
+  const std::string want_crc = manifest["crc32"].get<std::string>();
+  GYRE_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
+  if (static_cast<int64_t>(bytes.size()) != want["bytes"]) {
+    return InvalidArgument(path + ": " + std::to_string(bytes.size()) +
+                           " bytes, but controller.json records " + std::to_string(want["bytes"]) +
+                           " (a truncated or replaced file)");
+  }
+  const std::string crc = Hex32(Crc32(bytes.data(), bytes.size()));
+  if (crc != want_crc) {
+    return InvalidArgument(path + ": CRC-32 " + crc + ", but controller.json records " + want_crc +
+                           " (the file is corrupt)");
+  }
+  v1::CarriedGroups parsed;
+  if (!parsed.ParseFromString(bytes)) {
+    return InvalidArgument(path + ": not a valid gyre.v1.CarriedGroups record");
+  }
+  std::vector<v1::CarriedGroup> groups(parsed.groups().begin(), parsed.groups().end());
+  int64_t samples = 0, tokens = 0;
+  CountUnfinished(groups, &samples, &tokens);
+  if (static_cast<int64_t>(groups.size()) != want["groups"] ||
+      samples != want["unfinished_samples"] || tokens != want["unfinished_tokens"]) {
+    return InvalidArgument(path + ": holds " + std::to_string(groups.size()) + " groups with " +
+                           std::to_string(samples) + " unfinished samples of " +
+                           std::to_string(tokens) + " tokens, but controller.json records " +
+                           std::to_string(want["groups"]) + ", " +
+                           std::to_string(want["unfinished_samples"]) + " and " +
+                           std::to_string(want["unfinished_tokens"]));
+  }
+  GYRE_RETURN_IF_ERROR(CheckCarriedGroups(groups, state.policy_version, state.next_group_id, path));
+  return groups;
+}
+
 }  // namespace
 
 std::string CheckpointName(int step) {
@@ -87,6 +162,20 @@ StatusOr<std::string> FindLatestCheckpoint(const std::string& checkpoints_dir) {
 }
 
 Status WriteControllerState(const std::string& dir, const ControllerState& s) {
+  v1::CarriedGroups carried;
+  for (const v1::CarriedGroup& g : s.carried_groups) *carried.add_groups() = g;
+  std::string carried_bytes;
+  if (!carried.SerializeToString(&carried_bytes)) {
+    return Internal("cannot serialize the carried groups of " + dir);
+  }
+  int64_t unfinished_samples = 0, unfinished_tokens = 0;
+  CountUnfinished(s.carried_groups, &unfinished_samples, &unfinished_tokens);
+  const nlohmann::json manifest = {
+      {"groups", s.carried_groups.size()},
+      {"unfinished_samples", unfinished_samples},
+      {"unfinished_tokens", unfinished_tokens},
+      {"bytes", carried_bytes.size()},
+      {"crc32", Hex32(Crc32(carried_bytes.data(), carried_bytes.size()))}};
   nlohmann::json j = {{"format", kFormat},
                       {"format_version", kFormatVersion},
                       {"grpo_step", s.grpo_step},
@@ -96,7 +185,9 @@ Status WriteControllerState(const std::string& dir, const ControllerState& s) {
                       {"accuracy_before_rl", s.accuracy_before_rl},
                       {"final_mean_reward", s.final_mean_reward},
                       {"wall_seconds", s.wall_seconds},
-                      {"data_fingerprints", s.data_fingerprints}};
+                      {"data_fingerprints", s.data_fingerprints},
+                      {"carried_groups", manifest}};
+  GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kCarriedFile, carried_bytes));
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/controller.json", j.dump(1) + "\n"));
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.yaml", s.config_yaml));
   return WriteFileAtomic(dir + "/metrics.jsonl", s.metrics_jsonl);
@@ -116,11 +207,14 @@ StatusOr<ControllerState> ReadControllerState(const std::string& dir) {
     return bad(std::string("not a controller state (expected \"format\": \"") + kFormat + "\")");
   }
   if (!j["format_version"].is_number_integer() ||
-      j["format_version"].get<int>() != kFormatVersion) {
+      j["format_version"].get<int64_t>() < kOldestFormatVersion ||
+      j["format_version"].get<int64_t>() > kFormatVersion) {
     return bad("unsupported format_version " + j["format_version"].dump() + " (this build reads " +
-               std::to_string(kFormatVersion) + ")");
+               std::to_string(kOldestFormatVersion) + " to " + std::to_string(kFormatVersion) +
+               ")");
   }
   ControllerState s;
+  s.format_version = j["format_version"].get<int>();
   auto need_int = [&](const char* key) -> Status {
     if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < 0) {
       return bad(std::string("\"") + key + "\" must be a non-negative integer");
@@ -157,9 +251,126 @@ StatusOr<ControllerState> ReadControllerState(const std::string& dir) {
     if (!v.is_string()) return bad("data_fingerprints." + k + " must be a string");
     s.data_fingerprints[k] = v.get<std::string>();
   }
+  if (s.format_version >= 2) {
+    if (!j.contains("carried_groups")) return bad("\"carried_groups\" is missing");
+    GYRE_ASSIGN_OR_RETURN(s.carried_groups, ReadCarriedGroups(dir, j["carried_groups"], s));
+  }
   GYRE_ASSIGN_OR_RETURN(s.config_yaml, ReadFileToString(dir + "/config.yaml"));
   GYRE_ASSIGN_OR_RETURN(s.metrics_jsonl, ReadFileToString(dir + "/metrics.jsonl"));
   return s;
+}
+
+Status CheckCarriedGroups(const std::vector<v1::CarriedGroup>& groups, int64_t policy_version,
+                          uint64_t next_group_id, const std::string& where) {
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const v1::CarriedGroup& cg = groups[i];
+    const v1::PromptGroup& g = cg.group();
+    const uint64_t gid = g.group_id();
+    auto bad = [&](const std::string& why) {
+      return InvalidArgument(where + ": carried group " + std::to_string(gid) + ": " + why);
+    };
+    if (i > 0 && gid <= groups[i - 1].group().group_id()) {
+      return InvalidArgument(where + ": carried groups out of order (group " +
+                             std::to_string(groups[i - 1].group().group_id()) + " before " +
+                             std::to_string(gid) + "; they are kept by increasing group id)");
+    }
+    if (gid >= next_group_id) {
+      return bad("its id is not below next_group_id " + std::to_string(next_group_id));
+    }
+    if (g.n() < 1) return bad("n is " + std::to_string(g.n()));
+    if (g.prompt_ids_size() == 0) return bad("empty prompt");
+    const int total = cg.finished_size() + cg.unfinished_size();
+    if (total != 0 && total != g.n()) {
+      return bad(std::to_string(cg.finished_size()) + " finished and " +
+                 std::to_string(cg.unfinished_size()) + " unfinished samples; a started group " +
+                 "has all n = " + std::to_string(g.n()));
+    }
+    std::set<uint64_t> seen;
+    auto check = [&](const v1::Sample& s, bool finished, const v1::Sample* before) -> Status {
+      const uint64_t sid = s.sample_id();
+      const std::string what = "sample " + std::to_string(sid);
+      if (s.group_id() != gid) {
+        return bad(what + " belongs to group " + std::to_string(s.group_id()));
+      }
+      if (sid < g.first_sample_id() || sid - g.first_sample_id() >= static_cast<uint64_t>(g.n())) {
+        return bad(what + " is outside the group's sample ids " +
+                   std::to_string(g.first_sample_id()) + " + [0, " + std::to_string(g.n()) + ")");
+      }
+      if (!seen.insert(sid).second) return bad(what + " appears twice");
+      if (before != nullptr && sid <= before->sample_id()) {
+        return bad(what + " after sample " + std::to_string(before->sample_id()) +
+                   " (samples are kept by increasing id)");
+      }
+      if (s.seed() != g.seed() + (sid - g.first_sample_id())) {
+        return bad(what + " has seed " + std::to_string(s.seed()) + ", its group gives " +
+                   std::to_string(g.seed() + (sid - g.first_sample_id())));
+      }
+      if (!std::equal(s.prompt_ids().begin(), s.prompt_ids().end(), g.prompt_ids().begin(),
+                      g.prompt_ids().end())) {
+        return bad(what + " has another prompt than its group");
+      }
+      const int t = s.response_ids_size();
+      if (s.logprobs_size() != t || s.kept_mass_size() != t || s.versions_size() != t ||
+          s.loss_mask_size() != t) {
+        return bad(what + " has " + std::to_string(t) + " response tokens but " +
+                   std::to_string(s.logprobs_size()) + " log-probs, " +
+                   std::to_string(s.kept_mass_size()) + " kept masses, " +
+                   std::to_string(s.versions_size()) + " versions and " +
+                   std::to_string(s.loss_mask_size()) + " loss-mask entries");
+      }
+      for (int32_t id : s.response_ids()) {
+        if (id < 0) return bad(what + " has token id " + std::to_string(id));
+      }
+      for (int64_t v : s.versions()) {
+        if (v < 0 || v > policy_version) {
+          return bad(what + " has a token of policy version " + std::to_string(v) +
+                     ", outside [0, " + std::to_string(policy_version) + "]");
+        }
+      }
+      const v1::FinishReason r = s.finish_reason();
+      if (finished && r != v1::FINISH_REASON_STOP && r != v1::FINISH_REASON_LENGTH) {
+        return bad("finished " + what + " has finish reason " + v1::FinishReason_Name(r));
+      }
+      if (!finished && r != v1::FINISH_REASON_ABORT) {
+        return bad("unfinished " + what + " has finish reason " + v1::FinishReason_Name(r));
+      }
+      return Status::Ok();
+    };
+    for (int k = 0; k < cg.finished_size(); ++k) {
+      GYRE_RETURN_IF_ERROR(check(cg.finished(k), true, k > 0 ? &cg.finished(k - 1) : nullptr));
+    }
+    for (int k = 0; k < cg.unfinished_size(); ++k) {
+      GYRE_RETURN_IF_ERROR(check(cg.unfinished(k), false, k > 0 ? &cg.unfinished(k - 1) : nullptr));
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckCarriedGroupsFit(const std::vector<v1::CarriedGroup>& groups, const JobConfig& config,
+                             const std::string& where) {
+  if (groups.empty()) return Status::Ok();
+  if (!config.rollout.partial_rollouts) {
+    return FailedPrecondition(where + ": holds " + std::to_string(groups.size()) +
+                              " carried partial-rollout groups, but rollout.partial_rollouts is "
+                              "off");
+  }
+  for (const v1::CarriedGroup& cg : groups) {
+    const std::string group = "carried group " + std::to_string(cg.group().group_id());
+    if (cg.group().n() != config.rollout.group_size) {
+      return FailedPrecondition(
+          where + ": " + group + " has n = " + std::to_string(cg.group().n()) +
+          ", rollout.group_size is " + std::to_string(config.rollout.group_size));
+    }
+    for (const v1::Sample& u : cg.unfinished()) {
+      if (u.response_ids_size() >= config.rollout.max_new_tokens) {
+        return FailedPrecondition(
+            where + ": " + group + ": unfinished sample " + std::to_string(u.sample_id()) +
+            " already has " + std::to_string(u.response_ids_size()) +
+            " tokens, rollout.max_new_tokens is " + std::to_string(config.rollout.max_new_tokens));
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 StatusOr<std::map<std::string, std::string>> DataFingerprints(const DataSection& data) {

@@ -4,7 +4,10 @@
 //
 //   <run_dir>/checkpoints/step-000042/   one complete checkpoint, after GRPO step 42
 //     controller.json     progress: GRPO step, policy version, next group id, problem stream
-//                         position and generator state, results so far, data fingerprints
+//                         position and generator state, results so far, data fingerprints, and
+//                         the size, CRC-32 and counts of carried_groups.pb
+//     carried_groups.pb   partial rollouts: the groups carried over to the next step
+//                         (v1::CarriedGroups; empty without partial rollouts)
 //     config.yaml         the effective job config it was written under
 //     metrics.jsonl       the run's metrics up to this checkpoint
 //     trainer/            the trainer's state (trainer/trainer_state.h)
@@ -17,9 +20,11 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "gyre/config.h"
 #include "gyre/status.h"
+#include "gyre/v1/checkpoint.pb.h"
 
 namespace gyre::controller {
 
@@ -35,6 +40,12 @@ struct ControllerState {
   std::map<std::string, std::string> data_fingerprints;  // see DataFingerprints
   std::string config_yaml;                               // config::DumpJobConfig
   std::string metrics_jsonl;                             // the metrics file's content
+  // Partial rollouts: the groups in flight between steps (launched, not finished by all their
+  // samples), by group id, with everything needed to continue them exactly.
+  std::vector<v1::CarriedGroup> carried_groups;
+  // The controller.json format the state was read from (WriteControllerState writes the
+  // newest). Format 1 predates carried_groups and never has any.
+  int format_version = 0;
 };
 
 // "step-000042".
@@ -47,12 +58,27 @@ bool ParseCheckpointName(const std::string& name, int* step);
 // there is none.
 StatusOr<std::string> FindLatestCheckpoint(const std::string& checkpoints_dir);
 
-// Writes controller.json, config.yaml and metrics.jsonl of `state` into `dir` (fsynced by
-// CommitCheckpoint).
+// Writes controller.json, carried_groups.pb, config.yaml and metrics.jsonl of `state` into `dir`
+// (fsynced by CommitCheckpoint).
 Status WriteControllerState(const std::string& dir, const ControllerState& state);
 // Reads them back; a missing file, invalid JSON or a missing or mistyped field is an error naming
-// the file.
+// the file. carried_groups.pb must have the size and CRC-32 controller.json records, parse, and
+// hold consistent groups (see CheckCarriedGroups); otherwise the error names it and the problem.
 StatusOr<ControllerState> ReadControllerState(const std::string& dir);
+
+// Structural checks of carried groups against the rest of the state they were saved with: group
+// ids increasing and below next_group_id; each group's samples belong to it (group id, sample id
+// in its range, prompt, seed), have one log-prob, kept mass, loss mask and policy version (at
+// most policy_version) per response token, finished ones with finish reason stop or length and
+// unfinished ones abort, and together are all n samples (or none: a group never started). The
+// error names `where` and the group.
+Status CheckCarriedGroups(const std::vector<v1::CarriedGroup>& groups, int64_t policy_version,
+                          uint64_t next_group_id, const std::string& where);
+
+// Checks that carried groups can continue under `config`: only with rollout.partial_rollouts,
+// with n = rollout.group_size, and unfinished responses shorter than rollout.max_new_tokens.
+Status CheckCarriedGroupsFit(const std::vector<v1::CarriedGroup>& groups, const JobConfig& config,
+                             const std::string& where);
 
 // A fingerprint (size and FNV-1a 64 of the bytes) of each dataset file the job reads
 // (data.train_path, data.eval_path), so a resume notices a dataset that changed under it.

@@ -204,7 +204,8 @@ class JobRunner {
   ControllerState resume_state_;  // its controller part, read by PrepareResume
   int first_step_ = 1;            // the first GRPO step this process runs
   double wall_before_ = 0;        // job time spent before the resumed checkpoint
-  // Partial rollouts: groups in flight across steps, by group id (oldest first).
+  // Partial rollouts: groups in flight across steps, by group id (oldest first). Checkpoints
+  // save them (SaveCheckpoint) and Resume restores them, so a resumed job continues them.
   struct PartialGroup {
     GroupJob job;
     std::map<uint64_t, v1::Sample> finished;    // by sample id
@@ -1098,7 +1099,7 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
   greedy.set_top_p(1.0f);
   greedy.set_max_new_tokens(cfg_.rollout.max_new_tokens);
   for (int32_t id : tokenizer_->stop_ids()) greedy.add_stop_token_ids(id);
-  if (!cfg_.rollout.stop_string.empty()) greedy.add_stop_strings(cfg_.rollout.stop_string);
+  for (const std::string& stop : cfg_.rollout.stop_strings) greedy.add_stop_strings(stop);
   int64_t tokens = 0;
   GYRE_ASSIGN_OR_RETURN(auto samples, GenerateAll(&jobs, greedy, &tokens));
   int correct = 0, scored = 0;
@@ -1267,7 +1268,7 @@ Status JobRunner::GrpoStep(int step) {
   sampling.set_min_p(static_cast<float>(sc.min_p));
   sampling.set_max_new_tokens(cfg_.rollout.max_new_tokens);
   for (int32_t id : tokenizer_->stop_ids()) sampling.add_stop_token_ids(id);
-  if (!cfg_.rollout.stop_string.empty()) sampling.add_stop_strings(cfg_.rollout.stop_string);
+  for (const std::string& stop : cfg_.rollout.stop_strings) sampling.add_stop_strings(stop);
   int64_t gen_tokens = 0;
   const auto tg = Clock::now();
   GYRE_ASSIGN_OR_RETURN(auto samples, cfg_.rollout.partial_rollouts
@@ -1460,7 +1461,15 @@ Status JobRunner::PrepareResume() {
   if (!IsDirectory(resume_dir_ + "/trainer")) {
     return NotFound(resume_dir_ + "/trainer: missing (the trainer's part of the checkpoint)");
   }
-  return Status::Ok();
+  if (cfg_.rollout.partial_rollouts && resume_state_.format_version < 2) {
+    return FailedPrecondition(resume_dir_ +
+                              "/controller.json: written by a Gyre that did not save "
+                              "partial-rollout groups (format_version " +
+                              std::to_string(resume_state_.format_version) +
+                              "); a job with rollout.partial_rollouts cannot resume it exactly");
+  }
+  return CheckCarriedGroupsFit(resume_state_.carried_groups, cfg_,
+                               resume_dir_ + "/carried_groups.pb");
 }
 
 Status JobRunner::Resume() {
@@ -1487,6 +1496,20 @@ Status JobRunner::Resume() {
   // Everything loaded: from here on the run directory continues from the checkpoint.
   version_ = st.policy_version;
   next_group_id_ = st.next_group_id;
+  // Partial rollouts: the groups in flight at the checkpoint continue in the next step, on the
+  // same workers as they would have (their kept KV is gone, so their context is prefilled).
+  partial_.clear();
+  for (const v1::CarriedGroup& cg : st.carried_groups) {
+    PartialGroup pg;
+    pg.job.group = cg.group();
+    pg.job.problem.prompt = cg.prompt();
+    pg.job.problem.answer = cg.answer();
+    pg.job.problem.is_messages = cg.prompt_is_messages();
+    for (const v1::Sample& f : cg.finished()) pg.finished[f.sample_id()] = f;
+    for (const v1::Sample& u : cg.unfinished()) pg.unfinished[u.sample_id()] = u;
+    pg.worker = cg.worker();
+    partial_[cg.group().group_id()] = std::move(pg);
+  }
   first_step_ = st.grpo_step + 1;
   wall_before_ = st.wall_seconds;
   result_.grpo_steps = st.grpo_step;
@@ -1497,15 +1520,20 @@ Status JobRunner::Resume() {
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(metrics_path, st.metrics_jsonl));
   metrics_.open(metrics_path, std::ios::app);
   if (!metrics_) return Unavailable("cannot write " + metrics_path);
-  WriteMetrics({{"phase", "resume"},
-                {"step", st.grpo_step},
-                {"policy_version", version_},
-                {"checkpoint", resume_dir_}});
-  GYRE_LOG_INFO("resumed from {} at GRPO step {} (policy v{})", resume_dir_, st.grpo_step,
-                version_);
+  nlohmann::json resumed = {{"phase", "resume"},
+                            {"step", st.grpo_step},
+                            {"policy_version", version_},
+                            {"checkpoint", resume_dir_}};
+  if (cfg_.rollout.partial_rollouts) resumed["partial_carried_groups"] = partial_.size();
+  WriteMetrics(resumed);
+  GYRE_LOG_INFO("resumed from {} at GRPO step {} (policy v{}, {} carried groups)", resume_dir_,
+                st.grpo_step, version_, partial_.size());
   if (opts_.print_progress) {
     std::printf("resumed from %s after GRPO step %d (policy v%lld)\n", resume_dir_.c_str(),
                 st.grpo_step, static_cast<long long>(version_));
+    if (cfg_.rollout.partial_rollouts) {
+      std::printf("continuing %zu carried partial-rollout group(s)\n", partial_.size());
+    }
     std::fflush(stdout);
   }
   return Publish(version_);
@@ -1542,9 +1570,21 @@ Status JobRunner::SaveCheckpoint(int step, Clock::time_point job_start) {
   GYRE_ASSIGN_OR_RETURN(st.data_fingerprints, DataFingerprints(cfg_.data));
   st.config_yaml = config::DumpJobConfig(cfg_);
   GYRE_ASSIGN_OR_RETURN(st.metrics_jsonl, ReadFileToString(run_dir_ + "/" + cfg_.metrics.file));
+  for (const auto& [gid, pg] : partial_) {
+    v1::CarriedGroup cg;
+    *cg.mutable_group() = pg.job.group;
+    cg.set_prompt(pg.job.problem.prompt);
+    cg.set_answer(pg.job.problem.answer);
+    cg.set_prompt_is_messages(pg.job.problem.is_messages);
+    for (const auto& [sid, f] : pg.finished) *cg.add_finished() = f;
+    for (const auto& [sid, u] : pg.unfinished) *cg.add_unfinished() = u;
+    cg.set_worker(pg.worker);
+    st.carried_groups.push_back(std::move(cg));
+  }
   GYRE_RETURN_IF_ERROR(WriteControllerState(tmp_dir, st));
   GYRE_RETURN_IF_ERROR(CommitCheckpoint(tmp_dir, final_dir, cfg_.trainer.checkpoint_keep_last));
-  GYRE_LOG_INFO("checkpoint {} (policy v{}) in {:.2f} s", final_dir, version_, Seconds(t0));
+  GYRE_LOG_INFO("checkpoint {} (policy v{}, {} carried groups) in {:.2f} s", final_dir, version_,
+                st.carried_groups.size(), Seconds(t0));
   return Status::Ok();
 }
 

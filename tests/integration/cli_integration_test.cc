@@ -467,7 +467,8 @@ TEST(TrainTest, PartialRolloutsCarryUnfinishedGroupsAcrossSteps) {
   auto args = SmallJob(dir, 3);
   for (const char* kv :
        {"rollout.partial_rollouts=true", "rollout.over_provision=2", "algorithm.max_staleness=1",
-        "rollout.max_running=16", "rollout.weight_update_kv=keep", "rollout.stop_string=++"}) {
+        "rollout.max_running=16", "rollout.weight_update_kv=keep",
+        "rollout.stop_strings=[\"++\", \"==\"]"}) {
     args.push_back("--set");
     args.push_back(kv);
   }

@@ -1,6 +1,7 @@
 // Checkpoint and resume with real processes: a job killed with SIGKILL (controller and workers at
 // once) and resumed with `gyre train --resume` ends with the same weights, byte for byte, and the
-// same metrics as the same job run without interruption.
+// same metrics as the same job run without interruption; also with partial rollouts, whose groups
+// in flight at the checkpoint must be carried through it.
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -153,6 +154,116 @@ TEST(ResumeTest, KilledJobResumesToTheUninterruptedResult) {
   auto sb = nlohmann::json::parse(ReadFile(run_b + "/summary.json"));
   EXPECT_EQ(Deterministic(sa), Deterministic(sb));
   EXPECT_EQ(sb["grpo_steps"], kSteps);
+  EXPECT_TRUE(AllGone(WorkerPids(out), 10));
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+// Partial rollouts: each step launches twice the groups it trains on and carries the unfinished
+// ones, with their tokens, into the next step. A small running batch makes sure groups are cut
+// mid-generation, so the checkpoint the job resumes from holds carried samples with tokens.
+// One-digit sums after a longer warm-up earn rewards (about a third of the samples), so the
+// updates, and with them the final weights, depend on which samples each step trains on.
+std::vector<std::string> PartialJob(const std::string& output_dir) {
+  return With(Job(output_dir),
+              {"--set", "rollout.partial_rollouts=true", "--set", "rollout.over_provision=2",
+               "--set", "algorithm.max_staleness=1", "--set", "rollout.max_running=16", "--set",
+               "data.max_digits=1", "--set", "trainer.warmup_sft_steps=60"});
+}
+
+TEST(ResumeTest, KilledPartialRolloutJobResumesItsCarriedGroupsExactly) {
+  const std::string dir = MakeTempDir("resume_partial");
+  ASSERT_TRUE(MakeDirs(dir + "/a").ok() && MakeDirs(dir + "/b").ok());
+
+  // The reference, uninterrupted.
+  auto a = GyreProcess::Start(PartialJob(dir + "/a"), dir + "/a");
+  ASSERT_TRUE(a.Wait(180)) << a.Output();
+  ASSERT_EQ(WEXITSTATUS(a.wait_status), 0) << a.Output();
+  const std::string run_a = dir + "/a/t";
+  int64_t carried_a = 0, resumed_a = 0;
+  for (const auto& m : Metrics(run_a + "/metrics.jsonl", "grpo")) {
+    carried_a += m["partial_carried_groups"].get<int64_t>();
+    resumed_a += m["partial_resumed_samples"].get<int64_t>();
+  }
+  ASSERT_GT(carried_a, 0) << "no group was carried: the test does not exercise partial rollouts";
+  ASSERT_GT(resumed_a, 0);
+  for (const auto& m : Metrics(run_a + "/metrics.jsonl", "grpo")) {
+    EXPECT_GT(m["mean_reward"].get<double>(), 0) << "a step without rewards leaves the weights "
+                                                    "independent of its samples: "
+                                                 << m.dump();
+  }
+
+  // Kill the whole job once it has a checkpoint after a GRPO step.
+  const std::string run_b = dir + "/b/t";
+  const pid_t job = StartGroupLeader(PartialJob(dir + "/b"), dir + "/b/gyre.out");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!IsDirectory(run_b + "/checkpoints/step-000002") &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(::kill(-job, SIGKILL), 0);
+  int st = 0;
+  ASSERT_EQ(::waitpid(job, &st, 0), job);
+  const std::string killed_output = ReadFile(dir + "/b/gyre.out");
+  ASSERT_TRUE(IsDirectory(run_b + "/checkpoints/step-000002")) << killed_output;
+  ASSERT_FALSE(PathExists(run_b + "/final")) << "the job finished before it was killed";
+
+  // The checkpoint the resume will take holds carried groups, some with tokens generated.
+  auto names = ListDirectory(run_b + "/checkpoints");
+  ASSERT_TRUE(names.ok());
+  std::string newest;
+  for (const auto& n : *names) {
+    if (n.size() == 11 && n.rfind("step-", 0) == 0) newest = n;
+  }
+  const std::string ckpt = run_b + "/checkpoints/" + newest;
+  const auto manifest =
+      nlohmann::json::parse(ReadFile(ckpt + "/controller.json"))["carried_groups"];
+  EXPECT_GT(manifest["groups"].get<int64_t>(), 0) << manifest.dump();
+  EXPECT_GT(manifest["unfinished_tokens"].get<int64_t>(), 0) << manifest.dump();
+  const std::string carried_path = ckpt + "/carried_groups.pb";
+  const std::string carried = ReadFile(carried_path);
+  ASSERT_EQ(carried.size(), manifest["bytes"].get<size_t>());
+
+  // A truncated carry section is refused with an error naming it, and nothing changes.
+  const std::string metrics_before = ReadFile(run_b + "/metrics.jsonl");
+  ASSERT_TRUE(WriteFileAtomic(carried_path, carried.substr(0, carried.size() - 7)).ok());
+  auto refused = GyreProcess::Start(With(PartialJob(dir + "/b"), {"--resume"}), dir);
+  ASSERT_TRUE(refused.Wait(60));
+  EXPECT_EQ(WEXITSTATUS(refused.wait_status), 1);
+  EXPECT_NE(refused.Output().find(carried_path + ": " + std::to_string(carried.size() - 7) +
+                                  " bytes, but controller.json records " +
+                                  std::to_string(carried.size()) +
+                                  " (a truncated or replaced "
+                                  "file)"),
+            std::string::npos)
+      << refused.Output();
+  EXPECT_EQ(ReadFile(run_b + "/metrics.jsonl"), metrics_before);
+  EXPECT_TRUE(WorkerPids(refused.Output()).empty()) << "workers started for a refused resume";
+  ASSERT_TRUE(WriteFileAtomic(carried_path, carried).ok());
+
+  // Resume to the end: the carried groups continue, and everything matches the reference.
+  ASSERT_TRUE(MakeDirs(dir + "/b2").ok());
+  auto b = GyreProcess::Start(With(PartialJob(dir + "/b"), {"--resume"}), dir + "/b2");
+  ASSERT_TRUE(b.Wait(180)) << b.Output();
+  const std::string out = b.Output();
+  ASSERT_EQ(WEXITSTATUS(b.wait_status), 0) << out;
+  EXPECT_NE(out.find("resumed from " + ckpt), std::string::npos) << out;
+  EXPECT_NE(out.find("continuing " + std::to_string(manifest["groups"].get<int64_t>()) +
+                     " carried partial-rollout group(s)"),
+            std::string::npos)
+      << out;
+  const std::string final_a = ReadFile(run_a + "/final/model.safetensors");
+  ASSERT_GT(final_a.size(), 100000u);
+  EXPECT_TRUE(final_a == ReadFile(run_b + "/final/model.safetensors"))
+      << "resumed weights differ from the uninterrupted run's";
+  for (const char* phase : {"warmup", "grpo", "eval"}) {
+    const auto ma = Metrics(run_a + "/metrics.jsonl", phase);
+    const auto mb = Metrics(run_b + "/metrics.jsonl", phase);
+    ASSERT_EQ(ma.size(), mb.size()) << phase;
+    for (size_t i = 0; i < ma.size(); ++i) {
+      EXPECT_EQ(Deterministic(ma[i]), Deterministic(mb[i])) << phase << " line " << i;
+    }
+  }
+  EXPECT_EQ(Metrics(run_b + "/metrics.jsonl", "grpo").size(), static_cast<size_t>(kSteps));
   EXPECT_TRUE(AllGone(WorkerPids(out), 10));
   EXPECT_TRUE(RemoveTree(dir).ok());
 }

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "model/transformer.h"
 #include "rollout/rollout_service.h"
 #include "rpc/rpc_util.h"
@@ -244,6 +246,18 @@ TEST(RolloutServiceTest, StopStringsEndResponsesAndNeedADecoder) {
   ASSERT_TRUE((*with)->Generate(&server_ctx, &req, &stopped).ok());
   EXPECT_EQ(stopped.samples(0).finish_reason(), v1::FINISH_REASON_STOP);
   EXPECT_EQ(stopped.samples(0).response_ids_size(), static_cast<int>(text.find(stop) + 2));
+  // Both strings of a list travel in the request, and the match that ends first wins, though
+  // its string comes second: here a letter's first appearance before the first string's match.
+  size_t k = 1;
+  while (k < 4 && text.find(text[k]) != k) ++k;
+  if (k == 4) k = 0;
+  req.mutable_sampling()->add_stop_strings(text.substr(k, 1));
+  ASSERT_EQ(req.sampling().stop_strings_size(), 2);
+  v1::GenerateResponse earlier;
+  ASSERT_TRUE((*with)->Generate(&server_ctx, &req, &earlier).ok());
+  EXPECT_EQ(earlier.samples(0).finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(earlier.samples(0).response_ids_size(),
+            static_cast<int>(std::min(k + 1, text.find(stop) + 2)));
   v1::GenerateResponse refused;
   grpc::Status s = (*without)->Generate(&server_ctx, &req, &refused);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);

@@ -443,6 +443,130 @@ TEST(ConfigDump, MentionsEveryKeyOnce) {
   }
 }
 
+// ---- string lists (rollout.stop_strings) -------------------------------------------------------
+
+TEST(ConfigStringList, ReadsFlowAndBlockSequences) {
+  StatusOr<JobConfig> r = Parse("rollout:\n  stop_strings: [\"</answer>\", \"\\n\\nUser:\"]\n");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->rollout.stop_strings, (std::vector<std::string>{"</answer>", "\n\nUser:"}));
+  r = Parse("rollout:\n  stop_strings:\n    - \"</answer>\"\n    - '++'\n    - 12\n");
+  ASSERT_TRUE(r.ok()) << r.status();
+  // A plain scalar is read as its text, as in a string field.
+  EXPECT_EQ(r->rollout.stop_strings, (std::vector<std::string>{"</answer>", "++", "12"}));
+  for (const char* none : {"rollout:\n  stop_strings: []\n", "rollout:\n  stop_strings:\n"}) {
+    r = Parse(none);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->rollout.stop_strings.empty()) << none;
+  }
+  EXPECT_TRUE(JobConfig{}.rollout.stop_strings.empty());
+}
+
+TEST(ConfigStringList, BadEntriesNameTheirPosition) {
+  EXPECT_EQ(ParseError("rollout:\n  stop_strings: [\"a\", \"\"]\n"),
+            "jobs/x.yaml:2:23: rollout.stop_strings: entry 2 must not be empty");
+  EXPECT_EQ(ParseError("rollout:\n  stop_strings:\n    - a\n    - ''\n"),
+            "jobs/x.yaml:4:7: rollout.stop_strings: entry 2 must not be empty");
+  EXPECT_EQ(ParseError("rollout:\n  stop_strings: [a, {b: 1}]\n"),
+            "jobs/x.yaml:2:21: rollout.stop_strings: entry 2: expected a string, got a map");
+  EXPECT_EQ(ParseError("rollout:\n  stop_strings: [a, [b]]\n"),
+            "jobs/x.yaml:2:21: rollout.stop_strings: entry 2: expected a string, got a list");
+  // An empty entry has no position of its own: the list's is given.
+  EXPECT_EQ(ParseError("rollout:\n  stop_strings:\n    - a\n    -\n"),
+            "jobs/x.yaml:3:5: rollout.stop_strings: entry 2: expected a string, got nothing");
+  EXPECT_EQ(ParseError("rollout:\n  stop_strings: [a, ~]\n"),
+            "jobs/x.yaml:2:17: rollout.stop_strings: entry 2: expected a string, got nothing");
+  // One string where a list belongs: the message shows the list form.
+  EXPECT_EQ(ParseError("rollout:\n  stop_strings: \"</answer>\"\n"),
+            "jobs/x.yaml:2:17: rollout.stop_strings: expected a list of strings such as [\"a\", "
+            "\"b\"], got '</answer>'");
+  EXPECT_EQ(ParseError("rollout:\n  stop_strings: {a: b}\n"),
+            "jobs/x.yaml:2:17: rollout.stop_strings: expected a list of strings such as [\"a\", "
+            "\"b\"], got a map");
+}
+
+TEST(ConfigStringList, DeprecatedSingleStringIsAOneElementList) {
+  StatusOr<JobConfig> r = Parse("rollout:\n  stop_string: \"</answer>\"\n");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->rollout.stop_strings, (std::vector<std::string>{"</answer>"}));
+  // The old default (the empty string, as older dumps and checkpoints wrote it) means none.
+  for (const char* none : {"rollout:\n  stop_string: \"\"\n", "rollout:\n  stop_string:\n",
+                           "rollout.stop_string: \"\"\n"}) {
+    r = Parse(none);
+    ASSERT_TRUE(r.ok()) << r.status() << " for " << none;
+    ExpectSameConfig(*r, JobConfig{});
+  }
+  // The effective config uses the new name only.
+  r = Parse("rollout:\n  stop_string: \"++\"\n");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string dump = DumpJobConfig(*r);
+  EXPECT_NE(dump.find("\n  stop_strings: [\"++\"]  # "), std::string::npos) << dump;
+  EXPECT_EQ(dump.find("stop_string:"), std::string::npos) << dump;
+
+  EXPECT_EQ(ParseError("rollout:\n  stop_string: [a, b]\n"),
+            "jobs/x.yaml:2:16: rollout.stop_string: expected a string, got a list "
+            "(rollout.stop_string is the deprecated single-string spelling; write a list as "
+            "rollout.stop_strings)");
+  // The old and the new name are one setting.
+  EXPECT_EQ(ParseError("rollout:\n  stop_strings: [a]\n  stop_string: b\n"),
+            "jobs/x.yaml:3:3: duplicate key 'rollout.stop_string': 'rollout.stop_strings' (set at "
+            "2:3) is the same setting; keep only rollout.stop_strings");
+  EXPECT_EQ(ParseError("rollout:\n  stop_string: b\n  stop_strings: [a]\n"),
+            "jobs/x.yaml:3:3: duplicate key 'rollout.stop_strings': 'rollout.stop_string' (set at "
+            "2:3) is the same setting; keep only rollout.stop_strings");
+  EXPECT_EQ(ParseError("rollout:\n  stop_string: b\n  stop_string: c\n"),
+            "jobs/x.yaml:3:3: duplicate key 'rollout.stop_string' (first set at 2:3)");
+}
+
+TEST(ConfigStringList, SetOverridesTakeAFlowSequenceOrTheOldSingleString) {
+  JobConfig cfg;
+  ASSERT_TRUE(ApplyOverride(&cfg, "rollout.stop_strings=[\"</answer>\", \"User:\"]").ok());
+  EXPECT_EQ(cfg.rollout.stop_strings, (std::vector<std::string>{"</answer>", "User:"}));
+  ASSERT_TRUE(ApplyOverride(&cfg, "rollout.stop_string=++").ok());
+  EXPECT_EQ(cfg.rollout.stop_strings, (std::vector<std::string>{"++"}));
+  ASSERT_TRUE(ApplyOverride(&cfg, "rollout.stop_strings=[]").ok());
+  EXPECT_TRUE(cfg.rollout.stop_strings.empty());
+  EXPECT_EQ(OverrideError("rollout.stop_strings=++"),
+            "--set: rollout.stop_strings: expected a list of strings such as [\"a\", \"b\"], "
+            "got '++'");
+  EXPECT_EQ(OverrideError("rollout.stop_strings=[a, \"\"]"),
+            "--set: rollout.stop_strings: entry 2 must not be empty");
+  EXPECT_EQ(OverrideError("rollout.stop_string=[a]"),
+            "--set: rollout.stop_string: expected a string, got a list (rollout.stop_string is "
+            "the deprecated single-string spelling; write a list as rollout.stop_strings)");
+  // A --set of the old name after the file's new one wins, like any later --set.
+  StatusOr<JobConfig> r = Parse("rollout:\n  stop_strings: [a, b]\n", {"rollout.stop_string=c"});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->rollout.stop_strings, (std::vector<std::string>{"c"}));
+}
+
+TEST(ConfigStringList, DumpRoundTripsAnyStringsAndCodeBuiltListsAreChecked) {
+  JobConfig cfg;
+  cfg.rollout.stop_strings = {"</answer>", "\n\nUser:", "a \"quoted\" # not a comment",
+                              "yes",       "[",         "\xc3\xa9\t"};
+  ASSERT_TRUE(ValidateJobConfig(cfg).ok());
+  const std::string dump = DumpJobConfig(cfg);
+  StatusOr<JobConfig> r = ParseJobConfig(dump, "dump");
+  ASSERT_TRUE(r.ok()) << r.status() << "\n" << dump;
+  EXPECT_EQ(r->rollout.stop_strings, cfg.rollout.stop_strings);
+  ExpectSameConfig(*r, cfg);
+
+  cfg.rollout.stop_strings = {"a", ""};
+  EXPECT_EQ(ValidateJobConfig(cfg).message(), "rollout.stop_strings: entry 2 must not be empty");
+}
+
+TEST(ConfigStringList, DescribedAsAStringList) {
+  bool found = false;
+  for (const ConfigKeyInfo& k : DescribeConfigKeys()) {
+    EXPECT_NE(k.key, "rollout.stop_string") << "a deprecated alias is not a listed key";
+    if (k.key != "rollout.stop_strings") continue;
+    found = true;
+    EXPECT_EQ(k.type, "string list");
+    EXPECT_EQ(k.default_value, "[]");
+    EXPECT_EQ(k.allowed, "non-empty strings");
+  }
+  EXPECT_TRUE(found);
+}
+
 // ---- files ------------------------------------------------------------------------------------
 
 class ConfigFileTest : public ::testing::Test {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 
 #include "testing/tiny_model.h"
 
@@ -280,6 +281,134 @@ TEST(RolloutEngineTest, StopTokensStopStringsMaxTokensAndEos) {
   EXPECT_EQ((*limited)[0].response.tokens.size(), 1u);
   EXPECT_EQ((*limited)[1].response.tokens.size(), 5u);
   EXPECT_EQ((*limited)[2].response.tokens.size(), 8u);
+  EXPECT_EQ(engine->allocator().used_blocks(), 0);
+}
+
+// Reference for stop strings: the length, in characters, of the shortest prefix of `text` that
+// contains one of `stops`; nullopt when none ever does.
+std::optional<size_t> FirstStopEnd(const std::string& text, const std::vector<std::string>& stops) {
+  for (size_t end = 1; end <= text.size(); ++end) {
+    for (const std::string& s : stops) {
+      if (text.substr(0, end).find(s) != std::string::npos) return end;
+    }
+  }
+  return std::nullopt;
+}
+
+std::string Letters(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t t : ids) s.push_back(static_cast<char>('a' + t));
+  return s;
+}
+
+// Two stop strings: either one ends a response, and when both occur the match that ends first
+// wins whatever the order of the list, even against a longer match that starts earlier. The
+// response is cut exactly as with one string (the completing token kept, nothing after it), and
+// its earlier tokens are the ones the unstopped run drew.
+TEST(RolloutEngineTest, EitherOfTwoStopStringsEndsAResponseAndTheEarliestMatchWins) {
+  auto model = model::Transformer::Create(Spec(), 21, 0.3);
+  auto engine = MakeEngine(model.get(), SmallConfig());
+  engine->SetDecoder(Letters);  // token t decodes to the letter 'a' + t
+  const std::vector<int32_t> prompt = {4, 8, 15};
+  auto free_run = engine->Generate({Req(prompt, 77, 1.0f, 12)});
+  ASSERT_TRUE(free_run.ok()) << free_run.status();
+  const std::vector<int32_t> full = (*free_run)[0].response.tokens;
+  ASSERT_EQ(full.size(), 12u);
+  const std::string text = Letters(full);
+
+  // `late`: six letters starting at position 1, so its match ends at position 7. `early`: the
+  // first letter after `late`'s start that has not appeared before, so it ends before 7.
+  const std::string late = text.substr(1, 6);
+  ASSERT_EQ(text.find(late), 1u) << text;
+  size_t k = 2;
+  while (k < 7 && text.find(text[k]) != k) ++k;
+  ASSERT_LT(k, 7u) << "no fresh letter in " << text;
+  const std::string early(1, text[k]);
+  ASSERT_EQ(FirstStopEnd(text, {early}), k + 1);
+  ASSERT_EQ(FirstStopEnd(text, {late}), 7u);
+
+  auto run = [&](const std::vector<std::string>& stops) {
+    Request r = Req(prompt, 77, 1.0f, 12);
+    r.sampling.stop_strings = stops;
+    auto got = engine->Generate({r});
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got.ok() ? (*got)[0] : SampleResult{};
+  };
+  for (const auto& stops : std::vector<std::vector<std::string>>{
+           {late}, {early}, {late, early}, {early, late}, {late, "zzzz"}, {"zzzz", early}}) {
+    const SampleResult r = run(stops);
+    const size_t end = FirstStopEnd(text, stops).value();
+    EXPECT_EQ(r.finish, Finish::kStop) << stops[0];
+    EXPECT_EQ(r.response.tokens, std::vector<int32_t>(full.begin(), full.begin() + end))
+        << "stops " << stops[0] << (stops.size() > 1 ? ", " + stops[1] : "");
+    EXPECT_EQ(r.response.logprobs.size(), end);
+    EXPECT_EQ(r.response.versions.size(), end);
+  }
+  EXPECT_EQ(run({late, early}).response.tokens.size(), k + 1) << "the earlier end wins";
+  // Neither string occurs: the response runs to its length limit.
+  ASSERT_FALSE(FirstStopEnd(text, {"zzzz", "yyyyy"}).has_value()) << text;
+  const SampleResult none = run({"zzzz", "yyyyy"});
+  EXPECT_EQ(none.finish, Finish::kLength);
+  EXPECT_EQ(none.response.tokens, full);
+  EXPECT_EQ(engine->allocator().used_blocks(), 0);
+}
+
+// Tokens that decode to several characters: a match may end inside a token. As with one stop
+// string, the response keeps that whole token (and the text it carries after the match); each
+// sample of a group stops on its own text.
+TEST(RolloutEngineTest, StopStringsEndingInsideATokenKeepTheWholeTokenPerSample) {
+  auto model = model::Transformer::Create(Spec(), 22, 0.3);
+  auto engine = MakeEngine(model.get(), SmallConfig());
+  // Token t decodes to two characters: 'a' + t, then 'A' + t.
+  auto decode = [](const std::vector<int32_t>& ids) {
+    std::string s;
+    for (int32_t t : ids) {
+      s.push_back(static_cast<char>('a' + t));
+      s.push_back(static_cast<char>('A' + t));
+    }
+    return s;
+  };
+  engine->SetDecoder(decode);
+  const std::vector<int32_t> prompt = {2, 3, 5, 7};
+  auto free_run = engine->Generate({Req(prompt, 9, 1.0f, 10, /*n=*/4)});
+  ASSERT_TRUE(free_run.ok()) << free_run.status();
+  const std::vector<int32_t>& tokens0 = (*free_run)[0].response.tokens;
+  const std::string text0 = decode(tokens0);
+  // Stop strings from sample 0. Listed second: the upper half of its 2nd token and the lower
+  // half of its 3rd, a match that ends inside the 3rd token. Listed first: the lower half of a
+  // later token whose letter has not appeared before, a match that ends later.
+  size_t j = 3;
+  while (j < tokens0.size() && text0.find(text0[2 * j]) != 2 * j) ++j;
+  ASSERT_LT(j, tokens0.size()) << "no fresh letter in " << text0;
+  const std::vector<std::string> stops = {text0.substr(2 * j, 1), text0.substr(3, 2)};
+  ASSERT_EQ(FirstStopEnd(text0, {stops[1]}), 5u) << text0;
+  ASSERT_EQ(FirstStopEnd(text0, {stops[0]}), 2 * j + 1) << text0;
+  Request r = Req(prompt, 9, 1.0f, 10, /*n=*/4);
+  r.sampling.stop_strings = stops;
+  auto stopped = engine->Generate({r});
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  ASSERT_EQ(stopped->size(), 4u);
+  int stopped_samples = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    const std::vector<int32_t>& full = (*free_run)[i].response.tokens;
+    const std::string text = decode(full);
+    const std::optional<size_t> chars = FirstStopEnd(text, stops);
+    // The token holding the match's last character ends the response.
+    const size_t tokens = chars ? (*chars + 1) / 2 : full.size();
+    EXPECT_EQ((*stopped)[i].response.tokens,
+              std::vector<int32_t>(full.begin(), full.begin() + tokens))
+        << "sample " << i << " text " << text;
+    EXPECT_EQ((*stopped)[i].finish, chars ? Finish::kStop : (*free_run)[i].finish)
+        << "sample " << i;
+    stopped_samples += chars.has_value();
+  }
+  EXPECT_GE(stopped_samples, 1);
+  // Sample 0 stops on the second string, inside its 3rd token, and keeps that token whole: its
+  // text goes one character past the match.
+  EXPECT_EQ((*stopped)[0].finish, Finish::kStop);
+  EXPECT_EQ((*stopped)[0].response.tokens,
+            std::vector<int32_t>(tokens0.begin(), tokens0.begin() + 3));
+  EXPECT_EQ(decode((*stopped)[0].response.tokens), text0.substr(0, 6));
   EXPECT_EQ(engine->allocator().used_blocks(), 0);
 }
 
