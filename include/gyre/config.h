@@ -61,13 +61,16 @@ struct RolloutSection {
   // token that completes one is kept. YAML also accepts the deprecated scalar `stop_string`.
   std::vector<std::string> stop_strings;
   // Generation engine (docs/rollout.md).
-  int64_t kv_cache_bytes = 0;             // KV cache per worker; 0 = kv_cache_fraction of memory
-  double kv_cache_fraction = 0.05;        // of the device's memory (CPU: physical RAM)
-  int block_size = 16;                    // positions per KV block
-  int max_running = 256;                  // sequences in a worker's running batch
-  int max_step_tokens = 2048;             // tokens per forward (decodes + prefill chunks)
-  bool prefix_sharing = true;             // a group's samples share one prefill of the prompt
-  std::string scheduling = "continuous";  // continuous or static (a batch at a time)
+  int64_t kv_cache_bytes = 0;       // KV cache per worker; 0 = kv_cache_fraction of memory
+  double kv_cache_fraction = 0.05;  // of the device's memory (CPU: physical RAM)
+  int block_size = 16;              // positions per KV block
+  int max_running = 256;            // sequences in a worker's running batch
+  int max_step_tokens = 2048;       // tokens per forward (decodes + prefill chunks)
+  bool prefix_sharing = true;       // a group's samples share one prefill of the prompt
+  // On a GPU: decode-only steps of up to cuda_graph_max_batch sequences replay CUDA graphs.
+  bool cuda_graphs = true;
+  int cuda_graph_max_batch = 256;
+  std::string scheduling = "continuous";       // continuous or static (a batch at a time)
   std::string weight_update_kv = "recompute";  // keep or recompute unfinished sequences' KV
   // Partial rollouts (APRIL): launch over_provision * prompts_per_step groups, stop when
   // prompts_per_step have finished, and resume the rest in the next step.

@@ -59,11 +59,29 @@ StatusOr<int64_t> BlocksForBudget(const model::Transformer& model, int64_t bytes
   return blocks;
 }
 
+namespace {
+
+bool UseDecodeGraphs(const model::Transformer* model, const EngineConfig& config) {
+  return config.cuda_graphs && model->device().is_cuda() && DecodeGraphs::Compiled();
+}
+
+}  // namespace
+
 RolloutEngine::RolloutEngine(const model::Transformer* model, const EngineConfig& config)
     : model_(model),
       config_(config),
-      cache_(model->NewPagedCache(config.num_blocks, config.block_size)),
-      allocator_(config.num_blocks) {}
+      cache_(model->NewPagedCache(config.num_blocks + (UseDecodeGraphs(model, config) ? 1 : 0),
+                                  config.block_size)),
+      allocator_(config.num_blocks) {
+  if (UseDecodeGraphs(model, config)) {
+    const int64_t max_blocks =
+        (model->spec().max_seq_len + config.block_size - 1) / config.block_size;
+    auto graphs = DecodeGraphs::Create(model, &cache_, config.num_blocks,
+                                       std::min(config.cuda_graph_max_batch, config.max_running),
+                                       std::max<int64_t>(1, max_blocks));
+    if (graphs.ok()) graphs_ = std::move(*graphs);
+  }
+}
 
 RolloutEngine::~RolloutEngine() = default;
 
@@ -483,17 +501,25 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
   }
   const auto device = cache_.k[0].device();
   auto lopts = at::TensorOptions().dtype(at::kLong);
-  model::PagedBatch batch;
-  batch.tokens = at::tensor(toks, lopts).to(device);
-  batch.positions = at::tensor(pos, lopts).to(device);
-  batch.slots = at::tensor(slots, lopts).to(device);
-  batch.query_lens = qlens;
-  batch.context_lens = clens;
-  batch.block_tables =
-      at::tensor(tables, lopts).view({static_cast<int64_t>(work.size()), max_blocks}).to(device);
-  batch.logit_rows = logit_rows;
   const auto t_fwd = Clock::now();
-  at::Tensor logits = model_->ForwardPaged(batch, &cache_);
+  at::Tensor logits;
+  // Decode-only steps (each row one new token, sampled) replay a CUDA graph when one fits.
+  const bool decode_only = logit_rows.size() == work.size() && toks.size() == work.size();
+  if (graphs_ && decode_only && graphs_->Fits(static_cast<int64_t>(work.size()), max_blocks)) {
+    GYRE_ASSIGN_OR_RETURN(logits, graphs_->Run(toks, pos, slots, tables, max_blocks, clens));
+    ++stats_.graph_steps;
+  } else {
+    model::PagedBatch batch;
+    batch.tokens = at::tensor(toks, lopts).to(device);
+    batch.positions = at::tensor(pos, lopts).to(device);
+    batch.slots = at::tensor(slots, lopts).to(device);
+    batch.query_lens = qlens;
+    batch.context_lens = clens;
+    batch.block_tables =
+        at::tensor(tables, lopts).view({static_cast<int64_t>(work.size()), max_blocks}).to(device);
+    batch.logit_rows = logit_rows;
+    logits = model_->ForwardPaged(batch, &cache_);
+  }
   stats_.forward_seconds += Since(t_fwd);
   for (const Work& w : work) w.seq->computed = w.first + w.count;
 

@@ -35,6 +35,7 @@
 #include "gyre/status.h"
 #include "model/transformer.h"
 #include "rollout/block_allocator.h"
+#include "rollout/decode_graphs.h"
 #include "rollout/engine.h"
 
 namespace gyre::rollout {
@@ -50,6 +51,10 @@ struct EngineConfig {
   bool prefix_sharing = true;     // a group's n samples share one prefill of the prompt
   Scheduling scheduling = Scheduling::kContinuous;
   WeightUpdateKv weight_update_kv = WeightUpdateKv::kRecompute;
+  // Model on a GPU: decode-only steps of up to cuda_graph_max_batch sequences replay CUDA graphs
+  // (decode_graphs.h); the cache then holds one extra, scratch block for padding rows.
+  bool cuda_graphs = true;
+  int64_t cuda_graph_max_batch = 256;
 };
 
 // Blocks a budget of `bytes` holds for `model`, or an error naming the figures when it cannot
@@ -116,6 +121,7 @@ struct EngineStats {
   double block_steps = 0;  // sum over steps of blocks in use (mean utilisation = / steps)
   double forward_seconds = 0;
   double sample_seconds = 0;
+  int64_t graph_steps = 0;  // decode steps replayed from a CUDA graph
 };
 
 class RolloutEngine {
@@ -201,6 +207,9 @@ class RolloutEngine {
   const model::Transformer* model_;
   EngineConfig config_;
   model::PagedKvCache cache_;
+  // CUDA graphs for decode-only steps (null on the CPU, or when disabled or unavailable); block
+  // config_.num_blocks of cache_ is their scratch block.
+  std::unique_ptr<DecodeGraphs> graphs_;
   BlockAllocator allocator_;
   Decoder decoder_;
   int64_t version_ = 0;

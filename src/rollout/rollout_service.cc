@@ -25,6 +25,8 @@ StatusOr<EngineConfig> EngineConfigFromJob(const RolloutSection& rollout,
   c.max_running = rollout.max_running;
   c.max_step_tokens = rollout.max_step_tokens;
   c.prefix_sharing = rollout.prefix_sharing;
+  c.cuda_graphs = rollout.cuda_graphs;
+  c.cuda_graph_max_batch = rollout.cuda_graph_max_batch;
   c.scheduling = rollout.scheduling == "static" ? Scheduling::kStatic : Scheduling::kContinuous;
   c.weight_update_kv =
       rollout.weight_update_kv == "keep" ? WeightUpdateKv::kKeep : WeightUpdateKv::kRecompute;
