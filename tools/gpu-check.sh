@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU host's check, as one script: configure and build Gyre against the host's CUDA-enabled
 # PyTorch (torch.utils.cmake_prefix_path) and the staged Debian packages, run the GPU tests
-# (ctest label gpu), `gyre bench kernels` and the CUDA IPC row of `gyre bench weight-sync`, and
-# copy logs and JSON to $OUT (or ./gpu-out).
+# (ctest label gpu), `gyre bench kernels`, the CUDA IPC row of `gyre bench weight-sync` and the
+# rollout engine against HF generate (tools/gpu-rollout-vs-hf.sh), and copy logs and JSON to $OUT
+# (or ./gpu-out).
 #
 # Preparation on a machine with Debian's registry, from the repository root:
 #   bash ../shared/device/stage-deps.sh            # -> .devdeps/ (git-ignored; carry it)
@@ -46,5 +47,9 @@ if [[ "$mode" != tests-only ]]; then
   "$build/bin/gyre" bench weight-sync --size 1GB --transports cuda_ipc --bucket-mb 64,256 \
     --reps 5 --json "$out/bench-weight-sync.json" 2>"$out/bench-weight-sync.err" \
     | tee "$out/bench-weight-sync.txt" || rc=1
+  # The rollout engine against HF generate at batch 256 (random-init Qwen2.5-0.5B shape).
+  bash tools/gpu-rollout-vs-hf.sh "$build" "$out/rollout-vs-hf" 128 >"$out/rollout-vs-hf.log" 2>&1 \
+    || rc=1
+  tail -8 "$out/rollout-vs-hf.log"
 fi
 exit $rc

@@ -48,6 +48,10 @@ class BenchReport {
 // (0 ok, 1 failure, 2 usage error).
 int RunBenchKernels(const std::vector<std::string>& args);
 
+// Peak memory bandwidth of the current CUDA device in GB/s (memory clock x bus width x 2);
+// 0 on the CPU or in a build without CUDA (bench_kernels.cc).
+double PeakBandwidthGBs(bool cuda);
+
 // gyre bench weight-sync: weight transports against one unbucketed gRPC message
 // (bench_weight_sync.cc).
 int RunBenchWeightSync(const std::vector<std::string>& args);

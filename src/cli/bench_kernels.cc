@@ -266,22 +266,6 @@ void Register(const std::string& name, std::function<void()> fn, bool cuda, doub
   if (cuda) b->UseManualTime();
 }
 
-double PeakBandwidthGBs(bool cuda) {
-#if GYRE_BENCH_CUDA
-  if (cuda) {
-    int device = 0, clock_khz = 0, bus_bits = 0;
-    cudaGetDevice(&device);
-    if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
-        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess &&
-        clock_khz > 0 && bus_bits > 0) {
-      return 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;  // double data rate
-    }
-  }
-#endif
-  (void)cuda;
-  return 0;
-}
-
 #if GYRE_BENCH_CUDA
 // Peak bytes the caching allocator held above what was allocated before `fn` ran.
 double PeakExtraBytes(const std::function<void()>& fn) {
@@ -465,6 +449,22 @@ int RunBenchKernels(const std::vector<std::string>& args) {
     }
   }
   return failures == 0 ? 0 : 1;
+}
+
+double PeakBandwidthGBs(bool cuda) {
+#if GYRE_BENCH_CUDA
+  if (cuda) {
+    int device = 0, clock_khz = 0, bus_bits = 0;
+    cudaGetDevice(&device);
+    if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess &&
+        clock_khz > 0 && bus_bits > 0) {
+      return 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;  // double data rate
+    }
+  }
+#endif
+  (void)cuda;
+  return 0;
 }
 
 }  // namespace gyre::cli

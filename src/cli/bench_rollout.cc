@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli/bench.h"
+#include "kernels/device_info.h"
 #include "model/hf_config.h"
 #include "rollout/engine.h"
 #include "rollout/rollout_engine.h"
@@ -39,7 +40,10 @@ constexpr char kUsage[] =
     "of live samples over the KV memory reserved: the pool, or a fixed batch's cache) and the\n"
     "share of time spent with the batch under half full (lost to the longest sequences);\n"
     "`speedup` is tokens/s over static's in the same run, `vs compacting` over\n"
-    "static_compacting's.\n"
+    "static_compacting's. On a GPU each row also reports hbm_roofline_fraction: the\n"
+    "least memory traffic the generation needs (the weights once per engine step, every\n"
+    "sampled token's context keys and values once), over its time, over the device's peak\n"
+    "bandwidth.\n"
     "\n"
     "options (defaults in brackets):\n"
     "  --model DIR            Hugging Face model directory (gyre init-model writes one)\n"
@@ -56,6 +60,8 @@ constexpr char kUsage[] =
     "  --temperature X        sampling temperature [1.0]\n"
     "  --seed S               workload seed [1]\n"
     "  --threads N            intra-op CPU threads [1]\n"
+    "  --device D             cpu or cuda (GPU 0) [cpu]\n"
+    "  --cuda-graphs 0|1      on a GPU, replay decode steps as CUDA graphs [1]\n"
     "  --json FILE            also write the figures as JSON\n";
 
 double Since(std::chrono::steady_clock::time_point t0) {
@@ -200,6 +206,8 @@ int RunBenchRollout(const std::vector<std::string>& args) {
   int64_t groups = 32, group_size = 8, prompt_len = 32, max_new = 256, max_running = 64;
   int64_t block_size = 16, max_step_tokens = 512, kv_mb = 0, seed = 1, threads = 1;
   double median = 24, sigma = 1.0, temperature = 1.0;
+  std::string device_name = "cpu";
+  int64_t cuda_graphs = 1;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -237,6 +245,11 @@ int RunBenchRollout(const std::vector<std::string>& args) {
       ok = ParseInt(v, 0, INT64_MAX, &seed);
     } else if (a == "--threads") {
       ok = ParseInt(v, 1, 1024, &threads);
+    } else if (a == "--device") {
+      ok = v == "cpu" || v == "cuda";
+      device_name = v;
+    } else if (a == "--cuda-graphs") {
+      ok = ParseInt(v, 0, 1, &cuda_graphs);
     } else if (a == "--median-len") {
       ok = ParseDouble(v, 1, 1e6, &median);
     } else if (a == "--sigma") {
@@ -263,6 +276,14 @@ int RunBenchRollout(const std::vector<std::string>& args) {
   if (!model.ok()) {
     std::fprintf(stderr, "gyre bench rollout: %s\n", model.status().ToString().c_str());
     return 1;
+  }
+  const bool cuda = device_name == "cuda";
+  if (cuda) {
+    if (kernels::CudaDeviceCount() == 0) {
+      std::fprintf(stderr, "gyre bench rollout: --device cuda, but no CUDA device is usable\n");
+      return 1;
+    }
+    (*model)->To(at::Device(at::kCUDA, 0));
   }
   const auto& spec = (*model)->spec();
   if (prompt_len + max_new > spec.max_seq_len) {
@@ -307,6 +328,8 @@ int RunBenchRollout(const std::vector<std::string>& args) {
   config.block_size = block_size;
   config.max_running = max_running;
   config.max_step_tokens = max_step_tokens;
+  config.cuda_graphs = cuda_graphs != 0;
+  config.cuda_graph_max_batch = max_running;
   const int64_t full = (prompt_len + max_new + block_size - 1) / block_size;
   if (kv_mb > 0) {
     auto blocks = rollout::BlocksForBudget(**model, kv_mb << 20, block_size);
@@ -348,7 +371,10 @@ int RunBenchRollout(const std::vector<std::string>& args) {
   };
   BenchReport report("rollout");
   report.SetContext("model", dir);
-  report.SetContext("device", "cpu");
+  report.SetContext("device", cuda ? "cuda:0" : "cpu");
+  report.SetContext("cuda_graphs", cuda && cuda_graphs != 0);
+  const double peak_gbs = PeakBandwidthGBs(cuda);
+  if (cuda) report.SetContext("peak_bandwidth_gb_s", peak_gbs);
   report.SetContext("parameters", (*model)->NumParameters());
   report.SetContext("threads", threads);
   report.SetContext("groups", groups);
@@ -379,6 +405,11 @@ int RunBenchRollout(const std::vector<std::string>& args) {
     measured.push_back(std::move(*m));
   }
   const Measured& base = measured[0];
+  double param_bytes = 0;
+  for (const auto& [name, t] : (*model)->NamedParameters()) {
+    param_bytes += static_cast<double>(t.numel() * t.element_size());
+  }
+  const double kv_per_token = static_cast<double>((*model)->KvBytesPerToken());
   const double base_tps = static_cast<double>(base.generated) / base.seconds;
   const double compacting_tps = static_cast<double>(measured[1].generated) / measured[1].seconds;
   for (size_t k = 0; k < modes.size(); ++k) {
@@ -389,7 +420,18 @@ int RunBenchRollout(const std::vector<std::string>& args) {
     for (size_t i = 0; i < m.results.size() && i < base.results.size(); ++i) {
       same += m.results[i].response.tokens == base.results[i].response.tokens;
     }
+    // Least memory traffic: the weights once per engine step, and each sampled token's context
+    // (prompt plus the response so far) once, in keys and values.
+    double traffic = static_cast<double>(m.stats.steps) * param_bytes;
+    for (const auto& r : m.results) {
+      const double len = static_cast<double>(r.response.tokens.size());
+      traffic += kv_per_token * (len * static_cast<double>(prompt_len) + len * (len + 1) / 2);
+    }
+    const nlohmann::json roofline =
+        peak_gbs > 0 ? nlohmann::json(traffic / m.seconds / (peak_gbs * 1e9)) : nlohmann::json();
     report.AddRow({{"mode", modes[k].name},
+                   {"hbm_roofline_fraction", roofline},
+                   {"graph_steps", m.stats.graph_steps},
                    {"tokens_per_s", tps},
                    {"batch_time_s", m.seconds},
                    {"speedup", tps / base_tps},
@@ -419,7 +461,8 @@ int RunBenchRollout(const std::vector<std::string>& args) {
                      {"tail_time_share", "tail share", 3},
                      {"prefill_tokens", "prefill tok"},
                      {"steps", "steps"},
-                     {"preemptions", "preempt"}});
+                     {"preemptions", "preempt"},
+                     {"hbm_roofline_fraction", "roofline", 3}});
   if (!json_path.empty()) {
     Status s = report.WriteJson(json_path);
     if (!s.ok()) {
