@@ -13,6 +13,7 @@
 #include "comm/weight_broadcast.h"
 #include "comm/weight_sync.h"
 #include "common/logging.h"
+#include "kernels/device_info.h"
 #include "model/weights.h"
 #include "rpc/rpc_util.h"
 
@@ -32,15 +33,25 @@ StatusOr<EngineConfig> EngineConfigFromJob(const RolloutSection& rollout,
       rollout.weight_update_kv == "keep" ? WeightUpdateKv::kKeep : WeightUpdateKv::kRecompute;
   int64_t bytes = rollout.kv_cache_bytes;
   if (bytes == 0) {
-    const at::Device device = model.NamedParameters().front().second.device();
-    if (!device.is_cpu()) {
-      return FailedPrecondition(
-          "rollout.kv_cache_fraction: this build cannot query the memory of device " +
-          device.str() + "; set rollout.kv_cache_bytes instead");
+    const at::Device device = model.device();
+    if (device.is_cuda()) {
+      // A fraction of the device's total memory, but never more than is free once the model
+      // is loaded (with 10% of the free memory left for activations and the sampler).
+      int64_t free = 0, total = 0;
+      if (!kernels::CudaDeviceMemory(device.index(), &free, &total)) {
+        return FailedPrecondition("rollout.kv_cache_fraction: cannot query the memory of " +
+                                  device.str() + "; set rollout.kv_cache_bytes instead");
+      }
+      bytes = std::min(static_cast<int64_t>(static_cast<double>(total) * rollout.kv_cache_fraction),
+                       static_cast<int64_t>(static_cast<double>(free) * 0.9));
+    } else if (device.is_cpu()) {
+      const double ram = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                         static_cast<double>(sysconf(_SC_PAGE_SIZE));
+      bytes = static_cast<int64_t>(ram * rollout.kv_cache_fraction);
+    } else {
+      return FailedPrecondition("rollout.kv_cache_fraction: cannot query the memory of " +
+                                device.str() + "; set rollout.kv_cache_bytes instead");
     }
-    const double ram =
-        static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-    bytes = static_cast<int64_t>(ram * rollout.kv_cache_fraction);
   }
   GYRE_ASSIGN_OR_RETURN(int64_t blocks, BlocksForBudget(model, bytes, c.block_size));
   const int64_t full = (model.spec().max_seq_len + c.block_size - 1) / c.block_size;
