@@ -7,6 +7,33 @@
 
 namespace gyre::comm {
 
+void ManifestToProto(const std::vector<model::TensorEntry>& manifest,
+                     google::protobuf::RepeatedPtrField<v1::TensorSpec>* out) {
+  for (const auto& e : manifest) {
+    v1::TensorSpec* s = out->Add();
+    s->set_name(e.name);
+    for (int64_t d : e.shape) s->add_shape(d);
+    s->set_dtype(e.dtype);
+    s->set_offset(e.offset);
+    s->set_nbytes(e.nbytes);
+  }
+}
+
+std::vector<model::TensorEntry> ManifestFromProto(
+    const google::protobuf::RepeatedPtrField<v1::TensorSpec>& specs) {
+  std::vector<model::TensorEntry> manifest;
+  for (const auto& s : specs) {
+    model::TensorEntry e;
+    e.name = s.name();
+    e.shape.assign(s.shape().begin(), s.shape().end());
+    e.dtype = s.dtype();
+    e.offset = s.offset();
+    e.nbytes = s.nbytes();
+    manifest.push_back(std::move(e));
+  }
+  return manifest;
+}
+
 StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightPayload& payload,
                                  int64_t bucket_bytes, double timeout_s, int corrupt_bucket) {
   if (bucket_bytes <= 0) return InvalidArgument("bucket_bytes must be positive");
@@ -29,14 +56,7 @@ StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightP
     if (b == 0) {
       chunk.set_total_bytes(total);
       chunk.set_num_buckets(num_buckets);
-      for (const auto& e : payload.manifest) {
-        v1::TensorSpec* s = chunk.add_manifest();
-        s->set_name(e.name);
-        for (int64_t d : e.shape) s->add_shape(d);
-        s->set_dtype(e.dtype);
-        s->set_offset(e.offset);
-        s->set_nbytes(e.nbytes);
-      }
+      ManifestToProto(payload.manifest, chunk.mutable_manifest());
     }
     const uint8_t* p = payload.bytes.data() + off;
     const uint32_t crc = model::Crc32(p, n);
@@ -77,16 +97,7 @@ Status ReceiveWeightStream(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
   const uint64_t total = chunk.total_bytes();
   const uint32_t num_buckets = chunk.num_buckets();
   if (num_buckets == 0) return InvalidArgument("first weight chunk has num_buckets = 0");
-  std::vector<model::TensorEntry> manifest;
-  for (const auto& s : chunk.manifest()) {
-    model::TensorEntry e;
-    e.name = s.name();
-    e.shape.assign(s.shape().begin(), s.shape().end());
-    e.dtype = s.dtype();
-    e.offset = s.offset();
-    e.nbytes = s.nbytes();
-    manifest.push_back(std::move(e));
-  }
+  std::vector<model::TensorEntry> manifest = ManifestFromProto(chunk.manifest());
   std::vector<uint8_t>& buffer = payload->bytes;
   buffer.resize(total);
   std::vector<uint32_t> crcs;

@@ -33,6 +33,12 @@ struct SendResult {
   double seconds = 0;
 };
 
+// The manifest on the wire (TensorSpec) and back.
+void ManifestToProto(const std::vector<model::TensorEntry>& manifest,
+                     google::protobuf::RepeatedPtrField<v1::TensorSpec>* out);
+std::vector<model::TensorEntry> ManifestFromProto(
+    const google::protobuf::RepeatedPtrField<v1::TensorSpec>& specs);
+
 // Streams `payload` to one rollout worker within `timeout_s`. `corrupt_bucket` >= 0 flips a byte
 // of that bucket after its checksum is computed (fault injection for tests).
 StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightPayload& payload,

@@ -313,18 +313,11 @@ StatusOr<comm::Receipt> RolloutService::ReceiveCudaIpc(const v1::ReceiveWeightsR
     return InvalidArgument("cuda_ipc: " + std::to_string(req.sent_crc32_size()) +
                            " checksums for " + std::to_string(buckets) + " buckets");
   }
-  manifest->clear();
-  for (const auto& t : req.manifest()) {
-    model::TensorEntry e;
-    e.name = t.name();
-    e.shape.assign(t.shape().begin(), t.shape().end());
-    e.dtype = t.dtype();
-    e.offset = t.offset();
-    e.nbytes = t.nbytes();
+  *manifest = comm::ManifestFromProto(req.manifest());
+  for (const auto& e : *manifest) {
     if (e.offset > total || e.nbytes > total - e.offset) {
       return InvalidArgument("cuda_ipc: tensor " + e.name + " lies outside the payload");
     }
-    manifest->push_back(std::move(e));
   }
   // The trainer exports one handle per buffer allocation; a new handle means a new buffer.
   if (!ipc_mapping_ || ipc_handle_ != req.ipc_handle()) {

@@ -154,14 +154,7 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
     resp->set_total_bytes(payload.bytes);
     resp->set_bucket_bytes(bucket);
     for (uint32_t c : *crcs) resp->add_bucket_crc32(c);
-    for (const auto& e : payload.manifest) {
-      v1::TensorSpec* t = resp->add_manifest();
-      t->set_name(e.name);
-      for (int64_t d : e.shape) t->add_shape(d);
-      t->set_dtype(e.dtype);
-      t->set_offset(e.offset);
-      t->set_nbytes(e.nbytes);
-    }
+    comm::ManifestToProto(payload.manifest, resp->mutable_manifest());
     resp->set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return grpc::Status::OK;
   }
