@@ -194,12 +194,20 @@ Status GradReducer::Finish() {
   // Backward has returned: what it did not reach is final as it is (accumulated by an earlier
   // micro-batch) or zero (unused on this rank in this step).
   armed_ = false;
+  std::vector<size_t> unreached;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (ready_[i]) continue;
-    const at::Tensor& p = params_[i];
-    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-    MarkReadyLocked(i, p.grad());
+    if (!ready_[i]) unreached.push_back(i);
   }
+  try {
+    for (size_t i : unreached) {
+      const at::Tensor& p = params_[i];
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    }
+  } catch (const std::exception& e) {
+    CancelLocked(&lock);
+    return Internal(std::string("zero gradients for unused parameters: ") + e.what());
+  }
+  for (size_t i : unreached) MarkReadyLocked(i, params_[i].grad());
   GYRE_CHECK(next_handover_ == buckets_.size());
   // Blocking mode: the caller's thread is the only issuer.
   if (!overlap_) {
@@ -209,10 +217,7 @@ Status GradReducer::Finish() {
   // The communication thread is idle now. Gradients are written only here, after backward, never
   // while autograd may still be running.
   Status result = first_error_;
-  if (result.ok()) {
-    at::NoGradGuard no_grad;
-    result = UnpackAll();
-  }
+  if (result.ok()) result = UnpackAll();
   ResetLocked();
   return result;
 }
@@ -220,10 +225,15 @@ Status GradReducer::Finish() {
 void GradReducer::Cancel() {
   std::unique_lock<std::mutex> lock(mu_);
   if (!armed_ && next_handover_ == 0) return;
+  CancelLocked(&lock);
+}
+
+void GradReducer::CancelLocked(std::unique_lock<std::mutex>* lock) {
   armed_ = false;
   // Buckets still queued are skipped; the one being reduced finishes (bounded by its deadline).
+  // In blocking mode nothing runs outside Finish() itself, so there is nothing to wait for.
   if (first_error_.ok()) first_error_ = Aborted("gradient reduction cancelled");
-  cv_.wait(lock, [this] { return done_ == next_handover_; });
+  if (overlap_) cv_.wait(*lock, [this] { return done_ == next_handover_; });
   ResetLocked();
 }
 

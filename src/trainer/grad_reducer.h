@@ -115,6 +115,8 @@ class GradReducer {
   // then counts it done. Needs mu_ held through `lock` and a non-empty queue.
   void ReduceNextLocked(std::unique_lock<std::mutex>* lock);
   void CommLoop();
+  // Cancel() with mu_ held through `lock`.
+  void CancelLocked(std::unique_lock<std::mutex>* lock);
   // Back to the start-of-step state. Needs mu_ and no bucket in flight.
   void ResetLocked();
 
