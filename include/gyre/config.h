@@ -107,6 +107,7 @@ struct TrainerSection {
   int checkpoint_keep_last = 3;           // resumable checkpoints kept on disk
   int torch_threads = 1;                  // intra-op threads per worker process
   int grad_bucket_mb = 32;                // data parallel: gradient all-reduce bucket size
+  bool overlap_grad_reduce = true;        // data parallel: all-reduce buckets during backward
   double collective_timeout_s = 600;      // data parallel: deadline of each collective
 };
 

@@ -36,6 +36,8 @@ constexpr char kBenchUsage[] =
     "                libtorch baselines (CUDA kernels on a GPU, CPU references otherwise)\n"
     "  weight-sync   weight publishing per transport and bucket size vs one gRPC message\n"
     "  rollout       continuous batching + prefix sharing vs static batching (long-tail lengths)\n"
+    "  dp-step       data-parallel step time, gradient all-reduce overlapped with backward vs\n"
+    "                after it\n"
     "\n"
     "`gyre bench SUBCOMMAND --help` lists a subcommand's options.\n";
 
@@ -109,6 +111,7 @@ int RunBench(const std::vector<std::string>& args) {
   if (sub == "kernels") return RunBenchKernels(rest);
   if (sub == "weight-sync") return RunBenchWeightSync(rest);
   if (sub == "rollout") return RunBenchRollout(rest);
+  if (sub == "dp-step") return RunBenchDpStep(rest);
   std::fprintf(stderr, "gyre bench: unknown subcommand '%s'\n\n%s", sub.c_str(), kBenchUsage);
   return 2;
 }

@@ -59,6 +59,10 @@ int RunBenchWeightSync(const std::vector<std::string>& args);
 // gyre bench rollout: continuous batching vs static batching on a long-tail workload.
 int RunBenchRollout(const std::vector<std::string>& args);
 
+// gyre bench dp-step: data-parallel step time, gradient all-reduce overlapped with backward vs
+// after it (bench_dp_step.cc).
+int RunBenchDpStep(const std::vector<std::string>& args);
+
 // gyre bench SUBCOMMAND ...: dispatch and help.
 int RunBench(const std::vector<std::string>& args);
 

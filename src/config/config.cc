@@ -237,6 +237,8 @@ std::vector<Field> BuildTable() {
           "intra-op threads per worker process"),
       Num(GYRE_CONFIG_KEY(trainer.grad_bucket_mb), Closed(1, 4096),
           "data-parallel gradient all-reduce bucket size in MiB"),
+      Flag(GYRE_CONFIG_KEY(trainer.overlap_grad_reduce),
+           "data parallel: all-reduce gradient buckets during the last micro-batch's backward"),
       Num(GYRE_CONFIG_KEY(trainer.collective_timeout_s), OpenLow(0, 86400),
           "deadline of each data-parallel collective in seconds"),
       // reward

@@ -32,6 +32,7 @@ bool ResultNeutral(const std::string& key) {
       "trainer.checkpoint_every",
       "trainer.checkpoint_keep_last",
       "trainer.collective_timeout_s",
+      "trainer.overlap_grad_reduce",  // same buckets, same order: the same sums
       "metrics.file",
   };
   return kKeys.count(key) > 0 || key.rfind("cluster.", 0) == 0;

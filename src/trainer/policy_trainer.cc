@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "ops/ops.h"
+#include "trainer/grad_reducer.h"
 
 namespace gyre::trainer {
 
@@ -210,57 +211,22 @@ void PolicyTrainer::ComputeOldLogprobs(std::vector<TrainSample>* batch,
   }
 }
 
-void PolicyTrainer::SetDataParallel(comm::Communicator* comm, int64_t bucket_bytes,
-                                    double timeout_s) {
+void PolicyTrainer::SetDataParallel(comm::Communicator* comm, const DataParallelOptions& options) {
+  reducer_.reset();  // removes its hooks before a new reducer installs its own
   dp_ = comm;
-  dp_bucket_bytes_ = std::max<int64_t>(bucket_bytes, 1024);
-  dp_timeout_s_ = timeout_s;
+  dp_timeout_s_ = options.timeout_s;
+  if (dp_ == nullptr || dp_->size() == 1) return;
+  std::vector<std::string> names;
+  for (const auto& [name, t] : model_->NamedParameters()) names.push_back(name);
+  reducer_ = std::make_unique<GradReducer>(optimizer_->params, std::move(names), dp_,
+                                           std::max<int64_t>(options.bucket_bytes, 1024),
+                                           options.timeout_s, options.overlap_grad_reduce);
 }
 
 Status PolicyTrainer::AllReduce(double* values, size_t count) {
   if (dp_ == nullptr || dp_->size() == 1) return Status::Ok();
   return dp_->AllReduceSum(values, count, comm::DataType::kFloat64,
                            comm::DeadlineAfter(dp_timeout_s_));
-}
-
-Status PolicyTrainer::AllReduceGradients() {
-  if (dp_ == nullptr || dp_->size() == 1) return Status::Ok();
-  at::NoGradGuard ng;
-  // A rank whose shard was empty (or missed a parameter) contributes zeros.
-  for (auto& p : optimizer_->params) {
-    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-  }
-  // Pack consecutive float32 gradients into buckets of at most dp_bucket_bytes_ (a larger single
-  // tensor is its own bucket), sum each bucket over ranks, and unpack.
-  const int64_t bucket_elems = std::max<int64_t>(1, dp_bucket_bytes_ / 4);
-  size_t i = 0;
-  const size_t n = optimizer_->params.size();
-  while (i < n) {
-    size_t j = i;
-    int64_t elems = 0;
-    while (j < n && (j == i || elems + optimizer_->params[j].numel() <= bucket_elems)) {
-      elems += optimizer_->params[j].numel();
-      ++j;
-    }
-    at::Tensor bucket = at::empty({elems}, at::TensorOptions().dtype(at::kFloat));
-    int64_t off = 0;
-    for (size_t k = i; k < j; ++k) {
-      const at::Tensor& g = optimizer_->params[k].grad();
-      bucket.narrow(0, off, g.numel()).copy_(g.reshape({-1}));
-      off += g.numel();
-    }
-    GYRE_RETURN_IF_ERROR(dp_->AllReduceSum(bucket.data_ptr<float>(), static_cast<size_t>(elems),
-                                           comm::DataType::kFloat32,
-                                           comm::DeadlineAfter(dp_timeout_s_)));
-    off = 0;
-    for (size_t k = i; k < j; ++k) {
-      at::Tensor g = optimizer_->params[k].grad();
-      g.copy_(bucket.narrow(0, off, g.numel()).view(g.sizes()));
-      off += g.numel();
-    }
-    i = j;
-  }
-  return Status::Ok();
 }
 
 StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<TrainSample>& batch,
@@ -342,6 +308,14 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
   loss_params.global_seqs = total_seqs;
 
   optimizer_->adamw->zero_grad();
+  // If backward throws after the reducer was armed, wait for its communication thread before
+  // the exception leaves the step (it must not touch the communicator or gradients after that).
+  struct CancelOnExit {
+    GradReducer* reducer;
+    ~CancelOnExit() {
+      if (reducer != nullptr) reducer->Cancel();
+    }
+  } cancel_on_exit{reducer_.get()};
   double loss_sum = 0, clip_sum = 0, kl_sum = 0, entropy_sum = 0, correct = 0;
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, options.micro_batch_size));
   for (size_t start = 0; start < batch.size(); start += step) {
@@ -359,8 +333,11 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
       at::Tensor argmax_ok = (z.argmax(-1) == mb.targets).to(at::kFloat);
       correct += (argmax_ok * mb.mask).sum().item<double>();
     }
+    // The last micro-batch's backward all-reduces gradient buckets as they complete.
+    const bool last = end == batch.size();
     if (objective == Objective::kSft) {
       at::Tensor loss = -(logp * mb.mask).sum() / total_tokens;
+      if (last && reducer_ != nullptr) reducer_->Arm();
       loss.backward();
       loss_sum += loss.item<double>();
     } else {
@@ -370,13 +347,20 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
           ops::PolicyLossResult r,
           ops::PolicyLoss(logp, old, options.loss.use_tis ? mb.rollout_lp : at::Tensor(),
                           at::Tensor(), mb.adv, mb.mask, loss_params));
+      if (last && reducer_ != nullptr) reducer_->Arm();
       logp.backward(r.grad_logp);
       loss_sum += r.stats.loss;
       clip_sum += r.stats.clip_frac * r.stats.tokens;
       kl_sum += r.stats.approx_kl * r.stats.tokens;
     }
   }
-  GYRE_RETURN_IF_ERROR(AllReduceGradients().WithContext("data-parallel gradient all-reduce"));
+  if (reducer_ != nullptr) {
+    // Every rank gets here, also one with an empty shard (no backward at all): its gradients are
+    // zeros, and it joins every bucket's collective.
+    GYRE_RETURN_IF_ERROR(reducer_->Finish().WithContext(
+        reducer_->overlap() ? "data-parallel gradient all-reduce (overlapped with backward)"
+                            : "data-parallel gradient all-reduce"));
+  }
   {
     double sums[5] = {loss_sum, clip_sum, kl_sum, entropy_sum, correct};
     GYRE_RETURN_IF_ERROR(AllReduce(sums, 5).WithContext("data-parallel metrics"));

@@ -17,8 +17,13 @@
 // the whole batch (up to floating-point summation order): the token-mean is over the global
 // batch, not a mean of per-rank means. Mini-batch boundaries then come from the controller
 // (TrainOptions::mini_batch_sizes), so each optimizer step sees the same global mini-batch.
+// By default the gradient buckets are all-reduced during the backward pass of each optimizer
+// step's last micro-batch, by a communication thread (grad_reducer.h); earlier micro-batches
+// only accumulate locally.
 //
-// Not thread-safe: one caller at a time (the trainer service serialises calls).
+// Not thread-safe: one caller at a time (the trainer service serialises calls). With overlapped
+// gradient reduction the trainer owns one extra thread, which uses the communicator only inside
+// Step.
 
 #include <cstdint>
 #include <map>
@@ -56,6 +61,16 @@ struct TrainOptions {
   std::vector<int64_t> mini_batch_sizes;
 };
 
+struct DataParallelOptions {
+  int64_t bucket_bytes = 32 << 20;  // gradient all-reduce bucket size (at least 1 KiB is used)
+  double timeout_s = 600;           // deadline of each collective
+  // All-reduce gradient buckets while the last micro-batch's backward pass runs (true), or all
+  // of them after it (false). Same buckets, same order, same result either way.
+  bool overlap_grad_reduce = true;
+};
+
+class GradReducer;
+
 class PolicyTrainer {
  public:
   PolicyTrainer(std::unique_ptr<model::Transformer> model, double lr, double weight_decay,
@@ -71,9 +86,9 @@ class PolicyTrainer {
                                                const TrainOptions& options);
 
   // Joins a data-parallel group: from now on every Step all-reduces over `comm` (not owned; it
-  // must outlive the trainer's use of it), with gradients in buckets of `bucket_bytes` and each
-  // collective bounded by `timeout_s`. nullptr returns to single-process training.
-  void SetDataParallel(comm::Communicator* comm, int64_t bucket_bytes, double timeout_s);
+  // must outlive the trainer's use of it, or the next SetDataParallel call), as `options` say.
+  // nullptr returns to single-process training.
+  void SetDataParallel(comm::Communicator* comm, const DataParallelOptions& options);
 
   const model::Transformer& model() const { return *model_; }
   int64_t version() const { return version_; }
@@ -103,14 +118,13 @@ class PolicyTrainer {
   void ComputeOldLogprobs(std::vector<TrainSample>* batch, const TrainOptions& options) const;
   // Data parallel: in-place sum over ranks (no-op without a group).
   Status AllReduce(double* values, size_t count);
-  Status AllReduceGradients();
   struct Optimizer;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<Optimizer> optimizer_;
   int64_t version_ = 0;
   comm::Communicator* dp_ = nullptr;
-  int64_t dp_bucket_bytes_ = 32 << 20;
   double dp_timeout_s_ = 600;
+  std::unique_ptr<GradReducer> reducer_;  // data parallel with more than one rank only
 };
 
 }  // namespace gyre::trainer

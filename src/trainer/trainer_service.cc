@@ -62,10 +62,13 @@ grpc::Status TrainerService::JoinGroup(grpc::ServerContext* ctx, const v1::JoinG
   auto group = comm::CreateGlooCommunicator(opts);
   if (!group.ok()) return rpc::ToGrpc(group.status().WithContext("join data-parallel group"));
   std::lock_guard<std::mutex> lock(mu_);
-  trainer_.SetDataParallel(nullptr, 0, 0);
+  trainer_.SetDataParallel(nullptr, {});
   group_ = std::move(*group);
-  trainer_.SetDataParallel(group_.get(), static_cast<int64_t>(config_.trainer.grad_bucket_mb) << 20,
-                           config_.trainer.collective_timeout_s);
+  DataParallelOptions dp;
+  dp.bucket_bytes = static_cast<int64_t>(config_.trainer.grad_bucket_mb) << 20;
+  dp.timeout_s = config_.trainer.collective_timeout_s;
+  dp.overlap_grad_reduce = config_.trainer.overlap_grad_reduce;
+  trainer_.SetDataParallel(group_.get(), dp);
   GYRE_LOG_INFO("joined data-parallel group {} as rank {} of {}", req->group(), req->rank(),
                 req->size());
   return grpc::Status::OK;

@@ -1,13 +1,18 @@
 // Data-parallel PolicyTrainer: M ranks (threads of this process, each with its own Gloo group
 // member over loopback) holding token-balanced shards take the same optimizer steps as one
-// trainer on the whole batch, up to floating-point summation order.
+// trainer on the whole batch, up to floating-point summation order, with the gradient
+// all-reduce overlapped with backward (the default) or after it.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/gloo_communicator.h"
@@ -46,8 +51,17 @@ struct RunResult {
   std::vector<std::map<std::string, double>> metrics;  // per step, rank 0
 };
 
+struct RunSetup {
+  int ranks = 1;
+  int minis = 1;  // mini-batches (optimizer steps) of the policy-gradient batch
+  int64_t bucket_bytes = 32 << 20;
+  bool overlap = true;
+  int64_t micro_batch_size = 2;
+};
+
 // Two steps (one policy-gradient with `minis` mini-batches, one SFT) on `ranks` ranks.
-RunResult TrainRanks(int ranks, int minis, int64_t bucket_bytes) {
+RunResult TrainRanks(const RunSetup& setup) {
+  const int ranks = setup.ranks;
   std::unique_ptr<comm::StoreServer> store;
   if (ranks > 1) {
     auto s = comm::StoreServer::Start("127.0.0.1");
@@ -66,19 +80,23 @@ RunResult TrainRanks(int ranks, int minis, int64_t bucket_bytes) {
       if (ranks > 1) {
         comm::GlooOptions o;
         o.store_address = store->address();
-        o.group = "dp-test-" + std::to_string(ranks) + "-" + std::to_string(minis);
+        o.group = "dp-test-" + std::to_string(ranks) + "-" + std::to_string(setup.minis);
         o.rank = r;
         o.size = ranks;
         auto g = comm::CreateGlooCommunicator(o);
         EXPECT_TRUE(g.ok()) << g.status().message();
         if (!g.ok()) return out;
         group = std::move(*g);
-        t.SetDataParallel(group.get(), bucket_bytes, 60);
+        DataParallelOptions dp;
+        dp.bucket_bytes = setup.bucket_bytes;
+        dp.timeout_s = 60;
+        dp.overlap_grad_reduce = setup.overlap;
+        t.SetDataParallel(group.get(), dp);
       }
       for (auto objective : {Objective::kPolicyGradient, Objective::kSft}) {
-        const int m = objective == Objective::kSft ? 1 : minis;
+        const int m = objective == Objective::kSft ? 1 : setup.minis;
         TrainOptions opts;
-        opts.micro_batch_size = 2;
+        opts.micro_batch_size = setup.micro_batch_size;
         opts.grad_clip = 0.5;  // the clip must use the global norm
         opts.mini_batches = m;
         std::vector<TrainSample> shard = batch;
@@ -106,10 +124,14 @@ RunResult TrainRanks(int ranks, int minis, int64_t bucket_bytes) {
 
 TEST(DataParallelTrainerTest, TwoAndFourRanksMatchOneRank) {
   for (int minis : {1, 3}) {
-    const RunResult one = TrainRanks(1, minis, 32 << 20);
+    const RunResult one = TrainRanks({1, minis});
     for (int ranks : {2, 4}) {
-      // A small bucket forces several all-reduce buckets per step.
-      const RunResult dp = TrainRanks(ranks, minis, 4096);
+      // A small bucket forces several all-reduce buckets per step; overlapped with backward (the
+      // default).
+      RunSetup setup{ranks, minis};
+      setup.bucket_bytes = 4096;
+      ASSERT_TRUE(setup.overlap);
+      const RunResult dp = TrainRanks(setup);
       ASSERT_EQ(dp.metrics.size(), one.metrics.size());
       EXPECT_TRUE(at::allclose(dp.params, one.params, 1e-5, 1e-6))
           << "ranks " << ranks << " minis " << minis << ": max diff "
@@ -132,6 +154,144 @@ TEST(DataParallelTrainerTest, TwoAndFourRanksMatchOneRank) {
   }
 }
 
+TEST(DataParallelTrainerTest, OverlapOnAndOffGiveTheSameUpdate) {
+  // micro_batch_size 64: one micro-batch per rank and step, so the whole backward is overlapped.
+  // 2: each rank's shard of the one-mini-batch step is 5 or 6 samples, 3 micro-batches, of which
+  // only the last one's backward is overlapped. Same buckets in the same order either way.
+  for (int64_t micro : {64, 2}) {
+    for (int minis : {1, 3}) {
+      RunSetup setup{2, minis};
+      setup.bucket_bytes = 4096;
+      setup.micro_batch_size = micro;
+      setup.overlap = false;
+      const RunResult off = TrainRanks(setup);
+      setup.overlap = true;
+      const RunResult on = TrainRanks(setup);
+      ASSERT_EQ(on.metrics.size(), off.metrics.size());
+      EXPECT_TRUE(at::allclose(on.params, off.params, 1e-7, 1e-9))
+          << "micro " << micro << " minis " << minis << ": max diff "
+          << (on.params - off.params).abs().max().item<float>();
+      for (size_t s = 0; s < on.metrics.size(); ++s) {
+        for (const char* k : {"loss", "grad_norm", "tokens"}) {
+          EXPECT_NEAR(on.metrics[s].at(k), off.metrics[s].at(k),
+                      1e-7 * (1 + std::abs(off.metrics[s].at(k))))
+              << k << " at step " << s << ", micro " << micro << " minis " << minis;
+        }
+      }
+    }
+  }
+}
+
+// A Gloo group member whose gradient all-reduce number `fail_at` (counting float32 calls) fails at
+// once on this rank, without reaching the peers, as a broken link would. Records which threads
+// issued float32 collectives.
+class BrokenLinkCommunicator final : public comm::Communicator {
+ public:
+  BrokenLinkCommunicator(std::unique_ptr<comm::Communicator> inner, int fail_at)
+      : inner_(std::move(inner)), fail_at_(fail_at) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend() const override { return inner_->backend(); }
+  bool aborted() const override { return inner_->aborted(); }
+  Status Broadcast(void* data, size_t bytes, int root, comm::Deadline deadline) override {
+    return inner_->Broadcast(data, bytes, root, deadline);
+  }
+  Status Barrier(comm::Deadline deadline) override { return inner_->Barrier(deadline); }
+  void Abort() override { inner_->Abort(); }
+  Status AllReduceSum(void* data, size_t count, comm::DataType type,
+                      comm::Deadline deadline) override {
+    if (type == comm::DataType::kFloat32) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        grad_threads_.push_back(std::this_thread::get_id());
+      }
+      if (++grad_calls_ == fail_at_) {
+        inner_->Abort();
+        return Unavailable("injected link failure");
+      }
+    }
+    return inner_->AllReduceSum(data, count, type, deadline);
+  }
+  std::vector<std::thread::id> grad_threads() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return grad_threads_;
+  }
+
+ private:
+  std::unique_ptr<comm::Communicator> inner_;
+  const int fail_at_;
+  std::atomic<int> grad_calls_{0};
+  mutable std::mutex mu_;
+  std::vector<std::thread::id> grad_threads_;  // guarded by mu_
+};
+
+TEST(DataParallelTrainerTest, CommunicatorFailureInOverlappedReduceFailsTheStep) {
+  // Rank 1's second gradient bucket fails on its communication thread; rank 0 then waits for a
+  // peer that never comes, until the collective's deadline. Both steps must fail with a Status
+  // naming the gradient all-reduce, within about one deadline, and change nothing.
+  auto store = comm::StoreServer::Start("127.0.0.1");
+  ASSERT_TRUE(store.ok());
+  constexpr double kTimeoutS = 3;
+  std::promise<void> rank0_done_promise;
+  std::shared_future<void> rank0_done = rank0_done_promise.get_future().share();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::future<Status>> futures;
+  for (int r = 0; r < 2; ++r) {
+    futures.push_back(std::async(std::launch::async, [&, r]() -> Status {
+      PolicyTrainer t(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+      comm::GlooOptions o;
+      o.store_address = (*store)->address();
+      o.group = "dp-broken-link";
+      o.rank = r;
+      o.size = 2;
+      GYRE_ASSIGN_OR_RETURN(auto gloo, comm::CreateGlooCommunicator(o));
+      BrokenLinkCommunicator group(std::move(gloo), r == 1 ? 2 : -1);
+      DataParallelOptions dp;
+      dp.bucket_bytes = 4096;  // many buckets
+      dp.timeout_s = kTimeoutS;
+      dp.overlap_grad_reduce = true;
+      t.SetDataParallel(&group, dp);
+      std::vector<TrainSample> shard = Batch();
+      shard.resize(5 + r);
+      TrainOptions opts;
+      opts.micro_batch_size = 2;
+      const auto before = Flat(t);
+      auto m = t.Step(shard, Objective::kPolicyGradient, 1e-2, opts);
+      EXPECT_TRUE(at::equal(before, Flat(t))) << "rank " << r;
+      EXPECT_EQ(t.version(), 0) << "rank " << r;
+      // The failing collective was issued by the reducer's thread, not the one calling Step.
+      const auto threads = group.grad_threads();
+      EXPECT_GE(threads.size(), 2u) << "rank " << r;
+      for (const auto& id : threads) EXPECT_NE(id, std::this_thread::get_id()) << "rank " << r;
+      // Keep rank 1's Gloo member alive until rank 0 is done, so that rank 0 really waits for its
+      // deadline rather than seeing the connection close.
+      if (r == 0) {
+        t.SetDataParallel(nullptr, {});
+        rank0_done_promise.set_value();
+      } else {
+        rank0_done.wait();
+        t.SetDataParallel(nullptr, {});
+      }
+      return m.status();
+    }));
+  }
+  const Status s0 = futures[0].get(), s1 = futures[1].get();
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(s0.ok());
+  ASSERT_FALSE(s1.ok());
+  EXPECT_EQ(s0.code(), StatusCode::kDeadlineExceeded) << s0.message();
+  EXPECT_EQ(s1.code(), StatusCode::kUnavailable) << s1.message();
+  for (const Status* s : {&s0, &s1}) {
+    EXPECT_NE(s->message().find("data-parallel gradient all-reduce (overlapped with backward)"),
+              std::string::npos)
+        << s->message();
+    EXPECT_NE(s->message().find("gradient bucket 2 of "), std::string::npos) << s->message();
+  }
+  EXPECT_NE(s1.message().find("injected link failure"), std::string::npos) << s1.message();
+  EXPECT_LT(elapsed, 20 * kTimeoutS);
+}
+
 TEST(DataParallelTrainerTest, BadShardOnOneRankFailsEveryRankWithoutHanging) {
   auto store = comm::StoreServer::Start("127.0.0.1");
   ASSERT_TRUE(store.ok());
@@ -145,7 +305,10 @@ TEST(DataParallelTrainerTest, BadShardOnOneRankFailsEveryRankWithoutHanging) {
       o.rank = r;
       o.size = 2;
       GYRE_ASSIGN_OR_RETURN(auto group, comm::CreateGlooCommunicator(o));
-      t.SetDataParallel(group.get(), 1 << 20, 30);
+      DataParallelOptions dp;
+      dp.bucket_bytes = 1 << 20;
+      dp.timeout_s = 30;
+      t.SetDataParallel(group.get(), dp);
       std::vector<TrainSample> shard = Batch();
       if (r == 1) shard[0].response.push_back(999);  // out of the vocabulary
       TrainOptions opts;

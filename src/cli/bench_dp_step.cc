@@ -1,0 +1,330 @@
+// `gyre bench dp-step`: the time of one data-parallel optimizer step with the gradient
+// all-reduce overlapped with backward (trainer.overlap_grad_reduce: true) against the blocking
+// all-reduce after backward (false), in the same run, plus the all-reduce alone for scale.
+//
+// The ranks are threads of this process, each with its own PolicyTrainer and Gloo group member
+// on loopback, so the figures include Gloo's TCP path but not a real network. Rounds alternate
+// the modes, each from the same seed on the same synthetic batches, so slow drift of a shared
+// host affects both alike; both modes must end each round with identical weights.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/bench.h"
+#include "comm/gloo_communicator.h"
+#include "model/transformer.h"
+#include "trainer/grad_reducer.h"
+#include "trainer/policy_trainer.h"
+
+namespace gyre::cli {
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: gyre bench dp-step [options] [--json FILE]\n"
+    "\n"
+    "Times data-parallel optimizer steps (PolicyTrainer::Step, policy gradient, on a synthetic\n"
+    "batch) on RANKS trainer ranks: threads of this process, each with its own Gloo group member\n"
+    "on loopback and its own intra-op threads. Three rows, measured in the same run:\n"
+    "  allreduce-only  the bucketed gradient all-reduce alone (zero gradients, no forward or\n"
+    "                  backward): the communication a step has to hide\n"
+    "  blocking        trainer.overlap_grad_reduce: false, every bucket after backward (baseline)\n"
+    "  overlapped      trainer.overlap_grad_reduce: true, buckets during the last micro-batch's\n"
+    "                  backward\n"
+    "Each round runs the modes in turn (alternating which goes first), each from the same seed:\n"
+    "one untimed warm-up step, then STEPS timed steps. Reports the median and minimum seconds\n"
+    "per step on rank 0 over all rounds; speedup = blocking median / median. Both trainer modes\n"
+    "must end every round with identical weights (checked).\n"
+    "\n"
+    "options (defaults in brackets):\n"
+    "  --ranks N            data-parallel ranks [2]\n"
+    "  --vocab V            vocabulary size [4096]\n"
+    "  --hidden H           hidden size (heads of 64) [256]\n"
+    "  --layers L           decoder layers [4]\n"
+    "  --batch B            samples per rank per step [8]\n"
+    "  --seq-len T          prompt + response tokens per sample [64]\n"
+    "  --micro-batches M    micro-batches per step; only the last one's backward overlaps [1]\n"
+    "  --bucket-mb MB       gradient bucket size in MiB (trainer.grad_bucket_mb) [4]\n"
+    "  --steps N            timed steps per mode and round [5]\n"
+    "  --rounds R           rounds [3]\n"
+    "  --threads N          intra-op CPU threads per rank [1]\n"
+    "  --json FILE          also write the figures as JSON\n";
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+bool ParseInt(const std::string& s, int64_t lo, int64_t hi, int64_t* out) {
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+struct Setup {
+  int64_t ranks = 2, vocab = 4096, hidden = 256, layers = 4, batch = 8, seq_len = 64;
+  int64_t micro_batches = 1, bucket_mb = 4, steps = 5, rounds = 3, threads = 1;
+};
+
+model::ModelSpec Spec(const Setup& s) {
+  model::ModelSpec spec;
+  spec.vocab_size = s.vocab;
+  spec.hidden_size = s.hidden;
+  spec.num_layers = s.layers;
+  spec.num_heads = std::max<int64_t>(1, s.hidden / 64);
+  spec.num_kv_heads = spec.num_heads;
+  spec.head_dim = s.hidden / spec.num_heads;
+  spec.intermediate_size = s.hidden * 8 / 3;
+  spec.max_seq_len = s.seq_len;
+  return spec;
+}
+
+// Rank `rank`'s batch for step `step`: the same in every mode and round.
+std::vector<trainer::TrainSample> Batch(const Setup& s, int rank, int step) {
+  std::mt19937 rng(static_cast<uint32_t>(1000 * step + rank + 1));
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(s.vocab - 1));
+  const int64_t prompt = std::max<int64_t>(1, s.seq_len / 4);
+  std::vector<trainer::TrainSample> out(static_cast<size_t>(s.batch));
+  for (size_t i = 0; i < out.size(); ++i) {
+    for (int64_t t = 0; t < prompt; ++t) out[i].prompt.push_back(token(rng));
+    for (int64_t t = prompt; t < s.seq_len; ++t) out[i].response.push_back(token(rng));
+    out[i].advantage = i % 2 == 0 ? 1.0f : -1.0f;
+  }
+  return out;
+}
+
+at::Tensor Flat(const trainer::PolicyTrainer& t) {
+  std::vector<at::Tensor> parts;
+  for (const auto& [n, p] : t.model().NamedParameters()) parts.push_back(p.detach().flatten());
+  return at::cat(parts);
+}
+
+struct RankRun {
+  std::vector<double> step_s;  // timed steps
+  at::Tensor weights;          // at the end (trainer modes)
+};
+
+enum class Mode { kAllReduceOnly, kBlocking, kOverlapped };
+const char* ModeName(Mode m) {
+  switch (m) {
+    case Mode::kAllReduceOnly:
+      return "allreduce-only";
+    case Mode::kBlocking:
+      return "blocking";
+    case Mode::kOverlapped:
+      return "overlapped";
+  }
+  return "?";
+}
+
+// One rank of one round in one mode.
+StatusOr<RankRun> RunRank(const Setup& s, Mode mode, const std::string& store,
+                          const std::string& group, int rank) {
+  at::set_num_threads(static_cast<int>(s.threads));
+  comm::GlooOptions o;
+  o.store_address = store;
+  o.group = group;
+  o.rank = rank;
+  o.size = static_cast<int>(s.ranks);
+  GYRE_ASSIGN_OR_RETURN(auto comm, comm::CreateGlooCommunicator(o));
+  trainer::PolicyTrainer t(model::Transformer::Create(Spec(s), 7, 0.02), 1e-4, 0.0, 0.9, 0.999);
+  RankRun out;
+  if (mode == Mode::kAllReduceOnly) {
+    // Tensors with the model's parameter sizes; gradients zero (no backward).
+    std::vector<at::Tensor> params;
+    std::vector<std::string> names;
+    for (const auto& [n, p] : t.model().NamedParameters()) {
+      params.push_back(at::zeros_like(p).requires_grad_());
+      names.push_back(n);
+    }
+    trainer::GradReducer reducer(params, names, comm.get(), s.bucket_mb << 20, 600, false);
+    for (int64_t i = 0; i <= s.steps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      GYRE_RETURN_IF_ERROR(reducer.Finish());
+      if (i > 0) out.step_s.push_back(Since(t0));
+    }
+    return out;
+  }
+  trainer::DataParallelOptions dp;
+  dp.bucket_bytes = s.bucket_mb << 20;
+  dp.timeout_s = 600;
+  dp.overlap_grad_reduce = mode == Mode::kOverlapped;
+  t.SetDataParallel(comm.get(), dp);
+  trainer::TrainOptions opts;
+  opts.micro_batch_size = (s.batch + s.micro_batches - 1) / s.micro_batches;
+  for (int64_t i = 0; i <= s.steps; ++i) {
+    const auto batch = Batch(s, rank, static_cast<int>(i));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto m = t.Step(batch, trainer::Objective::kPolicyGradient, 1e-4, opts);
+    if (!m.ok()) return m.status();
+    if (i > 0) out.step_s.push_back(Since(t0));
+  }
+  t.SetDataParallel(nullptr, {});
+  out.weights = Flat(t);
+  return out;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int RunBenchDpStep(const std::vector<std::string>& args) {
+  Setup s;
+  std::string json_path;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (i + 1 >= args.size()) {
+      std::fprintf(stderr, "gyre bench dp-step: unknown argument or missing value: '%s'\n\n%s",
+                   a.c_str(), kUsage);
+      return 2;
+    }
+    const std::string& v = args[++i];
+    bool ok = true;
+    if (a == "--json") {
+      json_path = v;
+    } else if (a == "--ranks") {
+      ok = ParseInt(v, 2, 64, &s.ranks);
+    } else if (a == "--vocab") {
+      ok = ParseInt(v, 2, 1 << 20, &s.vocab);
+    } else if (a == "--hidden") {
+      ok = ParseInt(v, 1, 1 << 16, &s.hidden) && (s.hidden <= 64 || s.hidden % 64 == 0);
+    } else if (a == "--layers") {
+      ok = ParseInt(v, 1, 1024, &s.layers);
+    } else if (a == "--batch") {
+      ok = ParseInt(v, 1, 1 << 16, &s.batch);
+    } else if (a == "--seq-len") {
+      ok = ParseInt(v, 2, 1 << 16, &s.seq_len);
+    } else if (a == "--micro-batches") {
+      ok = ParseInt(v, 1, 1 << 16, &s.micro_batches);
+    } else if (a == "--bucket-mb") {
+      ok = ParseInt(v, 1, 4096, &s.bucket_mb);
+    } else if (a == "--steps") {
+      ok = ParseInt(v, 1, 1 << 20, &s.steps);
+    } else if (a == "--rounds") {
+      ok = ParseInt(v, 1, 1 << 20, &s.rounds);
+    } else if (a == "--threads") {
+      ok = ParseInt(v, 1, 1024, &s.threads);
+    } else {
+      std::fprintf(stderr, "gyre bench dp-step: unknown argument '%s'\n\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "gyre bench dp-step: bad value '%s' for %s (see --help)\n", v.c_str(),
+                   a.c_str());
+      return 2;
+    }
+  }
+  if (s.micro_batches > s.batch) {
+    std::fprintf(stderr, "gyre bench dp-step: --micro-batches exceeds --batch (see --help)\n");
+    return 2;
+  }
+  auto store = comm::StoreServer::Start("127.0.0.1");
+  if (!store.ok()) {
+    std::fprintf(stderr, "gyre bench dp-step: %s\n", store.status().ToString().c_str());
+    return 1;
+  }
+  const std::vector<Mode> modes = {Mode::kAllReduceOnly, Mode::kBlocking, Mode::kOverlapped};
+  std::vector<std::vector<double>> times(modes.size());
+  bool same_weights = true;
+  for (int64_t round = 0; round < s.rounds; ++round) {
+    std::vector<size_t> order = {0, 1, 2};
+    if (round % 2 == 1) std::swap(order[1], order[2]);
+    at::Tensor weights[3];
+    for (size_t k : order) {
+      const std::string group = "bench-dp-" + std::to_string(round) + "-" + ModeName(modes[k]);
+      std::vector<std::future<StatusOr<RankRun>>> ranks;
+      for (int r = 0; r < s.ranks; ++r) {
+        ranks.push_back(std::async(std::launch::async, RunRank, std::cref(s), modes[k],
+                                   (*store)->address(), group, r));
+      }
+      for (int r = 0; r < s.ranks; ++r) {
+        auto run = ranks[r].get();
+        if (!run.ok()) {
+          std::fprintf(stderr, "gyre bench dp-step: %s, rank %d: %s\n", ModeName(modes[k]), r,
+                       run.status().ToString().c_str());
+          return 1;
+        }
+        if (r > 0) continue;
+        times[k].insert(times[k].end(), run->step_s.begin(), run->step_s.end());
+        weights[k] = run->weights;
+      }
+      std::fprintf(stderr, "bench dp-step: round %lld %s: median %.4f s\n",
+                   static_cast<long long>(round), ModeName(modes[k]), Median(times[k]));
+    }
+    same_weights = same_weights && at::equal(weights[1], weights[2]);
+  }
+  int64_t params = 0, buckets = 0;
+  {
+    auto model = model::Transformer::Create(Spec(s), 7, 0.02);
+    std::vector<int64_t> numels;
+    for (const auto& [n, p] : model->NamedParameters()) numels.push_back(p.numel());
+    params = model->NumParameters();
+    buckets = static_cast<int64_t>(trainer::PlanGradBuckets(numels, s.bucket_mb << 20).size());
+  }
+  BenchReport report("dp-step");
+  report.SetContext("device", "cpu");
+  report.SetContext("ranks", s.ranks);
+  report.SetContext("host_cores", static_cast<int64_t>(std::thread::hardware_concurrency()));
+  report.SetContext("threads_per_rank", s.threads);
+  report.SetContext("parameters", params);
+  report.SetContext("gradient_bytes", params * 4);
+  report.SetContext("bucket_mb", s.bucket_mb);
+  report.SetContext("buckets", buckets);
+  report.SetContext("samples_per_rank", s.batch);
+  report.SetContext("seq_len", s.seq_len);
+  report.SetContext("micro_batches", s.micro_batches);
+  report.SetContext("timed_steps", s.steps * s.rounds);
+  report.SetContext("same_weights", same_weights);
+  const double base = Median(times[1]);
+  for (size_t k = 0; k < modes.size(); ++k) {
+    const double med = Median(times[k]);
+    report.AddRow({{"mode", ModeName(modes[k])},
+                   {"median_s", med},
+                   {"min_s", *std::min_element(times[k].begin(), times[k].end())},
+                   {"speedup", modes[k] == Mode::kAllReduceOnly ? nlohmann::json()
+                                                                : nlohmann::json(base / med)},
+                   {"steps", static_cast<int64_t>(times[k].size())}});
+  }
+  report.PrintTable({{"mode", "mode"},
+                     {"median_s", "median s", 4},
+                     {"min_s", "min s", 4},
+                     {"speedup", "speedup", 3},
+                     {"steps", "steps"}});
+  if (!json_path.empty()) {
+    Status w = report.WriteJson(json_path);
+    if (!w.ok()) {
+      std::fprintf(stderr, "gyre bench dp-step: %s\n", w.ToString().c_str());
+      return 1;
+    }
+  }
+  if (!same_weights) {
+    std::fprintf(stderr,
+                 "gyre bench dp-step: blocking and overlapped ended with different "
+                 "weights\n");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace gyre::cli

@@ -1,0 +1,65 @@
+// `gyre bench dp-step` at a tiny size, as a real process: the JSON carries the promised fields,
+// the speedups follow from the medians, both trainer modes end with the same weights, and bad
+// options are usage errors.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "integration/run_util.h"
+
+namespace gyre {
+namespace {
+
+using testing::GyreProcess;
+
+TEST(BenchDpStepTest, TinyRunWritesConsistentJson) {
+  const std::string dir = testing::MakeTempDir("bench_dp");
+  const std::string json_path = dir + "/dp.json";
+  GyreProcess p = GyreProcess::Start(
+      {"bench",   "dp-step", "--vocab",   "64", "--hidden",        "32",     "--layers",    "2",
+       "--batch", "3",       "--seq-len", "12", "--micro-batches", "2",      "--bucket-mb", "1",
+       "--steps", "2",       "--rounds",  "2",  "--json",          json_path},
+      dir);
+  ASSERT_TRUE(p.Wait(120)) << p.Output();
+  ASSERT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 0) << p.Output();
+  EXPECT_NE(p.Output().find("speedup"), std::string::npos) << p.Output();  // the table
+  const auto j = nlohmann::json::parse(testing::ReadFile(json_path));
+  EXPECT_EQ(j["benchmark"], "dp-step");
+  EXPECT_EQ(j["context"]["ranks"], 2);
+  EXPECT_EQ(j["context"]["micro_batches"], 2);
+  EXPECT_EQ(j["context"]["same_weights"], true);
+  EXPECT_GE(j["context"]["buckets"].get<int>(), 1);
+  const auto& rows = j["results"];
+  ASSERT_EQ(rows.size(), 3u) << j.dump(2);
+  EXPECT_EQ(rows[0]["mode"], "allreduce-only");
+  EXPECT_TRUE(rows[0]["speedup"].is_null());
+  EXPECT_EQ(rows[1]["mode"], "blocking");
+  EXPECT_EQ(rows[2]["mode"], "overlapped");
+  const double baseline = rows[1]["median_s"];
+  for (const auto& r : rows) {
+    EXPECT_EQ(r["steps"], 4) << r.dump();
+    const double med = r["median_s"];
+    ASSERT_GT(med, 0);
+    EXPECT_LE(r["min_s"].get<double>(), med);
+    if (!r["speedup"].is_null()) EXPECT_NEAR(r["speedup"].get<double>(), baseline / med, 1e-9);
+  }
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+TEST(BenchDpStepTest, BadOptionsAreUsageErrors) {
+  const std::string dir = testing::MakeTempDir("bench_dp_bad");
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"bench", "dp-step", "--ranks", "1"},
+           {"bench", "dp-step", "--batch", "2", "--micro-batches", "3"},
+           {"bench", "dp-step", "--hidden", "100"},
+           {"bench", "dp-step", "--colour", "blue"}}) {
+    GyreProcess p = GyreProcess::Start(args, dir);
+    ASSERT_TRUE(p.Wait(30));
+    EXPECT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 2) << p.Output();
+    EXPECT_NE(p.Output().find("gyre bench dp-step"), std::string::npos) << p.Output();
+  }
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+}  // namespace
+}  // namespace gyre
