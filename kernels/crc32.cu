@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstdint>
 
 #include "kernels/crc32.cuh"
 #include "kernels/crc32_parallel.h"
@@ -31,7 +32,9 @@ __global__ void BucketCrc32RawKernel(const uint8_t* __restrict__ data, uint64_t 
     uint64_t i = start;
     // Whole aligned 16-byte words when the chunk allows it (cudaMalloc'd payloads and the usual
     // bucket sizes), bytes otherwise.
-    while (i < end && (i & 15u) != 0) reg = table[(reg ^ data[i++]) & 0xFFu] ^ (reg >> 8);
+    while (i < end && ((reinterpret_cast<uintptr_t>(data) + i) & 15u) != 0) {
+      reg = table[(reg ^ data[i++]) & 0xFFu] ^ (reg >> 8);
+    }
     for (; i + 16 <= end; i += 16) {
       const uint4 w = *reinterpret_cast<const uint4*>(data + i);
       const uint32_t words[4] = {w.x, w.y, w.z, w.w};
@@ -62,7 +65,9 @@ cudaError_t LaunchBucketCrc32Raw(const void* data, uint64_t total, uint64_t buck
   if (num_buckets != expected) return cudaErrorInvalidValue;
   cudaError_t e = cudaMemsetAsync(raw_out, 0, num_buckets * sizeof(uint32_t), stream);
   if (e != cudaSuccess || total == 0) return e;
-  const uint64_t chunks_per_bucket = (bucket_bytes + kCrc32ChunkBytes - 1) / kCrc32ChunkBytes;
+  // Chunks cover the data, not a bucket size far larger than the payload.
+  const uint64_t span = std::min(bucket_bytes, total);
+  const uint64_t chunks_per_bucket = (span + kCrc32ChunkBytes - 1) / kCrc32ChunkBytes;
   const uint64_t num_chunks = chunks_per_bucket * num_buckets;
   const uint64_t blocks = std::min<uint64_t>((num_chunks + kThreads - 1) / kThreads, 1u << 16);
   BucketCrc32RawKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(

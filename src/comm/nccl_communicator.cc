@@ -89,8 +89,10 @@ class NcclCommunicator final : public Communicator {
                              std::to_string(size_));
     }
     if (bytes == 0) return Status::Ok();
+    cudaSetDevice(device_);  // before any runtime call: no stray context on another GPU
     if (!IsDeviceMemory(data)) {
-      return RunStaged("broadcast", deadline, data, bytes, [&](void* dev) {
+      // The root's buffer is only read: no copy back (its callers may share it between threads).
+      return RunStaged("broadcast", deadline, data, bytes, rank_ != root, [&](void* dev) {
         return ncclBroadcast(dev, dev, bytes, ncclUint8, root, comm_, stream_);
       });
     }
@@ -101,10 +103,11 @@ class NcclCommunicator final : public Communicator {
   Status AllReduceSum(void* data, size_t count, DataType type, Deadline deadline) override {
     GYRE_ASSIGN_OR_RETURN(ncclDataType_t t, ToNccl(type));
     if (count == 0) return Status::Ok();
+    cudaSetDevice(device_);
     if (!IsDeviceMemory(data)) {
-      return RunStaged("all-reduce", deadline, data, count * DataTypeSize(type), [&](void* dev) {
-        return ncclAllReduce(dev, dev, count, t, ncclSum, comm_, stream_);
-      });
+      return RunStaged(
+          "all-reduce", deadline, data, count * DataTypeSize(type), true,
+          [&](void* dev) { return ncclAllReduce(dev, dev, count, t, ncclSum, comm_, stream_); });
     }
     return Run("all-reduce", deadline,
                [&] { return ncclAllReduce(data, data, count, t, ncclSum, comm_, stream_); });
@@ -184,7 +187,7 @@ class NcclCommunicator final : public Communicator {
   // all on the communicator's stream so that the deadline poll covers every step (a pageable
   // copy would block the thread on an unfinished collective, out of the deadline's reach).
   template <typename EnqueueFn>
-  Status RunStaged(const char* what, Deadline deadline, void* host, size_t bytes,
+  Status RunStaged(const char* what, Deadline deadline, void* host, size_t bytes, bool copy_back,
                    EnqueueFn enqueue) {
     {
       std::lock_guard<std::mutex> lock(call_mu_);
@@ -210,6 +213,7 @@ class NcclCommunicator final : public Communicator {
       }
       return enqueue(staging_);
     }));
+    if (!copy_back) return Status::Ok();
     // The copy back is enqueued only after the collective completed: a non-blocking NCCL call
     // may still be enqueueing its own work when it returns.
     std::lock_guard<std::mutex> lock(call_mu_);

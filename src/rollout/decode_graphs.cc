@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <optional>
 #include <utility>
 
 #ifdef GYRE_ROLLOUT_CUDA_GRAPHS
@@ -36,6 +37,10 @@ struct DecodeGraphs::Impl {
   int64_t max_batch = 1;
   int64_t max_blocks = 1;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Graph>> graphs;
+  // Every capture runs on this one stream: the caching allocator reuses a freed block only on
+  // the stream that freed it, so one stream lets the graphs share their pool's memory.
+  std::optional<c10::cuda::CUDAStream> stream;
+  bool disabled = false;  // a capture failed: every later step runs eagerly
   bool have_pool = false;
   at::cuda::MempoolId_t pool;
   int64_t replays = 0;
@@ -57,7 +62,8 @@ struct DecodeGraphs::Impl {
       // warm-up there that initialises cuBLAS and the attention kernels. Every row is padding,
       // so neither run touches a real block.
       c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
-      c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
+      if (!stream) stream = c10::cuda::getStreamFromPool(false, device.index());
+      c10::cuda::CUDAStream side = *stream;
       current.synchronize();
       {
         c10::cuda::CUDAStreamGuard stream_guard(side);
@@ -70,6 +76,16 @@ struct DecodeGraphs::Impl {
       }
       side.synchronize();
     } catch (const std::exception& e) {
+      // Leave the stream out of capture mode (an exception between capture_begin and
+      // capture_end does not), drop the partial graph, and stop using graphs.
+      if (stream) {
+        cudaGraph_t partial = nullptr;
+        if (cudaStreamEndCapture(stream->stream(), &partial) == cudaSuccess && partial) {
+          cudaGraphDestroy(partial);
+        }
+        cudaGetLastError();
+      }
+      disabled = true;
       const std::string what = e.what();
       return Internal("capturing the decode step (" + std::to_string(rows) + " rows, " +
                       std::to_string(width) +
@@ -108,7 +124,8 @@ StatusOr<std::unique_ptr<DecodeGraphs>> DecodeGraphs::Create(const model::Transf
 }
 
 bool DecodeGraphs::Fits(int64_t rows, int64_t blocks) const {
-  return rows >= 1 && rows <= impl_->max_batch && blocks >= 1 && blocks <= impl_->max_blocks;
+  return !impl_->disabled && rows >= 1 && rows <= impl_->max_batch && blocks >= 1 &&
+         blocks <= impl_->max_blocks;
 }
 
 StatusOr<at::Tensor> DecodeGraphs::Run(const std::vector<int64_t>& tokens,

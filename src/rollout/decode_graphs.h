@@ -45,7 +45,9 @@ class DecodeGraphs {
   // One decode step: row i feeds tokens[i] at position positions[i], writes its key and value to
   // slots[i] and attends to the first context_lens[i] positions of its block table
   // (tables[i * width .. i * width + width)). Captures the padded shape on first use, then
-  // replays it. Returns float32 logits [rows, V], valid until the next Run.
+  // replays it. Returns float32 logits [rows, V], valid until the next Run. A failed capture
+  // (e.g. out of memory) returns its error and disables the graphs: Fits() is false from then on
+  // and the caller runs the step eagerly.
   StatusOr<at::Tensor> Run(const std::vector<int64_t>& tokens,
                            const std::vector<int64_t>& positions, const std::vector<int64_t>& slots,
                            const std::vector<int64_t>& tables, int64_t width,

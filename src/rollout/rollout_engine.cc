@@ -506,9 +506,15 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
   // Decode-only steps (each row one new token, sampled) replay a CUDA graph when one fits.
   const bool decode_only = logit_rows.size() == work.size() && toks.size() == work.size();
   if (graphs_ && decode_only && graphs_->Fits(static_cast<int64_t>(work.size()), max_blocks)) {
-    GYRE_ASSIGN_OR_RETURN(logits, graphs_->Run(toks, pos, slots, tables, max_blocks, clens));
-    ++stats_.graph_steps;
-  } else {
+    auto replayed = graphs_->Run(toks, pos, slots, tables, max_blocks, clens);
+    if (replayed.ok()) {
+      logits = *replayed;
+      ++stats_.graph_steps;
+    } else {
+      graph_error_ = replayed.status().ToString();  // graphs are off from now on
+    }
+  }
+  if (!logits.defined()) {
     model::PagedBatch batch;
     batch.tokens = at::tensor(toks, lopts).to(device);
     batch.positions = at::tensor(pos, lopts).to(device);

@@ -166,6 +166,8 @@ class RolloutEngine {
   int64_t version() const { return version_; }
   const EngineConfig& config() const { return config_; }
   const EngineStats& stats() const { return stats_; }
+  // Why CUDA graphs were turned off after a failed capture (empty if they were not).
+  const std::string& graph_error() const { return graph_error_; }
   void ResetStats();
   const BlockAllocator& allocator() const { return allocator_; }
 
@@ -210,6 +212,7 @@ class RolloutEngine {
   // CUDA graphs for decode-only steps (null on the CPU, or when disabled or unavailable); block
   // config_.num_blocks of cache_ is their scratch block.
   std::unique_ptr<DecodeGraphs> graphs_;
+  std::string graph_error_;  // why graphs were turned off mid-run (empty while they work)
   BlockAllocator allocator_;
   Decoder decoder_;
   int64_t version_ = 0;

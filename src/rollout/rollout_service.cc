@@ -173,6 +173,11 @@ grpc::Status RolloutService::Generate(grpc::ServerContext* ctx, const v1::Genera
       FillSample(r, in.sample_id(), in.group_id(), in.prompt_ids(), s);
     }
   }
+  if (!engine_->graph_error().empty() && !graph_error_logged_) {
+    GYRE_LOG_WARN("CUDA graphs turned off, decode steps now run eagerly: {}",
+                  engine_->graph_error());
+    graph_error_logged_ = true;
+  }
   const EngineStats& st = engine_->stats();
   resp->set_policy_version(version);
   resp->set_generated_tokens(st.generated_tokens);
@@ -284,6 +289,9 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
                                        static_cast<const uint8_t*>(device_buffer_->data()),
                                        r->bytes, model_->NamedParameters(), device);
     });
+    // A device load is queued on the model's stream: finish it before the buffer can be
+    // written again by the next transfer (other streams) and before the receipt says "loaded".
+    if (s.ok() && transport != "gloo") s = comm::SynchronizeDevice(device.index(), deadline);
     if (!s.ok()) {
       return rpc::ToGrpc(s.WithContext("weights of version " + std::to_string(r->version)));
     }

@@ -65,6 +65,7 @@ class RolloutService final : public v1::Rollout::Service {
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<RolloutEngine> engine_;
   std::atomic<int64_t> version_{-1};    // -1: no weights received yet
+  bool graph_error_logged_ = false;     // guarded by mu_
   std::atomic<bool> generated_{false};  // a Generate call arrived (logged once)
   std::function<void(const std::string&)> on_stop_;
   // Gloo weight plane; weights_mu_ serialises ReceiveWeights calls and guards these.
