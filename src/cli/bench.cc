@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <utility>
 
 #include "common/file_util.h"
@@ -114,6 +115,38 @@ int RunBench(const std::vector<std::string>& args) {
   if (sub == "dp-step") return RunBenchDpStep(rest);
   std::fprintf(stderr, "gyre bench: unknown subcommand '%s'\n\n%s", sub.c_str(), kBenchUsage);
   return 2;
+}
+
+bool ParseInt(const std::string& s, int64_t lo, int64_t hi, int64_t* out) {
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+bool ParseDouble(const std::string& s, double lo, double hi, double* out) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+int BenchOptionValue(const char* bench, const char* usage, const std::vector<std::string>& args,
+                     size_t* i) {
+  const std::string& a = args[*i];
+  if (a == "--help" || a == "-h") {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  if (*i + 1 >= args.size()) {
+    std::fprintf(stderr, "gyre bench %s: unknown argument or missing value: '%s'\n\n%s", bench,
+                 a.c_str(), usage);
+    return 2;
+  }
+  ++*i;
+  return -1;
 }
 
 }  // namespace gyre::cli

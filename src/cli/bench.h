@@ -4,6 +4,7 @@
 //   {"benchmark": NAME, "context": {...}, "results": [{column: value, ...}, ...]}
 // Each subcommand lives in its own bench_*.cc and fills a BenchReport.
 
+#include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -43,6 +44,15 @@ class BenchReport {
   nlohmann::json context_ = nlohmann::json::object();
   nlohmann::json rows_ = nlohmann::json::array();
 };
+
+// Option parsing shared by the subcommands. ParseInt / ParseDouble: the whole of `s` is a number
+// in [lo, hi] (then stored in *out). BenchOptionValue: args[*i] is an option that takes a value;
+// returns 0 after printing `usage` for --help / -h, 2 after an error for a missing value, and
+// -1 with *i moved to the value otherwise.
+bool ParseInt(const std::string& s, int64_t lo, int64_t hi, int64_t* out);
+bool ParseDouble(const std::string& s, double lo, double hi, double* out);
+int BenchOptionValue(const char* bench, const char* usage, const std::vector<std::string>& args,
+                     size_t* i);
 
 // The subcommands; each takes the arguments after its name and returns an exit status
 // (0 ok, 1 failure, 2 usage error).

@@ -66,14 +66,6 @@ double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-bool ParseInt(const std::string& s, int64_t lo, int64_t hi, int64_t* out) {
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
 struct Setup {
   int64_t ranks = 2, vocab = 4096, hidden = 256, layers = 4, batch = 8, seq_len = 64;
   int64_t micro_batches = 1, bucket_mb = 4, steps = 5, rounds = 3, threads = 1;
@@ -190,16 +182,8 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
   std::string json_path;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (i + 1 >= args.size()) {
-      std::fprintf(stderr, "gyre bench dp-step: unknown argument or missing value: '%s'\n\n%s",
-                   a.c_str(), kUsage);
-      return 2;
-    }
-    const std::string& v = args[++i];
+    if (int rc = BenchOptionValue("dp-step", kUsage, args, &i); rc >= 0) return rc;
+    const std::string& v = args[i];
     bool ok = true;
     if (a == "--json") {
       json_path = v;

@@ -183,22 +183,6 @@ StatusOr<Measured> RunFixedBatch(const model::Transformer& model, int64_t batch,
   return m;
 }
 
-bool ParseInt(const std::string& s, int64_t lo, int64_t hi, int64_t* out) {
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
-bool ParseDouble(const std::string& s, double lo, double hi, double* out) {
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
 }  // namespace
 
 int RunBenchRollout(const std::vector<std::string>& args) {
@@ -210,16 +194,8 @@ int RunBenchRollout(const std::vector<std::string>& args) {
   int64_t cuda_graphs = 1;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (i + 1 >= args.size()) {
-      std::fprintf(stderr, "gyre bench rollout: unknown argument or missing value: '%s'\n\n%s",
-                   a.c_str(), kUsage);
-      return 2;
-    }
-    const std::string& v = args[++i];
+    if (int rc = BenchOptionValue("rollout", kUsage, args, &i); rc >= 0) return rc;
+    const std::string& v = args[i];
     bool ok = true;
     if (a == "--model") {
       dir = v;
