@@ -362,8 +362,19 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
                             : "data-parallel gradient all-reduce"));
   }
   {
-    double sums[5] = {loss_sum, clip_sum, kl_sum, entropy_sum, correct};
-    GYRE_RETURN_IF_ERROR(AllReduce(sums, 5).WithContext("data-parallel metrics"));
+    // sums[5] counts the ranks that took part. Gloo can complete a collective without a peer
+    // that closed its connections (docs/weight-sync.md); a short count means the summed
+    // gradients above lack that rank's part, so the update must not be applied.
+    double sums[6] = {loss_sum, clip_sum, kl_sum, entropy_sum, correct, 1.0};
+    GYRE_RETURN_IF_ERROR(AllReduce(sums, 6).WithContext("data-parallel metrics"));
+    const int ranks = dp_ != nullptr ? dp_->size() : 1;
+    if (ranks > 1 && sums[5] != static_cast<double>(ranks)) {
+      optimizer_->adamw->zero_grad();
+      return DataLoss("only " + std::to_string(static_cast<int>(sums[5])) + " of " +
+                      std::to_string(ranks) +
+                      " data-parallel ranks took part in the step's all-reduces (a rank left); "
+                      "the update was not applied");
+    }
     loss_sum = sums[0];
     clip_sum = sums[1];
     kl_sum = sums[2];
