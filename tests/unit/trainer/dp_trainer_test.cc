@@ -298,6 +298,45 @@ TEST(DataParallelTrainerTest, CommunicatorFailureInOverlappedReduceFailsTheStep)
   EXPECT_LT(elapsed, 20 * kTimeoutS);
 }
 
+// What Gloo does after a peer closed its connections: every collective "completes" with this
+// rank's own values, as if the peer had added nothing.
+class LonelyCommunicator final : public comm::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string backend() const override { return "lonely"; }
+  bool aborted() const override { return false; }
+  Status Broadcast(void*, size_t, int, comm::Deadline) override { return Status::Ok(); }
+  Status AllReduceSum(void*, size_t, comm::DataType, comm::Deadline) override {
+    return Status::Ok();
+  }
+  Status Barrier(comm::Deadline) override { return Status::Ok(); }
+  void Abort() override {}
+};
+
+TEST(DataParallelTrainerTest, AStepWhoseCollectivesMissedARankIsNotApplied) {
+  for (bool overlap : {false, true}) {
+    PolicyTrainer t(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+    LonelyCommunicator group;
+    DataParallelOptions dp;
+    dp.bucket_bytes = 4096;
+    dp.timeout_s = 5;
+    dp.overlap_grad_reduce = overlap;
+    t.SetDataParallel(&group, dp);
+    const auto before = Flat(t);
+    TrainOptions opts;
+    opts.micro_batch_size = 2;
+    auto m = t.Step(Batch(), Objective::kPolicyGradient, 1e-2, opts);
+    ASSERT_FALSE(m.ok()) << "overlap " << overlap;
+    EXPECT_EQ(m.status().code(), StatusCode::kDataLoss) << m.status();
+    EXPECT_NE(m.status().message().find("only 1 of 2 data-parallel ranks"), std::string::npos)
+        << m.status();
+    EXPECT_TRUE(at::equal(before, Flat(t)));
+    EXPECT_EQ(t.version(), 0);
+    t.SetDataParallel(nullptr, {});
+  }
+}
+
 TEST(DataParallelTrainerTest, BadShardOnOneRankFailsEveryRankWithoutHanging) {
   auto store = comm::StoreServer::Start("127.0.0.1");
   ASSERT_TRUE(store.ok());
