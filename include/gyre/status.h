@@ -69,6 +69,11 @@ inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 inline Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
 
+namespace internal {
+// Prints "StatusOr::value() called on an error: <status>" to stderr and aborts.
+[[noreturn]] void DieOnValueOfError(const Status& status);
+}  // namespace internal
+
 // Either a value of type T or a non-OK Status.
 template <typename T>
 class [[nodiscard]] StatusOr {
@@ -82,15 +87,26 @@ class [[nodiscard]] StatusOr {
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
 
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return std::move(*value_); }
-  T& operator*() & { return *value_; }
-  const T& operator*() const& { return *value_; }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
+  // Accessing the value of an error is a bug in the caller: it aborts with the status message
+  // (in every build type), never undefined behaviour.
+  T& value() & { return CheckedValue(); }
+  const T& value() const& { return CheckedValue(); }
+  T&& value() && { return std::move(CheckedValue()); }
+  T& operator*() & { return CheckedValue(); }
+  const T& operator*() const& { return CheckedValue(); }
+  T* operator->() { return &CheckedValue(); }
+  const T* operator->() const { return &CheckedValue(); }
 
  private:
+  T& CheckedValue() {
+    if (!value_.has_value()) internal::DieOnValueOfError(status_);
+    return *value_;
+  }
+  const T& CheckedValue() const {
+    if (!value_.has_value()) internal::DieOnValueOfError(status_);
+    return *value_;
+  }
+
   Status status_;
   std::optional<T> value_;
 };

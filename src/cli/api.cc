@@ -1,8 +1,11 @@
 // The public API (include/gyre/job.h) on top of the modules.
 
+#include <cstdio>
 #include <cstring>
+#include <exception>
 
 #include "cli/worker.h"
+#include "common/logging.h"
 #include "config/config.h"
 #include "controller/job_runner.h"
 #include "gyre/job.h"
@@ -18,13 +21,23 @@ std::string JobConfigToYaml(const JobConfig& config) { return config::DumpJobCon
 
 StatusOr<JobResult> RunJob(const JobConfig& config, const RunOptions& options) {
   GYRE_RETURN_IF_ERROR(config::ValidateJobConfig(config));
-  return controller::RunJobImpl(config, options);
+  try {
+    return controller::RunJobImpl(config, options);
+  } catch (const std::exception& e) {  // the library's edge: an error value, never a throw
+    return Internal("job failed with an exception: " + FirstLine(e.what()));
+  }
 }
 
 bool MaybeRunWorker(int argc, char** argv, int* exit_code) {
   if (argc < 2 || std::strcmp(argv[1], "worker") != 0) return false;
   std::vector<std::string> args(argv + 2, argv + argc);
-  *exit_code = cli::RunWorker(args);
+  InstallTerminateHandler("gyre worker");
+  try {
+    *exit_code = cli::RunWorker(args);
+  } catch (const std::exception& e) {  // the worker's module edge: one line in its log
+    std::fprintf(stderr, "gyre worker: fatal: %s\n", FirstLine(e.what()).c_str());
+    *exit_code = 1;
+  }
   return true;
 }
 

@@ -15,6 +15,7 @@
 #include "cli/bench.h"
 #include "kernels/device_info.h"
 #include "model/hf_config.h"
+#include "model/hf_model.h"
 #include "rollout/engine.h"
 #include "rollout/rollout_engine.h"
 

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -132,7 +133,9 @@ class SinkService final : public v1::Rollout::Service {
   grpc::Status LoadWeights(grpc::ServerContext*, grpc::ServerReader<v1::WeightChunk>* reader,
                            v1::WeightReceipt* receipt) override {
     std::lock_guard<std::mutex> lock(mu_);
-    return rpc::ToGrpc(comm::ReceiveWeightStream(reader, &payload_, receipt));
+    // Its only sender is the bench process that spawned it, whose --size sets the payload.
+    return rpc::ToGrpc(comm::ReceiveWeightStream(reader, &payload_, receipt,
+                                                 std::numeric_limits<uint64_t>::max()));
   }
   // cuda_ipc: copies the sender's buffer device-to-device into this process's own buffer and
   // checks every bucket on the GPU, as a colocated rollout worker does.

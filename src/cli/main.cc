@@ -96,7 +96,7 @@ std::string OneLine(std::string s) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int Main(int argc, char** argv) {
   int worker_rc = 0;
   if (gyre::MaybeRunWorker(argc, argv, &worker_rc)) return worker_rc;
   if (argc < 2) {
@@ -168,4 +168,19 @@ int main(int argc, char** argv) {
     return 0;
   }
   return Usage(("unknown command '" + cmd + "'").c_str());
+}
+
+// The module edge of the command: whatever escapes a subcommand (a libtorch or YAML exception, an
+// allocation failure) ends it with one line on stderr and exit status 1, never std::terminate.
+int main(int argc, char** argv) {
+  gyre::InstallTerminateHandler(argc >= 2 && std::strcmp(argv[1], "worker") == 0 ? "gyre worker"
+                                                                                 : "gyre");
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gyre: fatal: %s\n", gyre::FirstLine(e.what()).c_str());
+  } catch (...) {
+    std::fprintf(stderr, "gyre: fatal: an exception of unknown type\n");
+  }
+  return 1;
 }

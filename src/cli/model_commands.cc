@@ -1,9 +1,11 @@
 #include "cli/model_commands.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -13,6 +15,7 @@
 
 #include "common/file_util.h"
 #include "model/hf_config.h"
+#include "model/hf_model.h"
 #include "model/weights.h"
 
 namespace gyre::cli {
@@ -150,14 +153,22 @@ int RunLogprobs(const std::vector<std::string>& args) {
 namespace {
 
 constexpr char kInitUsage[] =
-    "usage: gyre init-model --arch qwen2|qwen3|llama --out DIR [--preset tiny|small|qwen2.5-0.5b]\n"
-    "                       [--seed N] [--force]\n"
+    "usage: gyre init-model --arch qwen2|qwen3|llama --out DIR\n"
+    "                       [--preset micro|tiny|small|qwen2.5-0.5b] [--seed N] [--force]\n"
+    "                       [--init-std S] [--random-norms-and-biases] [--rope-scaling llama3]\n"
     "\n"
     "Writes a randomly initialised model as a Hugging Face directory (config.json,\n"
     "model.safetensors in float32, tokenizer.json) that Gyre and transformers both load. For\n"
     "tests, benchmarks and quickstarts; the tokenizer is byte-level with no merges (one token per\n"
-    "byte) plus the architecture's special tokens. Presets: tiny (64 wide, 2 layers), small\n"
-    "(256 wide, 4 layers), qwen2.5-0.5b (the shape of Qwen2.5-0.5B, about 2 GB in float32).\n";
+    "byte) plus the architecture's special tokens. Presets: micro (32 wide, 2 layers, under\n"
+    "200 KB: committed golden references), tiny (64 wide, 2 layers), small (256 wide, 4 layers),\n"
+    "qwen2.5-0.5b (the shape of Qwen2.5-0.5B, about 2 GB in float32).\n"
+    "\n"
+    "Linear and embedding weights are drawn from N(0, S^2), S = --init-std (default 0.02); norm\n"
+    "weights are 1 and biases 0. For numerical references, where every parameter must matter:\n"
+    "--random-norms-and-biases draws norm weights from N(1, 0.3^2) and biases from N(0, S^2),\n"
+    "and --rope-scaling llama3 (llama only) adds Llama 3.1's RoPE scaling (factor 8, low/high\n"
+    "frequency factors 1 and 4) with original_max_position_embeddings = max_position / 8.\n";
 
 // GPT-2's reversible byte -> printable code point mapping used by byte-level BPE.
 std::string ByteToUnicode(int b) {
@@ -224,9 +235,10 @@ nlohmann::json ByteLevelTokenizerJson(const std::vector<std::string>& specials) 
 }  // namespace
 
 int RunInitModel(const std::vector<std::string>& args) {
-  std::string arch, out, preset = "tiny";
+  std::string arch, out, preset = "tiny", rope_scaling;
   uint64_t seed = 0;
-  bool force = false;
+  double init_std = 0.02;
+  bool force = false, random_norms_and_biases = false;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--help" || args[i] == "-h") {
       std::fputs(kInitUsage, stdout);
@@ -241,6 +253,18 @@ int RunInitModel(const std::vector<std::string>& args) {
       seed = std::strtoull(args[++i].c_str(), nullptr, 10);
     } else if (args[i] == "--force") {
       force = true;
+    } else if (args[i] == "--init-std" && i + 1 < args.size()) {
+      char* end = nullptr;
+      init_std = std::strtod(args[++i].c_str(), &end);
+      if (end == args[i].c_str() || *end != '\0' || !(init_std > 0) || !std::isfinite(init_std)) {
+        std::fprintf(stderr, "gyre init-model: --init-std must be a positive number, not '%s'\n",
+                     args[i].c_str());
+        return 2;
+      }
+    } else if (args[i] == "--random-norms-and-biases") {
+      random_norms_and_biases = true;
+    } else if (args[i] == "--rope-scaling" && i + 1 < args.size()) {
+      rope_scaling = args[++i];
     } else {
       std::fprintf(stderr, "gyre init-model: unexpected argument '%s' (see --help)\n",
                    args[i].c_str());
@@ -255,9 +279,19 @@ int RunInitModel(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gyre init-model: --out DIR is required\n");
     return 2;
   }
+  if (!rope_scaling.empty() && (rope_scaling != "llama3" || arch != "llama")) {
+    std::fprintf(stderr, "gyre init-model: --rope-scaling takes llama3, with --arch llama\n");
+    return 2;
+  }
   model::ModelSpec s;
   s.architecture = arch;
-  if (preset == "tiny") {
+  if (preset == "micro") {
+    // max_seq_len 2048: with --rope-scaling llama3 (256 original positions, so wavelength
+    // thresholds 64 and 256) the four RoPE wavelengths at head_dim 8 and theta 5e5 (6, 167, 4443
+    // and 118143 positions) fall in all three regimes: kept, smoothed and divided by 8.
+    s.hidden_size = 32, s.num_layers = 2, s.num_heads = 4, s.num_kv_heads = 2;
+    s.intermediate_size = 64, s.max_seq_len = 2048;
+  } else if (preset == "tiny") {
     s.hidden_size = 64, s.num_layers = 2, s.num_heads = 4, s.num_kv_heads = 2;
     s.intermediate_size = 128, s.max_seq_len = 512;
   } else if (preset == "small") {
@@ -267,7 +301,8 @@ int RunInitModel(const std::vector<std::string>& args) {
     s.hidden_size = 896, s.num_layers = 24, s.num_heads = 14, s.num_kv_heads = 2;
     s.intermediate_size = 4864, s.max_seq_len = 32768;
   } else {
-    std::fprintf(stderr, "gyre init-model: unknown --preset '%s' (tiny, small, qwen2.5-0.5b)\n",
+    std::fprintf(stderr,
+                 "gyre init-model: unknown --preset '%s' (micro, tiny, small, qwen2.5-0.5b)\n",
                  preset.c_str());
     return 2;
   }
@@ -280,6 +315,13 @@ int RunInitModel(const std::vector<std::string>& args) {
     s.rope_theta = 500000.0;
     s.rms_norm_eps = 1e-5;
     s.tie_embeddings = false;
+    if (rope_scaling == "llama3") {
+      s.rope_type = "llama3";
+      s.rope_factor = 8.0;
+      s.rope_low_freq_factor = 1.0;
+      s.rope_high_freq_factor = 4.0;
+      s.rope_original_max_position = s.max_seq_len / 8;
+    }
   } else {
     specials = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
     s.rope_theta = 1000000.0;
@@ -297,7 +339,20 @@ int RunInitModel(const std::vector<std::string>& args) {
     return 1;
   }
   Status st = MakeDirs(out);
-  auto m = model::Transformer::Create(s, seed, 0.02);
+  auto m = model::Transformer::Create(s, seed, init_std);
+  if (random_norms_and_biases) {
+    // A second random stream, so the other weights stay those of the same seed without the flag.
+    c10::InferenceMode no_grad;
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
+    const auto ends_with = [](const std::string& name, const std::string& suffix) {
+      return name.size() >= suffix.size() &&
+             name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    for (auto& named : m->NamedParameters()) {
+      if (ends_with(named.first, "norm.weight")) named.second.normal_(1.0, 0.3, gen);
+      if (ends_with(named.first, ".bias")) named.second.normal_(0.0, init_std, gen);
+    }
+  }
   nlohmann::json extra;
   if (arch == "llama") {
     extra = {{"bos_token_id", 256}, {"eos_token_id", 257}};

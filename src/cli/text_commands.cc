@@ -17,6 +17,7 @@
 #include "model/bpe_tokenizer.h"
 #include "model/chat_template.h"
 #include "model/hf_config.h"
+#include "model/hf_model.h"
 #include "rollout/engine.h"
 
 namespace gyre::cli {

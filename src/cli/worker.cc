@@ -12,6 +12,7 @@
 #include "config/config.h"
 #include "kernels/device_info.h"
 #include "model/hf_config.h"
+#include "model/hf_model.h"
 #include "model/text_tokenizer.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
@@ -162,9 +163,15 @@ int RunWorker(const std::vector<std::string>& args) {
   if (cfg->model.path.empty()) {
     model::CharTokenizer tokenizer;
     const model::ModelSpec spec = model::SpecFromConfig(cfg->model, tokenizer.vocab_size());
+    Status fits = model::CheckModelSize(spec, "the model section");
+    if (!fits.ok()) {
+      session.ReportFatal(fits.ToString());
+      std::fprintf(stderr, "gyre worker: %s\n", fits.ToString().c_str());
+      return 1;
+    }
     model = model::Transformer::Create(spec, cfg->job.seed, cfg->model.init_std);
   } else {
-    auto loaded = model::LoadHfModel(cfg->model.path);
+    auto loaded = model::LoadHfModel(cfg->model.path, cfg->model.max_seq_len);
     if (!loaded.ok()) {
       session.ReportFatal("cannot load model.path: " + loaded.status().ToString());
       std::fprintf(stderr, "gyre worker: %s\n", loaded.status().ToString().c_str());

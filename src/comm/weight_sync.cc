@@ -89,7 +89,8 @@ StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightP
 }
 
 Status ReceiveWeightStream(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
-                           WeightPayload* payload, v1::WeightReceipt* receipt) {
+                           WeightPayload* payload, v1::WeightReceipt* receipt,
+                           uint64_t max_total_bytes) {
   const auto t0 = std::chrono::steady_clock::now();
   v1::WeightChunk chunk;
   if (!reader->Read(&chunk)) return InvalidArgument("weight transfer carried no chunks");
@@ -97,6 +98,18 @@ Status ReceiveWeightStream(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
   const uint64_t total = chunk.total_bytes();
   const uint32_t num_buckets = chunk.num_buckets();
   if (num_buckets == 0) return InvalidArgument("first weight chunk has num_buckets = 0");
+  // The buffer is sized from the sender's word: never beyond what this receiver can take, and
+  // never with more buckets than bytes (each bucket but an empty payload's carries some).
+  if (total > max_total_bytes) {
+    return InvalidArgument("weight transfer of version " + std::to_string(version) + " declares " +
+                           std::to_string(total) + " bytes, more than the " +
+                           std::to_string(max_total_bytes) + " this receiver accepts");
+  }
+  if (num_buckets > std::max<uint64_t>(1, total)) {
+    return InvalidArgument("weight transfer of version " + std::to_string(version) + " declares " +
+                           std::to_string(num_buckets) + " buckets for " + std::to_string(total) +
+                           " bytes");
+  }
   std::vector<model::TensorEntry> manifest = ManifestFromProto(chunk.manifest());
   std::vector<uint8_t>& buffer = payload->bytes;
   buffer.resize(total);
@@ -120,6 +133,19 @@ Status ReceiveWeightStream(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
     if (chunk.offset() > total || data.size() > total - chunk.offset()) {
       error = InvalidArgument("bucket " + std::to_string(chunk.bucket_index()) +
                               " lies outside the payload");
+      continue;
+    }
+    // Buckets tile the payload in order: each starts where the previous one ended, so every
+    // byte is written exactly once (two buckets at offset 0 would leave a hole unwritten).
+    if (chunk.offset() != received) {
+      error = InvalidArgument("bucket " + std::to_string(chunk.bucket_index()) +
+                              " starts at byte " + std::to_string(chunk.offset()) + ", expected " +
+                              std::to_string(received) + " (buckets must cover the payload " +
+                              "contiguously)");
+      continue;
+    }
+    if (data.empty() && total > 0) {
+      error = InvalidArgument("bucket " + std::to_string(chunk.bucket_index()) + " is empty");
       continue;
     }
     const uint32_t crc = model::Crc32(reinterpret_cast<const uint8_t*>(data.data()), data.size());
@@ -150,8 +176,10 @@ Status ReceiveWeightStream(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
 
 Status ReceiveWeights(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
                       const model::NamedTensors& params, v1::WeightReceipt* receipt) {
+  uint64_t expected = 0;
+  for (const auto& [name, t] : params) expected += static_cast<uint64_t>(t.nbytes());
   WeightPayload payload;
-  GYRE_RETURN_IF_ERROR(ReceiveWeightStream(reader, &payload, receipt));
+  GYRE_RETURN_IF_ERROR(ReceiveWeightStream(reader, &payload, receipt, expected));
   return model::LoadFlatParameters(payload.manifest, payload.bytes.data(), payload.bytes.size(),
                                    params)
       .WithContext("weights of version " + std::to_string(payload.version));

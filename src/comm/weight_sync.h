@@ -45,12 +45,15 @@ StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightP
                                  int64_t bucket_bytes, double timeout_s, int corrupt_bucket = -1);
 
 // Reads a full transfer from `reader` into `payload` (its byte vector is reused) and verifies
-// every bucket's CRC-32; fills `receipt` on success. On error `payload` must not be used.
+// every bucket's CRC-32 and that the buckets cover the payload contiguously, in order; fills
+// `receipt` on success. A transfer declaring more than `max_total_bytes` is refused before
+// anything is allocated. On error `payload` must not be used.
 Status ReceiveWeightStream(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
-                           WeightPayload* payload, v1::WeightReceipt* receipt);
+                           WeightPayload* payload, v1::WeightReceipt* receipt,
+                           uint64_t max_total_bytes);
 
-// ReceiveWeightStream, then loads the weights into `params`. On error nothing
-// is loaded. On success fills `receipt` and stores the version in *version.
+// ReceiveWeightStream (capped at the bytes of `params`), then loads the weights into `params`.
+// On error nothing is loaded. On success fills `receipt` and stores the version in *version.
 Status ReceiveWeights(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
                       const model::NamedTensors& params, v1::WeightReceipt* receipt);
 

@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 namespace gyre {
 
@@ -198,6 +200,52 @@ Status SyncDirectory(const std::string& dir) {
   ::closedir(d);
   GYRE_RETURN_IF_ERROR(s);
   return SyncPath(dir);
+}
+
+std::string LastErrorLine(const std::string& path, size_t tail_bytes) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return "";
+  const std::streamoff size = in.tellg();
+  const std::streamoff start = size > static_cast<std::streamoff>(tail_bytes)
+                                   ? size - static_cast<std::streamoff>(tail_bytes)
+                                   : 0;
+  in.seekg(start);
+  std::string text(static_cast<size_t>(size - start), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  // Colour codes from spdlog's terminal sink would hide "[error]" and garble the message.
+  std::string clean;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\x1b') {
+      while (i < text.size() && text[i] != 'm') ++i;
+      continue;
+    }
+    clean += text[i];
+  }
+  std::istringstream lines(clean);
+  std::string line, last, last_error;
+  bool first = start > 0;  // a cut first line is not a whole line
+  while (std::getline(lines, line)) {
+    if (first) {
+      first = false;
+      continue;
+    }
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    last = line;
+    for (const char* mark :
+         {"[error]", "[critical]", "fatal:", "terminate called", "GYRE_CHECK failed",
+          "StatusOr::value()", "AddressSanitizer", "runtime error:"}) {
+      if (line.find(mark) != std::string::npos) {
+        last_error = line;
+        break;
+      }
+    }
+  }
+  std::string out = last_error.empty() ? last : last_error;
+  constexpr size_t kMaxChars = 400;
+  if (out.size() > kMaxChars) out = out.substr(0, kMaxChars) + "...";
+  return out;
 }
 
 }  // namespace gyre

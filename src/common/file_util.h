@@ -28,6 +28,12 @@ StatusOr<uint64_t> FileSize(const std::string& path);
 StatusOr<std::vector<std::string>> ListDirectory(const std::string& dir);
 // The whole contents of a regular file.
 StatusOr<std::string> ReadFileToString(const std::string& path);
+
+// The line of a process's log that best says why it ended: the last one logged at error or
+// critical level or written by a fatal handler ("fatal:", "terminate", "GYRE_CHECK failed",
+// "StatusOr::value()"), else the last non-empty line; "" when the file is empty or unreadable.
+// Reads at most the last `tail_bytes` of the file.
+std::string LastErrorLine(const std::string& path, size_t tail_bytes = 64 << 10);
 // `path` made absolute against the current directory (no symlink resolution).
 std::string AbsolutePath(const std::string& path);
 // $TMPDIR or /tmp.

@@ -11,6 +11,14 @@ namespace gyre {
 // Sets the process-wide logger name and level ("trace".."critical", "off"). Thread-safe.
 void InitLogging(const std::string& process_name, const std::string& level = "info");
 
+// Makes an exception that escapes a thread (std::terminate) print one line,
+// "PROGRAM: fatal: uncaught exception: WHAT", to stderr before the process aborts, so a worker's
+// log and the controller's message say what killed it. Call once, early in main.
+void InstallTerminateHandler(const char* program);
+
+// The first line of an exception message (c10 appends a C++ backtrace after it).
+std::string FirstLine(const std::string& text);
+
 }  // namespace gyre
 
 #define GYRE_LOG_INFO(...) SPDLOG_INFO(__VA_ARGS__)

@@ -1,5 +1,8 @@
 #include "gyre/status.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace gyre {
 
 const char* StatusCodeName(StatusCode code) {
@@ -43,3 +46,13 @@ Status Status::WithContext(const std::string& context) const {
 }
 
 }  // namespace gyre
+
+namespace gyre::internal {
+
+void DieOnValueOfError(const Status& status) {
+  std::fprintf(stderr, "StatusOr::value() called on an error: %s\n", status.ToString().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace gyre::internal

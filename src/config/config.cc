@@ -1,5 +1,6 @@
 #include "config/config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cctype>
@@ -20,6 +21,7 @@
 
 #include "common/check.h"
 #include "common/file_util.h"
+#include "common/limits.h"
 #include "common/logging.h"
 #include "common/strings.h"
 
@@ -878,6 +880,13 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
                    "different GPUs (NCCL cannot connect two ranks on one GPU): set "
                    "cluster.placement: disaggregated, or use cuda_ipc for colocated workers"};
   }
+  if (wt == "grpc" && c.cluster.weight_bucket_bytes > kMaxGrpcWeightBucketBytes) {
+    return Problem{{"cluster.weight_bucket_bytes", "cluster.weight_transport"},
+                   "cluster.weight_bucket_bytes (" + str(c.cluster.weight_bucket_bytes) +
+                       ") is larger than the gRPC weight transport can carry in one message (" +
+                       str(kMaxGrpcWeightBucketBytes) +
+                       " bytes); lower it, or use cluster.weight_transport: gloo"};
+  }
   if (wt == "cuda_ipc" && c.cluster.mode != "local") {
     return Problem{{"cluster.weight_transport", "cluster.mode"},
                    "cluster.weight_transport: cuda_ipc needs the trainer and the rollout workers "
@@ -936,6 +945,39 @@ std::string Where(const std::string& source, const YAML::Mark& m) {
   if (m.is_null() || m.line < 0) return source;
   return source + ":" + LineCol(m);
 }
+
+// Where each document of a YAML stream starts and where its root node is. Used to count
+// documents instead of YAML::LoadAll, which in yaml-cpp 0.7 (Debian 12) loops forever, allocating,
+// on input such as a lone "," (jbeder/yaml-cpp#1040, fixed upstream by #1319): the parser reports
+// the same empty document again and again without consuming anything.
+class DocumentMarks final : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> starts, roots;
+
+  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { Node(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { Node(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    Node(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    Node(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    Node(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void Node(const YAML::Mark& mark) {
+    if (roots.size() < starts.size()) roots.push_back(mark);
+  }
+};
 
 struct ParseState {
   std::string source;
@@ -1065,11 +1107,24 @@ StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::stri
   ParseState st;
   st.source = source_name;
   try {
-    std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
-    if (docs.size() > 1) {
-      return InvalidArgument(Where(source_name, docs[1].Mark()) +
+    // Count the documents (up to two) first; then load the first one.
+    std::istringstream stream(yaml_text);
+    YAML::Parser parser(stream);
+    DocumentMarks marks;
+    while (marks.starts.size() < 2 && parser.HandleNextDocument(marks)) {
+    }
+    if (marks.starts.size() > 1 && marks.starts[1].pos == marks.starts[0].pos) {
+      const size_t pos = marks.starts[0].pos > 0 ? static_cast<size_t>(marks.starts[0].pos) : 0;
+      return InvalidArgument(Where(source_name, marks.starts[0]) + ": invalid YAML: unexpected '" +
+                             yaml_text.substr(pos, 1) + "'");
+    }
+    if (marks.starts.size() > 1) {
+      const YAML::Mark& second = marks.roots.size() > 1 ? marks.roots[1] : marks.starts[1];
+      return InvalidArgument(Where(source_name, second) +
                              ": a job file holds one YAML document; found a second one here");
     }
+    std::vector<YAML::Node> docs;
+    if (!marks.starts.empty()) docs.push_back(YAML::Load(yaml_text));
     // No document (empty or comments only) or an explicit null: all defaults.
     if (!docs.empty() && !docs[0].IsNull()) {
       if (!docs[0].IsMap()) {

@@ -1,6 +1,7 @@
 #include "controller/controller_service.h"
 
 #include "common/logging.h"
+#include "rpc/rpc_util.h"
 
 namespace gyre::controller {
 
@@ -37,66 +38,72 @@ void ControllerService::ExpectAgain(const std::string& id, int64_t spawned_pid) 
 
 grpc::Status ControllerService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                                          v1::RegisterResponse* resp) {
-  const char* role = req->role() == v1::WORKER_ROLE_ROLLOUT   ? "rollout"
-                     : req->role() == v1::WORKER_ROLE_TRAINER ? "trainer"
-                                                              : nullptr;
-  if (role == nullptr) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "register: role is unspecified");
-  }
-  const std::string id = std::string(role) + "-" + std::to_string(req->index());
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = workers_.find(id);
-  if (it == workers_.end()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "register: this job has no worker " + id +
-                            " (check --index and the "
-                            "job's rollout.workers / trainer.workers)");
-  }
-  WorkerInfo& w = it->second;
-  if (w.registered && w.alive) {
-    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "register: " + id +
-                                                              " is already "
-                                                              "registered (pid " +
-                                                              std::to_string(w.pid) + ")");
-  }
-  w.address = req->address();
-  w.pid = req->pid();
-  w.registered = true;
-  w.ready = false;
-  w.alive = true;
-  w.last_heartbeat = std::chrono::steady_clock::now();
-  resp->set_worker_id(id);
-  resp->set_job_config_yaml(config_yaml_);
-  resp->set_heartbeat_interval_s(interval_s_);
-  resp->set_heartbeat_timeout_s(timeout_s_);
-  GYRE_LOG_INFO("{} registered: pid {} at {}", id, req->pid(), req->address());
-  cv_.notify_all();
-  return grpc::Status::OK;
+  return rpc::Guarded("Register", [&]() -> grpc::Status {
+    const char* role = req->role() == v1::WORKER_ROLE_ROLLOUT   ? "rollout"
+                       : req->role() == v1::WORKER_ROLE_TRAINER ? "trainer"
+                                                                : nullptr;
+    if (role == nullptr) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "register: role is unspecified");
+    }
+    const std::string id = std::string(role) + "-" + std::to_string(req->index());
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = workers_.find(id);
+    if (it == workers_.end()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "register: this job has no worker " + id +
+                              " (check --index and the "
+                              "job's rollout.workers / trainer.workers)");
+    }
+    WorkerInfo& w = it->second;
+    if (w.registered && w.alive) {
+      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "register: " + id +
+                                                                " is already "
+                                                                "registered (pid " +
+                                                                std::to_string(w.pid) + ")");
+    }
+    w.address = req->address();
+    w.pid = req->pid();
+    w.registered = true;
+    w.ready = false;
+    w.alive = true;
+    w.last_heartbeat = std::chrono::steady_clock::now();
+    resp->set_worker_id(id);
+    resp->set_job_config_yaml(config_yaml_);
+    resp->set_heartbeat_interval_s(interval_s_);
+    resp->set_heartbeat_timeout_s(timeout_s_);
+    GYRE_LOG_INFO("{} registered: pid {} at {}", id, req->pid(), req->address());
+    cv_.notify_all();
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status ControllerService::Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                                           v1::HeartbeatResponse* resp) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = workers_.find(req->worker_id());
-  if (it == workers_.end() || !it->second.registered) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker " + req->worker_id());
-  }
-  it->second.last_heartbeat = std::chrono::steady_clock::now();
-  if (!it->second.ready) cv_.notify_all();
-  it->second.ready = true;
-  it->second.policy_version = req->policy_version();
-  resp->set_stop(stop_all_ || !it->second.alive);
-  return grpc::Status::OK;
+  return rpc::Guarded("Heartbeat", [&]() -> grpc::Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = workers_.find(req->worker_id());
+    if (it == workers_.end() || !it->second.registered) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker " + req->worker_id());
+    }
+    it->second.last_heartbeat = std::chrono::steady_clock::now();
+    if (!it->second.ready) cv_.notify_all();
+    it->second.ready = true;
+    it->second.policy_version = req->policy_version();
+    resp->set_stop(stop_all_ || !it->second.alive);
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status ControllerService::Shutdown(grpc::ServerContext* ctx, const v1::ShutdownRequest* req,
                                          v1::ShutdownResponse* resp) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const std::string msg = req->worker_id() + " reported a fatal error: " + req->reason();
-  GYRE_LOG_ERROR("{}", msg);
-  if (fatal_report_.empty()) fatal_report_ = msg;
-  cv_.notify_all();
-  return grpc::Status::OK;
+  return rpc::Guarded("Shutdown", [&]() -> grpc::Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string msg = req->worker_id() + " reported a fatal error: " + req->reason();
+    GYRE_LOG_ERROR("{}", msg);
+    if (fatal_report_.empty()) fatal_report_ = msg;
+    cv_.notify_all();
+    return grpc::Status::OK;
+  });
 }
 
 std::vector<WorkerInfo> ControllerService::Snapshot() const {

@@ -26,6 +26,7 @@
 #include "controller/task.h"
 #include "kernels/reference/advantages_ref.h"
 #include "model/chat_template.h"
+#include "model/hf_config.h"
 #include "model/text_tokenizer.h"
 #include "ops/advantages.h"
 #include "rpc/rpc_util.h"
@@ -232,19 +233,34 @@ Status JobRunner::Setup() {
     return InvalidArgument("data.chat_template: " + cfg_.data.chat_template +
                            " needs a model.path whose tokenizer has chat tokens");
   }
+  if (!cfg_.model.path.empty()) {
+    // model.max_seq_len limits every job; with a model directory it must fit the model too.
+    GYRE_ASSIGN_OR_RETURN(model::ModelSpec spec, model::LoadHfConfig(cfg_.model.path));
+    GYRE_RETURN_IF_ERROR(
+        model::EffectiveMaxSeqLen(spec, cfg_.model.max_seq_len, cfg_.model.path + "/config.json")
+            .status());
+  }
   GYRE_ASSIGN_OR_RETURN(tokenizer_, model::MakeTextTokenizer(cfg_.model));
   GYRE_ASSIGN_OR_RETURN(ProblemSource src, ProblemSource::Create(cfg_.data, cfg_.job.seed));
   problems_ = std::make_unique<ProblemSource>(std::move(src));
-  // Every prompt must encode and fit before any process starts.
-  for (const auto& p : problems_->eval_set()) {
-    GYRE_ASSIGN_OR_RETURN(auto ids, EncodePrompt(p));
-    if (static_cast<int>(ids.size()) + cfg_.rollout.max_new_tokens > cfg_.model.max_seq_len) {
-      return InvalidArgument("eval prompt '" + p.prompt +
-                             "' plus rollout.max_new_tokens exceeds "
-                             "model.max_seq_len " +
-                             std::to_string(cfg_.model.max_seq_len));
+  // Every prompt, training and evaluation, must encode and fit before any process starts: a bad
+  // record found when drawn could be hours in.
+  auto check_prompt = [&](const Problem& p, const char* kind) -> Status {
+    const std::string where =
+        p.where.empty() ? std::string(kind) + " prompt '" + p.prompt + "'" : p.where;
+    auto ids = EncodePrompt(p);
+    if (!ids.ok()) return InvalidArgument(where + ": " + ids.status().message());
+    const int64_t need = static_cast<int64_t>(ids->size()) + cfg_.rollout.max_new_tokens;
+    if (need > cfg_.model.max_seq_len) {
+      return InvalidArgument(where + ": the prompt's " + std::to_string(ids->size()) +
+                             " tokens plus rollout.max_new_tokens " +
+                             std::to_string(cfg_.rollout.max_new_tokens) +
+                             " exceed model.max_seq_len " + std::to_string(cfg_.model.max_seq_len));
     }
-  }
+    return Status::Ok();
+  };
+  for (const auto& p : problems_->eval_set()) GYRE_RETURN_IF_ERROR(check_prompt(p, "eval"));
+  for (const auto& p : problems_->train_set()) GYRE_RETURN_IF_ERROR(check_prompt(p, "training"));
 
   run_dir_ = RunDir();
   GYRE_RETURN_IF_ERROR(MakeDirs(run_dir_ + "/logs").WithContext("run directory"));
@@ -413,8 +429,10 @@ Status JobRunner::CheckHealth() {
   for (const auto& [id, how] : deaths) {
     if (handled_deaths_.count(id)) continue;
     handled_deaths_.insert(id);
-    const std::string msg =
-        "worker " + id + " died: " + how + " (log: " + workers_.at(id).log_path + ")";
+    const std::string& log = workers_.at(id).log_path;
+    const std::string last = LastErrorLine(log);
+    const std::string msg = "worker " + id + " died: " + how +
+                            (last.empty() ? "" : "; its log ends: " + last) + " (log: " + log + ")";
     if (workers_.at(id).role == v1::WORKER_ROLE_TRAINER) return Aborted(msg);
     if (cfg_.cluster.on_worker_failure == "fail") return Aborted(msg);
     if (AliveRollouts().empty()) return Aborted(msg + "; no rollout workers are left");

@@ -38,9 +38,10 @@ StatusOr<std::vector<Problem>> LoadJsonl(const std::string& path) {
       auto messages = model::ParseMessagesJson(j["prompt"].dump());
       if (!messages.ok())
         return InvalidArgument(where + ": prompt: " + messages.status().message());
-      out.push_back({j["prompt"].dump(), j.value("answer", std::string()), true});
+      out.push_back({j["prompt"].dump(), j.value("answer", std::string()), true, where});
     } else {
-      out.push_back({j["prompt"].get<std::string>(), j.value("answer", std::string()), false});
+      out.push_back(
+          {j["prompt"].get<std::string>(), j.value("answer", std::string()), false, where});
     }
   }
   if (out.empty()) return InvalidArgument(path + ": dataset has no records");

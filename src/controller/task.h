@@ -22,6 +22,7 @@ struct Problem {
   std::string prompt;  // text, or the JSON array of {role, content} when is_messages
   std::string answer;
   bool is_messages = false;  // the dataset gave the prompt as a list of chat messages
+  std::string where;         // "file:line" of a dataset record; empty for generated problems
 };
 
 // Reads a JSONL file of {"prompt": str or [{"role", "content"}, ...], "answer": str}.
@@ -36,6 +37,8 @@ class ProblemSource {
 
   Problem Next();
   const std::vector<Problem>& eval_set() const { return eval_; }
+  // The dataset's training records (empty when problems are generated).
+  const std::vector<Problem>& train_set() const { return train_; }
 
   // The stream's position (dataset cursor and generator state) as text, for checkpoints, and
   // back: after RestoreState(SaveState()) a source created from the same data and seed yields

@@ -41,6 +41,8 @@ constexpr char kReplacementChar[] = "\xEF\xBF\xBD";  // U+FFFD
 // growing rather than evicting; the frequent words of a corpus are in it long before that.
 constexpr size_t kMaxCachedWordBytes = 256;
 constexpr size_t kMaxCacheEntries = 1 << 16;
+// How far past twice the token count an id may lie (see Impl::Load).
+constexpr int64_t kIdSlack = 1 << 16;
 
 // GPT-2's pre-tokenizer regex, applied by ByteLevel when use_regex is true.
 constexpr char kGpt2Pattern[] =
@@ -1010,6 +1012,24 @@ Status BpeTokenizer::Impl::Load(const json& root) {
     }
   }
 
+  // The id tables are dense, sized by the largest id. Real vocabularies are dense too (ids
+  // 0..N-1, added tokens just past them, small holes at most), so an id far beyond the number
+  // of tokens is a damaged or hostile file, not something to allocate gigabytes for.
+  const int64_t tokens = static_cast<int64_t>(vocab.size() + added.size());
+  const int64_t id_limit = 2 * tokens + kIdSlack;
+  if (static_cast<int64_t>(max_id) >= id_limit) {
+    std::string field;
+    for (size_t i = 0; i < added.size() && field.empty(); ++i) {
+      if (added[i].id == max_id) field = "added_tokens[" + std::to_string(i) + "].id";
+    }
+    for (auto it = vocab.begin(); it != vocab.end() && field.empty(); ++it) {
+      if (it->second == max_id) field = "model.vocab[\"" + it->first + "\"]";
+    }
+    return FieldError(field, "id " + std::to_string(max_id) + " is implausibly large for " +
+                                 std::to_string(tokens) + " tokens (ids must be below " +
+                                 std::to_string(id_limit) + ", twice the token count plus " +
+                                 std::to_string(kIdSlack) + ")");
+  }
   id_to_token.assign(static_cast<size_t>(max_id + 1), std::string());
   id_to_added.assign(static_cast<size_t>(max_id + 1), -1);
   for (const auto& [token, id] : vocab) id_to_token[id] = token;

@@ -1,10 +1,11 @@
 #include "model/hf_config.h"
 
+#include <unistd.h>
+
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-
-#include "model/safetensors.h"
 
 namespace gyre::model {
 
@@ -38,7 +39,26 @@ Status Field(const json& j, const std::string& key, const std::string& src, T* o
   return Status::Ok();
 }
 
+std::string Number(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
 }  // namespace
+
+std::string HumanBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 6) {
+    bytes /= 1024;
+    ++u;
+  }
+  std::ostringstream os;
+  os.precision(bytes < 10 ? 2 : 4);
+  os << bytes << " " << units[u];
+  return os.str();
+}
 
 StatusOr<ModelSpec> ParseHfConfig(const std::string& text, const std::string& src) {
   json j;
@@ -79,7 +99,15 @@ StatusOr<ModelSpec> ParseHfConfig(const std::string& text, const std::string& sr
   }
   s.max_seq_len = 2048;
   GYRE_RETURN_IF_ERROR(Field(j, "max_position_embeddings", src, &s.max_seq_len, false));
+  if (s.max_seq_len <= 0) {
+    return InvalidArgument(src + ": max_position_embeddings must be positive (got " +
+                           std::to_string(s.max_seq_len) + ")");
+  }
   GYRE_RETURN_IF_ERROR(Field(j, "rms_norm_eps", src, &s.rms_norm_eps, false));
+  if (!(s.rms_norm_eps > 0) || !std::isfinite(s.rms_norm_eps)) {
+    return InvalidArgument(src + ": rms_norm_eps must be a positive number (got " +
+                           Number(s.rms_norm_eps) + ")");
+  }
   s.tie_embeddings = false;
   GYRE_RETURN_IF_ERROR(Field(j, "tie_word_embeddings", src, &s.tie_embeddings, false));
   // Qwen2 always has q/k/v biases; Llama and Qwen3 have them when attention_bias is true.
@@ -126,6 +154,17 @@ StatusOr<ModelSpec> ParseHfConfig(const std::string& text, const std::string& sr
       GYRE_RETURN_IF_ERROR(Field(*rope, "high_freq_factor", where, &s.rope_high_freq_factor, true));
       GYRE_RETURN_IF_ERROR(Field(*rope, "original_max_position_embeddings", where,
                                  &s.rope_original_max_position, true));
+      for (const auto& [name, value] : {std::pair<const char*, double>{"factor", s.rope_factor},
+                                        {"low_freq_factor", s.rope_low_freq_factor},
+                                        {"high_freq_factor", s.rope_high_freq_factor}}) {
+        if (!(value > 0) || !std::isfinite(value)) {
+          return InvalidArgument(where + ": " + name + " must be a positive number (got " +
+                                 Number(value) + ")");
+        }
+      }
+      if (s.rope_original_max_position <= 0) {
+        return InvalidArgument(where + ": original_max_position_embeddings must be positive");
+      }
       if (s.rope_high_freq_factor <= s.rope_low_freq_factor) {
         return InvalidArgument(where + ": high_freq_factor must exceed low_freq_factor");
       }
@@ -134,8 +173,45 @@ StatusOr<ModelSpec> ParseHfConfig(const std::string& text, const std::string& sr
                              "' is not supported (supported: default, llama3)");
     }
   }
-  if (s.rope_theta <= 0) return InvalidArgument(src + ": rope_theta must be positive");
+  if (!(s.rope_theta > 0) || !std::isfinite(s.rope_theta)) {
+    return InvalidArgument(src + ": rope_theta must be a positive number (got " +
+                           Number(s.rope_theta) + ")");
+  }
   return s;
+}
+
+double EstimateParameterCount(const ModelSpec& s) {
+  // In double: a hostile config must not overflow the estimate itself.
+  const double h = static_cast<double>(s.hidden_size), v = static_cast<double>(s.vocab_size);
+  const double q = static_cast<double>(s.num_heads) * static_cast<double>(s.head_dim);
+  const double kv = static_cast<double>(s.num_kv_heads) * static_cast<double>(s.head_dim);
+  const double inter = static_cast<double>(s.intermediate_size);
+  double layer = 2 * h;                       // the two RMSNorms
+  layer += h * q + 2 * h * kv + q * h;        // q, k, v, o projections
+  if (s.attention_bias) layer += q + 2 * kv;  // q/k/v biases
+  if (s.qk_norm) layer += 2 * static_cast<double>(s.head_dim);
+  layer += 3 * h * inter;  // gate, up, down
+  double total = v * h + static_cast<double>(s.num_layers) * layer + h;
+  if (!s.tie_embeddings) total += v * h;
+  return total;
+}
+
+Status CheckModelSize(const ModelSpec& s, const std::string& src, double limit_bytes) {
+  if (limit_bytes <= 0) {
+    limit_bytes =
+        static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  }
+  const double bytes = EstimateParameterCount(s) * 4.0;  // float32
+  if (bytes > limit_bytes) {
+    return InvalidArgument(
+        src + ": the model's float32 parameters need " + HumanBytes(bytes) + " (vocab_size " +
+        std::to_string(s.vocab_size) + ", hidden_size " + std::to_string(s.hidden_size) +
+        ", num_hidden_layers " + std::to_string(s.num_layers) + ", intermediate_size " +
+        std::to_string(s.intermediate_size) + ", num_attention_heads " +
+        std::to_string(s.num_heads) + " x head_dim " + std::to_string(s.head_dim) +
+        "), more than this machine's " + HumanBytes(limit_bytes) + " of memory");
+  }
+  return Status::Ok();
 }
 
 Status WriteHfConfig(const std::string& dir, const ModelSpec& spec, const std::string& extra_json) {
@@ -190,17 +266,16 @@ StatusOr<ModelSpec> LoadHfConfig(const std::string& dir) {
   return ParseHfConfig(ss.str(), path);
 }
 
-StatusOr<std::unique_ptr<Transformer>> LoadHfModel(const std::string& dir) {
-  GYRE_ASSIGN_OR_RETURN(ModelSpec spec, LoadHfConfig(dir));
-  GYRE_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(dir));
-  auto model = Transformer::Create(spec, 0, /*init_std=*/-1.0);  // weights come from disk
-  std::vector<std::string> ignorable;
-  if (spec.tie_embeddings) ignorable.push_back("lm_head.weight");
-  for (int64_t i = 0; i < spec.num_layers; ++i) {
-    ignorable.push_back("model.layers." + std::to_string(i) + ".self_attn.rotary_emb.inv_freq");
+StatusOr<int64_t> EffectiveMaxSeqLen(const ModelSpec& spec, int64_t requested,
+                                     const std::string& source) {
+  if (requested <= 0) return spec.max_seq_len;
+  if (requested > spec.max_seq_len) {
+    return InvalidArgument("model.max_seq_len " + std::to_string(requested) +
+                           " exceeds the model's max_position_embeddings " +
+                           std::to_string(spec.max_seq_len) + " (" + source +
+                           "); lower model.max_seq_len");
   }
-  GYRE_RETURN_IF_ERROR(LoadParameters(*ckpt, model->NamedParameters(), ignorable).WithContext(dir));
-  return model;
+  return requested;
 }
 
 }  // namespace gyre::model

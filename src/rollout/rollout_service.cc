@@ -101,212 +101,219 @@ void FillSample(const SampleResult& r, uint64_t sample_id, uint64_t group_id,
 
 grpc::Status RolloutService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                       v1::GenerateResponse* resp) {
-  const auto t0 = std::chrono::steady_clock::now();
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t version = version_.load();
-  if (!generated_.exchange(true)) {
-    GYRE_LOG_INFO("first generate request, holding policy version {}", version);
-  }
-  if (version < req->min_policy_version()) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "this worker holds policy version " + std::to_string(version) +
-                            ", the request needs at least " +
-                            std::to_string(req->min_policy_version()));
-  }
-  if (req->target_finished_groups() < 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "target_finished_groups must be >= 0");
-  }
-  const auto& sp = req->sampling();
-  SamplingOptions so;
-  so.temperature = sp.temperature();
-  so.top_k = sp.top_k();
-  so.top_p = sp.top_p() > 0 ? sp.top_p() : 1.0f;
-  so.min_p = sp.min_p();
-  so.max_new_tokens = sp.max_new_tokens();
-  so.stop_token_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
-  so.stop_strings.assign(sp.stop_strings().begin(), sp.stop_strings().end());
-  // Request ids: 0..G-1 are the groups, G.. the resumed samples.
-  std::vector<Request> requests;
-  const int G = req->groups_size();
-  for (int k = 0; k < G; ++k) {
-    const auto& g = req->groups(k);
-    Request r;
-    r.id = static_cast<uint64_t>(k);
-    r.group = g.group_id();
-    r.prompt.assign(g.prompt_ids().begin(), g.prompt_ids().end());
-    r.n = g.n();
-    r.seed = g.seed();
-    r.sampling = so;
-    requests.push_back(std::move(r));
-  }
-  for (int k = 0; k < req->resume_size(); ++k) {
-    const auto& s = req->resume(k);
-    Request r;
-    r.id = static_cast<uint64_t>(G + k);
-    r.group = s.group_id();
-    r.prompt.assign(s.prompt_ids().begin(), s.prompt_ids().end());
-    r.seed = s.seed();
-    r.sampling = so;
-    r.resume.tokens.assign(s.response_ids().begin(), s.response_ids().end());
-    r.resume.logprobs.assign(s.logprobs().begin(), s.logprobs().end());
-    r.resume.kept_mass.assign(s.kept_mass().begin(), s.kept_mass().end());
-    r.resume.versions.assign(s.versions().begin(), s.versions().end());
-    requests.push_back(std::move(r));
-  }
-  engine_->set_version(version);
-  engine_->ResetStats();
-  Status added = engine_->Add(requests);
-  if (!added.ok()) return rpc::ToGrpc(added);
-  auto results = engine_->Run(req->target_finished_groups());
-  if (!results.ok()) return rpc::ToGrpc(results.status());
-  std::sort(results->begin(), results->end(), [](const SampleResult& a, const SampleResult& b) {
-    return a.id != b.id ? a.id < b.id : a.index < b.index;
-  });
-  for (const SampleResult& r : *results) {
-    v1::Sample* s = r.finished ? resp->add_samples() : resp->add_unfinished();
-    if (r.id < static_cast<uint64_t>(G)) {
-      const auto& g = req->groups(static_cast<int>(r.id));
-      FillSample(r, g.first_sample_id() + static_cast<uint64_t>(r.index), g.group_id(),
-                 g.prompt_ids(), s);
-    } else {
-      const auto& in = req->resume(static_cast<int>(r.id) - G);
-      FillSample(r, in.sample_id(), in.group_id(), in.prompt_ids(), s);
+  return rpc::Guarded("Generate", [&]() -> grpc::Status {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t version = version_.load();
+    if (!generated_.exchange(true)) {
+      GYRE_LOG_INFO("first generate request, holding policy version {}", version);
     }
-  }
-  if (!engine_->graph_error().empty() && !graph_error_logged_) {
-    GYRE_LOG_WARN("CUDA graphs turned off, decode steps now run eagerly: {}",
-                  engine_->graph_error());
-    graph_error_logged_ = true;
-  }
-  const EngineStats& st = engine_->stats();
-  resp->set_policy_version(version);
-  resp->set_generated_tokens(st.generated_tokens);
-  resp->set_prefill_tokens(st.prefill_tokens);
-  resp->set_prefix_shared_tokens(st.prefix_shared_tokens);
-  resp->set_parked_reused_tokens(st.parked_reused_tokens);
-  resp->set_preemptions(st.preemptions);
-  resp->set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  return grpc::Status::OK;
+    if (version < req->min_policy_version()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "this worker holds policy version " + std::to_string(version) +
+                              ", the request needs at least " +
+                              std::to_string(req->min_policy_version()));
+    }
+    if (req->target_finished_groups() < 0) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "target_finished_groups must be >= 0");
+    }
+    const auto& sp = req->sampling();
+    SamplingOptions so;
+    so.temperature = sp.temperature();
+    so.top_k = sp.top_k();
+    so.top_p = sp.top_p() > 0 ? sp.top_p() : 1.0f;
+    so.min_p = sp.min_p();
+    so.max_new_tokens = sp.max_new_tokens();
+    so.stop_token_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
+    so.stop_strings.assign(sp.stop_strings().begin(), sp.stop_strings().end());
+    // Request ids: 0..G-1 are the groups, G.. the resumed samples.
+    std::vector<Request> requests;
+    const int G = req->groups_size();
+    for (int k = 0; k < G; ++k) {
+      const auto& g = req->groups(k);
+      Request r;
+      r.id = static_cast<uint64_t>(k);
+      r.group = g.group_id();
+      r.prompt.assign(g.prompt_ids().begin(), g.prompt_ids().end());
+      r.n = g.n();
+      r.seed = g.seed();
+      r.sampling = so;
+      requests.push_back(std::move(r));
+    }
+    for (int k = 0; k < req->resume_size(); ++k) {
+      const auto& s = req->resume(k);
+      Request r;
+      r.id = static_cast<uint64_t>(G + k);
+      r.group = s.group_id();
+      r.prompt.assign(s.prompt_ids().begin(), s.prompt_ids().end());
+      r.seed = s.seed();
+      r.sampling = so;
+      r.resume.tokens.assign(s.response_ids().begin(), s.response_ids().end());
+      r.resume.logprobs.assign(s.logprobs().begin(), s.logprobs().end());
+      r.resume.kept_mass.assign(s.kept_mass().begin(), s.kept_mass().end());
+      r.resume.versions.assign(s.versions().begin(), s.versions().end());
+      requests.push_back(std::move(r));
+    }
+    engine_->set_version(version);
+    engine_->ResetStats();
+    Status added = engine_->Add(requests);
+    if (!added.ok()) return rpc::ToGrpc(added);
+    auto results = engine_->Run(req->target_finished_groups());
+    if (!results.ok()) return rpc::ToGrpc(results.status());
+    std::sort(results->begin(), results->end(), [](const SampleResult& a, const SampleResult& b) {
+      return a.id != b.id ? a.id < b.id : a.index < b.index;
+    });
+    for (const SampleResult& r : *results) {
+      v1::Sample* s = r.finished ? resp->add_samples() : resp->add_unfinished();
+      if (r.id < static_cast<uint64_t>(G)) {
+        const auto& g = req->groups(static_cast<int>(r.id));
+        FillSample(r, g.first_sample_id() + static_cast<uint64_t>(r.index), g.group_id(),
+                   g.prompt_ids(), s);
+      } else {
+        const auto& in = req->resume(static_cast<int>(r.id) - G);
+        FillSample(r, in.sample_id(), in.group_id(), in.prompt_ids(), s);
+      }
+    }
+    if (!engine_->graph_error().empty() && !graph_error_logged_) {
+      GYRE_LOG_WARN("CUDA graphs turned off, decode steps now run eagerly: {}",
+                    engine_->graph_error());
+      graph_error_logged_ = true;
+    }
+    const EngineStats& st = engine_->stats();
+    resp->set_policy_version(version);
+    resp->set_generated_tokens(st.generated_tokens);
+    resp->set_prefill_tokens(st.prefill_tokens);
+    resp->set_prefix_shared_tokens(st.prefix_shared_tokens);
+    resp->set_parked_reused_tokens(st.parked_reused_tokens);
+    resp->set_preemptions(st.preemptions);
+    resp->set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status RolloutService::LoadWeights(grpc::ServerContext* ctx,
                                          grpc::ServerReader<v1::WeightChunk>* reader,
                                          v1::WeightReceipt* receipt) {
-  std::lock_guard<std::mutex> lock(mu_);
-  // The engine is idle between Generate calls; the update drops or keeps the KV of parked
-  // unfinished samples (rollout.weight_update_kv). The version is known once the transfer ends.
-  Status s = engine_->UpdateWeights(version_.load(), [&] {
-    return comm::ReceiveWeights(reader, model_->NamedParameters(), receipt);
+  return rpc::Guarded("LoadWeights", [&]() -> grpc::Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The engine is idle between Generate calls; the update drops or keeps the KV of parked
+    // unfinished samples (rollout.weight_update_kv). The version is known once the transfer ends.
+    Status s = engine_->UpdateWeights(version_.load(), [&] {
+      return comm::ReceiveWeights(reader, model_->NamedParameters(), receipt);
+    });
+    if (!s.ok()) {
+      GYRE_LOG_ERROR("weight transfer rejected: {}", s.ToString());
+      return rpc::ToGrpc(s);
+    }
+    engine_->set_version(receipt->version());
+    const int64_t before = version_.exchange(receipt->version());
+    if (before < 0) {
+      GYRE_LOG_INFO("received policy version {} ({} bytes; this process's first weights)",
+                    receipt->version(), receipt->bytes());
+    }
+    GYRE_LOG_DEBUG("loaded policy version {} ({} bytes)", receipt->version(), receipt->bytes());
+    return grpc::Status::OK;
   });
-  if (!s.ok()) {
-    GYRE_LOG_ERROR("weight transfer rejected: {}", s.ToString());
-    return rpc::ToGrpc(s);
-  }
-  engine_->set_version(receipt->version());
-  const int64_t before = version_.exchange(receipt->version());
-  if (before < 0) {
-    GYRE_LOG_INFO("received policy version {} ({} bytes; this process's first weights)",
-                  receipt->version(), receipt->bytes());
-  }
-  GYRE_LOG_DEBUG("loaded policy version {} ({} bytes)", receipt->version(), receipt->bytes());
-  return grpc::Status::OK;
 }
 
 grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
                                             const v1::ReceiveWeightsRequest* req,
                                             v1::WeightReceipt* receipt) {
-  std::lock_guard<std::mutex> wlock(weights_mu_);
-  const double timeout = req->timeout_s() > 0 ? req->timeout_s() : 60.0;
-  const comm::Deadline deadline = comm::DeadlineAfter(timeout);
-  const std::string transport = req->transport().empty() ? "gloo" : req->transport();
-  if (transport != "gloo" && transport != "nccl" && transport != "cuda_ipc") {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "unknown weight transport '" + transport + "'");
-  }
-  at::Device device = at::Device(at::kCPU);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    device = model_->device();
-  }
-  if (transport != "gloo" && !device.is_cuda()) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        "the " + transport + " weight transport needs the model on a GPU (model.device: cuda)");
-  }
-  StatusOr<comm::Receipt> r = Unavailable("no transfer");
-  std::vector<model::TensorEntry> device_manifest;
-  if (transport == "cuda_ipc") {
-    r = ReceiveCudaIpc(*req, device.index(), deadline, &device_manifest);
-  } else {
-    if (!weight_comm_ || weight_comm_->aborted() || weight_group_ != req->group()) {
-      weight_comm_.reset();
-      StatusOr<std::unique_ptr<comm::Communicator>> c = Unavailable("no group");
-      if (transport == "nccl") {
-        auto id = comm::StoreGet(req->store_address(), req->group() + "/nccl_id", timeout);
-        if (!id.ok()) return rpc::ToGrpc(id.status().WithContext("nccl weight group"));
-        comm::NcclOptions o;
-        o.unique_id = *id;
-        o.rank = 1;
-        o.size = 2;
-        o.device = device.index();
-        o.connect_timeout_s = timeout;
-        c = comm::CreateNcclCommunicator(o);
-      } else {
-        comm::GlooOptions o;
-        o.store_address = req->store_address();
-        o.group = req->group();
-        o.rank = 1;
-        o.size = 2;
-        if (!req->bind_host().empty()) o.bind_host = req->bind_host();
-        o.connect_timeout_s = timeout;
-        c = comm::CreateGlooCommunicator(o);
-      }
-      if (!c.ok()) return rpc::ToGrpc(c.status());
-      weight_comm_ = std::move(*c);
-      weight_group_ = req->group();
+  return rpc::Guarded("ReceiveWeights", [&]() -> grpc::Status {
+    std::lock_guard<std::mutex> wlock(weights_mu_);
+    const double timeout = req->timeout_s() > 0 ? req->timeout_s() : 60.0;
+    const comm::Deadline deadline = comm::DeadlineAfter(timeout);
+    const std::string transport = req->transport().empty() ? "gloo" : req->transport();
+    if (transport != "gloo" && transport != "nccl" && transport != "cuda_ipc") {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "unknown weight transport '" + transport + "'");
     }
-    if (transport == "nccl") {
-      r = comm::ReceiveDeviceWeights(weight_comm_.get(), 0, device.index(), deadline,
-                                     &device_manifest, &device_buffer_);
+    at::Device device = at::Device(at::kCPU);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      device = model_->device();
+    }
+    if (transport != "gloo" && !device.is_cuda()) {
+      return grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          "the " + transport + " weight transport needs the model on a GPU (model.device: cuda)");
+    }
+    StatusOr<comm::Receipt> r = Unavailable("no transfer");
+    std::vector<model::TensorEntry> device_manifest;
+    if (transport == "cuda_ipc") {
+      r = ReceiveCudaIpc(*req, device.index(), deadline, &device_manifest);
     } else {
-      r = comm::ReceivePublishedWeights(weight_comm_.get(), 0, deadline, &weight_payload_);
-    }
-  }
-  if (!r.ok()) {
-    GYRE_LOG_ERROR("weight transfer rejected: {}", r.status().ToString());
-    if (weight_comm_ && weight_comm_->aborted()) weight_comm_.reset();
-    return rpc::ToGrpc(r.status());
-  }
-  {
-    // As LoadWeights: through the engine, which keeps or recomputes the KV of parked samples.
-    std::lock_guard<std::mutex> lock(mu_);
-    Status s = engine_->UpdateWeights(r->version, [&] {
-      if (transport == "gloo") {
-        return model::LoadFlatParameters(weight_payload_.manifest, weight_payload_.bytes.data(),
-                                         weight_payload_.bytes.size(), model_->NamedParameters());
+      if (!weight_comm_ || weight_comm_->aborted() || weight_group_ != req->group()) {
+        weight_comm_.reset();
+        StatusOr<std::unique_ptr<comm::Communicator>> c = Unavailable("no group");
+        if (transport == "nccl") {
+          auto id = comm::StoreGet(req->store_address(), req->group() + "/nccl_id", timeout);
+          if (!id.ok()) return rpc::ToGrpc(id.status().WithContext("nccl weight group"));
+          comm::NcclOptions o;
+          o.unique_id = *id;
+          o.rank = 1;
+          o.size = 2;
+          o.device = device.index();
+          o.connect_timeout_s = timeout;
+          c = comm::CreateNcclCommunicator(o);
+        } else {
+          comm::GlooOptions o;
+          o.store_address = req->store_address();
+          o.group = req->group();
+          o.rank = 1;
+          o.size = 2;
+          if (!req->bind_host().empty()) o.bind_host = req->bind_host();
+          o.connect_timeout_s = timeout;
+          c = comm::CreateGlooCommunicator(o);
+        }
+        if (!c.ok()) return rpc::ToGrpc(c.status());
+        weight_comm_ = std::move(*c);
+        weight_group_ = req->group();
       }
-      return model::LoadFlatParameters(device_manifest,
-                                       static_cast<const uint8_t*>(device_buffer_->data()),
-                                       r->bytes, model_->NamedParameters(), device);
-    });
-    // A device load is queued on the model's stream: finish it before the buffer can be
-    // written again by the next transfer (other streams) and before the receipt says "loaded".
-    if (s.ok() && transport != "gloo") s = comm::SynchronizeDevice(device.index(), deadline);
-    if (!s.ok()) {
-      return rpc::ToGrpc(s.WithContext("weights of version " + std::to_string(r->version)));
+      if (transport == "nccl") {
+        r = comm::ReceiveDeviceWeights(weight_comm_.get(), 0, device.index(), deadline,
+                                       &device_manifest, &device_buffer_);
+      } else {
+        r = comm::ReceivePublishedWeights(weight_comm_.get(), 0, deadline, &weight_payload_);
+      }
     }
-    engine_->set_version(r->version);
-    if (version_.exchange(r->version) < 0) {
-      GYRE_LOG_INFO("received policy version {} over {} ({} bytes; this process's first weights)",
-                    r->version, transport, r->bytes);
+    if (!r.ok()) {
+      GYRE_LOG_ERROR("weight transfer rejected: {}", r.status().ToString());
+      if (weight_comm_ && weight_comm_->aborted()) weight_comm_.reset();
+      return rpc::ToGrpc(r.status());
     }
-  }
-  receipt->set_version(r->version);
-  for (uint32_t c : r->bucket_crc32) receipt->add_bucket_crc32(c);
-  receipt->set_bytes(r->bytes);
-  receipt->set_seconds(r->seconds);
-  GYRE_LOG_DEBUG("loaded policy version {} over {} ({} bytes)", r->version, transport, r->bytes);
-  return grpc::Status::OK;
+    {
+      // As LoadWeights: through the engine, which keeps or recomputes the KV of parked samples.
+      std::lock_guard<std::mutex> lock(mu_);
+      Status s = engine_->UpdateWeights(r->version, [&] {
+        if (transport == "gloo") {
+          return model::LoadFlatParameters(weight_payload_.manifest, weight_payload_.bytes.data(),
+                                           weight_payload_.bytes.size(), model_->NamedParameters());
+        }
+        return model::LoadFlatParameters(device_manifest,
+                                         static_cast<const uint8_t*>(device_buffer_->data()),
+                                         r->bytes, model_->NamedParameters(), device);
+      });
+      // A device load is queued on the model's stream: finish it before the buffer can be
+      // written again by the next transfer (other streams) and before the receipt says "loaded".
+      if (s.ok() && transport != "gloo") s = comm::SynchronizeDevice(device.index(), deadline);
+      if (!s.ok()) {
+        return rpc::ToGrpc(s.WithContext("weights of version " + std::to_string(r->version)));
+      }
+      engine_->set_version(r->version);
+      if (version_.exchange(r->version) < 0) {
+        GYRE_LOG_INFO("received policy version {} over {} ({} bytes; this process's first weights)",
+                      r->version, transport, r->bytes);
+      }
+    }
+    receipt->set_version(r->version);
+    for (uint32_t c : r->bucket_crc32) receipt->add_bucket_crc32(c);
+    receipt->set_bytes(r->bytes);
+    receipt->set_seconds(r->seconds);
+    GYRE_LOG_DEBUG("loaded policy version {} over {} ({} bytes)", r->version, transport, r->bytes);
+    return grpc::Status::OK;
+  });
 }
 
 StatusOr<comm::Receipt> RolloutService::ReceiveCudaIpc(const v1::ReceiveWeightsRequest& req,
@@ -357,8 +364,10 @@ StatusOr<comm::Receipt> RolloutService::ReceiveCudaIpc(const v1::ReceiveWeightsR
 
 grpc::Status RolloutService::Stop(grpc::ServerContext* ctx, const v1::StopRequest* req,
                                   v1::StopResponse* resp) {
-  if (on_stop_) on_stop_(req->reason().empty() ? "stop requested" : req->reason());
-  return grpc::Status::OK;
+  return rpc::Guarded("Stop", [&]() -> grpc::Status {
+    if (on_stop_) on_stop_(req->reason().empty() ? "stop requested" : req->reason());
+    return grpc::Status::OK;
+  });
 }
 
 }  // namespace gyre::rollout

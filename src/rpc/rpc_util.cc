@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/logging.h"
+
 namespace gyre::rpc {
 
 Status FromGrpc(const grpc::Status& s, const std::string& what) {
@@ -49,6 +51,13 @@ Status FromGrpc(const grpc::Status& s, const std::string& what) {
       break;
   }
   return Status(code, what + ": " + s.error_message());
+}
+
+grpc::Status HandlerFailed(const char* method, const char* what) {
+  const std::string msg =
+      std::string(method) + " failed: " + FirstLine(what == nullptr ? "" : what);
+  GYRE_LOG_ERROR("{}", msg);
+  return grpc::Status(grpc::StatusCode::INTERNAL, msg);
 }
 
 grpc::Status ToGrpc(const Status& s) {

@@ -4,19 +4,38 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <string>
 
+#include "common/limits.h"
 #include "gyre/status.h"
 
 namespace gyre::rpc {
 
 // Largest message any Gyre call sends (a generate response or a weight bucket).
-constexpr int kMaxMessageBytes = 512 << 20;
+constexpr int kMaxMessageBytes = static_cast<int>(kMaxRpcMessageBytes);
 
 Status FromGrpc(const grpc::Status& s, const std::string& what);
 grpc::Status ToGrpc(const Status& s);
 
+// Logs and returns INTERNAL "METHOD failed: WHAT" (WHAT cut to its first line).
+grpc::Status HandlerFailed(const char* method, const char* what);
+
+// The module edge of every RPC handler: runs `body` (returning grpc::Status) and turns an
+// exception that escapes it (c10::Error from libtorch, bad_alloc, a YAML or JSON error) into an
+// INTERNAL status naming the method and the exception's first line, logged on the server, so the
+// client sees what went wrong instead of gRPC's generic UNKNOWN and the server keeps serving.
+template <typename Body>
+grpc::Status Guarded(const char* method, Body&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return HandlerFailed(method, e.what());
+  } catch (...) {
+    return HandlerFailed(method, "unknown exception");
+  }
+}
 // An insecure channel (loopback or a trusted cluster network) with Gyre's message limits.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 

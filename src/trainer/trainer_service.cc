@@ -34,164 +34,175 @@ int64_t TrainerService::version() const {
 grpc::Status TrainerService::HostGroupStore(grpc::ServerContext* ctx,
                                             const v1::HostGroupStoreRequest* req,
                                             v1::HostGroupStoreResponse* resp) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!store_) {
-    auto store = comm::StoreServer::Start(config_.cluster.bind_host);
-    if (!store.ok()) return rpc::ToGrpc(store.status().WithContext("data-parallel store"));
-    store_ = std::move(*store);
-  }
-  resp->set_store_address(store_->address());
-  return grpc::Status::OK;
+  return rpc::Guarded("HostGroupStore", [&]() -> grpc::Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!store_) {
+      auto store = comm::StoreServer::Start(config_.cluster.bind_host);
+      if (!store.ok()) return rpc::ToGrpc(store.status().WithContext("data-parallel store"));
+      store_ = std::move(*store);
+    }
+    resp->set_store_address(store_->address());
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status TrainerService::JoinGroup(grpc::ServerContext* ctx, const v1::JoinGroupRequest* req,
                                        v1::JoinGroupResponse* resp) {
-  if (req->size() < 1 || req->rank() < 0 || req->rank() >= req->size()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "JoinGroup: rank " + std::to_string(req->rank()) + " of size " +
-                            std::to_string(req->size()) + " is not a valid rank");
-  }
-  comm::GlooOptions opts;
-  opts.store_address = req->store_address();
-  opts.group = req->group();
-  opts.rank = req->rank();
-  opts.size = req->size();
-  opts.bind_host = config_.cluster.bind_host;
-  opts.connect_timeout_s = req->timeout_s() > 0 ? req->timeout_s() : 60;
-  // Forming the group blocks until every rank joined: not under mu_.
-  auto group = comm::CreateGlooCommunicator(opts);
-  if (!group.ok()) return rpc::ToGrpc(group.status().WithContext("join data-parallel group"));
-  std::lock_guard<std::mutex> lock(mu_);
-  trainer_.SetDataParallel(nullptr, {});
-  group_ = std::move(*group);
-  DataParallelOptions dp;
-  dp.bucket_bytes = static_cast<int64_t>(config_.trainer.grad_bucket_mb) << 20;
-  dp.timeout_s = config_.trainer.collective_timeout_s;
-  dp.overlap_grad_reduce = config_.trainer.overlap_grad_reduce;
-  trainer_.SetDataParallel(group_.get(), dp);
-  GYRE_LOG_INFO("joined data-parallel group {} as rank {} of {}", req->group(), req->rank(),
-                req->size());
-  return grpc::Status::OK;
+  return rpc::Guarded("JoinGroup", [&]() -> grpc::Status {
+    if (req->size() < 1 || req->rank() < 0 || req->rank() >= req->size()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "JoinGroup: rank " + std::to_string(req->rank()) + " of size " +
+                              std::to_string(req->size()) + " is not a valid rank");
+    }
+    comm::GlooOptions opts;
+    opts.store_address = req->store_address();
+    opts.group = req->group();
+    opts.rank = req->rank();
+    opts.size = req->size();
+    opts.bind_host = config_.cluster.bind_host;
+    opts.connect_timeout_s = req->timeout_s() > 0 ? req->timeout_s() : 60;
+    // Forming the group blocks until every rank joined: not under mu_.
+    auto group = comm::CreateGlooCommunicator(opts);
+    if (!group.ok()) return rpc::ToGrpc(group.status().WithContext("join data-parallel group"));
+    std::lock_guard<std::mutex> lock(mu_);
+    trainer_.SetDataParallel(nullptr, {});
+    group_ = std::move(*group);
+    DataParallelOptions dp;
+    dp.bucket_bytes = static_cast<int64_t>(config_.trainer.grad_bucket_mb) << 20;
+    dp.timeout_s = config_.trainer.collective_timeout_s;
+    dp.overlap_grad_reduce = config_.trainer.overlap_grad_reduce;
+    trainer_.SetDataParallel(group_.get(), dp);
+    GYRE_LOG_INFO("joined data-parallel group {} as rank {} of {}", req->group(), req->rank(),
+                  req->size());
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::TrainStepRequest* req,
                                        v1::TrainStepResponse* resp) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (req->expected_version() != trainer_.version()) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "batch was sampled for policy version " +
-                            std::to_string(req->expected_version()) + ", trainer holds " +
-                            std::to_string(trainer_.version()));
-  }
-  std::vector<TrainSample> batch;
-  batch.reserve(req->samples_size());
-  for (const auto& s : req->samples()) {
-    TrainSample t;
-    t.prompt.assign(s.prompt_ids().begin(), s.prompt_ids().end());
-    t.response.assign(s.response_ids().begin(), s.response_ids().end());
-    t.rollout_logprobs.assign(s.logprobs().begin(), s.logprobs().end());
-    t.loss_mask.assign(s.loss_mask().begin(), s.loss_mask().end());
-    t.advantage = s.advantage();
-    batch.push_back(std::move(t));
-  }
-  TrainOptions opts;
-  opts.micro_batch_size = config_.trainer.micro_batch_size;
-  opts.mini_batches = config_.trainer.mini_batches;
-  opts.grad_clip = config_.trainer.grad_clip;
-  opts.temperature = req->temperature() > 0 ? req->temperature() : 1.0;
-  opts.mini_batch_sizes.assign(req->mini_batch_sizes().begin(), req->mini_batch_sizes().end());
-  const auto& a = config_.algorithm;
-  opts.loss.clip_eps_low = static_cast<float>(a.clip_eps_low);
-  opts.loss.clip_eps_high = static_cast<float>(a.clip_eps_high);
-  opts.loss.dual_clip_c = static_cast<float>(a.dual_clip_c);
-  opts.loss.use_tis = a.tis;
-  opts.loss.tis_cap = static_cast<float>(a.tis_cap);
-  kernels::ParseLossAgg(a.loss_agg, &opts.loss.agg);
-  const Objective obj =
-      req->objective() == v1::OBJECTIVE_SFT ? Objective::kSft : Objective::kPolicyGradient;
-  auto metrics = trainer_.Step(batch, obj, req->lr(), opts);
-  if (!metrics.ok()) return rpc::ToGrpc(metrics.status());
-  resp->set_policy_version(trainer_.version());
-  for (const auto& [k, v] : *metrics) (*resp->mutable_metrics())[k] = v;
-  return grpc::Status::OK;
+  return rpc::Guarded("TrainStep", [&]() -> grpc::Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (req->expected_version() != trainer_.version()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "batch was sampled for policy version " +
+                              std::to_string(req->expected_version()) + ", trainer holds " +
+                              std::to_string(trainer_.version()));
+    }
+    std::vector<TrainSample> batch;
+    batch.reserve(req->samples_size());
+    for (const auto& s : req->samples()) {
+      TrainSample t;
+      t.prompt.assign(s.prompt_ids().begin(), s.prompt_ids().end());
+      t.response.assign(s.response_ids().begin(), s.response_ids().end());
+      t.rollout_logprobs.assign(s.logprobs().begin(), s.logprobs().end());
+      t.loss_mask.assign(s.loss_mask().begin(), s.loss_mask().end());
+      t.advantage = s.advantage();
+      batch.push_back(std::move(t));
+    }
+    TrainOptions opts;
+    opts.micro_batch_size = config_.trainer.micro_batch_size;
+    opts.mini_batches = config_.trainer.mini_batches;
+    opts.grad_clip = config_.trainer.grad_clip;
+    opts.temperature = req->temperature() > 0 ? req->temperature() : 1.0;
+    opts.mini_batch_sizes.assign(req->mini_batch_sizes().begin(), req->mini_batch_sizes().end());
+    const auto& a = config_.algorithm;
+    opts.loss.clip_eps_low = static_cast<float>(a.clip_eps_low);
+    opts.loss.clip_eps_high = static_cast<float>(a.clip_eps_high);
+    opts.loss.dual_clip_c = static_cast<float>(a.dual_clip_c);
+    opts.loss.use_tis = a.tis;
+    opts.loss.tis_cap = static_cast<float>(a.tis_cap);
+    kernels::ParseLossAgg(a.loss_agg, &opts.loss.agg);
+    const Objective obj =
+        req->objective() == v1::OBJECTIVE_SFT ? Objective::kSft : Objective::kPolicyGradient;
+    auto metrics = trainer_.Step(batch, obj, req->lr(), opts);
+    if (!metrics.ok()) return rpc::ToGrpc(metrics.status());
+    resp->set_policy_version(trainer_.version());
+    for (const auto& [k, v] : *metrics) (*resp->mutable_metrics())[k] = v;
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
                                             const v1::PublishWeightsRequest* req,
                                             v1::PublishWeightsResponse* resp) {
-  if (req->rollout_addresses_size() != req->rollout_ids_size()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "rollout_addresses and rollout_ids differ in length");
-  }
-  const std::string transport = req->transport().empty() ? "grpc" : req->transport();
-  if (transport != "grpc" && transport != "gloo" && transport != "nccl" &&
-      transport != "cuda_ipc") {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "unknown weight transport '" + transport + "'");
-  }
-  const int64_t bucket = req->bucket_bytes() > 0 ? req->bucket_bytes() : (4 << 20);
-  const double timeout = req->timeout_s() > 0 ? req->timeout_s() : 60.0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (req->version() != trainer_.version()) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          "asked to publish version " + std::to_string(req->version()) +
-                              ", trainer holds " + std::to_string(trainer_.version()));
+  return rpc::Guarded("PublishWeights", [&]() -> grpc::Status {
+    if (req->rollout_addresses_size() != req->rollout_ids_size()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "rollout_addresses and rollout_ids differ in length");
     }
-  }
-  if (transport == "nccl" || transport == "cuda_ipc") {
-    std::lock_guard<std::mutex> wlock(weights_mu_);
-    const auto t0 = std::chrono::steady_clock::now();
-    comm::DevicePayload payload;
-    Status s = FlattenToDevice(timeout, &payload);
-    if (!s.ok()) return rpc::ToGrpc(s.WithContext("publish weights over " + transport));
-    if (transport == "nccl") {
-      return PublishToGroups(*req, nullptr, &payload, bucket, timeout, resp);
+    const std::string transport = req->transport().empty() ? "grpc" : req->transport();
+    if (transport != "grpc" && transport != "gloo" && transport != "nccl" &&
+        transport != "cuda_ipc") {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "unknown weight transport '" + transport + "'");
     }
-    // cuda_ipc: the receivers copy from the buffer; the controller checks their receipts
-    // against these checksums.
-    auto crcs = comm::DeviceBucketCrc32(payload.data, payload.bytes, bucket, payload.device,
-                                        comm::DeadlineAfter(timeout));
-    if (!crcs.ok()) return rpc::ToGrpc(crcs.status().WithContext("publish weights over cuda_ipc"));
-    resp->set_ipc_handle(ipc_handle_);
-    resp->set_total_bytes(payload.bytes);
-    resp->set_bucket_bytes(bucket);
-    for (uint32_t c : *crcs) resp->add_bucket_crc32(c);
-    comm::ManifestToProto(payload.manifest, resp->mutable_manifest());
-    resp->set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const int64_t bucket = req->bucket_bytes() > 0 ? req->bucket_bytes() : (4 << 20);
+    const double timeout = req->timeout_s() > 0 ? req->timeout_s() : 60.0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (req->version() != trainer_.version()) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            "asked to publish version " + std::to_string(req->version()) +
+                                ", trainer holds " + std::to_string(trainer_.version()));
+      }
+    }
+    if (transport == "nccl" || transport == "cuda_ipc") {
+      std::lock_guard<std::mutex> wlock(weights_mu_);
+      const auto t0 = std::chrono::steady_clock::now();
+      comm::DevicePayload payload;
+      Status s = FlattenToDevice(timeout, &payload);
+      if (!s.ok()) return rpc::ToGrpc(s.WithContext("publish weights over " + transport));
+      if (transport == "nccl") {
+        return PublishToGroups(*req, nullptr, &payload, bucket, timeout, resp);
+      }
+      // cuda_ipc: the receivers copy from the buffer; the controller checks their receipts
+      // against these checksums.
+      auto crcs = comm::DeviceBucketCrc32(payload.data, payload.bytes, bucket, payload.device,
+                                          comm::DeadlineAfter(timeout));
+      if (!crcs.ok())
+        return rpc::ToGrpc(crcs.status().WithContext("publish weights over cuda_ipc"));
+      resp->set_ipc_handle(ipc_handle_);
+      resp->set_total_bytes(payload.bytes);
+      resp->set_bucket_bytes(bucket);
+      for (uint32_t c : *crcs) resp->add_bucket_crc32(c);
+      comm::ManifestToProto(payload.manifest, resp->mutable_manifest());
+      resp->set_seconds(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      return grpc::Status::OK;
+    }
+    comm::WeightPayload payload;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      payload.version = trainer_.version();
+      payload.bytes =
+          model::FlattenParameters(trainer_.model().NamedParameters(), &payload.manifest);
+    }
+    if (transport == "gloo") {
+      std::lock_guard<std::mutex> wlock(weights_mu_);
+      return PublishToGroups(*req, &payload, nullptr, bucket, timeout, resp);
+    }
+    std::vector<std::future<StatusOr<comm::SendResult>>> futures;
+    for (int i = 0; i < req->rollout_addresses_size(); ++i) {
+      const std::string address = req->rollout_addresses(i);
+      futures.push_back(std::async(std::launch::async, [&payload, address, bucket, timeout] {
+        auto stub = v1::Rollout::NewStub(rpc::MakeChannel(address));
+        return comm::SendWeights(stub.get(), payload, bucket, timeout);
+      }));
+    }
+    for (int i = 0; i < req->rollout_addresses_size(); ++i) {
+      auto r = futures[i].get();
+      v1::PublishResult* pr = resp->add_results();
+      pr->set_rollout_id(req->rollout_ids(i));
+      pr->set_ok(r.ok());
+      if (r.ok()) {
+        *pr->mutable_receipt() = r->receipt;
+        for (uint32_t c : r->sent_crc32) pr->add_sent_crc32(c);
+      } else {
+        pr->set_error(r.status().ToString());
+      }
+    }
     return grpc::Status::OK;
-  }
-  comm::WeightPayload payload;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    payload.version = trainer_.version();
-    payload.bytes = model::FlattenParameters(trainer_.model().NamedParameters(), &payload.manifest);
-  }
-  if (transport == "gloo") {
-    std::lock_guard<std::mutex> wlock(weights_mu_);
-    return PublishToGroups(*req, &payload, nullptr, bucket, timeout, resp);
-  }
-  std::vector<std::future<StatusOr<comm::SendResult>>> futures;
-  for (int i = 0; i < req->rollout_addresses_size(); ++i) {
-    const std::string address = req->rollout_addresses(i);
-    futures.push_back(std::async(std::launch::async, [&payload, address, bucket, timeout] {
-      auto stub = v1::Rollout::NewStub(rpc::MakeChannel(address));
-      return comm::SendWeights(stub.get(), payload, bucket, timeout);
-    }));
-  }
-  for (int i = 0; i < req->rollout_addresses_size(); ++i) {
-    auto r = futures[i].get();
-    v1::PublishResult* pr = resp->add_results();
-    pr->set_rollout_id(req->rollout_ids(i));
-    pr->set_ok(r.ok());
-    if (r.ok()) {
-      *pr->mutable_receipt() = r->receipt;
-      for (uint32_t c : r->sent_crc32) pr->add_sent_crc32(c);
-    } else {
-      pr->set_error(r.status().ToString());
-    }
-  }
-  return grpc::Status::OK;
+  });
 }
 
 Status TrainerService::FlattenToDevice(double timeout, comm::DevicePayload* payload) {
@@ -310,51 +321,59 @@ grpc::Status TrainerService::PublishToGroups(const v1::PublishWeightsRequest& re
 
 grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveRequest* req,
                                   v1::SaveResponse* resp) {
-  std::lock_guard<std::mutex> lock(mu_);
-  // Atomic: write everything into DIR.tmp, fsync, then rename over DIR.
-  const std::string final_dir = req->directory();
-  const std::string tmp_dir = final_dir + ".tmp";
-  Status s = RemoveTree(tmp_dir);
-  if (s.ok()) s = MakeDirs(tmp_dir);
-  // A model loaded from a Hugging Face directory keeps its own config.json (eos ids, etc.) and
-  // tokenizer files, so the checkpoint is a drop-in replacement for it.
-  if (s.ok()) s = WriteModelDirectory(tmp_dir, trainer_.model(), config_.model.path);
-  if (s.ok()) s = SyncDirectory(tmp_dir);
-  if (s.ok()) s = RemoveTree(final_dir);
-  if (s.ok()) s = RenamePath(tmp_dir, final_dir);
-  if (!s.ok()) return rpc::ToGrpc(s.WithContext("save " + final_dir));
-  resp->set_path(final_dir);
-  resp->set_policy_version(trainer_.version());
-  return grpc::Status::OK;
+  return rpc::Guarded("Save", [&]() -> grpc::Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Atomic: write everything into DIR.tmp, fsync, then rename over DIR.
+    const std::string final_dir = req->directory();
+    const std::string tmp_dir = final_dir + ".tmp";
+    Status s = RemoveTree(tmp_dir);
+    if (s.ok()) s = MakeDirs(tmp_dir);
+    // A model loaded from a Hugging Face directory keeps its own config.json (eos ids, etc.) and
+    // tokenizer files, so the checkpoint is a drop-in replacement for it.
+    if (s.ok()) s = WriteModelDirectory(tmp_dir, trainer_.model(), config_.model.path);
+    if (s.ok()) s = SyncDirectory(tmp_dir);
+    if (s.ok()) s = RemoveTree(final_dir);
+    if (s.ok()) s = RenamePath(tmp_dir, final_dir);
+    if (!s.ok()) return rpc::ToGrpc(s.WithContext("save " + final_dir));
+    resp->set_path(final_dir);
+    resp->set_policy_version(trainer_.version());
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status TrainerService::SaveState(grpc::ServerContext* ctx, const v1::SaveStateRequest* req,
                                        v1::SaveStateResponse* resp) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (req->directory().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "SaveState needs a directory");
-  }
-  Status s = SaveTrainerState(req->directory(), trainer_, config_.model.path);
-  if (!s.ok()) return rpc::ToGrpc(s.WithContext("save trainer state to " + req->directory()));
-  resp->set_policy_version(trainer_.version());
-  return grpc::Status::OK;
+  return rpc::Guarded("SaveState", [&]() -> grpc::Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (req->directory().empty()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "SaveState needs a directory");
+    }
+    Status s = SaveTrainerState(req->directory(), trainer_, config_.model.path);
+    if (!s.ok()) return rpc::ToGrpc(s.WithContext("save trainer state to " + req->directory()));
+    resp->set_policy_version(trainer_.version());
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status TrainerService::LoadState(grpc::ServerContext* ctx, const v1::LoadStateRequest* req,
                                        v1::LoadStateResponse* resp) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Status s = LoadTrainerState(req->directory(), &trainer_);
-  if (!s.ok()) return rpc::ToGrpc(s);
-  GYRE_LOG_INFO("restored trainer state from {}: policy version {}", req->directory(),
-                trainer_.version());
-  resp->set_policy_version(trainer_.version());
-  return grpc::Status::OK;
+  return rpc::Guarded("LoadState", [&]() -> grpc::Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = LoadTrainerState(req->directory(), &trainer_);
+    if (!s.ok()) return rpc::ToGrpc(s);
+    GYRE_LOG_INFO("restored trainer state from {}: policy version {}", req->directory(),
+                  trainer_.version());
+    resp->set_policy_version(trainer_.version());
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status TrainerService::Stop(grpc::ServerContext* ctx, const v1::StopRequest* req,
                                   v1::StopResponse* resp) {
-  if (on_stop_) on_stop_(req->reason().empty() ? "stop requested" : req->reason());
-  return grpc::Status::OK;
+  return rpc::Guarded("Stop", [&]() -> grpc::Status {
+    if (on_stop_) on_stop_(req->reason().empty() ? "stop requested" : req->reason());
+    return grpc::Status::OK;
+  });
 }
 
 }  // namespace gyre::trainer

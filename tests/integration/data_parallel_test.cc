@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -72,7 +73,11 @@ TEST(DataParallelTest, TwoTrainerRanksMatchOne) {
   }
   ASSERT_EQ(lps[0].size(), 8u);
   ASSERT_EQ(lps[1].size(), lps[0].size());
-  for (size_t i = 0; i < lps[0].size(); ++i) EXPECT_NEAR(lps[1][i], lps[0][i], 1e-3) << i;
+  // Two ranks sum gradients in another order over 10 optimizer steps: rounding that grows with
+  // the steps, relative to the log-prob's size.
+  for (size_t i = 0; i < lps[0].size(); ++i) {
+    EXPECT_NEAR(lps[1][i], lps[0][i], 2e-4 + 2e-4 * std::fabs(lps[0][i])) << i;
+  }
   ASSERT_EQ(metrics[0].size(), 2u);
   ASSERT_EQ(metrics[1].size(), 2u);
   for (size_t s = 0; s < 2; ++s) {
@@ -80,7 +85,8 @@ TEST(DataParallelTest, TwoTrainerRanksMatchOne) {
     EXPECT_EQ(metrics[1][s]["generated_tokens"], metrics[0][s]["generated_tokens"]);
     EXPECT_EQ(metrics[1][s]["mean_reward"], metrics[0][s]["mean_reward"]);
     // ... and the trainers reported the same step.
-    EXPECT_NEAR(metrics[1][s]["loss"].get<double>(), metrics[0][s]["loss"].get<double>(), 1e-4);
+    const double loss = metrics[0][s]["loss"].get<double>();
+    EXPECT_NEAR(metrics[1][s]["loss"].get<double>(), loss, 1e-5 + 1e-4 * std::fabs(loss));
     EXPECT_EQ(metrics[1][s]["policy_version"], metrics[0][s]["policy_version"]);
   }
 }

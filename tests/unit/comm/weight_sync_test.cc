@@ -117,6 +117,67 @@ TEST_F(WeightSyncTest, WrongShapesAreRejectedWithTheTensorName) {
   EXPECT_EQ(service_->version(), -1);
 }
 
+// Sends hand-made chunks (as a buggy or hostile sender would) and returns the call's status.
+grpc::Status SendRawChunks(v1::Rollout::Stub* stub, const std::vector<v1::WeightChunk>& chunks) {
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, 10);
+  v1::WeightReceipt receipt;
+  auto writer = stub->LoadWeights(&ctx, &receipt);
+  for (const auto& c : chunks) {
+    if (!writer->Write(c)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+v1::WeightChunk Chunk(const WeightPayload& p, uint32_t index, uint32_t buckets, uint64_t offset,
+                      uint64_t n) {
+  v1::WeightChunk c;
+  c.set_version(p.version);
+  c.set_total_bytes(p.bytes.size());
+  c.set_num_buckets(buckets);
+  c.set_bucket_index(index);
+  c.set_offset(offset);
+  c.set_data(p.bytes.data() + offset, n);
+  c.set_crc32(model::Crc32(p.bytes.data() + offset, n));
+  if (index == 0) ManifestToProto(p.manifest, c.mutable_manifest());
+  return c;
+}
+
+// The receiver sizes its buffer from the sender's total_bytes: a huge claim is refused before
+// anything is allocated, and buckets that overlap or leave a hole are refused. Nothing is loaded.
+TEST_F(WeightSyncTest, OversizedOrNonContiguousTransfersAreRefused) {
+  const auto before = Generate();
+  const uint64_t size = payload_.bytes.size(), half = size / 2;
+  v1::WeightChunk huge = Chunk(payload_, 0, 1, 0, size);
+  huge.set_total_bytes(uint64_t{1} << 50);
+  grpc::Status s = SendRawChunks(stub_.get(), {huge});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("more than the " + std::to_string(size)), std::string::npos)
+      << s.error_message();
+  // Two buckets at offset 0: the second half of the payload would stay unwritten.
+  s = SendRawChunks(stub_.get(),
+                    {Chunk(payload_, 0, 2, 0, half), Chunk(payload_, 1, 2, 0, size - half)});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("contiguously"), std::string::npos) << s.error_message();
+  // A gap between buckets.
+  s = SendRawChunks(stub_.get(),
+                    {Chunk(payload_, 0, 2, 0, half - 8), Chunk(payload_, 1, 2, half, size - half)});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  // More buckets than bytes.
+  v1::WeightChunk many = Chunk(payload_, 0, 1, 0, size);
+  many.set_num_buckets(static_cast<uint32_t>(size + 1));
+  s = SendRawChunks(stub_.get(), {many});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(service_->version(), -1);
+  EXPECT_EQ(Generate(), before);
+  // The same bytes, well formed, still load.
+  s = SendRawChunks(stub_.get(),
+                    {Chunk(payload_, 0, 2, 0, half), Chunk(payload_, 1, 2, half, size - half)});
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(service_->version(), 3);
+}
+
 TEST_F(WeightSyncTest, UnreachableReceiverFailsWithinTheDeadline) {
   auto port = rpc::PickFreePort("127.0.0.1");
   ASSERT_TRUE(port.ok());

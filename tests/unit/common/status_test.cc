@@ -35,5 +35,17 @@ TEST(StatusTest, MacrosPropagateTheFirstError) {
   EXPECT_EQ(s.message(), "3 is odd");
 }
 
+TEST(StatusDeathTest, ValueOfAnErrorAbortsWithTheStatusMessage) {
+  StatusOr<int> bad = InvalidArgument("config.json: vocab_size must be positive");
+  EXPECT_DEATH((void)bad.value(),
+               "StatusOr::value\\(\\) called on an error: INVALID_ARGUMENT: config.json: "
+               "vocab_size must be positive");
+  EXPECT_DEATH((void)*bad, "called on an error");
+  StatusOr<std::string> bad_string = NotFound("no such file");
+  EXPECT_DEATH((void)bad_string->size(), "NOT_FOUND: no such file");
+  StatusOr<int> good = 7;
+  EXPECT_EQ(good.value(), 7);
+}
+
 }  // namespace
 }  // namespace gyre

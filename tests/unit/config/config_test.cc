@@ -96,6 +96,7 @@ algorithm:
   advantage: rloo
   tis: yes
 cluster:
+  weight_transport: gloo
   weight_bucket_bytes: 8589934592
   worker_binary: ""
 data:
@@ -272,6 +273,13 @@ TEST(ConfigErrors, SecondDocumentIsRejected) {
             "jobs/x.yaml:4:1: a job file holds one YAML document; found a second one here");
 }
 
+// Found by fuzz_job_config (docs/reliability.md): yaml-cpp 0.7's LoadAll never returned, and kept
+// allocating, on a stray "," (jbeder/yaml-cpp#1040); the loader must answer with an error.
+TEST(ConfigErrors, StrayCommaIsAnErrorNotAHang) {
+  EXPECT_EQ(ParseError(","), "jobs/x.yaml:1:1: invalid YAML: unexpected ','");
+  EXPECT_EQ(ParseError("\n,\n    "), "jobs/x.yaml:2:1: invalid YAML: unexpected ','");
+}
+
 // ---- cross-field checks -----------------------------------------------------------------------
 
 TEST(ConfigValidate, CrossFieldErrorPointsAtAnInvolvedKey) {
@@ -404,6 +412,7 @@ TEST(ConfigDump, EditedConfigRoundTripsExactly) {
   cfg.trainer.lr = 0.1 + 0.2;  // 0.30000000000000004: needs 17 digits
   cfg.trainer.beta2 = 0.999;
   cfg.rollout.sampling.top_p = 1.0 / 3.0;
+  cfg.cluster.weight_transport = "gloo";  // grpc carries at most 496 MiB per bucket
   cfg.cluster.weight_bucket_bytes = int64_t{17179869184};
   cfg.cluster.worker_binary = "yes";  // a YAML-1.1 boolean word must stay a string
   cfg.algorithm.tis = true;
@@ -658,6 +667,19 @@ TEST(ConfigCrossField, GpuWeightTransportsNeedGpusAndTheirPlacement) {
   ok = Parse("model:\n  device: auto\ncluster:\n  weight_transport: cuda_ipc\n");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(JobConfig{}.cluster.placement, "colocated");
+}
+
+// A bucket larger than one gRPC message used to pass validation and fail at the first publish.
+TEST(ConfigCrossField, GrpcWeightBucketsFitInOneMessage) {
+  std::string e =
+      ParseError("cluster:\n  weight_transport: grpc\n  weight_bucket_bytes: 1073741824\n");
+  EXPECT_NE(e.find("cluster.weight_bucket_bytes"), std::string::npos) << e;
+  EXPECT_NE(e.find("520093696"), std::string::npos) << e;
+  EXPECT_NE(e.find("weight_transport: gloo"), std::string::npos) << e;
+  auto ok = Parse("cluster:\n  weight_transport: grpc\n  weight_bucket_bytes: 520093696\n");
+  EXPECT_TRUE(ok.ok()) << ok.status();
+  ok = Parse("cluster:\n  weight_transport: gloo\n  weight_bucket_bytes: 1073741824\n");
+  EXPECT_TRUE(ok.ok()) << ok.status();
 }
 
 TEST(ConfigDocs, EveryKeyIsDocumentedWithItsDefaultAndRange) {

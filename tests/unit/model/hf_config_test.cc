@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "model/transformer.h"
+
 namespace gyre::model {
 namespace {
 
@@ -68,6 +70,37 @@ TEST(HfConfigTest, UnsupportedOrBrokenConfigsNameTheField) {
           "num_attention_heads": 2, "intermediate_size": 4, "use_sliding_window": true})",
        "use_sliding_window: true is not supported"},
       {"{not json", "not valid JSON"},
+      // Values that used to be accepted and broke the model later (NaN norms, no positions).
+      {R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
+          "num_attention_heads": 2, "intermediate_size": 4, "rms_norm_eps": 0})",
+       "rms_norm_eps must be a positive number (got 0)"},
+      {R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
+          "num_attention_heads": 2, "intermediate_size": 4, "rms_norm_eps": -1e-6})",
+       "rms_norm_eps must be a positive number"},
+      {R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
+          "num_attention_heads": 2, "intermediate_size": 4, "max_position_embeddings": 0})",
+       "max_position_embeddings must be positive (got 0)"},
+      {R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
+          "num_attention_heads": 2, "intermediate_size": 4, "max_position_embeddings": -5})",
+       "max_position_embeddings must be positive"},
+      {R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
+          "num_attention_heads": 2, "intermediate_size": 4, "rope_scaling": {"rope_type":
+          "llama3", "factor": 0, "low_freq_factor": 1, "high_freq_factor": 4,
+          "original_max_position_embeddings": 8192}})",
+       "rope_scaling: factor must be a positive number (got 0)"},
+      {R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
+          "num_attention_heads": 2, "intermediate_size": 4, "rope_scaling": {"rope_type":
+          "llama3", "factor": -8, "low_freq_factor": 1, "high_freq_factor": 4,
+          "original_max_position_embeddings": 8192}})",
+       "factor must be a positive number (got -8)"},
+      {R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
+          "num_attention_heads": 2, "intermediate_size": 4, "rope_scaling": {"rope_type":
+          "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
+          "original_max_position_embeddings": 0}})",
+       "original_max_position_embeddings must be positive"},
+      {R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
+          "num_attention_heads": 2, "intermediate_size": 4, "rope_theta": 0})",
+       "rope_theta must be a positive number"},
   };
   for (const auto& [text, expect] : cases) {
     auto r = ParseHfConfig(text, "dir/config.json");
@@ -75,6 +108,57 @@ TEST(HfConfigTest, UnsupportedOrBrokenConfigsNameTheField) {
     EXPECT_NE(r.status().message().find("dir/config.json"), std::string::npos);
     EXPECT_NE(r.status().message().find(expect), std::string::npos) << r.status();
   }
+}
+
+// A config whose parameters cannot fit in memory (vocab_size 10^12 aborted inside libtorch) is
+// refused from the estimate, before anything is allocated, with the sizes named.
+TEST(HfConfigTest, ModelsTooLargeForMemoryAreRefusedBeforeAllocating) {
+  auto huge = ParseHfConfig(R"({"model_type": "llama", "vocab_size": 1000000000000,
+      "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "intermediate_size": 16})",
+                            "big/config.json");
+  ASSERT_TRUE(huge.ok()) << huge.status();  // well-formed: only too big
+  // 2 x 10^12 x 64 embedding and lm_head floats, plus the layer.
+  EXPECT_GT(EstimateParameterCount(*huge), 1.28e14);
+  Status s = CheckModelSize(*huge, "big/config.json");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  for (const char* needle : {"big/config.json", "vocab_size 1000000000000", "hidden_size 64", "TiB",
+                             "more than this machine's"}) {
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s;
+  }
+  // The estimate is exact for a real shape (checked against the created model's count).
+  ModelSpec tiny;
+  tiny.vocab_size = 37;
+  tiny.hidden_size = 32;
+  tiny.num_layers = 2;
+  tiny.num_heads = 4;
+  tiny.num_kv_heads = 2;
+  tiny.head_dim = 8;
+  tiny.intermediate_size = 48;
+  tiny.tie_embeddings = true;
+  const int64_t per_layer = 64 + 1024 + 1024 + 1024 + 3 * 48 * 32;
+  EXPECT_EQ(EstimateParameterCount(tiny), 37 * 32 + 2 * per_layer + 32);
+  EXPECT_TRUE(CheckModelSize(tiny, "tiny").ok());
+  EXPECT_FALSE(CheckModelSize(tiny, "tiny", /*limit_bytes=*/1000).ok());
+  // Sizes near INT64_MAX do not overflow the estimate into something small.
+  tiny.hidden_size = int64_t{1} << 62;
+  EXPECT_FALSE(CheckModelSize(tiny, "tiny").ok());
+}
+
+// A job's model.max_seq_len applies to a model directory too, below max_position_embeddings.
+TEST(HfConfigTest, JobSequenceLimitMustFitTheModel) {
+  ModelSpec s;
+  s.max_seq_len = 4096;
+  auto limit = EffectiveMaxSeqLen(s, 160, "m/config.json");
+  ASSERT_TRUE(limit.ok());
+  EXPECT_EQ(*limit, 160);
+  limit = EffectiveMaxSeqLen(s, 8192, "m/config.json");
+  ASSERT_FALSE(limit.ok());
+  EXPECT_NE(limit.status().message().find("exceeds the model's max_position_embeddings 4096"),
+            std::string::npos)
+      << limit.status();
+  EXPECT_EQ(*EffectiveMaxSeqLen(s, 0, "m/config.json"), 4096);
 }
 
 }  // namespace

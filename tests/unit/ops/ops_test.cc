@@ -65,7 +65,8 @@ TEST(OpsTokenLogprobs, MatchesTheReferenceAndDifferentiates) {
     const float ref =
         kernels::LogSoftmaxAt(flat[i].data_ptr<float>(), 50, 0.7f,
                               static_cast<int32_t>(targets.view({6})[i].item<int64_t>()));
-    EXPECT_NEAR(lp.view({6})[i].item<float>(), ref, 2e-5);
+    // libtorch's vectorised log-softmax vs the plain loop: rounding relative to the value.
+    EXPECT_NEAR(lp.view({6})[i].item<float>(), ref, 2e-6 + 1e-5 * std::fabs(ref));
   }
   lp.sum().backward();
   ASSERT_TRUE(logits.grad().defined());

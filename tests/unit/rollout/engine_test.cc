@@ -62,7 +62,9 @@ TEST(EngineTest, SampledTokensDoNotDependOnBatchComposition) {
   ASSERT_TRUE(alone.ok() && batched.ok());
   EXPECT_EQ((*alone)[0].tokens, (*batched)[4].tokens);
   for (size_t t = 0; t < (*alone)[0].tokens.size(); ++t) {
-    EXPECT_NEAR((*alone)[0].logprobs[t], (*batched)[4].logprobs[t], 1e-4);
+    // Another batch width reorders the matmuls: rounding relative to the log-prob's size.
+    EXPECT_NEAR((*alone)[0].logprobs[t], (*batched)[4].logprobs[t],
+                1e-5 + 1e-5 * std::fabs((*alone)[0].logprobs[t]));
   }
 }
 
@@ -81,7 +83,7 @@ TEST(EngineTest, LogprobsMatchTheTemperedFullVocabularyDistribution) {
         model->Forward(at::tensor(seq).unsqueeze(0))[0][static_cast<int64_t>(seq.size()) - 1];
     const int32_t tok = (*out)[0].tokens[t];
     const float want = at::log_softmax(logits / 0.8, -1)[tok].item<float>();
-    EXPECT_NEAR((*out)[0].logprobs[t], want, 1e-4) << "position " << t;
+    EXPECT_NEAR((*out)[0].logprobs[t], want, 1e-5 + 1e-5 * std::fabs(want)) << "position " << t;
     EXPECT_GT((*out)[0].kept_mass[t], 0.0f);
     EXPECT_LE((*out)[0].kept_mass[t], 1.0f + 1e-6f);
     seq.push_back(tok);

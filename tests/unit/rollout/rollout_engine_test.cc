@@ -4,6 +4,7 @@
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <optional>
 
@@ -154,7 +155,9 @@ TEST(RolloutEngineTest, SampledTokensDoNotDependOnBatchOrSharing) {
     ASSERT_TRUE(group.ok()) << group.status();
     EXPECT_EQ((*group)[2].response.tokens, (*alone)[0].response.tokens) << "sharing " << sharing;
     for (size_t t = 0; t < (*alone)[0].response.tokens.size(); ++t) {
-      EXPECT_NEAR((*group)[2].response.logprobs[t], (*alone)[0].response.logprobs[t], 1e-4);
+      // Another batch width (and shared prefix blocks) reorders the math: scaled rounding.
+      EXPECT_NEAR((*group)[2].response.logprobs[t], (*alone)[0].response.logprobs[t],
+                  1e-5 + 1e-5 * std::fabs((*alone)[0].response.logprobs[t]));
     }
   }
 }
@@ -174,8 +177,8 @@ TEST(RolloutEngineTest, LogprobsMatchTheFullForward) {
       at::Tensor logits =
           model->Forward(at::tensor(seq).unsqueeze(0))[0][static_cast<int64_t>(seq.size()) - 1];
       const int32_t tok = s.response.tokens[t];
-      EXPECT_NEAR(s.response.logprobs[t], at::log_softmax(logits / 0.8, -1)[tok].item<float>(),
-                  1e-4)
+      const float want = at::log_softmax(logits / 0.8, -1)[tok].item<float>();
+      EXPECT_NEAR(s.response.logprobs[t], want, 1e-5 + 1e-5 * std::fabs(want))
           << "sample " << s.index << " position " << t;
       seq.push_back(tok);
     }
@@ -591,7 +594,8 @@ TEST(RolloutEngineTest, WeightUpdateMidGenerationKeepVersusRecompute) {
   ASSERT_TRUE(want.ok()) << want.status();
   EXPECT_EQ(recompute.response.tokens, (*want)[0].response.tokens);
   for (size_t t = 6; t < 20; ++t) {
-    EXPECT_NEAR(recompute.response.logprobs[t], (*want)[0].response.logprobs[t], 1e-5);
+    EXPECT_NEAR(recompute.response.logprobs[t], (*want)[0].response.logprobs[t],
+                1e-5 + 1e-5 * std::fabs((*want)[0].response.logprobs[t]));
   }
   EXPECT_EQ(recompute.kv_version, 1);
   EXPECT_EQ(keep.kv_version, 0) << "kept KV is marked with the old version";

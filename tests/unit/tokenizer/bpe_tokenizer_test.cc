@@ -444,6 +444,25 @@ TEST(BpeTokenizerErrors, UnsupportedPipelineStages) {
   ExpectLoadError(j.dump(), {"added_tokens[0].id"});
 }
 
+// Ids size dense tables; an id near 2^31 or 10^9 used to abort the process (length_error or
+// bad_alloc). It must be a clear error naming the field instead.
+TEST(BpeTokenizerErrors, ImplausiblyLargeIds) {
+  for (int64_t id : {int64_t{2147483647}, int64_t{2147483000}, int64_t{1000000000}}) {
+    json j = TinyJson();
+    j["added_tokens"][0]["id"] = id;
+    ExpectLoadError(j.dump(), {"added_tokens[0].id", std::to_string(id), "implausibly large"});
+    j = TinyJson();
+    j["model"]["vocab"]["a"] = id;
+    ExpectLoadError(j.dump(), {"model.vocab[\"a\"]", "implausibly large"});
+  }
+  // Holes as real files have them (ids a little past the vocabulary) still load.
+  json j = TinyJson();
+  j["added_tokens"][0]["id"] = 60000;
+  auto tok = BpeTokenizer::FromJson(j.dump(), "holes.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->vocab_size(), 60001);
+}
+
 TEST(BpeTokenizerErrors, MissingFile) {
   auto tok = BpeTokenizer::FromFile("/nonexistent/tokenizer.json");
   ASSERT_FALSE(tok.ok());

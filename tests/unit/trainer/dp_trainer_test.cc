@@ -17,6 +17,7 @@
 
 #include "comm/gloo_communicator.h"
 #include "controller/sharding.h"
+#include "testing/tensor_compare.h"
 #include "testing/tiny_model.h"
 #include "trainer/policy_trainer.h"
 
@@ -133,9 +134,10 @@ TEST(DataParallelTrainerTest, TwoAndFourRanksMatchOneRank) {
       ASSERT_TRUE(setup.overlap);
       const RunResult dp = TrainRanks(setup);
       ASSERT_EQ(dp.metrics.size(), one.metrics.size());
-      EXPECT_TRUE(at::allclose(dp.params, one.params, 1e-5, 1e-6))
-          << "ranks " << ranks << " minis " << minis << ": max diff "
-          << (dp.params - one.params).abs().max().item<float>();
+      // Ranks sum their gradients in another order than one trainer: float32 rounding of the
+      // update, scaled to the parameters' magnitude.
+      EXPECT_TRUE(testing::AllClose(dp.params, one.params, {1e-5, 1e-6, 1e-5}))
+          << "ranks " << ranks << " minis " << minis;
       for (size_t s = 0; s < one.metrics.size(); ++s) {
         for (const char* k : {"loss", "grad_norm", "tokens", "entropy", "token_accuracy"}) {
           EXPECT_NEAR(dp.metrics[s].at(k), one.metrics[s].at(k),
@@ -168,9 +170,9 @@ TEST(DataParallelTrainerTest, OverlapOnAndOffGiveTheSameUpdate) {
       setup.overlap = true;
       const RunResult on = TrainRanks(setup);
       ASSERT_EQ(on.metrics.size(), off.metrics.size());
-      EXPECT_TRUE(at::allclose(on.params, off.params, 1e-7, 1e-9))
-          << "micro " << micro << " minis " << minis << ": max diff "
-          << (on.params - off.params).abs().max().item<float>();
+      // Same buckets reduced in the same order either way: equal up to a few ulps.
+      EXPECT_TRUE(testing::AllClose(on.params, off.params, {1e-7, 1e-9, 1e-7}))
+          << "micro " << micro << " minis " << minis;
       for (size_t s = 0; s < on.metrics.size(); ++s) {
         for (const char* k : {"loss", "grad_norm", "tokens"}) {
           EXPECT_NEAR(on.metrics[s].at(k), off.metrics[s].at(k),

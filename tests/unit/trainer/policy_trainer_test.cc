@@ -4,6 +4,9 @@
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include "testing/tensor_compare.h"
 #include "testing/tiny_model.h"
 
 namespace gyre::trainer {
@@ -46,9 +49,10 @@ TEST(PolicyTrainerTest, MicroBatchingGivesTheSameUpdateAsOneBatch) {
     auto a = whole.Step(Batch(), objective, 1e-2, Options(64));
     auto b = micro.Step(Batch(), objective, 1e-2, Options(1));
     ASSERT_TRUE(a.ok() && b.ok());
-    EXPECT_NEAR((*a)["loss"], (*b)["loss"], 1e-5);
+    EXPECT_NEAR((*a)["loss"], (*b)["loss"], 1e-6 + 1e-5 * std::abs((*a)["loss"]));
     EXPECT_NEAR((*a)["grad_norm"], (*b)["grad_norm"], 1e-4 * (*a)["grad_norm"]);
-    EXPECT_TRUE(at::allclose(Flat(whole), Flat(micro), 1e-5, 1e-6));
+    // Micro-batches accumulate gradients in another order: rounding scaled to the weights.
+    EXPECT_TRUE(testing::AllClose(Flat(whole), Flat(micro), {1e-5, 1e-6, 1e-5}));
     EXPECT_EQ(whole.version(), 1);
   }
 }

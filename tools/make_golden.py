@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""Regenerates the committed golden references that keep Hugging Face parity tested without Python.
+
+usage: tools/make_golden.py [--gyre BIN] [--shared DIR] [models|tokenizer|chat ...]
+
+With no part named, regenerates all three:
+
+models     tests/golden/models/{llama,qwen2,qwen3}/: config.json and model.safetensors written by
+           `gyre init-model --preset micro --init-std 0.15 --random-norms-and-biases --seed N`
+           (llama with --rope-scaling llama3), and logprobs.golden: the float32 log-softmax that
+           transformers computes for a fixed id sequence (format below). Read by
+           tests/unit/model/hf_golden_test.cc.
+tokenizer  tests/unit/tokenizer/hf_golden_cases.json: ids and decodes from HF `tokenizers` for the
+           real Qwen2.5 and Qwen3 tokenizer.json files in --shared (never committed; the test reads
+           them from there). Read by tests/unit/tokenizer/bpe_golden_test.cc.
+chat       tests/unit/chat/hf_chat_golden.json: prompts rendered by transformers'
+           apply_chat_template with the real Qwen2.5 and Qwen3 templates in --shared (the engine of
+           tests/unit/chat/hf_chat_reference.py). Read by tests/unit/chat/chat_golden_test.cc.
+
+logprobs.golden, version 1, little-endian:
+    8 bytes   magic "GYRELOGP"
+    uint32    version (1)
+    uint32    n, the byte length of the JSON header that follows
+    n bytes   UTF-8 JSON: {"ids": [T token ids], "vocab_size": V, "dtype": "float32", ...}
+              plus provenance (generator, transformers/torch versions, init-model arguments)
+    T*V*4     float32 log_softmax(logits)[t][v], row-major
+
+The JSON files carry "magic" and "version" fields the tests check. Regenerating with the same
+packages gives byte-identical files; run it after a deliberate change to what a case covers, and
+review the diff (a changed number means Gyre or the reference moved).
+
+Needs the venv with torch, transformers and tokenizers (~/.cache/gyre/venv/bin/python) and a built
+`gyre` (default build/bin/gyre).
+"""
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import lzma
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GENERATOR = "tools/make_golden.py"
+MAGIC = "gyre-golden"
+
+# ------------------------------------------------------------------------------------------------
+# Models
+
+LOGPROBS_MAGIC = b"GYRELOGP"
+LOGPROBS_VERSION = 1
+SEQUENCE_LENGTH = 24
+# name -> (init-model arguments beyond the shared ones, seed). The sizes are init-model's micro
+# preset: 32 wide, 2 layers, 4 query and 2 key/value heads (head_dim 8; qwen3 decouples it to 16),
+# vocabulary 320 (the byte-level tokenizer padded to a multiple of 64).
+MODELS = {
+    "llama": (["--rope-scaling", "llama3"], 11),  # untied lm_head, llama3 RoPE scaling
+    "qwen2": ([], 12),  # q/k/v biases, tied embeddings
+    "qwen3": ([], 13),  # per-head q/k RMSNorm, explicit head_dim, tied embeddings
+}
+# Large random weights (0.15, not init-model's default 0.02) and random norm weights and biases,
+# so attention is far from uniform and every parameter and every position's RoPE angle moves the
+# log-probs well past the test's tolerance.
+INIT_ARGS = ["--preset", "micro", "--init-std", "0.15", "--random-norms-and-biases"]
+
+
+def make_models(gyre):
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)  # one summation order, for byte-identical regeneration
+    transformers.utils.logging.disable_progress_bar()
+    for name, (extra, seed) in MODELS.items():
+        out = os.path.join(ROOT, "tests", "golden", "models", name)
+        args = ["init-model", "--arch", name, *INIT_ARGS, *extra, "--seed", str(seed)]
+        with tempfile.TemporaryDirectory(prefix="gyre_golden_") as tmp:
+            subprocess.run([gyre, *args, "--out", tmp], check=True, stdout=subprocess.DEVNULL)
+            os.makedirs(out, exist_ok=True)
+            for f in ("config.json", "model.safetensors"):  # the tokenizer is not needed
+                shutil.copy(os.path.join(tmp, f), os.path.join(out, f))
+        model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+        cfg = model.config
+        # Guard against transformers silently reading a field differently from what Gyre wrote.
+        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+        want_rope = "llama3" if name == "llama" else "default"
+        if rope.get("rope_type", "default") != want_rope:
+            sys.exit(f"{name}: transformers reads rope {rope}, expected {want_rope}")
+        if name == "qwen3" and cfg.head_dim != 2 * cfg.hidden_size // cfg.num_attention_heads:
+            sys.exit(f"{name}: transformers reads head_dim {cfg.head_dim}")
+        vocab = cfg.vocab_size
+        rng = random.Random(seed)
+        ids = [rng.randrange(vocab) for _ in range(SEQUENCE_LENGTH)]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].float()
+        lsm = torch.log_softmax(logits, -1).contiguous()
+        header = json.dumps({
+            "ids": ids,
+            "vocab_size": vocab,
+            "dtype": "float32",
+            "generator": GENERATOR,
+            "init_model": " ".join(args),
+            "reference": f"transformers {transformers.__version__}, torch {torch.__version__}, "
+                         "AutoModelForCausalLM float32, log_softmax of the logits",
+        }, sort_keys=True).encode()
+        with open(os.path.join(out, "logprobs.golden"), "wb") as f:
+            f.write(LOGPROBS_MAGIC)
+            f.write(struct.pack("<II", LOGPROBS_VERSION, len(header)))
+            f.write(header)
+            f.write(lsm.numpy().astype("<f4").tobytes())
+        print(f"wrote {out} ({len(ids)} ids, vocab {vocab})")
+
+
+# ------------------------------------------------------------------------------------------------
+# Tokenizers
+
+TOKENIZERS = ["qwen2_5", "qwen3"]  # directories under --shared holding tokenizer.json.xz
+TOKENIZER_TEXTS = [
+    "",
+    "Hello, world!",
+    "I'm you're they've we'll she'd it's DON'T I'M We'Ve",
+    "你好，世界！这是一个测试。",
+    "日本語のテキストとカタカナ、안녕하세요 세계",
+    "👍 👍🏽 😀 🎉 👨‍👩‍👧‍👦 🏳️‍🌈 ❤️ 🇯🇵 🤦🏼‍♂️",
+    "cafe\u0301 nai\u0308ve A\u030a caf\u00e9",  # NFC folds the combining marks
+    "Ünïcödé façade — “quotes” … ‘single’ \u00a0\u3000\u200b\ufffd",
+    "1234567890123 3.14159 2,718,281 x" + "9" * 20,
+    " " * 40,
+    "a" + " " * 17 + "b \t\t c",
+    "\n\n\n line\r\nwindows\r\n\tindented\t\ttabs\t",
+    "def f(x):\n    return x  + 1\n\n\nclass A:\n\tpass\n",
+    "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+    "text<|endoftext|>more <|im_start|><|im_end|> partial <|im_sta and <|",
+    "<think>\nreasoning\n</think>\n\nThe answer is 42.",
+    "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>",
+    "Mixed 中文 and English, with 123 numbers & symbols!?",
+]
+
+
+def make_tokenizer_cases(shared):
+    import tokenizers
+    from tokenizers import Tokenizer
+
+    result = {"magic": MAGIC, "kind": "tokenizer", "version": 1, "generator": GENERATOR,
+              "reference": f"tokenizers {tokenizers.__version__}: Tokenizer of the decompressed "
+                           "file, encode(text, add_special_tokens=False)",
+              "tokenizers": {}}
+    for name in TOKENIZERS:
+        src = os.path.join(shared, name, "tokenizer.json.xz")
+        with lzma.open(src, "rb") as f:
+            data = f.read()
+        tok = Tokenizer.from_str(data.decode("utf-8"))
+        cases = []
+        for text in TOKENIZER_TEXTS:
+            ids = tok.encode(text, add_special_tokens=False).ids
+            tok.encode_special_tokens = True
+            ids_plain = tok.encode(text, add_special_tokens=False).ids
+            tok.encode_special_tokens = False
+            cases.append({
+                "text": text,
+                "ids": ids,
+                "ids_no_special": ids_plain,
+                "decoded": tok.decode(ids, skip_special_tokens=False),
+                "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
+            })
+        result["tokenizers"][name] = {
+            "file": f"{name}/tokenizer.json.xz",
+            "decompressed_bytes": len(data),
+            "decompressed_sha256": hashlib.sha256(data).hexdigest(),
+            "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+            "cases": cases,
+        }
+    out = os.path.join(ROOT, "tests", "unit", "tokenizer", "hf_golden_cases.json")
+    write_json(out, result)
+
+
+# ------------------------------------------------------------------------------------------------
+# Chat templates
+
+CONVERSATIONS = [
+    ("SingleUser", [("user", "Hello!")]),
+    ("SystemAndUser", [("system", "You are a terse assistant."), ("user", "What is 2+2?")]),
+    ("MultiTurn", [("system", "Answer in French."), ("user", "Hi"), ("assistant", "Bonjour !"),
+                   ("user", "How are you?")]),
+    ("ThinkBeforeAndAfterLastQuery", [
+        ("user", "What is 3*4?"), ("assistant", "<think>\n3*4 = 12.\n</think>\n\nIt is 12."),
+        ("user", "And 5*6?"), ("assistant", "<think>5*6</think>30")]),
+    ("OddThinkMarkup", [
+        ("user", "u1"), ("assistant", "<think>a<think>b</think>c</think>\n\nd"),
+        ("assistant", "reason only closes</think>answer"), ("user", "u2"),
+        ("assistant", "\n\n<think>\n\n x \n\n</think>\n\n\nans\n")]),
+    ("ToolResponseTextInUserTurn", [
+        ("user", "What is 6*7?"), ("assistant", "<think>multiply</think>I will compute it."),
+        ("user", "<tool_response>\n42\n</tool_response>"), ("assistant", "It is 42.")]),
+    ("UnicodeAndNewlines", [
+        ("system", "Réponds en 中文.\n"), ("user", "你好，世界 👍🏽\n\nline2\r\n\ttab\u3000"),
+        ("assistant", "\n  spaced  \n\n"), ("user", "\n\nemoji 👨‍👩‍👧‍👦 end\n")]),
+    ("EmptyContentAndSystemInTheMiddle", [
+        ("user", ""), ("system", "switch persona"), ("assistant", ""), ("user", "b")]),
+    ("SpecialTokensInContent", [
+        ("user", "<|im_start|>assistant\nfake<|im_end|>"), ("assistant", "<|endoftext|>")]),
+]
+# (format, add_generation_prompt, enable_thinking); Qwen2.5's template ignores enable_thinking.
+CHAT_VARIANTS = [("qwen2.5", True, True), ("qwen2.5", False, True), ("qwen3", True, True),
+                 ("qwen3", True, False), ("qwen3", False, True)]
+
+
+def make_chat_cases(shared):
+    spec = importlib.util.spec_from_file_location(
+        "hf_chat_reference", os.path.join(ROOT, "tests", "unit", "chat", "hf_chat_reference.py"))
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    engine = ref.TransformersEngine(shared)  # transformers itself, not the jinja2 fallback
+    conversations = []
+    try:
+        for name, turns in CONVERSATIONS:
+            messages = [{"role": r, "content": c} for r, c in turns]
+            renders = []
+            for fmt, gen, think in CHAT_VARIANTS:
+                req = {"format": fmt, "messages": messages, "add_generation_prompt": gen,
+                       "enable_thinking": think}
+                renders.append({"format": fmt, "add_generation_prompt": gen,
+                                "enable_thinking": think, "text": engine.render(req)})
+            conversations.append({"name": name, "messages": messages, "renders": renders})
+    finally:
+        engine.close()
+    result = {"magic": MAGIC, "kind": "chat", "version": 1, "generator": GENERATOR,
+              "reference": engine.name + " (templates from tokenizer_config.json)",
+              "conversations": conversations}
+    write_json(os.path.join(ROOT, "tests", "unit", "chat", "hf_chat_golden.json"), result)
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def to_json(value, level=0):
+    """Indented JSON with every container four levels down on one line (one case per line)."""
+    if not isinstance(value, (dict, list)) or level >= 4 or not value:
+        return json.dumps(value, ensure_ascii=False)
+    pad, inner = " " * level, " " * (level + 1)
+    if isinstance(value, dict):
+        items = [f"{inner}{json.dumps(k)}: {to_json(v, level + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    items = [inner + to_json(v, level + 1) for v in value]
+    return "[\n" + ",\n".join(items) + "\n" + pad + "]"
+
+
+def write_json(path, data):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(to_json(data) + "\n")
+    print(f"wrote {path}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--gyre", default=os.path.join(ROOT, "build", "bin", "gyre"))
+    parser.add_argument("--shared", default=os.path.join(ROOT, "..", "shared", "data",
+                                                         "tokenizers"))
+    parser.add_argument("parts", nargs="*", metavar="models|tokenizer|chat")
+    args = parser.parse_args()
+    parts = args.parts or ["models", "tokenizer", "chat"]
+    for part in parts:
+        if part not in ("models", "tokenizer", "chat"):
+            parser.error(f"unknown part '{part}' (models, tokenizer or chat)")
+    if "models" in parts:
+        make_models(args.gyre)
+    if "tokenizer" in parts:
+        make_tokenizer_cases(args.shared)
+    if "chat" in parts:
+        make_chat_cases(args.shared)
+
+
+if __name__ == "__main__":
+    main()
