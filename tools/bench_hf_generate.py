@@ -24,6 +24,8 @@ def main():
     p.add_argument("--device", default="cuda")
     p.add_argument("--sample", type=int, default=1, help="1: temperature-1 sampling; 0: greedy")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU intra-op threads (torch.set_num_threads); 0 = torch's default")
     p.add_argument("--json", help="also write the result to this file")
     a = p.parse_args()
     try:
@@ -37,6 +39,8 @@ def main():
         print("bench_hf_generate: --device cuda, but torch sees no GPU", file=sys.stderr)
         return 1
     torch.manual_seed(a.seed)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
     try:
         model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     except TypeError:  # transformers before `dtype` replaced `torch_dtype`
@@ -64,7 +68,8 @@ def main():
     generated = (out.shape[1] - a.prompt_len) * a.batch
     result = {"tokens_per_s": generated / secs, "seconds": secs, "batch": a.batch,
               "prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "device": a.device,
-              "transformers": transformers.__version__, "generated_tokens": generated}
+              "transformers": transformers.__version__, "generated_tokens": generated,
+              "threads": torch.get_num_threads()}
     text = json.dumps(result, indent=2)
     print(text)
     if a.json:

@@ -103,12 +103,15 @@ struct TrainerSection {
   int warmup_sft_batch = 64;
   double warmup_sft_lr = 1e-3;
   double warmup_stop_token_accuracy = 0;  // end the warm-up early at this training token accuracy
-  int checkpoint_every = 0;               // GRPO steps between resumable checkpoints; 0 = none
-  int checkpoint_keep_last = 3;           // resumable checkpoints kept on disk
-  int torch_threads = 1;                  // intra-op threads per worker process
-  int grad_bucket_mb = 32;                // data parallel: gradient all-reduce bucket size
-  bool overlap_grad_reduce = true;        // data parallel: all-reduce buckets during backward
-  double collective_timeout_s = 600;      // data parallel: deadline of each collective
+  // What the first GRPO step starts from after a warm-up: "keep" the warm-up's AdamW moments and
+  // step counts, or "reset" them (a fresh optimizer, as a separate SFT run then RL run would).
+  std::string warmup_optimizer_state = "keep";
+  int checkpoint_every = 0;           // GRPO steps between resumable checkpoints; 0 = none
+  int checkpoint_keep_last = 3;       // resumable checkpoints kept on disk
+  int torch_threads = 1;              // intra-op threads per worker process
+  int grad_bucket_mb = 32;            // data parallel: gradient all-reduce bucket size
+  bool overlap_grad_reduce = true;    // data parallel: all-reduce buckets during backward
+  double collective_timeout_s = 600;  // data parallel: deadline of each collective
 };
 
 struct RewardSection {

@@ -29,9 +29,11 @@ StatusOr<JobConfig> LoadJobConfig(const std::string& path,
 std::string JobConfigToYaml(const JobConfig& config);
 
 struct RunOptions {
-  std::shared_ptr<RewardFn> reward;  // required when reward.type is custom
-  std::string worker_binary;         // overrides cluster.worker_binary
-  bool print_progress = true;        // one line per step on stdout
+  // Required when reward.type is custom, and an error otherwise (it would silently replace the
+  // built-in verifier).
+  std::shared_ptr<RewardFn> reward;
+  std::string worker_binary;   // overrides cluster.worker_binary
+  bool print_progress = true;  // one line per step on stdout
   // Continue from the newest complete checkpoint in the job's run directory
   // (job.output_dir/job.name/checkpoints, written with trainer.checkpoint_every > 0) instead of
   // starting over; fails if there is none or if it does not match the config. The resumed job

@@ -56,6 +56,7 @@ constexpr char kUsage[] =
     "  --batch B            samples per rank per step [8]\n"
     "  --seq-len T          prompt + response tokens per sample [64]\n"
     "  --micro-batches M    micro-batches per step; only the last one's backward overlaps [1]\n"
+    "  --mini-batches K     optimizer steps per batch (trainer.mini_batches) [1]\n"
     "  --bucket-mb MB       gradient bucket size in MiB (trainer.grad_bucket_mb) [4]\n"
     "  --steps N            timed steps per mode and round [5]\n"
     "  --rounds R           rounds [3]\n"
@@ -68,7 +69,7 @@ double Since(std::chrono::steady_clock::time_point t0) {
 
 struct Setup {
   int64_t ranks = 2, vocab = 4096, hidden = 256, layers = 4, batch = 8, seq_len = 64;
-  int64_t micro_batches = 1, bucket_mb = 4, steps = 5, rounds = 3, threads = 1;
+  int64_t micro_batches = 1, mini_batches = 1, bucket_mb = 4, steps = 5, rounds = 3, threads = 1;
 };
 
 model::ModelSpec Spec(const Setup& s) {
@@ -157,6 +158,7 @@ StatusOr<RankRun> RunRank(const Setup& s, Mode mode, const std::string& store,
   t.SetDataParallel(comm.get(), dp);
   trainer::TrainOptions opts;
   opts.micro_batch_size = (s.batch + s.micro_batches - 1) / s.micro_batches;
+  opts.mini_batches = s.mini_batches;
   for (int64_t i = 0; i <= s.steps; ++i) {
     const auto batch = Batch(s, rank, static_cast<int>(i));
     const auto t0 = std::chrono::steady_clock::now();
@@ -201,6 +203,8 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
       ok = ParseInt(v, 2, 1 << 16, &s.seq_len);
     } else if (a == "--micro-batches") {
       ok = ParseInt(v, 1, 1 << 16, &s.micro_batches);
+    } else if (a == "--mini-batches") {
+      ok = ParseInt(v, 1, 1 << 16, &s.mini_batches);
     } else if (a == "--bucket-mb") {
       ok = ParseInt(v, 1, 4096, &s.bucket_mb);
     } else if (a == "--steps") {
@@ -278,6 +282,7 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
   report.SetContext("samples_per_rank", s.batch);
   report.SetContext("seq_len", s.seq_len);
   report.SetContext("micro_batches", s.micro_batches);
+  report.SetContext("mini_batches", s.mini_batches);
   report.SetContext("timed_steps", s.steps * s.rounds);
   report.SetContext("same_weights", same_weights);
   const double base = Median(times[1]);

@@ -16,6 +16,7 @@
 #include "common/file_util.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
+#include "model/tokenizer_json.h"
 #include "model/weights.h"
 
 namespace gyre::cli {
@@ -170,68 +171,6 @@ constexpr char kInitUsage[] =
     "and --rope-scaling llama3 (llama only) adds Llama 3.1's RoPE scaling (factor 8, low/high\n"
     "frequency factors 1 and 4) with original_max_position_embeddings = max_position / 8.\n";
 
-// GPT-2's reversible byte -> printable code point mapping used by byte-level BPE.
-std::string ByteToUnicode(int b) {
-  int cp = b;
-  const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-  if (!printable) {
-    int n = 0;
-    for (int x = 0; x < b; ++x) {
-      if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174))) ++n;
-    }
-    cp = 256 + n;
-  }
-  std::string out;
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-  return out;
-}
-
-nlohmann::json ByteLevelTokenizerJson(const std::vector<std::string>& specials) {
-  nlohmann::json vocab = nlohmann::json::object();
-  for (int b = 0; b < 256; ++b) vocab[ByteToUnicode(b)] = b;
-  nlohmann::json added = nlohmann::json::array();
-  for (size_t i = 0; i < specials.size(); ++i) {
-    added.push_back({{"id", 256 + static_cast<int>(i)},
-                     {"content", specials[i]},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", true}});
-  }
-  nlohmann::json t;
-  t["version"] = "1.0";
-  t["truncation"] = nullptr;
-  t["padding"] = nullptr;
-  t["added_tokens"] = added;
-  t["normalizer"] = nullptr;
-  t["pre_tokenizer"] = {{"type", "ByteLevel"},
-                        {"add_prefix_space", false},
-                        {"trim_offsets", true},
-                        {"use_regex", true}};
-  t["post_processor"] = nullptr;
-  t["decoder"] = {{"type", "ByteLevel"},
-                  {"add_prefix_space", true},
-                  {"trim_offsets", true},
-                  {"use_regex", true}};
-  t["model"] = {{"type", "BPE"},
-                {"dropout", nullptr},
-                {"unk_token", nullptr},
-                {"continuing_subword_prefix", nullptr},
-                {"end_of_word_suffix", nullptr},
-                {"fuse_unk", false},
-                {"byte_fallback", false},
-                {"ignore_merges", false},
-                {"vocab", vocab},
-                {"merges", nlohmann::json::array()}};
-  return t;
-}
-
 }  // namespace
 
 int RunInitModel(const std::vector<std::string>& args) {
@@ -362,8 +301,14 @@ int RunInitModel(const std::vector<std::string>& args) {
   if (st.ok()) st = model::WriteHfConfig(out, s, extra.dump());
   if (st.ok()) st = model::SaveSafetensors(out + "/model.safetensors", m->NamedParameters());
   if (st.ok()) {
+    std::vector<std::pair<uint8_t, int32_t>> bytes;
+    for (int b = 0; b < 256; ++b) bytes.emplace_back(static_cast<uint8_t>(b), b);
+    std::vector<std::pair<std::string, int32_t>> special_ids;
+    for (size_t i = 0; i < specials.size(); ++i) {
+      special_ids.emplace_back(specials[i], 256 + static_cast<int32_t>(i));
+    }
     std::ofstream tok(out + "/tokenizer.json");
-    tok << ByteLevelTokenizerJson(specials).dump(2) << "\n";
+    tok << model::NoMergeByteLevelTokenizerJson(bytes, special_ids);
     if (!tok) st = Unavailable("cannot write " + out + "/tokenizer.json");
   }
   if (!st.ok()) {

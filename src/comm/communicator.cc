@@ -1,8 +1,15 @@
 #include "comm/communicator.h"
 
+#include <cmath>
+
 namespace gyre::comm {
 
 Deadline DeadlineAfter(double seconds) {
+  // A timeout can come from a request as any double; beyond about 292 years its conversion to
+  // clock ticks would overflow (undefined behaviour). Cap it at about 31 years; NaN has expired.
+  constexpr double kMaxSeconds = 1e9;
+  if (std::isnan(seconds)) seconds = 0;
+  seconds = std::fmin(std::fmax(seconds, -kMaxSeconds), kMaxSeconds);
   return std::chrono::steady_clock::now() +
          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
              std::chrono::duration<double>(seconds));

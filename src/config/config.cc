@@ -231,6 +231,9 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(trainer.warmup_sft_lr), OpenLow(0, 10), "warm-up learning rate"),
       Num(GYRE_CONFIG_KEY(trainer.warmup_stop_token_accuracy), Closed(0, 1),
           "end the warm-up once the training token accuracy (20-step mean) reaches this; 0 = off"),
+      Choice(GYRE_CONFIG_KEY(trainer.warmup_optimizer_state), {"keep", "reset"},
+             "keep = GRPO continues the warm-up's AdamW moments and step counts; reset = GRPO "
+             "starts from a fresh optimizer state"),
       Num(GYRE_CONFIG_KEY(trainer.checkpoint_every), Closed(0, kMaxSteps),
           "GRPO steps between resumable checkpoints; 0 = none, only the final model"),
       Num(GYRE_CONFIG_KEY(trainer.checkpoint_keep_last), Closed(1, kMaxSteps),

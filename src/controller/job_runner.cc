@@ -161,9 +161,10 @@ class JobRunner {
   StatusOr<double> Evaluate(const std::string& tag);
   Status WarmUp();
   Status GrpoStep(int step);
+  // `reset_optimizer`: the trainers drop their AdamW state first (trainer.warmup_optimizer_state).
   StatusOr<std::map<std::string, double>> Train(const std::vector<v1::Sample>& samples,
                                                 v1::Objective objective, double lr,
-                                                double temperature);
+                                                double temperature, bool reset_optimizer = false);
   void WriteMetrics(const nlohmann::json& j);
   void Teardown();
   // Checkpoints (controller/checkpoint.h). PrepareResume runs before Setup and reads and checks
@@ -199,6 +200,9 @@ class JobRunner {
   std::unique_ptr<comm::StoreServer> weight_store_;  // gloo weight transport's rendezvous
   int64_t version_ = 0;
   uint64_t next_group_id_ = 0;
+  // Evaluation's group ids: a space of their own (high bit set), not saved in checkpoints.
+  static constexpr uint64_t kEvalGroupIdBase = uint64_t{1} << 63;
+  uint64_t next_eval_group_id_ = kEvalGroupIdBase;
   JobResult result_;
   bool torn_down_ = false;
   std::string resume_dir_;        // the checkpoint being resumed from, if any
@@ -227,7 +231,13 @@ Status JobRunner::Setup() {
     }
     reward_ = opts_.reward;
   } else {
-    reward_ = opts_.reward ? opts_.reward : std::make_shared<ExactMatchReward>();
+    if (opts_.reward) {
+      return InvalidArgument(
+          "reward.type is " + cfg_.reward.type +
+          " but a custom RewardFn was given in RunOptions::reward; set reward.type: custom to "
+          "use it, or leave RunOptions::reward empty for the built-in reward");
+    }
+    reward_ = std::make_shared<ExactMatchReward>();
   }
   if (cfg_.data.chat_template != "none" && cfg_.model.path.empty()) {
     return InvalidArgument("data.chat_template: " + cfg_.data.chat_template +
@@ -1105,7 +1115,9 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
   for (const auto& p : problems_->eval_set()) {
     GroupJob j;
     j.problem = p;
-    j.group.set_group_id(next_group_id_++);
+    // Evaluation has its own id space: drawing from the training sequence would make
+    // metrics.eval_every or data.eval_size change the training run's ids and seeds.
+    j.group.set_group_id(next_eval_group_id_++);
     GYRE_ASSIGN_OR_RETURN(auto ids, EncodePrompt(p));
     j.group.mutable_prompt_ids()->Add(ids.begin(), ids.end());
     j.group.set_n(1);
@@ -1120,7 +1132,7 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
   for (const std::string& stop : cfg_.rollout.stop_strings) greedy.add_stop_strings(stop);
   int64_t tokens = 0;
   GYRE_ASSIGN_OR_RETURN(auto samples, GenerateAll(&jobs, greedy, &tokens));
-  int correct = 0, scored = 0;
+  int correct = 0, scored = 0, reward_errors = 0;
   for (size_t i = 0; i < samples.size(); ++i) {
     RewardInput in;
     in.prompt = jobs[i].problem.prompt;
@@ -1129,7 +1141,15 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
     in.response = tokenizer_->Decode(resp);
     in.finished = samples[i].finish_reason() == v1::FINISH_REASON_STOP;
     auto r = reward_->Score(in);
-    if (!r.ok()) continue;
+    if (!r.ok() || !std::isfinite(*r)) {
+      // As in training: counted and reported, and left out of the accuracy, never a silent 0.
+      ++reward_errors;
+      if (reward_errors <= 3) {
+        GYRE_LOG_WARN("eval {}: reward failed for problem {}: {}", tag, i,
+                      r.ok() ? "non-finite value" : r.status().ToString());
+      }
+      continue;
+    }
     ++scored;
     if (*r >= reward_->correct_threshold()) ++correct;
   }
@@ -1138,11 +1158,14 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
                 {"tag", tag},
                 {"accuracy", acc},
                 {"problems", scored},
+                {"reward_errors", reward_errors},
                 {"policy_version", version_},
                 {"seconds", Seconds(t0)}});
   if (opts_.print_progress) {
-    std::printf("eval %-10s held-out accuracy %.3f (%d/%d, greedy, policy v%lld)\n", tag.c_str(),
-                acc, correct, scored, static_cast<long long>(version_));
+    std::printf(
+        "eval %-10s held-out accuracy %.3f (%d/%d, greedy, policy v%lld)%s\n", tag.c_str(), acc,
+        correct, scored, static_cast<long long>(version_),
+        reward_errors ? (", " + std::to_string(reward_errors) + " reward errors").c_str() : "");
     std::fflush(stdout);
   }
   return acc;
@@ -1150,7 +1173,7 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
 
 StatusOr<std::map<std::string, double>> JobRunner::Train(const std::vector<v1::Sample>& samples,
                                                          v1::Objective objective, double lr,
-                                                         double temperature) {
+                                                         double temperature, bool reset_optimizer) {
   std::vector<Worker*> trainers = Trainers();
   const int ranks = static_cast<int>(trainers.size());
   std::vector<v1::TrainStepRequest> reqs(ranks);
@@ -1159,6 +1182,7 @@ StatusOr<std::map<std::string, double>> JobRunner::Train(const std::vector<v1::S
     req.set_objective(objective);
     req.set_lr(static_cast<float>(lr));
     req.set_temperature(static_cast<float>(temperature));
+    req.set_reset_optimizer_state(reset_optimizer);
   }
   if (ranks == 1) {
     for (const auto& s : samples) *reqs[0].add_samples() = s;
@@ -1351,8 +1375,12 @@ Status JobRunner::GrpoStep(int step) {
   for (uint8_t z : zero_var) zero_var_groups += z;
 
   const auto tt = Clock::now();
+  // The first GRPO step after a warm-up may start from a fresh optimizer state. Decided by the
+  // step number alone, so a job resumed from the checkpoint after the warm-up does the same.
+  const bool reset_optimizer = step == 1 && cfg_.trainer.warmup_sft_steps > 0 &&
+                               cfg_.trainer.warmup_optimizer_state == "reset";
   GYRE_ASSIGN_OR_RETURN(auto m, Train(kept, v1::OBJECTIVE_POLICY_GRADIENT, cfg_.trainer.lr,
-                                      sc.temperature > 0 ? sc.temperature : 1.0));
+                                      sc.temperature > 0 ? sc.temperature : 1.0, reset_optimizer));
   const double train_s = Seconds(tt);
   const auto tp = Clock::now();
   GYRE_RETURN_IF_ERROR(Publish(version_));

@@ -150,6 +150,11 @@ StatusOr<at::Tensor> SafetensorsFile::View(const std::string& name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) return NotFound(path_ + ": no tensor '" + name + "'");
   const SafetensorsEntry& e = it->second;
+  // Known to DtypeSize (so Open accepts a file holding them) but without an ATen type here.
+  if (e.dtype == "U16" || e.dtype == "U32" || e.dtype == "U64") {
+    return InvalidArgument(path_ + ": tensor '" + name + "' has dtype " + e.dtype +
+                           ", which Gyre cannot load");
+  }
   return at::from_blob(const_cast<uint8_t*>(data_ + e.begin), e.shape,
                        at::TensorOptions().dtype(ToScalarType(e.dtype)));
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/check.h"
 #include "ops/ops.h"
 #include "trainer/grad_reducer.h"
 
@@ -14,6 +15,14 @@ namespace gyre::trainer {
 struct PolicyTrainer::Optimizer {
   std::unique_ptr<torch::optim::AdamW> adamw;
   std::vector<at::Tensor> params;
+};
+
+struct PolicyTrainer::Snapshot {
+  int64_t version = 0;
+  // Per parameter, in Optimizer::params order. steps[i] == 0: no AdamW state yet (the moments'
+  // buffers are then stale and unused).
+  std::vector<at::Tensor> weights, exp_avg, exp_avg_sq;
+  std::vector<int64_t> steps;
 };
 
 PolicyTrainer::PolicyTrainer(std::unique_ptr<model::Transformer> model, double lr,
@@ -86,6 +95,73 @@ Status PolicyTrainer::RestoreState(const std::vector<at::Tensor>& weights,
   }
   version_ = version;
   return Status::Ok();
+}
+
+namespace {
+
+// *dst = a copy of src, reusing *dst's buffer when it has src's shape, dtype and device.
+void CopyInto(const at::Tensor& src, at::Tensor* dst) {
+  if (!dst->defined() || !dst->sizes().equals(src.sizes()) ||
+      dst->scalar_type() != src.scalar_type() || dst->device() != src.device()) {
+    *dst = at::empty_like(src);
+  }
+  dst->copy_(src);
+}
+
+}  // namespace
+
+void PolicyTrainer::TakeSnapshot() {
+  at::NoGradGuard no_grad;
+  if (snapshot_ == nullptr) snapshot_ = std::make_unique<Snapshot>();
+  Snapshot& snap = *snapshot_;
+  const size_t n = optimizer_->params.size();
+  snap.version = version_;
+  snap.weights.resize(n);
+  snap.exp_avg.resize(n);
+  snap.exp_avg_sq.resize(n);
+  snap.steps.assign(n, 0);
+  const auto& state = optimizer_->adamw->state();
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& p = optimizer_->params[i];
+    CopyInto(p.detach(), &snap.weights[i]);
+    auto it = state.find(p.unsafeGetTensorImpl());
+    if (it == state.end()) continue;
+    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    snap.steps[i] = s.step();
+    CopyInto(s.exp_avg(), &snap.exp_avg[i]);
+    CopyInto(s.exp_avg_sq(), &snap.exp_avg_sq[i]);
+  }
+}
+
+void PolicyTrainer::RestoreSnapshot() {
+  GYRE_CHECK(snapshot_ != nullptr) << "no snapshot to restore";
+  at::NoGradGuard no_grad;
+  const Snapshot& snap = *snapshot_;
+  optimizer_->adamw->zero_grad();
+  auto& state = optimizer_->adamw->state();
+  for (size_t i = 0; i < optimizer_->params.size(); ++i) {
+    at::Tensor& p = optimizer_->params[i];
+    p.detach().copy_(snap.weights[i]);
+    if (snap.steps[i] == 0) {
+      state.erase(p.unsafeGetTensorImpl());  // created by a mini-batch of the failed step
+      continue;
+    }
+    auto it = state.find(p.unsafeGetTensorImpl());
+    if (it == state.end()) {  // dropped by reset_optimizer_state at the start of the failed step
+      auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+      fresh->step(snap.steps[i]);
+      fresh->exp_avg(snap.exp_avg[i].clone());
+      fresh->exp_avg_sq(snap.exp_avg_sq[i].clone());
+      state[p.unsafeGetTensorImpl()] = std::move(fresh);
+      continue;
+    }
+    // Otherwise AdamW kept it (it never drops a parameter's state): overwrite it in place.
+    auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+    s.step(snap.steps[i]);
+    s.exp_avg().copy_(snap.exp_avg[i]);
+    s.exp_avg_sq().copy_(snap.exp_avg_sq[i]);
+  }
+  version_ = snap.version;
 }
 
 Status PolicyTrainer::Validate(const std::vector<TrainSample>& batch, Objective objective) const {
@@ -229,6 +305,15 @@ Status PolicyTrainer::AllReduce(double* values, size_t count) {
                            comm::DeadlineAfter(dp_timeout_s_));
 }
 
+Status PolicyTrainer::CheckAllRanksTookPart(double ranks_counted) const {
+  const int ranks = dp_ != nullptr ? dp_->size() : 1;
+  if (ranks == 1 || ranks_counted == static_cast<double>(ranks)) return Status::Ok();
+  return DataLoss("only " + std::to_string(static_cast<int>(ranks_counted)) + " of " +
+                  std::to_string(ranks) +
+                  " data-parallel ranks took part in the step's all-reduces (a rank left); "
+                  "the update was not applied");
+}
+
 StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<TrainSample>& batch,
                                                             Objective objective, double lr,
                                                             const TrainOptions& options) {
@@ -262,7 +347,28 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
     }
   }
   const int64_t minis = static_cast<int64_t>(bounds.size()) - 1;
-  if (minis == 1) return OptimizerStep(batch, objective, lr, options);
+  // One optimizer step is atomic as it is: OptimizerStep makes every check before its one AdamW
+  // update and ++version_, so it needs no snapshot.
+  if (minis == 1 && !options.reset_optimizer_state) {
+    return OptimizerStep(batch, objective, lr, options);
+  }
+  // Several: mini-batch m's update is applied before mini-batch m + 1 can fail, so snapshot
+  // first and roll back on every way out but success, an exception from libtorch included. The
+  // ranks fail in the same mini-batch (class comment), so they all roll back.
+  TakeSnapshot();
+  struct RollBackUnlessCommitted {
+    PolicyTrainer* trainer;
+    bool committed = false;
+    ~RollBackUnlessCommitted() {
+      if (!committed) trainer->RestoreSnapshot();
+    }
+  } rollback{this};
+  if (options.reset_optimizer_state) optimizer_->adamw->state().clear();
+  if (minis == 1) {
+    auto metrics = OptimizerStep(batch, objective, lr, options);
+    rollback.committed = metrics.ok();
+    return metrics;
+  }
   // PPO-style: every mini-batch is judged against the policy that sampled the batch.
   std::vector<TrainSample> all = batch;
   ComputeOldLogprobs(&all, options);
@@ -275,10 +381,13 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
       if (metrics.status().message().find("no unmasked response tokens") != std::string::npos) {
         continue;  // a mini-batch of fully masked samples carries no gradient
       }
-      return metrics.status();
+      return metrics.status().WithContext(
+          "mini-batch " + std::to_string(m + 1) + " of " + std::to_string(minis) +
+          (m > 0 ? " (the step's earlier mini-batches were rolled back)" : ""));
     }
     for (const auto& [k, v] : *metrics) sum[k] += (k == "tokens") ? v : v / minis;
   }
+  rollback.committed = true;
   sum["mini_batches"] = static_cast<double>(minis);
   return sum;
 }
@@ -295,9 +404,12 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     if (m > 0) total_seqs += 1;
   }
   {
-    // Data parallel: the denominators are those of the global batch.
-    double totals[2] = {total_tokens, total_seqs};
-    GYRE_RETURN_IF_ERROR(AllReduce(totals, 2).WithContext("data-parallel denominators"));
+    // Data parallel: the denominators are those of the global batch. totals[2] counts the ranks:
+    // without a missing rank's tokens the denominators are wrong, and a rank whose part of this
+    // mini-batch is fully masked would skip it below and never reach the metrics' count.
+    double totals[3] = {total_tokens, total_seqs, 1.0};
+    GYRE_RETURN_IF_ERROR(AllReduce(totals, 3).WithContext("data-parallel denominators"));
+    GYRE_RETURN_IF_ERROR(CheckAllRanksTookPart(totals[2]));
     total_tokens = totals[0];
     total_seqs = totals[1];
   }
@@ -367,13 +479,9 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     // gradients above lack that rank's part, so the update must not be applied.
     double sums[6] = {loss_sum, clip_sum, kl_sum, entropy_sum, correct, 1.0};
     GYRE_RETURN_IF_ERROR(AllReduce(sums, 6).WithContext("data-parallel metrics"));
-    const int ranks = dp_ != nullptr ? dp_->size() : 1;
-    if (ranks > 1 && sums[5] != static_cast<double>(ranks)) {
+    if (Status all = CheckAllRanksTookPart(sums[5]); !all.ok()) {
       optimizer_->adamw->zero_grad();
-      return DataLoss("only " + std::to_string(static_cast<int>(sums[5])) + " of " +
-                      std::to_string(ranks) +
-                      " data-parallel ranks took part in the step's all-reduces (a rank left); "
-                      "the update was not applied");
+      return all;
     }
     loss_sum = sums[0];
     clip_sum = sums[1];

@@ -21,6 +21,16 @@
 // step's last micro-batch, by a communication thread (grad_reducer.h); earlier micro-batches
 // only accumulate locally.
 //
+// A failed Step changes nothing: the weights, the AdamW state (moments and step counts) and the
+// version are either all updated or all as before the call, on every rank. With one optimizer
+// step per batch that holds because every check (collectives, the rank count, the gradient
+// norm) comes before the one AdamW update. With mini_batches > 1 the earlier mini-batches are
+// applied before a later one can fail, so Step first copies the weights and the AdamW state
+// (three tensors per parameter, kept between steps on the parameter's device) and restores the
+// copy on any failure of any mini-batch. Every rank sees a failure in the same mini-batch (a
+// short rank count, a failed collective, or a non-finite norm of the same summed gradient), so
+// every rank rolls back (docs/distributed.md).
+//
 // Not thread-safe: one caller at a time (the trainer service serialises calls). With overlapped
 // gradient reduction the trainer owns one extra thread, which uses the communicator only inside
 // Step.
@@ -59,6 +69,9 @@ struct TrainOptions {
   // Data parallel only: this rank's share of each global mini-batch (sums to the batch size).
   // Empty: the batch is split into `mini_batches` consecutive slices locally.
   std::vector<int64_t> mini_batch_sizes;
+  // Start this step from a fresh AdamW state (no moments, step counts 0). Part of the step: a
+  // failed step restores the state it dropped.
+  bool reset_optimizer_state = false;
 };
 
 struct DataParallelOptions {
@@ -77,10 +90,13 @@ class PolicyTrainer {
                 double beta1, double beta2);
   ~PolicyTrainer();
 
-  // One optimizer step on `batch` at learning rate `lr`. Fails without touching the model when
-  // a sample is malformed (empty response, mask/logprob length mismatch, ids out of range,
-  // sequence longer than max_seq_len). Metrics: loss, grad_norm, tokens, clip_frac, approx_kl,
-  // entropy, and for SFT token accuracy.
+  // One optimizer step on `batch` at learning rate `lr` (mini_batches of them for a PPO-style
+  // policy-gradient batch). All or nothing: on any error (a malformed sample: empty response,
+  // mask/logprob length mismatch, ids out of range, sequence longer than max_seq_len; a
+  // non-finite gradient norm; a failed collective or a missing data-parallel rank, in any
+  // mini-batch) the weights, the AdamW state and version() are as before the call; an exception
+  // from libtorch also rolls back before it leaves. Metrics: loss, grad_norm, tokens, clip_frac,
+  // approx_kl, entropy, and for SFT token accuracy.
   StatusOr<std::map<std::string, double>> Step(const std::vector<TrainSample>& batch,
                                                Objective objective, double lr,
                                                const TrainOptions& options);
@@ -118,6 +134,15 @@ class PolicyTrainer {
   void ComputeOldLogprobs(std::vector<TrainSample>* batch, const TrainOptions& options) const;
   // Data parallel: in-place sum over ranks (no-op without a group).
   Status AllReduce(double* values, size_t count);
+  // Data parallel: DataLoss unless `ranks_counted` (the sum of one 1.0 per rank, all-reduced with
+  // the data) is the group's size. Gloo can complete a collective without a peer that closed its
+  // connections (docs/weight-sync.md), so a short count is how a missing rank shows.
+  Status CheckAllRanksTookPart(double ranks_counted) const;
+  // The state a multi-mini-batch step rolls back to (see the class comment): weights, AdamW
+  // moments and step counts, version. Its buffers are allocated once and reused.
+  struct Snapshot;
+  void TakeSnapshot();
+  void RestoreSnapshot();
   struct Optimizer;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -125,6 +150,7 @@ class PolicyTrainer {
   comm::Communicator* dp_ = nullptr;
   double dp_timeout_s_ = 600;
   std::unique_ptr<GradReducer> reducer_;  // data parallel with more than one rank only
+  std::unique_ptr<Snapshot> snapshot_;    // after the first step with mini_batches > 1
 };
 
 }  // namespace gyre::trainer

@@ -105,6 +105,7 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
     opts.grad_clip = config_.trainer.grad_clip;
     opts.temperature = req->temperature() > 0 ? req->temperature() : 1.0;
     opts.mini_batch_sizes.assign(req->mini_batch_sizes().begin(), req->mini_batch_sizes().end());
+    opts.reset_optimizer_state = req->reset_optimizer_state();
     const auto& a = config_.algorithm;
     opts.loss.clip_eps_low = static_cast<float>(a.clip_eps_low);
     opts.loss.clip_eps_high = static_cast<float>(a.clip_eps_high);

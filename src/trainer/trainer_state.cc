@@ -10,6 +10,8 @@
 #include "common/file_util.h"
 #include "model/hf_config.h"
 #include "model/safetensors.h"
+#include "model/tokenizer.h"
+#include "model/tokenizer_json.h"
 #include "model/weights.h"
 
 namespace gyre::trainer {
@@ -94,7 +96,18 @@ StatusOr<at::Tensor> ReadTensor(const model::SafetensorsFile& file, const std::s
 Status WriteModelDirectory(const std::string& dir, const model::Transformer& model,
                            const std::string& model_path) {
   GYRE_RETURN_IF_ERROR(model::SaveCheckpointWeights(dir, model.NamedParameters()));
-  if (model_path.empty()) return model::WriteHfConfig(dir, model.spec());
+  if (model_path.empty()) {
+    // The built-in model: a complete Hugging Face directory all the same, with the character
+    // tokenizer as tokenizer.json (same ids) and its special tokens in config.json, so that
+    // `gyre generate`, transformers and TRL can use it as it is.
+    const std::string extra = "{\"bos_token_id\": " + std::to_string(model::CharTokenizer::kBos) +
+                              ", \"eos_token_id\": " + std::to_string(model::CharTokenizer::kEos) +
+                              ", \"pad_token_id\": " + std::to_string(model::CharTokenizer::kPad) +
+                              "}";
+    GYRE_RETURN_IF_ERROR(model::WriteHfConfig(dir, model.spec(), extra));
+    GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/tokenizer.json", model::CharTokenizerJson()));
+    return WriteFileAtomic(dir + "/tokenizer_config.json", model::CharTokenizerConfigJson());
+  }
   for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",
                         "tokenizer_config.json", "special_tokens_map.json"}) {
     if (PathExists(model_path + "/" + f)) {

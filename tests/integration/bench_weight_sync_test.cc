@@ -36,7 +36,7 @@ TEST(BenchWeightSyncTest, TinyRunWritesConsistentJson) {
   std::vector<std::string> transports;
   for (const auto& r : rows) {
     for (const char* key : {"transport", "bucket_mb", "receivers", "bytes", "seconds",
-                            "min_seconds", "gb_per_s", "speedup", "verified"}) {
+                            "min_seconds", "gb_per_s", "speedup"}) {
       EXPECT_TRUE(r.contains(key)) << key << " missing in " << r.dump();
     }
     const double secs = r["seconds"];
@@ -44,7 +44,6 @@ TEST(BenchWeightSyncTest, TinyRunWritesConsistentJson) {
     EXPECT_LE(r["min_seconds"].get<double>(), secs);
     EXPECT_NEAR(r["gb_per_s"].get<double>(), (3 << 20) / secs / 1e9, 1e-9);
     EXPECT_NEAR(r["speedup"].get<double>(), baseline / secs, 1e-9);
-    EXPECT_EQ(r["verified"], true);
     transports.push_back(r["transport"].get<std::string>() +
                          (r["bucket_mb"].is_null() ? "" : "/" + r["bucket_mb"].dump()));
   }
@@ -81,7 +80,6 @@ TEST(BenchWeightSyncTest, CudaIpcRowOnAGpu) {
     if (row["transport"] == "cuda_ipc") {
       found = true;
       EXPECT_GT(row["seconds"].get<double>(), 0);
-      EXPECT_EQ(row["verified"], true);
     }
   }
   EXPECT_TRUE(found) << j.dump();

@@ -72,6 +72,16 @@ int main(int argc, char** argv) {
     std::printf("FAIL: custom reward without a RewardFn was not refused\n");
     ok = false;
   }
+  // A RewardFn with reward.type: builtin used to be taken silently instead of the built-in
+  // verifier: now it is refused too, before anything starts.
+  auto builtin = *config;
+  builtin.reward.type = "builtin";
+  auto mixed = gyre::RunJob(builtin, options);
+  if (mixed.ok() || mixed.status().message().find("reward.type: custom") == std::string::npos) {
+    std::printf("FAIL: reward.type builtin with a custom RewardFn was not refused: %s\n",
+                mixed.ok() ? "ran" : mixed.status().ToString().c_str());
+    ok = false;
+  }
   RemoveTree(out_dir);
   return ok ? 0 : 1;
 }

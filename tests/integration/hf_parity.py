@@ -7,6 +7,9 @@ token sequence next to it (ref.json). Exit status 77 means the reference package
 usage: hf_parity.py OUT_DIR           build reference models into OUT_DIR
        hf_parity.py --check DIR TEXT  load a Gyre-written DIR with transformers and tokenizers,
                                       print {"ids": tokenizer ids of TEXT, "full": log-softmax}
+       hf_parity.py --check-auto DIR TEXT
+                                      the same through AutoTokenizer (as TRL loads a model), and
+                                      the special-token ids it and config.json report
 """
 import json
 import os
@@ -44,9 +47,28 @@ def check(model_dir, text):
     print(json.dumps({"ids": ids, "full": torch.log_softmax(logits, -1).tolist()}))
 
 
+def check_auto(model_dir, text):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    print(json.dumps({"ids": ids, "full": torch.log_softmax(logits, -1).tolist(),
+                      "decoded": tok.decode(ids),
+                      "tokenizer": {"bos": tok.bos_token_id, "eos": tok.eos_token_id,
+                                    "pad": tok.pad_token_id},
+                      "config": {"bos": model.config.bos_token_id,
+                                 "eos": model.config.eos_token_id,
+                                 "pad": model.config.pad_token_id}}))
+
+
 def main():
     if sys.argv[1] == "--check":
         check(sys.argv[2], sys.argv[3])
+        return
+    if sys.argv[1] == "--check-auto":
+        check_auto(sys.argv[2], sys.argv[3])
         return
     out = sys.argv[1]
     torch.manual_seed(1234)

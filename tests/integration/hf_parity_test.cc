@@ -53,6 +53,15 @@ double MaxDiffFromGyre(const std::string& model_dir, const nlohmann::json& ref,
   return max_diff;
 }
 
+// Whether python with transformers and tokenizers can run the reference side; *why if not.
+bool ReferenceAvailable(std::string* why) {
+  int st = 0;
+  const std::string out = RunCapture(
+      std::string(GYRE_PYTHON) + " -c 'import torch, transformers, tokenizers' 2>&1", &st);
+  if (st != 0) *why = out.empty() ? "cannot run " + std::string(GYRE_PYTHON) : out;
+  return st == 0;
+}
+
 class HfParityTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
@@ -169,6 +178,53 @@ TEST_P(HfParityTest, TrainedCheckpointIsAHuggingFaceDirectory) {
   const double max_diff = MaxDiffFromGyre(final_dir, ref, &error);
   ASSERT_GE(max_diff, 0) << error;
   EXPECT_LT(max_diff, 1e-4) << GetParam();
+}
+
+// A built-in-model job's final/ directory is a complete Hugging Face directory: the character
+// tokenizer as tokenizer.json with the same ids, its special tokens in config.json, loadable by
+// AutoTokenizer and AutoModelForCausalLM (as TRL does) with the same log-probs as Gyre.
+TEST(HfBuiltinModelTest, FinalDirectoryLoadsInTransformersWithTheSameIds) {
+  std::string skip;
+  if (!ReferenceAvailable(&skip)) GTEST_SKIP() << "transformers reference unavailable: " << skip;
+  const std::string base = MakeTempDir("hf_builtin");
+  int st = 0;
+  std::string out = RunCapture(std::string(GYRE_BINARY) + " train " + GYRE_SOURCE_DIR +
+                                   "/configs/quickstart.yaml --set job.output_dir=" + base +
+                                   " --set trainer.steps=1 --set trainer.warmup_sft_steps=3"
+                                   " --set rollout.prompts_per_step=4 --set data.eval_size=8"
+                                   " --quiet 2>&1",
+                               &st);
+  ASSERT_EQ(st, 0) << out;
+  const std::string final_dir = base + "/quickstart/final";
+  out = RunCapture(std::string(GYRE_PYTHON) + " " + GYRE_SOURCE_DIR +
+                       "/tests/integration/hf_parity.py --check-auto " + final_dir +
+                       " '12+34=' 2>/dev/null",
+                   &st);
+  ASSERT_EQ(st, 0) << out;
+  auto ref = nlohmann::json::parse(out);
+  // The character tokenizer: ' ' is 3, so '1' (0x31) is 20, '+' 14, '=' 32, '2' 21 ...
+  const std::vector<int> want = {20, 21, 14, 22, 23, 32};
+  EXPECT_EQ(ref["ids"].get<std::vector<int>>(), want) << out;
+  EXPECT_EQ(ref["decoded"], "12+34=");
+  for (const char* who : {"tokenizer", "config"}) {
+    EXPECT_EQ(ref[who]["bos"], 1) << who;
+    EXPECT_EQ(ref[who]["eos"], 2) << who;
+    EXPECT_EQ(ref[who]["pad"], 0) << who;
+  }
+  std::string error;
+  const double max_diff = MaxDiffFromGyre(final_dir, ref, &error);
+  ASSERT_GE(max_diff, 0) << error;
+  EXPECT_LT(max_diff, 1e-4);
+  // And Gyre's own tools use the directory as it is.
+  out = RunCapture(std::string(GYRE_BINARY) + " generate --model " + final_dir +
+                       " --prompt '12+34=' --max-new-tokens 4 2>&1",
+                   &st);
+  EXPECT_EQ(st, 0) << out;
+  out = RunCapture(std::string(GYRE_BINARY) + " tokenize --tokenizer " + final_dir +
+                       "/tokenizer.json --text '12+34=' 2>&1",
+                   &st);
+  EXPECT_EQ(st, 0) << out;
+  EXPECT_NE(out.find("[20,21,14,22,23,32]"), std::string::npos) << out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, HfParityTest, ::testing::Values("llama", "qwen2", "qwen3"));

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "model/transformer.h"
 #include "rollout/rollout_service.h"
@@ -323,6 +324,31 @@ TEST(RolloutServiceTest, StopStringsEndResponsesAndNeedADecoder) {
   grpc::Status s = (*without)->Generate(&server_ctx, &req, &refused);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("stop strings need a tokenizer decoder"), std::string::npos);
+}
+
+// Found by fuzz_rollout_rpc (docs/reliability.md): a ReceiveWeights request with a timeout of
+// 1e20 s overflowed the conversion to a deadline (undefined behaviour, caught by UBSan). It now
+// gets as far as the store address, which this one lacks.
+TEST(RolloutServiceTest, HugeReceiveTimeoutIsNotUndefinedBehaviour) {
+  rollout::EngineConfig config;
+  config.block_size = 4;
+  config.num_blocks = 32;
+  auto service = rollout::RolloutService::Create(model::Transformer::Create(Spec(), 5, 0.1), config,
+                                                 nullptr, nullptr);
+  ASSERT_TRUE(service.ok()) << service.status();
+  v1::ReceiveWeightsRequest req;
+  req.set_group("weights-rollout-0-1");
+  req.set_transport("gloo");
+  req.set_timeout_s(1e20);
+  v1::WeightReceipt receipt;
+  grpc::ServerContext ctx;
+  const grpc::Status s = (*service)->ReceiveWeights(&ctx, &req, &receipt);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("store address"), std::string::npos) << s.error_message();
+  // The deadline itself: capped far in the future; NaN has already passed.
+  EXPECT_GT(SecondsLeft(DeadlineAfter(1e20)), 1e8);
+  EXPECT_LT(SecondsLeft(DeadlineAfter(-1e20)), -1e8);
+  EXPECT_LE(SecondsLeft(DeadlineAfter(std::nan(""))), 0.0);
 }
 
 }  // namespace

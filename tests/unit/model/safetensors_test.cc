@@ -102,6 +102,29 @@ TEST_F(SafetensorsTest, CorruptFilesAreErrorsNamingFileAndTensor) {
             std::string::npos);
 }
 
+// Found by fuzz_safetensors (docs/reliability.md): U16, U32 and U64 tensors opened fine but
+// their views came back as bool tensors of the wrong size; now a view of one is an error.
+TEST_F(SafetensorsTest, UnsignedWideDtypesOpenButCannotBeViewed) {
+  const std::string path =
+      Write("u.safetensors",
+            {{"u16", {{"dtype", "U16"}, {"shape", {2}}, {"data_offsets", {0, 4}}}},
+             {"u32", {{"dtype", "U32"}, {"shape", {1}}, {"data_offsets", {4, 8}}}},
+             {"u64", {{"dtype", "U64"}, {"shape", {1}}, {"data_offsets", {8, 16}}}},
+             {"i32", {{"dtype", "I32"}, {"shape", {1}}, {"data_offsets", {16, 20}}}}},
+            std::string(20, '\x01'));
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  for (const char* name : {"u16", "u32", "u64"}) {
+    auto v = (*f)->View(name);
+    ASSERT_FALSE(v.ok()) << name << " viewed as " << v->dtype();
+    EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(v.status().message().find("cannot load"), std::string::npos) << v.status();
+  }
+  auto i = (*f)->View("i32");
+  ASSERT_TRUE(i.ok()) << i.status();
+  EXPECT_EQ(i->item<int32_t>(), 0x01010101);
+}
+
 TEST_F(SafetensorsTest, ShardedCheckpointLoadsIntoAModel) {
   auto src = Transformer::Create(testing::TinySpec(20, 16, 2, 2, 1, 24), 1, 0.1);
   auto dst = Transformer::Create(testing::TinySpec(20, 16, 2, 2, 1, 24), 2, 0.1);

@@ -1,16 +1,21 @@
 // Data-parallel PolicyTrainer: M ranks (threads of this process, each with its own Gloo group
 // member over loopback) holding token-balanced shards take the same optimizer steps as one
 // trainer on the whole batch, up to floating-point summation order, with the gradient
-// all-reduce overlapped with backward (the default) or after it.
+// all-reduce overlapped with backward (the default) or after it. A step that fails on any rank,
+// in any mini-batch, changes nothing on any rank.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <future>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -370,6 +375,320 @@ TEST(DataParallelTrainerTest, BadShardOnOneRankFailsEveryRankWithoutHanging) {
   EXPECT_NE(s0.message().find("another data-parallel rank"), std::string::npos) << s0.message();
   EXPECT_FALSE(s1.ok());
   EXPECT_EQ(s1.message().find("another data-parallel rank"), std::string::npos) << s1.message();
+}
+
+// ---- A failed step changes nothing ----
+
+// Everything a step may change.
+struct TrainerState {
+  at::Tensor weights;
+  std::vector<PolicyTrainer::ParamState> optimizer;
+  int64_t version = 0;
+};
+
+TrainerState StateOf(const PolicyTrainer& t) { return {Flat(t), t.OptimizerState(), t.version()}; }
+
+// Bit for bit: the weights, each parameter's AdamW step count and both moments, the version.
+void ExpectSameState(const TrainerState& got, const TrainerState& want, const std::string& where) {
+  EXPECT_EQ(got.version, want.version) << where << ": version";
+  EXPECT_TRUE(at::equal(got.weights, want.weights)) << where << ": weights differ";
+  ASSERT_EQ(got.optimizer.size(), want.optimizer.size()) << where;
+  std::ostringstream differ;
+  int n = 0;
+  for (size_t i = 0; i < want.optimizer.size(); ++i) {
+    const PolicyTrainer::ParamState& g = got.optimizer[i];
+    const PolicyTrainer::ParamState& w = want.optimizer[i];
+    const bool same =
+        g.step == w.step &&
+        (w.step == 0 || (at::equal(g.exp_avg, w.exp_avg) && at::equal(g.exp_avg_sq, w.exp_avg_sq)));
+    if (!same && n++ < 4) differ << " " << i << " (step " << g.step << ", want " << w.step << ")";
+  }
+  EXPECT_EQ(n, 0) << where << ": AdamW state differs for " << n << " parameters:" << differ.str();
+}
+
+// A Gloo member that, from its float64 all-reduce number `leave_at` (1-based) on, does what Gloo
+// does once the peer closed its connections: every collective "completes" with this rank's own
+// data (as LonelyCommunicator above); the inner member is left alone, not aborted. Its float64
+// all-reduce number `impatient_at` gets a deadline of at most 2 s (the others keep theirs, so a
+// slow step on a loaded host cannot miss one). 0: never.
+class LeavingCommunicator final : public comm::Communicator {
+ public:
+  LeavingCommunicator(std::unique_ptr<comm::Communicator> inner, int leave_at, int impatient_at = 0)
+      : inner_(std::move(inner)), leave_at_(leave_at), impatient_at_(impatient_at) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend() const override { return inner_->backend(); }
+  bool aborted() const override { return inner_->aborted(); }
+  Status Broadcast(void* data, size_t bytes, int root, comm::Deadline deadline) override {
+    return left_ ? Status::Ok() : inner_->Broadcast(data, bytes, root, deadline);
+  }
+  Status Barrier(comm::Deadline deadline) override {
+    return left_ ? Status::Ok() : inner_->Barrier(deadline);
+  }
+  void Abort() override { inner_->Abort(); }
+  Status AllReduceSum(void* data, size_t count, comm::DataType type,
+                      comm::Deadline deadline) override {
+    if (type == comm::DataType::kFloat64) {
+      const int call = ++float64_calls_;
+      if (call == leave_at_) left_ = true;
+      if (call == impatient_at_) deadline = std::min(deadline, comm::DeadlineAfter(2));
+    }
+    if (left_) return Status::Ok();
+    return inner_->AllReduceSum(data, count, type, deadline);
+  }
+
+ private:
+  std::unique_ptr<comm::Communicator> inner_;
+  const int leave_at_;
+  const int impatient_at_;
+  std::atomic<int> float64_calls_{0};
+  std::atomic<bool> left_{false};
+};
+
+// The float64 all-reduces of one data-parallel Step, numbered as LeavingCommunicator counts them
+// (policy_trainer.cc): 1 is the shard agreement, then mini-batch m = 1..M has its denominators
+// (2m) and its metrics (2m + 1). The tests check the failure names the mini-batch they meant.
+int DenominatorsCall(int mini_batch) { return 2 * mini_batch; }
+int MetricsCall(int mini_batch) { return 2 * mini_batch + 1; }
+
+// Threads wait in Wait() until `count` of them have arrived; reusable.
+class StepBarrier {
+ public:
+  explicit StepBarrier(int count) : count_(count) {}
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t round = round_;
+    if (++arrived_ == count_) {
+      arrived_ = 0;
+      ++round_;
+      cv_.notify_all();
+      return;
+    }
+    const bool released =
+        cv_.wait_for(lock, std::chrono::seconds(120), [&] { return round_ != round; });
+    EXPECT_TRUE(released) << "a rank did not finish its step";
+  }
+
+ private:
+  const int count_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;    // guarded by mu_
+  int64_t round_ = 0;  // guarded by mu_
+};
+
+enum class Fault {
+  kNonFiniteGradient,   // a sample of the last mini-batch whose gradient overflows float32
+  kRanksLeftEachOther,  // at the last mini-batch's metrics all-reduce, each rank loses the other
+  kRankLeft,            // only rank 1 loses rank 0 there; rank 0 waits for it (2 s)
+};
+
+const char* FaultName(Fault f) {
+  switch (f) {
+    case Fault::kNonFiniteGradient:
+      return "non_finite_gradient";
+    case Fault::kRanksLeftEachOther:
+      return "ranks_left_each_other";
+    case Fault::kRankLeft:
+      return "rank_left";
+  }
+  return "?";
+}
+
+struct FaultSetup {
+  int ranks = 1;
+  int minis = 1;  // mini-batches of each step
+  Fault fault = Fault::kNonFiniteGradient;
+};
+
+void PrintTo(const FaultSetup& s, std::ostream* os) {
+  *os << s.ranks << " ranks, " << s.minis << " mini-batches, " << FaultName(s.fault);
+}
+
+// Runs policy-gradient steps on setup.ranks ranks, each step over a new Gloo group; plan[i] says
+// whether step i carries the fault. Checks that each faulty step fails on every rank as its
+// fault should, in the last mini-batch, and leaves every rank's state exactly as it was before
+// the step. Returns each rank's final state.
+std::vector<TrainerState> RunPlan(const FaultSetup& setup, const std::vector<bool>& plan,
+                                  const std::string& tag) {
+  const int ranks = setup.ranks, minis = setup.minis;
+  std::unique_ptr<comm::StoreServer> store;
+  if (ranks > 1) {
+    auto s = comm::StoreServer::Start("127.0.0.1");
+    EXPECT_TRUE(s.ok()) << s.status().message();
+    if (!s.ok()) return {};
+    store = std::move(*s);
+  }
+  std::vector<int64_t> tokens;
+  for (const auto& s : Batch()) tokens.push_back(s.prompt.size() + s.response.size());
+  StepBarrier barrier(ranks);
+  std::vector<std::future<TrainerState>> futures;
+  for (int r = 0; r < ranks; ++r) {
+    futures.push_back(std::async(std::launch::async, [&, r] {
+      PolicyTrainer t(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0.01, 0.9, 0.999);
+      for (size_t step = 0; step < plan.size(); ++step) {
+        const bool faulty = plan[step];
+        const std::string where = tag + ", step " + std::to_string(step) + ", rank " +
+                                  std::to_string(r) + (faulty ? " (faulty)" : "");
+        std::unique_ptr<LeavingCommunicator> group;
+        if (ranks > 1) {
+          comm::GlooOptions o;
+          o.store_address = store->address();
+          o.group = tag + "-" + std::to_string(step);
+          o.rank = r;
+          o.size = ranks;
+          auto g = comm::CreateGlooCommunicator(o);
+          EXPECT_TRUE(g.ok()) << where << ": " << g.status().message();
+          if (!g.ok()) std::abort();  // the other ranks would wait for this one
+          const bool leaves = faulty && (setup.fault == Fault::kRanksLeftEachOther ||
+                                         (setup.fault == Fault::kRankLeft && r == 1));
+          const bool waits = faulty && setup.fault == Fault::kRankLeft && r == 0;
+          group = std::make_unique<LeavingCommunicator>(
+              std::move(*g), leaves ? MetricsCall(minis) : 0, waits ? MetricsCall(minis) : 0);
+          DataParallelOptions dp;
+          dp.bucket_bytes = 4096;
+          dp.timeout_s = 60;
+          t.SetDataParallel(group.get(), dp);
+        }
+        std::vector<TrainSample> batch = Batch();
+        // The last sample is in the last mini-batch. Its gradient's square overflows float32, so
+        // the step's gradient norm is infinite on whichever rank holds it, and on the others.
+        if (faulty && setup.fault == Fault::kNonFiniteGradient) batch.back().advantage = 1e30f;
+        TrainOptions opts;
+        opts.micro_batch_size = 2;
+        opts.grad_clip = 0.5;
+        opts.mini_batches = minis;
+        std::vector<TrainSample> shard = batch;
+        if (ranks > 1) {
+          const auto shards = controller::ShardBatch(tokens, ranks, minis);
+          shard.clear();
+          for (size_t i : shards.samples[r]) shard.push_back(batch[i]);
+          opts.mini_batch_sizes.assign(shards.mini_batch_sizes[r].begin(),
+                                       shards.mini_batch_sizes[r].end());
+        }
+        const TrainerState before = StateOf(t);
+        auto m = t.Step(shard, Objective::kPolicyGradient, 1e-2, opts);
+        if (!faulty) {
+          EXPECT_TRUE(m.ok()) << where << ": " << m.status();
+          EXPECT_EQ(t.version(), before.version + minis) << where;
+        } else {
+          const Status& s = m.status();
+          EXPECT_FALSE(s.ok()) << where;
+          if (setup.fault == Fault::kNonFiniteGradient) {
+            EXPECT_EQ(s.code(), StatusCode::kInternal) << where << ": " << s;
+            EXPECT_NE(s.message().find("non-finite gradient norm"), std::string::npos)
+                << where << ": " << s;
+          } else if (setup.fault == Fault::kRankLeft && r == 0) {
+            // Rank 0 waits for rank 1 in the metrics all-reduce. Usually its deadline passes
+            // (DEADLINE_EXCEEDED, or UNAVAILABLE when Gloo's own timeout fires first), but under
+            // load Gloo may also complete it without the peer (DATA_LOSS, the rank count).
+            EXPECT_TRUE(s.code() == StatusCode::kDeadlineExceeded ||
+                        s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDataLoss)
+                << where << ": " << s;
+          } else {
+            EXPECT_EQ(s.code(), StatusCode::kDataLoss) << where << ": " << s;
+            EXPECT_NE(s.message().find("only 1 of 2 data-parallel ranks"), std::string::npos)
+                << where << ": " << s;
+          }
+          if (minis > 1) {
+            const std::string last = "mini-batch " + std::to_string(minis) + " of " +
+                                     std::to_string(minis) +
+                                     " (the step's earlier mini-batches were rolled back)";
+            EXPECT_NE(s.message().find(last), std::string::npos) << where << ": " << s;
+          }
+          ExpectSameState(StateOf(t), before, where);
+        }
+        barrier.Wait();  // every rank's group stays up until all ranks have finished the step
+        t.SetDataParallel(nullptr, {});
+      }
+      return StateOf(t);
+    }));
+  }
+  std::vector<TrainerState> out;
+  for (auto& f : futures) out.push_back(f.get());
+  return out;
+}
+
+class FailedStepTest : public ::testing::TestWithParam<FaultSetup> {};
+
+// The fault hits the last mini-batch: with 3 mini-batches, after two AdamW updates of the same
+// step. The first faulty step comes before any update (AdamW has no state yet), the second after
+// a good step. Every rank must end each faulty step exactly as it began it, and the good steps
+// must end exactly where a run without the faulty steps ends.
+TEST_P(FailedStepTest, ChangesNothingAndTheNextStepIsAsIfItNeverRan) {
+  const FaultSetup setup = GetParam();
+  const std::string tag = "atomic-" + std::to_string(setup.ranks) + "-" +
+                          std::to_string(setup.minis) + "-" + FaultName(setup.fault);
+  const auto faulted = RunPlan(setup, {true, false, true, false}, tag);
+  const auto clean = RunPlan(setup, {false, false}, tag + "-clean");
+  ASSERT_EQ(faulted.size(), static_cast<size_t>(setup.ranks));
+  ASSERT_EQ(clean.size(), static_cast<size_t>(setup.ranks));
+  for (int r = 0; r < setup.ranks; ++r) {
+    EXPECT_EQ(clean[r].version, 2 * setup.minis);
+    ExpectSameState(faulted[r], clean[r], tag + ", rank " + std::to_string(r) + " at the end");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksMiniBatchesFaults, FailedStepTest,
+                         ::testing::Values(FaultSetup{1, 1, Fault::kNonFiniteGradient},
+                                           FaultSetup{1, 3, Fault::kNonFiniteGradient},
+                                           FaultSetup{2, 1, Fault::kNonFiniteGradient},
+                                           FaultSetup{2, 3, Fault::kNonFiniteGradient},
+                                           FaultSetup{2, 1, Fault::kRanksLeftEachOther},
+                                           FaultSetup{2, 3, Fault::kRanksLeftEachOther},
+                                           FaultSetup{2, 1, Fault::kRankLeft},
+                                           FaultSetup{2, 3, Fault::kRankLeft}),
+                         [](const ::testing::TestParamInfo<FaultSetup>& info) {
+                           return "ranks" + std::to_string(info.param.ranks) + "_minis" +
+                                  std::to_string(info.param.minis) + "_" +
+                                  FaultName(info.param.fault);
+                         });
+
+// Rank 0's part of the last mini-batch is fully masked: it has nothing to train there and skips
+// that mini-batch. If the ranks lose each other at that mini-batch's denominators all-reduce,
+// rank 0 must still notice (by the rank count), and both ranks roll back.
+TEST(DataParallelTrainerTest, AMissingRankIsNoticedInAMiniBatchWithNothingToTrainOnThisRank) {
+  auto store = comm::StoreServer::Start("127.0.0.1");
+  ASSERT_TRUE(store.ok());
+  constexpr int kMinis = 3;
+  StepBarrier barrier(2);
+  std::vector<std::future<void>> futures;
+  for (int r = 0; r < 2; ++r) {
+    futures.push_back(std::async(std::launch::async, [&, r] {
+      const std::string where = "rank " + std::to_string(r);
+      PolicyTrainer t(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0.01, 0.9, 0.999);
+      comm::GlooOptions o;
+      o.store_address = (*store)->address();
+      o.group = "dp-masked-last";
+      o.rank = r;
+      o.size = 2;
+      auto g = comm::CreateGlooCommunicator(o);
+      EXPECT_TRUE(g.ok()) << where << ": " << g.status().message();
+      if (!g.ok()) std::abort();
+      LeavingCommunicator group(std::move(*g), DenominatorsCall(kMinis));
+      DataParallelOptions dp;
+      dp.bucket_bytes = 4096;
+      dp.timeout_s = 60;
+      t.SetDataParallel(&group, dp);
+      const std::vector<TrainSample> batch = Batch();
+      std::vector<TrainSample> shard(batch.begin() + 5 * r, batch.begin() + 5 * r + 6);
+      if (r == 0) {
+        for (size_t i = 4; i < 6; ++i) shard[i].loss_mask.assign(shard[i].response.size(), 0.0f);
+      }
+      TrainOptions opts;
+      opts.micro_batch_size = 2;
+      opts.mini_batch_sizes = {2, 2, 2};
+      const TrainerState before = StateOf(t);
+      auto m = t.Step(shard, Objective::kPolicyGradient, 1e-2, opts);
+      EXPECT_EQ(m.status().code(), StatusCode::kDataLoss) << where << ": " << m.status();
+      EXPECT_NE(m.status().message().find("mini-batch 3 of 3"), std::string::npos)
+          << where << ": " << m.status();
+      ExpectSameState(StateOf(t), before, where);
+      barrier.Wait();
+      t.SetDataParallel(nullptr, {});
+    }));
+  }
+  for (auto& f : futures) f.get();
 }
 
 }  // namespace

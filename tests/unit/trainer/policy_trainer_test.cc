@@ -108,6 +108,52 @@ TEST(PolicyTrainerTest, MiniBatchesStepSeveralTimesAgainstTheSamplingPolicy) {
   EXPECT_EQ((*a)["tokens"], (*b)["tokens"]);
 }
 
+// trainer.warmup_optimizer_state: reset. After SFT steps, a policy-gradient step that resets the
+// AdamW state equals the same step on a fresh trainer holding the same weights; without the reset
+// the warm-up's moments change the update. A failed step with the reset restores the moments.
+TEST(PolicyTrainerTest, ResetOptimizerStateStartsFromAFreshAdamW) {
+  for (int64_t minis : {1, 3}) {
+    PolicyTrainer warmed(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0.01, 0.9, 0.999);
+    for (int i = 0; i < 3; ++i)
+      ASSERT_TRUE(warmed.Step(Batch(), Objective::kSft, 1e-2, Options(64)).ok());
+    std::vector<at::Tensor> weights;
+    for (const auto& [n, p] : warmed.model().NamedParameters())
+      weights.push_back(p.detach().clone());
+    const auto moments = warmed.OptimizerState();
+    ASSERT_GT(moments[0].step, 0);
+    PolicyTrainer fresh(model::Transformer::Create(Spec(), 99, 0.1), 1e-2, 0.01, 0.9, 0.999);
+    ASSERT_TRUE(fresh
+                    .RestoreState(weights, std::vector<PolicyTrainer::ParamState>(weights.size()),
+                                  warmed.version())
+                    .ok());
+    PolicyTrainer kept(model::Transformer::Create(Spec(), 99, 0.1), 1e-2, 0.01, 0.9, 0.999);
+    ASSERT_TRUE(kept.RestoreState(weights, moments, warmed.version()).ok());
+
+    TrainOptions o = Options(64);
+    o.mini_batches = minis;
+    // A failing step with the reset (a non-finite gradient norm) changes nothing, moments included.
+    std::vector<TrainSample> bad = Batch();
+    bad.back().advantage = 1e30f;
+    TrainOptions reset = o;
+    reset.reset_optimizer_state = true;
+    ASSERT_FALSE(warmed.Step(bad, Objective::kPolicyGradient, 1e-2, reset).ok());
+    const auto after_failure = warmed.OptimizerState();
+    for (size_t i = 0; i < moments.size(); ++i) {
+      ASSERT_EQ(after_failure[i].step, moments[i].step) << "minis " << minis;
+      EXPECT_TRUE(at::equal(after_failure[i].exp_avg, moments[i].exp_avg)) << "minis " << minis;
+      EXPECT_TRUE(at::equal(after_failure[i].exp_avg_sq, moments[i].exp_avg_sq));
+    }
+    EXPECT_TRUE(at::equal(Flat(warmed), Flat(kept)));
+
+    ASSERT_TRUE(warmed.Step(Batch(), Objective::kPolicyGradient, 1e-2, reset).ok());
+    ASSERT_TRUE(fresh.Step(Batch(), Objective::kPolicyGradient, 1e-2, o).ok());
+    ASSERT_TRUE(kept.Step(Batch(), Objective::kPolicyGradient, 1e-2, o).ok());
+    EXPECT_TRUE(at::equal(Flat(warmed), Flat(fresh))) << "minis " << minis;
+    EXPECT_EQ(warmed.OptimizerState()[0].step, minis);
+    EXPECT_FALSE(at::equal(Flat(warmed), Flat(kept))) << "the warm-up's moments had no effect";
+  }
+}
+
 TEST(PolicyTrainerTest, MalformedBatchesAreRejectedWithoutAStep) {
   PolicyTrainer t(model::Transformer::Create(Spec(), 5, 0.1), 1e-2, 0, 0.9, 0.999);
   const at::Tensor before = Flat(t);

@@ -1,0 +1,107 @@
+#include "model/tokenizer_json.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "model/tokenizer.h"
+
+namespace gyre::model {
+
+namespace {
+
+bool PrintableByte(int b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174; }
+
+constexpr const char* kCharSpecials[] = {"<pad>", "<s>", "</s>"};
+
+}  // namespace
+
+std::string ByteLevelSymbol(uint8_t byte) {
+  int cp = byte;
+  if (!PrintableByte(byte)) {
+    int n = 0;
+    for (int x = 0; x < byte; ++x) n += PrintableByte(x) ? 0 : 1;
+    cp = 256 + n;
+  }
+  std::string out;
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else {
+    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+  return out;
+}
+
+std::string NoMergeByteLevelTokenizerJson(
+    const std::vector<std::pair<uint8_t, int32_t>>& bytes,
+    const std::vector<std::pair<std::string, int32_t>>& specials) {
+  using nlohmann::json;
+  json vocab = json::object();
+  for (const auto& [b, id] : bytes) vocab[ByteLevelSymbol(b)] = id;
+  // HF `tokenizers` keeps an added token's id only when the model's vocabulary has the token or
+  // the id comes right after it; specials below the byte ids must be in the vocabulary too.
+  int32_t max_byte_id = -1;
+  for (const auto& [b, id] : bytes) max_byte_id = std::max(max_byte_id, id);
+  for (const auto& [content, id] : specials) {
+    if (id < max_byte_id) vocab[content] = id;
+  }
+  json added = json::array();
+  for (const auto& [content, id] : specials) {
+    added.push_back({{"id", id},
+                     {"content", content},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  }
+  json t;
+  t["version"] = "1.0";
+  t["truncation"] = nullptr;
+  t["padding"] = nullptr;
+  t["added_tokens"] = added;
+  t["normalizer"] = nullptr;
+  t["pre_tokenizer"] = {{"type", "ByteLevel"},
+                        {"add_prefix_space", false},
+                        {"trim_offsets", true},
+                        {"use_regex", true}};
+  t["post_processor"] = nullptr;
+  t["decoder"] = {{"type", "ByteLevel"},
+                  {"add_prefix_space", true},
+                  {"trim_offsets", true},
+                  {"use_regex", true}};
+  t["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", vocab},
+                {"merges", json::array()}};
+  return t.dump(2) + "\n";
+}
+
+std::string CharTokenizerJson() {
+  std::vector<std::pair<uint8_t, int32_t>> bytes;
+  for (int c = 0x20; c <= 0x7e; ++c) {
+    bytes.emplace_back(static_cast<uint8_t>(c), CharTokenizer::kFirstChar + (c - 0x20));
+  }
+  return NoMergeByteLevelTokenizerJson(bytes, {{kCharSpecials[0], CharTokenizer::kPad},
+                                               {kCharSpecials[1], CharTokenizer::kBos},
+                                               {kCharSpecials[2], CharTokenizer::kEos}});
+}
+
+std::string CharTokenizerConfigJson() {
+  nlohmann::json j = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                      {"pad_token", kCharSpecials[0]},
+                      {"bos_token", kCharSpecials[1]},
+                      {"eos_token", kCharSpecials[2]},
+                      {"add_bos_token", false},
+                      {"clean_up_tokenization_spaces", false},
+                      {"model_max_length", 1000000}};
+  return j.dump(2) + "\n";
+}
+
+}  // namespace gyre::model

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Gyre's rollout engine against Hugging Face transformers' generate() in one invocation, on the
+# same random-init model, float32, the same number of sequences and threads: the figures the
+# README quotes. Two workloads:
+#   equal    every sequence generates exactly NEW tokens (HF generate's best case: no row idles)
+#   longtail lognormal response lengths (median NEW/4, sigma 1, capped at NEW) in gyre; HF
+#            generate has no per-row stop here, so a batch runs to its longest row: its useful
+#            tokens/s is the drawn lengths' sum over its time for max-length rows
+#   bash tools/rollout-vs-hf.sh BUILD_DIR OUT_DIR [DEVICE=cpu] [SEQS=64] [NEW=64] [THREADS=2]
+#                               [PRESET=tiny]
+# Writes OUT_DIR/{model/, *.json, summary.txt}; prints tokens/s of each row and each against HF
+# generate and against static_compacting, the strongest in-engine baseline.
+set -euo pipefail
+build=${1:?build dir}
+out=${2:?output dir}
+device=${3:-cpu}
+seqs=${4:-64}
+new=${5:-64}
+threads=${6:-2}
+preset=${7:-tiny}
+prompt=32
+py=${GYRE_PYTHON:-${HOME}/.cache/gyre/venv/bin/python}
+mkdir -p "$out"
+gyre="$build/bin/gyre"
+"$gyre" init-model --arch qwen2 --preset "$preset" --out "$out/model" --force >/dev/null
+groups=$((seqs / 8))
+common=(--model "$out/model" --device "$device" --groups "$groups" --group-size 8
+        --max-running "$seqs" --prompt-len "$prompt" --threads "$threads")
+echo "== equal lengths: $seqs sequences x $new tokens, $threads threads, $device" >&2
+"$gyre" bench rollout "${common[@]}" --median-len "$new" --sigma 0 --max-new-tokens "$new" \
+  --json "$out/gyre-equal.json" >/dev/null
+"$py" "$(dirname "$0")/bench_hf_generate.py" --model "$out/model" --batch "$seqs" \
+  --prompt-len "$prompt" --new-tokens "$new" --device "$device" --threads "$threads" \
+  --json "$out/hf-equal.json" >/dev/null
+echo "== long tail: median $((new / 4)), sigma 1, cap $new" >&2
+"$gyre" bench rollout "${common[@]}" --median-len $((new / 4)) --sigma 1 --max-new-tokens "$new" \
+  --json "$out/gyre-longtail.json" >/dev/null
+"$py" - "$out" <<'PY' | tee "$out/summary.txt"
+import json, sys
+out = sys.argv[1]
+h = json.load(open(f"{out}/hf-equal.json"))
+print(f"HF generate {h['transformers']}: {h['batch']} sequences x {h['new_tokens']} tokens, "
+      f"{h['threads']} threads: {h['tokens_per_s']:.0f} tokens/s ({h['seconds']:.2f} s)")
+for work in ("equal", "longtail"):
+    g = json.load(open(f"{out}/gyre-{work}.json"))
+    rows = {r["mode"]: r for r in g["results"]}
+    comp = rows["static_compacting"]["tokens_per_s"]
+    if work == "equal":
+        hf = h["tokens_per_s"]
+    else:
+        # HF generate runs every row of a batch to the longest drawn length (no per-row stop):
+        # its time is that of max-length rows, its useful tokens the drawn lengths' sum.
+        ctx = g.get("context", g)
+        useful = rows["static"]["generated_tokens"]
+        longest = ctx["response_len_max"]
+        hf = useful / (h["seconds"] * longest / h["new_tokens"])
+        print(f"-- longtail: {useful} tokens, mean length {ctx['response_len_mean']:.1f}, "
+              f"longest {longest}")
+    print(f"-- {work}: HF generate {hf:.0f} useful tokens/s")
+    for mode, r in rows.items():
+        print(f"   gyre {mode:18s} {r['tokens_per_s']:8.0f} tokens/s = {r['tokens_per_s'] / hf:5.2f}x HF "
+              f"generate, {r['tokens_per_s'] / comp:5.2f}x static_compacting")
+PY
