@@ -26,7 +26,8 @@ struct CmdResult {
   std::string last_line;
 };
 
-CmdResult RunGyre(const std::vector<std::string>& args, const std::string& dir, double timeout_s = 120) {
+CmdResult RunGyre(const std::vector<std::string>& args, const std::string& dir,
+                  double timeout_s = 120) {
   auto p = GyreProcess::Start(args, dir);
   CmdResult r;
   const bool exited = p.Wait(timeout_s);
@@ -158,8 +159,8 @@ TEST(BadInputTest, TokenizerIdsNearTwoToTheThirtyOneAreRefused) {
 TEST(BadInputTest, ConfigsThatCannotWorkFailValidation) {
   const std::string dir = MakeTempDir("bad_cfg");
   CmdResult r = RunGyre({"validate", kQuickstart, "--set", "cluster.weight_transport=grpc", "--set",
-                   "cluster.weight_bucket_bytes=1073741824"},
-                  dir);
+                         "cluster.weight_bucket_bytes=1073741824"},
+                        dir);
   ExpectCleanError(r, {"cluster.weight_bucket_bytes", "520093696", "gloo"});
   r = RunGyre({"validate", kQuickstart, "--set", "cluster.weight_transport=gloo", "--set",
                "cluster.weight_bucket_bytes=1073741824"},
@@ -212,9 +213,9 @@ TEST(BadInputTest, SequenceLimitAboveTheModelsPositionsIsRefused) {
   json cfg = ReadJson(model + "/config.json");
   const int64_t positions = cfg["max_position_embeddings"].get<int64_t>();
   CmdResult r = RunGyre({"train", kQuickstart, "--set", "job.output_dir=" + dir, "--set",
-                   "model.path=" + model, "--set", "data.chat_template=qwen2.5", "--set",
-                   "model.max_seq_len=" + std::to_string(positions + 1), "--quiet"},
-                  dir);
+                         "model.path=" + model, "--set", "data.chat_template=qwen2.5", "--set",
+                         "model.max_seq_len=" + std::to_string(positions + 1), "--quiet"},
+                        dir);
   ExpectCleanError(r, {"model.max_seq_len " + std::to_string(positions + 1),
                        "exceeds the model's max_position_embeddings " + std::to_string(positions)});
 }

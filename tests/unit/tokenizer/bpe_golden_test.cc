@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "model/bpe_tokenizer.h"
+#include "testing/text_format.h"
 
 namespace gyre::model {
 namespace {
@@ -62,25 +63,8 @@ std::string Decompress(const std::string& path, std::string* error) {
   return out;
 }
 
-std::string Escaped(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7F) {
-      out += static_cast<char>(c);
-    } else {
-      char b[8];
-      snprintf(b, sizeof(b), "\\x%02X", c);
-      out += b;
-    }
-  }
-  return out;
-}
-
-std::string Ids(const std::vector<int32_t>& ids) {
-  std::string out = "[";
-  for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
-  return out + "]";
-}
+using testing::Escaped;
+using testing::Ids;
 
 TEST(BpeGoldenCases, FileIsAVersionedGoldenWithTrickyCases) {
   const json& g = GoldenCases();

@@ -21,6 +21,8 @@
 #include <sstream>
 #include <thread>
 
+#include "testing/text_format.h"
+
 namespace gyre::model {
 namespace {
 
@@ -103,25 +105,8 @@ class RemoveReferenceDir : public ::testing::Environment {
 const auto* const kRemoveReferenceDir =
     ::testing::AddGlobalTestEnvironment(new RemoveReferenceDir());
 
-std::string Escaped(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7F) {
-      out += static_cast<char>(c);
-    } else {
-      char b[8];
-      snprintf(b, sizeof(b), "\\x%02X", c);
-      out += b;
-    }
-  }
-  return out;
-}
-
-std::string Ids(const std::vector<int32_t>& ids) {
-  std::string out = "[";
-  for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
-  return out + "]";
-}
+using testing::Escaped;
+using testing::Ids;
 
 class HfParityTest : public ::testing::TestWithParam<std::string> {};
 
