@@ -30,6 +30,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "common/logging.h"
+
 namespace gyre::comm {
 namespace {
 
@@ -239,11 +241,6 @@ class GlooCommunicator final : public Communicator {
       return Unavailable(std::string("gloo ") + what + " failed: " + FirstLine(why));
     }
     return Status::Ok();
-  }
-
-  static std::string FirstLine(const std::string& s) {
-    const size_t nl = s.find('\n');
-    return nl == std::string::npos ? s : s.substr(0, nl);
   }
 
   const int rank_;

@@ -1,11 +1,12 @@
 #include "model/hf_config.h"
 
-#include <unistd.h>
-
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "common/limits.h"
+#include "common/strings.h"
 
 namespace gyre::model {
 
@@ -46,19 +47,6 @@ std::string Number(double v) {
 }
 
 }  // namespace
-
-std::string HumanBytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 6) {
-    bytes /= 1024;
-    ++u;
-  }
-  std::ostringstream os;
-  os.precision(bytes < 10 ? 2 : 4);
-  os << bytes << " " << units[u];
-  return os.str();
-}
 
 StatusOr<ModelSpec> ParseHfConfig(const std::string& text, const std::string& src) {
   json j;
@@ -197,10 +185,7 @@ double EstimateParameterCount(const ModelSpec& s) {
 }
 
 Status CheckModelSize(const ModelSpec& s, const std::string& src, double limit_bytes) {
-  if (limit_bytes <= 0) {
-    limit_bytes =
-        static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  }
+  if (limit_bytes <= 0) limit_bytes = PhysicalMemoryBytes();
   const double bytes = EstimateParameterCount(s) * 4.0;  // float32
   if (bytes > limit_bytes) {
     return InvalidArgument(

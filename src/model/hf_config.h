@@ -28,9 +28,6 @@ StatusOr<ModelSpec> LoadHfConfig(const std::string& dir);
 // untied), as a double so that no config can overflow it.
 double EstimateParameterCount(const ModelSpec& spec);
 
-// "1.5 GiB": a byte count for messages.
-std::string HumanBytes(double bytes);
-
 // Refuses a model whose float32 parameters would exceed `limit_bytes` (0 = this machine's
 // physical memory), naming `source` and the sizes that make it that large.
 Status CheckModelSize(const ModelSpec& spec, const std::string& source, double limit_bytes = 0);

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/strings.h"
 #include "model/safetensors.h"
 
 namespace gyre::model {

@@ -12,6 +12,7 @@
 #include "comm/nccl_communicator.h"
 #include "comm/weight_broadcast.h"
 #include "comm/weight_sync.h"
+#include "common/limits.h"
 #include "common/logging.h"
 #include "kernels/device_info.h"
 #include "model/weights.h"
@@ -45,8 +46,7 @@ StatusOr<EngineConfig> EngineConfigFromJob(const RolloutSection& rollout,
       bytes = std::min(static_cast<int64_t>(static_cast<double>(total) * rollout.kv_cache_fraction),
                        static_cast<int64_t>(static_cast<double>(free) * 0.9));
     } else if (device.is_cpu()) {
-      const double ram = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
-                         static_cast<double>(sysconf(_SC_PAGE_SIZE));
+      const double ram = PhysicalMemoryBytes();
       bytes = static_cast<int64_t>(ram * rollout.kv_cache_fraction);
     } else {
       return FailedPrecondition("rollout.kv_cache_fraction: cannot query the memory of " +
