@@ -24,8 +24,10 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -303,7 +305,30 @@ StatusOr<std::string> StoreGet(const std::string& address, const std::string& ke
   }
 }
 
+// libtorch 2.11's flight recorder (one per process, on by default with 2000 entries) registers
+// each group in a map before taking its own lock, so two groups of one process that start their
+// first collectives together can corrupt that map: a crash, a failed collective, or a thread that
+// spins forever (seen in `gyre bench dp-step` and reproduced by ManyGroupsStartingTogether...).
+// Gyre has its own deadlines and error messages, so it turns the recorder off before the first
+// group exists; the variable is read once, when the recorder is first used.
+void DisableFlightRecorder() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* set = std::getenv("TORCH_FR_BUFFER_SIZE");
+    if (set == nullptr) set = std::getenv("TORCH_NCCL_TRACE_BUFFER_SIZE");
+    if (set != nullptr && std::string(set) != "0") {
+      GYRE_LOG_WARN(
+          "ignoring TORCH_FR_BUFFER_SIZE={}: libtorch's flight recorder is not safe with "
+          "several Gloo groups in one process, so Gyre keeps it off",
+          set);
+    }
+    ::setenv("TORCH_FR_BUFFER_SIZE", "0", 1);
+    ::unsetenv("TORCH_NCCL_TRACE_BUFFER_SIZE");  // the older name of the same setting
+  });
+}
+
 StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& options) {
+  DisableFlightRecorder();
   if (options.size < 1) return InvalidArgument("gloo group size must be at least 1");
   if (options.rank < 0 || options.rank >= options.size) {
     return InvalidArgument("gloo rank " + std::to_string(options.rank) + " outside a group of " +
