@@ -4,8 +4,8 @@
 # README quotes. Two workloads:
 #   equal    every sequence generates exactly NEW tokens (HF generate's best case: no row idles)
 #   longtail lognormal response lengths (median NEW/4, sigma 1, capped at NEW) in gyre; HF
-#            generate has no per-row stop here, so a batch runs to its longest row: its useful
-#            tokens/s is the drawn lengths' sum over its time for max-length rows
+#            generate has no per-row stop here, so its batch runs to the longest drawn length
+#            (measured as such): its useful tokens/s is the drawn lengths' sum over that time
 #   bash tools/rollout-vs-hf.sh BUILD_DIR OUT_DIR [DEVICE=cpu] [SEQS=64] [NEW=64] [THREADS=2]
 #                               [PRESET=tiny]
 # Writes OUT_DIR/{model/, *.json, summary.txt}; prints tokens/s of each row and each against HF
@@ -35,6 +35,12 @@ echo "== equal lengths: $seqs sequences x $new tokens, $threads threads, $device
 echo "== long tail: median $((new / 4)), sigma 1, cap $new" >&2
 "$gyre" bench rollout "${common[@]}" --median-len $((new / 4)) --sigma 1 --max-new-tokens "$new" \
   --json "$out/gyre-longtail.json" >/dev/null
+# HF generate has no per-row length limit: the same 64 rows run together to the longest drawn
+# length. Measure exactly that batch; its useful tokens are the drawn lengths' sum.
+longest=$("$py" -c 'import json,sys; g=json.load(open(sys.argv[1])); print(g.get("context", g)["response_len_max"])' "$out/gyre-longtail.json")
+"$py" "$(dirname "$0")/bench_hf_generate.py" --model "$out/model" --batch "$seqs" \
+  --prompt-len "$prompt" --new-tokens "$longest" --device "$device" --threads "$threads" \
+  --json "$out/hf-longtail.json" >/dev/null
 "$py" - "$out" <<'PY' | tee "$out/summary.txt"
 import json, sys
 out = sys.argv[1]
@@ -48,14 +54,15 @@ for work in ("equal", "longtail"):
     if work == "equal":
         hf = h["tokens_per_s"]
     else:
-        # HF generate runs every row of a batch to the longest drawn length (no per-row stop):
-        # its time is that of max-length rows, its useful tokens the drawn lengths' sum.
+        # HF generate ran the batch to the longest drawn length (measured, hf-longtail.json);
+        # its useful tokens are the drawn lengths' sum.
         ctx = g.get("context", g)
+        hl = json.load(open(f"{out}/hf-longtail.json"))
         useful = rows["static"]["generated_tokens"]
-        longest = ctx["response_len_max"]
-        hf = useful / (h["seconds"] * longest / h["new_tokens"])
+        hf = useful / hl["seconds"]
         print(f"-- longtail: {useful} tokens, mean length {ctx['response_len_mean']:.1f}, "
-              f"longest {longest}")
+              f"longest {ctx['response_len_max']}; HF generate ran {hl['batch']} x "
+              f"{hl['new_tokens']} tokens in {hl['seconds']:.2f} s")
     print(f"-- {work}: HF generate {hf:.0f} useful tokens/s")
     for mode, r in rows.items():
         print(f"   gyre {mode:18s} {r['tokens_per_s']:8.0f} tokens/s = {r['tokens_per_s'] / hf:5.2f}x HF "
