@@ -6,7 +6,8 @@
 # (or ./gpu-out).
 #
 # Preparation on a machine with Debian's registry, from the repository root:
-#   bash ../shared/device/stage-deps.sh            # -> .devdeps/ (git-ignored; carry it)
+#   EXTRA_DEBS="libgloo-dev libsqlite3-dev libsqlite3-0" bash ../shared/device/stage-deps.sh
+#       # -> .devdeps/ (git-ignored; carry it); Gloo's and SQLite's are not in its default list
 #   mkdir -p .device && cp ../shared/device/*.sh .device/   # .device/ is git-ignored
 # On the GPU host (the device tool runs commands in the repository root):
 #   bash tools/gpu-check.sh [--tests-only | --bench-only] [extra bench kernels options]

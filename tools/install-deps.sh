@@ -4,11 +4,13 @@
 #   tools/install-deps.sh            # Debian packages + the shared Python venv with torch
 #   GYRE_VENV=/path tools/install-deps.sh
 #
-# Debian 12 packages come from apt (run as root, or with sudo available). libtorch is the one
-# inside PyTorch's pip wheel, pinned to the GPU host's version, installed once into a virtual
-# environment under ~/.cache/gyre (override with GYRE_VENV) that every clone shares, so a fresh
-# clone does not download several GB again. Test-only reference packages (transformers,
-# tokenizers, safetensors, numpy) go into the same venv; Gyre never needs them at run time.
+# Debian 12 packages come from apt (run as root, or with sudo available); among them clang and its
+# libFuzzer and sanitizer runtimes (libclang-rt-14-dev, which clang only recommends) for the fuzz
+# targets (tools/fuzz.sh). libtorch is the one inside PyTorch's pip wheel, pinned to the GPU host's
+# version, installed once into a virtual environment under ~/.cache/gyre (override with
+# GYRE_VENV) that every clone shares, so a fresh clone does not download several GB again.
+# Test-only reference packages (transformers, tokenizers, safetensors, numpy) go into the same
+# venv; Gyre never needs them at run time.
 set -euo pipefail
 
 TORCH_VERSION="${GYRE_TORCH_VERSION:-2.11.0}"
@@ -20,7 +22,8 @@ APT_PACKAGES=(
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev libutf8proc-dev
-  libgloo-dev
+  libgloo-dev libsqlite3-dev
+  clang libclang-rt-14-dev xz-utils
 )
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }

@@ -204,7 +204,8 @@ StatusOr<ControllerState> ReadControllerState(const std::string& dir) {
     return InvalidArgument(path + ": not valid JSON: " + e.what());
   }
   auto bad = [&](const std::string& why) { return InvalidArgument(path + ": " + why); };
-  if (!j.is_object() || j.value("format", "") != kFormat) {
+  // Not value("format", ""), which throws when "format" is there but is no string.
+  if (!j.is_object() || !j.contains("format") || j["format"] != kFormat) {
     return bad(std::string("not a controller state (expected \"format\": \"") + kFormat + "\")");
   }
   if (!j["format_version"].is_number_integer() ||

@@ -105,6 +105,16 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
     e.name = it.key();
     try {
       e.dtype = it.value().at("dtype").get<std::string>();
+      // Integers only: get<> would convert a float such as 1e40 (undefined behaviour).
+      for (const char* key : {"shape", "data_offsets"}) {
+        const auto& list = it.value().at(key);
+        if (!list.is_array()) return DataLoss(where + ": " + key + " must be a list of integers");
+        for (const auto& v : list) {
+          if (!v.is_number_integer()) {
+            return DataLoss(where + ": " + key + " must be a list of integers, got " + v.dump());
+          }
+        }
+      }
       e.shape = it.value().at("shape").get<std::vector<int64_t>>();
       auto offs = it.value().at("data_offsets").get<std::vector<uint64_t>>();
       if (offs.size() != 2) return DataLoss(where + ": data_offsets must have two entries");
@@ -118,7 +128,11 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
     uint64_t numel = 1;
     for (int64_t d : e.shape) {
       if (d < 0) return DataLoss(where + ": negative dimension in shape " + ShapeStr(e.shape));
-      numel *= static_cast<uint64_t>(d);
+      // A product past 2^63 elements would wrap and could match a small byte range.
+      if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel) ||
+          numel > static_cast<uint64_t>(INT64_MAX) / 8) {
+        return DataLoss(where + ": shape " + ShapeStr(e.shape) + " has too many elements");
+      }
     }
     if (e.end < e.begin || e.end > data_size) {
       return DataLoss(where + ": byte range [" + std::to_string(e.begin) + ", " +

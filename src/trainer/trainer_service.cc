@@ -324,6 +324,10 @@ grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveReques
                                   v1::SaveResponse* resp) {
   return rpc::Guarded("Save", [&]() -> grpc::Status {
     std::lock_guard<std::mutex> lock(mu_);
+    // An empty name would make DIR.tmp the working directory's ".tmp", removed first.
+    if (req->directory().empty()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Save needs a directory");
+    }
     // Atomic: write everything into DIR.tmp, fsync, then rename over DIR.
     const std::string final_dir = req->directory();
     const std::string tmp_dir = final_dir + ".tmp";
@@ -360,6 +364,9 @@ grpc::Status TrainerService::LoadState(grpc::ServerContext* ctx, const v1::LoadS
                                        v1::LoadStateResponse* resp) {
   return rpc::Guarded("LoadState", [&]() -> grpc::Status {
     std::lock_guard<std::mutex> lock(mu_);
+    if (req->directory().empty()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "LoadState needs a directory");
+    }
     Status s = LoadTrainerState(req->directory(), &trainer_);
     if (!s.ok()) return rpc::ToGrpc(s);
     GYRE_LOG_INFO("restored trainer state from {}: policy version {}", req->directory(),

@@ -156,7 +156,8 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
     return InvalidArgument(state_path + ": not valid JSON: " + e.what());
   }
   auto bad = [&](const std::string& why) { return InvalidArgument(state_path + ": " + why); };
-  if (!state.is_object() || state.value("format", "") != kFormat) {
+  // Not value("format", ""), which throws when "format" is there but is no string.
+  if (!state.is_object() || !state.contains("format") || state["format"] != kFormat) {
     return bad(std::string("not a trainer state (expected \"format\": \"") + kFormat + "\")");
   }
   if (!state["format_version"].is_number_integer() ||

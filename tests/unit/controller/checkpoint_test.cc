@@ -372,6 +372,20 @@ TEST(CheckpointTest, CorruptControllerStateIsRejectedNamingTheFile) {
   EXPECT_TRUE(RemoveTree(dir).ok());
 }
 
+// Found by fuzz_controller_state (docs/reliability.md): a "format" that is not a string threw out
+// of ReadControllerState (nlohmann's value() with a string default) and aborted the resume.
+TEST(CheckpointTest, NonStringFormatIsAnErrorNotAnException) {
+  const std::string dir = TempDir("format_type");
+  for (const char* json : {"{\"format\": 7}", "{\"format\": null}", "{\"format\": [\"gyre\"]}"}) {
+    ASSERT_TRUE(WriteFileAtomic(dir + "/controller.json", json).ok());
+    auto s = ReadControllerState(dir);
+    ASSERT_FALSE(s.ok()) << json;
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << s.status();
+    EXPECT_NE(s.status().message().find("not a controller state"), std::string::npos) << s.status();
+  }
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
 // The newest complete checkpoint wins; an unfinished .tmp write and unrelated files are ignored.
 TEST(CheckpointTest, LatestIgnoresUnfinishedWrites) {
   const std::string root = TempDir("latest");

@@ -125,6 +125,34 @@ TEST_F(SafetensorsTest, UnsignedWideDtypesOpenButCannotBeViewed) {
   EXPECT_EQ(i->item<int32_t>(), 0x01010101);
 }
 
+// Found by fuzz_safetensors (docs/reliability.md): a dimension too long for 64 bits (read as a
+// float by the JSON parser) was converted with undefined behaviour, and a shape whose element
+// count wraps past 2^64 matched an empty byte range, then threw out of View (numel overflow).
+TEST_F(SafetensorsTest, ShapesThatDoNotFitAreErrors) {
+  const std::string huge = "160877777777777777777777777777777777777777";
+  const std::string text =
+      "{\"t\": {\"dtype\": \"F16\", \"shape\": [" + huge + "], \"data_offsets\": [0, 2]}}";
+  const std::string path = dir_ + "/float_dim.safetensors";
+  {
+    std::string h = text;
+    while (h.size() % 8) h.push_back(' ');
+    std::ofstream out(path, std::ios::binary);
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((h.size() >> (8 * i)) & 0xff));
+    out << h << std::string(2, '\0');
+  }
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("shape must be a list of integers"), std::string::npos)
+      << f.status();
+  const std::string wraps = Write(
+      "wraps.safetensors",
+      {{"t", {{"dtype", "F32"}, {"shape", {4294967296, 4294967296}}, {"data_offsets", {0, 0}}}}},
+      "");
+  auto g = SafetensorsFile::Open(wraps);
+  ASSERT_FALSE(g.ok()) << "opened a tensor of 2^64 elements in 0 bytes";
+  EXPECT_NE(g.status().message().find("too many elements"), std::string::npos) << g.status();
+}
+
 TEST_F(SafetensorsTest, ShardedCheckpointLoadsIntoAModel) {
   auto src = Transformer::Create(testing::TinySpec(20, 16, 2, 2, 1, 24), 1, 0.1);
   auto dst = Transformer::Create(testing::TinySpec(20, 16, 2, 2, 1, 24), 2, 0.1);

@@ -165,5 +165,20 @@ TEST(TrainerStateTest, CorruptStateIsRejectedAndChangesNothing) {
   EXPECT_TRUE(RemoveTree(dir).ok());
 }
 
+// Found by fuzz_controller_state in the controller's reader (docs/reliability.md); the trainer's
+// reader had the same line: a "format" that is not a string threw instead of being refused.
+TEST(TrainerStateTest, NonStringFormatIsAnErrorNotAnException) {
+  const std::string dir = TempDir("format_type");
+  auto a = MakeTrainer(3);
+  ASSERT_TRUE(SaveTrainerState(dir, *a, "").ok());
+  for (const char* json : {"{\"format\": 7}", "{\"format\": {}}"}) {
+    ASSERT_TRUE(WriteFileAtomic(dir + "/trainer_state.json", json).ok());
+    const Status s = LoadTrainerState(dir, a.get());
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("not a trainer state"), std::string::npos) << s;
+  }
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
 }  // namespace
 }  // namespace gyre::trainer

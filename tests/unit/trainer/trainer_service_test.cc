@@ -1,0 +1,100 @@
+// TrainerService's directory-taking handlers (Save, SaveState, LoadState) called directly, as the
+// gRPC server would: a request without a directory is refused and touches nothing, and a state
+// saved by SaveState loads back.
+#include "trainer/trainer_service.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "common/file_util.h"
+#include "testing/tiny_model.h"
+
+namespace gyre::trainer {
+namespace {
+
+JobConfig Config() {
+  JobConfig c;
+  c.trainer.micro_batch_size = 4;
+  c.cluster.bind_host = "127.0.0.1";
+  return c;
+}
+
+std::unique_ptr<TrainerService> MakeService() {
+  return std::make_unique<TrainerService>(
+      Config(), model::Transformer::Create(testing::TinySpec(24, 32, 1, 4, 2, 48), 3, 0.1),
+      [](const std::string&) {});
+}
+
+class TrainerServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TempDirectory() + "/gyre_trainer_service_" + std::to_string(::getpid());
+    ASSERT_TRUE(RemoveTree(dir_).ok());
+    ASSERT_TRUE(MakeDirs(dir_).ok());
+  }
+  void TearDown() override { EXPECT_TRUE(RemoveTree(dir_).ok()); }
+  std::string dir_;
+};
+
+// Found by fuzz_trainer_rpc (docs/reliability.md): Save with an empty directory removed the
+// working directory's ".tmp", wrote the model there, and renamed it to "" (which failed).
+TEST_F(TrainerServiceTest, HandlersWithoutADirectoryAreRefusedAndTouchNothing) {
+  auto service = MakeService();
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof(cwd)), nullptr);
+  ASSERT_EQ(::chdir(dir_.c_str()), 0);
+  ASSERT_TRUE(MakeDirs(".tmp").ok());
+  ASSERT_TRUE(WriteFileAtomic(".tmp/keep", "mine").ok());
+  grpc::ServerContext ctx;
+  v1::SaveRequest save;
+  v1::SaveResponse save_resp;
+  const grpc::Status s1 = service->Save(&ctx, &save, &save_resp);
+  v1::SaveStateRequest save_state;
+  v1::SaveStateResponse save_state_resp;
+  const grpc::Status s2 = service->SaveState(&ctx, &save_state, &save_state_resp);
+  v1::LoadStateRequest load;
+  v1::LoadStateResponse load_resp;
+  const grpc::Status s3 = service->LoadState(&ctx, &load, &load_resp);
+  const auto kept = ReadFileToString(".tmp/keep");
+  const auto listing = ListDirectory(".");
+  ASSERT_EQ(::chdir(cwd), 0);
+  EXPECT_EQ(s1.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s1.error_message(), "Save needs a directory");
+  EXPECT_EQ(s2.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s3.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s3.error_message(), "LoadState needs a directory");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(*kept, "mine");
+  ASSERT_TRUE(listing.ok());
+  EXPECT_EQ(*listing, std::vector<std::string>{".tmp"});
+}
+
+TEST_F(TrainerServiceTest, SavedStateLoadsBackAndAMissingOneIsAnError) {
+  auto service = MakeService();
+  grpc::ServerContext ctx;
+  v1::SaveStateRequest save;
+  save.set_directory(dir_ + "/state");
+  v1::SaveStateResponse save_resp;
+  ASSERT_TRUE(service->SaveState(&ctx, &save, &save_resp).ok());
+  v1::LoadStateRequest load;
+  load.set_directory(dir_ + "/state");
+  v1::LoadStateResponse load_resp;
+  const grpc::Status ok = service->LoadState(&ctx, &load, &load_resp);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(load_resp.policy_version(), save_resp.policy_version());
+  load.set_directory(dir_ + "/missing");
+  const grpc::Status missing = service->LoadState(&ctx, &load, &load_resp);
+  EXPECT_FALSE(missing.ok());
+  EXPECT_NE(missing.error_message().find(dir_ + "/missing"), std::string::npos)
+      << missing.error_message();
+  v1::SaveRequest model;
+  model.set_directory(dir_ + "/model");
+  v1::SaveResponse model_resp;
+  ASSERT_TRUE(service->Save(&ctx, &model, &model_resp).ok());
+  EXPECT_EQ(model_resp.path(), dir_ + "/model");
+  EXPECT_TRUE(PathExists(dir_ + "/model/config.json"));
+  EXPECT_FALSE(PathExists(dir_ + "/model.tmp"));
+}
+
+}  // namespace
+}  // namespace gyre::trainer
