@@ -191,8 +191,9 @@ Status PolicyTrainer::Validate(const std::vector<TrainSample>& batch, Objective 
       return InvalidArgument(where + ": loss_mask has " + std::to_string(s.loss_mask.size()) +
                              " entries for " + std::to_string(s.response.size()) + " tokens");
     }
-    if (objective == Objective::kPolicyGradient && !s.rollout_logprobs.empty() &&
-        s.rollout_logprobs.size() != s.response.size()) {
+    // For every objective: SFT ignores them, but a sample that disagrees with itself is refused
+    // (found by fuzz_trainer_rpc: an SFT step read past a short list).
+    if (!s.rollout_logprobs.empty() && s.rollout_logprobs.size() != s.response.size()) {
       return InvalidArgument(where + ": logprobs has " + std::to_string(s.rollout_logprobs.size()) +
                              " entries for " + std::to_string(s.response.size()) + " tokens");
     }
@@ -248,7 +249,7 @@ MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, 
       tg_a[s][t] = x.response[t];
       mk_a[s][t] = x.loss_mask.empty() ? 1.0f : x.loss_mask[t];
       ad_a[s][t] = x.advantage * mk_a[s][t];
-      rl_a[s][t] = x.rollout_logprobs.empty() ? 0.0f : x.rollout_logprobs[t];
+      rl_a[s][t] = x.rollout_logprobs.size() == x.response.size() ? x.rollout_logprobs[t] : 0.0f;
       ol_a[s][t] = x.old_logprobs.size() == x.response.size() ? x.old_logprobs[t] : 0.0f;
     }
   }

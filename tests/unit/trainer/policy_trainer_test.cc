@@ -168,6 +168,17 @@ TEST(PolicyTrainerTest, MalformedBatchesAreRejectedWithoutAStep) {
   EXPECT_NE(t.Step(b, Objective::kSft, 1e-2, Options(4)).status().message().find("out of range"),
             std::string::npos);
   EXPECT_FALSE(t.Step({}, Objective::kSft, 1e-2, Options(4)).ok());
+  // Found by fuzz_trainer_rpc (docs/reliability.md): an SFT step with a logprobs list shorter
+  // than the response read past its end (ASan heap-buffer-overflow in BuildMicroBatch).
+  b = Batch();
+  b[2].rollout_logprobs = {-1.0f};
+  for (Objective o : {Objective::kSft, Objective::kPolicyGradient}) {
+    auto short_lp = t.Step(b, o, 1e-2, Options(4));
+    EXPECT_EQ(short_lp.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(short_lp.status().message().find("sample 2: logprobs has 1 entries"),
+              std::string::npos)
+        << short_lp.status();
+  }
   EXPECT_TRUE(at::equal(before, Flat(t)));
   EXPECT_EQ(t.version(), 0);
 }
