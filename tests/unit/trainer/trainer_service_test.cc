@@ -36,8 +36,9 @@ class TrainerServiceTest : public ::testing::Test {
   std::string dir_;
 };
 
-// Found by fuzz_trainer_rpc (docs/reliability.md): Save with an empty directory removed the
-// working directory's ".tmp", wrote the model there, and renamed it to "" (which failed).
+// Seen while adding Save to fuzz_trainer_rpc (docs/reliability.md): Save with an empty directory
+// removed the working directory's ".tmp", wrote the model there, and renamed it to "" (which
+// failed).
 TEST_F(TrainerServiceTest, HandlersWithoutADirectoryAreRefusedAndTouchNothing) {
   auto service = MakeService();
   char cwd[4096];
