@@ -12,23 +12,13 @@
 #include "model/model_spec.h"
 #include "model/transformer.h"
 #include "rollout/rollout_engine.h"
+#include "testing/tiny_model.h"
 #include "trainer/policy_trainer.h"
 
 namespace gyre::fuzz {
 
 // 16 tokens, hidden 8, one layer, 2 query heads sharing 1 KV head, 24 positions.
-inline model::ModelSpec FuzzSpec() {
-  model::ModelSpec s;
-  s.vocab_size = 16;
-  s.hidden_size = 8;
-  s.num_layers = 1;
-  s.num_heads = 2;
-  s.num_kv_heads = 1;
-  s.head_dim = 4;
-  s.intermediate_size = 16;
-  s.max_seq_len = 24;
-  return s;
-}
+inline model::ModelSpec FuzzSpec() { return testing::TinySpec(16, 8, 1, 2, 1, 16, 24); }
 
 inline std::unique_ptr<model::Transformer> MakeFuzzModel(uint64_t seed = 5) {
   return model::Transformer::Create(FuzzSpec(), seed, 0.1);
