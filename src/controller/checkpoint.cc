@@ -16,7 +16,8 @@ namespace {
 
 constexpr char kFormat[] = "gyre.controller_state";
 // 2 added carried_groups (partial rollouts); 1 is still read, as a state with none.
-constexpr int kFormatVersion = 2;
+// 3 added ledger_sequence (the sample ledger); 1 and 2 are read as states without a ledger.
+constexpr int kFormatVersion = 3;
 constexpr int kOldestFormatVersion = 1;
 constexpr char kCarriedFile[] = "carried_groups.pb";
 constexpr char kPrefix[] = "step-";
@@ -187,7 +188,8 @@ Status WriteControllerState(const std::string& dir, const ControllerState& s) {
                       {"final_mean_reward", s.final_mean_reward},
                       {"wall_seconds", s.wall_seconds},
                       {"data_fingerprints", s.data_fingerprints},
-                      {"carried_groups", manifest}};
+                      {"carried_groups", manifest},
+                      {"ledger_sequence", s.ledger_sequence}};
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kCarriedFile, carried_bytes));
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/controller.json", j.dump(1) + "\n"));
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.yaml", s.config_yaml));
@@ -252,6 +254,12 @@ StatusOr<ControllerState> ReadControllerState(const std::string& dir) {
   for (const auto& [k, v] : j["data_fingerprints"].items()) {
     if (!v.is_string()) return bad("data_fingerprints." + k + " must be a string");
     s.data_fingerprints[k] = v.get<std::string>();
+  }
+  if (s.format_version >= 3) {
+    GYRE_RETURN_IF_ERROR(need_int("ledger_sequence"));
+    s.ledger_sequence = j["ledger_sequence"].get<int64_t>();
+  } else {
+    s.ledger_sequence = -1;
   }
   if (s.format_version >= 2) {
     if (!j.contains("carried_groups")) return bad("\"carried_groups\" is missing");

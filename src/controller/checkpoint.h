@@ -43,6 +43,10 @@ struct ControllerState {
   // Partial rollouts: the groups in flight between steps (launched, not finished by all their
   // samples), by group id, with everything needed to continue them exactly.
   std::vector<v1::CarriedGroup> carried_groups;
+  // The sample ledger's LastSequence() when the checkpoint was written (what a resume rolls the
+  // ledger back to); 0 = an empty ledger, -1 = the checkpoint predates the ledger (formats 1
+  // and 2).
+  int64_t ledger_sequence = 0;
   // The controller.json format the state was read from (WriteControllerState writes the
   // newest). Format 1 predates carried_groups and never has any.
   int format_version = 0;

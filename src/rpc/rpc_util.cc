@@ -13,6 +13,10 @@
 namespace gyre::rpc {
 
 Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  return FromGrpc(s).WithContext(what);
+}
+
+Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return Status::Ok();
   StatusCode code = StatusCode::kInternal;
   switch (s.error_code()) {
@@ -50,7 +54,7 @@ Status FromGrpc(const grpc::Status& s, const std::string& what) {
     default:
       break;
   }
-  return Status(code, what + ": " + s.error_message());
+  return Status(code, s.error_message());
 }
 
 grpc::Status HandlerFailed(const char* method, const char* what) {

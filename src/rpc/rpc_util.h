@@ -16,7 +16,10 @@ namespace gyre::rpc {
 // Largest message any Gyre call sends (a generate response or a weight bucket).
 constexpr int kMaxMessageBytes = static_cast<int>(kMaxRpcMessageBytes);
 
+// "WHAT: peer's message", with the matching code.
 Status FromGrpc(const grpc::Status& s, const std::string& what);
+// The peer's message unchanged, with the matching code.
+Status FromGrpc(const grpc::Status& s);
 grpc::Status ToGrpc(const Status& s);
 
 // Logs and returns INTERNAL "METHOD failed: WHAT" (WHAT cut to its first line).

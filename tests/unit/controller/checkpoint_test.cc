@@ -33,6 +33,7 @@ ControllerState SampleState() {
   s.accuracy_before_rl = 0.4125;
   s.final_mean_reward = 0.1 + 0.2;  // not representable exactly in decimal: must round-trip
   s.wall_seconds = 81.5;
+  s.ledger_sequence = 4242;
   s.data_fingerprints = {{"data.train_path", "10 bytes, fnv1a64 0123456789abcdef"}};
   s.config_yaml = config::DumpJobConfig(JobConfig());
   s.metrics_jsonl = "{\"phase\":\"grpo\",\"step\":1}\n{\"phase\":\"grpo\",\"step\":2}\n";
@@ -136,7 +137,8 @@ TEST(CheckpointTest, ControllerStateRoundTrips) {
   EXPECT_EQ(b->config_yaml, a.config_yaml);
   EXPECT_EQ(b->metrics_jsonl, a.metrics_jsonl);
   EXPECT_TRUE(b->carried_groups.empty());
-  EXPECT_EQ(b->format_version, 2);
+  EXPECT_EQ(b->format_version, 3);
+  EXPECT_EQ(b->ledger_sequence, a.ledger_sequence);
   EXPECT_TRUE(RemoveTree(dir).ok());
 }
 
@@ -320,7 +322,7 @@ TEST(CheckpointTest, FormatOneStateReadsWithoutCarriedGroups) {
   const std::string dir = TempDir("format1");
   ASSERT_TRUE(WriteControllerState(dir, SampleState()).ok());
   std::string json = *ReadFileToString(dir + "/controller.json");
-  json.replace(json.find("\"format_version\": 2"), 19, "\"format_version\": 1");
+  json.replace(json.find("\"format_version\": 3"), 19, "\"format_version\": 1");
   const size_t carried = json.find(",\n \"carried_groups\"");
   ASSERT_NE(carried, std::string::npos) << json;
   json.erase(carried, json.find('}', carried) + 1 - carried);
@@ -330,12 +332,13 @@ TEST(CheckpointTest, FormatOneStateReadsWithoutCarriedGroups) {
   ASSERT_TRUE(s.ok()) << s.status() << "\n" << json;
   EXPECT_EQ(s->format_version, 1);
   EXPECT_TRUE(s->carried_groups.empty());
+  EXPECT_EQ(s->ledger_sequence, -1);  // no ledger then
   EXPECT_EQ(s->grpo_step, 12);
-  json.replace(json.find("\"format_version\": 1"), 19, "\"format_version\": 3");
+  json.replace(json.find("\"format_version\": 1"), 19, "\"format_version\": 4");
   ASSERT_TRUE(WriteFileAtomic(dir + "/controller.json", json).ok());
   s = ReadControllerState(dir);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().message().find("unsupported format_version 3 (this build reads 1 to 2)"),
+  EXPECT_NE(s.status().message().find("unsupported format_version 4 (this build reads 1 to 3)"),
             std::string::npos)
       << s.status();
   EXPECT_TRUE(RemoveTree(dir).ok());

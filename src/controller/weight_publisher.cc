@@ -1,0 +1,217 @@
+#include "controller/weight_publisher.h"
+
+#include <chrono>
+#include <future>
+#include <map>
+#include <memory>
+
+#include "common/logging.h"
+
+namespace gyre::controller {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
+}  // namespace
+
+std::string ReceiptMismatch(const v1::WeightReceipt& receipt, int64_t version,
+                            const google::protobuf::RepeatedField<uint32_t>& sent) {
+  bool match = receipt.version() == version && receipt.bucket_crc32_size() == sent.size();
+  for (int b = 0; match && b < sent.size(); ++b) match = receipt.bucket_crc32(b) == sent.Get(b);
+  return match ? "" : "receipt for v" + std::to_string(version) + " does not match";
+}
+
+WeightPublisher::WeightPublisher(const JobConfig& cfg, WorkerPool* pool, std::string store_address)
+    : cfg_(cfg), pool_(pool), store_address_(std::move(store_address)) {}
+
+Status WeightPublisher::Publish(int64_t version) {
+  return PublishTo(version, pool_->AliveRollouts());
+}
+
+Status WeightPublisher::CatchUp(Worker* w, int64_t version) {
+  if (!store_address_.empty()) ++weight_epoch_;  // a fresh group with this worker
+  return PublishTo(version, {w});
+}
+
+Status WeightPublisher::PublishTo(int64_t version, const std::vector<Worker*>& rollouts) {
+  const auto t0 = Clock::now();
+  Status s;
+  if (!store_address_.empty()) {
+    s = PublishGroups(version, rollouts);
+  } else if (cfg_.cluster.weight_transport == "cuda_ipc") {
+    s = PublishCudaIpc(version, rollouts);
+  } else {
+    s = PublishGrpc(version, rollouts);
+  }
+  last_seconds_ = Seconds(t0);
+  GYRE_RETURN_IF_ERROR(s);
+  GYRE_LOG_DEBUG("published v{} over {} to {} worker(s) in {:.3f} s", version,
+                 cfg_.cluster.weight_transport, rollouts.size(), last_seconds_);
+  return pool_->CheckHealth();
+}
+
+Status WeightPublisher::Settle(Worker* w, int64_t version, const std::string& error,
+                               const v1::WeightReceipt& receipt,
+                               const google::protobuf::RepeatedField<uint32_t>& sent) {
+  if (!error.empty()) {
+    // A worker that died mid-transfer is reported by the monitor (with its pid and signal); one
+    // that is alive but failed the transfer is stopped and dropped.
+    return pool_->AfterWorkFailure(
+        w, "weight transfer of v" + std::to_string(version) + " failed: " + error);
+  }
+  // Alive and answering, but holding something else than was sent: never use it again.
+  if (std::string mismatch = ReceiptMismatch(receipt, version, sent); !mismatch.empty()) {
+    return pool_->DropWorker(w, mismatch);
+  }
+  w->version = version;
+  return Status::Ok();
+}
+
+std::string WeightPublisher::WeightGroup(const Worker& w) const {
+  return weight_epoch_ == 0 ? "weights/" + w.id
+                            : "weights/e" + std::to_string(weight_epoch_) + "/" + w.id;
+}
+
+Status WeightPublisher::PublishGrpc(int64_t version, const std::vector<Worker*>& rollouts) {
+  v1::PublishWeightsRequest req;
+  req.set_version(version);
+  req.set_timeout_s(cfg_.cluster.weight_sync_timeout_s);
+  req.set_bucket_bytes(cfg_.cluster.weight_bucket_bytes);
+  for (Worker* w : rollouts) {
+    req.add_rollout_addresses(w->address);
+    req.add_rollout_ids(w->id);
+  }
+  v1::PublishWeightsResponse resp;
+  Worker* t = trainer();
+  GYRE_RETURN_IF_ERROR(pool_->AfterRpcFailure(
+      t, pool_->Invoke(t->id, cfg_.cluster.weight_sync_timeout_s + 10, [&](const rpc::Call& c) {
+        return t->trainer->PublishWeights(c, req, &resp)
+            .WithContext("publish weights v" + std::to_string(version));
+      })));
+  for (const auto& r : resp.results()) {
+    Worker* w = pool_->Get(r.rollout_id());
+    GYRE_RETURN_IF_ERROR(Settle(w, version, r.ok() ? "" : r.error(), r.receipt(), r.sent_crc32()));
+  }
+  return Status::Ok();
+}
+
+Status WeightPublisher::PublishCudaIpc(int64_t version, const std::vector<Worker*>& rollouts) {
+  const double timeout = cfg_.cluster.weight_sync_timeout_s;
+  // 1. The trainer writes the version into its GPU buffer and answers with the buffer's handle.
+  v1::PublishWeightsRequest req;
+  req.set_version(version);
+  req.set_timeout_s(timeout);
+  req.set_bucket_bytes(cfg_.cluster.weight_bucket_bytes);
+  req.set_transport("cuda_ipc");
+  v1::PublishWeightsResponse resp;
+  Worker* t = trainer();
+  GYRE_RETURN_IF_ERROR(
+      pool_->AfterRpcFailure(t, pool_->Invoke(t->id, timeout + 10, [&](const rpc::Call& c) {
+        return t->trainer->PublishWeights(c, req, &resp)
+            .WithContext("publish weights v" + std::to_string(version));
+      })));
+  // 2. Every rollout worker copies it device-to-device, concurrently, and checks each bucket.
+  v1::ReceiveWeightsRequest base;
+  base.set_transport("cuda_ipc");
+  base.set_timeout_s(timeout);
+  base.set_ipc_handle(resp.ipc_handle());
+  base.set_version(version);
+  *base.mutable_manifest() = resp.manifest();
+  base.set_total_bytes(resp.total_bytes());
+  base.set_bucket_bytes(resp.bucket_bytes());
+  *base.mutable_sent_crc32() = resp.bucket_crc32();
+  std::vector<v1::WeightReceipt> receipts(rollouts.size());
+  std::vector<std::future<Status>> pending;
+  for (size_t i = 0; i < rollouts.size(); ++i) {
+    pending.push_back(
+        std::async(std::launch::async, [this, w = rollouts[i], &base, &receipts, i, timeout] {
+          return pool_->Invoke(w->id, timeout + 10, [&](const rpc::Call& c) {
+            return w->rollout->ReceiveWeights(c, base, &receipts[i]);
+          });
+        }));
+  }
+  std::vector<Status> results;
+  for (auto& f : pending) results.push_back(f.get());
+  for (size_t i = 0; i < rollouts.size(); ++i) {
+    const std::string error = results[i].ok() ? "" : results[i].WithContext("receive").ToString();
+    GYRE_RETURN_IF_ERROR(Settle(rollouts[i], version, error, receipts[i], resp.bucket_crc32()));
+  }
+  GYRE_LOG_DEBUG("v{} over cuda_ipc: trainer side {:.3f} s", version, resp.seconds());
+  return Status::Ok();
+}
+
+Status WeightPublisher::PublishGroups(int64_t version, const std::vector<Worker*>& rollouts) {
+  const double timeout = cfg_.cluster.weight_sync_timeout_s;
+  const std::string transport = cfg_.cluster.weight_transport;
+  Worker* t = trainer();
+  v1::PublishWeightsRequest req;
+  req.set_version(version);
+  req.set_timeout_s(timeout);
+  req.set_bucket_bytes(cfg_.cluster.weight_bucket_bytes);
+  req.set_transport(transport);
+  req.set_store_address(store_address_);
+  req.set_bind_host(HostOf(t->address));
+  // Each rollout worker is asked to receive at the same time as the trainer publishes.
+  std::vector<v1::ReceiveWeightsRequest> receive(rollouts.size());
+  for (size_t i = 0; i < rollouts.size(); ++i) {
+    const Worker* w = rollouts[i];
+    const std::string group = WeightGroup(*w);
+    req.add_rollout_ids(w->id);
+    req.add_rollout_addresses(w->address);
+    req.add_groups(group);
+    receive[i].set_transport(transport);
+    receive[i].set_store_address(store_address_);
+    receive[i].set_group(group);
+    receive[i].set_timeout_s(timeout);
+    receive[i].set_bind_host(HostOf(w->address));
+  }
+  // The receivers' cancellations, so that a failed publish ends them at once.
+  std::vector<std::unique_ptr<rpc::Cancellation>> cancels(rollouts.size());
+  std::vector<v1::WeightReceipt> receipts(rollouts.size());
+  std::vector<std::future<Status>> pending;
+  for (size_t i = 0; i < rollouts.size(); ++i) {
+    cancels[i] = std::make_unique<rpc::Cancellation>();
+    pending.push_back(std::async(
+        std::launch::async, [this, w = rollouts[i], &receive, &receipts, &cancels, i, timeout] {
+          return pool_->Invoke(w->id, timeout + 10, cancels[i].get(), [&](const rpc::Call& c) {
+            return w->rollout->ReceiveWeights(c, receive[i], &receipts[i]);
+          });
+        }));
+  }
+  v1::PublishWeightsResponse resp;
+  Status trainer_status = pool_->Invoke(t->id, timeout + 10, [&](const rpc::Call& c) {
+    return t->trainer->PublishWeights(c, req, &resp)
+        .WithContext("publish weights v" + std::to_string(version));
+  });
+  if (!trainer_status.ok()) {
+    for (auto& c : cancels) c->Cancel();
+  }
+  std::vector<Status> results;
+  for (auto& f : pending) results.push_back(f.get());
+  GYRE_RETURN_IF_ERROR(pool_->AfterRpcFailure(t, trainer_status));
+  std::map<std::string, const v1::PublishResult*> sent;
+  for (const auto& pr : resp.results()) sent[pr.rollout_id()] = &pr;
+  static const google::protobuf::RepeatedField<uint32_t> kNothingSent;
+  for (size_t i = 0; i < rollouts.size(); ++i) {
+    Worker* w = rollouts[i];
+    const v1::PublishResult* pr = sent.count(w->id) ? sent.at(w->id) : nullptr;
+    std::string error;
+    if (pr == nullptr || !pr->ok()) {
+      error = pr ? pr->error() : "the trainer did not report it";
+    } else if (!results[i].ok()) {
+      error = results[i].WithContext("receive").ToString();
+    }
+    GYRE_RETURN_IF_ERROR(
+        Settle(w, version, error, receipts[i], pr ? pr->sent_crc32() : kNothingSent));
+  }
+  return Status::Ok();
+}
+
+}  // namespace gyre::controller

@@ -1,0 +1,67 @@
+#pragma once
+// WeightPublisher: moves a policy version from trainer-0 to rollout workers over the job's
+// cluster.weight_transport, and accepts a worker as holding that version only on a receipt that
+// matches what the trainer sent, bucket by bucket (DESIGN.md, "Weight plane").
+//   grpc      the trainer streams buckets to each rollout worker itself;
+//   gloo/nccl the trainer and each rollout worker meet in a two-member group through the
+//             controller's rendezvous store; the trainer broadcasts in buckets;
+//   cuda_ipc  the trainer fills its GPU buffer; every rollout worker copies from it through a
+//             CUDA IPC handle.
+// A worker whose transfer fails is left to the monitor when it died, otherwise stopped and
+// dropped (WorkerPool::AfterWorkFailure); the others keep the version.
+//
+// Threads: job thread only. Its calls fan out to helper threads that it joins before returning.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "controller/worker_pool.h"
+
+namespace gyre::controller {
+
+class WeightPublisher {
+ public:
+  // `pool` (not owned) must outlive the publisher. `store_address` is the rendezvous store of
+  // the gloo and nccl transports ("" for the others).
+  WeightPublisher(const JobConfig& cfg, WorkerPool* pool, std::string store_address);
+
+  // Publishes `version` to every alive rollout worker. Sets each one's Worker::version on a
+  // matching receipt. Error = the job must end.
+  Status Publish(int64_t version);
+  // Publishes `version` to `w` alone (a restarted worker's catch-up). With group transports the
+  // next full publish then forms fresh groups with every worker.
+  Status CatchUp(Worker* w, int64_t version);
+
+  // Seconds the last Publish or CatchUp took.
+  double last_seconds() const { return last_seconds_; }
+
+ private:
+  Status PublishTo(int64_t version, const std::vector<Worker*>& rollouts);
+  Status PublishGrpc(int64_t version, const std::vector<Worker*>& rollouts);
+  Status PublishGroups(int64_t version, const std::vector<Worker*>& rollouts);
+  Status PublishCudaIpc(int64_t version, const std::vector<Worker*>& rollouts);
+  // The one receipt check: `error` is why the transfer failed ("" when it went through), and
+  // the receipt must match `sent`.
+  Status Settle(Worker* w, int64_t version, const std::string& error,
+                const v1::WeightReceipt& receipt,
+                const google::protobuf::RepeatedField<uint32_t>& sent);
+  std::string WeightGroup(const Worker& w) const;
+  Worker* trainer() { return pool_->Trainers().front(); }
+
+  const JobConfig cfg_;
+  WorkerPool* pool_;
+  const std::string store_address_;
+  // Gloo weight groups are named with this epoch; a catch-up publish starts a new one, so that
+  // the next full publish forms fresh groups with every worker (the trainer keeps only the
+  // groups a publish names).
+  int weight_epoch_ = 0;
+  double last_seconds_ = 0;
+};
+
+// Why `receipt` does not confirm `version` as sent (empty when it does): it must name the
+// version and match what the trainer sent, bucket by bucket.
+std::string ReceiptMismatch(const v1::WeightReceipt& receipt, int64_t version,
+                            const google::protobuf::RepeatedField<uint32_t>& sent);
+
+}  // namespace gyre::controller

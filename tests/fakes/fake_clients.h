@@ -1,0 +1,333 @@
+#pragma once
+// Fakes of the controller's worker clients (rpc/clients.h). Each fake records its calls and
+// lets a test decide replies (a handler per method, or the default below) and delays; a delayed
+// call ends early with kAborted when the controller cancels it, as a gRPC call would.
+// FakeCluster plays the workers' side of a job: it registers them with a real
+// ControllerService (what a worker process does over gRPC) and hands the WorkerPool clients
+// that forward to the test's fakes.
+//
+// Defaults: Generate finishes every group with n samples of kFakeResponseLen tokens at the
+// fake's `version`; ReceiveWeights acknowledges the request's version with kFakeCrcs (or the
+// request's sent_crc32 when it has them); TrainStep answers expected_version + 1 and
+// {"loss": 0.5}; PublishWeights reports every rollout id as sent with kFakeCrcs.
+//
+// Thread-safe: handlers run on the caller's thread, under no lock of the fake.
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "controller/controller_service.h"
+#include "controller/worker_pool.h"
+#include "rpc/clients.h"
+
+namespace gyre::testing {
+
+inline const std::vector<uint32_t> kFakeCrcs = {11, 22, 33};
+constexpr int kFakeResponseLen = 3;
+
+// Waits `seconds`, or less when the call is cancelled (then returns kAborted, as gRPC's
+// CANCELLED maps), or past its deadline (kDeadlineExceeded).
+inline Status FakeWait(const rpc::Call& call, double seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (true) {
+    if (call.cancel && call.cancel->cancelled()) return Aborted("Cancelled");
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (t >= call.timeout_s) return DeadlineExceeded("Deadline Exceeded");
+    if (t >= seconds) return Status::Ok();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// The samples a rollout engine would return for `g` (all finished) at policy `version`.
+inline std::vector<v1::Sample> FakeSamples(const v1::PromptGroup& g, int64_t version) {
+  std::vector<v1::Sample> out;
+  for (int i = 0; i < g.n(); ++i) {
+    v1::Sample s;
+    s.set_sample_id(g.first_sample_id() + static_cast<uint64_t>(i));
+    s.set_group_id(g.group_id());
+    *s.mutable_prompt_ids() = g.prompt_ids();
+    for (int t = 0; t < kFakeResponseLen; ++t) {
+      s.add_response_ids(100 + t);
+      s.add_logprobs(-0.5f);
+      s.add_versions(version);
+      s.add_kept_mass(1.0f);
+      s.add_loss_mask(1.0f);
+    }
+    s.set_finish_reason(v1::FINISH_REASON_STOP);
+    s.set_seed(g.seed() + static_cast<uint64_t>(i));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+class FakeRollout final : public rpc::RolloutClient {
+ public:
+  std::function<Status(const v1::GenerateRequest&, v1::GenerateResponse*)> on_generate;
+  std::function<Status(const v1::ReceiveWeightsRequest&, v1::WeightReceipt*)> on_receive;
+  std::atomic<double> generate_delay_s{0};
+  std::atomic<double> receive_delay_s{0};
+  std::atomic<int64_t> version{0};  // the version its default samples carry
+
+  Status Generate(const rpc::Call& call, const v1::GenerateRequest& req,
+                  v1::GenerateResponse* resp) override {
+    Record(&generate_calls_, req);
+    GYRE_RETURN_IF_ERROR(FakeWait(call, generate_delay_s.load()));
+    if (on_generate) return on_generate(req, resp);
+    for (const auto& g : req.groups()) {
+      for (auto& s : FakeSamples(g, version.load())) {
+        resp->set_generated_tokens(resp->generated_tokens() + s.response_ids_size());
+        *resp->add_samples() = std::move(s);
+      }
+    }
+    for (const auto& r : req.resume()) *resp->add_samples() = r;
+    resp->set_policy_version(version.load());
+    return Status::Ok();
+  }
+
+  Status ReceiveWeights(const rpc::Call& call, const v1::ReceiveWeightsRequest& req,
+                        v1::WeightReceipt* receipt) override {
+    Record(&receive_calls_, req);
+    GYRE_RETURN_IF_ERROR(FakeWait(call, receive_delay_s.load()));
+    if (on_receive) return on_receive(req, receipt);
+    receipt->set_version(req.version());
+    if (req.sent_crc32_size() > 0) {
+      *receipt->mutable_bucket_crc32() = req.sent_crc32();
+    } else {
+      for (uint32_t c : kFakeCrcs) receipt->add_bucket_crc32(c);
+    }
+    return Status::Ok();
+  }
+
+  Status Stop(const rpc::Call&, const v1::StopRequest&) override {
+    ++stops_;
+    return Status::Ok();
+  }
+
+  std::vector<v1::GenerateRequest> generate_calls() const { return Copy(generate_calls_); }
+  std::vector<v1::ReceiveWeightsRequest> receive_calls() const { return Copy(receive_calls_); }
+  int stops() const { return stops_.load(); }
+
+ private:
+  template <typename T>
+  void Record(std::vector<T>* v, const T& x) {
+    std::lock_guard<std::mutex> lock(mu_);
+    v->push_back(x);
+  }
+  template <typename T>
+  std::vector<T> Copy(const std::vector<T>& v) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return v;
+  }
+  mutable std::mutex mu_;
+  std::vector<v1::GenerateRequest> generate_calls_;
+  std::vector<v1::ReceiveWeightsRequest> receive_calls_;
+  std::atomic<int> stops_{0};
+};
+
+class FakeTrainer final : public rpc::TrainerClient {
+ public:
+  std::function<Status(const v1::TrainStepRequest&, v1::TrainStepResponse*)> on_train_step;
+  std::function<Status(const v1::PublishWeightsRequest&, v1::PublishWeightsResponse*)> on_publish;
+  std::function<Status(const v1::JoinGroupRequest&)> on_join;
+  std::atomic<double> train_delay_s{0};
+  std::atomic<double> publish_delay_s{0};
+  std::atomic<int64_t> saved_version{0};  // what SaveState and LoadState report
+
+  Status HostGroupStore(const rpc::Call&, v1::HostGroupStoreResponse* resp) override {
+    resp->set_store_address("127.0.0.1:1");
+    return Status::Ok();
+  }
+  Status JoinGroup(const rpc::Call&, const v1::JoinGroupRequest& req,
+                   v1::JoinGroupResponse*) override {
+    Record(&join_calls_, req);
+    return on_join ? on_join(req) : Status::Ok();
+  }
+  Status TrainStep(const rpc::Call& call, const v1::TrainStepRequest& req,
+                   v1::TrainStepResponse* resp) override {
+    Record(&train_calls_, req);
+    GYRE_RETURN_IF_ERROR(FakeWait(call, train_delay_s.load()));
+    if (on_train_step) return on_train_step(req, resp);
+    resp->set_policy_version(req.expected_version() + 1);
+    (*resp->mutable_metrics())["loss"] = 0.5;
+    return Status::Ok();
+  }
+  Status PublishWeights(const rpc::Call& call, const v1::PublishWeightsRequest& req,
+                        v1::PublishWeightsResponse* resp) override {
+    Record(&publish_calls_, req);
+    GYRE_RETURN_IF_ERROR(FakeWait(call, publish_delay_s.load()));
+    if (on_publish) return on_publish(req, resp);
+    for (uint32_t c : kFakeCrcs) resp->add_bucket_crc32(c);
+    for (const auto& id : req.rollout_ids()) {
+      v1::PublishResult* r = resp->add_results();
+      r->set_rollout_id(id);
+      r->set_ok(true);
+      r->mutable_receipt()->set_version(req.version());
+      for (uint32_t c : kFakeCrcs) {
+        r->mutable_receipt()->add_bucket_crc32(c);
+        r->add_sent_crc32(c);
+      }
+    }
+    return Status::Ok();
+  }
+  Status Save(const rpc::Call&, const v1::SaveRequest& req, v1::SaveResponse* resp) override {
+    resp->set_path(req.directory());
+    resp->set_policy_version(saved_version.load());
+    return Status::Ok();
+  }
+  Status SaveState(const rpc::Call&, const v1::SaveStateRequest&,
+                   v1::SaveStateResponse* resp) override {
+    resp->set_policy_version(saved_version.load());
+    return Status::Ok();
+  }
+  Status LoadState(const rpc::Call&, const v1::LoadStateRequest&,
+                   v1::LoadStateResponse* resp) override {
+    resp->set_policy_version(saved_version.load());
+    return Status::Ok();
+  }
+  Status Stop(const rpc::Call&, const v1::StopRequest&) override { return Status::Ok(); }
+
+  std::vector<v1::TrainStepRequest> train_calls() const { return Copy(train_calls_); }
+  std::vector<v1::PublishWeightsRequest> publish_calls() const { return Copy(publish_calls_); }
+  std::vector<v1::JoinGroupRequest> join_calls() const { return Copy(join_calls_); }
+
+ private:
+  template <typename T>
+  void Record(std::vector<T>* v, const T& x) {
+    std::lock_guard<std::mutex> lock(mu_);
+    v->push_back(x);
+  }
+  template <typename T>
+  std::vector<T> Copy(const std::vector<T>& v) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return v;
+  }
+  mutable std::mutex mu_;
+  std::vector<v1::TrainStepRequest> train_calls_;
+  std::vector<v1::PublishWeightsRequest> publish_calls_;
+  std::vector<v1::JoinGroupRequest> join_calls_;
+};
+
+// A client that forwards to a shared fake, so the test keeps the fake after the pool owns the
+// client.
+class ForwardingRollout final : public rpc::RolloutClient {
+ public:
+  explicit ForwardingRollout(std::shared_ptr<FakeRollout> f) : f_(std::move(f)) {}
+  Status Generate(const rpc::Call& c, const v1::GenerateRequest& req,
+                  v1::GenerateResponse* resp) override {
+    return f_->Generate(c, req, resp);
+  }
+  Status ReceiveWeights(const rpc::Call& c, const v1::ReceiveWeightsRequest& req,
+                        v1::WeightReceipt* receipt) override {
+    return f_->ReceiveWeights(c, req, receipt);
+  }
+  Status Stop(const rpc::Call& c, const v1::StopRequest& req) override { return f_->Stop(c, req); }
+
+ private:
+  std::shared_ptr<FakeRollout> f_;
+};
+
+class ForwardingTrainer final : public rpc::TrainerClient {
+ public:
+  explicit ForwardingTrainer(std::shared_ptr<FakeTrainer> f) : f_(std::move(f)) {}
+  Status HostGroupStore(const rpc::Call& c, v1::HostGroupStoreResponse* resp) override {
+    return f_->HostGroupStore(c, resp);
+  }
+  Status JoinGroup(const rpc::Call& c, const v1::JoinGroupRequest& req,
+                   v1::JoinGroupResponse* resp) override {
+    return f_->JoinGroup(c, req, resp);
+  }
+  Status TrainStep(const rpc::Call& c, const v1::TrainStepRequest& req,
+                   v1::TrainStepResponse* resp) override {
+    return f_->TrainStep(c, req, resp);
+  }
+  Status PublishWeights(const rpc::Call& c, const v1::PublishWeightsRequest& req,
+                        v1::PublishWeightsResponse* resp) override {
+    return f_->PublishWeights(c, req, resp);
+  }
+  Status Save(const rpc::Call& c, const v1::SaveRequest& req, v1::SaveResponse* resp) override {
+    return f_->Save(c, req, resp);
+  }
+  Status SaveState(const rpc::Call& c, const v1::SaveStateRequest& req,
+                   v1::SaveStateResponse* resp) override {
+    return f_->SaveState(c, req, resp);
+  }
+  Status LoadState(const rpc::Call& c, const v1::LoadStateRequest& req,
+                   v1::LoadStateResponse* resp) override {
+    return f_->LoadState(c, req, resp);
+  }
+  Status Stop(const rpc::Call& c, const v1::StopRequest& req) override { return f_->Stop(c, req); }
+
+ private:
+  std::shared_ptr<FakeTrainer> f_;
+};
+
+// The workers of a job in external mode, played by fakes: `rollouts` FakeRollouts and
+// `trainers` FakeTrainers at addresses "fake-rollout-<i>:1" / "fake-trainer-<i>:1".
+class FakeCluster {
+ public:
+  FakeCluster(int rollouts, int trainers) {
+    for (int i = 0; i < rollouts; ++i) rollout.push_back(std::make_shared<FakeRollout>());
+    for (int i = 0; i < trainers; ++i) trainer.push_back(std::make_shared<FakeTrainer>());
+  }
+
+  // Clients that forward to the fakes (the fakes outlive the clients' owner or not: shared).
+  rpc::ClientFactory Factory() {
+    rpc::ClientFactory f;
+    f.rollout = [this](const std::string& address) -> std::unique_ptr<rpc::RolloutClient> {
+      return std::make_unique<ForwardingRollout>(rollout.at(IndexOf(address)));
+    };
+    f.trainer = [this](const std::string& address) -> std::unique_ptr<rpc::TrainerClient> {
+      return std::make_unique<ForwardingTrainer>(trainer.at(IndexOf(address)));
+    };
+    return f;
+  }
+
+  // What worker processes do at start: register and send a first heartbeat.
+  static Status Register(controller::ControllerService* service, v1::WorkerRole role, int index) {
+    const std::string name = role == v1::WORKER_ROLE_ROLLOUT ? "rollout" : "trainer";
+    v1::RegisterRequest req;
+    req.set_role(role);
+    req.set_index(index);
+    req.set_address("fake-" + name + "-" + std::to_string(index) + ":1");
+    req.set_pid(1000 + index);
+    v1::RegisterResponse resp;
+    grpc::Status s = service->Register(nullptr, &req, &resp);
+    if (!s.ok()) return Internal("register: " + s.error_message());
+    return Heartbeat(service, resp.worker_id());
+  }
+  static Status Heartbeat(controller::ControllerService* service, const std::string& id) {
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id(id);
+    v1::HeartbeatResponse hr;
+    grpc::Status s = service->Heartbeat(nullptr, &hb, &hr);
+    return s.ok() ? Status::Ok() : Internal("heartbeat: " + s.error_message());
+  }
+  // Registers every worker of the cluster.
+  Status RegisterAll(controller::ControllerService* service) const {
+    for (size_t i = 0; i < trainer.size(); ++i) {
+      GYRE_RETURN_IF_ERROR(Register(service, v1::WORKER_ROLE_TRAINER, static_cast<int>(i)));
+    }
+    for (size_t i = 0; i < rollout.size(); ++i) {
+      GYRE_RETURN_IF_ERROR(Register(service, v1::WORKER_ROLE_ROLLOUT, static_cast<int>(i)));
+    }
+    return Status::Ok();
+  }
+
+  std::vector<std::shared_ptr<FakeRollout>> rollout;
+  std::vector<std::shared_ptr<FakeTrainer>> trainer;
+
+ private:
+  static size_t IndexOf(const std::string& address) {
+    const size_t dash = address.rfind('-'), colon = address.rfind(':');
+    return std::stoul(address.substr(dash + 1, colon - dash - 1));
+  }
+};
+
+}  // namespace gyre::testing

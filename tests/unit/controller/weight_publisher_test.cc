@@ -1,0 +1,170 @@
+// WeightPublisher over fake workers: every transport's request flow, the one receipt check,
+// and what happens to a worker whose transfer fails.
+
+#include "controller/weight_publisher.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "fakes/fake_job.h"
+
+namespace gyre::controller {
+namespace {
+
+using testing::FakeJob;
+using testing::FakeJobConfig;
+
+std::string DeathOf(FakeJob& job, const std::string& id) {
+  for (const auto& i : job.service.Snapshot()) {
+    if (i.id == id) return i.death;
+  }
+  return "";
+}
+
+TEST(WeightPublisherTest, GrpcPublishSetsTheVersionOfEveryWorkerWithAMatchingReceipt) {
+  FakeJob job(FakeJobConfig(3, 1));
+  ASSERT_TRUE(job.Start().ok());
+  WeightPublisher pub(job.cfg, job.pool.get(), "");
+  ASSERT_TRUE(pub.Publish(4).ok());
+  for (Worker* w : job.pool->AliveRollouts()) EXPECT_EQ(w->version, 4) << w->id;
+  const auto calls = job.cluster.trainer[0]->publish_calls();
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].version(), 4);
+  ASSERT_EQ(calls[0].rollout_ids_size(), 3);
+  EXPECT_EQ(calls[0].rollout_addresses(2), "fake-rollout-2:1");
+}
+
+TEST(WeightPublisherTest, AReceiptThatDoesNotMatchDropsThatWorkerOnly) {
+  FakeJob job(FakeJobConfig(3, 1));
+  ASSERT_TRUE(job.Start().ok());
+  // The trainer reports rollout-1's receipt with one bucket's checksum wrong.
+  job.cluster.trainer[0]->on_publish = [](const v1::PublishWeightsRequest& req,
+                                          v1::PublishWeightsResponse* resp) {
+    for (const auto& id : req.rollout_ids()) {
+      v1::PublishResult* r = resp->add_results();
+      r->set_rollout_id(id);
+      r->set_ok(true);
+      r->mutable_receipt()->set_version(req.version());
+      for (uint32_t c : testing::kFakeCrcs) {
+        r->add_sent_crc32(c);
+        r->mutable_receipt()->add_bucket_crc32(id == "rollout-1" && c == 22 ? 23 : c);
+      }
+    }
+    return Status::Ok();
+  };
+  WeightPublisher pub(job.cfg, job.pool.get(), "");
+  ASSERT_TRUE(pub.Publish(2).ok());
+  EXPECT_TRUE(job.pool->IsDead("rollout-1"));
+  EXPECT_EQ(DeathOf(job, "rollout-1"), "receipt for v2 does not match");
+  EXPECT_EQ(job.pool->Get("rollout-1")->version, -1);
+  EXPECT_EQ(job.pool->Get("rollout-0")->version, 2);
+  EXPECT_EQ(job.pool->Get("rollout-2")->version, 2);
+}
+
+TEST(WeightPublisherTest, AFailedTransferToALiveWorkerDropsItWithTheReason) {
+  FakeJob job(FakeJobConfig(2, 1));
+  ASSERT_TRUE(job.Start().ok());
+  job.cluster.trainer[0]->on_publish = [](const v1::PublishWeightsRequest& req,
+                                          v1::PublishWeightsResponse* resp) {
+    for (const auto& id : req.rollout_ids()) {
+      v1::PublishResult* r = resp->add_results();
+      r->set_rollout_id(id);
+      r->set_ok(id != "rollout-0");
+      if (id == "rollout-0") r->set_error("stream reset");
+      r->mutable_receipt()->set_version(req.version());
+    }
+    return Status::Ok();
+  };
+  WeightPublisher pub(job.cfg, job.pool.get(), "");
+  ASSERT_TRUE(pub.Publish(1).ok());
+  EXPECT_EQ(DeathOf(job, "rollout-0"), "weight transfer of v1 failed: stream reset");
+  EXPECT_EQ(job.pool->AliveRollouts().size(), 1u);
+}
+
+TEST(WeightPublisherTest, ATrainerFailureEndsThePublishWithItsContext) {
+  FakeJob job(FakeJobConfig(1, 1));
+  ASSERT_TRUE(job.Start().ok());
+  job.cluster.trainer[0]->on_publish = [](const v1::PublishWeightsRequest&,
+                                          v1::PublishWeightsResponse*) {
+    return Internal("out of memory");
+  };
+  WeightPublisher pub(job.cfg, job.pool.get(), "");
+  Status s = pub.Publish(1);
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+  EXPECT_EQ(s.message(), "publish weights v1: out of memory");
+}
+
+TEST(WeightPublisherTest, CudaIpcReceiversCheckEveryBucketTheTrainerReports) {
+  JobConfig cfg = FakeJobConfig(2, 1);
+  cfg.cluster.weight_transport = "cuda_ipc";
+  FakeJob job(cfg);
+  ASSERT_TRUE(job.Start().ok());
+  // rollout-1 copies something else than the trainer wrote.
+  job.cluster.rollout[1]->on_receive = [](const v1::ReceiveWeightsRequest& req,
+                                          v1::WeightReceipt* receipt) {
+    receipt->set_version(req.version());
+    for (int i = 0; i < req.sent_crc32_size(); ++i) receipt->add_bucket_crc32(i);
+    return Status::Ok();
+  };
+  WeightPublisher pub(job.cfg, job.pool.get(), "");
+  ASSERT_TRUE(pub.Publish(3).ok());
+  EXPECT_EQ(job.pool->Get("rollout-0")->version, 3);
+  EXPECT_EQ(DeathOf(job, "rollout-1"), "receipt for v3 does not match");
+  const auto calls = job.cluster.rollout[0]->receive_calls();
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].transport(), "cuda_ipc");
+  EXPECT_EQ(calls[0].sent_crc32_size(), 3);
+}
+
+TEST(WeightPublisherTest, GroupTransportsNameAFreshGroupAfterACatchUp) {
+  JobConfig cfg = FakeJobConfig(2, 1);
+  cfg.cluster.weight_transport = "gloo";
+  FakeJob job(cfg);
+  ASSERT_TRUE(job.Start().ok());
+  // Over a group the version arrives with the broadcast, not in the request.
+  std::atomic<int64_t> broadcast{1};
+  for (auto& r : job.cluster.rollout) {
+    r->on_receive = [&broadcast](const v1::ReceiveWeightsRequest&, v1::WeightReceipt* receipt) {
+      receipt->set_version(broadcast.load());
+      for (uint32_t c : testing::kFakeCrcs) receipt->add_bucket_crc32(c);
+      return Status::Ok();
+    };
+  }
+  WeightPublisher pub(job.cfg, job.pool.get(), "127.0.0.1:9");
+  ASSERT_TRUE(pub.Publish(1).ok());
+  ASSERT_TRUE(pub.CatchUp(job.pool->Get("rollout-1"), 1).ok());
+  broadcast = 2;
+  ASSERT_TRUE(pub.Publish(2).ok());
+  const auto r1 = job.cluster.rollout[1]->receive_calls();
+  ASSERT_EQ(r1.size(), 3u);
+  EXPECT_EQ(r1[0].group(), "weights/rollout-1");
+  EXPECT_EQ(r1[1].group(), "weights/e1/rollout-1");
+  EXPECT_EQ(r1[2].group(), "weights/e1/rollout-1");
+  EXPECT_EQ(r1[0].store_address(), "127.0.0.1:9");
+  const auto pubs = job.cluster.trainer[0]->publish_calls();
+  ASSERT_EQ(pubs.size(), 3u);
+  EXPECT_EQ(pubs[1].rollout_ids_size(), 1);  // the catch-up went to rollout-1 alone
+  EXPECT_EQ(pubs[2].groups(0), "weights/e1/rollout-0");
+  for (Worker* w : job.pool->AliveRollouts()) EXPECT_EQ(w->version, 2);
+}
+
+TEST(WeightPublisherTest, AFailedGroupPublishCancelsTheWaitingReceivers) {
+  JobConfig cfg = FakeJobConfig(2, 1);
+  cfg.cluster.weight_transport = "gloo";
+  FakeJob job(cfg);
+  ASSERT_TRUE(job.Start().ok());
+  for (auto& r : job.cluster.rollout) r->receive_delay_s = 30;  // they wait for the trainer
+  job.cluster.trainer[0]->on_publish = [](const v1::PublishWeightsRequest&,
+                                          v1::PublishWeightsResponse*) {
+    return Unavailable("store unreachable");
+  };
+  WeightPublisher pub(job.cfg, job.pool.get(), "127.0.0.1:9");
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = pub.Publish(1);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  EXPECT_EQ(s.message(), "publish weights v1: store unreachable");
+}
+
+}  // namespace
+}  // namespace gyre::controller
