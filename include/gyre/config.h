@@ -87,6 +87,10 @@ struct AlgorithmSection {
   bool tis = false;          // truncated importance weight vs the rollout log-probs
   double tis_cap = 2.0;
   int max_staleness = 0;  // versions; 0 = synchronous on-policy
+  // Dynamic sampling (DAPO): leave out groups whose rewards are all equal and generate up to
+  // max_filter_rounds more rounds of groups per step to replace them.
+  bool filter_zero_variance = false;
+  int max_filter_rounds = 3;
 };
 
 struct TrainerSection {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli/bench.h"
+#include "cli/ledger_command.h"
 #include "cli/model_commands.h"
 #include "common/logging.h"
 #include "gyre/job.h"
@@ -34,6 +35,8 @@ constexpr char kUsage[] =
     "      Write a random-init Hugging Face model directory (for tests and benchmarks).\n"
     "  gyre logprobs --model DIR [--ids \"ID ...\"] [--full]\n"
     "      Per-position next-token log-probs of a Hugging Face model directory, as JSON.\n"
+    "  gyre ledger RUN_DIR [--sample ID | --prompts | --state STATE] [--json]\n"
+    "      Where each training sample is, and which prompts were trained how often.\n"
     "  gyre bench SUBCOMMAND [--json FILE]\n"
     "      Benchmarks against same-run baselines (see gyre bench --help).\n"
     "  gyre help | --help        This text.\n"
@@ -123,6 +126,9 @@ static int Main(int argc, char** argv) {
   }
   if (cmd == "bench") {
     return gyre::cli::RunBench(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  if (cmd == "ledger") {
+    return gyre::cli::RunLedger(std::vector<std::string>(argv + 2, argv + argc));
   }
   if (cmd == "logprobs") {
     return gyre::cli::RunLogprobs(std::vector<std::string>(argv + 2, argv + argc));

@@ -212,6 +212,10 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(algorithm.tis_cap), OpenLow(0, 1e6), "truncation cap of the TIS weight"),
       Num(GYRE_CONFIG_KEY(algorithm.max_staleness), Closed(0, 1000),
           "policy versions a rollout may lag; 0 = synchronous on-policy"),
+      Flag(GYRE_CONFIG_KEY(algorithm.filter_zero_variance),
+           "dynamic sampling: leave out groups whose rewards are all equal"),
+      Num(GYRE_CONFIG_KEY(algorithm.max_filter_rounds), Closed(0, 100),
+          "dynamic sampling: extra generation rounds per step to replace filtered groups"),
       // trainer
       Num(GYRE_CONFIG_KEY(trainer.workers), Closed(1, 64), "trainer worker processes"),
       Num(GYRE_CONFIG_KEY(trainer.steps), Closed(0, kMaxSteps), "GRPO optimizer steps"),

@@ -19,6 +19,7 @@
 #include "controller/checkpoint.h"
 #include "controller/controller_service.h"
 #include "controller/rollout_scheduler.h"
+#include "controller/sample_ledger.h"
 #include "controller/task.h"
 #include "controller/trainer_group.h"
 #include "controller/weight_publisher.h"
@@ -93,6 +94,23 @@ class JobRunner {
   StatusOr<double> Evaluate(const std::string& tag);
   Status WarmUp();
   Status GrpoStep(int step);
+  // Draws `count` new prompt groups for GRPO step `step` and adds their samples to the ledger.
+  StatusOr<std::vector<GroupJob>> DrawGroups(int count, int step);
+  // What scoring a step's groups gives: the samples to train (by group, with their rewards),
+  // and the counts of what was left out.
+  struct StepScores {
+    std::vector<v1::Sample> kept;
+    std::vector<float> rewards;
+    std::vector<int32_t> group_sizes;
+    int reward_errors = 0, stale = 0, correct = 0, scored = 0, filtered_groups = 0;
+    double reward_sum = 0;
+    std::map<int64_t, int64_t> staleness;  // kept samples by staleness (versions)
+  };
+  // Scores `samples` (n per group of `jobs`, in order), drops stale samples and failed rewards,
+  // filters zero-variance groups (algorithm.filter_zero_variance), records every outcome in the
+  // ledger and appends the usable groups to *out.
+  Status ScoreGroups(const std::vector<GroupJob>& jobs, std::vector<v1::Sample>* samples, int step,
+                     StepScores* out);
   Status Publish() { return publisher_->Publish(version_); }
   // Brings restarted rollout workers back: each gets the current version alone first.
   Status Revive() {
@@ -107,6 +125,9 @@ class JobRunner {
   // Setup) restores the trainer and the controller from it and publishes the restored weights.
   // SaveCheckpoint writes a checkpoint after GRPO step `step` (0 = after the warm-up).
   std::string RunDir() const { return AbsolutePath(cfg_.job.output_dir + "/" + cfg_.job.name); }
+  // The sample ledger (controller/sample_ledger.h) of the run.
+  std::string LedgerPath() const { return RunDir() + "/ledger.db"; }
+  Status OpenNewLedger();
   Status PrepareResume();
   Status Resume();
   Status SaveCheckpoint(int step, Clock::time_point job_start);
@@ -126,6 +147,7 @@ class JobRunner {
   std::unique_ptr<WeightPublisher> publisher_;
   std::unique_ptr<TrainerGroup> trainers_;
   std::unique_ptr<RolloutScheduler> scheduler_;
+  std::unique_ptr<SampleLedger> ledger_;
   int64_t version_ = 0;
   uint64_t next_group_id_ = 0;
   // Evaluation's group ids: a space of their own (high bit set), not saved in checkpoints.
@@ -199,6 +221,7 @@ Status JobRunner::Setup() {
       GYRE_LOG_INFO("removing the checkpoints of an earlier run in {}", run_dir_);
       GYRE_RETURN_IF_ERROR(RemoveTree(run_dir_ + "/checkpoints"));
     }
+    GYRE_RETURN_IF_ERROR(OpenNewLedger());
     std::ofstream(run_dir_ + "/config.yaml") << yaml;
     metrics_.open(run_dir_ + "/" + cfg_.metrics.file, std::ios::trunc);
     if (!metrics_) return Unavailable("cannot write " + run_dir_ + "/" + cfg_.metrics.file);
@@ -370,19 +393,10 @@ Status JobRunner::WarmUp() {
   return Publish();
 }
 
-Status JobRunner::GrpoStep(int step) {
-  const auto t0 = Clock::now();
+StatusOr<std::vector<GroupJob>> JobRunner::DrawGroups(int count, int step) {
   const int n = cfg_.rollout.group_size;
   std::vector<GroupJob> jobs;
-  // With partial rollouts, over_provision * prompts_per_step groups are in flight, counting
-  // those carried over from the last step.
-  const int in_flight = static_cast<int>(
-      std::ceil(cfg_.rollout.over_provision * cfg_.rollout.prompts_per_step - 1e-9));
-  const int new_groups =
-      cfg_.rollout.partial_rollouts
-          ? std::max(0, in_flight - static_cast<int>(scheduler_->carried_groups()))
-          : cfg_.rollout.prompts_per_step;
-  for (int g = 0; g < new_groups; ++g) {
+  for (int g = 0; g < count; ++g) {
     GroupJob j;
     j.problem = problems_->Next();
     const uint64_t gid = next_group_id_++;
@@ -394,39 +408,34 @@ Status JobRunner::GrpoStep(int step) {
     j.group.set_seed(SplitMix64(cfg_.job.seed ^ SplitMix64(gid)));
     jobs.push_back(std::move(j));
   }
-  const auto& sc = cfg_.rollout.sampling;
-  v1::SamplingParams sampling;
-  sampling.set_temperature(static_cast<float>(sc.temperature));
-  sampling.set_top_k(sc.top_k);
-  sampling.set_top_p(static_cast<float>(sc.top_p));
-  sampling.set_min_p(static_cast<float>(sc.min_p));
-  sampling.set_max_new_tokens(cfg_.rollout.max_new_tokens);
-  for (int32_t id : tokenizer_->stop_ids()) sampling.add_stop_token_ids(id);
-  for (const std::string& stop : cfg_.rollout.stop_strings) sampling.add_stop_strings(stop);
-  GenerateStats gen;
-  const auto tg = Clock::now();
-  GYRE_ASSIGN_OR_RETURN(auto samples,
-                        cfg_.rollout.partial_rollouts
-                            ? scheduler_->GeneratePartial(&jobs, sampling, version_, &gen)
-                            : scheduler_->GenerateAll(jobs, sampling, version_, &gen));
-  const int64_t gen_tokens = gen.generated_tokens;
-  const double gen_s = Seconds(tg);
-
-  // Rewards. A failed reward leaves its sample out (and is counted), never a silent 0.
-  std::vector<v1::Sample> kept;
-  std::vector<float> rewards;
-  std::vector<int32_t> group_sizes;
-  int reward_errors = 0, stale = 0, correct = 0;
-  double reward_sum = 0;
-  for (size_t g = 0; g < jobs.size(); ++g) {
-    int32_t size = 0;
+  std::vector<NewSample> queued;
+  for (const GroupJob& j : jobs) {
     for (int i = 0; i < n; ++i) {
-      v1::Sample& s = samples[g * n + i];
+      queued.push_back({j.group.first_sample_id() + static_cast<uint64_t>(i), j.group.group_id(),
+                        j.problem.where.empty() ? j.problem.prompt : j.problem.where});
+    }
+  }
+  if (!queued.empty()) GYRE_RETURN_IF_ERROR(ledger_->Add(queued, {step, version_, "", ""}));
+  return jobs;
+}
+
+Status JobRunner::ScoreGroups(const std::vector<GroupJob>& jobs, std::vector<v1::Sample>* samples,
+                              int step, StepScores* out) {
+  const int n = cfg_.rollout.group_size;
+  const MoveContext here{step, version_, "", ""};
+  std::vector<uint64_t> stale_ids, scored_ids;
+  for (size_t g = 0; g < jobs.size(); ++g) {
+    std::vector<v1::Sample> kept;
+    std::vector<float> rewards;
+    std::vector<int64_t> staleness;
+    for (int i = 0; i < n; ++i) {
+      v1::Sample& s = (*samples)[g * n + i];
       // Staleness: (trainer version now) - (oldest version among its tokens).
       int64_t oldest = version_;
       for (int64_t v : s.versions()) oldest = std::min(oldest, v);
       if (version_ - oldest > cfg_.algorithm.max_staleness) {
-        ++stale;
+        ++out->stale;
+        stale_ids.push_back(s.sample_id());
         continue;
       }
       RewardInput in;
@@ -437,54 +446,154 @@ Status JobRunner::GrpoStep(int step) {
       in.finished = s.finish_reason() == v1::FINISH_REASON_STOP;
       auto r = reward_->Score(in);
       if (!r.ok() || !std::isfinite(*r)) {
-        ++reward_errors;
-        s.set_reward_status(v1::REWARD_STATUS_ERROR);
-        if (reward_errors <= 3) {
-          GYRE_LOG_WARN("reward failed for sample {}: {}", s.sample_id(),
-                        r.ok() ? "non-finite value" : r.status().ToString());
+        // A failed reward leaves its sample out (and is counted), never a silent 0.
+        ++out->reward_errors;
+        const std::string why = r.ok() ? "non-finite value" : r.status().ToString();
+        if (out->reward_errors <= 3) {
+          GYRE_LOG_WARN("reward failed for sample {}: {}", s.sample_id(), why);
         }
+        MoveContext c = here;
+        c.reason = "reward failed: " + why;
+        GYRE_RETURN_IF_ERROR(ledger_->Move({s.sample_id()}, SampleState::kDropped, c));
         continue;
       }
       s.set_reward(static_cast<float>(*r));
       s.set_reward_status(v1::REWARD_STATUS_OK);
-      reward_sum += *r;
-      if (*r >= reward_->correct_threshold()) ++correct;
+      staleness.push_back(version_ - oldest);
+      out->reward_sum += *r;
+      ++out->scored;
+      if (*r >= reward_->correct_threshold()) ++out->correct;
+      scored_ids.push_back(s.sample_id());
       rewards.push_back(static_cast<float>(*r));
       kept.push_back(std::move(s));
-      ++size;
     }
-    if (size > 0) group_sizes.push_back(size);
+    if (kept.empty()) continue;
+    // Dynamic sampling (DAPO): a group whose rewards are all equal has no advantage signal.
+    bool all_equal = true;
+    for (float r : rewards) all_equal = all_equal && r == rewards.front();
+    if (cfg_.algorithm.filter_zero_variance && all_equal) {
+      ++out->filtered_groups;
+      std::vector<uint64_t> ids;
+      for (const auto& k : kept) ids.push_back(k.sample_id());
+      GYRE_RETURN_IF_ERROR(ledger_->Move(scored_ids, SampleState::kScored, here));
+      scored_ids.clear();
+      MoveContext c = here;
+      c.reason = "zero reward variance: all " + std::to_string(kept.size()) + " rewards " +
+                 nlohmann::json(rewards.front()).dump() + " (algorithm.filter_zero_variance)";
+      GYRE_RETURN_IF_ERROR(ledger_->Move(ids, SampleState::kFiltered, c));
+      continue;
+    }
+    out->group_sizes.push_back(static_cast<int32_t>(kept.size()));
+    for (int64_t st : staleness) ++out->staleness[st];
+    for (size_t i = 0; i < kept.size(); ++i) {
+      out->rewards.push_back(rewards[i]);
+      out->kept.push_back(std::move(kept[i]));
+    }
   }
-  if (kept.empty()) {
-    return FailedPrecondition("step " + std::to_string(step) + ": no usable samples (" +
-                              std::to_string(stale) + " stale, " + std::to_string(reward_errors) +
-                              " reward errors)");
+  // The ledger: kept samples are scored; the others ended above, with the reason.
+  if (!stale_ids.empty()) {
+    MoveContext c = here;
+    c.reason = "stale: tokens older than algorithm.max_staleness " +
+               std::to_string(cfg_.algorithm.max_staleness) + " versions";
+    GYRE_RETURN_IF_ERROR(ledger_->Move(stale_ids, SampleState::kDropped, c));
   }
-  kernels::AdvantageKind kind;
-  kernels::ParseAdvantageKind(cfg_.algorithm.advantage, &kind);
-  std::vector<uint8_t> zero_var;
-  GYRE_ASSIGN_OR_RETURN(auto adv, ops::GroupAdvantages(rewards, group_sizes, kind, &zero_var));
-  for (size_t i = 0; i < kept.size(); ++i) kept[i].set_advantage(adv[i]);
-  int zero_var_groups = 0;
-  for (uint8_t z : zero_var) zero_var_groups += z;
+  if (!scored_ids.empty()) {
+    GYRE_RETURN_IF_ERROR(ledger_->Move(scored_ids, SampleState::kScored, here));
+  }
+  return Status::Ok();
+}
 
-  const auto tt = Clock::now();
-  // The first GRPO step after a warm-up may start from a fresh optimizer state. Decided by the
-  // step number alone, so a job resumed from the checkpoint after the warm-up does the same.
-  const bool reset_optimizer = step == 1 && cfg_.trainer.warmup_sft_steps > 0 &&
-                               cfg_.trainer.warmup_optimizer_state == "reset";
-  TrainOptions pg;
-  pg.lr = cfg_.trainer.lr;
-  pg.temperature = sc.temperature > 0 ? sc.temperature : 1.0;
-  pg.reset_optimizer = reset_optimizer;
-  GYRE_ASSIGN_OR_RETURN(auto m, Train(kept, pg));
-  const double train_s = Seconds(tt);
-  const auto tp = Clock::now();
-  GYRE_RETURN_IF_ERROR(Publish());
-  const double publish_s = Seconds(tp);
+Status JobRunner::GrpoStep(int step) {
+  const auto t0 = Clock::now();
+  const int want = cfg_.rollout.prompts_per_step;
+  const bool partial = cfg_.rollout.partial_rollouts;
+  const auto& sc = cfg_.rollout.sampling;
+  v1::SamplingParams sampling;
+  sampling.set_temperature(static_cast<float>(sc.temperature));
+  sampling.set_top_k(sc.top_k);
+  sampling.set_top_p(static_cast<float>(sc.top_p));
+  sampling.set_min_p(static_cast<float>(sc.min_p));
+  sampling.set_max_new_tokens(cfg_.rollout.max_new_tokens);
+  for (int32_t id : tokenizer_->stop_ids()) sampling.add_stop_token_ids(id);
+  for (const std::string& stop : cfg_.rollout.stop_strings) sampling.add_stop_strings(stop);
+  const LedgerSink sink{ledger_.get(), step, version_};
+  GenerateStats gen;
+  double gen_s = 0;
+  StepScores sc_out;
+  // Round 0 draws the step's groups; with algorithm.filter_zero_variance, up to
+  // algorithm.max_filter_rounds more rounds replace the groups it filtered out.
+  int rounds = 0;
+  while (true) {
+    const int usable = static_cast<int>(sc_out.group_sizes.size());
+    int new_groups = want - usable;
+    if (rounds == 0 && partial) {
+      // With partial rollouts, over_provision * prompts_per_step groups are in flight, counting
+      // those carried over from the last step.
+      const int in_flight = static_cast<int>(std::ceil(cfg_.rollout.over_provision * want - 1e-9));
+      new_groups = std::max(0, in_flight - static_cast<int>(scheduler_->carried_groups()));
+    }
+    GYRE_ASSIGN_OR_RETURN(std::vector<GroupJob> jobs, DrawGroups(new_groups, step));
+    const auto tg = Clock::now();
+    GYRE_ASSIGN_OR_RETURN(
+        auto samples,
+        partial ? scheduler_->GeneratePartial(&jobs, want - usable, sampling, version_, &gen, &sink)
+                : scheduler_->GenerateAll(jobs, sampling, version_, &gen, &sink));
+    gen_s += Seconds(tg);
+    GYRE_RETURN_IF_ERROR(ScoreGroups(jobs, &samples, step, &sc_out));
+    ++rounds;
+    if (!cfg_.algorithm.filter_zero_variance ||
+        static_cast<int>(sc_out.group_sizes.size()) >= want ||
+        rounds > cfg_.algorithm.max_filter_rounds) {
+      break;
+    }
+  }
+  std::vector<v1::Sample>& kept = sc_out.kept;
+  const int64_t gen_tokens = gen.generated_tokens;
+  if (kept.empty() && sc_out.filtered_groups == 0) {
+    return FailedPrecondition("step " + std::to_string(step) + ": no usable samples (" +
+                              std::to_string(sc_out.stale) + " stale, " +
+                              std::to_string(sc_out.reward_errors) + " reward errors)");
+  }
+  int zero_var_groups = 0;
+  std::map<std::string, double> m;
+  double train_s = 0, publish_s = 0;
+  if (kept.empty()) {
+    // Every group was filtered in every round: no update this step (the policy and its version
+    // stay), which the metrics and the progress line show.
+    GYRE_LOG_WARN("step {}: all {} groups had zero reward variance in {} round(s); no update", step,
+                  sc_out.filtered_groups, rounds);
+  } else {
+    kernels::AdvantageKind kind;
+    kernels::ParseAdvantageKind(cfg_.algorithm.advantage, &kind);
+    std::vector<uint8_t> zero_var;
+    GYRE_ASSIGN_OR_RETURN(
+        auto adv, ops::GroupAdvantages(sc_out.rewards, sc_out.group_sizes, kind, &zero_var));
+    for (size_t i = 0; i < kept.size(); ++i) kept[i].set_advantage(adv[i]);
+    for (uint8_t z : zero_var) zero_var_groups += z;
+
+    const auto tt = Clock::now();
+    // The first GRPO step after a warm-up may start from a fresh optimizer state. Decided by the
+    // step number alone, so a job resumed from the checkpoint after the warm-up does the same.
+    const bool reset_optimizer = step == 1 && cfg_.trainer.warmup_sft_steps > 0 &&
+                                 cfg_.trainer.warmup_optimizer_state == "reset";
+    TrainOptions pg;
+    pg.lr = cfg_.trainer.lr;
+    pg.temperature = sc.temperature > 0 ? sc.temperature : 1.0;
+    pg.reset_optimizer = reset_optimizer;
+    GYRE_ASSIGN_OR_RETURN(m, Train(kept, pg));
+    std::vector<uint64_t> kept_ids;
+    for (const auto& k : kept) kept_ids.push_back(k.sample_id());
+    GYRE_RETURN_IF_ERROR(ledger_->Move(kept_ids, SampleState::kTrained, {step, version_, "", ""}));
+    train_s = Seconds(tt);
+    const auto tp = Clock::now();
+    GYRE_RETURN_IF_ERROR(Publish());
+    publish_s = Seconds(tp);
+  }
   const double step_s = Seconds(t0);
-  const double mean_reward = reward_sum / static_cast<double>(kept.size());
-  const double accuracy = static_cast<double>(correct) / static_cast<double>(kept.size());
+  // Reward and accuracy over every scored sample of the step (filtered groups included).
+  const double scored = std::max(1, sc_out.scored);
+  const double mean_reward = sc_out.reward_sum / scored;
+  const double accuracy = static_cast<double>(sc_out.correct) / scored;
   const double tok_s = gen_s > 0 ? static_cast<double>(gen_tokens) / gen_s : 0.0;
   result_.final_mean_reward = mean_reward;
   nlohmann::json j = {{"phase", "grpo"},
@@ -500,20 +609,42 @@ Status JobRunner::GrpoStep(int step) {
                       {"train_s", train_s},
                       {"publish_s", publish_s},
                       {"zero_variance_groups", zero_var_groups},
-                      {"reward_errors", reward_errors},
-                      {"stale_dropped", stale}};
+                      {"reward_errors", sc_out.reward_errors},
+                      {"stale_dropped", sc_out.stale}};
   j["prefill_tokens"] = gen.prefill_tokens;
   j["prefix_shared_tokens"] = gen.prefix_shared_tokens;
-  if (cfg_.rollout.partial_rollouts) {
+  if (partial) {
     j["partial_resumed_samples"] = gen.resumed_samples;
     j["partial_carried_groups"] = scheduler_->carried_groups();
+  }
+  // Telemetry: the trained samples' staleness, and how busy each rollout worker was while the
+  // step generated.
+  nlohmann::json staleness = nlohmann::json::object();
+  for (const auto& [st, count] : sc_out.staleness) staleness[std::to_string(st)] = count;
+  j["staleness"] = staleness;
+  nlohmann::json busy = nlohmann::json::object();
+  double idle_sum = 0;
+  for (const auto& [id, sec] : gen.busy_s) {
+    busy[id] = sec;
+    idle_sum += gen_s > 0 ? std::max(0.0, 1.0 - sec / gen_s) : 0.0;
+  }
+  j["rollout_busy_s"] = busy;
+  j["rollout_idle_fraction"] = gen.busy_s.empty() ? 0.0 : idle_sum / gen.busy_s.size();
+  if (cfg_.algorithm.filter_zero_variance) {
+    j["filtered_groups"] = sc_out.filtered_groups;
+    j["generation_rounds"] = rounds;
   }
   for (const auto& [k, v] : m) j[k] = v;
   WriteMetrics(j);
   if (opts_.print_progress) {
-    std::printf("step %4d/%d  reward %.3f  acc %.3f  %7.0f tok/s  %.2f s  (v%lld, loss %+.4f)\n",
+    std::string extra;
+    if (cfg_.algorithm.filter_zero_variance) {
+      extra = ", " + std::to_string(sc_out.filtered_groups) + " filtered";
+      if (kept.empty()) extra += ", no update";
+    }
+    std::printf("step %4d/%d  reward %.3f  acc %.3f  %7.0f tok/s  %.2f s  (v%lld, loss %+.4f%s)\n",
                 step, cfg_.trainer.steps, mean_reward, accuracy, tok_s, step_s,
-                static_cast<long long>(version_), m["loss"]);
+                static_cast<long long>(version_), m.count("loss") ? m["loss"] : 0.0, extra.c_str());
     std::fflush(stdout);
   }
   return Status::Ok();
@@ -602,8 +733,33 @@ Status JobRunner::PrepareResume() {
                               std::to_string(resume_state_.format_version) +
                               "); a job with rollout.partial_rollouts cannot resume it exactly");
   }
-  return CheckCarriedGroupsFit(resume_state_.carried_groups, cfg_,
-                               resume_dir_ + "/carried_groups.pb");
+  GYRE_RETURN_IF_ERROR(CheckCarriedGroupsFit(resume_state_.carried_groups, cfg_,
+                                             resume_dir_ + "/carried_groups.pb"));
+  // The ledger must hold at least the events the checkpoint saw; Resume forgets the later ones.
+  const int64_t seq = resume_state_.ledger_sequence;
+  if (seq < 0) return Status::Ok();  // a checkpoint from before the ledger: Resume starts one
+  if (!PathExists(LedgerPath())) {
+    return NotFound(LedgerPath() + ": missing, but " + resume_dir_ +
+                    "/controller.json refers to its event " + std::to_string(seq) +
+                    " (the sample ledger is kept beside checkpoints/)");
+  }
+  GYRE_ASSIGN_OR_RETURN(ledger_, SampleLedger::Open(LedgerPath(), false));
+  GYRE_ASSIGN_OR_RETURN(const int64_t last, ledger_->LastSequence());
+  if (last < seq) {
+    return FailedPrecondition(LedgerPath() + " ends at event " + std::to_string(last) + ", but " +
+                              resume_dir_ + " was written at event " + std::to_string(seq) +
+                              " (the ledger is older than the checkpoint)");
+  }
+  return Status::Ok();
+}
+
+Status JobRunner::OpenNewLedger() {
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    const std::string path = LedgerPath() + suffix;
+    if (PathExists(path)) GYRE_RETURN_IF_ERROR(RemoveTree(path));
+  }
+  GYRE_ASSIGN_OR_RETURN(ledger_, SampleLedger::Open(LedgerPath(), true));
+  return Status::Ok();
 }
 
 Status JobRunner::Resume() {
@@ -623,7 +779,18 @@ Status JobRunner::Resume() {
   next_group_id_ = st.next_group_id;
   // Partial rollouts: the groups in flight at the checkpoint continue in the next step, on the
   // same workers as they would have (their kept KV is gone, so their context is prefilled).
-  scheduler_->RestoreCarried(st.carried_groups);
+  if (st.ledger_sequence >= 0) {
+    GYRE_ASSIGN_OR_RETURN(const int64_t last, ledger_->LastSequence());
+    GYRE_RETURN_IF_ERROR(ledger_->RollbackTo(st.ledger_sequence));
+    if (last > st.ledger_sequence) {
+      GYRE_LOG_INFO("ledger: forgot events {}..{}, written after the checkpoint",
+                    st.ledger_sequence + 1, last);
+    }
+  } else {
+    GYRE_LOG_WARN("{} predates the sample ledger; a new ledger starts at this resume", resume_dir_);
+    GYRE_RETURN_IF_ERROR(OpenNewLedger());
+  }
+  GYRE_RETURN_IF_ERROR(scheduler_->RestoreCarried(st.carried_groups, ledger_.get()));
   first_step_ = st.grpo_step + 1;
   wall_before_ = st.wall_seconds;
   result_.grpo_steps = st.grpo_step;
@@ -681,6 +848,7 @@ Status JobRunner::SaveCheckpoint(int step, Clock::time_point job_start) {
   st.config_yaml = config::DumpJobConfig(cfg_);
   GYRE_ASSIGN_OR_RETURN(st.metrics_jsonl, ReadFileToString(run_dir_ + "/" + cfg_.metrics.file));
   st.carried_groups = scheduler_->SaveCarried();
+  GYRE_ASSIGN_OR_RETURN(st.ledger_sequence, ledger_->LastSequence());
   GYRE_RETURN_IF_ERROR(WriteControllerState(tmp_dir, st));
   GYRE_RETURN_IF_ERROR(CommitCheckpoint(tmp_dir, final_dir, cfg_.trainer.checkpoint_keep_last));
   GYRE_LOG_INFO("checkpoint {} (policy v{}, {} carried groups) in {:.2f} s", final_dir, version_,

@@ -1,6 +1,7 @@
 #include "controller/rollout_scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <future>
 #include <utility>
 
@@ -10,26 +11,31 @@ namespace gyre::controller {
 
 namespace {
 
-// One Generate call per worker at once; an empty request is not sent.
+// One Generate call per worker at once; an empty request is not sent. Adds each call's
+// duration to stats->busy_s.
 std::vector<std::pair<Status, v1::GenerateResponse>> GenerateOnEach(
     WorkerPool* pool, const std::vector<Worker*>& workers,
-    const std::vector<v1::GenerateRequest>& reqs, double timeout_s) {
+    const std::vector<v1::GenerateRequest>& reqs, double timeout_s, GenerateStats* stats) {
+  std::vector<double> seconds(workers.size(), 0.0);
   std::vector<std::future<std::pair<Status, v1::GenerateResponse>>> futures;
   for (size_t a = 0; a < workers.size(); ++a) {
-    futures.push_back(
-        std::async(std::launch::async, [pool, w = workers[a], &req = reqs[a], timeout_s] {
+    futures.push_back(std::async(
+        std::launch::async, [pool, w = workers[a], &req = reqs[a], timeout_s, &sec = seconds[a]] {
           v1::GenerateResponse resp;
           if (req.groups_size() == 0 && req.resume_size() == 0) {
             return std::make_pair(Status::Ok(), std::move(resp));
           }
+          const auto t0 = std::chrono::steady_clock::now();
           Status s = pool->Invoke(w->id, timeout_s, [&](const rpc::Call& c) {
             return w->rollout->Generate(c, req, &resp);
           });
+          sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           return std::make_pair(std::move(s), std::move(resp));
         }));
   }
   std::vector<std::pair<Status, v1::GenerateResponse>> out;
   for (auto& f : futures) out.push_back(f.get());
+  for (size_t a = 0; a < workers.size(); ++a) stats->busy_s[workers[a]->id] += seconds[a];
   return out;
 }
 
@@ -55,10 +61,52 @@ Status RolloutScheduler::AfterGenerateFailure(Worker* w, const Status& s,
   return Status::Ok();
 }
 
+Status RolloutScheduler::RecordDispatch(const LedgerSink* sink, const Worker& w,
+                                        const v1::GenerateRequest& req) {
+  if (sink == nullptr || sink->ledger == nullptr) return Status::Ok();
+  std::vector<uint64_t> ids;
+  auto add = [&](uint64_t id) {
+    if (generating_.insert(id).second) ids.push_back(id);
+  };
+  for (const auto& g : req.groups()) {
+    for (int i = 0; i < g.n(); ++i) add(g.first_sample_id() + static_cast<uint64_t>(i));
+  }
+  for (const auto& r : req.resume()) add(r.sample_id());
+  if (ids.empty()) return Status::Ok();
+  return sink->ledger->Move(ids, SampleState::kGenerating, {sink->step, sink->version, w.id, ""});
+}
+
+Status RolloutScheduler::RecordFailure(const LedgerSink* sink, const Worker& w,
+                                       const v1::GenerateRequest& req, const std::string& why) {
+  if (sink == nullptr || sink->ledger == nullptr) return Status::Ok();
+  std::vector<uint64_t> ids;
+  auto add = [&](uint64_t id) {
+    if (generating_.erase(id)) ids.push_back(id);
+  };
+  for (const auto& g : req.groups()) {
+    for (int i = 0; i < g.n(); ++i) add(g.first_sample_id() + static_cast<uint64_t>(i));
+  }
+  for (const auto& r : req.resume()) add(r.sample_id());
+  if (ids.empty()) return Status::Ok();
+  return sink->ledger->Move(ids, SampleState::kQueued, {sink->step, sink->version, w.id, why});
+}
+
+Status RolloutScheduler::RecordFinished(const LedgerSink* sink, const Worker& w,
+                                        const v1::GenerateResponse& resp) {
+  if (sink == nullptr || sink->ledger == nullptr) return Status::Ok();
+  std::vector<uint64_t> ids;
+  for (const auto& s : resp.samples()) {
+    if (generating_.erase(s.sample_id())) ids.push_back(s.sample_id());
+  }
+  if (ids.empty()) return Status::Ok();
+  return sink->ledger->Move(ids, SampleState::kFinished, {sink->step, sink->version, w.id, ""});
+}
+
 StatusOr<std::vector<v1::Sample>> RolloutScheduler::GenerateAll(const std::vector<GroupJob>& jobs,
                                                                 const v1::SamplingParams& sampling,
                                                                 int64_t min_version,
-                                                                GenerateStats* stats) {
+                                                                GenerateStats* stats,
+                                                                const LedgerSink* sink) {
   std::map<uint64_t, std::vector<v1::Sample>> by_group;
   std::vector<size_t> pending(jobs.size());
   for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
@@ -73,19 +121,23 @@ StatusOr<std::vector<v1::Sample>> RolloutScheduler::GenerateAll(const std::vecto
       *reqs[a].mutable_sampling() = sampling;
       reqs[a].set_min_policy_version(min_version);
       for (size_t j : assign[a]) *reqs[a].add_groups() = jobs[j].group;
+      GYRE_RETURN_IF_ERROR(RecordDispatch(sink, *alive[a], reqs[a]));
     }
-    auto results = GenerateOnEach(pool_, alive, reqs, cfg_.cluster.rpc_timeout_s);
+    auto results = GenerateOnEach(pool_, alive, reqs, cfg_.cluster.rpc_timeout_s, stats);
     std::vector<size_t> retry;
     for (size_t a = 0; a < alive.size(); ++a) {
       auto& [s, resp] = results[a];
       if (s.ok()) {
         AddCounters(resp, stats);
+        GYRE_RETURN_IF_ERROR(RecordFinished(sink, *alive[a], resp));
         for (auto& sample : *resp.mutable_samples()) {
           by_group[sample.group_id()].push_back(std::move(sample));
         }
         continue;
       }
       GYRE_RETURN_IF_ERROR(AfterGenerateFailure(alive[a], s, assign[a], &retry));
+      GYRE_RETURN_IF_ERROR(
+          RecordFailure(sink, *alive[a], reqs[a], "generate failed: " + s.message()));
     }
     pending = retry;
   }
@@ -103,8 +155,8 @@ StatusOr<std::vector<v1::Sample>> RolloutScheduler::GenerateAll(const std::vecto
 }
 
 StatusOr<std::vector<v1::Sample>> RolloutScheduler::GeneratePartial(
-    std::vector<GroupJob>* jobs, const v1::SamplingParams& sampling, int64_t min_version,
-    GenerateStats* stats) {
+    std::vector<GroupJob>* jobs, int64_t target_groups, const v1::SamplingParams& sampling,
+    int64_t min_version, GenerateStats* stats, const LedgerSink* sink) {
   const int n = cfg_.rollout.group_size;
   for (GroupJob& j : *jobs) partial_[j.group.group_id()].job = std::move(j);
   jobs->clear();
@@ -117,7 +169,7 @@ StatusOr<std::vector<v1::Sample>> RolloutScheduler::GeneratePartial(
   for (const auto& [gid, pg] : partial_) {
     if (static_cast<int>(pg.finished.size()) < n) pending.push_back(gid);
   }
-  while (completed() < cfg_.rollout.prompts_per_step && !pending.empty()) {
+  while (completed() < target_groups && !pending.empty()) {
     GYRE_RETURN_IF_ERROR(pool_->CheckHealth());
     std::vector<Worker*> alive = pool_->AliveRollouts();
     if (alive.empty()) return Aborted("no rollout workers are alive");
@@ -132,7 +184,7 @@ StatusOr<std::vector<v1::Sample>> RolloutScheduler::GeneratePartial(
       if (a == alive.size()) a = rr++ % alive.size();
       assign[a].push_back(gid);
     }
-    const int64_t still = cfg_.rollout.prompts_per_step - completed();
+    const int64_t still = target_groups - completed();
     std::vector<v1::GenerateRequest> reqs(alive.size());
     for (size_t a = 0; a < alive.size(); ++a) {
       v1::GenerateRequest& req = reqs[a];
@@ -154,13 +206,15 @@ StatusOr<std::vector<v1::Sample>> RolloutScheduler::GeneratePartial(
           stats->resumed_samples += static_cast<int64_t>(pg.unfinished.size());
         }
       }
+      GYRE_RETURN_IF_ERROR(RecordDispatch(sink, *alive[a], req));
     }
-    auto results = GenerateOnEach(pool_, alive, reqs, cfg_.cluster.rpc_timeout_s);
+    auto results = GenerateOnEach(pool_, alive, reqs, cfg_.cluster.rpc_timeout_s, stats);
     std::vector<uint64_t> retry;
     for (size_t a = 0; a < alive.size(); ++a) {
       auto& [s, resp] = results[a];
       if (s.ok()) {
         AddCounters(resp, stats);
+        GYRE_RETURN_IF_ERROR(RecordFinished(sink, *alive[a], resp));
         for (auto& sample : *resp.mutable_samples()) {
           PartialGroup& pg = partial_[sample.group_id()];
           pg.unfinished.erase(sample.sample_id());
@@ -174,6 +228,8 @@ StatusOr<std::vector<v1::Sample>> RolloutScheduler::GeneratePartial(
         continue;
       }
       GYRE_RETURN_IF_ERROR(AfterGenerateFailure(alive[a], s, assign[a], &retry));
+      GYRE_RETURN_IF_ERROR(
+          RecordFailure(sink, *alive[a], reqs[a], "generate failed: " + s.message()));
     }
     pending = retry;
   }
@@ -207,8 +263,10 @@ std::vector<v1::CarriedGroup> RolloutScheduler::SaveCarried() const {
   return out;
 }
 
-void RolloutScheduler::RestoreCarried(const std::vector<v1::CarriedGroup>& groups) {
+Status RolloutScheduler::RestoreCarried(const std::vector<v1::CarriedGroup>& groups,
+                                        SampleLedger* ledger) {
   partial_.clear();
+  generating_.clear();
   for (const v1::CarriedGroup& cg : groups) {
     PartialGroup pg;
     pg.job.group = cg.group();
@@ -218,8 +276,17 @@ void RolloutScheduler::RestoreCarried(const std::vector<v1::CarriedGroup>& group
     for (const v1::Sample& f : cg.finished()) pg.finished[f.sample_id()] = f;
     for (const v1::Sample& u : cg.unfinished()) pg.unfinished[u.sample_id()] = u;
     pg.worker = cg.worker();
+    if (ledger != nullptr) {
+      for (const auto& [sid, u] : pg.unfinished) {
+        StatusOr<SampleRecord> r = ledger->Find(sid);
+        if (!r.ok())
+          return r.status().WithContext("carried group " + std::to_string(cg.group().group_id()));
+        if (r->state == SampleState::kGenerating) generating_.insert(sid);
+      }
+    }
     partial_[cg.group().group_id()] = std::move(pg);
   }
+  return Status::Ok();
 }
 
 }  // namespace gyre::controller

@@ -11,9 +11,11 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "controller/sample_ledger.h"
 #include "controller/task.h"
 #include "controller/worker_pool.h"
 #include "gyre/v1/checkpoint.pb.h"
@@ -32,6 +34,17 @@ struct GenerateStats {
   int64_t prefill_tokens = 0;
   int64_t prefix_shared_tokens = 0;
   int64_t resumed_samples = 0;  // partial rollouts: unfinished samples sent back to an engine
+  // Seconds each rollout worker spent in Generate calls (by worker id), for its busy fraction.
+  std::map<std::string, double> busy_s;
+};
+
+// Where the scheduler records its samples' moves (queued -> generating on dispatch, back to
+// queued when their worker fails, generating -> finished), with the step and version they
+// happen at. Null = not recorded (evaluation).
+struct LedgerSink {
+  SampleLedger* ledger = nullptr;  // not owned
+  int64_t step = -1;
+  int64_t version = -1;
 };
 
 class RolloutScheduler {
@@ -44,20 +57,24 @@ class RolloutScheduler {
   // order; adds to *stats.
   StatusOr<std::vector<v1::Sample>> GenerateAll(const std::vector<GroupJob>& jobs,
                                                 const v1::SamplingParams& sampling,
-                                                int64_t min_version, GenerateStats* stats);
+                                                int64_t min_version, GenerateStats* stats,
+                                                const LedgerSink* sink = nullptr);
 
-  // Partial rollouts: adds `jobs` to the groups in flight and generates until
-  // rollout.prompts_per_step of them have finished. Replaces *jobs with the finished groups
+  // Partial rollouts: adds `jobs` to the groups in flight and generates until `target_groups`
+  // of them have finished (or none is left unfinished). Replaces *jobs with the finished groups
   // (oldest first) and returns their samples (n per group, in group order); the others carry
   // over to the next call.
   StatusOr<std::vector<v1::Sample>> GeneratePartial(std::vector<GroupJob>* jobs,
+                                                    int64_t target_groups,
                                                     const v1::SamplingParams& sampling,
-                                                    int64_t min_version, GenerateStats* stats);
+                                                    int64_t min_version, GenerateStats* stats,
+                                                    const LedgerSink* sink = nullptr);
 
   // Groups in flight (partial rollouts), for checkpoints and back.
   size_t carried_groups() const { return partial_.size(); }
   std::vector<v1::CarriedGroup> SaveCarried() const;
-  void RestoreCarried(const std::vector<v1::CarriedGroup>& groups);
+  // `ledger` (may be null) tells which of their samples are in flight (generating).
+  Status RestoreCarried(const std::vector<v1::CarriedGroup>& groups, SampleLedger* ledger);
 
  private:
   // A Generate call that failed: a bad request fails the job; otherwise the worker is waited
@@ -65,6 +82,12 @@ class RolloutScheduler {
   template <typename Id>
   Status AfterGenerateFailure(Worker* w, const Status& s, const std::vector<Id>& groups,
                               std::vector<Id>* retry);
+  // Ledger moves. Dispatched: the request's samples that are not yet generating. Failed: the
+  // ones sent to `w` that are still generating go back to queued.
+  Status RecordDispatch(const LedgerSink* sink, const Worker& w, const v1::GenerateRequest& req);
+  Status RecordFailure(const LedgerSink* sink, const Worker& w, const v1::GenerateRequest& req,
+                       const std::string& why);
+  Status RecordFinished(const LedgerSink* sink, const Worker& w, const v1::GenerateResponse& resp);
 
   const JobConfig cfg_;
   WorkerPool* pool_;
@@ -75,6 +98,7 @@ class RolloutScheduler {
     std::string worker;                         // last worker, preferred for its kept KV
   };
   std::map<uint64_t, PartialGroup> partial_;  // by group id (oldest first)
+  std::set<uint64_t> generating_;             // sample ids the ledger holds as generating
 };
 
 }  // namespace gyre::controller

@@ -209,7 +209,8 @@ namespace {
 struct MicroBatch {
   int64_t S = 0, R = 0;
   at::Tensor inputs, gather_idx, targets, mask, adv, rollout_lp, old_lp;
-  bool has_old = true;  // every sample carries old_logprobs
+  at::Tensor rollout_mask;  // mask, where the sample carries rollout log-probs
+  bool has_old = true;      // every sample carries old_logprobs
 };
 
 // Built on the CPU, then moved to `device` (the model's) in one go.
@@ -231,6 +232,8 @@ MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, 
   mb.adv = at::zeros({S, R}, at::kFloat);
   mb.rollout_lp = at::zeros({S, R}, at::kFloat);
   mb.old_lp = at::zeros({S, R}, at::kFloat);
+  mb.rollout_mask = at::zeros({S, R}, at::kFloat);
+  auto rm_a = mb.rollout_mask.accessor<float, 2>();
   auto in_a = mb.inputs.accessor<int64_t, 2>();
   auto gi_a = mb.gather_idx.accessor<int64_t, 2>();
   auto tg_a = mb.targets.accessor<int64_t, 2>();
@@ -249,13 +252,15 @@ MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, 
       tg_a[s][t] = x.response[t];
       mk_a[s][t] = x.loss_mask.empty() ? 1.0f : x.loss_mask[t];
       ad_a[s][t] = x.advantage * mk_a[s][t];
-      rl_a[s][t] = x.rollout_logprobs.size() == x.response.size() ? x.rollout_logprobs[t] : 0.0f;
+      const bool has_rollout = x.rollout_logprobs.size() == x.response.size();
+      rl_a[s][t] = has_rollout ? x.rollout_logprobs[t] : 0.0f;
+      rm_a[s][t] = has_rollout ? mk_a[s][t] : 0.0f;
       ol_a[s][t] = x.old_logprobs.size() == x.response.size() ? x.old_logprobs[t] : 0.0f;
     }
   }
   if (!device.is_cpu()) {
-    for (at::Tensor* t :
-         {&mb.inputs, &mb.gather_idx, &mb.targets, &mb.mask, &mb.adv, &mb.rollout_lp, &mb.old_lp}) {
+    for (at::Tensor* t : {&mb.inputs, &mb.gather_idx, &mb.targets, &mb.mask, &mb.adv,
+                          &mb.rollout_lp, &mb.old_lp, &mb.rollout_mask}) {
       *t = t->to(device, /*non_blocking=*/false);
     }
   }
@@ -430,6 +435,12 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     }
   } cancel_on_exit{reducer_.get()};
   double loss_sum = 0, clip_sum = 0, kl_sum = 0, entropy_sum = 0, correct = 0;
+  // Rollout-vs-trainer mismatch of the same tokens (policy gradient): d = logp_old - logp_rollout
+  // per token, w = exp(d). Sums of tokens, |d|, [w outside 0.9..1.1], w - 1 - d, w, w^2.
+  // Summed on the model's device and read once after the loop (one host sync, not six per
+  // micro-batch).
+  double mm[6] = {0, 0, 0, 0, 0, 0};
+  at::Tensor mm_acc;
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, options.micro_batch_size));
   for (size_t start = 0; start < batch.size(); start += step) {
     const size_t end = std::min(batch.size(), start + step);
@@ -456,6 +467,17 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     } else {
       // With one optimizer step per batch the old policy is the current one.
       at::Tensor old = mb.has_old ? mb.old_lp : logp.detach();
+      {
+        at::NoGradGuard ng;
+        const at::Tensor& m = mb.rollout_mask;
+        at::Tensor d = (old - mb.rollout_lp).masked_fill(m == 0, 0.0);
+        at::Tensor w = d.exp();
+        at::Tensor part = at::stack({m.sum(), (d.abs() * m).sum(),
+                                     (((w < 0.9) | (w > 1.1)).to(at::kFloat) * m).sum(),
+                                     ((w - 1.0 - d) * m).sum(), (w * m).sum(), (w * w * m).sum()})
+                              .to(at::kDouble);
+        mm_acc = mm_acc.defined() ? mm_acc + part : part;
+      }
       GYRE_ASSIGN_OR_RETURN(
           ops::PolicyLossResult r,
           ops::PolicyLoss(logp, old, options.loss.use_tis ? mb.rollout_lp : at::Tensor(),
@@ -466,6 +488,10 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
       clip_sum += r.stats.clip_frac * r.stats.tokens;
       kl_sum += r.stats.approx_kl * r.stats.tokens;
     }
+  }
+  if (mm_acc.defined()) {
+    at::Tensor host = mm_acc.cpu();
+    for (int i = 0; i < 6; ++i) mm[i] = host[i].item<double>();
   }
   if (reducer_ != nullptr) {
     // Every rank gets here, also one with an empty shard (no backward at all): its gradients are
@@ -478,8 +504,9 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     // sums[5] counts the ranks that took part. Gloo can complete a collective without a peer
     // that closed its connections (docs/weight-sync.md); a short count means the summed
     // gradients above lack that rank's part, so the update must not be applied.
-    double sums[6] = {loss_sum, clip_sum, kl_sum, entropy_sum, correct, 1.0};
-    GYRE_RETURN_IF_ERROR(AllReduce(sums, 6).WithContext("data-parallel metrics"));
+    double sums[12] = {loss_sum, clip_sum, kl_sum, entropy_sum, correct, 1.0,
+                       mm[0],    mm[1],    mm[2],  mm[3],       mm[4],   mm[5]};
+    GYRE_RETURN_IF_ERROR(AllReduce(sums, 12).WithContext("data-parallel metrics"));
     if (Status all = CheckAllRanksTookPart(sums[5]); !all.ok()) {
       optimizer_->adamw->zero_grad();
       return all;
@@ -489,6 +516,7 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     kl_sum = sums[2];
     entropy_sum = sums[3];
     correct = sums[4];
+    for (int i = 0; i < 6; ++i) mm[i] = sums[6 + i];
   }
   // Global gradient-norm clipping, then AdamW.
   double sq = 0;
@@ -521,6 +549,14 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
   if (objective == Objective::kPolicyGradient) {
     m["clip_frac"] = clip_sum / total_tokens;
     m["approx_kl"] = kl_sum / total_tokens;
+    if (mm[0] > 0) {
+      // docs/algorithms.md, "Telemetry": the trainer's log-probs of the tokens the rollout engine
+      // sampled, before the update, against the engine's own.
+      m["mismatch_abs_logprob"] = mm[1] / mm[0];
+      m["mismatch_ratio_outside"] = mm[2] / mm[0];
+      m["mismatch_kl_k3"] = mm[3] / mm[0];
+      m["mismatch_ess"] = mm[5] > 0 ? mm[4] * mm[4] / (mm[5] * mm[0]) : 0.0;
+    }
   }
   return m;
 }

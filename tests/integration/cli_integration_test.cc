@@ -59,6 +59,31 @@ TEST(CliTest, VersionHelpAndUsageErrors) {
   EXPECT_EQ(p.Output(), "gyre: unknown command 'frobnicate' (see gyre help)\n");
 }
 
+TEST(CliTest, LedgerUsageErrorsAndAMissingLedgerAreClear) {
+  const std::string dir = MakeTempDir("ledger");
+  auto run = [&](const std::vector<std::string>& args, int want_rc) {
+    (void)RemoveTree(dir + "/gyre.out");
+    auto p = GyreProcess::Start(args, dir);
+    EXPECT_TRUE(p.Wait(30));
+    EXPECT_EQ(WEXITSTATUS(p.wait_status), want_rc) << p.Output();
+    return p.Output();
+  };
+  EXPECT_NE(run({"ledger", "--help"}, 0).find("--prompts"), std::string::npos);
+  EXPECT_EQ(run({"ledger"}, 2), "gyre ledger: missing RUN_DIR (see gyre ledger --help)\n");
+  EXPECT_NE(run({"ledger", dir, "--state", "lost"}, 2).find("unknown state 'lost'"),
+            std::string::npos);
+  EXPECT_NE(run({"ledger", dir, "--sample", "x1"}, 2).find("needs a sample id"), std::string::npos);
+  EXPECT_NE(run({"ledger", dir, "--prompts", "--sample", "1"}, 2).find("alternatives"),
+            std::string::npos);
+  EXPECT_EQ(run({"ledger", dir}, 1), "gyre ledger: " + dir +
+                                         "/ledger.db: no sample ledger here (a run directory "
+                                         "holds ledger.db once its job has started)\n");
+  // A file that is not a ledger is refused by name, and left as it was.
+  std::ofstream(dir + "/ledger.db") << "not a database";
+  EXPECT_NE(run({"ledger", dir}, 1).find(dir + "/ledger.db"), std::string::npos);
+  EXPECT_EQ(ReadFile(dir + "/ledger.db"), "not a database");
+}
+
 TEST(CliTest, ValidateReportsFileLineAndColumnWithSuggestion) {
   const std::string dir = MakeTempDir("validate");
   const std::string job = dir + "/job.yaml";
@@ -168,6 +193,61 @@ TEST(TrainTest, RolloutWorkerDeathIsReportedAndTheJobContinues) {
   for (const auto& s : steps) EXPECT_EQ(s["samples"], 64) << s.dump();  // nothing lost
   EXPECT_EQ(nlohmann::json::parse(ReadFile(dir + "/t/summary.json"))["worker_restarts"], 0);
   EXPECT_TRUE(AllGone(WorkerPids(out), 10));
+  // The ledger agrees: every sample trained once, none left behind by the dead worker.
+  ASSERT_TRUE(MakeDirs(dir + "/ledger").ok());
+  auto l = GyreProcess::Start({"ledger", dir + "/t", "--json"}, dir + "/ledger");
+  ASSERT_TRUE(l.Wait(30));
+  ASSERT_EQ(WEXITSTATUS(l.wait_status), 0) << l.Output();
+  const auto counts = nlohmann::json::parse(l.Output());
+  EXPECT_EQ(counts["samples"], 60 * 64) << counts.dump();
+  EXPECT_EQ(counts["by_state"]["trained"], 60 * 64) << counts.dump();
+}
+
+// Dynamic sampling: groups whose rewards are all equal leave the batch, new groups replace
+// them, and the ledger records each filtered sample with the reason.
+TEST(TrainTest, DynamicSamplingReplacesZeroVarianceGroups) {
+  const std::string dir = MakeTempDir("dapo");
+  auto args = SmallJob(dir, 4);
+  args.insert(args.end(),
+              {"--set", "trainer.warmup_sft_steps=150", "--set",
+               "algorithm.filter_zero_variance=true", "--set", "algorithm.max_filter_rounds=2"});
+  auto p = GyreProcess::Start(args, dir);
+  ASSERT_TRUE(p.Wait(240)) << p.Output();
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  ASSERT_EQ(steps.size(), 4u);
+  int64_t filtered = 0, trained = 0;
+  for (const auto& s : steps) {
+    const int64_t samples = s["samples"], rounds = s["generation_rounds"];
+    filtered += s["filtered_groups"].get<int64_t>();
+    trained += samples;
+    EXPECT_GE(rounds, 1) << s.dump();
+    EXPECT_LE(rounds, 3) << s.dump();
+    EXPECT_LE(samples, 64) << s.dump();
+    // A round is added only while the batch is short of prompts_per_step usable groups.
+    if (samples < 64) EXPECT_EQ(rounds, 3) << s.dump();
+    if (rounds > 1) EXPECT_GT(s["filtered_groups"], 0) << s.dump();
+    if (samples > 0) EXPECT_EQ(s["zero_variance_groups"], 0) << s.dump();
+    EXPECT_EQ(s["reward_errors"], 0);
+  }
+  EXPECT_GT(filtered, 0) << "a barely warmed-up model answers most groups all wrong";
+  ASSERT_TRUE(MakeDirs(dir + "/ledger").ok());
+  auto l = GyreProcess::Start({"ledger", dir + "/t", "--json"}, dir + "/ledger");
+  ASSERT_TRUE(l.Wait(30));
+  const auto counts = nlohmann::json::parse(l.Output());
+  EXPECT_EQ(counts["by_state"]["filtered"], filtered * 8) << counts.dump();
+  EXPECT_EQ(counts["by_state"]["trained"], trained) << counts.dump();
+  EXPECT_EQ(counts["samples"], filtered * 8 + trained) << counts.dump();
+  (void)RemoveTree(dir + "/ledger/gyre.out");
+  auto f = GyreProcess::Start({"ledger", dir + "/t", "--state", "filtered", "--top", "1", "--json"},
+                              dir + "/ledger");
+  ASSERT_TRUE(f.Wait(30));
+  const auto rows = nlohmann::json::parse(f.Output())["rows"];
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["last"]["reason"].get<std::string>().rfind("zero reward variance: all 8", 0),
+            0u)
+      << rows.dump();
+  EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
 }
 
 // After `victim` (rollout-1) was killed: the controller restarted it, published the current

@@ -68,6 +68,48 @@ std::vector<nlohmann::json> Metrics(const std::string& path, const std::string& 
   return out;
 }
 
+// `gyre ledger args...` as JSON (the command must succeed).
+nlohmann::json Ledger(const std::vector<std::string>& args, const std::string& dir) {
+  std::vector<std::string> all = {"ledger"};
+  all.insert(all.end(), args.begin(), args.end());
+  all.push_back("--json");
+  const std::string out_dir = dir + "/ledger-cmd";  // GyreProcess appends to out_dir/gyre.out
+  EXPECT_TRUE(MakeDirs(out_dir).ok());
+  (void)RemoveTree(out_dir + "/gyre.out");
+  auto p = GyreProcess::Start(all, out_dir);
+  EXPECT_TRUE(p.Wait(60));
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+  try {
+    return nlohmann::json::parse(p.Output());
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "gyre ledger printed no JSON: " << p.Output();
+    return nlohmann::json();
+  }
+}
+
+// Each sample of the run's ledger trained exactly once, and which prompts: what a resume must
+// neither lose nor repeat.
+void ExpectEveryPromptTrainedOnceAsIn(const std::string& run_a, const std::string& run_b,
+                                      const std::string& dir, int64_t samples) {
+  const auto ca = Ledger({run_a}, dir);
+  const auto cb = Ledger({run_b}, dir);
+  EXPECT_EQ(ca["by_state"]["trained"], samples);
+  EXPECT_EQ(cb["by_state"]["trained"], samples) << cb.dump();
+  EXPECT_EQ(cb["samples"], ca["samples"]) << "samples lost or added by the resume";
+  EXPECT_EQ(cb["by_state"], ca["by_state"]);
+  const auto pa = Ledger({run_a, "--prompts", "--top", "0"}, dir);
+  const auto pb = Ledger({run_b, "--prompts", "--top", "0"}, dir);
+  EXPECT_EQ(pa["rows"], pb["rows"]) << "prompts trained a different number of times";
+  const auto ta = Ledger({run_b, "--state", "trained", "--top", "0"}, dir);
+  ASSERT_EQ(ta["rows"].size(), static_cast<size_t>(samples));
+  // One sample's whole history: one trained event, none repeated.
+  const uint64_t id = ta["rows"][0]["sample_id"].get<uint64_t>();
+  const auto h = Ledger({run_b, "--sample", std::to_string(id)}, dir);
+  int trained = 0;
+  for (const auto& e : h["events"]) trained += e["to"] == "trained";
+  EXPECT_EQ(trained, 1) << h.dump();
+}
+
 // A metrics line without its wall-clock fields.
 nlohmann::json Deterministic(nlohmann::json j) {
   for (const char* k : {"tokens_per_s", "step_time_s", "generate_s", "train_s", "publish_s",
@@ -154,6 +196,8 @@ TEST(ResumeTest, KilledJobResumesToTheUninterruptedResult) {
   auto sb = nlohmann::json::parse(ReadFile(run_b + "/summary.json"));
   EXPECT_EQ(Deterministic(sa), Deterministic(sb));
   EXPECT_EQ(sb["grpo_steps"], kSteps);
+  // The sample ledger: as many samples, each trained once, from the same prompts.
+  ExpectEveryPromptTrainedOnceAsIn(run_a, run_b, dir, int64_t{kSteps} * 8 * 8);
   EXPECT_TRUE(AllGone(WorkerPids(out), 10));
   EXPECT_TRUE(RemoveTree(dir).ok());
 }
@@ -264,6 +308,10 @@ TEST(ResumeTest, KilledPartialRolloutJobResumesItsCarriedGroupsExactly) {
     }
   }
   EXPECT_EQ(Metrics(run_b + "/metrics.jsonl", "grpo").size(), static_cast<size_t>(kSteps));
+  int64_t trained = 0;
+  for (const auto& m : Metrics(run_a + "/metrics.jsonl", "grpo"))
+    trained += m["samples"].get<int64_t>();
+  ExpectEveryPromptTrainedOnceAsIn(run_a, run_b, dir, trained);
   EXPECT_TRUE(AllGone(WorkerPids(out), 10));
   EXPECT_TRUE(RemoveTree(dir).ok());
 }

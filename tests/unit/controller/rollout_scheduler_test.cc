@@ -7,6 +7,7 @@
 
 #include <set>
 
+#include "common/file_util.h"
 #include "fakes/fake_job.h"
 
 namespace gyre::controller {
@@ -58,6 +59,10 @@ TEST(RolloutSchedulerTest, GroupsAreSpreadOverTheWorkersAndComeBackInJobOrder) {
     EXPECT_EQ(GroupsSentTo(*job.cluster.rollout[w]).size(), 2u) << "rollout-" << w;
   }
   EXPECT_EQ(stats.generated_tokens, 12 * testing::kFakeResponseLen);
+  // Each worker's time in Generate, for its busy fraction.
+  ASSERT_EQ(stats.busy_s.size(), 3u);
+  EXPECT_GE(stats.busy_s.at("rollout-0"), 0.05);
+  EXPECT_LT(stats.busy_s.at("rollout-1"), stats.busy_s.at("rollout-0"));
 }
 
 TEST(RolloutSchedulerTest, AFailedWorkerIsDroppedAndItsGroupsRunOnTheOthers) {
@@ -144,7 +149,7 @@ TEST(RolloutSchedulerTest, PartialRolloutsCarryUnfinishedGroupsToTheWorkerThatHe
   RolloutScheduler sched(job.cfg, job.pool.get());
   auto jobs = MakeJobs(4, 2);
   GenerateStats stats;
-  auto samples = sched.GeneratePartial(&jobs, v1::SamplingParams(), 0, &stats);
+  auto samples = sched.GeneratePartial(&jobs, 2, v1::SamplingParams(), 0, &stats);
   ASSERT_TRUE(samples.ok()) << samples.status();
   // Groups 0, 2 went to rollout-0 and 1, 3 to rollout-1; each finished one of its two.
   ASSERT_EQ(jobs.size(), 2u);
@@ -156,11 +161,11 @@ TEST(RolloutSchedulerTest, PartialRolloutsCarryUnfinishedGroupsToTheWorkerThatHe
 
   // Saved and restored (a checkpoint), the carried groups resume where their KV is.
   RolloutScheduler restored(job.cfg, job.pool.get());
-  restored.RestoreCarried(sched.SaveCarried());
+  ASSERT_TRUE(restored.RestoreCarried(sched.SaveCarried(), nullptr).ok());
   ASSERT_EQ(restored.carried_groups(), 2u);
   std::vector<GroupJob> none;
   GenerateStats stats2;
-  samples = restored.GeneratePartial(&none, v1::SamplingParams(), 0, &stats2);
+  samples = restored.GeneratePartial(&none, 2, v1::SamplingParams(), 0, &stats2);
   ASSERT_TRUE(samples.ok()) << samples.status();
   ASSERT_EQ(none.size(), 2u);
   EXPECT_EQ(none[0].group.group_id(), 2u);
@@ -176,6 +181,50 @@ TEST(RolloutSchedulerTest, PartialRolloutsCarryUnfinishedGroupsToTheWorkerThatHe
   const auto last1 = job.cluster.rollout[1]->generate_calls().back();
   ASSERT_EQ(last1.resume_size(), 2);
   EXPECT_EQ(last1.resume(0).group_id(), 3u);
+}
+
+TEST(RolloutSchedulerTest, TheLedgerFollowsEverySampleThroughAFailedWorker) {
+  FakeJob job(FakeJobConfig(2, 1));
+  ASSERT_TRUE(job.Start().ok());
+  const std::string path = job.logs_dir + "/ledger.db";
+  (void)RemoveTree(path);
+  auto ledger = SampleLedger::Open(path, true);
+  ASSERT_TRUE(ledger.ok()) << ledger.status();
+  const auto jobs = MakeJobs(4, 2);
+  std::vector<NewSample> queued;
+  for (const auto& j : jobs) {
+    for (int i = 0; i < 2; ++i) {
+      queued.push_back({j.group.first_sample_id() + static_cast<uint64_t>(i), j.group.group_id(),
+                        j.problem.prompt});
+    }
+  }
+  ASSERT_TRUE((*ledger)->Add(queued, {1, 0, "", ""}).ok());
+  job.cluster.rollout[0]->on_generate = [](const v1::GenerateRequest&, v1::GenerateResponse*) {
+    return Unavailable("Socket closed");
+  };
+  RolloutScheduler sched(job.cfg, job.pool.get());
+  const LedgerSink sink{ledger->get(), 1, 0};
+  GenerateStats stats;
+  auto samples = sched.GenerateAll(jobs, v1::SamplingParams(), 0, &stats, &sink);
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  auto counts = (*ledger)->Counts();
+  ASSERT_TRUE(counts.ok());
+  EXPECT_EQ(counts->of(SampleState::kFinished), 8);
+  // Sample 0 (group 0) went to rollout-0, failed there, went back to the queue, then finished
+  // on rollout-1.
+  auto h = (*ledger)->History(0);
+  ASSERT_TRUE(h.ok());
+  std::vector<std::string> moves;
+  for (const auto& e : *h) {
+    moves.push_back(std::string(SampleStateName(e.to)) + "@" + e.context.worker);
+  }
+  EXPECT_EQ(moves, (std::vector<std::string>{"queued@", "generating@rollout-0", "queued@rollout-0",
+                                             "generating@rollout-1", "finished@rollout-1"}));
+  EXPECT_EQ((*h)[2].context.reason, "generate failed: Socket closed");
+  // Evaluation (no sink) leaves the ledger alone.
+  const auto before = (*ledger)->LastSequence();
+  ASSERT_TRUE(sched.GenerateAll(MakeJobs(1, 1, 100), v1::SamplingParams(), 0, &stats).ok());
+  EXPECT_EQ(*(*ledger)->LastSequence(), *before);
 }
 
 }  // namespace

@@ -185,3 +185,61 @@ TEST(PolicyTrainerTest, MalformedBatchesAreRejectedWithoutAStep) {
 
 }  // namespace
 }  // namespace gyre::trainer
+
+namespace gyre::trainer {
+namespace {
+
+// Telemetry: the rollout engine's log-probs against the trainer's (before the update) for the
+// same tokens, checked against values computed by hand. Every unmasked token has
+// logp_old = -1; half of them were sampled with logp_rollout = -1.5, so d = 0.5 there.
+TEST(PolicyTrainerTest, RolloutTrainerMismatchIsMeasuredOnTheSameTokens) {
+  std::vector<TrainSample> batch = Batch();
+  bool flip = false;
+  for (auto& s : batch) {
+    s.old_logprobs.assign(s.response.size(), -1.0f);
+    for (size_t t = 0; t < s.response.size(); ++t) {
+      flip = !flip;
+      s.rollout_logprobs[t] = flip ? -1.5f : -1.0f;
+    }
+  }
+  batch[5].rollout_logprobs.clear();  // a sample without rollout log-probs is left out
+  // Count what the trainer sees: samples 0..4.
+  double tokens = 0, shifted = 0;
+  for (size_t i = 0; i < 5; ++i) {
+    for (size_t t = 0; t < batch[i].response.size(); ++t) {
+      const bool masked_in = batch[i].loss_mask.empty() || batch[i].loss_mask[t] > 0;
+      if (!masked_in) continue;
+      tokens += 1;
+      shifted += batch[i].rollout_logprobs[t] < -1.25f;
+    }
+  }
+  ASSERT_GT(shifted, 0);
+  ASSERT_LT(shifted, tokens);
+  PolicyTrainer trainer(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+  auto m = trainer.Step(batch, Objective::kPolicyGradient, 1e-2, Options(64));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const double w = std::exp(0.5);
+  const double frac = shifted / tokens;
+  EXPECT_NEAR((*m)["mismatch_abs_logprob"], 0.5 * frac, 1e-6);
+  EXPECT_NEAR((*m)["mismatch_ratio_outside"], frac, 1e-9);
+  EXPECT_NEAR((*m)["mismatch_kl_k3"], (w - 1.0 - 0.5) * frac, 1e-6);
+  const double sum_w = shifted * w + (tokens - shifted),
+               sum_w2 = shifted * w * w + (tokens - shifted);
+  EXPECT_NEAR((*m)["mismatch_ess"], sum_w * sum_w / (sum_w2 * tokens), 1e-6);
+
+  // The same policy on both sides: no mismatch, every weight 1.
+  std::vector<TrainSample> same = Batch();
+  for (auto& s : same) {
+    s.old_logprobs.assign(s.response.size(), -1.0f);
+    s.rollout_logprobs.assign(s.response.size(), -1.0f);
+  }
+  m = trainer.Step(same, Objective::kPolicyGradient, 1e-2, Options(2));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)["mismatch_abs_logprob"], 0.0);
+  EXPECT_EQ((*m)["mismatch_ratio_outside"], 0.0);
+  EXPECT_EQ((*m)["mismatch_kl_k3"], 0.0);
+  EXPECT_NEAR((*m)["mismatch_ess"], 1.0, 1e-12);
+}
+
+}  // namespace
+}  // namespace gyre::trainer
