@@ -76,6 +76,11 @@ struct RolloutSection {
   // prompts_per_step have finished, and resume the rest in the next step.
   bool partial_rollouts = false;
   double over_provision = 1.5;
+  // Asynchronous rollout (controller/async_scheduler.h): generation runs ahead of training by at
+  // most algorithm.max_staleness policy versions. Groups go to idle workers in chunks of
+  // async_chunk_groups (0 = prompts_per_step / rollout workers, rounded up).
+  bool async = false;
+  int async_chunk_groups = 0;
 };
 
 struct AlgorithmSection {

@@ -196,6 +196,10 @@ std::vector<Field> BuildTable() {
            "stop each step at prompts_per_step finished groups and resume the rest later"),
       Num(GYRE_CONFIG_KEY(rollout.over_provision), Closed(1, 16),
           "partial rollouts: groups in flight per step, as a multiple of prompts_per_step"),
+      Flag(GYRE_CONFIG_KEY(rollout.async),
+           "asynchronous rollout: generate ahead of training by up to max_staleness versions"),
+      Num(GYRE_CONFIG_KEY(rollout.async_chunk_groups), Closed(0, 1000000),
+          "asynchronous rollout: groups per generate call; 0 = prompts_per_step / workers"),
       // algorithm
       Choice(GYRE_CONFIG_KEY(algorithm.advantage), {"grpo", "grpo_no_std", "rloo"},
              "group-relative advantage estimator"),
@@ -925,6 +929,16 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
     return Problem{{"rollout.partial_rollouts", "algorithm.max_staleness"},
                    "rollout.partial_rollouts needs algorithm.max_staleness >= 1 (a resumed sample "
                    "carries tokens of the previous policy version)"};
+  }
+  if (c.rollout.async && c.rollout.partial_rollouts) {
+    return Problem{
+        {"rollout.async", "rollout.partial_rollouts"},
+        "rollout.async and rollout.partial_rollouts cannot be combined yet (choose one)"};
+  }
+  if (c.rollout.async && c.trainer.checkpoint_every > 0) {
+    return Problem{{"rollout.async", "trainer.checkpoint_every"},
+                   "rollout.async cannot write checkpoints yet (the groups in flight are not "
+                   "saved); set trainer.checkpoint_every: 0"};
   }
   if (c.algorithm.dual_clip_c != 0 && c.algorithm.dual_clip_c <= 1) {
     return Problem{{"algorithm.dual_clip_c"},

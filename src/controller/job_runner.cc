@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/subprocess.h"
 #include "config/config.h"
+#include "controller/async_scheduler.h"
 #include "controller/checkpoint.h"
 #include "controller/controller_service.h"
 #include "controller/rollout_scheduler.h"
@@ -94,6 +95,12 @@ class JobRunner {
   StatusOr<double> Evaluate(const std::string& tag);
   Status WarmUp();
   Status GrpoStep(int step);
+  // rollout.async: a step's batch comes from the AsyncScheduler, generated ahead of training.
+  Status AsyncGrpoStep(int step);
+  // After the last async step: stops generation and ends the untrained samples in the ledger.
+  Status EndAsync();
+  // Sampling of training rollouts (rollout.sampling, the tokenizer's stop ids).
+  v1::SamplingParams TrainingSampling() const;
   // Draws `count` new prompt groups for GRPO step `step` and adds their samples to the ledger.
   StatusOr<std::vector<GroupJob>> DrawGroups(int count, int step);
   // What scoring a step's groups gives: the samples to train (by group, with their rewards),
@@ -111,6 +118,11 @@ class JobRunner {
   // ledger and appends the usable groups to *out.
   Status ScoreGroups(const std::vector<GroupJob>& jobs, std::vector<v1::Sample>* samples, int step,
                      StepScores* out);
+  // The rest of a step once its groups are scored: advantages, train, ledger, `publish`, metrics
+  // (with `extra` fields) and the progress line.
+  Status FinishStep(int step, Clock::time_point t0, StepScores* scores, const GenerateStats& gen,
+                    double gen_s, int rounds, nlohmann::json extra,
+                    const std::function<Status()>& publish);
   Status Publish() { return publisher_->Publish(version_); }
   // Brings restarted rollout workers back: each gets the current version alone first.
   Status Revive() {
@@ -147,6 +159,7 @@ class JobRunner {
   std::unique_ptr<WeightPublisher> publisher_;
   std::unique_ptr<TrainerGroup> trainers_;
   std::unique_ptr<RolloutScheduler> scheduler_;
+  std::unique_ptr<AsyncScheduler> async_;  // rollout.async; destroyed before the pool
   std::unique_ptr<SampleLedger> ledger_;
   int64_t version_ = 0;
   uint64_t next_group_id_ = 0;
@@ -507,15 +520,7 @@ Status JobRunner::GrpoStep(int step) {
   const auto t0 = Clock::now();
   const int want = cfg_.rollout.prompts_per_step;
   const bool partial = cfg_.rollout.partial_rollouts;
-  const auto& sc = cfg_.rollout.sampling;
-  v1::SamplingParams sampling;
-  sampling.set_temperature(static_cast<float>(sc.temperature));
-  sampling.set_top_k(sc.top_k);
-  sampling.set_top_p(static_cast<float>(sc.top_p));
-  sampling.set_min_p(static_cast<float>(sc.min_p));
-  sampling.set_max_new_tokens(cfg_.rollout.max_new_tokens);
-  for (int32_t id : tokenizer_->stop_ids()) sampling.add_stop_token_ids(id);
-  for (const std::string& stop : cfg_.rollout.stop_strings) sampling.add_stop_strings(stop);
+  const v1::SamplingParams sampling = TrainingSampling();
   const LedgerSink sink{ledger_.get(), step, version_};
   GenerateStats gen;
   double gen_s = 0;
@@ -547,6 +552,59 @@ Status JobRunner::GrpoStep(int step) {
       break;
     }
   }
+  return FinishStep(step, t0, &sc_out, gen, gen_s, rounds, nlohmann::json::object(),
+                    [this] { return Publish(); });
+}
+
+v1::SamplingParams JobRunner::TrainingSampling() const {
+  const auto& sc = cfg_.rollout.sampling;
+  v1::SamplingParams sampling;
+  sampling.set_temperature(static_cast<float>(sc.temperature));
+  sampling.set_top_k(sc.top_k);
+  sampling.set_top_p(static_cast<float>(sc.top_p));
+  sampling.set_min_p(static_cast<float>(sc.min_p));
+  sampling.set_max_new_tokens(cfg_.rollout.max_new_tokens);
+  for (int32_t id : tokenizer_->stop_ids()) sampling.add_stop_token_ids(id);
+  for (const std::string& stop : cfg_.rollout.stop_strings) sampling.add_stop_strings(stop);
+  return sampling;
+}
+
+Status JobRunner::AsyncGrpoStep(int step) {
+  const auto t0 = Clock::now();
+  // Admission: after step - 1 steps, at most (k + step) * prompts_per_step groups ever.
+  GYRE_RETURN_IF_ERROR(async_->Admit(
+      step - 1, [&](int64_t count) { return DrawGroups(static_cast<int>(count), step); }));
+  GYRE_ASSIGN_OR_RETURN(std::vector<ReadyGroup> batch, async_->NextBatch(version_, step));
+  const AsyncStats as = async_->stats();
+  std::vector<GroupJob> jobs;
+  std::vector<v1::Sample> samples;
+  for (ReadyGroup& rg : batch) {
+    jobs.push_back(std::move(rg.job));
+    for (auto& smp : rg.samples) samples.push_back(std::move(smp));
+  }
+  StepScores sc_out;
+  GYRE_RETURN_IF_ERROR(ScoreGroups(jobs, &samples, step, &sc_out));
+  nlohmann::json extra = {{"async_wait_s", as.wait_s},
+                          {"admitted_groups", as.admitted},
+                          {"queued_groups", as.queued},
+                          {"in_flight_groups", as.in_flight},
+                          {"ready_groups", as.ready}};
+  return FinishStep(step, t0, &sc_out, as.generate, as.wait_s, 1, extra, [this]() -> Status {
+    // Publish to everyone, then continue: calls in flight end first, new ones need the new
+    // version.
+    GYRE_RETURN_IF_ERROR(async_->Pause());
+    GYRE_RETURN_IF_ERROR(Publish());
+    async_->Resume(version_);
+    return Status::Ok();
+  });
+}
+
+Status JobRunner::FinishStep(int step, Clock::time_point t0, StepScores* scores,
+                             const GenerateStats& gen, double gen_s, int rounds,
+                             nlohmann::json extra, const std::function<Status()>& publish) {
+  StepScores& sc_out = *scores;
+  const auto& sc = cfg_.rollout.sampling;
+  const bool partial = cfg_.rollout.partial_rollouts;
   std::vector<v1::Sample>& kept = sc_out.kept;
   const int64_t gen_tokens = gen.generated_tokens;
   if (kept.empty() && sc_out.filtered_groups == 0) {
@@ -586,7 +644,7 @@ Status JobRunner::GrpoStep(int step) {
     GYRE_RETURN_IF_ERROR(ledger_->Move(kept_ids, SampleState::kTrained, {step, version_, "", ""}));
     train_s = Seconds(tt);
     const auto tp = Clock::now();
-    GYRE_RETURN_IF_ERROR(Publish());
+    GYRE_RETURN_IF_ERROR(publish());
     publish_s = Seconds(tp);
   }
   const double step_s = Seconds(t0);
@@ -594,7 +652,10 @@ Status JobRunner::GrpoStep(int step) {
   const double scored = std::max(1, sc_out.scored);
   const double mean_reward = sc_out.reward_sum / scored;
   const double accuracy = static_cast<double>(sc_out.correct) / scored;
-  const double tok_s = gen_s > 0 ? static_cast<double>(gen_tokens) / gen_s : 0.0;
+  // Generation's time window: the step's generation (synchronous), or the whole step, during
+  // all of which rollout runs (rollout.async, where generate_s is the wait for the batch).
+  const double window_s = async_ ? step_s : gen_s;
+  const double tok_s = window_s > 0 ? static_cast<double>(gen_tokens) / window_s : 0.0;
   result_.final_mean_reward = mean_reward;
   nlohmann::json j = {{"phase", "grpo"},
                       {"step", step},
@@ -626,7 +687,7 @@ Status JobRunner::GrpoStep(int step) {
   double idle_sum = 0;
   for (const auto& [id, sec] : gen.busy_s) {
     busy[id] = sec;
-    idle_sum += gen_s > 0 ? std::max(0.0, 1.0 - sec / gen_s) : 0.0;
+    idle_sum += window_s > 0 ? std::max(0.0, 1.0 - sec / window_s) : 0.0;
   }
   j["rollout_busy_s"] = busy;
   j["rollout_idle_fraction"] = gen.busy_s.empty() ? 0.0 : idle_sum / gen.busy_s.size();
@@ -634,6 +695,7 @@ Status JobRunner::GrpoStep(int step) {
     j["filtered_groups"] = sc_out.filtered_groups;
     j["generation_rounds"] = rounds;
   }
+  for (const auto& [k, v] : extra.items()) j[k] = v;
   for (const auto& [k, v] : m) j[k] = v;
   WriteMetrics(j);
   if (opts_.print_progress) {
@@ -667,18 +729,26 @@ StatusOr<JobResult> JobRunner::Run() {
     GYRE_ASSIGN_OR_RETURN(result_.accuracy_before_rl, Evaluate("before_rl"));
     if (cfg_.trainer.checkpoint_every > 0) GYRE_RETURN_IF_ERROR(SaveCheckpoint(0, t0));
   }
+  if (cfg_.rollout.async) {
+    async_ = std::make_unique<AsyncScheduler>(cfg_, pool_.get(), ledger_.get(), TrainingSampling(),
+                                              version_);
+  }
   for (int step = first_step_; step <= cfg_.trainer.steps; ++step) {
     GYRE_RETURN_IF_ERROR(Revive());
-    GYRE_RETURN_IF_ERROR(GrpoStep(step));
+    GYRE_RETURN_IF_ERROR(async_ ? AsyncGrpoStep(step) : GrpoStep(step));
     result_.grpo_steps = step;
     if (cfg_.metrics.eval_every > 0 && step % cfg_.metrics.eval_every == 0 &&
         step != cfg_.trainer.steps) {
+      // Evaluation needs the workers: rollout for later steps waits meanwhile.
+      if (async_) GYRE_RETURN_IF_ERROR(async_->Pause());
       GYRE_RETURN_IF_ERROR(Evaluate("step_" + std::to_string(step)).status());
+      if (async_) async_->Resume(version_);
     }
     if (cfg_.trainer.checkpoint_every > 0 && step % cfg_.trainer.checkpoint_every == 0) {
       GYRE_RETURN_IF_ERROR(SaveCheckpoint(step, t0));
     }
   }
+  if (async_) GYRE_RETURN_IF_ERROR(EndAsync());
   GYRE_ASSIGN_OR_RETURN(result_.accuracy_after_rl, Evaluate("after_rl"));
   GYRE_RETURN_IF_ERROR(trainers_->SaveModel(run_dir_ + "/final"));
   result_.policy_version = version_;
@@ -856,9 +926,30 @@ Status JobRunner::SaveCheckpoint(int step, Clock::time_point job_start) {
   return Status::Ok();
 }
 
+Status JobRunner::EndAsync() {
+  // Generation ran ahead of the last step: what it made for steps that will not run is let go,
+  // and the ledger says so, so every sample it holds has ended.
+  async_->Shutdown();
+  const MoveContext end{cfg_.trainer.steps, version_, "",
+                        "the job ended before a step could train it (rollout.async ran ahead)"};
+  int64_t left = 0;
+  for (SampleState st : {SampleState::kQueued, SampleState::kGenerating, SampleState::kFinished,
+                         SampleState::kScored}) {
+    GYRE_ASSIGN_OR_RETURN(auto recs, ledger_->InState(st));
+    std::vector<uint64_t> ids;
+    for (const auto& r : recs) ids.push_back(r.sample_id);
+    if (!ids.empty()) GYRE_RETURN_IF_ERROR(ledger_->Move(ids, SampleState::kDropped, end));
+    left += static_cast<int64_t>(ids.size());
+  }
+  GYRE_LOG_INFO("rollout.async: {} samples generated ahead were not trained (ledger: dropped)",
+                left);
+  return Status::Ok();
+}
+
 void JobRunner::Teardown() {
   if (torn_down_) return;
   torn_down_ = true;
+  if (async_) async_->Shutdown();
   if (pool_) {
     pool_->Shutdown();
   } else if (service_) {

@@ -47,7 +47,7 @@ class FakeJob {
   // Makes the pool, registers every fake worker and waits for the pool to see them.
   Status Start(controller::WorkerPoolOptions opts = {}) {
     opts.clients = cluster.Factory();
-    opts.death_grace_s = 0.2;  // fakes fail at once; no process to wait for
+    opts.death_grace_s = death_grace_s;  // fakes fail at once; no process to wait for
     opts.logs_dir = logs_dir;
     pool = std::make_unique<controller::WorkerPool>(cfg, &service, std::move(opts));
     GYRE_RETURN_IF_ERROR(pool->Start());
@@ -90,6 +90,7 @@ class FakeJob {
   FakeCluster cluster;
   controller::ControllerService service;
   std::string logs_dir;
+  double death_grace_s = 0.2;
   std::unique_ptr<controller::WorkerPool> pool;
 
  private:

@@ -84,6 +84,24 @@ TEST(CliTest, LedgerUsageErrorsAndAMissingLedgerAreClear) {
   EXPECT_EQ(ReadFile(dir + "/ledger.db"), "not a database");
 }
 
+// Every example job in configs/ is valid as shipped.
+TEST(CliTest, EveryExampleConfigValidates) {
+  const std::string dir = MakeTempDir("configs");
+  auto names = ListDirectory(std::string(GYRE_SOURCE_DIR) + "/configs");
+  ASSERT_TRUE(names.ok());
+  int checked = 0;
+  for (const auto& name : *names) {
+    if (name.size() < 5 || name.substr(name.size() - 5) != ".yaml") continue;
+    (void)RemoveTree(dir + "/gyre.out");
+    auto p =
+        GyreProcess::Start({"validate", std::string(GYRE_SOURCE_DIR) + "/configs/" + name}, dir);
+    ASSERT_TRUE(p.Wait(30));
+    EXPECT_EQ(WEXITSTATUS(p.wait_status), 0) << name << ": " << p.Output();
+    ++checked;
+  }
+  EXPECT_GE(checked, 2);
+}
+
 TEST(CliTest, ValidateReportsFileLineAndColumnWithSuggestion) {
   const std::string dir = MakeTempDir("validate");
   const std::string job = dir + "/job.yaml";
@@ -201,6 +219,70 @@ TEST(TrainTest, RolloutWorkerDeathIsReportedAndTheJobContinues) {
   const auto counts = nlohmann::json::parse(l.Output());
   EXPECT_EQ(counts["samples"], 60 * 64) << counts.dump();
   EXPECT_EQ(counts["by_state"]["trained"], 60 * 64) << counts.dump();
+}
+
+// rollout.async: generation runs ahead of training by at most max_staleness versions; every
+// trained sample is within the bound, every step gets its full batch, and the ledger ends with
+// each sample trained once or dropped (made ahead for a step that never ran).
+TEST(TrainTest, AsyncRolloutRunsAheadWithinTheStalenessBound) {
+  const std::string dir = MakeTempDir("async");
+  auto args = SmallJob(dir, 6);
+  args.insert(args.end(), {"--set", "rollout.async=true", "--set", "algorithm.max_staleness=2"});
+  auto p = GyreProcess::Start(args, dir);
+  ASSERT_TRUE(p.Wait(240)) << p.Output();
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  ASSERT_EQ(steps.size(), 6u);
+  int64_t ahead = 0;
+  for (const auto& s : steps) {
+    EXPECT_EQ(s["samples"], 64) << s.dump();
+    int64_t counted = 0;
+    for (const auto& [st, count] : s["staleness"].items()) {
+      EXPECT_LE(std::stoi(st), 2) << s.dump();
+      if (std::stoi(st) > 0) ahead += count.get<int64_t>();
+      counted += count.get<int64_t>();
+    }
+    EXPECT_EQ(counted, 64) << s.dump();
+    EXPECT_EQ(s["stale_dropped"], 0) << s.dump();
+    EXPECT_LE(s["admitted_groups"].get<int64_t>(), (2 + s["step"].get<int64_t>()) * 8);
+  }
+  EXPECT_GT(ahead, 0) << "no sample was generated ahead of its step";
+  ASSERT_TRUE(MakeDirs(dir + "/ledger").ok());
+  auto l = GyreProcess::Start({"ledger", dir + "/t", "--json"}, dir + "/ledger");
+  ASSERT_TRUE(l.Wait(30));
+  const auto counts = nlohmann::json::parse(l.Output());
+  EXPECT_EQ(counts["by_state"]["trained"], 6 * 64) << counts.dump();
+  EXPECT_EQ(counts["samples"].get<int64_t>(), counts["by_state"]["trained"].get<int64_t>() +
+                                                  counts["by_state"]["dropped"].get<int64_t>())
+      << counts.dump();
+  EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
+}
+
+// kill -9 of a rollout worker during an asynchronous job: its groups go to the others, it is
+// restarted and caught up, and every step still trains a full batch.
+TEST(TrainTest, AsyncJobSurvivesAKilledRolloutWorker) {
+  const std::string dir = MakeTempDir("async_kill");
+  auto args = SmallJob(dir, 30);
+  args.insert(args.end(), {"--set", "rollout.async=true", "--set", "algorithm.max_staleness=1"});
+  auto p = GyreProcess::Start(args, dir);
+  std::string out;
+  auto m = p.WaitForOutput("started rollout-1 \\(pid ([0-9]+)\\)", 60, &out);
+  ASSERT_FALSE(m.empty()) << out;
+  const pid_t victim = std::stoi(m[1]);
+  ASSERT_FALSE(p.WaitForOutput("step    3/30", 120, &out).empty()) << out;
+  ::kill(victim, SIGKILL);
+  ASSERT_TRUE(p.Wait(240)) << p.Output();
+  out = p.Output();
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 0) << out;
+  EXPECT_NE(
+      out.find("worker rollout-1 died: pid " + std::to_string(victim) + " killed by signal 9"),
+      std::string::npos)
+      << out;
+  EXPECT_NE(out.find("rollout-1 restarted (pid"), std::string::npos) << out;
+  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  ASSERT_EQ(steps.size(), 30u);
+  for (const auto& s : steps) EXPECT_EQ(s["samples"], 64) << s.dump();
+  EXPECT_TRUE(AllGone(WorkerPids(out), 10));
 }
 
 // Dynamic sampling: groups whose rewards are all equal leave the batch, new groups replace

@@ -1,0 +1,303 @@
+#include "controller/async_scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/logging.h"
+
+namespace gyre::controller {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::vector<uint64_t> SampleIds(const std::vector<GroupJob>& groups) {
+  std::vector<uint64_t> ids;
+  for (const auto& g : groups) {
+    for (int i = 0; i < g.group.n(); ++i) {
+      ids.push_back(g.group.first_sample_id() + static_cast<uint64_t>(i));
+    }
+  }
+  return ids;
+}
+
+}  // namespace
+
+AsyncScheduler::AsyncScheduler(const JobConfig& cfg, WorkerPool* pool, SampleLedger* ledger,
+                               v1::SamplingParams sampling, int64_t version)
+    : cfg_(cfg),
+      pool_(pool),
+      ledger_(ledger),
+      sampling_(std::move(sampling)),
+      per_step_(cfg.rollout.prompts_per_step),
+      k_(cfg.algorithm.max_staleness),
+      published_version_(version) {
+  dispatcher_ = std::thread([this] { DispatchLoop(); });
+}
+
+AsyncScheduler::~AsyncScheduler() { Shutdown(); }
+
+void AsyncScheduler::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ && !dispatcher_.joinable()) return;
+    stop_ = true;
+    for (auto& [id, c] : cancels_) c->Cancel();
+  }
+  cv_.notify_all();
+  if (dispatcher_.joinable()) dispatcher_.join();
+  for (auto& f : calls_) f.wait();
+  calls_.clear();
+}
+
+Status AsyncScheduler::Admit(int64_t steps_done,
+                             const std::function<StatusOr<std::vector<GroupJob>>(int64_t)>& draw) {
+  const int64_t bound = (k_ + steps_done + 1) * per_step_;
+  int64_t count = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    count = bound - admitted_;
+  }
+  if (count <= 0) return Status::Ok();
+  GYRE_ASSIGN_OR_RETURN(std::vector<GroupJob> groups, draw(count));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (GroupJob& g : groups) {
+      const uint64_t order = static_cast<uint64_t>(admitted_++);
+      admitted_order_[g.group.group_id()] = order;
+      queue_.emplace_back(std::move(g), order);
+    }
+  }
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+void AsyncScheduler::DispatchLoop() {
+  const int64_t chunk_cfg = cfg_.rollout.async_chunk_groups;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    // Calls that ended are let go of here, so their threads do not pile up.
+    calls_.erase(std::remove_if(calls_.begin(), calls_.end(),
+                                [](std::future<void>& f) {
+                                  return f.wait_for(std::chrono::seconds(0)) ==
+                                         std::future_status::ready;
+                                }),
+                 calls_.end());
+    Worker* idle = nullptr;
+    size_t alive = 0;
+    if (!paused_ && !queue_.empty()) {
+      for (Worker* w : pool_->AliveRollouts()) {
+        ++alive;
+        if (idle == nullptr && !inflight_.count(w->id)) idle = w;
+      }
+    }
+    if (idle == nullptr) {
+      // Woken by a posted result, an admission, a resume or shutdown; the pool's view of which
+      // workers are alive changes without telling us, so look again every 50 ms.
+      cv_.wait_for(lock, std::chrono::milliseconds(50));
+      continue;
+    }
+    const int64_t chunk = chunk_cfg > 0
+                              ? chunk_cfg
+                              : std::max<int64_t>(1, (per_step_ + static_cast<int64_t>(alive) - 1) /
+                                                         static_cast<int64_t>(alive));
+    Inflight sent;
+    sent.dispatch_version = published_version_;
+    v1::GenerateRequest req;
+    *req.mutable_sampling() = sampling_;
+    req.set_min_policy_version(published_version_);
+    while (!queue_.empty() && static_cast<int64_t>(sent.groups.size()) < chunk) {
+      *req.add_groups() = queue_.front().first.group;
+      sent.groups.push_back(std::move(queue_.front().first));
+      queue_.pop_front();
+    }
+    if (ledger_ != nullptr) {
+      Status s = ledger_->Move(SampleIds(sent.groups), SampleState::kGenerating,
+                               {-1, published_version_, idle->id, ""});
+      if (!s.ok() && fatal_.ok()) fatal_ = s;
+    }
+    auto cancel = std::make_shared<rpc::Cancellation>();
+    cancels_[idle->id] = cancel;
+    inflight_[idle->id] = std::move(sent);
+    ++running_;
+    const double timeout = cfg_.cluster.rpc_timeout_s;
+    calls_.push_back(
+        std::async(std::launch::async, [this, w = idle, req = std::move(req), cancel, timeout] {
+          Result r;
+          r.worker = w->id;
+          const auto t0 = Clock::now();
+          r.status = pool_->Invoke(w->id, timeout, cancel.get(), [&](const rpc::Call& c) {
+            return w->rollout->Generate(c, req, &r.resp);
+          });
+          r.seconds = Seconds(t0);
+          {
+            std::lock_guard<std::mutex> l(mu_);
+            results_.push_back(std::move(r));
+            --running_;
+          }
+          cv_.notify_all();
+        }));
+  }
+}
+
+Status AsyncScheduler::Handle(Result r, int64_t version, int64_t step) {
+  Inflight sent;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sent = std::move(inflight_.at(r.worker));
+    inflight_.erase(r.worker);
+    cancels_.erase(r.worker);
+    gen_.busy_s[r.worker] += r.seconds;
+  }
+  cv_.notify_all();  // the worker is idle again
+  Worker* w = pool_->Get(r.worker);
+  if (!r.status.ok()) {
+    if (r.status.code() == StatusCode::kInvalidArgument) {
+      return r.status.WithContext("generate on " + w->id);
+    }
+    const std::string why = "generate failed: " + r.status.message();
+    GYRE_RETURN_IF_ERROR(pool_->AfterWorkFailure(w, why));
+    GYRE_LOG_WARN("re-queueing {} group(s) from {}", sent.groups.size(), w->id);
+    if (ledger_ != nullptr) {
+      GYRE_RETURN_IF_ERROR(
+          ledger_->Move(SampleIds(sent.groups), SampleState::kQueued, {step, version, w->id, why}));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    // Back to the front, in admission order, so they are sent again first.
+    for (auto it = sent.groups.rbegin(); it != sent.groups.rend(); ++it) {
+      const uint64_t order = admitted_order_.at(it->group.group_id());
+      queue_.emplace_front(std::move(*it), order);
+    }
+    cv_.notify_all();
+    return Status::Ok();
+  }
+  gen_.generated_tokens += r.resp.generated_tokens();
+  gen_.prefill_tokens += r.resp.prefill_tokens();
+  gen_.prefix_shared_tokens += r.resp.prefix_shared_tokens();
+  std::map<uint64_t, std::vector<v1::Sample>> by_group;
+  for (auto& s : *r.resp.mutable_samples()) by_group[s.group_id()].push_back(std::move(s));
+  std::vector<ReadyGroup> done;
+  for (GroupJob& g : sent.groups) {
+    auto& samples = by_group[g.group.group_id()];
+    if (static_cast<int>(samples.size()) != g.group.n()) {
+      return Internal("group " + std::to_string(g.group.group_id()) + " came back from " + w->id +
+                      " with " + std::to_string(samples.size()) + " samples, expected " +
+                      std::to_string(g.group.n()));
+    }
+    std::sort(samples.begin(), samples.end(), [](const v1::Sample& a, const v1::Sample& b) {
+      return a.sample_id() < b.sample_id();
+    });
+    ReadyGroup rg;
+    rg.gen_version = sent.dispatch_version;
+    bool any = false;
+    for (const auto& s : samples) {
+      for (int64_t v : s.versions()) {
+        rg.gen_version = any ? std::min(rg.gen_version, v) : v;
+        any = true;
+      }
+    }
+    rg.samples = std::move(samples);
+    rg.job = std::move(g);
+    done.push_back(std::move(rg));
+  }
+  if (ledger_ != nullptr) {
+    std::vector<uint64_t> ids;
+    for (const auto& rg : done) {
+      for (const auto& s : rg.samples) ids.push_back(s.sample_id());
+    }
+    GYRE_RETURN_IF_ERROR(ledger_->Move(ids, SampleState::kFinished, {step, version, w->id, ""}));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& rg : done) {
+    rg.admitted = admitted_order_.at(rg.job.group.group_id());
+    ready_.push_back(std::move(rg));
+  }
+  return Status::Ok();
+}
+
+bool AsyncScheduler::BatchReady(int64_t version) const {
+  const int64_t oldest_allowed = version - k_;  // groups generated before this must be trained
+  if (published_version_ < oldest_allowed + 1 && !queue_.empty()) return false;
+  for (const auto& [id, in] : inflight_) {
+    if (in.dispatch_version < oldest_allowed + 1) return false;
+  }
+  return static_cast<int64_t>(ready_.size()) >= per_step_;
+}
+
+StatusOr<std::vector<ReadyGroup>> AsyncScheduler::NextBatch(int64_t version, int64_t step) {
+  const auto t0 = Clock::now();
+  while (true) {
+    std::vector<Result> results;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!fatal_.ok()) return fatal_;
+      results.swap(results_);
+    }
+    for (Result& r : results) GYRE_RETURN_IF_ERROR(Handle(std::move(r), version, step));
+    GYRE_RETURN_IF_ERROR(pool_->CheckHealth());
+    std::unique_lock<std::mutex> lock(mu_);
+    if (results_.empty() && BatchReady(version)) break;
+    if (results_.empty()) {
+      if (pool_->AliveRollouts().empty()) return Aborted("no rollout workers are alive");
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  // Oldest generation first (every group that must be trained now is among them), then
+  // admission order.
+  std::sort(ready_.begin(), ready_.end(), [](const ReadyGroup& a, const ReadyGroup& b) {
+    return a.gen_version != b.gen_version ? a.gen_version < b.gen_version : a.admitted < b.admitted;
+  });
+  size_t take = static_cast<size_t>(per_step_);
+  while (take < ready_.size() && ready_[take].gen_version <= version - k_) ++take;
+  std::vector<ReadyGroup> batch(std::make_move_iterator(ready_.begin()),
+                                std::make_move_iterator(ready_.begin() + take));
+  ready_.erase(ready_.begin(), ready_.begin() + take);
+  for (const auto& rg : batch) admitted_order_.erase(rg.job.group.group_id());
+  gen_wait_s_ = Seconds(t0);
+  return batch;
+}
+
+Status AsyncScheduler::Pause() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    paused_ = true;
+  }
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (running_ == 0) return Status::Ok();
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+      if (running_ == 0) return Status::Ok();
+    }
+    GYRE_RETURN_IF_ERROR(pool_->CheckHealth());
+  }
+}
+
+void AsyncScheduler::Resume(int64_t version) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    published_version_ = version;
+    paused_ = false;
+  }
+  cv_.notify_all();
+}
+
+AsyncStats AsyncScheduler::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  AsyncStats s;
+  s.admitted = admitted_;
+  s.queued = static_cast<int64_t>(queue_.size());
+  for (const auto& [id, in] : inflight_) s.in_flight += static_cast<int64_t>(in.groups.size());
+  s.ready = static_cast<int64_t>(ready_.size());
+  s.wait_s = gen_wait_s_;
+  s.generate = gen_;
+  gen_ = GenerateStats();
+  return s;
+}
+
+}  // namespace gyre::controller

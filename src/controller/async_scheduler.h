@@ -1,0 +1,138 @@
+#pragma once
+// AsyncScheduler: asynchronous rollout under a staleness bound (rollout.async, DESIGN.md
+// "Staleness"). Generation runs ahead of training: while the trainer works on step v, rollout
+// workers already generate groups for later steps. Two rules keep every trained sample's
+// staleness (trainer version at use minus the oldest policy version among its tokens) at most
+// k = algorithm.max_staleness:
+//
+//   admission  with B = rollout.prompts_per_step groups per step, after s GRPO steps at most
+//              (k + s + 1) * B groups have ever been admitted (AReaL's rule);
+//   batching   the step that uses trainer version v waits until every admitted group generated
+//              at version v - k or older is finished, and trains on those first (then on the
+//              other finished groups, oldest version first, up to B).
+//
+// In this mode ("publish to everyone, then continue") a publish waits for the calls in flight,
+// so no call spans two versions and the batching rule's clause on groups in flight is implied;
+// it is kept for the mode where workers take new weights between engine steps (not built yet).
+// With k = 0 this is the synchronous loop. Finished work is never thrown away: a finished group
+// waits in the ready queue until a batch takes it. Groups go to idle workers in chunks of
+// rollout.async_chunk_groups from a dispatcher thread; a publish pauses dispatching so that
+// every call after it runs on the new version ("publish to everyone, then continue").
+//
+// Threads: Admit, NextBatch, BeginPublish, EndPublish and Shutdown are for the job thread. The
+// dispatcher thread (owned, joined by Shutdown) only starts calls; each call runs on its own
+// thread and posts its result. The job thread handles every result (ledger moves, failures,
+// re-queueing), so WorkerPool is used from the job thread only, apart from its thread-safe
+// AliveRollouts and Invoke.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "controller/rollout_scheduler.h"
+#include "controller/sample_ledger.h"
+#include "controller/worker_pool.h"
+
+namespace gyre::controller {
+
+// A finished group, ready for a batch.
+struct ReadyGroup {
+  GroupJob job;
+  std::vector<v1::Sample> samples;  // n, in sample order
+  int64_t gen_version = 0;          // the oldest policy version among its tokens
+  uint64_t admitted = 0;            // admission order
+};
+
+struct AsyncStats {
+  int64_t admitted = 0;    // groups ever admitted
+  int64_t queued = 0;      // admitted, not yet sent to a worker
+  int64_t in_flight = 0;   // sent, not yet back
+  int64_t ready = 0;       // back and finished, not yet in a batch
+  double wait_s = 0;       // the last NextBatch's wait
+  GenerateStats generate;  // engine counters and busy time since the last NextBatch
+};
+
+class AsyncScheduler {
+ public:
+  // `pool` (not owned) must outlive the scheduler; `ledger` may be null. The workers hold
+  // policy `version` (published); the scheduler starts dispatching at once.
+  AsyncScheduler(const JobConfig& cfg, WorkerPool* pool, SampleLedger* ledger,
+                 v1::SamplingParams sampling, int64_t version);
+  ~AsyncScheduler();
+  AsyncScheduler(const AsyncScheduler&) = delete;
+  AsyncScheduler& operator=(const AsyncScheduler&) = delete;
+
+  // Admits as many groups as the admission rule allows after `steps_done` GRPO steps, drawn by
+  // `draw(count)` (on the job thread; it records them in the ledger as queued).
+  Status Admit(int64_t steps_done,
+               const std::function<StatusOr<std::vector<GroupJob>>(int64_t count)>& draw);
+
+  // Blocks until the batch of the step that uses trainer version `version` is complete (see
+  // the batching rule) and returns it; `step` and `version` label the ledger's moves.
+  StatusOr<std::vector<ReadyGroup>> NextBatch(int64_t version, int64_t step);
+
+  // Around a publish (or an evaluation): Pause stops dispatching and waits for the calls in
+  // flight to end (their results wait for NextBatch); Resume dispatches again, with calls that
+  // need at least policy `version`. Pause fails when the job must end meanwhile.
+  Status Pause();
+  void Resume(int64_t version);
+
+  // Stops dispatching, cancels the calls in flight and joins every thread. Idempotent.
+  void Shutdown();
+
+  AsyncStats stats();
+
+ private:
+  struct Inflight {
+    std::vector<GroupJob> groups;
+    int64_t dispatch_version = 0;
+  };
+  struct Result {
+    std::string worker;
+    Status status;
+    v1::GenerateResponse resp;
+    double seconds = 0;
+  };
+  void DispatchLoop();
+  // Job thread: applies one call's result. Error = the job must end.
+  Status Handle(Result r, int64_t version, int64_t step);
+  // Whether the batch for `version` can be formed (under mu_).
+  bool BatchReady(int64_t version) const;
+
+  const JobConfig cfg_;
+  WorkerPool* pool_;
+  SampleLedger* ledger_;
+  const v1::SamplingParams sampling_;
+  const int64_t per_step_;  // B
+  const int64_t k_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;                       // results posted, publish state, shutdown
+  std::deque<std::pair<GroupJob, uint64_t>> queue_;  // admitted, not sent (with admission order)
+  std::map<std::string, Inflight> inflight_;         // by worker id; one call per worker
+  std::map<uint64_t, uint64_t> admitted_order_;      // group id -> admission order
+  std::vector<Result> results_;                      // posted by calls, handled by the job
+  std::vector<ReadyGroup> ready_;
+  int64_t published_version_ = 0;  // what new calls require
+  bool paused_ = false;
+  bool stop_ = false;
+  int running_ = 0;  // calls started whose result is not posted yet
+  Status fatal_;     // a ledger write that failed on the dispatcher thread
+  double gen_wait_s_ = 0;
+  int64_t admitted_ = 0;
+  GenerateStats gen_;
+  std::vector<std::future<void>> calls_;  // dispatcher thread only, until Shutdown
+  std::map<std::string, std::shared_ptr<rpc::Cancellation>> cancels_;  // calls in flight
+  std::thread dispatcher_;
+};
+
+}  // namespace gyre::controller
