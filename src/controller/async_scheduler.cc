@@ -3,17 +3,12 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/clock.h"
 #include "common/logging.h"
 
 namespace gyre::controller {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 std::vector<uint64_t> SampleIds(const std::vector<GroupJob>& groups) {
   std::vector<uint64_t> ids;
@@ -107,6 +102,7 @@ void AsyncScheduler::DispatchLoop() {
                                                          static_cast<int64_t>(alive));
     Inflight sent;
     sent.dispatch_version = published_version_;
+    sent.incarnation = pool_->Incarnation(idle->id);
     v1::GenerateRequest req;
     *req.mutable_sampling() = sampling_;
     req.set_min_policy_version(published_version_);
@@ -129,11 +125,11 @@ void AsyncScheduler::DispatchLoop() {
         std::async(std::launch::async, [this, w = idle, req = std::move(req), cancel, timeout] {
           Result r;
           r.worker = w->id;
-          const auto t0 = Clock::now();
+          const auto t0 = SteadyClock::now();
           r.status = pool_->Invoke(w->id, timeout, cancel.get(), [&](const rpc::Call& c) {
             return w->rollout->Generate(c, req, &r.resp);
           });
-          r.seconds = Seconds(t0);
+          r.seconds = SecondsSince(t0);
           {
             std::lock_guard<std::mutex> l(mu_);
             results_.push_back(std::move(r));
@@ -145,22 +141,38 @@ void AsyncScheduler::DispatchLoop() {
 }
 
 Status AsyncScheduler::Handle(Result r, int64_t version, int64_t step) {
-  Inflight sent;
+  Inflight* in = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    sent = std::move(inflight_.at(r.worker));
-    inflight_.erase(r.worker);
-    cancels_.erase(r.worker);
+    in = &inflight_.at(r.worker);
     gen_.busy_s[r.worker] += r.seconds;
   }
-  cv_.notify_all();  // the worker is idle again
   Worker* w = pool_->Get(r.worker);
+  // Until this is handled the worker stays in inflight_, so the dispatcher cannot send it more
+  // work before a failure has been dealt with.
+  auto release = [&]() {
+    Inflight sent;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      sent = std::move(inflight_.at(r.worker));
+      inflight_.erase(r.worker);
+      cancels_.erase(r.worker);
+    }
+    cv_.notify_all();  // the worker is idle again
+    return sent;
+  };
   if (!r.status.ok()) {
     if (r.status.code() == StatusCode::kInvalidArgument) {
+      release();
       return r.status.WithContext("generate on " + w->id);
     }
     const std::string why = "generate failed: " + r.status.message();
-    GYRE_RETURN_IF_ERROR(pool_->AfterWorkFailure(w, why));
+    // A call made to a process that has since been replaced (the monitor saw it die and the
+    // pool restarted it) says nothing about the new one: only its groups go back.
+    if (pool_->Incarnation(w->id) == in->incarnation) {
+      GYRE_RETURN_IF_ERROR(pool_->AfterWorkFailure(w, why));
+    }
+    Inflight sent = release();
     GYRE_LOG_WARN("re-queueing {} group(s) from {}", sent.groups.size(), w->id);
     if (ledger_ != nullptr) {
       GYRE_RETURN_IF_ERROR(
@@ -175,6 +187,7 @@ Status AsyncScheduler::Handle(Result r, int64_t version, int64_t step) {
     cv_.notify_all();
     return Status::Ok();
   }
+  Inflight sent = release();
   gen_.generated_tokens += r.resp.generated_tokens();
   gen_.prefill_tokens += r.resp.prefill_tokens();
   gen_.prefix_shared_tokens += r.resp.prefix_shared_tokens();
@@ -229,7 +242,7 @@ bool AsyncScheduler::BatchReady(int64_t version) const {
 }
 
 StatusOr<std::vector<ReadyGroup>> AsyncScheduler::NextBatch(int64_t version, int64_t step) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   while (true) {
     std::vector<Result> results;
     {
@@ -258,7 +271,7 @@ StatusOr<std::vector<ReadyGroup>> AsyncScheduler::NextBatch(int64_t version, int
                                 std::make_move_iterator(ready_.begin() + take));
   ready_.erase(ready_.begin(), ready_.begin() + take);
   for (const auto& rg : batch) admitted_order_.erase(rg.job.group.group_id());
-  gen_wait_s_ = Seconds(t0);
+  gen_wait_s_ = SecondsSince(t0);
   return batch;
 }
 

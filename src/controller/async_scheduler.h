@@ -95,6 +95,7 @@ class AsyncScheduler {
   struct Inflight {
     std::vector<GroupJob> groups;
     int64_t dispatch_version = 0;
+    int64_t incarnation = 0;  // WorkerPool::Incarnation of the worker when sent
   };
   struct Result {
     std::string worker;

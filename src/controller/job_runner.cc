@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/gloo_communicator.h"
+#include "common/clock.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/subprocess.h"
@@ -35,8 +36,6 @@
 namespace gyre::controller {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 std::atomic<int> g_signal{0};
 void OnSignal(int sig) { g_signal.store(sig); }
@@ -65,10 +64,6 @@ std::string InterruptReason() {
   const int sig = g_signal.load();
   if (sig == 0) return "";
   return std::string("interrupted by ") + (sig == SIGINT ? "SIGINT" : "SIGTERM");
-}
-
-double Seconds(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 uint64_t SplitMix64(uint64_t x) {
@@ -120,8 +115,8 @@ class JobRunner {
                      StepScores* out);
   // The rest of a step once its groups are scored: advantages, train, ledger, `publish`, metrics
   // (with `extra` fields) and the progress line.
-  Status FinishStep(int step, Clock::time_point t0, StepScores* scores, const GenerateStats& gen,
-                    double gen_s, int rounds, nlohmann::json extra,
+  Status FinishStep(int step, SteadyClock::time_point t0, StepScores* scores,
+                    const GenerateStats& gen, double gen_s, int rounds, nlohmann::json extra,
                     const std::function<Status()>& publish);
   Status Publish() { return publisher_->Publish(version_); }
   // Brings restarted rollout workers back: each gets the current version alone first.
@@ -142,7 +137,7 @@ class JobRunner {
   Status OpenNewLedger();
   Status PrepareResume();
   Status Resume();
-  Status SaveCheckpoint(int step, Clock::time_point job_start);
+  Status SaveCheckpoint(int step, SteadyClock::time_point job_start);
 
   JobConfig cfg_;
   RunOptions opts_;
@@ -288,7 +283,7 @@ StatusOr<std::vector<int32_t>> JobRunner::EncodePrompt(const Problem& problem) c
 }
 
 StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   std::vector<GroupJob> jobs;
   for (const auto& p : problems_->eval_set()) {
     GroupJob j;
@@ -338,7 +333,7 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
                 {"problems", scored},
                 {"reward_errors", reward_errors},
                 {"policy_version", version_},
-                {"seconds", Seconds(t0)}});
+                {"seconds", SecondsSince(t0)}});
   if (opts_.print_progress) {
     std::printf(
         "eval %-10s held-out accuracy %.3f (%d/%d, greedy, policy v%lld)%s\n", tag.c_str(), acc,
@@ -357,7 +352,7 @@ StatusOr<std::map<std::string, double>> JobRunner::Train(const std::vector<v1::S
 Status JobRunner::WarmUp() {
   const int steps = cfg_.trainer.warmup_sft_steps;
   if (steps <= 0) return Status::Ok();
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   constexpr size_t kWindow = 20;
   const double stop_at = cfg_.trainer.warmup_stop_token_accuracy;
   std::vector<double> recent_acc;
@@ -392,7 +387,7 @@ Status JobRunner::WarmUp() {
     const bool reached = stop_at > 0 && recent_acc.size() == kWindow && mean_acc >= stop_at;
     if (opts_.print_progress && (step % std::max(1, steps / 5) == 0 || step == steps || reached)) {
       std::printf("warmup %4d/%d  loss %.4f  token-acc %.3f  %.1f s\n", step, steps, m["loss"],
-                  m["token_accuracy"], Seconds(t0));
+                  m["token_accuracy"], SecondsSince(t0));
       std::fflush(stdout);
     }
     if (reached) {
@@ -517,7 +512,7 @@ Status JobRunner::ScoreGroups(const std::vector<GroupJob>& jobs, std::vector<v1:
 }
 
 Status JobRunner::GrpoStep(int step) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   const int want = cfg_.rollout.prompts_per_step;
   const bool partial = cfg_.rollout.partial_rollouts;
   const v1::SamplingParams sampling = TrainingSampling();
@@ -538,12 +533,12 @@ Status JobRunner::GrpoStep(int step) {
       new_groups = std::max(0, in_flight - static_cast<int>(scheduler_->carried_groups()));
     }
     GYRE_ASSIGN_OR_RETURN(std::vector<GroupJob> jobs, DrawGroups(new_groups, step));
-    const auto tg = Clock::now();
+    const auto tg = SteadyClock::now();
     GYRE_ASSIGN_OR_RETURN(
         auto samples,
         partial ? scheduler_->GeneratePartial(&jobs, want - usable, sampling, version_, &gen, &sink)
                 : scheduler_->GenerateAll(jobs, sampling, version_, &gen, &sink));
-    gen_s += Seconds(tg);
+    gen_s += SecondsSince(tg);
     GYRE_RETURN_IF_ERROR(ScoreGroups(jobs, &samples, step, &sc_out));
     ++rounds;
     if (!cfg_.algorithm.filter_zero_variance ||
@@ -570,7 +565,7 @@ v1::SamplingParams JobRunner::TrainingSampling() const {
 }
 
 Status JobRunner::AsyncGrpoStep(int step) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   // Admission: after step - 1 steps, at most (k + step) * prompts_per_step groups ever.
   GYRE_RETURN_IF_ERROR(async_->Admit(
       step - 1, [&](int64_t count) { return DrawGroups(static_cast<int>(count), step); }));
@@ -599,7 +594,7 @@ Status JobRunner::AsyncGrpoStep(int step) {
   });
 }
 
-Status JobRunner::FinishStep(int step, Clock::time_point t0, StepScores* scores,
+Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* scores,
                              const GenerateStats& gen, double gen_s, int rounds,
                              nlohmann::json extra, const std::function<Status()>& publish) {
   StepScores& sc_out = *scores;
@@ -629,7 +624,7 @@ Status JobRunner::FinishStep(int step, Clock::time_point t0, StepScores* scores,
     for (size_t i = 0; i < kept.size(); ++i) kept[i].set_advantage(adv[i]);
     for (uint8_t z : zero_var) zero_var_groups += z;
 
-    const auto tt = Clock::now();
+    const auto tt = SteadyClock::now();
     // The first GRPO step after a warm-up may start from a fresh optimizer state. Decided by the
     // step number alone, so a job resumed from the checkpoint after the warm-up does the same.
     const bool reset_optimizer = step == 1 && cfg_.trainer.warmup_sft_steps > 0 &&
@@ -642,12 +637,12 @@ Status JobRunner::FinishStep(int step, Clock::time_point t0, StepScores* scores,
     std::vector<uint64_t> kept_ids;
     for (const auto& k : kept) kept_ids.push_back(k.sample_id());
     GYRE_RETURN_IF_ERROR(ledger_->Move(kept_ids, SampleState::kTrained, {step, version_, "", ""}));
-    train_s = Seconds(tt);
-    const auto tp = Clock::now();
+    train_s = SecondsSince(tt);
+    const auto tp = SteadyClock::now();
     GYRE_RETURN_IF_ERROR(publish());
-    publish_s = Seconds(tp);
+    publish_s = SecondsSince(tp);
   }
-  const double step_s = Seconds(t0);
+  const double step_s = SecondsSince(t0);
   // Reward and accuracy over every scored sample of the step (filtered groups included).
   const double scored = std::max(1, sc_out.scored);
   const double mean_reward = sc_out.reward_sum / scored;
@@ -718,7 +713,7 @@ void JobRunner::WriteMetrics(const nlohmann::json& j) {
 }
 
 StatusOr<JobResult> JobRunner::Run() {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   if (opts_.resume) GYRE_RETURN_IF_ERROR(PrepareResume());
   GYRE_RETURN_IF_ERROR(Setup());
   if (opts_.resume) {
@@ -752,7 +747,7 @@ StatusOr<JobResult> JobRunner::Run() {
   GYRE_ASSIGN_OR_RETURN(result_.accuracy_after_rl, Evaluate("after_rl"));
   GYRE_RETURN_IF_ERROR(trainers_->SaveModel(run_dir_ + "/final"));
   result_.policy_version = version_;
-  result_.wall_seconds = wall_before_ + Seconds(t0);
+  result_.wall_seconds = wall_before_ + SecondsSince(t0);
   nlohmann::json summary = {{"accuracy_before_rl", result_.accuracy_before_rl},
                             {"accuracy_after_rl", result_.accuracy_after_rl},
                             {"grpo_steps", result_.grpo_steps},
@@ -893,8 +888,8 @@ Status JobRunner::Resume() {
   return Publish();
 }
 
-Status JobRunner::SaveCheckpoint(int step, Clock::time_point job_start) {
-  const auto t0 = Clock::now();
+Status JobRunner::SaveCheckpoint(int step, SteadyClock::time_point job_start) {
+  const auto t0 = SteadyClock::now();
   const std::string final_dir = run_dir_ + "/checkpoints/" + CheckpointName(step);
   const std::string tmp_dir = final_dir + ".tmp";
   GYRE_RETURN_IF_ERROR(RemoveTree(tmp_dir));
@@ -913,7 +908,7 @@ Status JobRunner::SaveCheckpoint(int step, Clock::time_point job_start) {
   st.problem_stream = problems_->SaveState();
   st.accuracy_before_rl = result_.accuracy_before_rl;
   st.final_mean_reward = result_.final_mean_reward;
-  st.wall_seconds = wall_before_ + Seconds(job_start);
+  st.wall_seconds = wall_before_ + SecondsSince(job_start);
   GYRE_ASSIGN_OR_RETURN(st.data_fingerprints, DataFingerprints(cfg_.data));
   st.config_yaml = config::DumpJobConfig(cfg_);
   GYRE_ASSIGN_OR_RETURN(st.metrics_jsonl, ReadFileToString(run_dir_ + "/" + cfg_.metrics.file));
@@ -922,7 +917,7 @@ Status JobRunner::SaveCheckpoint(int step, Clock::time_point job_start) {
   GYRE_RETURN_IF_ERROR(WriteControllerState(tmp_dir, st));
   GYRE_RETURN_IF_ERROR(CommitCheckpoint(tmp_dir, final_dir, cfg_.trainer.checkpoint_keep_last));
   GYRE_LOG_INFO("checkpoint {} (policy v{}, {} carried groups) in {:.2f} s", final_dir, version_,
-                st.carried_groups.size(), Seconds(t0));
+                st.carried_groups.size(), SecondsSince(t0));
   return Status::Ok();
 }
 

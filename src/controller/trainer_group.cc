@@ -4,27 +4,18 @@
 #include <chrono>
 #include <future>
 
+#include "common/clock.h"
 #include "common/logging.h"
 #include "controller/sharding.h"
 
 namespace gyre::controller {
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-}  // namespace
 
 TrainerGroup::TrainerGroup(const JobConfig& cfg, WorkerPool* pool) : cfg_(cfg), pool_(pool) {}
 
 Status TrainerGroup::Form() {
   std::vector<Worker*> trainers = pool_->Trainers();
   if (trainers.size() < 2) return Status::Ok();
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   v1::HostGroupStoreResponse store;
   Worker* t0w = trainers[0];
   GYRE_RETURN_IF_ERROR(pool_->AfterRpcFailure(
@@ -54,7 +45,7 @@ Status TrainerGroup::Form() {
     GYRE_RETURN_IF_ERROR(pool_->AfterRpcFailure(trainers[r], results[r]));
   }
   GYRE_LOG_INFO("data-parallel group {} of {} trainers formed in {:.1f} s (store {})", group,
-                trainers.size(), Seconds(t0), store.store_address());
+                trainers.size(), SecondsSince(t0), store.store_address());
   return Status::Ok();
 }
 

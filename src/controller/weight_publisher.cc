@@ -5,17 +5,12 @@
 #include <map>
 #include <memory>
 
+#include "common/clock.h"
 #include "common/logging.h"
 
 namespace gyre::controller {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
 
@@ -41,7 +36,7 @@ Status WeightPublisher::CatchUp(Worker* w, int64_t version) {
 }
 
 Status WeightPublisher::PublishTo(int64_t version, const std::vector<Worker*>& rollouts) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   Status s;
   if (!store_address_.empty()) {
     s = PublishGroups(version, rollouts);
@@ -50,7 +45,7 @@ Status WeightPublisher::PublishTo(int64_t version, const std::vector<Worker*>& r
   } else {
     s = PublishGrpc(version, rollouts);
   }
-  last_seconds_ = Seconds(t0);
+  last_seconds_ = SecondsSince(t0);
   GYRE_RETURN_IF_ERROR(s);
   GYRE_LOG_DEBUG("published v{} over {} to {} worker(s) in {:.3f} s", version,
                  cfg_.cluster.weight_transport, rollouts.size(), last_seconds_);

@@ -2,21 +2,12 @@
 
 #include <cstdio>
 
+#include "common/clock.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/subprocess.h"
 
 namespace gyre::controller {
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-}  // namespace
 
 WorkerPool::WorkerPool(const JobConfig& cfg, ControllerService* service, WorkerPoolOptions options)
     : cfg_(cfg), service_(service), opts_(std::move(options)) {}
@@ -81,7 +72,7 @@ Status WorkerPool::Start() {
 }
 
 Status WorkerPool::WaitRegistered() {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   auto interrupted = [this] { return opts_.interrupt_reason && !opts_.interrupt_reason().empty(); };
   if (!service_->WaitAllRegistered(cfg_.cluster.register_timeout_s, interrupted)) {
     GYRE_RETURN_IF_ERROR(CheckHealth());
@@ -99,7 +90,7 @@ Status WorkerPool::WaitRegistered() {
     if (w.role == v1::WORKER_ROLE_ROLLOUT) w.rollout = opts_.clients.rollout(info.address);
     if (w.role == v1::WORKER_ROLE_TRAINER) w.trainer = opts_.clients.trainer(info.address);
   }
-  GYRE_LOG_INFO("{} workers ready in {:.1f} s", workers_.size(), Seconds(t0));
+  GYRE_LOG_INFO("{} workers ready in {:.1f} s", workers_.size(), SecondsSince(t0));
   return Status::Ok();
 }
 
@@ -174,6 +165,12 @@ void WorkerPool::RecordDeath(const std::string& id, const std::string& how) {
   deaths_[id] = how;
   auto range = inflight_.equal_range(id);
   for (auto it = range.first; it != range.second; ++it) it->second->Cancel();
+}
+
+int64_t WorkerPool::Incarnation(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = incarnation_.find(id);
+  return it == incarnation_.end() ? 0 : it->second;
 }
 
 bool WorkerPool::IsDead(const std::string& id) {
@@ -253,10 +250,10 @@ Status WorkerPool::DropWorker(Worker* w, const std::string& why) {
 }
 
 bool WorkerPool::WaitForDeath(const std::string& id, double seconds) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   while (true) {
     if (IsDead(id)) return true;
-    if (Seconds(t0) >= seconds) return false;
+    if (SecondsSince(t0) >= seconds) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
@@ -305,11 +302,12 @@ Status WorkerPool::Revive(int64_t version, const std::function<Status(Worker*)>&
       w.pid = 0;
       deaths_.erase(id);
       restarting_.insert(id);
+      ++incarnation_[id];
     }
     handled_deaths_.erase(id);
     ++w.restarts;
     w.version = -1;
-    restart_started_[id] = Clock::now();
+    restart_started_[id] = SteadyClock::now();
     restarting.insert(id);
   }
   info.clear();
@@ -319,7 +317,7 @@ Status WorkerPool::Revive(int64_t version, const std::function<Status(Worker*)>&
     const WorkerInfo& i = info.at(id);
     if (i.alive && i.registered && i.ready) {
       GYRE_RETURN_IF_ERROR(CatchUp(&w, version, catch_up));
-    } else if (Seconds(restart_started_.at(id)) > cfg_.cluster.register_timeout_s) {
+    } else if (SecondsSince(restart_started_.at(id)) > cfg_.cluster.register_timeout_s) {
       GYRE_RETURN_IF_ERROR(DropWorker(
           &w, "restarted, but it did not register within " +
                   std::to_string(static_cast<int>(cfg_.cluster.register_timeout_s)) + " s"));
@@ -351,12 +349,13 @@ Status WorkerPool::Respawn(Worker* w) {
     w->pid = *pid;
     deaths_.erase(w->id);
     restarting_.insert(w->id);
+    ++incarnation_[w->id];
   }
   handled_deaths_.erase(w->id);
   w->version = -1;
   w->address.clear();
   w->rollout.reset();
-  restart_started_[w->id] = Clock::now();
+  restart_started_[w->id] = SteadyClock::now();
   GYRE_LOG_INFO("started {} (pid {}), log {}; restart {} of {}, old log {}", w->id, *pid,
                 w->log_path, w->restarts, cfg_.cluster.max_worker_restarts, old_log);
   return Status::Ok();
@@ -364,7 +363,7 @@ Status WorkerPool::Respawn(Worker* w) {
 
 Status WorkerPool::CatchUp(Worker* w, int64_t version,
                            const std::function<Status(Worker*)>& catch_up) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   WorkerInfo info;
   for (auto& i : service_->Snapshot()) {
     if (i.id == w->id) info = std::move(i);
@@ -384,7 +383,7 @@ Status WorkerPool::CatchUp(Worker* w, int64_t version,
   }
   ++restarts_caught_up_;
   GYRE_LOG_INFO("{} caught up to policy v{} in {:.2f} s ({:.1f} s after its restart)", w->id,
-                version, Seconds(t0), Seconds(restart_started_.at(w->id)));
+                version, SecondsSince(t0), SecondsSince(restart_started_.at(w->id)));
   if (opts_.print_progress) {
     std::printf("%s restarted (pid %lld), caught up to policy v%lld\n", w->id.c_str(),
                 static_cast<long long>(info.pid), static_cast<long long>(version));

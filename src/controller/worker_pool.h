@@ -81,6 +81,9 @@ class WorkerPool {
   std::vector<Worker*> Trainers();  // trainer-0 .. trainer-(M-1)
   Worker* Get(const std::string& id) { return &workers_.at(id); }
   bool IsDead(const std::string& id);
+  // How many times `id` came back after a death (0 for its first process). A result of a call
+  // made to an earlier incarnation says nothing about the current one. Any thread.
+  int64_t Incarnation(const std::string& id);
 
   // A worker that misbehaves without dying (failed RPC, rejected weights) is stopped and
   // dropped, so the job never waits on it again. Returns CheckHealth().
@@ -140,6 +143,7 @@ class WorkerPool {
   // Respawned or re-registered rollout workers that have not yet caught up; AliveRollouts
   // leaves them out.
   std::set<std::string> restarting_;
+  std::map<std::string, int64_t> incarnation_;
 
   std::set<std::string> handled_deaths_;  // job thread only
   std::map<std::string, std::chrono::steady_clock::time_point> restart_started_;

@@ -67,6 +67,24 @@ inline std::vector<v1::Sample> FakeSamples(const v1::PromptGroup& g, int64_t ver
   return out;
 }
 
+// The requests a fake received, in order; thread-safe.
+template <typename T>
+class CallLog {
+ public:
+  void Add(const T& x) {
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_.push_back(x);
+  }
+  std::vector<T> Get() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<T> calls_;
+};
+
 class FakeRollout final : public rpc::RolloutClient {
  public:
   std::function<Status(const v1::GenerateRequest&, v1::GenerateResponse*)> on_generate;
@@ -77,7 +95,7 @@ class FakeRollout final : public rpc::RolloutClient {
 
   Status Generate(const rpc::Call& call, const v1::GenerateRequest& req,
                   v1::GenerateResponse* resp) override {
-    Record(&generate_calls_, req);
+    generate_calls_.Add(req);
     GYRE_RETURN_IF_ERROR(FakeWait(call, generate_delay_s.load()));
     if (on_generate) return on_generate(req, resp);
     for (const auto& g : req.groups()) {
@@ -93,7 +111,7 @@ class FakeRollout final : public rpc::RolloutClient {
 
   Status ReceiveWeights(const rpc::Call& call, const v1::ReceiveWeightsRequest& req,
                         v1::WeightReceipt* receipt) override {
-    Record(&receive_calls_, req);
+    receive_calls_.Add(req);
     GYRE_RETURN_IF_ERROR(FakeWait(call, receive_delay_s.load()));
     if (on_receive) return on_receive(req, receipt);
     receipt->set_version(req.version());
@@ -110,24 +128,13 @@ class FakeRollout final : public rpc::RolloutClient {
     return Status::Ok();
   }
 
-  std::vector<v1::GenerateRequest> generate_calls() const { return Copy(generate_calls_); }
-  std::vector<v1::ReceiveWeightsRequest> receive_calls() const { return Copy(receive_calls_); }
+  std::vector<v1::GenerateRequest> generate_calls() const { return generate_calls_.Get(); }
+  std::vector<v1::ReceiveWeightsRequest> receive_calls() const { return receive_calls_.Get(); }
   int stops() const { return stops_.load(); }
 
  private:
-  template <typename T>
-  void Record(std::vector<T>* v, const T& x) {
-    std::lock_guard<std::mutex> lock(mu_);
-    v->push_back(x);
-  }
-  template <typename T>
-  std::vector<T> Copy(const std::vector<T>& v) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return v;
-  }
-  mutable std::mutex mu_;
-  std::vector<v1::GenerateRequest> generate_calls_;
-  std::vector<v1::ReceiveWeightsRequest> receive_calls_;
+  CallLog<v1::GenerateRequest> generate_calls_;
+  CallLog<v1::ReceiveWeightsRequest> receive_calls_;
   std::atomic<int> stops_{0};
 };
 
@@ -146,12 +153,12 @@ class FakeTrainer final : public rpc::TrainerClient {
   }
   Status JoinGroup(const rpc::Call&, const v1::JoinGroupRequest& req,
                    v1::JoinGroupResponse*) override {
-    Record(&join_calls_, req);
+    join_calls_.Add(req);
     return on_join ? on_join(req) : Status::Ok();
   }
   Status TrainStep(const rpc::Call& call, const v1::TrainStepRequest& req,
                    v1::TrainStepResponse* resp) override {
-    Record(&train_calls_, req);
+    train_calls_.Add(req);
     GYRE_RETURN_IF_ERROR(FakeWait(call, train_delay_s.load()));
     if (on_train_step) return on_train_step(req, resp);
     resp->set_policy_version(req.expected_version() + 1);
@@ -160,7 +167,7 @@ class FakeTrainer final : public rpc::TrainerClient {
   }
   Status PublishWeights(const rpc::Call& call, const v1::PublishWeightsRequest& req,
                         v1::PublishWeightsResponse* resp) override {
-    Record(&publish_calls_, req);
+    publish_calls_.Add(req);
     GYRE_RETURN_IF_ERROR(FakeWait(call, publish_delay_s.load()));
     if (on_publish) return on_publish(req, resp);
     for (uint32_t c : kFakeCrcs) resp->add_bucket_crc32(c);
@@ -193,25 +200,14 @@ class FakeTrainer final : public rpc::TrainerClient {
   }
   Status Stop(const rpc::Call&, const v1::StopRequest&) override { return Status::Ok(); }
 
-  std::vector<v1::TrainStepRequest> train_calls() const { return Copy(train_calls_); }
-  std::vector<v1::PublishWeightsRequest> publish_calls() const { return Copy(publish_calls_); }
-  std::vector<v1::JoinGroupRequest> join_calls() const { return Copy(join_calls_); }
+  std::vector<v1::TrainStepRequest> train_calls() const { return train_calls_.Get(); }
+  std::vector<v1::PublishWeightsRequest> publish_calls() const { return publish_calls_.Get(); }
+  std::vector<v1::JoinGroupRequest> join_calls() const { return join_calls_.Get(); }
 
  private:
-  template <typename T>
-  void Record(std::vector<T>* v, const T& x) {
-    std::lock_guard<std::mutex> lock(mu_);
-    v->push_back(x);
-  }
-  template <typename T>
-  std::vector<T> Copy(const std::vector<T>& v) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return v;
-  }
-  mutable std::mutex mu_;
-  std::vector<v1::TrainStepRequest> train_calls_;
-  std::vector<v1::PublishWeightsRequest> publish_calls_;
-  std::vector<v1::JoinGroupRequest> join_calls_;
+  CallLog<v1::TrainStepRequest> train_calls_;
+  CallLog<v1::PublishWeightsRequest> publish_calls_;
+  CallLog<v1::JoinGroupRequest> join_calls_;
 };
 
 // A client that forwards to a shared fake, so the test keeps the fake after the pool owns the
