@@ -100,16 +100,10 @@ class WorkerPool {
   // Runs fn(call) as a call to worker `id` with a deadline of `timeout_s`; the call is cancelled
   // as soon as the worker is declared dead (and fails at once if it already is). Any thread.
   template <typename Fn>
-  Status Invoke(const std::string& id, double timeout_s, Fn&& fn) {
-    rpc::Cancellation cancel;
-    return Invoke(id, timeout_s, &cancel, std::forward<Fn>(fn));
-  }
+  Status Invoke(const std::string& id, double timeout_s, Fn&& fn);
   // The same with the caller's cancellation, so that the caller may cancel it too.
   template <typename Fn>
-  Status Invoke(const std::string& id, double timeout_s, rpc::Cancellation* cancel, Fn&& fn) {
-    Inflight reg(this, id, cancel);
-    return fn(rpc::Call{timeout_s, cancel});
-  }
+  Status Invoke(const std::string& id, double timeout_s, rpc::Cancellation* cancel, Fn&& fn);
 
   // Worker restarts (cluster.max_worker_restarts; docs/design.md, "Worker restarts"). Called by
   // the job thread at step boundaries: respawns dead rollout workers (local mode; without
@@ -162,5 +156,18 @@ class WorkerPool::Inflight {
   WorkerPool* pool_;
   std::multimap<std::string, rpc::Cancellation*>::iterator it_;
 };
+
+template <typename Fn>
+Status WorkerPool::Invoke(const std::string& id, double timeout_s, Fn&& fn) {
+  rpc::Cancellation cancel;
+  return Invoke(id, timeout_s, &cancel, std::forward<Fn>(fn));
+}
+
+template <typename Fn>
+Status WorkerPool::Invoke(const std::string& id, double timeout_s, rpc::Cancellation* cancel,
+                          Fn&& fn) {
+  Inflight reg(this, id, cancel);
+  return fn(rpc::Call{timeout_s, cancel});
+}
 
 }  // namespace gyre::controller
