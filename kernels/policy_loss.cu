@@ -3,20 +3,22 @@
 //
 // Parallel decomposition and launch configuration (four kernels on one stream, no host sync):
 //  1. SeqTokensKernel, grid = S blocks x 256 threads: block s sums sequence s's mask (double, tree
-//     reduction in shared memory) into seq_tokens[s]. Seq-mean modes need these per-sequence
-//     denominators before any token's gradient can be scaled.
+//     reduction in shared memory) into seq_tokens[s], and for the kSeqTis correction the masked sum
+//     of logp_old - logp_rollout into seq_d[s]. Seq-mean modes need these per-sequence
+//     denominators (and seq-tis its weight) before any token's gradient can be scaled.
 //  2. ScalesKernel, 1 block x 1024 threads: reduces seq_tokens into the local token count and the
 //     number of sequences with a token, picks the mode's denominators (global ones when given),
 //     and writes scale[s], the factor turning sequence s's masked token sum into its share of the
 //     loss (0 for a zero denominator), plus the kStatTokens slot.
 //  3. TokenKernel, grid = S blocks x 256 threads: block s strides over its T tokens; each token's
 //     loss and gradient is elementwise given scale[s], with the same clamp / PPO clip / dual clip /
-//     TIS / KL branches and tie rules as the reference. Masked-out tokens (m == 0) are skipped
-//     before any input is read, so padding may hold NaN. The block reduces its per-sequence sums
-//     (and the TIS max) and writes them to partials[s][0..7].
+//     behaviour weight / KL branches and tie rules as the reference. Masked-out tokens (m == 0) are
+//     skipped before any input is read, so padding may hold NaN. The block reduces its
+//     per-sequence sums (and the weight's max) and writes them to partials[s][0..8].
 //  4. FinalizeKernel, 1 block x 1024 threads: reduces partials over sequences into stats_device.
 // Every reduction has a fixed shape, so results are deterministic run to run (no atomics).
-// Scratch: seq_tokens[S], scale[S] and partials[S * 8] doubles in one cudaMallocAsync block.
+// Scratch: seq_tokens[S], seq_d[S], scale[S] and partials[S * 9] doubles in one cudaMallocAsync
+// block.
 #include <cuda_runtime.h>
 #include <math_constants.h>
 
@@ -45,6 +47,7 @@ enum PartialSlot : int {
   kPartApproxKl,
   kPartTisSum,
   kPartTisMax,
+  kPartCorrMasked,
   kNumPartials
 };
 
@@ -132,14 +135,52 @@ __device__ void KlTerm(KlKind kind, double logp, double logp_ref, double* value,
   }
 }
 
+// The behaviour weight w of one token (the reference's BehaviourWeight).
+__device__ double BehaviourWeight(const PolicyLossParams& p, double d, double seq_d) {
+  switch (p.correction) {
+    case Correction::kNone:
+      return 1.0;
+    case Correction::kTis: {
+      const double e = exp(d), cap = p.tis_cap;
+      return cap < e ? cap : e;  // std::min(e, cap)
+    }
+    case Correction::kSeqTis: {
+      const double e = exp(seq_d), cap = p.tis_cap;
+      return cap < e ? cap : e;
+    }
+    case Correction::kIcePop: {
+      const double e = exp(d);
+      return e >= static_cast<double>(p.icepop_low) && e <= static_cast<double>(p.icepop_high)
+                 ? e
+                 : 0.0;
+    }
+    case Correction::kM2po:
+      return d * d >= p.m2po_threshold ? 0.0 : 1.0;
+  }
+  return 1.0;
+}
+
 __global__ void __launch_bounds__(kSeqThreads)
-    SeqTokensKernel(const float* __restrict__ mask, int64_t T, double* __restrict__ seq_tokens) {
+    SeqTokensKernel(PolicyLossInputs in, PolicyLossParams p, double* __restrict__ seq_tokens,
+                    double* __restrict__ seq_d) {
   __shared__ double scratch[kSeqThreads];
-  const float* row = mask + static_cast<int64_t>(blockIdx.x) * T;
-  double sum = 0.0;
-  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) sum += static_cast<double>(row[t]);
+  const int64_t T = in.T;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * T;
+  const bool seq_weight = p.correction == Correction::kSeqTis;
+  double sum = 0.0, dsum = 0.0;
+  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
+    const double m = in.mask[base + t];
+    sum += m;
+    if (seq_weight && m != 0.0) {
+      dsum += m * (static_cast<double>(in.logp_old[base + t]) - in.logp_rollout[base + t]);
+    }
+  }
   sum = BlockReduce<kSeqThreads>(sum, scratch);
-  if (threadIdx.x == 0) seq_tokens[blockIdx.x] = sum;
+  dsum = BlockReduce<kSeqThreads>(dsum, scratch);
+  if (threadIdx.x == 0) {
+    seq_tokens[blockIdx.x] = sum;
+    seq_d[blockIdx.x] = dsum;
+  }
 }
 
 __global__ void __launch_bounds__(kOneBlockThreads)
@@ -181,15 +222,18 @@ __global__ void __launch_bounds__(kOneBlockThreads)
 
 __global__ void __launch_bounds__(kSeqThreads)
     TokenKernel(PolicyLossInputs in, PolicyLossParams p, const double* __restrict__ scale,
-                float* __restrict__ grad_logp, double* __restrict__ partials) {
+                const double* __restrict__ seq_d, float* __restrict__ grad_logp,
+                double* __restrict__ partials) {
   __shared__ double scratch[kSeqThreads];
   const int64_t s = blockIdx.x;
   const int64_t T = in.T;
   const double seq_scale = scale[s];
+  const double sequence_d = seq_d[s];
   const double kl_coef = p.kl_coef;
 
   double seq_loss = 0.0, seq_pg = 0.0, seq_kl = 0.0;
   double clipped = 0.0, dual_clipped = 0.0, approx_kl = 0.0, tis_sum = 0.0, tis_max = 0.0;
+  double corr_masked = 0.0;
   for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
     const int64_t i = s * T + t;
     const double m = in.mask[i];
@@ -200,12 +244,10 @@ __global__ void __launch_bounds__(kSeqThreads)
     const double logp = in.logp[i];
     const double logp_old = in.logp_old[i];
     const PgTerm pg = PolicyTerm(logp, logp_old, in.advantages[i], p);
-    double w = 1.0;
-    if (p.use_tis) {
-      const double e = exp(logp_old - static_cast<double>(in.logp_rollout[i]));
-      const double cap = p.tis_cap;
-      w = cap < e ? cap : e;  // std::min(e, cap)
-    }
+    const double w =
+        p.correction == Correction::kNone
+            ? 1.0
+            : BehaviourWeight(p, logp_old - static_cast<double>(in.logp_rollout[i]), sequence_d);
     double kl = 0.0, kl_grad = 0.0;
     if (p.kl != KlKind::kNone) KlTerm(p.kl, logp, in.logp_ref[i], &kl, &kl_grad);
 
@@ -222,11 +264,12 @@ __global__ void __launch_bounds__(kSeqThreads)
     if (pg.dual_clipped) dual_clipped += m;
     tis_sum += m * w;
     tis_max = Max(tis_max, w);
+    if (w == 0.0) corr_masked += m;
   }
 
   double* out = partials + s * kNumPartials;
-  const double values[kNumPartials] = {seq_loss,     seq_pg,    seq_kl,  clipped,
-                                       dual_clipped, approx_kl, tis_sum, tis_max};
+  const double values[kNumPartials] = {seq_loss,  seq_pg,  seq_kl,  clipped,    dual_clipped,
+                                       approx_kl, tis_sum, tis_max, corr_masked};
 #pragma unroll
   for (int k = 0; k < kNumPartials; ++k) {
     const double total = k == kPartTisMax ? BlockReduce<kSeqThreads, true>(values[k], scratch)
@@ -241,8 +284,10 @@ __global__ void __launch_bounds__(kOneBlockThreads)
     FinalizeKernel(const double* __restrict__ partials, int64_t S, double* __restrict__ stats) {
   __shared__ double scratch[kOneBlockThreads];
   // partial slot -> stats slot
-  constexpr int kTarget[kNumPartials] = {kStatLoss,        kStatPgLoss,   kStatKl,     kStatClipped,
-                                         kStatDualClipped, kStatApproxKl, kStatTisSum, kStatTisMax};
+  constexpr int kTarget[kNumPartials] = {kStatLoss,     kStatPgLoss, kStatKl,
+                                         kStatClipped,  kStatDualClipped,
+                                         kStatApproxKl, kStatTisSum, kStatTisMax,
+                                         kStatCorrMasked};
   for (int k = 0; k < kNumPartials; ++k) {
     const bool is_max = k == kPartTisMax;
     double acc = 0.0;
@@ -286,7 +331,7 @@ cudaError_t LaunchPolicyLoss(const PolicyLossInputs& in, const PolicyLossParams&
   if (S > 0x7fffffff) return cudaErrorInvalidValue;  // one block per sequence
 
   // Misuse is loud, as in the reference: every stat and gradient entry is NaN.
-  if ((p.use_tis && in.logp_rollout == nullptr) ||
+  if ((p.correction != Correction::kNone && in.logp_rollout == nullptr) ||
       (p.kl != KlKind::kNone && in.logp_ref == nullptr)) {
     cudaError_t err = FillNan(stats_device, kPolicyLossStatSlots, stream);
     if (err == cudaSuccess && grad_logp != nullptr) err = FillNan(grad_logp, S * T, stream);
@@ -298,21 +343,22 @@ cudaError_t LaunchPolicyLoss(const PolicyLossInputs& in, const PolicyLossParams&
 
   double* scratch = nullptr;
   cudaError_t err = cudaMallocAsync(
-      &scratch, sizeof(double) * static_cast<size_t>(S) * (2 + kNumPartials), stream);
+      &scratch, sizeof(double) * static_cast<size_t>(S) * (3 + kNumPartials), stream);
   if (err != cudaSuccess) return err;
   double* seq_tokens = scratch;
-  double* scale = scratch + S;
-  double* partials = scratch + 2 * S;
+  double* seq_d = scratch + S;
+  double* scale = scratch + 2 * S;
+  double* partials = scratch + 3 * S;
   const unsigned int seq_blocks = static_cast<unsigned int>(S);
 
-  SeqTokensKernel<<<seq_blocks, kSeqThreads, 0, stream>>>(in.mask, T, seq_tokens);
+  SeqTokensKernel<<<seq_blocks, kSeqThreads, 0, stream>>>(in, p, seq_tokens, seq_d);
   err = cudaGetLastError();
   if (err == cudaSuccess) {
     ScalesKernel<<<1, kOneBlockThreads, 0, stream>>>(seq_tokens, S, T, p, scale, stats_device);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {
-    TokenKernel<<<seq_blocks, kSeqThreads, 0, stream>>>(in, p, scale, grad_logp, partials);
+    TokenKernel<<<seq_blocks, kSeqThreads, 0, stream>>>(in, p, scale, seq_d, grad_logp, partials);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {
@@ -335,6 +381,7 @@ PolicyLossStats FinishPolicyLossStats(const double* stats_host, const PolicyLoss
     stats.approx_kl = stats_host[kStatApproxKl] / stats.tokens;
     stats.tis_mean = stats_host[kStatTisSum] / stats.tokens;
     stats.tis_max = stats_host[kStatTisMax];
+    stats.corr_masked_frac = stats_host[kStatCorrMasked] / stats.tokens;
   }
   return stats;
 }

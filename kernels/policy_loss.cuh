@@ -29,14 +29,15 @@ enum PolicyLossStatSlot : int {
   kStatTisSum,       // sum of m * w
   kStatTisMax,       // max of w over masked tokens, and 0
   kStatTokens,       // sum of the mask
+  kStatCorrMasked,   // sum of m where the behaviour weight is 0 (the correction masked it)
   kPolicyLossStatSlots
 };
 
 // Enqueues the loss on `stream`. `in` holds device pointers (row-major [S, T], as PolicyLossRef);
 // grad_logp (device, nullable) receives d loss / d logp ([S, T]; 0 on masked-out tokens);
 // stats_device (device, kPolicyLossStatSlots doubles) is overwritten, it need not be zeroed.
-// Allocates 10 * S doubles of stream-ordered scratch (cudaMallocAsync) and frees it on the stream.
-// As the reference: use_tis without logp_rollout, or a KL kind without logp_ref, fills every stat
+// Allocates 12 * S doubles of stream-ordered scratch (cudaMallocAsync) and frees it on the stream.
+// As the reference: a correction without logp_rollout, or a KL kind without logp_ref, fills every stat
 // slot and every gradient entry with NaN (and returns cudaSuccess).
 // Returns cudaErrorInvalidValue, enqueuing nothing, if S or T is negative, stats_device is null,
 // or S * T > 0 and logp, logp_old, advantages or mask is null.

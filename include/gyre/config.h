@@ -89,8 +89,16 @@ struct AlgorithmSection {
   double clip_eps_low = 0.2;
   double clip_eps_high = 0.28;
   double dual_clip_c = 3.0;  // 0 = off
-  bool tis = false;          // truncated importance weight vs the rollout log-probs
+  bool tis = false;          // shorthand for correction: tis
   double tis_cap = 2.0;
+  // Off-policy corrections (docs/algorithms.md): the policy the PPO ratio is taken against
+  // (recompute, loglinear or behaviour), and the detached behaviour weight (none, tis, seq-tis,
+  // icepop or m2po).
+  std::string proximal = "recompute";
+  std::string correction = "none";
+  double icepop_low = 0.5;
+  double icepop_high = 2.0;
+  double m2po_tau = 0.04;
   int max_staleness = 0;  // versions; 0 = synchronous on-policy
   // Dynamic sampling (DAPO): leave out groups whose rewards are all equal and generate up to
   // max_filter_rounds more rounds of groups per step to replace them.

@@ -35,6 +35,16 @@ constexpr KlName kKlNames[] = {
     {KlKind::kK3, "k3"},
 };
 
+struct CorrectionEntry {
+  Correction correction;
+  const char* name;
+};
+
+constexpr CorrectionEntry kCorrectionNames[] = {
+    {Correction::kNone, "none"},     {Correction::kTis, "tis"},   {Correction::kSeqTis, "seq-tis"},
+    {Correction::kIcePop, "icepop"}, {Correction::kM2po, "m2po"},
+};
+
 // One token's policy term and its derivative with respect to logp.
 struct PgTerm {
   double loss;
@@ -99,7 +109,29 @@ PolicyLossStats NanStats(int64_t count, float* grad_logp) {
   if (grad_logp != nullptr) {
     std::fill(grad_logp, grad_logp + count, std::numeric_limits<float>::quiet_NaN());
   }
-  return {nan, nan, nan, nan, nan, nan, nan, nan, nan};
+  return {nan, nan, nan, nan, nan, nan, nan, nan, nan, nan};
+}
+
+// The behaviour weight w of one token (header), from d = logp_old - logp_rollout and, for
+// kSeqTis, the sequence's sum of d over its masked tokens.
+double BehaviourWeight(const PolicyLossParams& p, double d, double seq_d) {
+  switch (p.correction) {
+    case Correction::kNone:
+      return 1.0;
+    case Correction::kTis:
+      return std::min(std::exp(d), static_cast<double>(p.tis_cap));
+    case Correction::kSeqTis:
+      return std::min(std::exp(seq_d), static_cast<double>(p.tis_cap));
+    case Correction::kIcePop: {
+      const double e = std::exp(d);
+      return e >= static_cast<double>(p.icepop_low) && e <= static_cast<double>(p.icepop_high)
+                 ? e
+                 : 0.0;
+    }
+    case Correction::kM2po:
+      return d * d >= p.m2po_threshold ? 0.0 : 1.0;
+  }
+  return 1.0;
 }
 
 }  // namespace
@@ -131,6 +163,23 @@ bool ParseKlKind(const std::string& name, KlKind* kl) {
   return false;
 }
 
+bool ParseCorrection(const std::string& name, Correction* c) {
+  for (const CorrectionEntry& entry : kCorrectionNames) {
+    if (name == entry.name) {
+      *c = entry.correction;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* CorrectionName(Correction c) {
+  for (const CorrectionEntry& entry : kCorrectionNames) {
+    if (entry.correction == c) return entry.name;
+  }
+  return "unknown";
+}
+
 const char* KlKindName(KlKind kl) {
   for (const KlName& entry : kKlNames) {
     if (entry.kl == kl) return entry.name;
@@ -141,17 +190,26 @@ const char* KlKindName(KlKind kl) {
 PolicyLossStats PolicyLossRef(const PolicyLossInputs& in, const PolicyLossParams& p,
                               float* grad_logp) {
   const int64_t S = in.S, T = in.T;
-  if ((p.use_tis && in.logp_rollout == nullptr) ||
+  if ((p.correction != Correction::kNone && in.logp_rollout == nullptr) ||
       (p.kl != KlKind::kNone && in.logp_ref == nullptr)) {
     return NanStats(S * T, grad_logp);
   }
 
   // Denominators first: each token's gradient depends on its sequence's scale.
-  std::vector<double> seq_tokens(S, 0.0);
+  // seq_d[s]: kSeqTis's sum of m * (logp_old - logp_rollout) over the sequence.
+  std::vector<double> seq_tokens(S, 0.0), seq_d(S, 0.0);
   double local_tokens = 0.0;
   double local_seqs = 0.0;
+  const bool seq_weight = p.correction == Correction::kSeqTis;
   for (int64_t s = 0; s < S; ++s) {
-    for (int64_t t = 0; t < T; ++t) seq_tokens[s] += in.mask[s * T + t];
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t i = s * T + t;
+      const double m = in.mask[i];
+      seq_tokens[s] += m;
+      if (seq_weight && m != 0.0) {
+        seq_d[s] += m * (static_cast<double>(in.logp_old[i]) - in.logp_rollout[i]);
+      }
+    }
     local_tokens += seq_tokens[s];
     if (seq_tokens[s] != 0.0) local_seqs += 1.0;
   }
@@ -184,6 +242,7 @@ PolicyLossStats PolicyLossRef(const PolicyLossInputs& in, const PolicyLossParams
   PolicyLossStats stats{};
   const double kl_coef = p.kl_coef;
   double clipped = 0.0, dual_clipped = 0.0, approx_kl = 0.0, tis_sum = 0.0, tis_max = 0.0;
+  double corr_masked = 0.0;
   for (int64_t s = 0; s < S; ++s) {
     double seq_loss = 0.0, seq_pg = 0.0, seq_kl = 0.0;
     for (int64_t t = 0; t < T; ++t) {
@@ -196,10 +255,10 @@ PolicyLossStats PolicyLossRef(const PolicyLossInputs& in, const PolicyLossParams
       const double logp = in.logp[i];
       const double logp_old = in.logp_old[i];
       const PgTerm pg = PolicyTerm(logp, logp_old, in.advantages[i], p);
-      const double w = p.use_tis
-                           ? std::min(std::exp(logp_old - static_cast<double>(in.logp_rollout[i])),
-                                      static_cast<double>(p.tis_cap))
-                           : 1.0;
+      const double w =
+          p.correction == Correction::kNone
+              ? 1.0
+              : BehaviourWeight(p, logp_old - static_cast<double>(in.logp_rollout[i]), seq_d[s]);
       double kl = 0.0, kl_grad = 0.0;
       if (p.kl != KlKind::kNone) KlTerm(p.kl, logp, in.logp_ref[i], &kl, &kl_grad);
 
@@ -216,6 +275,7 @@ PolicyLossStats PolicyLossRef(const PolicyLossInputs& in, const PolicyLossParams
       if (pg.dual_clipped) dual_clipped += m;
       tis_sum += m * w;
       tis_max = std::max(tis_max, w);
+      if (w == 0.0) corr_masked += m;
     }
     stats.loss += scale[s] * seq_loss;
     stats.pg_loss += scale[s] * seq_pg;
@@ -229,8 +289,35 @@ PolicyLossStats PolicyLossRef(const PolicyLossInputs& in, const PolicyLossParams
     stats.approx_kl = approx_kl / local_tokens;
     stats.tis_mean = tis_sum / local_tokens;
     stats.tis_max = tis_max;
+    stats.corr_masked_frac = corr_masked / local_tokens;
   }
   return stats;
+}
+
+double M2poThreshold(const double* squared_log_ratios, size_t count, double tau) {
+  const double inf = std::numeric_limits<double>::infinity();
+  if (count == 0) return inf;
+  std::vector<double> x(squared_log_ratios, squared_log_ratios + count);
+  std::sort(x.begin(), x.end());  // ascending: x[count - 1] is the largest
+  // rest[j] = sum of the j smallest values, accumulated from the smallest (the sum every prefix
+  // mean is judged by, in one fixed order).
+  std::vector<double> rest(count + 1, 0.0);
+  for (size_t j = 0; j < count; ++j) rest[j + 1] = rest[j] + x[j];
+  if (rest[count] <= tau * static_cast<double>(count)) return inf;
+  // Leave out the k largest, k = 1, 2, ...: the rest are the count - k smallest.
+  for (size_t k = 1; k < count; ++k) {
+    const size_t kept = count - k;
+    if (rest[kept] <= tau * static_cast<double>(kept)) return x[kept];  // the k-th largest
+  }
+  return x[0];  // every value must go
+}
+
+double LogLinearProximalAlpha(int64_t behaviour_version, int64_t proximal_version,
+                              int64_t current_version) {
+  if (current_version <= behaviour_version) return 1.0;
+  const double alpha = static_cast<double>(proximal_version - behaviour_version) /
+                       static_cast<double>(current_version - behaviour_version);
+  return std::clamp(alpha, 0.0, 1.0);
 }
 
 }  // namespace gyre::kernels

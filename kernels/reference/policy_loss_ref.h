@@ -6,10 +6,18 @@
 //   ratio     r = exp(clamp(logp - logp_old, -20, 20))
 //   PPO clip  L = max(-A r, -A clip(r, 1 - clip_eps_low, 1 + clip_eps_high))
 //   dual clip (A < 0 and dual_clip_c > 1): L = min(L, -A dual_clip_c)
-//   TIS       (use_tis) w = min(exp(logp_old - logp_rollout), tis_cap), a constant (detached);
-//             otherwise w = 1
-//   KL        (kl != kNone) d = logp - logp_ref: k1 = d, k2 = d^2 / 2,
-//             k3 = clamp(exp(-d) + d - 1, -10, 10); the KL term is not TIS-weighted
+//   behaviour weight w (detached; docs/algorithms.md, "Off-policy corrections"), from
+//             d = logp_old - logp_rollout (logp_old is the proximal policy):
+//             kNone    w = 1
+//             kTis     w = min(exp(d), tis_cap)
+//             kSeqTis  w = min(exp(sum_t' m' d'), tis_cap): one weight for the whole sequence, the
+//                      sum over its masked tokens
+//             kIcePop  w = exp(d) if icepop_low <= exp(d) <= icepop_high, else 0 (masked)
+//             kM2po    w = 0 if d^2 >= m2po_threshold (masked), else 1; see M2poThreshold
+//             A token with w = 0 contributes no policy term, but stays in every denominator.
+//   KL        (kl != kNone) e = logp - logp_ref: k1 = e, k2 = e^2 / 2,
+//             k3 = clamp(exp(-e) + e - 1, -10, 10); the KL term is not weighted by w (it is kept
+//             on tokens the correction masks)
 //   per token l = w * L + kl_coef * k
 // Aggregation, with D_tok = global_tokens if > 0 else sum of mask, and D_seq = global_seqs if > 0
 // else the number of sequences with at least one non-zero mask entry:
@@ -25,7 +33,9 @@
 // At ties between branches the unclipped gradient is used.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 namespace gyre::kernels {
@@ -39,6 +49,14 @@ const char* LossAggName(LossAgg agg);
 
 enum class KlKind { kNone, kK1, kK2, kK3 };
 
+// Behaviour-policy correction (the weight w above).
+enum class Correction { kNone, kTis, kSeqTis, kIcePop, kM2po };
+
+// Parses "none", "tis", "seq-tis", "icepop", "m2po". Returns false and leaves *c unchanged for
+// anything else.
+bool ParseCorrection(const std::string& name, Correction* c);
+const char* CorrectionName(Correction c);
+
 // Parses "none", "k1", "k2", "k3". Returns false and leaves *kl unchanged for anything else.
 bool ParseKlKind(const std::string& name, KlKind* kl);
 const char* KlKindName(KlKind kl);
@@ -47,8 +65,13 @@ struct PolicyLossParams {
   float clip_eps_low = 0.2f;
   float clip_eps_high = 0.28f;
   float dual_clip_c = 3.0f;  // <= 1 disables the dual clip
-  bool use_tis = false;      // requires PolicyLossInputs::logp_rollout
-  float tis_cap = 2.0f;
+  // Anything but kNone requires PolicyLossInputs::logp_rollout.
+  Correction correction = Correction::kNone;
+  float tis_cap = 2.0f;  // kTis and kSeqTis
+  float icepop_low = 0.5f, icepop_high = 2.0f;  // kIcePop's kept band of exp(d)
+  // kM2po: tokens whose d^2 is at least this leave the policy term (M2poThreshold computes it over
+  // the step's whole batch; +inf masks nothing).
+  double m2po_threshold = std::numeric_limits<double>::infinity();
   KlKind kl = KlKind::kNone;  // anything but kNone requires PolicyLossInputs::logp_ref
   float kl_coef = 0.0f;
   LossAgg agg = LossAgg::kTokenMean;
@@ -65,7 +88,7 @@ struct PolicyLossInputs {
   int64_t S, T;
   const float* logp;
   const float* logp_old;
-  const float* logp_rollout;  // nullable unless use_tis
+  const float* logp_rollout;  // nullable when correction is kNone
   const float* logp_ref;      // nullable unless kl != kNone
   const float* advantages;
   const float* mask;
@@ -80,15 +103,32 @@ struct PolicyLossStats {
   double kl;
   double clip_frac;          // fraction of masked tokens where the PPO-clipped term strictly won
   double approx_kl;          // mean of 0.5 * (logp - logp_old)^2
-  double tis_mean, tis_max;  // of w (1 when TIS is off)
+  double tis_mean, tis_max;  // of w (1 without a correction; 0 counts on masked tokens)
   double tokens;             // sum of mask in this call
   double dual_clip_frac;     // fraction of masked tokens where the dual clip strictly won
+  double corr_masked_frac;   // fraction of masked tokens whose w is 0 (kIcePop, kM2po)
 };
 
 // Computes the loss and, when grad_logp is non-null, d loss / d logp into it ([S, T]; 0 on
-// masked-out tokens). If use_tis is set without logp_rollout, or a KL kind without logp_ref,
+// masked-out tokens). If a correction is set without logp_rollout, or a KL kind without logp_ref,
 // every stat and every gradient entry is NaN, so the misuse cannot go unnoticed.
 PolicyLossStats PolicyLossRef(const PolicyLossInputs& in, const PolicyLossParams& p,
                               float* grad_logp);
+
+// M2PO's second-moment mask (docs/algorithms.md): given the squared log ratios d^2 of every masked
+// token of the step's batch, the threshold that leaves the smallest number k of the largest values
+// out so that the mean of the rest is at most tau. Ties with the k-th largest value are masked too
+// (so the order of equal values does not matter). Returns +inf (mask nothing) when the mean of all
+// values is already at most tau or there are none. Accumulation in double, in a fixed order.
+double M2poThreshold(const double* squared_log_ratios, size_t count, double tau);
+
+// The log-linear proximal policy (algorithm.proximal: loglinear): the trainer's log-prob at the
+// proximal version p (the version before the step) approximated between the token's behaviour
+// version b and the current version c >= p as
+//   logp_prox = logp_behaviour + alpha * (logp_current - logp_behaviour),
+//   alpha = (p - b) / (c - b), and 1 when c <= b.
+// This returns alpha, clamped to [0, 1].
+double LogLinearProximalAlpha(int64_t behaviour_version, int64_t proximal_version,
+                              int64_t current_version);
 
 }  // namespace gyre::kernels

@@ -213,7 +213,18 @@ std::vector<Field> BuildTable() {
           "dual-clip bound for negative advantages; 0 = off, else > 1"),
       Flag(GYRE_CONFIG_KEY(algorithm.tis),
            "truncated importance weight against the rollout log-probs"),
-      Num(GYRE_CONFIG_KEY(algorithm.tis_cap), OpenLow(0, 1e6), "truncation cap of the TIS weight"),
+      Num(GYRE_CONFIG_KEY(algorithm.tis_cap), OpenLow(0, 1e6),
+          "truncation cap of the tis and seq-tis weights"),
+      Choice(GYRE_CONFIG_KEY(algorithm.proximal), {"recompute", "loglinear", "behaviour"},
+             "policy the clipped ratio is taken against"),
+      Choice(GYRE_CONFIG_KEY(algorithm.correction), {"none", "tis", "seq-tis", "icepop", "m2po"},
+             "detached behaviour-policy weight of each token's policy term"),
+      Num(GYRE_CONFIG_KEY(algorithm.icepop_low), OpenLow(0, 1),
+          "icepop: smallest behaviour weight kept"),
+      Num(GYRE_CONFIG_KEY(algorithm.icepop_high), Closed(1, 1e6),
+          "icepop: largest behaviour weight kept"),
+      Num(GYRE_CONFIG_KEY(algorithm.m2po_tau), OpenLow(0, 1e6),
+          "m2po: bound on the mean squared log weight of the kept tokens"),
       Num(GYRE_CONFIG_KEY(algorithm.max_staleness), Closed(0, 1000),
           "policy versions a rollout may lag; 0 = synchronous on-policy"),
       Flag(GYRE_CONFIG_KEY(algorithm.filter_zero_variance),
@@ -939,6 +950,25 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
     return Problem{{"rollout.async", "trainer.checkpoint_every"},
                    "rollout.async cannot write checkpoints yet (the groups in flight are not "
                    "saved); set trainer.checkpoint_every: 0"};
+  }
+  if (c.algorithm.tis && c.algorithm.correction != "none" && c.algorithm.correction != "tis") {
+    return Problem{{"algorithm.tis", "algorithm.correction"},
+                   "algorithm.tis: true is shorthand for algorithm.correction: tis, but "
+                   "algorithm.correction is " +
+                       c.algorithm.correction + "; set only one of them"};
+  }
+  if (c.algorithm.proximal == "behaviour" &&
+      (c.algorithm.tis || c.algorithm.correction != "none")) {
+    return Problem{{"algorithm.proximal", "algorithm.correction"},
+                   "algorithm.proximal: behaviour takes the ratio against the rollout policy "
+                   "itself, so a behaviour weight (algorithm.correction / algorithm.tis) would "
+                   "always be 1; use proximal: recompute or loglinear with a correction"};
+  }
+  if (c.algorithm.proximal == "loglinear" && c.algorithm.correction == "m2po") {
+    return Problem{{"algorithm.proximal", "algorithm.correction"},
+                   "algorithm.correction: m2po needs the proximal log-probs of the whole batch "
+                   "before the step, which proximal: recompute computes exactly; loglinear "
+                   "would gain nothing"};
   }
   if (c.algorithm.dual_clip_c != 0 && c.algorithm.dual_clip_c <= 1) {
     return Problem{{"algorithm.dual_clip_c"},

@@ -244,8 +244,8 @@ StatusOr<PolicyLossResult> PolicyLoss(const at::Tensor& logp, const at::Tensor& 
       return InvalidArgument(std::string(name) + " must be [S, T] like logp");
     }
   }
-  if (params.use_tis && !logp_rollout.defined()) {
-    return InvalidArgument("truncated importance sampling needs the rollout log-probs");
+  if (params.correction != kernels::Correction::kNone && !logp_rollout.defined()) {
+    return InvalidArgument(std::string("the ") + kernels::CorrectionName(params.correction) + " correction needs the rollout log-probs");
   }
   if (params.kl != kernels::KlKind::kNone && !logp_ref.defined()) {
     return InvalidArgument("a KL penalty needs reference log-probs");

@@ -164,7 +164,17 @@ void PolicyTrainer::RestoreSnapshot() {
   version_ = snap.version;
 }
 
-Status PolicyTrainer::Validate(const std::vector<TrainSample>& batch, Objective objective) const {
+Status PolicyTrainer::Validate(const std::vector<TrainSample>& batch, Objective objective,
+                               const TrainOptions& options) const {
+  const bool pg = objective == Objective::kPolicyGradient;
+  const bool needs_rollout = pg && (options.proximal != Proximal::kRecompute ||
+                                    options.loss.correction != kernels::Correction::kNone);
+  const bool needs_versions = pg && options.proximal == Proximal::kLogLinear;
+  if (pg && options.loss.correction == kernels::Correction::kM2po &&
+      options.proximal != Proximal::kRecompute) {
+    return InvalidArgument(
+        "the m2po correction needs the recomputed proximal policy (Proximal::kRecompute)");
+  }
   // A data-parallel rank may hold no sample of a small batch; it still joins the collectives.
   if (batch.empty() && (dp_ == nullptr || dp_->size() == 1)) {
     return InvalidArgument("empty training batch");
@@ -197,6 +207,16 @@ Status PolicyTrainer::Validate(const std::vector<TrainSample>& batch, Objective 
       return InvalidArgument(where + ": logprobs has " + std::to_string(s.rollout_logprobs.size()) +
                              " entries for " + std::to_string(s.response.size()) + " tokens");
     }
+    if (needs_rollout && s.rollout_logprobs.size() != s.response.size()) {
+      return InvalidArgument(where + ": has no rollout log-probs, which the " +
+                             std::string(kernels::CorrectionName(options.loss.correction)) +
+                             " correction and the chosen proximal policy need");
+    }
+    if (needs_versions && s.versions.size() != s.response.size()) {
+      return InvalidArgument(where + ": has " + std::to_string(s.versions.size()) +
+                             " token versions for " + std::to_string(s.response.size()) +
+                             " tokens; the log-linear proximal policy needs one per token");
+    }
     if (!std::isfinite(s.advantage)) return InvalidArgument(where + ": advantage is not finite");
   }
   return Status::Ok();
@@ -211,11 +231,19 @@ struct MicroBatch {
   at::Tensor inputs, gather_idx, targets, mask, adv, rollout_lp, old_lp;
   at::Tensor rollout_mask;  // mask, where the sample carries rollout log-probs
   bool has_old = true;      // every sample carries old_logprobs
+  // Proximal::kLogLinear: kernels::LogLinearProximalAlpha per token (undefined otherwise).
+  at::Tensor alpha;
+};
+
+// Which log-linear weights BuildMicroBatch fills in (none unless proximal_version >= 0).
+struct LogLinear {
+  int64_t proximal_version = -1;
+  int64_t current_version = -1;
 };
 
 // Built on the CPU, then moved to `device` (the model's) in one go.
 MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, size_t end,
-                           const at::Device& device) {
+                           const at::Device& device, const LogLinear& loglinear = {}) {
   MicroBatch mb;
   mb.S = static_cast<int64_t>(end - start);
   int64_t L = 0;
@@ -241,6 +269,8 @@ MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, 
   auto ad_a = mb.adv.accessor<float, 2>();
   auto rl_a = mb.rollout_lp.accessor<float, 2>();
   auto ol_a = mb.old_lp.accessor<float, 2>();
+  const bool with_alpha = loglinear.proximal_version >= 0;
+  if (with_alpha) mb.alpha = at::ones({S, R}, at::kFloat);
   for (int64_t s = 0; s < S; ++s) {
     const TrainSample& x = batch[start + s];
     const int64_t P = static_cast<int64_t>(x.prompt.size());
@@ -257,11 +287,18 @@ MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, 
       rm_a[s][t] = has_rollout ? mk_a[s][t] : 0.0f;
       ol_a[s][t] = x.old_logprobs.size() == x.response.size() ? x.old_logprobs[t] : 0.0f;
     }
+    if (with_alpha && x.versions.size() == x.response.size()) {
+      auto al_a = mb.alpha.accessor<float, 2>();
+      for (int64_t t = 0; t < n; ++t) {
+        al_a[s][t] = static_cast<float>(kernels::LogLinearProximalAlpha(
+            x.versions[t], loglinear.proximal_version, loglinear.current_version));
+      }
+    }
   }
   if (!device.is_cpu()) {
     for (at::Tensor* t : {&mb.inputs, &mb.gather_idx, &mb.targets, &mb.mask, &mb.adv,
-                          &mb.rollout_lp, &mb.old_lp, &mb.rollout_mask}) {
-      *t = t->to(device, /*non_blocking=*/false);
+                          &mb.rollout_lp, &mb.old_lp, &mb.rollout_mask, &mb.alpha}) {
+      if (t->defined()) *t = t->to(device, /*non_blocking=*/false);
     }
   }
   return mb;
@@ -323,7 +360,7 @@ Status PolicyTrainer::CheckAllRanksTookPart(double ranks_counted) const {
 StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<TrainSample>& batch,
                                                             Objective objective, double lr,
                                                             const TrainOptions& options) {
-  Status valid = Validate(batch, objective);
+  Status valid = Validate(batch, objective, options);
   if (dp_ != nullptr && dp_->size() > 1) {
     // Every rank must agree to go on, or the others would wait in a collective.
     double bad = valid.ok() ? 0.0 : 1.0;
@@ -353,10 +390,13 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
     }
   }
   const int64_t minis = static_cast<int64_t>(bounds.size()) - 1;
+  const int64_t proximal_version = version_;
+  const bool pg = objective == Objective::kPolicyGradient;
+  const bool m2po = pg && options.loss.correction == kernels::Correction::kM2po;
   // One optimizer step is atomic as it is: OptimizerStep makes every check before its one AdamW
   // update and ++version_, so it needs no snapshot.
-  if (minis == 1 && !options.reset_optimizer_state) {
-    return OptimizerStep(batch, objective, lr, options);
+  if (minis == 1 && !options.reset_optimizer_state && !m2po) {
+    return OptimizerStep(batch, objective, lr, options, proximal_version);
   }
   // Several: mini-batch m's update is applied before mini-batch m + 1 can fail, so snapshot
   // first and roll back on every way out but success, an exception from libtorch included. The
@@ -370,19 +410,26 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
     }
   } rollback{this};
   if (options.reset_optimizer_state) optimizer_->adamw->state().clear();
-  if (minis == 1) {
-    auto metrics = OptimizerStep(batch, objective, lr, options);
+  if (minis == 1 && !m2po) {
+    auto metrics = OptimizerStep(batch, objective, lr, options, proximal_version);
     rollback.committed = metrics.ok();
     return metrics;
   }
-  // PPO-style: every mini-batch is judged against the policy that sampled the batch.
+  // PPO-style: every mini-batch is judged against the policy before the step (recomputed unless
+  // approximated log-linearly or taken from the rollout). M2PO needs it for the whole batch to
+  // pick its threshold.
   std::vector<TrainSample> all = batch;
-  ComputeOldLogprobs(&all, options);
+  TrainOptions step_options = options;
+  if (pg && options.proximal == Proximal::kRecompute) ComputeOldLogprobs(&all, options);
+  if (m2po) {
+    GYRE_ASSIGN_OR_RETURN(step_options.loss.m2po_threshold,
+                          M2poThresholdOf(all, options.m2po_tau));
+  }
   std::map<std::string, double> sum;
   for (int64_t m = 0; m < minis; ++m) {
     std::vector<TrainSample> part(all.begin() + static_cast<int64_t>(bounds[m]),
                                   all.begin() + static_cast<int64_t>(bounds[m + 1]));
-    auto metrics = OptimizerStep(part, objective, lr, options);
+    auto metrics = OptimizerStep(part, objective, lr, step_options, proximal_version);
     if (!metrics.ok()) {
       if (metrics.status().message().find("no unmasked response tokens") != std::string::npos) {
         continue;  // a mini-batch of fully masked samples carries no gradient
@@ -398,9 +445,40 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
   return sum;
 }
 
+StatusOr<double> PolicyTrainer::M2poThresholdOf(const std::vector<TrainSample>& batch,
+                                                double tau) {
+  std::vector<double> local;
+  for (const TrainSample& s : batch) {
+    for (size_t t = 0; t < s.response.size(); ++t) {
+      if (!s.loss_mask.empty() && s.loss_mask[t] == 0.0f) continue;
+      const double d = static_cast<double>(s.old_logprobs[t]) - s.rollout_logprobs[t];
+      local.push_back(d * d);
+    }
+  }
+  if (dp_ == nullptr || dp_->size() == 1) {
+    return kernels::M2poThreshold(local.data(), local.size(), tau);
+  }
+  // Gather every rank's values with two sums: the counts (one slot per rank), then the values at
+  // each rank's offset. The threshold does not depend on the order of the values.
+  std::vector<double> counts(static_cast<size_t>(dp_->size()), 0.0);
+  counts[static_cast<size_t>(dp_->rank())] = static_cast<double>(local.size());
+  GYRE_RETURN_IF_ERROR(AllReduce(counts.data(), counts.size()).WithContext("m2po token counts"));
+  size_t offset = 0, total = 0;
+  for (int r = 0; r < dp_->size(); ++r) {
+    if (r < dp_->rank()) offset += static_cast<size_t>(counts[static_cast<size_t>(r)]);
+    total += static_cast<size_t>(counts[static_cast<size_t>(r)]);
+  }
+  std::vector<double> all(total, 0.0);
+  std::copy(local.begin(), local.end(), all.begin() + static_cast<int64_t>(offset));
+  if (total > 0) {
+    GYRE_RETURN_IF_ERROR(AllReduce(all.data(), all.size()).WithContext("m2po log weights"));
+  }
+  return kernels::M2poThreshold(all.data(), all.size(), tau);
+}
+
 StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     const std::vector<TrainSample>& batch, Objective objective, double lr,
-    const TrainOptions& options) {
+    const TrainOptions& options, int64_t proximal_version) {
   // Batch-wide denominators: every micro-batch divides by the same numbers.
   double total_tokens = 0, total_seqs = 0;
   for (const auto& s : batch) {
@@ -435,6 +513,10 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     }
   } cancel_on_exit{reducer_.get()};
   double loss_sum = 0, clip_sum = 0, kl_sum = 0, entropy_sum = 0, correct = 0;
+  double weight_sum = 0, corr_masked_sum = 0;  // the behaviour weight's, over masked tokens
+  const bool loglinear = objective == Objective::kPolicyGradient &&
+                         options.proximal == Proximal::kLogLinear &&
+                         version_ > proximal_version;
   // Rollout-vs-trainer mismatch of the same tokens (policy gradient): d = logp_old - logp_rollout
   // per token, w = exp(d). Sums of tokens, |d|, [w outside 0.9..1.1], w - 1 - d, w, w^2.
   // Summed on the model's device and read once after the loop (one host sync, not six per
@@ -444,7 +526,9 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, options.micro_batch_size));
   for (size_t start = 0; start < batch.size(); start += step) {
     const size_t end = std::min(batch.size(), start + step);
-    MicroBatch mb = BuildMicroBatch(batch, start, end, model_->device());
+    MicroBatch mb =
+        BuildMicroBatch(batch, start, end, model_->device(),
+                        loglinear ? LogLinear{proximal_version, version_} : LogLinear{});
     at::Tensor resp_logits = ResponseLogits(*model_, mb);
     const double temp = objective == Objective::kSft ? 1.0 : options.temperature;
     at::Tensor logp = ops::TokenLogprobs(resp_logits, mb.targets, temp);  // [S, R]
@@ -465,12 +549,23 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
       loss.backward();
       loss_sum += loss.item<double>();
     } else {
-      // With one optimizer step per batch the old policy is the current one.
-      at::Tensor old = mb.has_old ? mb.old_lp : logp.detach();
+      // The proximal policy (TrainOptions::proximal). Recomputed: with one optimizer step per
+      // batch it is the current one.
+      at::Tensor trainer_lp = mb.has_old ? mb.old_lp : logp.detach();
+      at::Tensor old;
+      if (options.proximal == Proximal::kBehaviour) {
+        old = mb.rollout_lp;
+      } else if (loglinear && !mb.has_old) {
+        at::NoGradGuard ng;
+        old = mb.rollout_lp + mb.alpha * (trainer_lp - mb.rollout_lp);
+      } else {
+        old = trainer_lp;
+      }
       {
+        // Telemetry compares the trainer's own log-probs (before this update) with the rollout's.
         at::NoGradGuard ng;
         const at::Tensor& m = mb.rollout_mask;
-        at::Tensor d = (old - mb.rollout_lp).masked_fill(m == 0, 0.0);
+        at::Tensor d = (trainer_lp - mb.rollout_lp).masked_fill(m == 0, 0.0);
         at::Tensor w = d.exp();
         at::Tensor part = at::stack({m.sum(), (d.abs() * m).sum(),
                                      (((w < 0.9) | (w > 1.1)).to(at::kFloat) * m).sum(),
@@ -480,13 +575,17 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
       }
       GYRE_ASSIGN_OR_RETURN(
           ops::PolicyLossResult r,
-          ops::PolicyLoss(logp, old, options.loss.use_tis ? mb.rollout_lp : at::Tensor(),
+          ops::PolicyLoss(logp, old,
+                          options.loss.correction != kernels::Correction::kNone ? mb.rollout_lp
+                                                                                 : at::Tensor(),
                           at::Tensor(), mb.adv, mb.mask, loss_params));
       if (last && reducer_ != nullptr) reducer_->Arm();
       logp.backward(r.grad_logp);
       loss_sum += r.stats.loss;
       clip_sum += r.stats.clip_frac * r.stats.tokens;
       kl_sum += r.stats.approx_kl * r.stats.tokens;
+      weight_sum += r.stats.tis_mean * r.stats.tokens;
+      corr_masked_sum += r.stats.corr_masked_frac * r.stats.tokens;
     }
   }
   if (mm_acc.defined()) {
@@ -504,9 +603,10 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     // sums[5] counts the ranks that took part. Gloo can complete a collective without a peer
     // that closed its connections (docs/weight-sync.md); a short count means the summed
     // gradients above lack that rank's part, so the update must not be applied.
-    double sums[12] = {loss_sum, clip_sum, kl_sum, entropy_sum, correct, 1.0,
-                       mm[0],    mm[1],    mm[2],  mm[3],       mm[4],   mm[5]};
-    GYRE_RETURN_IF_ERROR(AllReduce(sums, 12).WithContext("data-parallel metrics"));
+    double sums[14] = {loss_sum, clip_sum, kl_sum, entropy_sum, correct,    1.0,
+                       mm[0],    mm[1],    mm[2],  mm[3],       mm[4],      mm[5],
+                       weight_sum, corr_masked_sum};
+    GYRE_RETURN_IF_ERROR(AllReduce(sums, 14).WithContext("data-parallel metrics"));
     if (Status all = CheckAllRanksTookPart(sums[5]); !all.ok()) {
       optimizer_->adamw->zero_grad();
       return all;
@@ -517,6 +617,8 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     entropy_sum = sums[3];
     correct = sums[4];
     for (int i = 0; i < 6; ++i) mm[i] = sums[6 + i];
+    weight_sum = sums[12];
+    corr_masked_sum = sums[13];
   }
   // Global gradient-norm clipping, then AdamW.
   double sq = 0;
@@ -549,6 +651,11 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
   if (objective == Objective::kPolicyGradient) {
     m["clip_frac"] = clip_sum / total_tokens;
     m["approx_kl"] = kl_sum / total_tokens;
+    if (options.loss.correction != kernels::Correction::kNone) {
+      // docs/algorithms.md, "Off-policy corrections".
+      m["behaviour_weight_mean"] = weight_sum / total_tokens;
+      m["correction_masked_frac"] = corr_masked_sum / total_tokens;
+    }
     if (mm[0] > 0) {
       // docs/algorithms.md, "Telemetry": the trainer's log-probs of the tokens the rollout engine
       // sampled, before the update, against the engine's own.

@@ -55,10 +55,20 @@ struct TrainSample {
   std::vector<float> rollout_logprobs;  // behaviour log-probs (may be empty for SFT)
   std::vector<float> loss_mask;         // per response token; empty = all ones
   std::vector<float> old_logprobs;      // filled by the trainer for PPO-style mini-batches
+  // Policy version that produced each response token (rollout); needed by Proximal::kLogLinear.
+  std::vector<int64_t> versions;
   float advantage = 0.0f;
 };
 
 enum class Objective { kPolicyGradient, kSft };
+
+// The policy the clipped ratio is taken against (logp_old; docs/algorithms.md, "Off-policy
+// corrections"). kRecompute: the trainer's policy before the step (the same forward's log-probs
+// with one optimizer step per batch, a no-grad forward of the batch before the first update
+// otherwise). kLogLinear: that policy approximated per token from the behaviour and current
+// log-probs by versions (kernels::LogLinearProximalAlpha), with no extra forward. kBehaviour: the
+// rollout policy itself (coupled PPO).
+enum class Proximal { kRecompute, kLogLinear, kBehaviour };
 
 struct TrainOptions {
   int64_t micro_batch_size = 64;
@@ -66,6 +76,10 @@ struct TrainOptions {
   double grad_clip = 1.0;
   double temperature = 1.0;
   kernels::PolicyLossParams loss;
+  Proximal proximal = Proximal::kRecompute;
+  // Correction::kM2po: the trainer sets loss.m2po_threshold from this bound on the mean squared
+  // log weight, over the whole batch (every rank).
+  double m2po_tau = 0.04;
   // Data parallel only: this rank's share of each global mini-batch (sums to the batch size).
   // Empty: the batch is split into `mini_batches` consecutive slices locally.
   std::vector<int64_t> mini_batch_sizes;
@@ -125,11 +139,17 @@ class PolicyTrainer {
                       int64_t version);
 
  private:
-  Status Validate(const std::vector<TrainSample>& batch, Objective objective) const;
-  // One AdamW step on `batch` (all of it, in micro-batches).
+  Status Validate(const std::vector<TrainSample>& batch, Objective objective,
+                  const TrainOptions& options) const;
+  // One AdamW step on `batch` (all of it, in micro-batches). proximal_version: the version
+  // before the Step call (Proximal::kLogLinear's proximal policy).
   StatusOr<std::map<std::string, double>> OptimizerStep(const std::vector<TrainSample>& batch,
                                                         Objective objective, double lr,
-                                                        const TrainOptions& options);
+                                                        const TrainOptions& options,
+                                                        int64_t proximal_version);
+  // Correction::kM2po: the threshold over the whole batch (every rank's tokens, gathered), from
+  // each sample's old_logprobs.
+  StatusOr<double> M2poThresholdOf(const std::vector<TrainSample>& batch, double tau);
   // Fills each sample's old_logprobs with the current policy's log-probs (no gradient).
   void ComputeOldLogprobs(std::vector<TrainSample>* batch, const TrainOptions& options) const;
   // Data parallel: in-place sum over ranks (no-op without a group).

@@ -96,6 +96,7 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
       t.response.assign(s.response_ids().begin(), s.response_ids().end());
       t.rollout_logprobs.assign(s.logprobs().begin(), s.logprobs().end());
       t.loss_mask.assign(s.loss_mask().begin(), s.loss_mask().end());
+      t.versions.assign(s.versions().begin(), s.versions().end());
       t.advantage = s.advantage();
       batch.push_back(std::move(t));
     }
@@ -110,8 +111,16 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
     opts.loss.clip_eps_low = static_cast<float>(a.clip_eps_low);
     opts.loss.clip_eps_high = static_cast<float>(a.clip_eps_high);
     opts.loss.dual_clip_c = static_cast<float>(a.dual_clip_c);
-    opts.loss.use_tis = a.tis;
+    opts.loss.correction = kernels::Correction::kNone;
+    kernels::ParseCorrection(a.correction, &opts.loss.correction);  // validated with the config
+    if (a.tis) opts.loss.correction = kernels::Correction::kTis;
     opts.loss.tis_cap = static_cast<float>(a.tis_cap);
+    opts.loss.icepop_low = static_cast<float>(a.icepop_low);
+    opts.loss.icepop_high = static_cast<float>(a.icepop_high);
+    opts.m2po_tau = a.m2po_tau;
+    opts.proximal = a.proximal == "loglinear"   ? Proximal::kLogLinear
+                    : a.proximal == "behaviour" ? Proximal::kBehaviour
+                                                : Proximal::kRecompute;
     kernels::ParseLossAgg(a.loss_agg, &opts.loss.agg);
     const Objective obj =
         req->objective() == v1::OBJECTIVE_SFT ? Objective::kSft : Objective::kPolicyGradient;

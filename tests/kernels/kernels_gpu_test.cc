@@ -499,6 +499,7 @@ void ExpectStatsMatch(const PolicyLossStats& got, const PolicyLossStats& ref,
       {"tis_max", got.tis_max, ref.tis_max},
       {"tokens", got.tokens, ref.tokens},
       {"dual_clip_frac", got.dual_clip_frac, ref.dual_clip_frac},
+      {"corr_masked_frac", got.corr_masked_frac, ref.corr_masked_frac},
   };
   for (const auto& f : fields) {
     EXPECT_TRUE(Close(f.got, f.ref, kSumTol, kSumEps))
@@ -508,7 +509,7 @@ void ExpectStatsMatch(const PolicyLossStats& got, const PolicyLossStats& ref,
 
 std::string ParamsName(const PolicyLossParams& p) {
   return std::string(LossAggName(p.agg)) + (p.dual_clip_c > 1 ? " dual" : " nodual") +
-         (p.use_tis ? " tis" : " notis") + " kl=" + KlKindName(p.kl);
+         " " + CorrectionName(p.correction) + " kl=" + KlKindName(p.kl);
 }
 
 void ExpectLossMatches(const LossBatch& b, const PolicyLossParams& p, const std::string& what) {
@@ -520,17 +521,18 @@ void ExpectLossMatches(const LossBatch& b, const PolicyLossParams& p, const std:
   ExpectAllClose(gpu.grad, ref.grad, kGradTol, kFloatEps, label + " grad");
 }
 
-// Every aggregation x dual clip x TIS x KL combination on one branch-rich batch.
+// Every aggregation x dual clip x correction x KL combination on one branch-rich batch.
 class PolicyLossSweepGpuTest
-    : public ::testing::TestWithParam<std::tuple<LossAgg, bool, bool, KlKind>> {};
+    : public ::testing::TestWithParam<std::tuple<LossAgg, bool, Correction, KlKind>> {};
 
 TEST_P(PolicyLossSweepGpuTest, MatchesReferenceValueStatsAndGradient) {
   if (gyre::kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  const auto [agg, dual, tis, kl] = GetParam();
+  const auto [agg, dual, correction, kl] = GetParam();
   PolicyLossParams p;
   p.agg = agg;
   p.dual_clip_c = dual ? 3.0f : 1.0f;
-  p.use_tis = tis;
+  p.correction = correction;
+  p.m2po_threshold = 0.25;
   p.kl = kl;
   p.kl_coef = 0.1f;
   p.norm_max_len = agg == LossAgg::kSeqMeanTokenSumNorm ? 512.0f : 0.0f;
@@ -543,8 +545,12 @@ TEST_P(PolicyLossSweepGpuTest, MatchesReferenceValueStatsAndGradient) {
   if (dual) {
     EXPECT_GT(ref.stats.dual_clip_frac, 0.02);
   }
-  if (tis) {
+  if (correction == Correction::kTis || correction == Correction::kSeqTis) {
     EXPECT_EQ(ref.stats.tis_max, 2.0);
+  }
+  if (correction == Correction::kIcePop || correction == Correction::kM2po) {
+    EXPECT_GT(ref.stats.corr_masked_frac, 0.05);
+    EXPECT_LT(ref.stats.corr_masked_frac, 0.95);
   }
 }
 
@@ -552,14 +558,17 @@ INSTANTIATE_TEST_SUITE_P(
     AllModes, PolicyLossSweepGpuTest,
     ::testing::Combine(::testing::Values(LossAgg::kTokenMean, LossAgg::kSeqMeanTokenSum,
                                          LossAgg::kSeqMeanTokenMean, LossAgg::kSeqMeanTokenSumNorm),
-                       ::testing::Bool(), ::testing::Bool(),
+                       ::testing::Bool(),
+                       ::testing::Values(Correction::kNone, Correction::kTis, Correction::kSeqTis,
+                                         Correction::kIcePop, Correction::kM2po),
                        ::testing::Values(KlKind::kNone, KlKind::kK1, KlKind::kK2, KlKind::kK3)),
     [](const ::testing::TestParamInfo<PolicyLossSweepGpuTest::ParamType>& info) {
-      std::string name = LossAggName(std::get<0>(info.param));
+      std::string name = std::string(LossAggName(std::get<0>(info.param))) +
+                         (std::get<1>(info.param) ? "_dual_" : "_nodual_") +
+                         CorrectionName(std::get<2>(info.param)) + "_" +
+                         KlKindName(std::get<3>(info.param));
       std::replace(name.begin(), name.end(), '-', '_');
-      return name + (std::get<1>(info.param) ? "_dual" : "_nodual") +
-             (std::get<2>(info.param) ? "_tis" : "_notis") + "_" +
-             KlKindName(std::get<3>(info.param));
+      return name;
     });
 
 // Shapes from one token to S = 1024 x T = 4096, with two contrasting configurations.
@@ -572,7 +581,7 @@ TEST_P(PolicyLossShapeGpuTest, MatchesReferenceAtEveryShape) {
   const std::string shape = "S=" + std::to_string(S) + " T=" + std::to_string(T);
 
   PolicyLossParams all_on;
-  all_on.use_tis = true;
+  all_on.correction = Correction::kTis;
   all_on.kl = KlKind::kK3;
   all_on.kl_coef = 0.05f;
   ExpectLossMatches(b, all_on, shape);
@@ -609,7 +618,7 @@ TEST(PolicyLossGpuTest, GlobalDenominatorsAndNormLength) {
     p.clip_eps_low = 0.1f;
     p.clip_eps_high = 0.5f;
     p.dual_clip_c = 5.0f;
-    p.use_tis = true;
+    p.correction = Correction::kTis;
     p.tis_cap = 1.5f;
     ExpectLossMatches(b, p, "other clip params");
   }
@@ -619,7 +628,7 @@ TEST(PolicyLossGpuTest, GradientIsOptional) {
   if (gyre::kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   const LossBatch b = MakeLossBatch(9, 77, 11);
   PolicyLossParams p;
-  p.use_tis = true;
+  p.correction = Correction::kTis;
   p.kl = KlKind::kK3;
   p.kl_coef = 0.1f;
   const LossOut ref = RefLoss(b, p, /*with_grad=*/false);
@@ -652,7 +661,7 @@ TEST(PolicyLossGpuTest, EmptyMaskAndEmptyBatchGiveZeroNotNan) {
                       LossAgg::kSeqMeanTokenSumNorm}) {
     PolicyLossParams p;
     p.agg = agg;
-    p.use_tis = true;
+    p.correction = Correction::kTis;
     p.kl = KlKind::kK3;
     p.kl_coef = 1.0f;
     LossOut gpu;
@@ -680,7 +689,7 @@ TEST(PolicyLossGpuTest, MissingInputsAreLoud) {
   if (gyre::kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   const LossBatch b = MakeLossBatch(3, 20, 4);
   PolicyLossParams tis;
-  tis.use_tis = true;
+  tis.correction = Correction::kTis;
   PolicyLossParams kl;
   kl.kl = KlKind::kK2;
   for (const auto& [p, drop_rollout, drop_ref] :
@@ -731,7 +740,7 @@ TEST(PolicyLossGpuTest, GradientMatchesFiniteDifferences) {
                       LossAgg::kSeqMeanTokenSumNorm}) {
     PolicyLossParams p;
     p.agg = agg;
-    p.use_tis = true;
+    p.correction = Correction::kTis;
     p.kl = KlKind::kK3;
     p.kl_coef = 0.5f;
     LossOut base;

@@ -80,7 +80,7 @@ TEST_F(OpsGpuTest, PolicyLossOnTheGpuMatchesTheCpu) {
   at::Tensor adv = at::randn({8, 64});
   at::Tensor mask = (at::rand({8, 64}) > 0.2).to(at::kFloat);
   kernels::PolicyLossParams p;
-  p.use_tis = true;
+  p.correction = kernels::Correction::kTis;
   p.kl = kernels::KlKind::kK3;
   p.kl_coef = 0.01f;
   auto cpu = PolicyLoss(logp, old, rollout, ref, adv, mask, p);

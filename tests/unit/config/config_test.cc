@@ -306,6 +306,17 @@ TEST(ConfigValidate, CrossFieldErrorPointsAtAnInvolvedKey) {
   EXPECT_EQ(ParseError("model:\n  hidden_size: 12\n  num_heads: 4\n  num_kv_heads: 1\n"),
             "jobs/x.yaml:2:3: model.hidden_size / model.num_heads = 3 must be even (rotary "
             "embeddings rotate pairs of dimensions)");
+  EXPECT_EQ(ParseError("algorithm:\n  tis: true\n  correction: icepop\n"),
+            "jobs/x.yaml:2:3: algorithm.tis: true is shorthand for algorithm.correction: tis, "
+            "but algorithm.correction is icepop; set only one of them");
+  EXPECT_EQ(ParseError("algorithm:\n  proximal: behaviour\n  correction: seq-tis\n"),
+            "jobs/x.yaml:2:3: algorithm.proximal: behaviour takes the ratio against the rollout "
+            "policy itself, so a behaviour weight (algorithm.correction / algorithm.tis) would "
+            "always be 1; use proximal: recompute or loglinear with a correction");
+  EXPECT_EQ(ParseError("algorithm:\n  proximal: loglinear\n  correction: m2po\n"),
+            "jobs/x.yaml:2:3: algorithm.correction: m2po needs the proximal log-probs of the "
+            "whole batch before the step, which proximal: recompute computes exactly; loglinear "
+            "would gain nothing");
   EXPECT_EQ(ParseError("algorithm:\n  dual_clip_c: 0.5\n"),
             "jobs/x.yaml:2:3: algorithm.dual_clip_c (0.5) must be 0 (off) or greater than 1");
   EXPECT_EQ(ParseError("cluster:\n  heartbeat_timeout_s: 1\n"),

@@ -169,7 +169,7 @@ TEST(PolicyLossRefTest, TruncatedImportanceWeightIsCappedAndDetached) {
                     static_cast<float>(-2.0 - std::log(1.5))};
   b.advantages = {1.0f, 1.0f};
   PolicyLossParams p;
-  p.use_tis = true;
+  p.correction = Correction::kTis;
   const Outcome o = Compute(b, p);
   EXPECT_NEAR(o.stats.loss, (-2.0 - 1.5) / 2, 1e-6);
   EXPECT_NEAR(o.stats.pg_loss, o.stats.loss, 1e-12);
@@ -182,6 +182,149 @@ TEST(PolicyLossRefTest, TruncatedImportanceWeightIsCappedAndDetached) {
   EXPECT_NEAR(off.stats.loss, -1.0, 1e-6);
   EXPECT_EQ(off.stats.tis_mean, 1.0);
   EXPECT_EQ(off.stats.tis_max, 1.0);
+}
+
+TEST(PolicyLossRefTest, SequenceLevelTisWeighsEveryTokenOfASequenceAlike) {
+  // Sequence 0: d = log 1.2 and log 1.5 on its two masked tokens (the third is padding, NaN), so
+  // w = min(1.2 * 1.5, 2) = 1.8 for both. Sequence 1: d = log 3 on one token, w = min(3, 2) = 2.
+  // On-policy (r = 1), A = 1: each token's L = -1 and dL/dlogp = -1; token-mean over 3 tokens.
+  Batch b(2, 3);
+  b.logp = {-1.0f, -2.0f, kNan, -0.5f, kNan, kNan};
+  b.logp_old = b.logp;
+  b.logp_rollout = {static_cast<float>(-1.0 - std::log(1.2)),
+                    static_cast<float>(-2.0 - std::log(1.5)),
+                    kNan,
+                    static_cast<float>(-0.5 - std::log(3.0)),
+                    kNan,
+                    kNan};
+  b.advantages = {1.0f, 1.0f, kNan, 1.0f, kNan, kNan};
+  b.mask = {1, 1, 0, 1, 0, 0};
+  PolicyLossParams p;
+  p.correction = Correction::kSeqTis;
+  const Outcome o = Compute(b, p);
+  EXPECT_NEAR(o.stats.loss, (-1.8 - 1.8 - 2.0) / 3, 1e-6);
+  EXPECT_NEAR(o.grad[0], -1.8 / 3, 1e-6);
+  EXPECT_NEAR(o.grad[1], -1.8 / 3, 1e-6);
+  EXPECT_EQ(o.grad[2], 0.0f);
+  EXPECT_NEAR(o.grad[3], -2.0 / 3, 1e-6);
+  EXPECT_NEAR(o.stats.tis_mean, (1.8 + 1.8 + 2.0) / 3, 1e-6);
+  EXPECT_NEAR(o.stats.tis_max, 2.0, 1e-6);
+  EXPECT_EQ(o.stats.corr_masked_frac, 0.0);
+
+  // Token-level TIS on the same batch weighs them 1.2, 1.5 and 2.
+  p.correction = Correction::kTis;
+  EXPECT_NEAR(Compute(b, p).stats.loss, (-1.2 - 1.5 - 2.0) / 3, 1e-6);
+}
+
+TEST(PolicyLossRefTest, IcePopMasksTokensOutsideTheBandButKeepsThemInTheDenominator) {
+  // Four on-policy tokens, A = 1, behaviour weights exp(d) = 0.4, 0.8, 1.9, 2.5 and the band
+  // [0.5, 2]: the first and last leave the policy term; the middle two keep their weight.
+  Batch b(1, 4);
+  b.logp = {-1.0f, -1.0f, -1.0f, -1.0f};
+  b.logp_old = b.logp;
+  const double e[] = {0.4, 0.8, 1.9, 2.5};
+  for (int t = 0; t < 4; ++t) b.logp_rollout[t] = static_cast<float>(-1.0 - std::log(e[t]));
+  b.advantages = {1.0f, 1.0f, 1.0f, 1.0f};
+  PolicyLossParams p;
+  p.correction = Correction::kIcePop;
+  p.icepop_low = 0.5f;
+  p.icepop_high = 2.0f;
+  for (LossAgg agg : {LossAgg::kTokenMean, LossAgg::kSeqMeanTokenMean, LossAgg::kSeqMeanTokenSum}) {
+    p.agg = agg;
+    const Outcome o = Compute(b, p);
+    // token-mean and seq-mean-token-mean both divide by all 4 tokens; seq-mean-token-sum by 1.
+    const double denom = agg == LossAgg::kSeqMeanTokenSum ? 1.0 : 4.0;
+    EXPECT_NEAR(o.stats.loss, (-0.8 - 1.9) / denom, 1e-5) << LossAggName(agg);
+    EXPECT_EQ(o.grad[0], 0.0f);
+    EXPECT_NEAR(o.grad[1], -0.8 / denom, 1e-5);
+    EXPECT_NEAR(o.grad[2], -1.9 / denom, 1e-5);
+    EXPECT_EQ(o.grad[3], 0.0f);
+    EXPECT_NEAR(o.stats.corr_masked_frac, 0.5, 1e-12);
+    EXPECT_NEAR(o.stats.tis_mean, (0.8 + 1.9) / 4, 1e-5);
+  }
+}
+
+TEST(PolicyLossRefTest, M2poThresholdLeavesOutTheFewestLargestValues) {
+  // Mean of {0.01, 0.02, 0.03, 0.5, 0.9} = 0.292 > 0.04. Without 0.9: 0.14; without 0.5 too:
+  // 0.02 <= 0.04, so the two largest go and the threshold is 0.5.
+  const double x[] = {0.5, 0.01, 0.9, 0.03, 0.02};
+  EXPECT_EQ(M2poThreshold(x, 5, 0.04), 0.5);
+  EXPECT_EQ(M2poThreshold(x, 5, 0.15), 0.9);  // leaving out 0.9 is enough (0.14 <= 0.15)
+  EXPECT_EQ(M2poThreshold(x, 5, 0.3), std::numeric_limits<double>::infinity());
+  EXPECT_EQ(M2poThreshold(x, 5, 0.001), 0.01);  // every value must go
+  EXPECT_EQ(M2poThreshold(nullptr, 0, 0.04), std::numeric_limits<double>::infinity());
+  // Ties: {1, 1, 0}: leaving out one 1 gives mean 0.5 > 0.1, both give 0: threshold 1, and both
+  // tokens at 1 are masked whatever their order.
+  const double ties[] = {1.0, 0.0, 1.0};
+  EXPECT_EQ(M2poThreshold(ties, 3, 0.1), 1.0);
+  const double tie_rest[] = {1.0, 1.0, 0.0};
+  EXPECT_EQ(M2poThreshold(tie_rest, 3, 0.6), 1.0);  // one 1 is enough, but both are at 1
+}
+
+TEST(PolicyLossRefTest, M2poMasksTokensAtOrAboveTheThreshold) {
+  // d = 0.1, -0.7, 0.3 (d^2 = 0.01, 0.49, 0.09); threshold 0.05 masks the last two. On-policy,
+  // A = -1 (L = 1, dL/dlogp = 1), seq-mean-token-mean over one sequence of 3 tokens.
+  Batch b(1, 3);
+  b.logp = {-1.0f, -2.0f, -3.0f};
+  b.logp_old = b.logp;
+  const double d[] = {0.1, -0.7, 0.3};
+  for (int t = 0; t < 3; ++t) b.logp_rollout[t] = static_cast<float>(b.logp_old[t] - d[t]);
+  b.advantages = {-1.0f, -1.0f, -1.0f};
+  PolicyLossParams p;
+  p.correction = Correction::kM2po;
+  p.agg = LossAgg::kSeqMeanTokenMean;
+  p.m2po_threshold = 0.05;
+  const Outcome o = Compute(b, p);
+  EXPECT_NEAR(o.stats.loss, 1.0 / 3, 1e-6);
+  EXPECT_NEAR(o.grad[0], 1.0 / 3, 1e-6);
+  EXPECT_EQ(o.grad[1], 0.0f);
+  EXPECT_EQ(o.grad[2], 0.0f);
+  EXPECT_NEAR(o.stats.corr_masked_frac, 2.0 / 3, 1e-12);
+  EXPECT_NEAR(o.stats.tis_mean, 1.0 / 3, 1e-12);
+
+  // The default threshold (+inf) masks nothing: w = 1 everywhere.
+  p.m2po_threshold = std::numeric_limits<double>::infinity();
+  EXPECT_NEAR(Compute(b, p).stats.loss, 1.0, 1e-6);
+}
+
+TEST(PolicyLossRefTest, KlTermStaysOnTokensTheCorrectionMasks) {
+  // IcePop masks the only token (exp(d) = 3 > 2), so the policy term is 0 but the k1 KL term
+  // (logp - logp_ref = 0.5, coefficient 0.1) remains, with its gradient.
+  Batch b(1, 1);
+  b.logp = {-1.0f};
+  b.logp_old = b.logp;
+  b.logp_rollout = {static_cast<float>(-1.0 - std::log(3.0))};
+  b.logp_ref = {-1.5f};
+  b.advantages = {1.0f};
+  PolicyLossParams p;
+  p.correction = Correction::kIcePop;
+  p.kl = KlKind::kK1;
+  p.kl_coef = 0.1f;
+  const Outcome o = Compute(b, p);
+  EXPECT_NEAR(o.stats.pg_loss, 0.0, 1e-12);
+  EXPECT_NEAR(o.stats.loss, 0.05, 1e-6);
+  EXPECT_NEAR(o.grad[0], 0.1, 1e-6);
+}
+
+TEST(PolicyLossRefTest, LogLinearProximalAlphaInterpolatesByVersion) {
+  // Token from version 4, proximal (the version before the step) 6, current 7: 2/3 of the way.
+  EXPECT_NEAR(LogLinearProximalAlpha(4, 6, 7), 2.0 / 3, 1e-15);
+  EXPECT_EQ(LogLinearProximalAlpha(6, 6, 6), 1.0);  // on-policy: the proximal is the current
+  EXPECT_EQ(LogLinearProximalAlpha(5, 6, 6), 1.0);  // first mini-batch: current == proximal
+  EXPECT_EQ(LogLinearProximalAlpha(6, 6, 8), 0.0);  // proximal == behaviour
+  EXPECT_EQ(LogLinearProximalAlpha(9, 6, 7), 1.0);  // no older behaviour: use the current
+}
+
+TEST(PolicyLossRefTest, CorrectionNamesRoundTrip) {
+  for (Correction c : {Correction::kNone, Correction::kTis, Correction::kSeqTis,
+                       Correction::kIcePop, Correction::kM2po}) {
+    Correction parsed = Correction::kNone;
+    ASSERT_TRUE(ParseCorrection(CorrectionName(c), &parsed)) << CorrectionName(c);
+    EXPECT_EQ(parsed, c);
+  }
+  Correction untouched = Correction::kTis;
+  EXPECT_FALSE(ParseCorrection("TIS", &untouched));
+  EXPECT_EQ(untouched, Correction::kTis);
 }
 
 TEST(PolicyLossRefTest, EachKlEstimatorAndItsGradient) {
@@ -234,7 +377,7 @@ TEST(PolicyLossRefTest, KlIsAddedToTheTisWeightedPolicyTerm) {
   b.logp_ref = {-1.5f};
   b.advantages = {1.0f};
   PolicyLossParams p;
-  p.use_tis = true;
+  p.correction = Correction::kTis;
   p.kl = KlKind::kK1;
   p.kl_coef = 0.5f;
   const Outcome o = Compute(b, p);
@@ -348,7 +491,7 @@ TEST(PolicyLossRefTest, MissingInputsAreLoud) {
   PolicyLossInputs in = b.Inputs();
   in.logp_rollout = nullptr;
   PolicyLossParams p;
-  p.use_tis = true;
+  p.correction = Correction::kTis;
   std::vector<float> grad(2, 0.0f);
   PolicyLossStats s = PolicyLossRef(in, p, grad.data());
   EXPECT_TRUE(std::isnan(s.loss));
@@ -394,7 +537,7 @@ TEST_P(PolicyLossGradientTest, MatchesCentralFiniteDifferences) {
 
   PolicyLossParams p;
   p.agg = GetParam();
-  p.use_tis = true;
+  p.correction = Correction::kTis;
   p.tis_cap = 1.3f;
   p.kl = KlKind::kK3;
   p.kl_coef = 0.25f;

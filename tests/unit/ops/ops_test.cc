@@ -95,7 +95,7 @@ TEST(OpsPolicyLoss, MatchesTheReferenceAndChecksShapes) {
 
   EXPECT_FALSE(
       PolicyLoss(logp, old.view({T, S}), at::Tensor(), at::Tensor(), adv, mask, params).ok());
-  params.use_tis = true;
+  params.correction = kernels::Correction::kTis;
   auto no_rollout = PolicyLoss(logp, old, at::Tensor(), at::Tensor(), adv, mask, params);
   ASSERT_FALSE(no_rollout.ok());
   EXPECT_NE(no_rollout.status().message().find("rollout log-probs"), std::string::npos);

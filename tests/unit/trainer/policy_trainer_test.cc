@@ -241,5 +241,125 @@ TEST(PolicyTrainerTest, RolloutTrainerMismatchIsMeasuredOnTheSameTokens) {
   EXPECT_NEAR((*m)["mismatch_ess"], 1.0, 1e-12);
 }
 
+// The trainer's own log-probs of each response (temperature 1, no gradient), as a rollout engine
+// holding the same weights would report them.
+void SetRolloutToOwnPolicy(const PolicyTrainer& t, std::vector<TrainSample>* batch) {
+  at::NoGradGuard ng;
+  for (auto& s : *batch) {
+    std::vector<int64_t> seq(s.prompt.begin(), s.prompt.end());
+    seq.insert(seq.end(), s.response.begin(), s.response.end() - 1);
+    at::Tensor lsm = at::log_softmax(t.model().Forward(at::tensor(seq).unsqueeze(0))[0], -1);
+    const size_t P = s.prompt.size();
+    for (size_t i = 0; i < s.response.size(); ++i) {
+      s.rollout_logprobs[i] = lsm[static_cast<int64_t>(P - 1 + i)][s.response[i]].item<float>();
+    }
+    s.versions.assign(s.response.size(), t.version());
+  }
+}
+
+// When the rollout log-probs are the trainer's own policy at the step's start (on-policy), the
+// three proximal policies are the same policy: recomputed, log-linear (alpha = 0 on the second
+// mini-batch, so the rollout's log-probs) and behaviour. The updates agree.
+TEST(PolicyTrainerTest, ProximalPoliciesAgreeWhenTheRolloutIsOnPolicy) {
+  std::vector<TrainSample> batch;
+  for (int i = 0; i < 2; ++i) {
+    for (const auto& s : Batch()) batch.push_back(s);
+  }
+  std::vector<at::Tensor> after;
+  for (Proximal proximal : {Proximal::kRecompute, Proximal::kLogLinear, Proximal::kBehaviour}) {
+    PolicyTrainer t(model::Transformer::Create(Spec(), 6, 0.1), 5e-2, 0, 0.9, 0.999);
+    std::vector<TrainSample> b = batch;
+    SetRolloutToOwnPolicy(t, &b);
+    TrainOptions opts = Options(4);
+    opts.mini_batches = 2;
+    opts.proximal = proximal;
+    auto m = t.Step(b, Objective::kPolicyGradient, 5e-2, opts);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(t.version(), 2);
+    after.push_back(Flat(t));
+  }
+  EXPECT_TRUE(testing::AllClose(after[1], after[0], {1e-5, 1e-6, 1e-5}));
+  EXPECT_TRUE(testing::AllClose(after[2], after[0], {1e-5, 1e-6, 1e-5}));
+}
+
+// Off-policy rollout log-probs: with the behaviour policy as proximal the very first update is
+// already clipped; recomputed, the first mini-batch's ratio is 1.
+TEST(PolicyTrainerTest, BehaviourProximalClipsAStaleBatchFromTheFirstUpdate) {
+  PolicyTrainer a(model::Transformer::Create(Spec(), 6, 0.1), 5e-2, 0, 0.9, 0.999);
+  PolicyTrainer b(model::Transformer::Create(Spec(), 6, 0.1), 5e-2, 0, 0.9, 0.999);
+  std::vector<TrainSample> batch = Batch();
+  SetRolloutToOwnPolicy(a, &batch);
+  for (auto& s : batch) {
+    for (size_t t = 0; t < s.response.size(); t += 2) s.rollout_logprobs[t] -= 0.7f;
+  }
+  TrainOptions opts = Options(64);
+  auto recomputed = a.Step(batch, Objective::kPolicyGradient, 5e-2, opts);
+  opts.proximal = Proximal::kBehaviour;
+  auto behaviour = b.Step(batch, Objective::kPolicyGradient, 5e-2, opts);
+  ASSERT_TRUE(recomputed.ok() && behaviour.ok());
+  EXPECT_EQ((*recomputed)["clip_frac"], 0.0);
+  EXPECT_GT((*behaviour)["clip_frac"], 0.2);
+  EXPECT_GT((*behaviour)["approx_kl"], 0.05);
+}
+
+// IcePop and M2PO through the trainer: half the tokens have d = logp_old - logp_rollout = 1
+// (weight e > icepop_high 2, d^2 = 1), the rest 0. Both corrections mask exactly the first half
+// (for M2PO: with them gone the mean d^2 is 0 <= tau); the step still trains on the rest.
+TEST(PolicyTrainerTest, IcePopAndM2poMaskTheTokensTheRolloutDisagreesOn) {
+  for (kernels::Correction c : {kernels::Correction::kIcePop, kernels::Correction::kM2po}) {
+    PolicyTrainer t(model::Transformer::Create(Spec(), 6, 0.1), 5e-2, 0, 0.9, 0.999);
+    std::vector<TrainSample> batch = Batch();
+    SetRolloutToOwnPolicy(t, &batch);
+    double tokens = 0, shifted = 0;
+    for (auto& s : batch) {
+      for (size_t i = 0; i < s.response.size(); ++i) {
+        if (!s.loss_mask.empty() && s.loss_mask[i] == 0) continue;
+        tokens += 1;
+        if (i % 2 == 0) {
+          s.rollout_logprobs[i] -= 1.0f;
+          shifted += 1;
+        }
+      }
+    }
+    TrainOptions opts = Options(3);
+    opts.loss.correction = c;
+    auto m = t.Step(batch, Objective::kPolicyGradient, 5e-2, opts);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_NEAR((*m)["correction_masked_frac"], shifted / tokens, 1e-9)
+        << kernels::CorrectionName(c);
+    // The kept tokens have weight 1 (exp(0) for IcePop, 1 for M2PO).
+    EXPECT_NEAR((*m)["behaviour_weight_mean"], 1.0 - shifted / tokens, 1e-5);
+    EXPECT_EQ(t.version(), 1);
+  }
+}
+
+TEST(PolicyTrainerTest, OffPolicyOptionsRefuseBatchesThatLackWhatTheyNeed) {
+  PolicyTrainer t(model::Transformer::Create(Spec(), 6, 0.1), 5e-2, 0, 0.9, 0.999);
+  const at::Tensor before = Flat(t);
+  std::vector<TrainSample> no_versions = Batch();
+  TrainOptions opts = Options(64);
+  opts.proximal = Proximal::kLogLinear;
+  auto m = t.Step(no_versions, Objective::kPolicyGradient, 5e-2, opts);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("token versions"), std::string::npos) << m.status();
+
+  std::vector<TrainSample> no_rollout = Batch();
+  no_rollout[3].rollout_logprobs.clear();
+  opts = Options(64);
+  opts.loss.correction = kernels::Correction::kSeqTis;
+  m = t.Step(no_rollout, Objective::kPolicyGradient, 5e-2, opts);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("sample 3: has no rollout log-probs"), std::string::npos)
+      << m.status();
+
+  opts.loss.correction = kernels::Correction::kM2po;
+  opts.proximal = Proximal::kBehaviour;
+  m = t.Step(Batch(), Objective::kPolicyGradient, 5e-2, opts);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("m2po"), std::string::npos) << m.status();
+  EXPECT_EQ(t.version(), 0);
+  EXPECT_TRUE(at::equal(Flat(t), before));
+}
+
 }  // namespace
 }  // namespace gyre::trainer
