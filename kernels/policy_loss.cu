@@ -284,10 +284,9 @@ __global__ void __launch_bounds__(kOneBlockThreads)
     FinalizeKernel(const double* __restrict__ partials, int64_t S, double* __restrict__ stats) {
   __shared__ double scratch[kOneBlockThreads];
   // partial slot -> stats slot
-  constexpr int kTarget[kNumPartials] = {kStatLoss,     kStatPgLoss, kStatKl,
-                                         kStatClipped,  kStatDualClipped,
-                                         kStatApproxKl, kStatTisSum, kStatTisMax,
-                                         kStatCorrMasked};
+  constexpr int kTarget[kNumPartials] = {kStatLoss,    kStatPgLoss,      kStatKl,
+                                         kStatClipped, kStatDualClipped, kStatApproxKl,
+                                         kStatTisSum,  kStatTisMax,      kStatCorrMasked};
   for (int k = 0; k < kNumPartials; ++k) {
     const bool is_max = k == kPartTisMax;
     double acc = 0.0;

@@ -37,10 +37,10 @@ enum PolicyLossStatSlot : int {
 // grad_logp (device, nullable) receives d loss / d logp ([S, T]; 0 on masked-out tokens);
 // stats_device (device, kPolicyLossStatSlots doubles) is overwritten, it need not be zeroed.
 // Allocates 12 * S doubles of stream-ordered scratch (cudaMallocAsync) and frees it on the stream.
-// As the reference: a correction without logp_rollout, or a KL kind without logp_ref, fills every stat
-// slot and every gradient entry with NaN (and returns cudaSuccess).
-// Returns cudaErrorInvalidValue, enqueuing nothing, if S or T is negative, stats_device is null,
-// or S * T > 0 and logp, logp_old, advantages or mask is null.
+// As the reference: a correction without logp_rollout, or a KL kind without logp_ref, fills every
+// stat slot and every gradient entry with NaN (and returns cudaSuccess). Returns
+// cudaErrorInvalidValue, enqueuing nothing, if S or T is negative, stats_device is null, or S * T >
+// 0 and logp, logp_old, advantages or mask is null.
 cudaError_t LaunchPolicyLoss(const PolicyLossInputs& in, const PolicyLossParams& p,
                              float* grad_logp, double* stats_device, cudaStream_t stream);
 

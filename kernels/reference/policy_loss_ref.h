@@ -67,7 +67,7 @@ struct PolicyLossParams {
   float dual_clip_c = 3.0f;  // <= 1 disables the dual clip
   // Anything but kNone requires PolicyLossInputs::logp_rollout.
   Correction correction = Correction::kNone;
-  float tis_cap = 2.0f;  // kTis and kSeqTis
+  float tis_cap = 2.0f;                         // kTis and kSeqTis
   float icepop_low = 0.5f, icepop_high = 2.0f;  // kIcePop's kept band of exp(d)
   // kM2po: tokens whose d^2 is at least this leave the policy term (M2poThreshold computes it over
   // the step's whole batch; +inf masks nothing).

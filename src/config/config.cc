@@ -946,11 +946,6 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
         {"rollout.async", "rollout.partial_rollouts"},
         "rollout.async and rollout.partial_rollouts cannot be combined yet (choose one)"};
   }
-  if (c.rollout.async && c.trainer.checkpoint_every > 0) {
-    return Problem{{"rollout.async", "trainer.checkpoint_every"},
-                   "rollout.async cannot write checkpoints yet (the groups in flight are not "
-                   "saved); set trainer.checkpoint_every: 0"};
-  }
   if (c.algorithm.tis && c.algorithm.correction != "none" && c.algorithm.correction != "tis") {
     return Problem{{"algorithm.tis", "algorithm.correction"},
                    "algorithm.tis: true is shorthand for algorithm.correction: tis, but "

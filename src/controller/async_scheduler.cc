@@ -20,10 +20,42 @@ std::vector<uint64_t> SampleIds(const std::vector<GroupJob>& groups) {
   return ids;
 }
 
+GroupJob JobOf(const v1::CarriedGroup& cg) {
+  GroupJob job;
+  job.group = cg.group();
+  job.problem.prompt = cg.prompt();
+  job.problem.answer = cg.answer();
+  job.problem.is_messages = cg.prompt_is_messages();
+  return job;
+}
+
+v1::CarriedGroup CarriedOf(const GroupJob& job) {
+  v1::CarriedGroup cg;
+  *cg.mutable_group() = job.group;
+  cg.set_prompt(job.problem.prompt);
+  cg.set_answer(job.problem.answer);
+  cg.set_prompt_is_messages(job.problem.is_messages);
+  return cg;
+}
+
+// The oldest policy version among the samples' tokens (`fallback` when they have none).
+int64_t OldestVersion(const std::vector<v1::Sample>& samples, int64_t fallback) {
+  int64_t oldest = fallback;
+  bool any = false;
+  for (const auto& s : samples) {
+    for (int64_t v : s.versions()) {
+      oldest = any ? std::min(oldest, v) : v;
+      any = true;
+    }
+  }
+  return oldest;
+}
+
 }  // namespace
 
 AsyncScheduler::AsyncScheduler(const JobConfig& cfg, WorkerPool* pool, SampleLedger* ledger,
-                               v1::SamplingParams sampling, int64_t version)
+                               v1::SamplingParams sampling, int64_t version,
+                               const AsyncCarried* restore)
     : cfg_(cfg),
       pool_(pool),
       ledger_(ledger),
@@ -31,6 +63,30 @@ AsyncScheduler::AsyncScheduler(const JobConfig& cfg, WorkerPool* pool, SampleLed
       per_step_(cfg.rollout.prompts_per_step),
       k_(cfg.algorithm.max_staleness),
       published_version_(version) {
+  if (restore != nullptr) {
+    // Group ids grow with admission, so their order is the admission order; the absolute
+    // numbers only need to stay below those of groups admitted from now on.
+    std::vector<const v1::CarriedGroup*> groups;
+    for (const auto& cg : restore->groups) groups.push_back(&cg);
+    std::sort(groups.begin(), groups.end(), [](const auto* a, const auto* b) {
+      return a->group().group_id() < b->group().group_id();
+    });
+    uint64_t order = 0;
+    for (const v1::CarriedGroup* cg : groups) {
+      admitted_order_[cg->group().group_id()] = order;
+      if (cg->finished_size() == 0) {
+        queue_.emplace_back(JobOf(*cg), order++);
+        continue;
+      }
+      ReadyGroup rg;
+      rg.job = JobOf(*cg);
+      rg.samples.assign(cg->finished().begin(), cg->finished().end());
+      rg.gen_version = OldestVersion(rg.samples, version);
+      rg.admitted = order++;
+      ready_.push_back(std::move(rg));
+    }
+    admitted_ = std::max<int64_t>(restore->admitted, static_cast<int64_t>(order));
+  }
   dispatcher_ = std::thread([this] { DispatchLoop(); });
 }
 
@@ -126,8 +182,21 @@ void AsyncScheduler::DispatchLoop() {
           Result r;
           r.worker = w->id;
           const auto t0 = SteadyClock::now();
+          // Each finished group is posted as it arrives, so a batch can use it before the rest
+          // of the call's groups are done.
+          auto post = [this, w](v1::GenerateResponse& part) {
+            Result p;
+            p.worker = w->id;
+            p.part = true;
+            p.resp = std::move(part);
+            {
+              std::lock_guard<std::mutex> l(mu_);
+              results_.push_back(std::move(p));
+            }
+            cv_.notify_all();
+          };
           r.status = pool_->Invoke(w->id, timeout, cancel.get(), [&](const rpc::Call& c) {
-            return w->rollout->Generate(c, req, &r.resp);
+            return w->rollout->GenerateStream(c, req, post);
           });
           r.seconds = SecondsSince(t0);
           {
@@ -140,11 +209,58 @@ void AsyncScheduler::DispatchLoop() {
   }
 }
 
-Status AsyncScheduler::Handle(Result r, int64_t version, int64_t step) {
-  Inflight* in = nullptr;
+Status AsyncScheduler::HandlePart(Result r, int64_t version, int64_t step) {
+  gen_.generated_tokens += r.resp.generated_tokens();
+  gen_.prefill_tokens += r.resp.prefill_tokens();
+  gen_.prefix_shared_tokens += r.resp.prefix_shared_tokens();
+  std::map<uint64_t, std::vector<v1::Sample>> by_group;
+  for (auto& smp : *r.resp.mutable_samples()) by_group[smp.group_id()].push_back(std::move(smp));
+  std::vector<ReadyGroup> done;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    in = &inflight_.at(r.worker);
+    Inflight& in = inflight_.at(r.worker);
+    for (auto& [gid, samples] : by_group) {
+      auto it = std::find_if(in.groups.begin(), in.groups.end(),
+                             [gid = gid](const GroupJob& g) { return g.group.group_id() == gid; });
+      if (it == in.groups.end()) {
+        return Internal("rollout worker " + r.worker + " streamed back group " +
+                        std::to_string(gid) + ", which it was not generating");
+      }
+      if (static_cast<int>(samples.size()) != it->group.n()) {
+        return Internal("group " + std::to_string(gid) + " came back from " + r.worker + " with " +
+                        std::to_string(samples.size()) + " samples, expected " +
+                        std::to_string(it->group.n()));
+      }
+      std::sort(samples.begin(), samples.end(), [](const v1::Sample& a, const v1::Sample& b) {
+        return a.sample_id() < b.sample_id();
+      });
+      ReadyGroup rg;
+      rg.gen_version = OldestVersion(samples, in.dispatch_version);
+      rg.samples = std::move(samples);
+      rg.job = std::move(*it);
+      rg.admitted = admitted_order_.at(gid);
+      in.groups.erase(it);
+      done.push_back(std::move(rg));
+    }
+  }
+  if (ledger_ != nullptr) {
+    std::vector<uint64_t> ids;
+    for (const auto& rg : done) {
+      for (const auto& smp : rg.samples) ids.push_back(smp.sample_id());
+    }
+    GYRE_RETURN_IF_ERROR(ledger_->Move(ids, SampleState::kFinished, {step, version, r.worker, ""}));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& rg : done) ready_.push_back(std::move(rg));
+  return Status::Ok();
+}
+
+Status AsyncScheduler::Handle(Result r, int64_t version, int64_t step) {
+  if (r.part) return HandlePart(std::move(r), version, step);
+  int64_t incarnation = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incarnation = inflight_.at(r.worker).incarnation;
     gen_.busy_s[r.worker] += r.seconds;
   }
   Worker* w = pool_->Get(r.worker);
@@ -161,74 +277,40 @@ Status AsyncScheduler::Handle(Result r, int64_t version, int64_t step) {
     cv_.notify_all();  // the worker is idle again
     return sent;
   };
-  if (!r.status.ok()) {
-    if (r.status.code() == StatusCode::kInvalidArgument) {
-      release();
-      return r.status.WithContext("generate on " + w->id);
-    }
-    const std::string why = "generate failed: " + r.status.message();
-    // A call made to a process that has since been replaced (the monitor saw it die and the
-    // pool restarted it) says nothing about the new one: only its groups go back.
-    if (pool_->Incarnation(w->id) == in->incarnation) {
-      GYRE_RETURN_IF_ERROR(pool_->AfterWorkFailure(w, why));
-    }
+  if (r.status.ok()) {
     Inflight sent = release();
-    GYRE_LOG_WARN("re-queueing {} group(s) from {}", sent.groups.size(), w->id);
-    if (ledger_ != nullptr) {
-      GYRE_RETURN_IF_ERROR(
-          ledger_->Move(SampleIds(sent.groups), SampleState::kQueued, {step, version, w->id, why}));
+    if (!sent.groups.empty()) {
+      return Internal("rollout worker " + r.worker + " ended its generate stream without " +
+                      std::to_string(sent.groups.size()) + " of its groups (first: " +
+                      std::to_string(sent.groups.front().group.group_id()) + ")");
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    // Back to the front, in admission order, so they are sent again first.
-    for (auto it = sent.groups.rbegin(); it != sent.groups.rend(); ++it) {
-      const uint64_t order = admitted_order_.at(it->group.group_id());
-      queue_.emplace_front(std::move(*it), order);
-    }
-    cv_.notify_all();
     return Status::Ok();
   }
-  Inflight sent = release();
-  gen_.generated_tokens += r.resp.generated_tokens();
-  gen_.prefill_tokens += r.resp.prefill_tokens();
-  gen_.prefix_shared_tokens += r.resp.prefix_shared_tokens();
-  std::map<uint64_t, std::vector<v1::Sample>> by_group;
-  for (auto& s : *r.resp.mutable_samples()) by_group[s.group_id()].push_back(std::move(s));
-  std::vector<ReadyGroup> done;
-  for (GroupJob& g : sent.groups) {
-    auto& samples = by_group[g.group.group_id()];
-    if (static_cast<int>(samples.size()) != g.group.n()) {
-      return Internal("group " + std::to_string(g.group.group_id()) + " came back from " + w->id +
-                      " with " + std::to_string(samples.size()) + " samples, expected " +
-                      std::to_string(g.group.n()));
-    }
-    std::sort(samples.begin(), samples.end(), [](const v1::Sample& a, const v1::Sample& b) {
-      return a.sample_id() < b.sample_id();
-    });
-    ReadyGroup rg;
-    rg.gen_version = sent.dispatch_version;
-    bool any = false;
-    for (const auto& s : samples) {
-      for (int64_t v : s.versions()) {
-        rg.gen_version = any ? std::min(rg.gen_version, v) : v;
-        any = true;
-      }
-    }
-    rg.samples = std::move(samples);
-    rg.job = std::move(g);
-    done.push_back(std::move(rg));
+  if (r.status.code() == StatusCode::kInvalidArgument) {
+    release();
+    return r.status.WithContext("generate on " + w->id);
   }
+  const std::string why = "generate failed: " + r.status.message();
+  // A call made to a process that has since been replaced (the monitor saw it die and the pool
+  // restarted it) says nothing about the new one: only its groups go back.
+  if (pool_->Incarnation(w->id) == incarnation) {
+    GYRE_RETURN_IF_ERROR(pool_->AfterWorkFailure(w, why));
+  }
+  // The groups it streamed back before failing are kept; the others go back to the queue.
+  Inflight sent = release();
+  if (sent.groups.empty()) return Status::Ok();
+  GYRE_LOG_WARN("re-queueing {} group(s) from {}", sent.groups.size(), w->id);
   if (ledger_ != nullptr) {
-    std::vector<uint64_t> ids;
-    for (const auto& rg : done) {
-      for (const auto& s : rg.samples) ids.push_back(s.sample_id());
-    }
-    GYRE_RETURN_IF_ERROR(ledger_->Move(ids, SampleState::kFinished, {step, version, w->id, ""}));
+    GYRE_RETURN_IF_ERROR(
+        ledger_->Move(SampleIds(sent.groups), SampleState::kQueued, {step, version, w->id, why}));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& rg : done) {
-    rg.admitted = admitted_order_.at(rg.job.group.group_id());
-    ready_.push_back(std::move(rg));
+  // Back to the front, in admission order, so they are sent again first.
+  for (auto it = sent.groups.rbegin(); it != sent.groups.rend(); ++it) {
+    const uint64_t order = admitted_order_.at(it->group.group_id());
+    queue_.emplace_front(std::move(*it), order);
   }
+  cv_.notify_all();
   return Status::Ok();
 }
 
@@ -289,6 +371,33 @@ Status AsyncScheduler::Pause() {
     }
     GYRE_RETURN_IF_ERROR(pool_->CheckHealth());
   }
+}
+
+StatusOr<AsyncCarried> AsyncScheduler::Checkpoint(int64_t version, int64_t step) {
+  std::vector<Result> results;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!paused_ || running_ != 0) {
+      return FailedPrecondition("AsyncScheduler::Checkpoint needs a paused scheduler (Pause)");
+    }
+    if (!fatal_.ok()) return fatal_;
+    results.swap(results_);
+  }
+  for (Result& r : results) GYRE_RETURN_IF_ERROR(Handle(std::move(r), version, step));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!inflight_.empty()) return Internal("a generate call is still in flight at a checkpoint");
+  AsyncCarried out;
+  out.admitted = admitted_;
+  for (const auto& [job, order] : queue_) out.groups.push_back(CarriedOf(job));
+  for (const ReadyGroup& rg : ready_) {
+    v1::CarriedGroup cg = CarriedOf(rg.job);
+    for (const auto& smp : rg.samples) *cg.add_finished() = smp;
+    out.groups.push_back(std::move(cg));
+  }
+  std::sort(out.groups.begin(), out.groups.end(), [](const auto& a, const auto& b) {
+    return a.group().group_id() < b.group().group_id();
+  });
+  return out;
 }
 
 void AsyncScheduler::Resume(int64_t version) {

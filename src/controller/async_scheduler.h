@@ -16,10 +16,12 @@
 // it is kept for the mode where workers take new weights between engine steps (not built yet).
 // With k = 0 this is the synchronous loop. Finished work is never thrown away: a finished group
 // waits in the ready queue until a batch takes it. Groups go to idle workers in chunks of
-// rollout.async_chunk_groups from a dispatcher thread; a publish pauses dispatching so that
+// rollout.async_chunk_groups from a dispatcher thread, as streaming calls
+// (Rollout.GenerateStream): each group joins the ready queue as soon as it finishes, not when its
+// chunk does; a publish pauses dispatching so that
 // every call after it runs on the new version ("publish to everyone, then continue").
 //
-// Threads: Admit, NextBatch, BeginPublish, EndPublish and Shutdown are for the job thread. The
+// Threads: Admit, NextBatch, Pause, Resume, Checkpoint and Shutdown are for the job thread. The
 // dispatcher thread (owned, joined by Shutdown) only starts calls; each call runs on its own
 // thread and posts its result. The job thread handles every result (ledger moves, failures,
 // re-queueing), so WorkerPool is used from the job thread only, apart from its thread-safe
@@ -52,6 +54,13 @@ struct ReadyGroup {
   uint64_t admitted = 0;            // admission order
 };
 
+// What a checkpoint keeps of the scheduler (Checkpoint): every admitted group not yet trained,
+// either finished or never sent, and the admission count.
+struct AsyncCarried {
+  std::vector<v1::CarriedGroup> groups;  // by group id; finished ones hold all n samples
+  int64_t admitted = 0;
+};
+
 struct AsyncStats {
   int64_t admitted = 0;    // groups ever admitted
   int64_t queued = 0;      // admitted, not yet sent to a worker
@@ -64,9 +73,12 @@ struct AsyncStats {
 class AsyncScheduler {
  public:
   // `pool` (not owned) must outlive the scheduler; `ledger` may be null. The workers hold
-  // policy `version` (published); the scheduler starts dispatching at once.
+  // policy `version` (published); the scheduler starts dispatching at once, first from
+  // `restore` (a checkpoint's Checkpoint(), nullable): its never-sent groups go to the queue
+  // and its finished ones to the ready queue, with the admission count it had.
   AsyncScheduler(const JobConfig& cfg, WorkerPool* pool, SampleLedger* ledger,
-                 v1::SamplingParams sampling, int64_t version);
+                 v1::SamplingParams sampling, int64_t version,
+                 const AsyncCarried* restore = nullptr);
   ~AsyncScheduler();
   AsyncScheduler(const AsyncScheduler&) = delete;
   AsyncScheduler& operator=(const AsyncScheduler&) = delete;
@@ -86,6 +98,11 @@ class AsyncScheduler {
   Status Pause();
   void Resume(int64_t version);
 
+  // For a checkpoint, between Pause and Resume: applies every result posted meanwhile (ledger
+  // moves and re-queueing labelled with `version` and `step`), so no group is in flight, and
+  // returns the admitted groups not yet trained.
+  StatusOr<AsyncCarried> Checkpoint(int64_t version, int64_t step);
+
   // Stops dispatching, cancels the calls in flight and joins every thread. Idempotent.
   void Shutdown();
 
@@ -97,15 +114,19 @@ class AsyncScheduler {
     int64_t dispatch_version = 0;
     int64_t incarnation = 0;  // WorkerPool::Incarnation of the worker when sent
   };
+  // What a call posts for the job thread: each streamed part (finished groups), then its end.
   struct Result {
     std::string worker;
-    Status status;
+    bool part = false;  // a streamed part; otherwise the call's end
+    Status status;      // the end's
     v1::GenerateResponse resp;
-    double seconds = 0;
+    double seconds = 0;  // the end's: the whole call
   };
   void DispatchLoop();
   // Job thread: applies one call's result. Error = the job must end.
   Status Handle(Result r, int64_t version, int64_t step);
+  // A streamed part: its groups leave the worker's in-flight set for the ready queue.
+  Status HandlePart(Result r, int64_t version, int64_t step);
   // Whether the batch for `version` can be formed (under mu_).
   bool BatchReady(int64_t version) const;
 

@@ -17,7 +17,8 @@ namespace {
 constexpr char kFormat[] = "gyre.controller_state";
 // 2 added carried_groups (partial rollouts); 1 is still read, as a state with none.
 // 3 added ledger_sequence (the sample ledger); 1 and 2 are read as states without a ledger.
-constexpr int kFormatVersion = 3;
+// 4 added async_admitted (rollout.async); older ones are read with -1.
+constexpr int kFormatVersion = 4;
 constexpr int kOldestFormatVersion = 1;
 constexpr char kCarriedFile[] = "carried_groups.pb";
 constexpr char kPrefix[] = "step-";
@@ -189,7 +190,8 @@ Status WriteControllerState(const std::string& dir, const ControllerState& s) {
                       {"wall_seconds", s.wall_seconds},
                       {"data_fingerprints", s.data_fingerprints},
                       {"carried_groups", manifest},
-                      {"ledger_sequence", s.ledger_sequence}};
+                      {"ledger_sequence", s.ledger_sequence},
+                      {"async_admitted", s.async_admitted}};
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kCarriedFile, carried_bytes));
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/controller.json", j.dump(1) + "\n"));
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.yaml", s.config_yaml));
@@ -260,6 +262,15 @@ StatusOr<ControllerState> ReadControllerState(const std::string& dir) {
     s.ledger_sequence = j["ledger_sequence"].get<int64_t>();
   } else {
     s.ledger_sequence = -1;
+  }
+  if (s.format_version >= 4) {
+    if (!j.contains("async_admitted") || !j["async_admitted"].is_number_integer() ||
+        j["async_admitted"].get<int64_t>() < -1) {
+      return bad("\"async_admitted\" must be -1 (a synchronous job) or a group count");
+    }
+    s.async_admitted = j["async_admitted"].get<int64_t>();
+  } else {
+    s.async_admitted = -1;
   }
   if (s.format_version >= 2) {
     if (!j.contains("carried_groups")) return bad("\"carried_groups\" is missing");
@@ -359,10 +370,21 @@ Status CheckCarriedGroups(const std::vector<v1::CarriedGroup>& groups, int64_t p
 Status CheckCarriedGroupsFit(const std::vector<v1::CarriedGroup>& groups, const JobConfig& config,
                              const std::string& where) {
   if (groups.empty()) return Status::Ok();
-  if (!config.rollout.partial_rollouts) {
+  if (!config.rollout.partial_rollouts && !config.rollout.async) {
     return FailedPrecondition(where + ": holds " + std::to_string(groups.size()) +
-                              " carried partial-rollout groups, but rollout.partial_rollouts is "
-                              "off");
+                              " carried groups, but rollout.partial_rollouts and rollout.async "
+                              "are off");
+  }
+  if (config.rollout.async) {
+    // Asynchronous checkpoints hold whole groups: finished, or never sent to a worker.
+    for (const v1::CarriedGroup& cg : groups) {
+      if (cg.unfinished_size() > 0) {
+        return FailedPrecondition(where + ": carried group " +
+                                  std::to_string(cg.group().group_id()) + " has " +
+                                  std::to_string(cg.unfinished_size()) +
+                                  " unfinished samples, which rollout.async cannot continue");
+      }
+    }
   }
   for (const v1::CarriedGroup& cg : groups) {
     const std::string group = "carried group " + std::to_string(cg.group().group_id());

@@ -6,8 +6,9 @@
 //     controller.json     progress: GRPO step, policy version, next group id, problem stream
 //                         position and generator state, results so far, data fingerprints, and
 //                         the size, CRC-32 and counts of carried_groups.pb
-//     carried_groups.pb   partial rollouts: the groups carried over to the next step
-//                         (v1::CarriedGroups; empty without partial rollouts)
+//     carried_groups.pb   partial rollouts: the groups carried over to the next step;
+//                         rollout.async: the admitted groups not yet trained
+//                         (v1::CarriedGroups; empty otherwise)
 //     config.yaml         the effective job config it was written under
 //     metrics.jsonl       the run's metrics up to this checkpoint
 //     trainer/            the trainer's state (trainer/trainer_state.h)
@@ -47,6 +48,10 @@ struct ControllerState {
   // ledger back to); 0 = an empty ledger, -1 = the checkpoint predates the ledger (formats 1
   // and 2).
   int64_t ledger_sequence = 0;
+  // rollout.async: groups ever admitted (the admission rule's count), -1 for a synchronous job
+  // or a checkpoint from before format 4. carried_groups then holds the admitted groups not yet
+  // trained: finished ones (all n samples) and ones never sent (no samples).
+  int64_t async_admitted = -1;
   // The controller.json format the state was read from (WriteControllerState writes the
   // newest). Format 1 predates carried_groups and never has any.
   int format_version = 0;
@@ -79,8 +84,9 @@ StatusOr<ControllerState> ReadControllerState(const std::string& dir);
 Status CheckCarriedGroups(const std::vector<v1::CarriedGroup>& groups, int64_t policy_version,
                           uint64_t next_group_id, const std::string& where);
 
-// Checks that carried groups can continue under `config`: only with rollout.partial_rollouts,
-// with n = rollout.group_size, and unfinished responses shorter than rollout.max_new_tokens.
+// Checks that carried groups can continue under `config`: only with rollout.partial_rollouts or
+// rollout.async (then with no unfinished samples), with n = rollout.group_size, and unfinished
+// responses shorter than rollout.max_new_tokens.
 Status CheckCarriedGroupsFit(const std::vector<v1::CarriedGroup>& groups, const JobConfig& config,
                              const std::string& where);
 

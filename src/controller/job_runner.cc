@@ -154,7 +154,8 @@ class JobRunner {
   std::unique_ptr<WeightPublisher> publisher_;
   std::unique_ptr<TrainerGroup> trainers_;
   std::unique_ptr<RolloutScheduler> scheduler_;
-  std::unique_ptr<AsyncScheduler> async_;  // rollout.async; destroyed before the pool
+  std::unique_ptr<AsyncScheduler> async_;        // rollout.async; destroyed before the pool
+  std::unique_ptr<AsyncCarried> async_restore_;  // rollout.async: what a resume continues
   std::unique_ptr<SampleLedger> ledger_;
   int64_t version_ = 0;
   uint64_t next_group_id_ = 0;
@@ -726,7 +727,8 @@ StatusOr<JobResult> JobRunner::Run() {
   }
   if (cfg_.rollout.async) {
     async_ = std::make_unique<AsyncScheduler>(cfg_, pool_.get(), ledger_.get(), TrainingSampling(),
-                                              version_);
+                                              version_, async_restore_.get());
+    async_restore_.reset();
   }
   for (int step = first_step_; step <= cfg_.trainer.steps; ++step) {
     GYRE_RETURN_IF_ERROR(Revive());
@@ -800,6 +802,11 @@ Status JobRunner::PrepareResume() {
   }
   GYRE_RETURN_IF_ERROR(CheckCarriedGroupsFit(resume_state_.carried_groups, cfg_,
                                              resume_dir_ + "/carried_groups.pb"));
+  if (cfg_.rollout.async && resume_state_.async_admitted < 0) {
+    return FailedPrecondition(resume_dir_ +
+                              "/controller.json: holds no asynchronous rollout state "
+                              "(async_admitted), so a job with rollout.async cannot resume it");
+  }
   // The ledger must hold at least the events the checkpoint saw; Resume forgets the later ones.
   const int64_t seq = resume_state_.ledger_sequence;
   if (seq < 0) return Status::Ok();  // a checkpoint from before the ledger: Resume starts one
@@ -855,7 +862,14 @@ Status JobRunner::Resume() {
     GYRE_LOG_WARN("{} predates the sample ledger; a new ledger starts at this resume", resume_dir_);
     GYRE_RETURN_IF_ERROR(OpenNewLedger());
   }
-  GYRE_RETURN_IF_ERROR(scheduler_->RestoreCarried(st.carried_groups, ledger_.get()));
+  if (cfg_.rollout.async) {
+    // The admitted groups not yet trained go back to the asynchronous scheduler (Run).
+    async_restore_ = std::make_unique<AsyncCarried>();
+    async_restore_->groups = st.carried_groups;
+    async_restore_->admitted = st.async_admitted;
+  } else {
+    GYRE_RETURN_IF_ERROR(scheduler_->RestoreCarried(st.carried_groups, ledger_.get()));
+  }
   first_step_ = st.grpo_step + 1;
   wall_before_ = st.wall_seconds;
   result_.grpo_steps = st.grpo_step;
@@ -873,15 +887,20 @@ Status JobRunner::Resume() {
   if (cfg_.rollout.partial_rollouts) {
     resumed["partial_carried_groups"] = scheduler_->carried_groups();
   }
+  if (cfg_.rollout.async) resumed["async_carried_groups"] = st.carried_groups.size();
   WriteMetrics(resumed);
   GYRE_LOG_INFO("resumed from {} at GRPO step {} (policy v{}, {} carried groups)", resume_dir_,
-                st.grpo_step, version_, scheduler_->carried_groups());
+                st.grpo_step, version_, st.carried_groups.size());
   if (opts_.print_progress) {
     std::printf("resumed from %s after GRPO step %d (policy v%lld)\n", resume_dir_.c_str(),
                 st.grpo_step, static_cast<long long>(version_));
     if (cfg_.rollout.partial_rollouts) {
       std::printf("continuing %zu carried partial-rollout group(s)\n",
                   scheduler_->carried_groups());
+    }
+    if (cfg_.rollout.async) {
+      std::printf("continuing %zu admitted group(s) not yet trained (rollout.async)\n",
+                  st.carried_groups.size());
     }
     std::fflush(stdout);
   }
@@ -912,10 +931,21 @@ Status JobRunner::SaveCheckpoint(int step, SteadyClock::time_point job_start) {
   GYRE_ASSIGN_OR_RETURN(st.data_fingerprints, DataFingerprints(cfg_.data));
   st.config_yaml = config::DumpJobConfig(cfg_);
   GYRE_ASSIGN_OR_RETURN(st.metrics_jsonl, ReadFileToString(run_dir_ + "/" + cfg_.metrics.file));
-  st.carried_groups = scheduler_->SaveCarried();
+  if (async_) {
+    // Asynchronous rollout: no call may be in flight while the state is taken, so generation
+    // pauses for the checkpoint (the groups it finishes meanwhile are kept as ready).
+    GYRE_RETURN_IF_ERROR(async_->Pause());
+    GYRE_ASSIGN_OR_RETURN(AsyncCarried carried, async_->Checkpoint(version_, step));
+    st.carried_groups = std::move(carried.groups);
+    st.async_admitted = carried.admitted;
+  } else {
+    st.carried_groups = scheduler_->SaveCarried();
+    if (cfg_.rollout.async) st.async_admitted = 0;  // before the first GRPO step
+  }
   GYRE_ASSIGN_OR_RETURN(st.ledger_sequence, ledger_->LastSequence());
   GYRE_RETURN_IF_ERROR(WriteControllerState(tmp_dir, st));
   GYRE_RETURN_IF_ERROR(CommitCheckpoint(tmp_dir, final_dir, cfg_.trainer.checkpoint_keep_last));
+  if (async_) async_->Resume(version_);
   GYRE_LOG_INFO("checkpoint {} (policy v{}, {} carried groups) in {:.2f} s", final_dir, version_,
                 st.carried_groups.size(), SecondsSince(t0));
   return Status::Ok();

@@ -99,81 +99,88 @@ void FillSample(const SampleResult& r, uint64_t sample_id, uint64_t group_id,
 
 }  // namespace
 
+grpc::Status RolloutService::StartGeneration(const v1::GenerateRequest& req, int64_t version) {
+  if (!generated_.exchange(true)) {
+    GYRE_LOG_INFO("first generate request, holding policy version {}", version);
+  }
+  if (version < req.min_policy_version()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this worker holds policy version " + std::to_string(version) +
+                            ", the request needs at least " +
+                            std::to_string(req.min_policy_version()));
+  }
+  if (req.target_finished_groups() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "target_finished_groups must be >= 0");
+  }
+  const auto& sp = req.sampling();
+  SamplingOptions so;
+  so.temperature = sp.temperature();
+  so.top_k = sp.top_k();
+  so.top_p = sp.top_p() > 0 ? sp.top_p() : 1.0f;
+  so.min_p = sp.min_p();
+  so.max_new_tokens = sp.max_new_tokens();
+  so.stop_token_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
+  so.stop_strings.assign(sp.stop_strings().begin(), sp.stop_strings().end());
+  std::vector<Request> requests;
+  const int G = req.groups_size();
+  for (int k = 0; k < G; ++k) {
+    const auto& g = req.groups(k);
+    Request r;
+    r.id = static_cast<uint64_t>(k);
+    r.group = g.group_id();
+    r.prompt.assign(g.prompt_ids().begin(), g.prompt_ids().end());
+    r.n = g.n();
+    r.seed = g.seed();
+    r.sampling = so;
+    requests.push_back(std::move(r));
+  }
+  for (int k = 0; k < req.resume_size(); ++k) {
+    const auto& s = req.resume(k);
+    Request r;
+    r.id = static_cast<uint64_t>(G + k);
+    r.group = s.group_id();
+    r.prompt.assign(s.prompt_ids().begin(), s.prompt_ids().end());
+    r.seed = s.seed();
+    r.sampling = so;
+    r.resume.tokens.assign(s.response_ids().begin(), s.response_ids().end());
+    r.resume.logprobs.assign(s.logprobs().begin(), s.logprobs().end());
+    r.resume.kept_mass.assign(s.kept_mass().begin(), s.kept_mass().end());
+    r.resume.versions.assign(s.versions().begin(), s.versions().end());
+    requests.push_back(std::move(r));
+  }
+  engine_->set_version(version);
+  engine_->ResetStats();
+  return rpc::ToGrpc(engine_->Add(requests));
+}
+
+void RolloutService::ToSample(const v1::GenerateRequest& req, const SampleResult& r,
+                              v1::Sample* s) {
+  const int G = req.groups_size();
+  if (r.id < static_cast<uint64_t>(G)) {
+    const auto& g = req.groups(static_cast<int>(r.id));
+    FillSample(r, g.first_sample_id() + static_cast<uint64_t>(r.index), g.group_id(),
+               g.prompt_ids(), s);
+  } else {
+    const auto& in = req.resume(static_cast<int>(r.id) - G);
+    FillSample(r, in.sample_id(), in.group_id(), in.prompt_ids(), s);
+  }
+}
+
 grpc::Status RolloutService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                       v1::GenerateResponse* resp) {
   return rpc::Guarded("Generate", [&]() -> grpc::Status {
     const auto t0 = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t version = version_.load();
-    if (!generated_.exchange(true)) {
-      GYRE_LOG_INFO("first generate request, holding policy version {}", version);
-    }
-    if (version < req->min_policy_version()) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          "this worker holds policy version " + std::to_string(version) +
-                              ", the request needs at least " +
-                              std::to_string(req->min_policy_version()));
-    }
-    if (req->target_finished_groups() < 0) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "target_finished_groups must be >= 0");
-    }
-    const auto& sp = req->sampling();
-    SamplingOptions so;
-    so.temperature = sp.temperature();
-    so.top_k = sp.top_k();
-    so.top_p = sp.top_p() > 0 ? sp.top_p() : 1.0f;
-    so.min_p = sp.min_p();
-    so.max_new_tokens = sp.max_new_tokens();
-    so.stop_token_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
-    so.stop_strings.assign(sp.stop_strings().begin(), sp.stop_strings().end());
-    // Request ids: 0..G-1 are the groups, G.. the resumed samples.
-    std::vector<Request> requests;
-    const int G = req->groups_size();
-    for (int k = 0; k < G; ++k) {
-      const auto& g = req->groups(k);
-      Request r;
-      r.id = static_cast<uint64_t>(k);
-      r.group = g.group_id();
-      r.prompt.assign(g.prompt_ids().begin(), g.prompt_ids().end());
-      r.n = g.n();
-      r.seed = g.seed();
-      r.sampling = so;
-      requests.push_back(std::move(r));
-    }
-    for (int k = 0; k < req->resume_size(); ++k) {
-      const auto& s = req->resume(k);
-      Request r;
-      r.id = static_cast<uint64_t>(G + k);
-      r.group = s.group_id();
-      r.prompt.assign(s.prompt_ids().begin(), s.prompt_ids().end());
-      r.seed = s.seed();
-      r.sampling = so;
-      r.resume.tokens.assign(s.response_ids().begin(), s.response_ids().end());
-      r.resume.logprobs.assign(s.logprobs().begin(), s.logprobs().end());
-      r.resume.kept_mass.assign(s.kept_mass().begin(), s.kept_mass().end());
-      r.resume.versions.assign(s.versions().begin(), s.versions().end());
-      requests.push_back(std::move(r));
-    }
-    engine_->set_version(version);
-    engine_->ResetStats();
-    Status added = engine_->Add(requests);
-    if (!added.ok()) return rpc::ToGrpc(added);
+    grpc::Status started = StartGeneration(*req, version);
+    if (!started.ok()) return started;
     auto results = engine_->Run(req->target_finished_groups());
     if (!results.ok()) return rpc::ToGrpc(results.status());
     std::sort(results->begin(), results->end(), [](const SampleResult& a, const SampleResult& b) {
       return a.id != b.id ? a.id < b.id : a.index < b.index;
     });
     for (const SampleResult& r : *results) {
-      v1::Sample* s = r.finished ? resp->add_samples() : resp->add_unfinished();
-      if (r.id < static_cast<uint64_t>(G)) {
-        const auto& g = req->groups(static_cast<int>(r.id));
-        FillSample(r, g.first_sample_id() + static_cast<uint64_t>(r.index), g.group_id(),
-                   g.prompt_ids(), s);
-      } else {
-        const auto& in = req->resume(static_cast<int>(r.id) - G);
-        FillSample(r, in.sample_id(), in.group_id(), in.prompt_ids(), s);
-      }
+      ToSample(*req, r, r.finished ? resp->add_samples() : resp->add_unfinished());
     }
     if (!engine_->graph_error().empty() && !graph_error_logged_) {
       GYRE_LOG_WARN("CUDA graphs turned off, decode steps now run eagerly: {}",
@@ -188,6 +195,72 @@ grpc::Status RolloutService::Generate(grpc::ServerContext* ctx, const v1::Genera
     resp->set_parked_reused_tokens(st.parked_reused_tokens);
     resp->set_preemptions(st.preemptions);
     resp->set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status RolloutService::GenerateStream(grpc::ServerContext* ctx,
+                                            const v1::GenerateRequest* req,
+                                            grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  return rpc::Guarded("GenerateStream", [&]() -> grpc::Status {
+    if (req->resume_size() > 0 || req->target_finished_groups() != 0) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "GenerateStream does not continue partial rollouts (resume, "
+                          "target_finished_groups); use Generate");
+    }
+    auto last = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t version = version_.load();
+    grpc::Status started = StartGeneration(*req, version);
+    if (!started.ok()) return started;
+    // Samples of each group (request id) until its last one finishes.
+    std::map<uint64_t, std::vector<SampleResult>> pending;
+    EngineStats sent;  // the counters already reported
+    // Sends the finished groups in `part` with the counters since the last message.
+    auto send = [&](v1::GenerateResponse* part) {
+      const EngineStats& st = engine_->stats();
+      const auto now = std::chrono::steady_clock::now();
+      part->set_policy_version(version);
+      part->set_generated_tokens(st.generated_tokens - sent.generated_tokens);
+      part->set_prefill_tokens(st.prefill_tokens - sent.prefill_tokens);
+      part->set_prefix_shared_tokens(st.prefix_shared_tokens - sent.prefix_shared_tokens);
+      part->set_parked_reused_tokens(st.parked_reused_tokens - sent.parked_reused_tokens);
+      part->set_preemptions(st.preemptions - sent.preemptions);
+      part->set_seconds(std::chrono::duration<double>(now - last).count());
+      sent = st;
+      last = now;
+      return writer->Write(*part);
+    };
+    while (!engine_->idle()) {
+      if (ctx->IsCancelled()) {
+        engine_->DropAll();
+        return grpc::Status(grpc::StatusCode::CANCELLED, "generation cancelled by the caller");
+      }
+      auto finished = engine_->Step();
+      if (!finished.ok()) {
+        engine_->DropAll();
+        return rpc::ToGrpc(finished.status());
+      }
+      v1::GenerateResponse part;
+      for (SampleResult& r : *finished) {
+        const uint64_t id = r.id;
+        auto& group = pending[id];
+        group.push_back(std::move(r));
+        if (static_cast<int>(group.size()) < req->groups(static_cast<int>(id)).n()) continue;
+        std::sort(group.begin(), group.end(),
+                  [](const SampleResult& a, const SampleResult& b) { return a.index < b.index; });
+        for (const SampleResult& s : group) ToSample(*req, s, part.add_samples());
+        pending.erase(id);
+      }
+      if (part.samples_size() > 0 && !send(&part)) {
+        engine_->DropAll();
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away mid-stream");
+      }
+    }
+    v1::GenerateResponse tail;
+    if (!send(&tail)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away mid-stream");
+    }
     return grpc::Status::OK;
   });
 }

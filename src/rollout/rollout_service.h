@@ -41,6 +41,8 @@ class RolloutService final : public v1::Rollout::Service {
 
   grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                         v1::GenerateResponse* resp) override;
+  grpc::Status GenerateStream(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
+                              grpc::ServerWriter<v1::GenerateResponse>* writer) override;
   grpc::Status LoadWeights(grpc::ServerContext* ctx, grpc::ServerReader<v1::WeightChunk>* reader,
                            v1::WeightReceipt* receipt) override;
   // Gloo transport: joins (or reuses) this worker's two-member group with the trainer, receives
@@ -60,6 +62,12 @@ class RolloutService final : public v1::Rollout::Service {
                                          std::vector<model::TensorEntry>* manifest);
   RolloutService(std::unique_ptr<model::Transformer> model,
                  std::function<void(const std::string&)> on_stop);
+  // Generate and GenerateStream, under mu_: checks the request against the held version and
+  // queues its groups and resumed samples on the engine (request ids 0..G-1 are the groups,
+  // G.. the resumed samples).
+  grpc::Status StartGeneration(const v1::GenerateRequest& req, int64_t version);
+  // The engine result `r` of request `req` as a Sample.
+  static void ToSample(const v1::GenerateRequest& req, const SampleResult& r, v1::Sample* s);
 
   std::mutex mu_;  // guards model_ and engine_ use
   std::unique_ptr<model::Transformer> model_;

@@ -49,6 +49,22 @@ class GrpcRolloutClient final : public RolloutClient {
                   v1::GenerateResponse* resp) override {
     return Unary(call, [&](grpc::ClientContext* ctx) { return stub_->Generate(ctx, req, resp); });
   }
+  Status GenerateStream(const Call& call, const v1::GenerateRequest& req,
+                        const std::function<void(v1::GenerateResponse&)>& on_part) override {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, call.timeout_s);
+    if (call.cancel) call.cancel->SetHook([&ctx] { ctx.TryCancel(); });
+    std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+        stub_->GenerateStream(&ctx, req);
+    v1::GenerateResponse part;
+    while (reader->Read(&part)) {
+      on_part(part);
+      part.Clear();
+    }
+    grpc::Status s = reader->Finish();
+    if (call.cancel) call.cancel->ClearHook();
+    return FromGrpc(s);
+  }
   Status ReceiveWeights(const Call& call, const v1::ReceiveWeightsRequest& req,
                         v1::WeightReceipt* receipt) override {
     return Unary(

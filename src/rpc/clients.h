@@ -54,6 +54,12 @@ class RolloutClient {
   virtual ~RolloutClient() = default;
   virtual Status Generate(const Call& call, const v1::GenerateRequest& req,
                           v1::GenerateResponse* resp) = 0;
+  // Streaming generation (Rollout.GenerateStream): `on_part` runs on the calling thread for each
+  // message as it arrives (whole finished groups and the counters since the previous message),
+  // and may move from it. Returns the call's final status; parts delivered before a failure
+  // stay delivered.
+  virtual Status GenerateStream(const Call& call, const v1::GenerateRequest& req,
+                                const std::function<void(v1::GenerateResponse&)>& on_part) = 0;
   virtual Status ReceiveWeights(const Call& call, const v1::ReceiveWeightsRequest& req,
                                 v1::WeightReceipt* receipt) = 0;
   virtual Status Stop(const Call& call, const v1::StopRequest& req) = 0;

@@ -422,8 +422,7 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
   TrainOptions step_options = options;
   if (pg && options.proximal == Proximal::kRecompute) ComputeOldLogprobs(&all, options);
   if (m2po) {
-    GYRE_ASSIGN_OR_RETURN(step_options.loss.m2po_threshold,
-                          M2poThresholdOf(all, options.m2po_tau));
+    GYRE_ASSIGN_OR_RETURN(step_options.loss.m2po_threshold, M2poThresholdOf(all, options.m2po_tau));
   }
   std::map<std::string, double> sum;
   for (int64_t m = 0; m < minis; ++m) {
@@ -445,8 +444,7 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
   return sum;
 }
 
-StatusOr<double> PolicyTrainer::M2poThresholdOf(const std::vector<TrainSample>& batch,
-                                                double tau) {
+StatusOr<double> PolicyTrainer::M2poThresholdOf(const std::vector<TrainSample>& batch, double tau) {
   std::vector<double> local;
   for (const TrainSample& s : batch) {
     for (size_t t = 0; t < s.response.size(); ++t) {
@@ -515,8 +513,7 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
   double loss_sum = 0, clip_sum = 0, kl_sum = 0, entropy_sum = 0, correct = 0;
   double weight_sum = 0, corr_masked_sum = 0;  // the behaviour weight's, over masked tokens
   const bool loglinear = objective == Objective::kPolicyGradient &&
-                         options.proximal == Proximal::kLogLinear &&
-                         version_ > proximal_version;
+                         options.proximal == Proximal::kLogLinear && version_ > proximal_version;
   // Rollout-vs-trainer mismatch of the same tokens (policy gradient): d = logp_old - logp_rollout
   // per token, w = exp(d). Sums of tokens, |d|, [w outside 0.9..1.1], w - 1 - d, w, w^2.
   // Summed on the model's device and read once after the loop (one host sync, not six per
@@ -575,10 +572,10 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
       }
       GYRE_ASSIGN_OR_RETURN(
           ops::PolicyLossResult r,
-          ops::PolicyLoss(logp, old,
-                          options.loss.correction != kernels::Correction::kNone ? mb.rollout_lp
-                                                                                 : at::Tensor(),
-                          at::Tensor(), mb.adv, mb.mask, loss_params));
+          ops::PolicyLoss(
+              logp, old,
+              options.loss.correction != kernels::Correction::kNone ? mb.rollout_lp : at::Tensor(),
+              at::Tensor(), mb.adv, mb.mask, loss_params));
       if (last && reducer_ != nullptr) reducer_->Arm();
       logp.backward(r.grad_logp);
       loss_sum += r.stats.loss;
@@ -603,9 +600,9 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     // sums[5] counts the ranks that took part. Gloo can complete a collective without a peer
     // that closed its connections (docs/weight-sync.md); a short count means the summed
     // gradients above lack that rank's part, so the update must not be applied.
-    double sums[14] = {loss_sum, clip_sum, kl_sum, entropy_sum, correct,    1.0,
-                       mm[0],    mm[1],    mm[2],  mm[3],       mm[4],      mm[5],
-                       weight_sum, corr_masked_sum};
+    double sums[14] = {loss_sum, clip_sum, kl_sum,     entropy_sum,    correct,
+                       1.0,      mm[0],    mm[1],      mm[2],          mm[3],
+                       mm[4],    mm[5],    weight_sum, corr_masked_sum};
     GYRE_RETURN_IF_ERROR(AllReduce(sums, 14).WithContext("data-parallel metrics"));
     if (Status all = CheckAllRanksTookPart(sums[5]); !all.ok()) {
       optimizer_->adamw->zero_grad();

@@ -90,6 +90,8 @@ class FakeRollout final : public rpc::RolloutClient {
   std::function<Status(const v1::GenerateRequest&, v1::GenerateResponse*)> on_generate;
   std::function<Status(const v1::ReceiveWeightsRequest&, v1::WeightReceipt*)> on_receive;
   std::atomic<double> generate_delay_s{0};
+  std::atomic<double> stream_group_delay_s{0};  // GenerateStream: between two groups
+  std::atomic<int> stream_fail_after{-1};       // GenerateStream: fail after this many groups
   std::atomic<double> receive_delay_s{0};
   std::atomic<int64_t> version{0};  // the version its default samples carry
 
@@ -106,6 +108,38 @@ class FakeRollout final : public rpc::RolloutClient {
     }
     for (const auto& r : req.resume()) *resp->add_samples() = r;
     resp->set_policy_version(version.load());
+    return Status::Ok();
+  }
+
+  // Streams what Generate would return, one group per message in request order: the first
+  // after generate_delay_s (or whatever on_generate decides), each later one
+  // stream_group_delay_s after the previous. A failure from on_generate or the delay ends the
+  // stream before any group; with stream_fail_after = k >= 0 the stream fails (Unavailable)
+  // after k groups when the request has more, once.
+  Status GenerateStream(const rpc::Call& call, const v1::GenerateRequest& req,
+                        const std::function<void(v1::GenerateResponse&)>& on_part) override {
+    stream_calls_.Add(req);
+    v1::GenerateResponse all;
+    GYRE_RETURN_IF_ERROR(Generate(call, req, &all));
+    std::map<uint64_t, v1::GenerateResponse> by_group;
+    for (auto& smp : *all.mutable_samples()) {
+      *by_group[smp.group_id()].add_samples() = std::move(smp);
+    }
+    bool first = true;
+    int sent = 0;
+    for (const auto& g : req.groups()) {
+      if (!first) GYRE_RETURN_IF_ERROR(FakeWait(call, stream_group_delay_s.load()));
+      first = false;
+      if (sent == stream_fail_after.load()) {
+        stream_fail_after = -1;  // once
+        return Unavailable("Socket closed");
+      }
+      ++sent;
+      v1::GenerateResponse part = std::move(by_group[g.group_id()]);
+      part.set_policy_version(all.policy_version());
+      part.set_generated_tokens(part.samples_size() * int64_t{kFakeResponseLen});
+      on_part(part);
+    }
     return Status::Ok();
   }
 
@@ -128,12 +162,15 @@ class FakeRollout final : public rpc::RolloutClient {
     return Status::Ok();
   }
 
+  // Generate calls, GenerateStream's included (it runs Generate first).
   std::vector<v1::GenerateRequest> generate_calls() const { return generate_calls_.Get(); }
+  std::vector<v1::GenerateRequest> stream_calls() const { return stream_calls_.Get(); }
   std::vector<v1::ReceiveWeightsRequest> receive_calls() const { return receive_calls_.Get(); }
   int stops() const { return stops_.load(); }
 
  private:
   CallLog<v1::GenerateRequest> generate_calls_;
+  CallLog<v1::GenerateRequest> stream_calls_;
   CallLog<v1::ReceiveWeightsRequest> receive_calls_;
   std::atomic<int> stops_{0};
 };
@@ -218,6 +255,10 @@ class ForwardingRollout final : public rpc::RolloutClient {
   Status Generate(const rpc::Call& c, const v1::GenerateRequest& req,
                   v1::GenerateResponse* resp) override {
     return f_->Generate(c, req, resp);
+  }
+  Status GenerateStream(const rpc::Call& c, const v1::GenerateRequest& req,
+                        const std::function<void(v1::GenerateResponse&)>& on_part) override {
+    return f_->GenerateStream(c, req, on_part);
   }
   Status ReceiveWeights(const rpc::Call& c, const v1::ReceiveWeightsRequest& req,
                         v1::WeightReceipt* receipt) override {

@@ -285,6 +285,32 @@ TEST(TrainTest, AsyncJobSurvivesAKilledRolloutWorker) {
   EXPECT_TRUE(AllGone(WorkerPids(out), 10));
 }
 
+// kill -9 of the trainer during an asynchronous job: trainer deaths end the job (there is no
+// trainer state to continue from but a checkpoint), promptly and naming the worker, while the
+// rollout workers are generating ahead; no worker is left behind.
+TEST(TrainTest, AsyncJobEndsNamingAKilledTrainer) {
+  const std::string dir = MakeTempDir("async_trainer_kill");
+  auto args = SmallJob(dir, 200);
+  args.insert(args.end(), {"--set", "rollout.async=true", "--set", "algorithm.max_staleness=2"});
+  auto p = GyreProcess::Start(args, dir);
+  std::string out;
+  auto m = p.WaitForOutput("started trainer-0 \\(pid ([0-9]+)\\)", 60, &out);
+  ASSERT_FALSE(m.empty()) << out;
+  const pid_t victim = std::stoi(m[1]);
+  ASSERT_FALSE(p.WaitForOutput("step    3/200", 120, &out).empty()) << out;
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(victim, SIGKILL);
+  ASSERT_TRUE(p.Wait(60)) << p.Output();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0);
+  out = p.Output();
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 1) << out;
+  EXPECT_NE(out.find("gyre: job failed: worker trainer-0 died: pid " + std::to_string(victim) +
+                     " killed by signal 9"),
+            std::string::npos)
+      << out;
+  EXPECT_TRUE(AllGone(WorkerPids(out), 10)) << "orphaned workers";
+}
+
 // Dynamic sampling: groups whose rewards are all equal leave the batch, new groups replace
 // them, and the ledger records each filtered sample with the reason.
 TEST(TrainTest, DynamicSamplingReplacesZeroVarianceGroups) {

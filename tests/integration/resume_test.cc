@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "integration/run_util.h"
 
@@ -312,6 +313,69 @@ TEST(ResumeTest, KilledPartialRolloutJobResumesItsCarriedGroupsExactly) {
   for (const auto& m : Metrics(run_a + "/metrics.jsonl", "grpo"))
     trained += m["samples"].get<int64_t>();
   ExpectEveryPromptTrainedOnceAsIn(run_a, run_b, dir, trained);
+  EXPECT_TRUE(AllGone(WorkerPids(out), 10));
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+// rollout.async: kill -9 of the whole job after a checkpoint, then --resume. Generation ran
+// ahead, so the checkpoint holds admitted groups not yet trained (finished or never sent); the
+// resumed job trains them and admits no group twice. Timing decides which groups each step
+// trains, so the runs are not bit-identical; the ledger's account must be exact: the admission
+// rule's 64 groups (8 per step for k + 6 steps), every sample trained once or dropped at the end.
+TEST(ResumeTest, KilledAsyncJobResumesWithoutLosingOrRepeatingASample) {
+  const std::string dir = MakeTempDir("resume_async");
+  ASSERT_TRUE(MakeDirs(dir + "/b").ok());
+  const std::vector<std::string> async_flags = {"--set", "rollout.async=true", "--set",
+                                                "algorithm.max_staleness=2"};
+  const std::string run_b = dir + "/b/t";
+  const pid_t job = StartGroupLeader(With(Job(dir + "/b"), async_flags), dir + "/b/gyre.out");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (!IsDirectory(run_b + "/checkpoints/step-000002") &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // ledger events after it
+  ASSERT_EQ(::kill(-job, SIGKILL), 0);
+  int st = 0;
+  ASSERT_EQ(::waitpid(job, &st, 0), job);
+  const std::string killed_output = ReadFile(dir + "/b/gyre.out");
+  ASSERT_TRUE(IsDirectory(run_b + "/checkpoints/step-000002")) << killed_output;
+  ASSERT_FALSE(PathExists(run_b + "/final")) << "the job finished before it was killed";
+  EXPECT_TRUE(AllGone(WorkerPids(killed_output), 10));
+  const auto saved =
+      nlohmann::json::parse(ReadFile(run_b + "/checkpoints/step-000002/controller.json"));
+  EXPECT_EQ(saved["async_admitted"], (2 + 2) * 8) << saved.dump();  // admitted by step 2
+  EXPECT_GT(saved["carried_groups"]["groups"].get<int64_t>(), 0) << saved.dump();
+  EXPECT_EQ(saved["carried_groups"]["unfinished_samples"], 0) << saved.dump();
+
+  ASSERT_TRUE(MakeDirs(dir + "/b2").ok());
+  auto b = GyreProcess::Start(With(With(Job(dir + "/b"), async_flags), {"--resume"}), dir + "/b2");
+  ASSERT_TRUE(b.Wait(180)) << b.Output();
+  const std::string out = b.Output();
+  ASSERT_EQ(WEXITSTATUS(b.wait_status), 0) << out;
+  EXPECT_NE(out.find("resumed from " + run_b + "/checkpoints/step-00000"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("admitted group(s) not yet trained (rollout.async)"), std::string::npos)
+      << out;
+  const auto steps = Metrics(run_b + "/metrics.jsonl", "grpo");
+  ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
+  for (const auto& s : steps) {
+    EXPECT_EQ(s["samples"], 64) << s.dump();
+    for (const auto& [age, count] : s["staleness"].items()) EXPECT_LE(std::stoi(age), 2);
+  }
+  const auto counts = Ledger({run_b}, dir);
+  EXPECT_EQ(counts["samples"], (2 + kSteps) * 8 * 8) << counts.dump();
+  EXPECT_EQ(counts["by_state"]["trained"], kSteps * 8 * 8) << counts.dump();
+  EXPECT_EQ(counts["by_state"]["dropped"], 2 * 8 * 8) << counts.dump();
+  const auto trained = Ledger({run_b, "--state", "trained", "--top", "0"}, dir);
+  std::set<uint64_t> ids;
+  for (const auto& r : trained["rows"]) ids.insert(r["sample_id"].get<uint64_t>());
+  EXPECT_EQ(ids.size(), static_cast<size_t>(kSteps * 8 * 8)) << "a sample was trained twice";
+  const uint64_t id = trained["rows"][0]["sample_id"].get<uint64_t>();
+  const auto h = Ledger({run_b, "--sample", std::to_string(id)}, dir);
+  int trained_events = 0;
+  for (const auto& e : h["events"]) trained_events += e["to"] == "trained";
+  EXPECT_EQ(trained_events, 1) << h.dump();
   EXPECT_TRUE(AllGone(WorkerPids(out), 10));
   EXPECT_TRUE(RemoveTree(dir).ok());
 }

@@ -508,8 +508,8 @@ void ExpectStatsMatch(const PolicyLossStats& got, const PolicyLossStats& ref,
 }
 
 std::string ParamsName(const PolicyLossParams& p) {
-  return std::string(LossAggName(p.agg)) + (p.dual_clip_c > 1 ? " dual" : " nodual") +
-         " " + CorrectionName(p.correction) + " kl=" + KlKindName(p.kl);
+  return std::string(LossAggName(p.agg)) + (p.dual_clip_c > 1 ? " dual" : " nodual") + " " +
+         CorrectionName(p.correction) + " kl=" + KlKindName(p.kl);
 }
 
 void ExpectLossMatches(const LossBatch& b, const PolicyLossParams& p, const std::string& what) {

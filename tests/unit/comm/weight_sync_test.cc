@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "model/transformer.h"
 #include "rollout/rollout_service.h"
+#include "rpc/clients.h"
 #include "rpc/rpc_util.h"
 #include "testing/tiny_model.h"
 
@@ -276,6 +278,59 @@ TEST_F(WeightSyncTest, PartialRolloutResumesAfterAWeightUpdate) {
 
 // Stop strings reach the engine through the service, which decodes with the worker's tokenizer
 // (here: token t is the letter 'a' + t).
+// Rollout.GenerateStream through the gRPC client: the same samples as Generate (sampling is
+// seeded per group), sent group by group as each finishes (stop tokens make the lengths differ),
+// with counters that add up to Generate's. Partial rollouts are refused.
+TEST_F(WeightSyncTest, GenerateStreamSendsEachGroupWhenItFinishes) {
+  v1::GenerateRequest req;
+  for (uint64_t g = 0; g < 4; ++g) {
+    auto* group = req.add_groups();
+    for (int32_t id : {1, 5, static_cast<int32_t>(9 + g)}) group->add_prompt_ids(id);
+    group->set_group_id(g);
+    group->set_n(3);
+    group->set_first_sample_id(10 * g);
+    group->set_seed(1000 + 7 * g);
+  }
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_max_new_tokens(16);
+  for (int32_t stop = 0; stop < 8; ++stop) req.mutable_sampling()->add_stop_token_ids(stop);
+  req.set_min_policy_version(-1);
+  v1::GenerateResponse whole;
+  {
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, 10);
+    ASSERT_TRUE(stub_->Generate(&ctx, req, &whole).ok());
+  }
+  auto client = rpc::MakeGrpcRolloutClient(address_);
+  std::vector<v1::GenerateResponse> parts;
+  Status s = client->GenerateStream({10, nullptr}, req,
+                                    [&](v1::GenerateResponse& p) { parts.push_back(p); });
+  ASSERT_TRUE(s.ok()) << s;
+  std::map<uint64_t, std::string> streamed;  // sample id -> serialized sample
+  int64_t generated = 0, group_messages = 0;
+  for (const auto& p : parts) {
+    generated += p.generated_tokens();
+    if (p.samples_size() > 0) ++group_messages;
+    std::map<uint64_t, int> per_group;
+    for (const auto& smp : p.samples()) {
+      ++per_group[smp.group_id()];
+      streamed[smp.sample_id()] = smp.SerializeAsString();
+    }
+    for (const auto& [g, count] : per_group) EXPECT_EQ(count, 3) << "group " << g << " split";
+  }
+  EXPECT_GE(group_messages, 2) << "every group finished in the same engine step";
+  EXPECT_EQ(generated, whole.generated_tokens());
+  ASSERT_EQ(streamed.size(), static_cast<size_t>(whole.samples_size()));
+  for (const auto& smp : whole.samples()) {
+    EXPECT_EQ(streamed[smp.sample_id()], smp.SerializeAsString()) << "sample " << smp.sample_id();
+  }
+  v1::GenerateRequest partial = req;
+  partial.set_target_finished_groups(1);
+  s = client->GenerateStream({10, nullptr}, partial, [](v1::GenerateResponse&) {});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("use Generate"), std::string::npos) << s;
+}
+
 TEST(RolloutServiceTest, StopStringsEndResponsesAndNeedADecoder) {
   rollout::EngineConfig config;
   config.block_size = 4;

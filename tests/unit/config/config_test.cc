@@ -292,9 +292,6 @@ TEST(ConfigValidate, CrossFieldErrorPointsAtAnInvolvedKey) {
                        "  max_staleness: 1\n"),
             "jobs/x.yaml:2:3: rollout.async and rollout.partial_rollouts cannot be combined yet "
             "(choose one)");
-  EXPECT_EQ(ParseError("rollout:\n  async: true\ntrainer:\n  checkpoint_every: 5\n"),
-            "jobs/x.yaml:2:3: rollout.async cannot write checkpoints yet (the groups in flight "
-            "are not saved); set trainer.checkpoint_every: 0");
   EXPECT_EQ(ParseError("model:\n  max_seq_len: 14\n"),
             "jobs/x.yaml:2:3: model.max_seq_len (14) must be greater than 2 * data.max_digits + "
             "2 + rollout.max_new_tokens = 14 (the longest addition prompt plus its completion)");

@@ -66,8 +66,14 @@ v1::SamplingParams Sampling() {
 struct Schedule {
   int k = 1, B = 2, n = 2, steps = 6, chunk = 0;
   double max_delay_s = 0.002;
+  double stream_delay_s = 0;  // between two streamed groups of one call
   double fail_p = 0;
+  // After a step, with this probability: a checkpoint (Pause, Checkpoint), then a new scheduler
+  // restored from it, as a resumed job builds one.
+  double restart_p = 0;
 };
+
+int64_t g_restarts = 0;  // scheduler restarts from a checkpoint, over all schedules
 
 int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int index) {
   JobConfig cfg = job.cfg;
@@ -100,7 +106,10 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
     });
     EXPECT_TRUE(s.ok()) << s;
   };
-  for (auto& r : job.cluster.rollout) r->version = version;
+  for (auto& r : job.cluster.rollout) {
+    r->version = version;
+    r->stream_group_delay_s = sch.stream_delay_s;
+  }
   revive();
 
   // Calls take a random time; some fail (never the last healthy worker).
@@ -131,13 +140,14 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
   }
 
   Drawer draw(ledger->get(), sch.n);
-  AsyncScheduler async(cfg, job.pool.get(), ledger->get(), Sampling(), version);
+  auto async =
+      std::make_unique<AsyncScheduler>(cfg, job.pool.get(), ledger->get(), Sampling(), version);
   int64_t worst = 0, trained_groups = 0;
   std::set<uint64_t> trained;
   for (int step = 1; step <= sch.steps; ++step) {
-    Status s = async.Admit(step - 1, [&](int64_t count) { return draw(count, step, version); });
+    Status s = async->Admit(step - 1, [&](int64_t count) { return draw(count, step, version); });
     EXPECT_TRUE(s.ok()) << s;
-    auto batch = async.NextBatch(version, step);
+    auto batch = async->NextBatch(version, step);
     EXPECT_TRUE(batch.ok()) << batch.status();
     if (!batch.ok()) break;
     EXPECT_GE(static_cast<int64_t>(batch->size()), sch.B);
@@ -157,13 +167,36 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
     EXPECT_TRUE((*ledger)->Move(ids, SampleState::kTrained, {step, version + 1}).ok());
     // The step's update, then publish to everyone.
     ++version;
-    EXPECT_TRUE(async.Pause().ok());
+    EXPECT_TRUE(async->Pause().ok());
     for (auto& r : job.cluster.rollout) r->version = version;
     for (Worker* w : job.pool->AliveRollouts()) w->version = version;
-    async.Resume(version);
+    if (u(*rng) < sch.restart_p) {
+      // Every admitted, untrained group is in the checkpoint, finished or never sent, and the
+      // ledger agrees; the restored scheduler continues with them and the admission count.
+      auto carried = async->Checkpoint(version, step);
+      EXPECT_TRUE(carried.ok()) << carried.status();
+      if (!carried.ok()) break;
+      int64_t finished = 0, never_sent = 0;
+      for (const auto& cg : carried->groups) {
+        EXPECT_EQ(cg.unfinished_size(), 0);
+        EXPECT_TRUE(cg.finished_size() == 0 || cg.finished_size() == sch.n);
+        (cg.finished_size() > 0 ? finished : never_sent) += sch.n;
+      }
+      auto counts = (*ledger)->Counts();
+      EXPECT_TRUE(counts.ok());
+      EXPECT_EQ(counts->of(SampleState::kFinished), finished);
+      EXPECT_EQ(counts->of(SampleState::kQueued), never_sent);
+      EXPECT_EQ(counts->of(SampleState::kGenerating), 0);
+      EXPECT_EQ(carried->admitted, static_cast<int64_t>(draw.drawn()));
+      async->Shutdown();
+      async = std::make_unique<AsyncScheduler>(cfg, job.pool.get(), ledger->get(), Sampling(),
+                                               version, &*carried);
+      ++g_restarts;
+    }
+    async->Resume(version);
     if (u(*rng) < 0.3) revive();  // a launcher brings failed workers back now and then
   }
-  async.Shutdown();
+  async->Shutdown();
   // The ledger accounts for every admitted sample exactly once.
   auto counts = (*ledger)->Counts();
   EXPECT_TRUE(counts.ok());
@@ -177,7 +210,10 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
   // Admission: never more than (k + steps + 1) * B groups.
   EXPECT_LE(static_cast<int64_t>(draw.drawn()), (sch.k + sch.steps) * sch.B);
   for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
-  for (auto& r : job.cluster.rollout) r->on_generate = nullptr;
+  for (auto& r : job.cluster.rollout) {
+    r->on_generate = nullptr;
+    r->stream_group_delay_s = 0;
+  }
   revive();
   return worst;
 }
@@ -209,7 +245,9 @@ TEST(AsyncSchedulerTest, RandomSchedulesKeepTheStalenessBoundAndTheLedgerExact) 
     sch.steps = 3 + static_cast<int>(rng() % 6);
     sch.chunk = static_cast<int>(rng() % 4);
     sch.max_delay_s = 0.0002 * static_cast<double>(rng() % 5);
+    sch.stream_delay_s = 0.0001 * static_cast<double>(rng() % 3);
     sch.fail_p = (rng() % 3 == 0) ? 0.15 : 0.0;
+    sch.restart_p = (rng() % 4 == 0) ? 0.3 : 0.0;
     const int64_t worst = RunSchedule(job, sch, &rng, i);
     EXPECT_LE(worst, sch.k) << "schedule " << i << ": k=" << sch.k << " B=" << sch.B;
     worst_by_k[sch.k] = std::max(worst_by_k[sch.k], worst);
@@ -217,6 +255,80 @@ TEST(AsyncSchedulerTest, RandomSchedulesKeepTheStalenessBoundAndTheLedgerExact) 
   }
   // Rollout ran ahead: with k >= 1 some batch trained samples older than the trainer.
   EXPECT_GT(worst_by_k[4] + worst_by_k[2] + worst_by_k[1], 0);
+  if (schedules >= 100) EXPECT_GT(g_restarts, 0) << "no schedule restarted from a checkpoint";
+}
+
+// Streaming: a group joins the ready queue when it finishes, so a batch does not wait for the rest
+// of its chunk. One worker gets a chunk of 4 groups, streamed 0.4 s apart; the batch of 1 is
+// ready after the first.
+TEST(AsyncSchedulerTest, ABatchUsesGroupsStreamedBackBeforeTheirChunkEnds) {
+  FakeJob job(FakeJobConfig(1, 1));
+  ASSERT_TRUE(job.Start().ok());
+  job.cluster.rollout[0]->stream_group_delay_s = 0.4;
+  JobConfig cfg = job.cfg;
+  cfg.algorithm.max_staleness = 3;
+  cfg.rollout.prompts_per_step = 1;
+  cfg.rollout.async_chunk_groups = 4;
+  Drawer draw(nullptr, 2);
+  AsyncScheduler async(cfg, job.pool.get(), nullptr, Sampling(), 0);
+  ASSERT_TRUE(async.Admit(0, [&](int64_t c) { return draw(c, 1, 0); }).ok());  // 4 groups
+  const auto t0 = std::chrono::steady_clock::now();
+  auto batch = async.NextBatch(0, 1);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->size(), 1u);
+  EXPECT_EQ((*batch)[0].job.group.group_id(), 0u);
+  EXPECT_LT(waited, 0.35) << "the batch waited for more than the first streamed group";
+  EXPECT_EQ(job.cluster.rollout[0]->stream_calls().size(), 1u);
+  EXPECT_EQ(job.cluster.rollout[0]->stream_calls()[0].groups_size(), 4);
+  async.Shutdown();
+}
+
+// A stream that fails midway keeps the groups it delivered; only the others are generated again,
+// on the surviving worker, and the ledger shows which went back to the queue and why.
+TEST(AsyncSchedulerTest, AFailedStreamKeepsTheGroupsItDelivered) {
+  FakeJob job(FakeJobConfig(2, 1));
+  job.death_grace_s = 0;
+  ASSERT_TRUE(job.Start().ok());
+  for (auto& r : job.cluster.rollout) r->stream_fail_after = 1;
+  JobConfig cfg = job.cfg;
+  cfg.algorithm.max_staleness = 0;
+  cfg.rollout.prompts_per_step = 2;
+  cfg.rollout.async_chunk_groups = 2;
+  const std::string path = ::testing::TempDir() + "gyre_async_stream_fail.db";
+  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+  auto ledger = SampleLedger::Open(path, true);
+  ASSERT_TRUE(ledger.ok()) << ledger.status();
+  Drawer draw(ledger->get(), 2);
+  AsyncScheduler async(cfg, job.pool.get(), ledger->get(), Sampling(), 0);
+  ASSERT_TRUE(async.Admit(0, [&](int64_t c) { return draw(c, 1, 0); }).ok());  // groups 0, 1
+  auto batch = async.NextBatch(0, 1);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->size(), 2u);
+  // Group 0 (samples 0, 1) came back from the failed stream and was never queued again; group 1
+  // (samples 2, 3) was, with the failure as the reason.
+  auto first = (*ledger)->History(0);
+  ASSERT_TRUE(first.ok());
+  int requeued = 0;
+  for (const auto& e : *first) requeued += e.to == SampleState::kQueued;
+  EXPECT_EQ(requeued, 1) << "only its admission";
+  auto second = (*ledger)->History(2);
+  ASSERT_TRUE(second.ok());
+  requeued = 0;
+  std::string why;
+  for (const auto& e : *second) {
+    if (e.to != SampleState::kQueued) continue;
+    ++requeued;
+    why = e.context.reason;
+  }
+  EXPECT_EQ(requeued, 2);
+  EXPECT_EQ(why, "generate failed: Socket closed");
+  int calls = 0;
+  for (auto& r : job.cluster.rollout) calls += static_cast<int>(r->stream_calls().size());
+  EXPECT_EQ(calls, 2);
+  async.Shutdown();
+  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
 }
 
 TEST(AsyncSchedulerTest, ABadRequestEndsTheJobNamingTheWorker) {

@@ -137,8 +137,15 @@ TEST(CheckpointTest, ControllerStateRoundTrips) {
   EXPECT_EQ(b->config_yaml, a.config_yaml);
   EXPECT_EQ(b->metrics_jsonl, a.metrics_jsonl);
   EXPECT_TRUE(b->carried_groups.empty());
-  EXPECT_EQ(b->format_version, 3);
+  EXPECT_EQ(b->format_version, 4);
   EXPECT_EQ(b->ledger_sequence, a.ledger_sequence);
+  EXPECT_EQ(b->async_admitted, -1);  // a synchronous job's
+  ControllerState async = a;
+  async.async_admitted = 96;
+  ASSERT_TRUE(WriteControllerState(dir, async).ok());
+  b = ReadControllerState(dir);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->async_admitted, 96);
   EXPECT_TRUE(RemoveTree(dir).ok());
 }
 
@@ -305,7 +312,19 @@ TEST(CheckpointTest, CarriedGroupsMustFitTheJob) {
   JobConfig off = cfg;
   off.rollout.partial_rollouts = false;
   EXPECT_EQ(CheckCarriedGroupsFit(groups, off, "c.pb").message(),
-            "c.pb: holds 2 carried partial-rollout groups, but rollout.partial_rollouts is off");
+            "c.pb: holds 2 carried groups, but rollout.partial_rollouts and rollout.async are "
+            "off");
+  // rollout.async carries whole groups only: finished or never sent.
+  JobConfig async = off;
+  async.rollout.async = true;
+  const Status unfinished = CheckCarriedGroupsFit(groups, async, "c.pb");
+  EXPECT_NE(unfinished.message().find("unfinished samples, which rollout.async cannot continue"),
+            std::string::npos)
+      << unfinished;
+  std::vector<v1::CarriedGroup> whole = groups;
+  for (auto& g : whole) g.clear_unfinished();
+  whole[0].clear_finished();  // never sent
+  EXPECT_TRUE(CheckCarriedGroupsFit(whole, async, "c.pb").ok());
   JobConfig n8 = cfg;
   n8.rollout.group_size = 8;
   EXPECT_EQ(CheckCarriedGroupsFit(groups, n8, "c.pb").message(),
@@ -322,7 +341,7 @@ TEST(CheckpointTest, FormatOneStateReadsWithoutCarriedGroups) {
   const std::string dir = TempDir("format1");
   ASSERT_TRUE(WriteControllerState(dir, SampleState()).ok());
   std::string json = *ReadFileToString(dir + "/controller.json");
-  json.replace(json.find("\"format_version\": 3"), 19, "\"format_version\": 1");
+  json.replace(json.find("\"format_version\": 4"), 19, "\"format_version\": 1");
   const size_t carried = json.find(",\n \"carried_groups\"");
   ASSERT_NE(carried, std::string::npos) << json;
   json.erase(carried, json.find('}', carried) + 1 - carried);
@@ -333,12 +352,13 @@ TEST(CheckpointTest, FormatOneStateReadsWithoutCarriedGroups) {
   EXPECT_EQ(s->format_version, 1);
   EXPECT_TRUE(s->carried_groups.empty());
   EXPECT_EQ(s->ledger_sequence, -1);  // no ledger then
+  EXPECT_EQ(s->async_admitted, -1);
   EXPECT_EQ(s->grpo_step, 12);
-  json.replace(json.find("\"format_version\": 1"), 19, "\"format_version\": 4");
+  json.replace(json.find("\"format_version\": 1"), 19, "\"format_version\": 5");
   ASSERT_TRUE(WriteFileAtomic(dir + "/controller.json", json).ok());
   s = ReadControllerState(dir);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().message().find("unsupported format_version 4 (this build reads 1 to 3)"),
+  EXPECT_NE(s.status().message().find("unsupported format_version 5 (this build reads 1 to 4)"),
             std::string::npos)
       << s.status();
   EXPECT_TRUE(RemoveTree(dir).ok());
