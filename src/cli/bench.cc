@@ -39,6 +39,8 @@ constexpr char kBenchUsage[] =
     "  rollout       continuous batching + prefix sharing vs static batching (long-tail lengths)\n"
     "  dp-step       data-parallel step time, gradient all-reduce overlapped with backward vs\n"
     "                after it\n"
+    "  e2e           whole GRPO jobs, synchronous vs asynchronous (k = 1, 2, 4), with real or\n"
+    "                simulated workers (--simulate: many nodes on one machine)\n"
     "\n"
     "`gyre bench SUBCOMMAND --help` lists a subcommand's options.\n";
 
@@ -113,6 +115,7 @@ int RunBench(const std::vector<std::string>& args) {
   if (sub == "weight-sync") return RunBenchWeightSync(rest);
   if (sub == "rollout") return RunBenchRollout(rest);
   if (sub == "dp-step") return RunBenchDpStep(rest);
+  if (sub == "e2e") return RunBenchE2e(rest);
   std::fprintf(stderr, "gyre bench: unknown subcommand '%s'\n\n%s", sub.c_str(), kBenchUsage);
   return 2;
 }

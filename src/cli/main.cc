@@ -39,6 +39,8 @@ constexpr char kUsage[] =
     "      Where each training sample is, and which prompts were trained how often.\n"
     "  gyre bench SUBCOMMAND [--json FILE]\n"
     "      Benchmarks against same-run baselines (see gyre bench --help).\n"
+    "  gyre sim-workers --controller HOST:PORT --rollout N --trainer M [cost options]\n"
+    "      Simulated workers without models, for end-to-end benchmarks at scale.\n"
     "  gyre help | --help        This text.\n"
     "  gyre --version            The version.\n"
     "\n"
@@ -126,6 +128,9 @@ static int Main(int argc, char** argv) {
   }
   if (cmd == "bench") {
     return gyre::cli::RunBench(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  if (cmd == "sim-workers") {
+    return gyre::cli::RunSimWorkers(std::vector<std::string>(argv + 2, argv + argc));
   }
   if (cmd == "ledger") {
     return gyre::cli::RunLedger(std::vector<std::string>(argv + 2, argv + argc));

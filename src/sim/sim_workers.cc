@@ -1,0 +1,356 @@
+#include "sim/sim_workers.h"
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <future>
+#include <map>
+#include <vector>
+
+#include "common/crc32.h"
+#include "common/file_util.h"
+#include "rpc/rpc_util.h"
+
+namespace gyre::sim {
+namespace {
+
+grpc::Status Refused(grpc::StatusCode code, const std::string& why) {
+  return grpc::Status(code, why);
+}
+
+// The token payload a simulated trainer sends for `version` (what the receipts check).
+std::string Payload(int64_t version) {
+  std::string bytes(256, '\0');
+  uint64_t x = static_cast<uint64_t>(version) * 0x9e3779b97f4a7c15ULL + 1;
+  for (char& c : bytes) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    c = static_cast<char>(x & 0xff);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// SimRollout
+
+SimRollout::SimRollout(CostModel cost, std::function<void(const std::string&)> on_stop)
+    : cost_(cost), on_stop_(std::move(on_stop)) {}
+
+grpc::Status SimRollout::Run(
+    grpc::ServerContext* ctx, const v1::GenerateRequest& req, int64_t version,
+    const std::function<bool(std::vector<v1::Sample>&&, int64_t)>& on_group) {
+  if (version < req.min_policy_version()) {
+    return Refused(grpc::StatusCode::FAILED_PRECONDITION,
+                   "this worker holds policy version " + std::to_string(version) +
+                       ", the request needs at least " + std::to_string(req.min_policy_version()));
+  }
+  if (req.resume_size() > 0 || req.target_finished_groups() != 0) {
+    return Refused(grpc::StatusCode::INVALID_ARGUMENT,
+                   "simulated rollout workers do not continue partial rollouts");
+  }
+  const int64_t max_new = std::max<int64_t>(1, req.sampling().max_new_tokens());
+  const int32_t stop_id =
+      req.sampling().stop_token_ids_size() > 0 ? req.sampling().stop_token_ids(0) : -1;
+  struct Seq {
+    int group;  // index in req.groups()
+    int index;  // sample index in its group
+    int64_t length, done = 0;
+  };
+  std::deque<int> waiting;
+  for (int g = 0; g < req.groups_size(); ++g) {
+    if (req.groups(g).n() < 1 || req.groups(g).prompt_ids_size() < 1) {
+      return Refused(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          "group " + std::to_string(req.groups(g).group_id()) + " needs n >= 1 and a prompt");
+    }
+    waiting.push_back(g);
+  }
+  std::vector<Seq> running;
+  std::map<int, std::vector<v1::Sample>> finished;  // by group index
+  int64_t tokens = 0;
+  auto cancelled = [ctx] { return ctx != nullptr && ctx->IsCancelled(); };
+  // Simulated time runs on an absolute schedule: the engine sleeps only when something becomes
+  // visible (a group finishes) or 5 ms have built up, until `due` after the start.
+  const auto start = std::chrono::steady_clock::now();
+  double due = 0, slept_to = 0;
+  while (!waiting.empty() || !running.empty()) {
+    double seconds = 0;
+    // Admit whole groups while they fit (one always does into an empty batch).
+    while (!waiting.empty()) {
+      const auto& g = req.groups(waiting.front());
+      if (!running.empty() && static_cast<int64_t>(running.size()) + g.n() > cost_.max_running) {
+        break;
+      }
+      seconds +=
+          static_cast<double>(g.prompt_ids_size()) / cost_.prefill_tokens_per_s * cost_.time_scale;
+      for (int i = 0; i < g.n(); ++i) {
+        running.push_back(
+            {waiting.front(), i, cost_.Length(g.seed() + static_cast<uint64_t>(i), max_new)});
+      }
+      waiting.pop_front();
+    }
+    due += seconds + cost_.StepSeconds(static_cast<int64_t>(running.size()));
+    tokens += static_cast<int64_t>(running.size());
+    std::vector<int> done_groups;
+    for (auto it = running.begin(); it != running.end();) {
+      if (++it->done < it->length) {
+        ++it;
+        continue;
+      }
+      const auto& g = req.groups(it->group);
+      v1::Sample s;
+      s.set_sample_id(g.first_sample_id() + static_cast<uint64_t>(it->index));
+      s.set_group_id(g.group_id());
+      *s.mutable_prompt_ids() = g.prompt_ids();
+      const bool stopped = it->length < max_new && stop_id >= 0;
+      for (int64_t t = 0; t < it->length; ++t) {
+        s.add_response_ids(stopped && t + 1 == it->length ? stop_id : g.prompt_ids(0));
+        s.add_logprobs(-1.0f);
+        s.add_versions(version);
+        s.add_kept_mass(1.0f);
+        s.add_loss_mask(1.0f);
+      }
+      s.set_finish_reason(stopped ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
+      s.set_seed(g.seed() + static_cast<uint64_t>(it->index));
+      s.set_kv_version(version);
+      auto& samples = finished[it->group];
+      samples.push_back(std::move(s));
+      if (static_cast<int>(samples.size()) == g.n()) done_groups.push_back(it->group);
+      it = running.erase(it);
+    }
+    if (!done_groups.empty() || due - slept_to > 0.005) {
+      if (!SleepUntilUnless(start, due, cancelled)) {
+        return Refused(grpc::StatusCode::CANCELLED, "generation cancelled by the caller");
+      }
+      slept_to = due;
+    }
+    for (int g : done_groups) {
+      auto& samples = finished[g];
+      std::sort(samples.begin(), samples.end(), [](const v1::Sample& a, const v1::Sample& b) {
+        return a.sample_id() < b.sample_id();
+      });
+      if (!on_group(std::move(samples), tokens)) {
+        return Refused(grpc::StatusCode::CANCELLED, "the caller went away mid-stream");
+      }
+      tokens = 0;
+      finished.erase(g);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status SimRollout::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
+                                  v1::GenerateResponse* resp) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(generate_mu_);
+  const int64_t version = version_.load();
+  std::map<uint64_t, std::vector<v1::Sample>> by_group;
+  int64_t tokens = 0;
+  grpc::Status s = Run(ctx, *req, version, [&](std::vector<v1::Sample>&& samples, int64_t t) {
+    tokens += t;
+    const uint64_t gid = samples.front().group_id();
+    by_group[gid] = std::move(samples);
+    return true;
+  });
+  if (!s.ok()) return s;
+  for (const auto& g : req->groups()) {  // request order
+    for (auto& smp : by_group[g.group_id()]) *resp->add_samples() = std::move(smp);
+  }
+  resp->set_policy_version(version);
+  resp->set_generated_tokens(tokens);
+  resp->set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return grpc::Status::OK;
+}
+
+grpc::Status SimRollout::GenerateStream(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
+                                        grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  auto last = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(generate_mu_);
+  const int64_t version = version_.load();
+  return Run(ctx, *req, version, [&](std::vector<v1::Sample>&& samples, int64_t tokens) {
+    v1::GenerateResponse part;
+    for (auto& smp : samples) *part.add_samples() = std::move(smp);
+    const auto now = std::chrono::steady_clock::now();
+    part.set_policy_version(version);
+    part.set_generated_tokens(tokens);
+    part.set_seconds(std::chrono::duration<double>(now - last).count());
+    last = now;
+    return writer->Write(part);
+  });
+}
+
+grpc::Status SimRollout::LoadWeights(grpc::ServerContext*,
+                                     grpc::ServerReader<v1::WeightChunk>* reader,
+                                     v1::WeightReceipt* receipt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  v1::WeightChunk chunk;
+  std::map<uint32_t, uint32_t> crcs;  // bucket -> CRC-32 of its bytes, in arrival order
+  int64_t version = -1;
+  uint64_t total = 0;
+  bool first = true;
+  while (reader->Read(&chunk)) {
+    if (first) {
+      version = chunk.version();
+      total = chunk.total_bytes();
+      first = false;
+    } else if (chunk.version() != version) {
+      return Refused(grpc::StatusCode::INVALID_ARGUMENT, "chunks of two versions in one transfer");
+    }
+    crcs[chunk.bucket_index()] =
+        Crc32(chunk.data().data(), chunk.data().size(), crcs[chunk.bucket_index()]);
+  }
+  if (first) return Refused(grpc::StatusCode::INVALID_ARGUMENT, "an empty weight transfer");
+  receipt->set_version(version);
+  for (const auto& [b, crc] : crcs) receipt->add_bucket_crc32(crc);
+  receipt->set_bytes(total);
+  receipt->set_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  version_ = version;
+  return grpc::Status::OK;
+}
+
+grpc::Status SimRollout::ReceiveWeights(grpc::ServerContext*, const v1::ReceiveWeightsRequest*,
+                                        v1::WeightReceipt*) {
+  return Refused(grpc::StatusCode::FAILED_PRECONDITION,
+                 "simulated workers take weights over cluster.weight_transport: grpc only");
+}
+
+grpc::Status SimRollout::Stop(grpc::ServerContext*, const v1::StopRequest* req, v1::StopResponse*) {
+  if (on_stop_) on_stop_(req->reason().empty() ? "stop requested" : req->reason());
+  return grpc::Status::OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SimTrainer
+
+SimTrainer::SimTrainer(CostModel cost, std::function<void(const std::string&)> on_stop)
+    : cost_(cost), on_stop_(std::move(on_stop)) {}
+
+grpc::Status SimTrainer::HostGroupStore(grpc::ServerContext*, const v1::HostGroupStoreRequest*,
+                                        v1::HostGroupStoreResponse* resp) {
+  resp->set_store_address("simulated");
+  return grpc::Status::OK;
+}
+
+grpc::Status SimTrainer::JoinGroup(grpc::ServerContext*, const v1::JoinGroupRequest* req,
+                                   v1::JoinGroupResponse*) {
+  if (req->rank() < 0 || req->rank() >= req->size()) {
+    return Refused(grpc::StatusCode::INVALID_ARGUMENT, "rank outside the group");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status SimTrainer::TrainStep(grpc::ServerContext* ctx, const v1::TrainStepRequest* req,
+                                   v1::TrainStepResponse* resp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (req->expected_version() != version_.load()) {
+    return Refused(grpc::StatusCode::FAILED_PRECONDITION,
+                   "batch was sampled for policy version " +
+                       std::to_string(req->expected_version()) + ", trainer holds " +
+                       std::to_string(version_.load()));
+  }
+  double tokens = 0;
+  for (const auto& s : req->samples()) {
+    if (s.loss_mask_size() == 0) {
+      tokens += s.response_ids_size();
+    } else {
+      for (float m : s.loss_mask()) tokens += m;
+    }
+  }
+  if (!SleepUnless(tokens * cost_.train_s_per_token * cost_.time_scale,
+                   [ctx] { return ctx->IsCancelled(); })) {
+    return Refused(grpc::StatusCode::CANCELLED, "train step cancelled by the caller");
+  }
+  version_ = req->expected_version() + 1;
+  resp->set_policy_version(version_.load());
+  auto& m = *resp->mutable_metrics();
+  for (const char* k : {"loss", "grad_norm", "clip_frac", "approx_kl", "entropy"}) m[k] = 0;
+  m["tokens"] = tokens;
+  return grpc::Status::OK;
+}
+
+grpc::Status SimTrainer::PublishWeights(grpc::ServerContext* ctx,
+                                        const v1::PublishWeightsRequest* req,
+                                        v1::PublishWeightsResponse* resp) {
+  if (!req->transport().empty() && req->transport() != "grpc") {
+    return Refused(grpc::StatusCode::FAILED_PRECONDITION,
+                   "simulated workers take weights over cluster.weight_transport: grpc only");
+  }
+  if (req->rollout_addresses_size() != req->rollout_ids_size()) {
+    return Refused(grpc::StatusCode::INVALID_ARGUMENT,
+                   "rollout_addresses and rollout_ids differ in length");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const int n = req->rollout_addresses_size();
+  // The uplink carries every copy.
+  if (!SleepUnless(cost_.model_gb * n / cost_.publish_gb_per_s * cost_.time_scale,
+                   [ctx] { return ctx->IsCancelled(); })) {
+    return Refused(grpc::StatusCode::CANCELLED, "publish cancelled by the caller");
+  }
+  const std::string payload = Payload(req->version());
+  const uint32_t crc = Crc32(payload.data(), payload.size());
+  const double timeout = req->timeout_s() > 0 ? req->timeout_s() : 60;
+  std::vector<std::future<v1::PublishResult>> sends;
+  for (int i = 0; i < n; ++i) {
+    sends.push_back(std::async(std::launch::async, [&, i] {
+      v1::PublishResult r;
+      r.set_rollout_id(req->rollout_ids(i));
+      r.add_sent_crc32(crc);
+      auto stub = v1::Rollout::NewStub(rpc::MakeChannel(req->rollout_addresses(i)));
+      grpc::ClientContext c;
+      rpc::SetDeadline(&c, timeout);
+      auto writer = stub->LoadWeights(&c, r.mutable_receipt());
+      v1::WeightChunk chunk;
+      chunk.set_version(req->version());
+      chunk.set_total_bytes(static_cast<uint64_t>(cost_.model_gb * 1e9));
+      chunk.set_num_buckets(1);
+      chunk.set_data(payload);
+      chunk.set_crc32(crc);
+      writer->Write(chunk);
+      writer->WritesDone();
+      grpc::Status s = writer->Finish();
+      r.set_ok(s.ok());
+      if (!s.ok()) r.set_error(s.error_message());
+      return r;
+    }));
+  }
+  for (auto& f : sends) *resp->add_results() = f.get();
+  return grpc::Status::OK;
+}
+
+grpc::Status SimTrainer::Save(grpc::ServerContext*, const v1::SaveRequest* req,
+                              v1::SaveResponse* resp) {
+  Status made = MakeDirs(req->directory());
+  if (made.ok()) {
+    made = WriteFileAtomic(
+        req->directory() + "/simulated.json",
+        "{\"simulated\": true, \"policy_version\": " + std::to_string(version_.load()) + "}\n");
+  }
+  if (!made.ok()) return rpc::ToGrpc(made);
+  resp->set_path(req->directory());
+  resp->set_policy_version(version_.load());
+  return grpc::Status::OK;
+}
+
+grpc::Status SimTrainer::SaveState(grpc::ServerContext*, const v1::SaveStateRequest*,
+                                   v1::SaveStateResponse*) {
+  return Refused(
+      grpc::StatusCode::FAILED_PRECONDITION,
+      "simulated trainers hold no state to checkpoint (set trainer.checkpoint_every: 0)");
+}
+
+grpc::Status SimTrainer::LoadState(grpc::ServerContext*, const v1::LoadStateRequest*,
+                                   v1::LoadStateResponse*) {
+  return Refused(grpc::StatusCode::FAILED_PRECONDITION,
+                 "simulated trainers hold no state to resume");
+}
+
+grpc::Status SimTrainer::Stop(grpc::ServerContext*, const v1::StopRequest* req, v1::StopResponse*) {
+  if (on_stop_) on_stop_(req->reason().empty() ? "stop requested" : req->reason());
+  return grpc::Status::OK;
+}
+
+}  // namespace gyre::sim

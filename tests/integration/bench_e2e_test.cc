@@ -1,0 +1,95 @@
+// `gyre bench e2e --simulate` at a tiny size: the real controller, a `gyre sim-workers` child
+// process serving simulated workers over real gRPC; the JSON carries the promised fields, the
+// figures are consistent, and bad options are usage errors.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "integration/run_util.h"
+
+namespace gyre {
+namespace {
+
+using testing::GyreProcess;
+
+TEST(BenchE2eTest, TinySimulatedRunWritesConsistentJson) {
+  const std::string dir = testing::MakeTempDir("bench_e2e");
+  const std::string json_path = dir + "/e2e.json";
+  GyreProcess p = GyreProcess::Start({"bench",       "e2e",
+                                      "--simulate",  "--rollout-workers",
+                                      "3",           "--trainer-workers",
+                                      "2",           "--steps",
+                                      "3",           "--prompts-per-step",
+                                      "6",           "--group-size",
+                                      "2",           "--max-new-tokens",
+                                      "128",         "--length-median",
+                                      "40",          "--staleness",
+                                      "0,1",         "--time-scale",
+                                      "0.002",       "--out",
+                                      dir + "/runs", "--json",
+                                      json_path},
+                                     dir);
+  ASSERT_TRUE(p.Wait(180)) << p.Output();
+  ASSERT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 0) << p.Output();
+  EXPECT_NE(p.Output().find("speedup"), std::string::npos) << p.Output();  // the table
+  const auto j = nlohmann::json::parse(testing::ReadFile(json_path));
+  EXPECT_EQ(j["benchmark"], "e2e");
+  EXPECT_EQ(j["context"]["mode"], "simulated workers");
+  EXPECT_EQ(j["context"]["cluster"], "3 rollout + 2 trainer nodes");
+  const auto& rows = j["results"];
+  ASSERT_EQ(rows.size(), 2u) << j.dump(2);
+  EXPECT_EQ(rows[0]["mode"], "sync");
+  EXPECT_EQ(rows[0]["k"], 0);
+  EXPECT_EQ(rows[1]["mode"], "async");
+  EXPECT_EQ(rows[1]["k"], 1);
+  EXPECT_EQ(rows[0]["speedup"], 1.0);
+  for (const auto& r : rows) {
+    EXPECT_EQ(r["steps"], 3) << r.dump();
+    const double step_s = r["step_s"];
+    EXPECT_GT(step_s, 0);
+    EXPECT_NEAR(r["steps_per_hour"].get<double>(), 3600.0 / step_s, 1e-6 * 3600.0 / step_s);
+    // 12 samples per step.
+    EXPECT_NEAR(r["samples_per_s"].get<double>(), 12.0 / step_s, 1e-6 * 12.0 / step_s);
+    EXPECT_GE(r["rollout_idle_fraction"].get<double>(), 0.0);
+    EXPECT_LE(r["rollout_idle_fraction"].get<double>(), 1.0);
+    EXPECT_GT(r["controller_cpu_s_per_step"].get<double>(), 0.0);
+    EXPECT_NEAR(r["controller_cpu_fraction"].get<double>(),
+                r["controller_cpu_s_per_step"].get<double>() / step_s, 1e-9);
+    EXPECT_NEAR(r["speedup"].get<double>(), rows[0]["step_s"].get<double>() / step_s, 1e-9);
+  }
+  // The runs' own records: every step trained 12 samples from the simulated workers.
+  const std::string metrics = testing::ReadFile(dir + "/runs/k1/metrics.jsonl");
+  EXPECT_NE(metrics.find("\"samples\":12"), std::string::npos) << metrics;
+  EXPECT_TRUE(PathExists(dir + "/runs/k0/final/simulated.json"));
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+TEST(BenchE2eTest, BadOptionsAreUsageErrors) {
+  const std::string dir = testing::MakeTempDir("bench_e2e_bad");
+  const std::vector<std::vector<std::string>> bad = {
+      {"bench", "e2e"},  // neither --simulate nor --config
+      {"bench", "e2e", "--simulate", "--config", "x.yaml"},
+      {"bench", "e2e", "--simulate", "--staleness", "0,x"},
+      {"bench", "e2e", "--simulate", "--time-scale", "0"},
+      {"bench", "e2e", "--simulate", "--rollout-workers"},
+      {"bench", "e2e", "--simulate", "--frobnicate", "1"},
+      {"sim-workers", "--rollout", "2"},  // no --controller
+      {"sim-workers", "--controller", "127.0.0.1:1", "--max-running", "0"},
+  };
+  for (const auto& args : bad) {
+    GyreProcess p = GyreProcess::Start(args, dir);
+    ASSERT_TRUE(p.Wait(30)) << p.Output();
+    EXPECT_EQ(WEXITSTATUS(p.wait_status), 2) << args.back() << ": " << p.Output();
+  }
+  GyreProcess help = GyreProcess::Start({"bench", "e2e", "--help"}, dir);
+  ASSERT_TRUE(help.Wait(30));
+  EXPECT_EQ(WEXITSTATUS(help.wait_status), 0);
+  EXPECT_NE(help.Output().find("--publish-gb-per-s X"), std::string::npos) << help.Output();
+  GyreProcess sim_help = GyreProcess::Start({"sim-workers", "--help"}, dir);
+  ASSERT_TRUE(sim_help.Wait(30));
+  EXPECT_EQ(WEXITSTATUS(sim_help.wait_status), 0);
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+}  // namespace
+}  // namespace gyre

@@ -1,0 +1,237 @@
+// Simulated workers (src/sim): the cost model's lengths and times, and the services over real
+// gRPC servers on loopback, driven through the controller's own clients.
+
+#include "sim/sim_workers.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "rpc/clients.h"
+#include "rpc/rpc_util.h"
+#include "sim/cost_model.h"
+
+namespace gyre::sim {
+namespace {
+
+TEST(CostModelTest, LengthsAreLognormalPerSeedAndCapped) {
+  CostModel c;
+  c.length_median = 600;
+  c.length_sigma = 1.0;
+  std::vector<int64_t> lengths;
+  int64_t capped = 0;
+  for (uint64_t seed = 0; seed < 20000; ++seed) {
+    const int64_t len = c.Length(seed, 8192);
+    EXPECT_EQ(len, c.Length(seed, 8192)) << "seed " << seed;
+    ASSERT_GE(len, 1);
+    ASSERT_LE(len, 8192);
+    capped += len == 8192;
+    lengths.push_back(len);
+  }
+  std::sort(lengths.begin(), lengths.end());
+  // Median 600; P(L >= 8192) = P(z >= ln(8192 / 600)) = P(z >= 2.614) = 0.45%.
+  EXPECT_NEAR(static_cast<double>(lengths[lengths.size() / 2]), 600.0, 30.0);
+  EXPECT_NEAR(static_cast<double>(capped) / 20000, 0.0045, 0.0015);
+  // The 84th percentile is median * e^sigma.
+  EXPECT_NEAR(static_cast<double>(lengths[static_cast<size_t>(0.8413 * 20000)]), 600 * 2.71828,
+              90.0);
+  EXPECT_EQ(c.Length(5, 1), 1);
+}
+
+TEST(CostModelTest, OptionsParseRoundTripAndRefuseBadValues) {
+  CostModel c;
+  c.max_running = 17;
+  c.length_median = 123.5;
+  c.time_scale = 0.002;
+  const std::vector<std::string> args = c.ToArgs();
+  CostModel parsed;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto r = ParseCostOption(args, &i, &parsed);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(*r) << args[i];
+  }
+  EXPECT_EQ(parsed.ToArgs(), args);
+  EXPECT_EQ(parsed.max_running, 17);
+  EXPECT_EQ(parsed.length_median, 123.5);
+  size_t i = 0;
+  const std::vector<std::string> other = {"--steps", "3"};
+  auto r = ParseCostOption(other, &i, &parsed);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(*r);
+  EXPECT_EQ(i, 0u);
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--max-running", "1.5"},
+                                              {"--time-scale", "0"},
+                                              {"--length-sigma", "x"},
+                                              {"--model-gb"}}) {
+    i = 0;
+    r = ParseCostOption(bad, &i, &parsed);
+    EXPECT_FALSE(r.ok()) << bad[0];
+  }
+  EXPECT_NE(CostOptionsHelp().find("--publish-gb-per-s X"), std::string::npos);
+}
+
+// A simulated rollout worker and a simulated trainer, each on its own loopback server.
+class SimWorkersTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cost_.time_scale = 1e-3;  // 15 us engine steps
+    cost_.length_median = 20;
+    cost_.max_running = 4;
+    rollout_ = std::make_unique<SimRollout>(cost_, nullptr);
+    trainer_ = std::make_unique<SimTrainer>(cost_, nullptr);
+    auto rs = rpc::StartServer("127.0.0.1", 0, {rollout_.get()}, &rollout_address_);
+    auto ts = rpc::StartServer("127.0.0.1", 0, {trainer_.get()}, &trainer_address_);
+    ASSERT_TRUE(rs.ok() && ts.ok());
+    rollout_server_ = std::move(*rs);
+    trainer_server_ = std::move(*ts);
+    rollout_client_ = rpc::MakeGrpcRolloutClient(rollout_address_);
+    trainer_client_ = rpc::MakeGrpcTrainerClient(trainer_address_);
+  }
+  void TearDown() override {
+    rollout_server_->Shutdown();
+    trainer_server_->Shutdown();
+  }
+
+  v1::GenerateRequest Request(int groups, int n) const {
+    v1::GenerateRequest req;
+    for (int g = 0; g < groups; ++g) {
+      auto* pg = req.add_groups();
+      pg->set_group_id(100 + g);
+      pg->set_n(n);
+      pg->set_first_sample_id(1000 + 10 * g);
+      pg->set_seed(77 * g + 5);
+      pg->add_prompt_ids(7);
+      pg->add_prompt_ids(8);
+    }
+    req.mutable_sampling()->set_max_new_tokens(64);
+    req.mutable_sampling()->add_stop_token_ids(2);
+    req.set_min_policy_version(-1);
+    return req;
+  }
+
+  CostModel cost_;
+  std::unique_ptr<SimRollout> rollout_;
+  std::unique_ptr<SimTrainer> trainer_;
+  std::string rollout_address_, trainer_address_;
+  std::unique_ptr<grpc::Server> rollout_server_, trainer_server_;
+  std::unique_ptr<rpc::RolloutClient> rollout_client_;
+  std::unique_ptr<rpc::TrainerClient> trainer_client_;
+};
+
+TEST_F(SimWorkersTest, GenerateStreamSendsWholeGroupsAsTheirLongestSampleEnds) {
+  const v1::GenerateRequest req = Request(6, 3);
+  std::vector<v1::GenerateResponse> parts;
+  Status s = rollout_client_->GenerateStream({10, nullptr}, req,
+                                             [&](v1::GenerateResponse& p) { parts.push_back(p); });
+  ASSERT_TRUE(s.ok()) << s;
+  std::map<uint64_t, std::string> streamed;
+  int64_t tokens = 0, samples = 0;
+  std::vector<int64_t> finish_order;  // each group's longest sample, in arrival order
+  for (const auto& p : parts) {
+    tokens += p.generated_tokens();
+    std::map<uint64_t, int64_t> longest;
+    for (const auto& smp : p.samples()) {
+      ++samples;
+      streamed[smp.sample_id()] = smp.SerializeAsString();
+      const int i = static_cast<int>(smp.sample_id() - (1000 + 10 * (smp.group_id() - 100)));
+      const uint64_t seed = 77 * (smp.group_id() - 100) + 5 + static_cast<uint64_t>(i);
+      EXPECT_EQ(smp.seed(), seed);
+      const int64_t want = cost_.Length(seed, 64);
+      ASSERT_EQ(smp.response_ids_size(), want);
+      EXPECT_EQ(smp.versions_size(), want);
+      EXPECT_EQ(smp.finish_reason(), want < 64 ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
+      if (want < 64) EXPECT_EQ(smp.response_ids(want - 1), 2);  // the stop token
+      longest[smp.group_id()] = std::max(longest[smp.group_id()], want);
+    }
+    std::map<uint64_t, int> count;
+    for (const auto& smp : p.samples()) ++count[smp.group_id()];
+    for (const auto& [g, c] : count) EXPECT_EQ(c, 3) << "group " << g << " split";
+    for (const auto& [g, l] : longest) finish_order.push_back(l);
+  }
+  EXPECT_EQ(samples, 18);
+  int64_t total_len = 0;
+  for (const auto& [id, bytes] : streamed) {
+    v1::Sample smp;
+    smp.ParseFromString(bytes);
+    total_len += smp.response_ids_size();
+  }
+  EXPECT_EQ(tokens, total_len);
+  EXPECT_GE(parts.size(), 3u) << "groups should arrive as they finish, not together";
+  // Unary Generate returns the same samples, in request order.
+  v1::GenerateResponse whole;
+  s = rollout_client_->Generate({10, nullptr}, req, &whole);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(whole.samples_size(), 18);
+  for (int k = 1; k < whole.samples_size(); ++k) {
+    EXPECT_LT(whole.samples(k - 1).sample_id(), whole.samples(k).sample_id());
+  }
+  for (const auto& smp : whole.samples()) {
+    EXPECT_EQ(streamed[smp.sample_id()], smp.SerializeAsString());
+  }
+  EXPECT_EQ(whole.generated_tokens(), tokens);
+  v1::GenerateRequest partial = req;
+  partial.set_target_finished_groups(2);
+  s = rollout_client_->Generate({10, nullptr}, partial, &whole);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+}
+
+TEST_F(SimWorkersTest, TrainerChecksVersionsAndPublishesReceiptsThatMatch) {
+  v1::TrainStepRequest step;
+  step.set_expected_version(3);
+  v1::TrainStepResponse resp;
+  Status s = trainer_client_->TrainStep({10, nullptr}, step, &resp);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  step.set_expected_version(0);
+  v1::Sample* smp = step.add_samples();
+  for (int t = 0; t < 5; ++t) smp->add_response_ids(1);
+  ASSERT_TRUE(trainer_client_->TrainStep({10, nullptr}, step, &resp).ok());
+  EXPECT_EQ(resp.policy_version(), 1);
+  EXPECT_EQ(resp.metrics().at("tokens"), 5);
+
+  v1::PublishWeightsRequest pub;
+  pub.set_version(1);
+  pub.add_rollout_addresses(rollout_address_);
+  pub.add_rollout_ids("rollout-0");
+  v1::PublishWeightsResponse presp;
+  s = trainer_client_->PublishWeights({10, nullptr}, pub, &presp);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(presp.results_size(), 1);
+  const auto& r = presp.results(0);
+  EXPECT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r.receipt().version(), 1);
+  ASSERT_EQ(r.receipt().bucket_crc32_size(), 1);
+  ASSERT_EQ(r.sent_crc32_size(), 1);
+  EXPECT_EQ(r.receipt().bucket_crc32(0), r.sent_crc32(0));
+  EXPECT_EQ(rollout_->version(), 1);
+  // A request for a newer version than the worker holds is refused, as by a real worker.
+  v1::GenerateRequest req = Request(1, 1);
+  req.set_min_policy_version(2);
+  v1::GenerateResponse none;
+  s = rollout_client_->Generate({10, nullptr}, req, &none);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  pub.set_transport("gloo");
+  s = trainer_client_->PublishWeights({10, nullptr}, pub, &presp);
+  EXPECT_NE(s.message().find("grpc only"), std::string::npos) << s;
+}
+
+// The engine's time: every step costs step_base_s + step_per_seq_s * running (scaled); a batch
+// capped at max_running sequences takes as long as its longest queue of steps.
+TEST_F(SimWorkersTest, GenerationTakesTheCostModelsTime) {
+  const v1::GenerateRequest req = Request(4, 2);  // 8 samples, 4 at a time
+  const auto t0 = std::chrono::steady_clock::now();
+  v1::GenerateResponse resp;
+  ASSERT_TRUE(rollout_client_->Generate({10, nullptr}, req, &resp).ok());
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // At least one step per token of the longest sample, each of at least step_base_s.
+  int64_t longest = 0;
+  for (const auto& smp : resp.samples())
+    longest = std::max<int64_t>(longest, smp.response_ids_size());
+  EXPECT_GE(wall, static_cast<double>(longest) * cost_.step_base_s * cost_.time_scale);
+}
+
+}  // namespace
+}  // namespace gyre::sim
