@@ -81,6 +81,10 @@ struct RolloutSection {
   // async_chunk_groups (0 = prompts_per_step / rollout workers, rounded up).
   bool async = false;
   int async_chunk_groups = 0;
+  // Asynchronous rollout: how a new policy version reaches the workers. lockstep = pause
+  // generation, publish to everyone, continue; between_steps = publish while generation runs,
+  // each worker taking the version between two engine steps of the calls it is running.
+  std::string weight_updates = "lockstep";
 };
 
 struct AlgorithmSection {

@@ -33,6 +33,7 @@ struct Options {
   std::string config;
   std::vector<std::string> overrides;
   std::vector<int64_t> staleness = {0, 1, 2, 4};
+  std::vector<std::string> weight_updates = {"lockstep", "between_steps"};
   int64_t steps = 4;
   std::string out, json;
   int64_t rollout_workers = 64, trainer_workers = 8, prompts = 256, group = 8;
@@ -62,6 +63,8 @@ std::string Usage() {
          "\n"
          "options:\n"
          "  --staleness LIST          comma-separated k values [0,1,2,4]\n"
+         "  --weight-updates LIST     rollout.weight_updates of the asynchronous runs\n"
+         "                            [lockstep,between_steps]\n"
          "  --steps N                 GRPO steps per run [4]\n"
          "  --out DIR                 run directories [a temporary directory, removed after]\n"
          "  --json FILE               also write the figures as JSON\n"
@@ -85,7 +88,8 @@ double CpuSeconds() {
 
 // The simulated job: the built-in task for prompts (rewards are whatever its verifier makes of
 // simulated tokens), external workers, no warm-up, no checkpoints.
-StatusOr<JobConfig> SimulatedJob(const Options& o, int64_t k, int port) {
+StatusOr<JobConfig> SimulatedJob(const Options& o, int64_t k, const std::string& updates,
+                                 int port) {
   JobConfig cfg;
   std::vector<std::string> sets = {
       "job.log_level=warn",
@@ -110,29 +114,32 @@ StatusOr<JobConfig> SimulatedJob(const Options& o, int64_t k, int port) {
   sets.push_back("trainer.steps=" + std::to_string(o.steps));
   sets.push_back("rollout.async=" + std::string(k > 0 ? "true" : "false"));
   sets.push_back("algorithm.max_staleness=" + std::to_string(k));
+  if (k > 0) sets.push_back("rollout.weight_updates=" + updates);
   for (const std::string& s : sets) GYRE_RETURN_IF_ERROR(config::ApplyOverride(&cfg, s));
   GYRE_RETURN_IF_ERROR(config::ValidateJobConfig(cfg));
   return cfg;
 }
 
-StatusOr<JobConfig> RealJob(const Options& o, int64_t k) {
+StatusOr<JobConfig> RealJob(const Options& o, int64_t k, const std::string& updates) {
   std::vector<std::string> sets = o.overrides;
   sets.push_back("trainer.steps=" + std::to_string(o.steps));
   sets.push_back("trainer.checkpoint_every=0");
   sets.push_back("rollout.async=" + std::string(k > 0 ? "true" : "false"));
   sets.push_back("algorithm.max_staleness=" + std::to_string(k));
+  if (k > 0) sets.push_back("rollout.weight_updates=" + updates);
   return LoadJobConfig(o.config, sets);
 }
 
 // One run's row: the GRPO steps' mean time (simulated seconds with --simulate), throughput, the
 // rollout workers' idle fraction, and the controller's CPU time per step.
-StatusOr<nlohmann::json> RunOne(const Options& o, int64_t k) {
-  const std::string name = "k" + std::to_string(k);
+StatusOr<nlohmann::json> RunOne(const Options& o, int64_t k, const std::string& updates) {
+  const std::string name =
+      "k" + std::to_string(k) + (k > 0 ? (updates == "lockstep" ? "-lockstep" : "-between") : "");
   std::vector<std::string> sim_argv;
   StatusOr<JobConfig> cfg = InvalidArgument("no job");
   if (o.simulate) {
     GYRE_ASSIGN_OR_RETURN(const int port, rpc::PickFreePort("127.0.0.1"));
-    cfg = SimulatedJob(o, k, port);
+    cfg = SimulatedJob(o, k, updates, port);
     sim_argv = {SelfExecutable(),
                 "sim-workers",
                 "--controller",
@@ -145,7 +152,7 @@ StatusOr<nlohmann::json> RunOne(const Options& o, int64_t k) {
                 "300"};
     for (const std::string& a : o.cost.ToArgs()) sim_argv.push_back(a);
   } else {
-    cfg = RealJob(o, k);
+    cfg = RealJob(o, k, updates);
   }
   GYRE_RETURN_IF_ERROR(cfg.status());
   cfg->job.output_dir = o.out;
@@ -156,7 +163,8 @@ StatusOr<nlohmann::json> RunOne(const Options& o, int64_t k) {
     GYRE_ASSIGN_OR_RETURN(sim, SpawnProcess(sim_argv, o.out + "/" + name + ".sim-workers.log"));
   }
   std::fprintf(stderr, "bench e2e: running %s (%s)...\n", name.c_str(),
-               k == 0 ? "synchronous" : ("asynchronous, k = " + std::to_string(k)).c_str());
+               k == 0 ? "synchronous"
+                      : ("asynchronous, k = " + std::to_string(k) + ", " + updates).c_str());
   RunOptions run;
   run.print_progress = false;
   const double cpu0 = CpuSeconds();
@@ -191,6 +199,7 @@ StatusOr<nlohmann::json> RunOne(const Options& o, int64_t k) {
   const double mean_step = step_s / steps / scale;
   nlohmann::json row = {{"mode", k == 0 ? "sync" : "async"},
                         {"k", k},
+                        {"weight_updates", k == 0 ? "-" : updates},
                         {"steps", steps},
                         {"step_s", mean_step},
                         {"steps_per_hour", 3600.0 / mean_step},
@@ -249,6 +258,15 @@ int RunBenchE2e(const std::vector<std::string>& args) {
       ok = ParseInt(v, 1, 4096, &o.group);
     } else if (a == "--max-new-tokens") {
       ok = ParseInt(v, 1, 1000000, &o.max_new_tokens);
+    } else if (a == "--weight-updates") {
+      o.weight_updates.clear();
+      std::stringstream ss(v);
+      std::string item;
+      while (ok && std::getline(ss, item, ',')) {
+        ok = item == "lockstep" || item == "between_steps";
+        o.weight_updates.push_back(item);
+      }
+      ok = ok && !o.weight_updates.empty();
     } else if (a == "--staleness") {
       o.staleness.clear();
       std::stringstream ss(v);
@@ -299,18 +317,22 @@ int RunBenchE2e(const std::vector<std::string>& args) {
   report.SetContext("steps", o.steps);
   double sync_step = 0;
   for (int64_t k : o.staleness) {
-    StatusOr<nlohmann::json> row = RunOne(o, k);
-    if (!row.ok()) {
-      std::fprintf(stderr, "gyre bench e2e: %s (run directories in %s)\n",
-                   row.status().ToString().c_str(), o.out.c_str());
-      return 1;
+    for (const std::string& updates : o.weight_updates) {
+      if (k == 0 && updates != o.weight_updates.front()) continue;  // one synchronous run
+      StatusOr<nlohmann::json> row = RunOne(o, k, updates);
+      if (!row.ok()) {
+        std::fprintf(stderr, "gyre bench e2e: %s (run directories in %s)\n",
+                     row.status().ToString().c_str(), o.out.c_str());
+        return 1;
+      }
+      if (k == 0) sync_step = (*row)["step_s"].get<double>();
+      if (sync_step > 0) (*row)["speedup"] = sync_step / (*row)["step_s"].get<double>();
+      report.AddRow(*row);
     }
-    if (k == 0) sync_step = (*row)["step_s"].get<double>();
-    if (sync_step > 0) (*row)["speedup"] = sync_step / (*row)["step_s"].get<double>();
-    report.AddRow(*row);
   }
   std::vector<BenchColumn> columns = {{"mode", "mode"},
                                       {"k", "k"},
+                                      {"weight_updates", "weight updates"},
                                       {"step_s", "step s", 2},
                                       {"steps_per_hour", "steps/h", 1},
                                       {"samples_per_s", "samples/s", 1},

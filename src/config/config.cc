@@ -200,6 +200,8 @@ std::vector<Field> BuildTable() {
            "asynchronous rollout: generate ahead of training by up to max_staleness versions"),
       Num(GYRE_CONFIG_KEY(rollout.async_chunk_groups), Closed(0, 1000000),
           "asynchronous rollout: groups per generate call; 0 = prompts_per_step / workers"),
+      Choice(GYRE_CONFIG_KEY(rollout.weight_updates), {"lockstep", "between_steps"},
+             "asynchronous rollout: publish with generation paused, or between engine steps"),
       // algorithm
       Choice(GYRE_CONFIG_KEY(algorithm.advantage), {"grpo", "grpo_no_std", "rloo"},
              "group-relative advantage estimator"),
@@ -940,6 +942,11 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
     return Problem{{"rollout.partial_rollouts", "algorithm.max_staleness"},
                    "rollout.partial_rollouts needs algorithm.max_staleness >= 1 (a resumed sample "
                    "carries tokens of the previous policy version)"};
+  }
+  if (c.rollout.weight_updates == "between_steps" && !c.rollout.async) {
+    return Problem{{"rollout.weight_updates", "rollout.async"},
+                   "rollout.weight_updates: between_steps needs rollout.async: true (a "
+                   "synchronous step never has generation running while it publishes)"};
   }
   if (c.rollout.async && c.rollout.partial_rollouts) {
     return Problem{

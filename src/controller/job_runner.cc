@@ -586,6 +586,13 @@ Status JobRunner::AsyncGrpoStep(int step) {
                           {"in_flight_groups", as.in_flight},
                           {"ready_groups", as.ready}};
   return FinishStep(step, t0, &sc_out, as.generate, as.wait_s, 1, extra, [this]() -> Status {
+    if (cfg_.rollout.weight_updates == "between_steps") {
+      // No lockstep: the workers take the version between engine steps of the calls they are
+      // running; calls started after the publish need it.
+      GYRE_RETURN_IF_ERROR(Publish());
+      async_->Resume(version_);
+      return Status::Ok();
+    }
     // Publish to everyone, then continue: calls in flight end first, new ones need the new
     // version.
     GYRE_RETURN_IF_ERROR(async_->Pause());

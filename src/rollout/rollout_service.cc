@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <thread>
 
 #include "comm/cuda_ipc.h"
 #include "comm/gloo_communicator.h"
@@ -166,10 +167,18 @@ void RolloutService::ToSample(const v1::GenerateRequest& req, const SampleResult
   }
 }
 
+std::unique_lock<std::mutex> RolloutService::LockForWeights() {
+  ++weights_waiting_;
+  std::unique_lock<std::mutex> lock(mu_);
+  --weights_waiting_;
+  return lock;
+}
+
 grpc::Status RolloutService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                       v1::GenerateResponse* resp) {
   return rpc::Guarded("Generate", [&]() -> grpc::Status {
     const auto t0 = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> generation(generate_mu_);
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t version = version_.load();
     grpc::Status started = StartGeneration(*req, version);
@@ -209,9 +218,11 @@ grpc::Status RolloutService::GenerateStream(grpc::ServerContext* ctx,
                           "target_finished_groups); use Generate");
     }
     auto last = std::chrono::steady_clock::now();
-    std::lock_guard<std::mutex> lock(mu_);
-    const int64_t version = version_.load();
-    grpc::Status started = StartGeneration(*req, version);
+    // One generation at a time; the engine lock only for each step, so a weight update
+    // (LoadWeights, ReceiveWeights) lands between two steps and later tokens carry its version.
+    std::lock_guard<std::mutex> generation(generate_mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    grpc::Status started = StartGeneration(*req, version_.load());
     if (!started.ok()) return started;
     // Samples of each group (request id) until its last one finishes.
     std::map<uint64_t, std::vector<SampleResult>> pending;
@@ -220,7 +231,7 @@ grpc::Status RolloutService::GenerateStream(grpc::ServerContext* ctx,
     auto send = [&](v1::GenerateResponse* part) {
       const EngineStats& st = engine_->stats();
       const auto now = std::chrono::steady_clock::now();
-      part->set_policy_version(version);
+      part->set_policy_version(engine_->version());
       part->set_generated_tokens(st.generated_tokens - sent.generated_tokens);
       part->set_prefill_tokens(st.prefill_tokens - sent.prefill_tokens);
       part->set_prefix_shared_tokens(st.prefix_shared_tokens - sent.prefix_shared_tokens);
@@ -235,6 +246,12 @@ grpc::Status RolloutService::GenerateStream(grpc::ServerContext* ctx,
       if (ctx->IsCancelled()) {
         engine_->DropAll();
         return grpc::Status(grpc::StatusCode::CANCELLED, "generation cancelled by the caller");
+      }
+      if (weights_waiting_.load() > 0) {
+        // A weight update is waiting for the engine: let it go first.
+        lock.unlock();
+        while (weights_waiting_.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        lock.lock();
       }
       auto finished = engine_->Step();
       if (!finished.ok()) {
@@ -269,7 +286,7 @@ grpc::Status RolloutService::LoadWeights(grpc::ServerContext* ctx,
                                          grpc::ServerReader<v1::WeightChunk>* reader,
                                          v1::WeightReceipt* receipt) {
   return rpc::Guarded("LoadWeights", [&]() -> grpc::Status {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock = LockForWeights();
     // The engine is idle between Generate calls; the update drops or keeps the KV of parked
     // unfinished samples (rollout.weight_update_kv). The version is known once the transfer ends.
     Status s = engine_->UpdateWeights(version_.load(), [&] {
@@ -304,7 +321,7 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
     }
     at::Device device = at::Device(at::kCPU);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock = LockForWeights();
       device = model_->device();
     }
     if (transport != "gloo" && !device.is_cuda()) {
@@ -358,7 +375,7 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
     }
     {
       // As LoadWeights: through the engine, which keeps or recomputes the KV of parked samples.
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock = LockForWeights();
       Status s = engine_->UpdateWeights(r->version, [&] {
         if (transport == "gloo") {
           return model::LoadFlatParameters(weight_payload_.manifest, weight_payload_.bytes.data(),

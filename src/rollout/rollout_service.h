@@ -69,7 +69,14 @@ class RolloutService final : public v1::Rollout::Service {
   // The engine result `r` of request `req` as a Sample.
   static void ToSample(const v1::GenerateRequest& req, const SampleResult& r, v1::Sample* s);
 
+  // One generation at a time (Generate, GenerateStream), taken before mu_. GenerateStream holds
+  // mu_ only for each engine step, so weight updates land between steps.
+  std::mutex generate_mu_;
   std::mutex mu_;  // guards model_ and engine_ use
+  // Weight updates take mu_ through LockForWeights, which a running GenerateStream sees between
+  // engine steps (weights_waiting_ > 0) and yields to.
+  std::unique_lock<std::mutex> LockForWeights();
+  std::atomic<int> weights_waiting_{0};
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<RolloutEngine> engine_;
   std::atomic<int64_t> version_{-1};    // -1: no weights received yet

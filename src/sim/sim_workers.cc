@@ -58,6 +58,9 @@ grpc::Status SimRollout::Run(
     int group;  // index in req.groups()
     int index;  // sample index in its group
     int64_t length, done = 0;
+    // The policy version of its tokens, run-length encoded: (version, tokens), oldest first. A
+    // weight update that lands mid-call (LoadWeights between two steps) starts a new run.
+    std::vector<std::pair<int64_t, int64_t>> versions;
   };
   std::deque<int> waiting;
   for (int g = 0; g < req.groups_size(); ++g) {
@@ -94,6 +97,13 @@ grpc::Status SimRollout::Run(
     }
     due += seconds + cost_.StepSeconds(static_cast<int64_t>(running.size()));
     tokens += static_cast<int64_t>(running.size());
+    const int64_t now_version = std::max(version, version_.load());
+    for (Seq& seq : running) {
+      if (seq.versions.empty() || seq.versions.back().first != now_version) {
+        seq.versions.emplace_back(now_version, 0);
+      }
+      ++seq.versions.back().second;
+    }
     std::vector<int> done_groups;
     for (auto it = running.begin(); it != running.end();) {
       if (++it->done < it->length) {
@@ -109,13 +119,15 @@ grpc::Status SimRollout::Run(
       for (int64_t t = 0; t < it->length; ++t) {
         s.add_response_ids(stopped && t + 1 == it->length ? stop_id : g.prompt_ids(0));
         s.add_logprobs(-1.0f);
-        s.add_versions(version);
         s.add_kept_mass(1.0f);
         s.add_loss_mask(1.0f);
       }
+      for (const auto& [v, count] : it->versions) {
+        for (int64_t t = 0; t < count; ++t) s.add_versions(v);
+      }
       s.set_finish_reason(stopped ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
       s.set_seed(g.seed() + static_cast<uint64_t>(it->index));
-      s.set_kv_version(version);
+      s.set_kv_version(it->versions.empty() ? version : it->versions.front().first);
       auto& samples = finished[it->group];
       samples.push_back(std::move(s));
       if (static_cast<int>(samples.size()) == g.n()) done_groups.push_back(it->group);

@@ -9,7 +9,9 @@
 //
 // SimRollout: one generation at a time (as the real engine), simulated continuous batching
 // (cost_model.h); GenerateStream sends each group when its last sample finishes; weights arrive
-// over the grpc transport only (LoadWeights), and the version is what the trainer sent.
+// over the grpc transport only (LoadWeights), and the version is what the trainer sent. A version
+// that arrives mid-call labels the tokens of the steps after it (rollout.weight_updates:
+// between_steps).
 // SimTrainer: TrainStep checks expected_version and advances the version by one; PublishWeights
 // (grpc transport only) spends the uplink time, then streams a small token payload to each
 // rollout worker so the receipts are real; Save writes simulated.json; SaveState and LoadState

@@ -37,11 +37,16 @@ TEST(BenchE2eTest, TinySimulatedRunWritesConsistentJson) {
   EXPECT_EQ(j["context"]["mode"], "simulated workers");
   EXPECT_EQ(j["context"]["cluster"], "3 rollout + 2 trainer nodes");
   const auto& rows = j["results"];
-  ASSERT_EQ(rows.size(), 2u) << j.dump(2);
+  // One synchronous run, then k = 1 with each way of updating weights.
+  ASSERT_EQ(rows.size(), 3u) << j.dump(2);
   EXPECT_EQ(rows[0]["mode"], "sync");
   EXPECT_EQ(rows[0]["k"], 0);
-  EXPECT_EQ(rows[1]["mode"], "async");
-  EXPECT_EQ(rows[1]["k"], 1);
+  for (int r = 1; r <= 2; ++r) {
+    EXPECT_EQ(rows[r]["mode"], "async");
+    EXPECT_EQ(rows[r]["k"], 1);
+  }
+  EXPECT_EQ(rows[1]["weight_updates"], "lockstep");
+  EXPECT_EQ(rows[2]["weight_updates"], "between_steps");
   EXPECT_EQ(rows[0]["speedup"], 1.0);
   for (const auto& r : rows) {
     EXPECT_EQ(r["steps"], 3) << r.dump();
@@ -58,7 +63,7 @@ TEST(BenchE2eTest, TinySimulatedRunWritesConsistentJson) {
     EXPECT_NEAR(r["speedup"].get<double>(), rows[0]["step_s"].get<double>() / step_s, 1e-9);
   }
   // The runs' own records: every step trained 12 samples from the simulated workers.
-  const std::string metrics = testing::ReadFile(dir + "/runs/k1/metrics.jsonl");
+  const std::string metrics = testing::ReadFile(dir + "/runs/k1-between/metrics.jsonl");
   EXPECT_NE(metrics.find("\"samples\":12"), std::string::npos) << metrics;
   EXPECT_TRUE(PathExists(dir + "/runs/k0/final/simulated.json"));
   EXPECT_TRUE(RemoveTree(dir).ok());
@@ -71,6 +76,7 @@ TEST(BenchE2eTest, BadOptionsAreUsageErrors) {
       {"bench", "e2e", "--simulate", "--config", "x.yaml"},
       {"bench", "e2e", "--simulate", "--staleness", "0,x"},
       {"bench", "e2e", "--simulate", "--time-scale", "0"},
+      {"bench", "e2e", "--simulate", "--weight-updates", "sometimes"},
       {"bench", "e2e", "--simulate", "--rollout-workers"},
       {"bench", "e2e", "--simulate", "--frobnicate", "1"},
       {"sim-workers", "--rollout", "2"},  // no --controller

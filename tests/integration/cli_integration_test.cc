@@ -258,6 +258,26 @@ TEST(TrainTest, AsyncRolloutRunsAheadWithinTheStalenessBound) {
   EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
 }
 
+// rollout.weight_updates: between_steps: the trainer publishes while generation runs, each worker
+// taking the version between engine steps; the bound holds and every step trains a full batch.
+TEST(TrainTest, AsyncWeightUpdatesBetweenEngineStepsKeepTheBound) {
+  const std::string dir = MakeTempDir("async_between");
+  auto args = SmallJob(dir, 8);
+  args.insert(args.end(), {"--set", "rollout.async=true", "--set", "algorithm.max_staleness=2",
+                           "--set", "rollout.weight_updates=between_steps", "--set",
+                           "rollout.max_new_tokens=12", "--set", "model.max_seq_len=40"});
+  auto p = GyreProcess::Start(args, dir);
+  ASSERT_TRUE(p.Wait(240)) << p.Output();
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  ASSERT_EQ(steps.size(), 8u);
+  for (const auto& s : steps) {
+    EXPECT_EQ(s["samples"], 64) << s.dump();
+    for (const auto& [age, count] : s["staleness"].items()) EXPECT_LE(std::stoi(age), 2);
+  }
+  EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
+}
+
 // kill -9 of a rollout worker during an asynchronous job: its groups go to the others, it is
 // restarted and caught up, and every step still trains a full batch.
 TEST(TrainTest, AsyncJobSurvivesAKilledRolloutWorker) {

@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <thread>
+#include <mutex>
+#include <future>
 
 #include "model/transformer.h"
 #include "rollout/rollout_service.h"
@@ -329,6 +332,58 @@ TEST_F(WeightSyncTest, GenerateStreamSendsEachGroupWhenItFinishes) {
   s = client->GenerateStream({10, nullptr}, partial, [](v1::GenerateResponse&) {});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("use Generate"), std::string::npos) << s;
+}
+
+// rollout.weight_updates: between_steps. A version sent while a GenerateStream runs is taken
+// between two engine steps: the call goes on, and the tokens after the update carry the new
+// version (samples running at that moment hold tokens of both).
+TEST_F(WeightSyncTest, AWeightUpdateLandsBetweenTheStepsOfARunningStream) {
+  v1::GenerateRequest req;
+  for (uint64_t g = 0; g < 8; ++g) {  // 8 rounds of 8 sequences (max_running 8)
+    auto* group = req.add_groups();
+    for (int32_t id : {1, 5, static_cast<int32_t>(9 + g)}) group->add_prompt_ids(id);
+    group->set_group_id(g);
+    group->set_n(8);
+    group->set_first_sample_id(100 * g);
+    group->set_seed(31 * g);
+  }
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_max_new_tokens(24);
+  req.set_min_policy_version(-1);
+  auto client = rpc::MakeGrpcRolloutClient(address_);
+  std::mutex mu;
+  std::vector<v1::GenerateResponse> parts;
+  std::promise<void> first;
+  Status streamed;
+  std::thread generation([&] {
+    streamed = client->GenerateStream({30, nullptr}, req, [&](v1::GenerateResponse& p) {
+      std::lock_guard<std::mutex> lock(mu);
+      parts.push_back(p);
+      if (parts.size() == 1) first.set_value();
+    });
+  });
+  ASSERT_EQ(first.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  auto sent = SendWeights(stub_.get(), payload_, 4096, 10.0);
+  generation.join();
+  ASSERT_TRUE(sent.ok()) << sent.status();
+  ASSERT_TRUE(streamed.ok()) << streamed;
+  EXPECT_EQ(service_->version(), 3);
+  ASSERT_GE(parts.size(), 2u);
+  EXPECT_EQ(parts.front().policy_version(), -1);
+  EXPECT_EQ(parts.back().policy_version(), 3);
+  int mixed = 0, samples = 0;
+  for (const auto& p : parts) {
+    for (const auto& smp : p.samples()) {
+      ++samples;
+      ASSERT_EQ(smp.versions_size(), 24);
+      for (int t = 1; t < smp.versions_size(); ++t) {
+        EXPECT_LE(smp.versions(t - 1), smp.versions(t)) << "sample " << smp.sample_id();
+      }
+      mixed += smp.versions(0) == -1 && smp.versions(23) == 3;
+    }
+  }
+  EXPECT_EQ(samples, 64);
+  EXPECT_GT(mixed, 0) << "no sample was running when the update landed";
 }
 
 TEST(RolloutServiceTest, StopStringsEndResponsesAndNeedADecoder) {

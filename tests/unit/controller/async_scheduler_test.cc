@@ -71,6 +71,9 @@ struct Schedule {
   // After a step, with this probability: a checkpoint (Pause, Checkpoint), then a new scheduler
   // restored from it, as a resumed job builds one.
   double restart_p = 0;
+  // Publish without pausing (rollout.weight_updates: between_steps): calls in flight go on and
+  // their later samples carry the new version.
+  bool no_pause = false;
 };
 
 int64_t g_restarts = 0;  // scheduler restarts from a checkpoint, over all schedules
@@ -167,10 +170,11 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
     EXPECT_TRUE((*ledger)->Move(ids, SampleState::kTrained, {step, version + 1}).ok());
     // The step's update, then publish to everyone.
     ++version;
-    EXPECT_TRUE(async->Pause().ok());
+    const bool restart = u(*rng) < sch.restart_p;
+    if (!sch.no_pause || restart) EXPECT_TRUE(async->Pause().ok());
     for (auto& r : job.cluster.rollout) r->version = version;
     for (Worker* w : job.pool->AliveRollouts()) w->version = version;
-    if (u(*rng) < sch.restart_p) {
+    if (restart) {
       // Every admitted, untrained group is in the checkpoint, finished or never sent, and the
       // ledger agrees; the restored scheduler continues with them and the admission count.
       auto carried = async->Checkpoint(version, step);
@@ -248,6 +252,7 @@ TEST(AsyncSchedulerTest, RandomSchedulesKeepTheStalenessBoundAndTheLedgerExact) 
     sch.stream_delay_s = 0.0001 * static_cast<double>(rng() % 3);
     sch.fail_p = (rng() % 3 == 0) ? 0.15 : 0.0;
     sch.restart_p = (rng() % 4 == 0) ? 0.3 : 0.0;
+    sch.no_pause = rng() % 2 == 0;
     const int64_t worst = RunSchedule(job, sch, &rng, i);
     EXPECT_LE(worst, sch.k) << "schedule " << i << ": k=" << sch.k << " B=" << sch.B;
     worst_by_k[sch.k] = std::max(worst_by_k[sch.k], worst);
