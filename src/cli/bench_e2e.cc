@@ -162,9 +162,9 @@ StatusOr<nlohmann::json> RunOne(const Options& o, int64_t k, const std::string& 
   if (o.simulate) {
     GYRE_ASSIGN_OR_RETURN(sim, SpawnProcess(sim_argv, o.out + "/" + name + ".sim-workers.log"));
   }
-  std::fprintf(stderr, "bench e2e: running %s (%s)...\n", name.c_str(),
-               k == 0 ? "synchronous"
-                      : ("asynchronous, k = " + std::to_string(k) + ", " + updates).c_str());
+  std::fprintf(
+      stderr, "bench e2e: running %s (%s)...\n", name.c_str(),
+      k == 0 ? "synchronous" : ("asynchronous, k = " + std::to_string(k) + ", " + updates).c_str());
   RunOptions run;
   run.print_progress = false;
   const double cpu0 = CpuSeconds();

@@ -158,7 +158,7 @@ std::vector<Field> BuildTable() {
       Choice(GYRE_CONFIG_KEY(data.chat_template), {"none", "qwen2.5", "qwen3", "llama3"},
              "wrap each prompt as a user turn in this chat format; none = raw text"),
       // rollout
-      Num(GYRE_CONFIG_KEY(rollout.workers), Closed(1, 64), "rollout worker processes"),
+      Num(GYRE_CONFIG_KEY(rollout.workers), Closed(1, 4096), "rollout worker processes"),
       Num(GYRE_CONFIG_KEY(rollout.group_size), Closed(1, 4096), "samples per prompt (GRPO's n)"),
       Num(GYRE_CONFIG_KEY(rollout.prompts_per_step), Closed(1, kMaxCount),
           "prompt groups per GRPO step"),
@@ -942,6 +942,12 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
     return Problem{{"rollout.partial_rollouts", "algorithm.max_staleness"},
                    "rollout.partial_rollouts needs algorithm.max_staleness >= 1 (a resumed sample "
                    "carries tokens of the previous policy version)"};
+  }
+  if (c.cluster.mode == "local" && c.rollout.workers > 64) {
+    return Problem{{"rollout.workers", "cluster.mode"},
+                   "rollout.workers (" + str(c.rollout.workers) +
+                       ") must be at most 64 with cluster.mode: local (one host); start more "
+                       "workers across hosts with cluster.mode: external"};
   }
   if (c.rollout.weight_updates == "between_steps" && !c.rollout.async) {
     return Problem{{"rollout.weight_updates", "rollout.async"},

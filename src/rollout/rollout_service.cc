@@ -250,7 +250,8 @@ grpc::Status RolloutService::GenerateStream(grpc::ServerContext* ctx,
       if (weights_waiting_.load() > 0) {
         // A weight update is waiting for the engine: let it go first.
         lock.unlock();
-        while (weights_waiting_.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        while (weights_waiting_.load() > 0)
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
         lock.lock();
       }
       auto finished = engine_->Step();

@@ -88,6 +88,14 @@ nlohmann::json Ledger(const std::vector<std::string>& args, const std::string& d
   }
 }
 
+// `gyre ledger RUN --sample ID`: the sample's history has exactly one trained event.
+void ExpectOneTrainedEvent(const std::string& run, const std::string& dir, uint64_t id) {
+  const auto h = Ledger({run, "--sample", std::to_string(id)}, dir);
+  int trained = 0;
+  for (const auto& e : h["events"]) trained += e["to"] == "trained";
+  EXPECT_EQ(trained, 1) << h.dump();
+}
+
 // Each sample of the run's ledger trained exactly once, and which prompts: what a resume must
 // neither lose nor repeat.
 void ExpectEveryPromptTrainedOnceAsIn(const std::string& run_a, const std::string& run_b,
@@ -104,11 +112,7 @@ void ExpectEveryPromptTrainedOnceAsIn(const std::string& run_a, const std::strin
   const auto ta = Ledger({run_b, "--state", "trained", "--top", "0"}, dir);
   ASSERT_EQ(ta["rows"].size(), static_cast<size_t>(samples));
   // One sample's whole history: one trained event, none repeated.
-  const uint64_t id = ta["rows"][0]["sample_id"].get<uint64_t>();
-  const auto h = Ledger({run_b, "--sample", std::to_string(id)}, dir);
-  int trained = 0;
-  for (const auto& e : h["events"]) trained += e["to"] == "trained";
-  EXPECT_EQ(trained, 1) << h.dump();
+  ExpectOneTrainedEvent(run_b, dir, ta["rows"][0]["sample_id"].get<uint64_t>());
 }
 
 // A metrics line without its wall-clock fields.
@@ -371,11 +375,7 @@ TEST(ResumeTest, KilledAsyncJobResumesWithoutLosingOrRepeatingASample) {
   std::set<uint64_t> ids;
   for (const auto& r : trained["rows"]) ids.insert(r["sample_id"].get<uint64_t>());
   EXPECT_EQ(ids.size(), static_cast<size_t>(kSteps * 8 * 8)) << "a sample was trained twice";
-  const uint64_t id = trained["rows"][0]["sample_id"].get<uint64_t>();
-  const auto h = Ledger({run_b, "--sample", std::to_string(id)}, dir);
-  int trained_events = 0;
-  for (const auto& e : h["events"]) trained_events += e["to"] == "trained";
-  EXPECT_EQ(trained_events, 1) << h.dump();
+  ExpectOneTrainedEvent(run_b, dir, trained["rows"][0]["sample_id"].get<uint64_t>());
   EXPECT_TRUE(AllGone(WorkerPids(out), 10));
   EXPECT_TRUE(RemoveTree(dir).ok());
 }

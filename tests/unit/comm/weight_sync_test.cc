@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
-#include <thread>
-#include <mutex>
 #include <future>
+#include <map>
+#include <mutex>
+#include <thread>
 
 #include "model/transformer.h"
 #include "rollout/rollout_service.h"

@@ -303,6 +303,12 @@ TEST(ConfigValidate, CrossFieldErrorPointsAtAnInvolvedKey) {
   EXPECT_EQ(ParseError("model:\n  hidden_size: 12\n  num_heads: 4\n  num_kv_heads: 1\n"),
             "jobs/x.yaml:2:3: model.hidden_size / model.num_heads = 3 must be even (rotary "
             "embeddings rotate pairs of dimensions)");
+  EXPECT_EQ(ParseError("rollout:\n  workers: 65\n"),
+            "jobs/x.yaml:2:3: rollout.workers (65) must be at most 64 with cluster.mode: local "
+            "(one host); start more workers across hosts with cluster.mode: external");
+  EXPECT_EQ(ParseError("rollout:\n  weight_updates: between_steps\n"),
+            "jobs/x.yaml:2:3: rollout.weight_updates: between_steps needs rollout.async: true (a "
+            "synchronous step never has generation running while it publishes)");
   EXPECT_EQ(ParseError("algorithm:\n  tis: true\n  correction: icepop\n"),
             "jobs/x.yaml:2:3: algorithm.tis: true is shorthand for algorithm.correction: tis, "
             "but algorithm.correction is icepop; set only one of them");
