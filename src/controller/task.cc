@@ -49,6 +49,18 @@ StatusOr<std::vector<Problem>> LoadJsonl(const std::string& path) {
 }
 
 Problem ProblemSource::Draw(std::mt19937_64* rng) const {
+  if (data_.task == "copy") {
+    // Long-tail answer lengths: lognormal with median min_digits (sigma 0.75), clamped to
+    // [min_digits, max_digits].
+    std::normal_distribution<double> z(0.0, 1.0);
+    const double len = std::round(std::exp(std::log(data_.min_digits) + 0.75 * z(*rng)));
+    const int d =
+        std::clamp(static_cast<int>(std::min(len, 1e6)), data_.min_digits, data_.max_digits);
+    std::uniform_int_distribution<int> digit(0, 9);
+    std::string s;
+    for (int i = 0; i < d; ++i) s += static_cast<char>('0' + digit(*rng));
+    return {"c" + s + "=", s};
+  }
   auto operand = [&]() {
     std::uniform_int_distribution<int> len(data_.min_digits, data_.max_digits);
     int d = len(*rng);

@@ -1,7 +1,9 @@
 #pragma once
 // Tasks and datasets: where prompts and reference answers come from, and the built-in verifier.
 //
-// The built-in task is multi-digit addition: "37+5=" -> "42". Problems are drawn from a seed,
+// The built-in tasks: multi-digit addition, "37+5=" -> "42", and copy, "c4821=" -> "4821", whose
+// answer lengths are lognormal (median data.min_digits, sigma 0.75, at most data.max_digits): a
+// long-tail response-length task for asynchronous rollout. Problems are drawn from a seed,
 // so a job is reproducible; the held-out set is drawn from its own seed and removed from the
 // training stream. A JSONL dataset ({"prompt": ..., "answer": ...} per line) uses the same
 // verifier (exact match of the trimmed response with the answer).

@@ -303,6 +303,9 @@ TEST(ConfigValidate, CrossFieldErrorPointsAtAnInvolvedKey) {
   EXPECT_EQ(ParseError("model:\n  hidden_size: 12\n  num_heads: 4\n  num_kv_heads: 1\n"),
             "jobs/x.yaml:2:3: model.hidden_size / model.num_heads = 3 must be even (rotary "
             "embeddings rotate pairs of dimensions)");
+  EXPECT_EQ(ParseError("data:\n  task: copy\n  max_digits: 18\nrollout:\n  max_new_tokens: 44\n"),
+            "jobs/x.yaml:3:3: model.max_seq_len (64) must be greater than data.max_digits + 2 + "
+            "rollout.max_new_tokens = 64 (the longest copy prompt plus its completion)");
   EXPECT_EQ(ParseError("rollout:\n  workers: 65\n"),
             "jobs/x.yaml:2:3: rollout.workers (65) must be at most 64 with cluster.mode: local "
             "(one host); start more workers across hosts with cluster.mode: external");

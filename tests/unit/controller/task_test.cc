@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <vector>
 
 #include "common/file_util.h"
 
@@ -32,6 +34,38 @@ TEST(AdditionTaskTest, ProblemsAreCorrectReproducibleAndHeldOut) {
     EXPECT_LT(x, 1000);
     EXPECT_LT(y, 1000);
   }
+}
+
+// data.task: copy. "c<digits>=" -> the digits; lengths lognormal with median min_digits
+// (sigma 0.75), within [min_digits, max_digits]: mostly short, with a long tail.
+TEST(CopyTaskTest, AnswersRepeatThePromptWithLongTailLengths) {
+  DataSection d;
+  d.task = "copy";
+  d.min_digits = 3;
+  d.max_digits = 18;
+  d.eval_size = 20;
+  auto a = ProblemSource::Create(d, 11);
+  auto b = ProblemSource::Create(d, 11);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<size_t> lengths;
+  for (int i = 0; i < 4000; ++i) {
+    Problem p = a->Next();
+    EXPECT_EQ(p.prompt, b->Next().prompt);
+    ASSERT_GE(p.prompt.size(), 3u);
+    EXPECT_EQ(p.prompt.front(), 'c');
+    EXPECT_EQ(p.prompt.back(), '=');
+    EXPECT_EQ(p.answer, p.prompt.substr(1, p.prompt.size() - 2));
+    EXPECT_EQ(p.answer.find_first_not_of("0123456789"), std::string::npos) << p.answer;
+    ASSERT_GE(p.answer.size(), 3u);
+    ASSERT_LE(p.answer.size(), 18u);
+    lengths.push_back(p.answer.size());
+  }
+  std::sort(lengths.begin(), lengths.end());
+  EXPECT_EQ(lengths[lengths.size() / 2], 3u);  // the median (half the draws clamp up to 3)
+  // P(L >= 10) = P(z >= ln(9.5 / 3) / 0.75) = P(z >= 1.54), about 6%: a tail well past the median.
+  const auto tail = std::count_if(lengths.begin(), lengths.end(), [](size_t l) { return l >= 10; });
+  EXPECT_GT(tail, 4000 * 0.03);
+  EXPECT_LT(tail, 4000 * 0.10);
 }
 
 TEST(ExactMatchRewardTest, OnlyAFinishedExactAnswerScores) {
