@@ -79,6 +79,15 @@ std::string Usage() {
          sim::CostOptionsHelp(Options::BenchCost());
 }
 
+// "a,b,c" -> {"a", "b", "c"}.
+std::vector<std::string> SplitList(const std::string& v) {
+  std::vector<std::string> out;
+  std::stringstream ss(v);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(item);
+  return out;
+}
+
 double CpuSeconds() {
   rusage u = {};
   ::getrusage(RUSAGE_SELF, &u);
@@ -259,21 +268,16 @@ int RunBenchE2e(const std::vector<std::string>& args) {
     } else if (a == "--max-new-tokens") {
       ok = ParseInt(v, 1, 1000000, &o.max_new_tokens);
     } else if (a == "--weight-updates") {
-      o.weight_updates.clear();
-      std::stringstream ss(v);
-      std::string item;
-      while (ok && std::getline(ss, item, ',')) {
-        ok = item == "lockstep" || item == "between_steps";
-        o.weight_updates.push_back(item);
+      o.weight_updates = SplitList(v);
+      for (const std::string& item : o.weight_updates) {
+        ok = ok && (item == "lockstep" || item == "between_steps");
       }
       ok = ok && !o.weight_updates.empty();
     } else if (a == "--staleness") {
       o.staleness.clear();
-      std::stringstream ss(v);
-      std::string item;
-      while (ok && std::getline(ss, item, ',')) {
+      for (const std::string& item : SplitList(v)) {
         int64_t k = 0;
-        ok = ParseInt(item, 0, 1000, &k);
+        ok = ok && ParseInt(item, 0, 1000, &k);
         o.staleness.push_back(k);
       }
       ok = ok && !o.staleness.empty();

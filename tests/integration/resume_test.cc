@@ -58,6 +58,23 @@ pid_t StartGroupLeader(const std::vector<std::string>& args, const std::string& 
   return pid;
 }
 
+// Runs `gyre args...` as a process group (output in dir_b/gyre.out), waits up to `timeout_s` for
+// its run's checkpoint after GRPO step 2, `linger_ms` more, then SIGKILLs the whole group and
+// reaps it. Returns the job's output; *wait_status is its leader's wait status.
+std::string KillOnceCheckpointed(const std::vector<std::string>& args, const std::string& dir_b,
+                                 int timeout_s, int linger_ms, int* wait_status) {
+  const std::string checkpoint = dir_b + "/t/checkpoints/step-000002";
+  const pid_t job = StartGroupLeader(args, dir_b + "/gyre.out");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (!IsDirectory(checkpoint) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(linger_ms));
+  EXPECT_EQ(::kill(-job, SIGKILL), 0);
+  EXPECT_EQ(::waitpid(job, wait_status, 0), job);
+  return ReadFile(dir_b + "/gyre.out");
+}
+
 std::vector<nlohmann::json> Metrics(const std::string& path, const std::string& phase) {
   std::vector<nlohmann::json> out;
   std::istringstream in(ReadFile(path));
@@ -141,16 +158,8 @@ TEST(ResumeTest, KilledJobResumesToTheUninterruptedResult) {
 
   // Kill the whole job (controller and workers, SIGKILL) once it has a checkpoint after step 2.
   const std::string run_b = dir + "/b/t";
-  const pid_t job = StartGroupLeader(Job(dir + "/b"), dir + "/b/gyre.out");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (!IsDirectory(run_b + "/checkpoints/step-000002") &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_EQ(::kill(-job, SIGKILL), 0);
   int st = 0;
-  ASSERT_EQ(::waitpid(job, &st, 0), job);
-  const std::string killed_output = ReadFile(dir + "/b/gyre.out");
+  const std::string killed_output = KillOnceCheckpointed(Job(dir + "/b"), dir + "/b", 90, 0, &st);
   ASSERT_TRUE(IsDirectory(run_b + "/checkpoints/step-000002")) << killed_output;
   ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << killed_output;
   const auto workers = WorkerPids(killed_output);
@@ -243,16 +252,9 @@ TEST(ResumeTest, KilledPartialRolloutJobResumesItsCarriedGroupsExactly) {
 
   // Kill the whole job once it has a checkpoint after a GRPO step.
   const std::string run_b = dir + "/b/t";
-  const pid_t job = StartGroupLeader(PartialJob(dir + "/b"), dir + "/b/gyre.out");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!IsDirectory(run_b + "/checkpoints/step-000002") &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_EQ(::kill(-job, SIGKILL), 0);
   int st = 0;
-  ASSERT_EQ(::waitpid(job, &st, 0), job);
-  const std::string killed_output = ReadFile(dir + "/b/gyre.out");
+  const std::string killed_output =
+      KillOnceCheckpointed(PartialJob(dir + "/b"), dir + "/b", 120, 0, &st);
   ASSERT_TRUE(IsDirectory(run_b + "/checkpoints/step-000002")) << killed_output;
   ASSERT_FALSE(PathExists(run_b + "/final")) << "the job finished before it was killed";
 
@@ -332,17 +334,9 @@ TEST(ResumeTest, KilledAsyncJobResumesWithoutLosingOrRepeatingASample) {
   const std::vector<std::string> async_flags = {"--set", "rollout.async=true", "--set",
                                                 "algorithm.max_staleness=2"};
   const std::string run_b = dir + "/b/t";
-  const pid_t job = StartGroupLeader(With(Job(dir + "/b"), async_flags), dir + "/b/gyre.out");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (!IsDirectory(run_b + "/checkpoints/step-000002") &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // ledger events after it
-  ASSERT_EQ(::kill(-job, SIGKILL), 0);
-  int st = 0;
-  ASSERT_EQ(::waitpid(job, &st, 0), job);
-  const std::string killed_output = ReadFile(dir + "/b/gyre.out");
+  int st = 0;  // 300 ms after the checkpoint, so the ledger has events past it
+  const std::string killed_output =
+      KillOnceCheckpointed(With(Job(dir + "/b"), async_flags), dir + "/b", 90, 300, &st);
   ASSERT_TRUE(IsDirectory(run_b + "/checkpoints/step-000002")) << killed_output;
   ASSERT_FALSE(PathExists(run_b + "/final")) << "the job finished before it was killed";
   EXPECT_TRUE(AllGone(WorkerPids(killed_output), 10));
