@@ -22,6 +22,7 @@ if [[ "${KIND}" == address ]]; then
   SANITIZERS="address,undefined"
   DIRS=(tests/unit)
   export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:detect_stack_use_after_return=1}"
+  export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=${PWD}/tools/lsan.supp:print_suppressions=0}"
 else
   BUILD_DIR="${GYRE_SANITIZE_BUILD_DIR:-build-tsan}"
   SANITIZERS="thread"
