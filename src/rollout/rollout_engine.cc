@@ -685,6 +685,35 @@ void RolloutEngine::DropAll() {
   group_pending_.clear();
 }
 
+int64_t RolloutEngine::Drop(const std::function<bool(uint64_t id)>& drop) {
+  int64_t freed = 0;
+  auto forget = [&](const Seq& s) {
+    const int64_t samples = std::max<int64_t>(1, s.fork_n);
+    freed += samples;
+    auto it = group_pending_.find(s.req->group);
+    if (it != group_pending_.end() && (it->second -= samples) <= 0) group_pending_.erase(it);
+  };
+  for (auto it = running_.begin(); it != running_.end();) {
+    if (!drop((*it)->req->id)) {
+      ++it;
+      continue;
+    }
+    forget(**it);
+    ReleaseBlocks(it->get());
+    it = running_.erase(it);
+  }
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (!drop((*it)->req->id)) {
+      ++it;
+      continue;
+    }
+    forget(**it);
+    ReleaseBlocks(it->get());
+    it = waiting_.erase(it);
+  }
+  return freed;
+}
+
 StatusOr<std::vector<SampleResult>> RolloutEngine::Generate(const std::vector<Request>& requests) {
   if (!idle()) return FailedPrecondition("Generate needs an idle engine; use Add and Run");
   std::vector<Request> tagged = requests;

@@ -180,6 +180,10 @@ class RolloutEngine {
   void ClearParked();
   // Drops every queued and running sample and frees its blocks (parked KV stays).
   void DropAll();
+  // Drops the queued and running samples of the requests whose id `drop(id)` picks, and frees
+  // their blocks; the others go on as if those had never been added. Returns how many sequence
+  // slots it freed (a group still prefilling counts n).
+  int64_t Drop(const std::function<bool(uint64_t id)>& drop);
 
  private:
   struct Seq;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <shared_mutex>
 #include <thread>
 
 #include "comm/cuda_ipc.h"
@@ -100,7 +101,8 @@ void FillSample(const SampleResult& r, uint64_t sample_id, uint64_t group_id,
 
 }  // namespace
 
-grpc::Status RolloutService::StartGeneration(const v1::GenerateRequest& req, int64_t version) {
+grpc::Status RolloutService::StartGeneration(const v1::GenerateRequest& req, int64_t version,
+                                             uint64_t first_id) {
   if (!generated_.exchange(true)) {
     GYRE_LOG_INFO("first generate request, holding policy version {}", version);
   }
@@ -127,7 +129,7 @@ grpc::Status RolloutService::StartGeneration(const v1::GenerateRequest& req, int
   for (int k = 0; k < G; ++k) {
     const auto& g = req.groups(k);
     Request r;
-    r.id = static_cast<uint64_t>(k);
+    r.id = first_id + static_cast<uint64_t>(k);
     r.group = g.group_id();
     r.prompt.assign(g.prompt_ids().begin(), g.prompt_ids().end());
     r.n = g.n();
@@ -138,7 +140,7 @@ grpc::Status RolloutService::StartGeneration(const v1::GenerateRequest& req, int
   for (int k = 0; k < req.resume_size(); ++k) {
     const auto& s = req.resume(k);
     Request r;
-    r.id = static_cast<uint64_t>(G + k);
+    r.id = first_id + static_cast<uint64_t>(G + k);
     r.group = s.group_id();
     r.prompt.assign(s.prompt_ids().begin(), s.prompt_ids().end());
     r.seed = s.seed();
@@ -150,27 +152,31 @@ grpc::Status RolloutService::StartGeneration(const v1::GenerateRequest& req, int
     requests.push_back(std::move(r));
   }
   engine_->set_version(version);
-  engine_->ResetStats();
+  if (engine_->idle()) {  // nothing of another call is running: the counters start again
+    engine_->ResetStats();
+    reported_ = EngineStats{};
+  }
   return rpc::ToGrpc(engine_->Add(requests));
 }
 
-void RolloutService::ToSample(const v1::GenerateRequest& req, const SampleResult& r,
-                              v1::Sample* s) {
+void RolloutService::ToSample(const v1::GenerateRequest& req, uint64_t first_id,
+                              const SampleResult& r, v1::Sample* s) {
   const int G = req.groups_size();
-  if (r.id < static_cast<uint64_t>(G)) {
-    const auto& g = req.groups(static_cast<int>(r.id));
+  const uint64_t k = r.id - first_id;
+  if (k < static_cast<uint64_t>(G)) {
+    const auto& g = req.groups(static_cast<int>(k));
     FillSample(r, g.first_sample_id() + static_cast<uint64_t>(r.index), g.group_id(),
                g.prompt_ids(), s);
   } else {
-    const auto& in = req.resume(static_cast<int>(r.id) - G);
+    const auto& in = req.resume(static_cast<int>(k) - G);
     FillSample(r, in.sample_id(), in.group_id(), in.prompt_ids(), s);
   }
 }
 
-std::unique_lock<std::mutex> RolloutService::LockForWeights() {
-  ++weights_waiting_;
+std::unique_lock<std::mutex> RolloutService::WaitForEngine() {
+  ++engine_waiters_;
   std::unique_lock<std::mutex> lock(mu_);
-  --weights_waiting_;
+  --engine_waiters_;
   return lock;
 }
 
@@ -178,10 +184,10 @@ grpc::Status RolloutService::Generate(grpc::ServerContext* ctx, const v1::Genera
                                       v1::GenerateResponse* resp) {
   return rpc::Guarded("Generate", [&]() -> grpc::Status {
     const auto t0 = std::chrono::steady_clock::now();
-    std::lock_guard<std::mutex> generation(generate_mu_);
+    std::unique_lock<std::shared_mutex> generation(generate_mu_);
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t version = version_.load();
-    grpc::Status started = StartGeneration(*req, version);
+    grpc::Status started = StartGeneration(*req, version, 0);
     if (!started.ok()) return started;
     auto results = engine_->Run(req->target_finished_groups());
     if (!results.ok()) return rpc::ToGrpc(results.status());
@@ -189,7 +195,7 @@ grpc::Status RolloutService::Generate(grpc::ServerContext* ctx, const v1::Genera
       return a.id != b.id ? a.id < b.id : a.index < b.index;
     });
     for (const SampleResult& r : *results) {
-      ToSample(*req, r, r.finished ? resp->add_samples() : resp->add_unfinished());
+      ToSample(*req, 0, r, r.finished ? resp->add_samples() : resp->add_unfinished());
     }
     if (!engine_->graph_error().empty() && !graph_error_logged_) {
       GYRE_LOG_WARN("CUDA graphs turned off, decode steps now run eagerly: {}",
@@ -208,6 +214,56 @@ grpc::Status RolloutService::Generate(grpc::ServerContext* ctx, const v1::Genera
   });
 }
 
+struct RolloutService::Stream {
+  const v1::GenerateRequest* req = nullptr;
+  uint64_t first_id = 0;
+  uint64_t end_id = 0;  // first_id + the request's groups
+  int groups_left = 0;
+  std::map<uint64_t, std::vector<SampleResult>> pending;  // by request id, until all n finish
+  std::vector<v1::GenerateResponse> outbox;               // finished groups, not yet written
+  grpc::Status failed;                                    // a step failed: the call ends with this
+};
+
+void RolloutService::TakeCounters(v1::GenerateResponse* part) {
+  const EngineStats& st = engine_->stats();
+  part->set_policy_version(engine_->version());
+  part->set_generated_tokens(st.generated_tokens - reported_.generated_tokens);
+  part->set_prefill_tokens(st.prefill_tokens - reported_.prefill_tokens);
+  part->set_prefix_shared_tokens(st.prefix_shared_tokens - reported_.prefix_shared_tokens);
+  part->set_parked_reused_tokens(st.parked_reused_tokens - reported_.parked_reused_tokens);
+  part->set_preemptions(st.preemptions - reported_.preemptions);
+  reported_ = st;
+}
+
+void RolloutService::StepStreams() {
+  auto finished = engine_->Step();
+  if (!finished.ok()) {
+    engine_->DropAll();
+    for (auto& [id, st] : streams_) st->failed = rpc::ToGrpc(finished.status());
+    return;
+  }
+  for (SampleResult& r : *finished) {
+    auto it = streams_.upper_bound(r.id);
+    if (it == streams_.begin()) continue;  // a call that has gone away (cannot happen: dropped)
+    Stream* st = std::prev(it)->second;
+    if (r.id >= st->end_id) continue;
+    const uint64_t id = r.id;
+    auto& group = st->pending[id];
+    group.push_back(std::move(r));
+    if (static_cast<int>(group.size()) < st->req->groups(static_cast<int>(id - st->first_id)).n()) {
+      continue;
+    }
+    std::sort(group.begin(), group.end(),
+              [](const SampleResult& a, const SampleResult& b) { return a.index < b.index; });
+    if (st->outbox.empty()) st->outbox.emplace_back();
+    for (const SampleResult& smp : group) {
+      ToSample(*st->req, st->first_id, smp, st->outbox.back().add_samples());
+    }
+    st->pending.erase(id);
+    --st->groups_left;
+  }
+}
+
 grpc::Status RolloutService::GenerateStream(grpc::ServerContext* ctx,
                                             const v1::GenerateRequest* req,
                                             grpc::ServerWriter<v1::GenerateResponse>* writer) {
@@ -218,65 +274,81 @@ grpc::Status RolloutService::GenerateStream(grpc::ServerContext* ctx,
                           "target_finished_groups); use Generate");
     }
     auto last = std::chrono::steady_clock::now();
-    // One generation at a time; the engine lock only for each step, so a weight update
-    // (LoadWeights, ReceiveWeights) lands between two steps and later tokens carry its version.
-    std::lock_guard<std::mutex> generation(generate_mu_);
-    std::unique_lock<std::mutex> lock(mu_);
-    grpc::Status started = StartGeneration(*req, version_.load());
+    // Streams share the engine: whichever call holds mu_ runs the next step for all of them,
+    // and each writes its own finished groups without the lock. Between steps a waiting weight
+    // update (LoadWeights, ReceiveWeights) goes first, so later tokens carry its version.
+    std::shared_lock<std::shared_mutex> generation(generate_mu_);
+    std::unique_lock<std::mutex> lock = WaitForEngine();
+    Stream st;
+    st.req = req;
+    st.first_id = next_request_id_;
+    st.end_id = st.first_id + static_cast<uint64_t>(req->groups_size());
+    st.groups_left = req->groups_size();
+    grpc::Status started = StartGeneration(*req, version_.load(), st.first_id);
     if (!started.ok()) return started;
-    // Samples of each group (request id) until its last one finishes.
-    std::map<uint64_t, std::vector<SampleResult>> pending;
-    EngineStats sent;  // the counters already reported
-    // Sends the finished groups in `part` with the counters since the last message.
-    auto send = [&](v1::GenerateResponse* part) {
-      const EngineStats& st = engine_->stats();
-      const auto now = std::chrono::steady_clock::now();
-      part->set_policy_version(engine_->version());
-      part->set_generated_tokens(st.generated_tokens - sent.generated_tokens);
-      part->set_prefill_tokens(st.prefill_tokens - sent.prefill_tokens);
-      part->set_prefix_shared_tokens(st.prefix_shared_tokens - sent.prefix_shared_tokens);
-      part->set_parked_reused_tokens(st.parked_reused_tokens - sent.parked_reused_tokens);
-      part->set_preemptions(st.preemptions - sent.preemptions);
-      part->set_seconds(std::chrono::duration<double>(now - last).count());
-      sent = st;
-      last = now;
-      return writer->Write(*part);
+    next_request_id_ = st.end_id;
+    streams_[st.first_id] = &st;
+    // Leaves the engine and the stream table; the call's unfinished groups are dropped.
+    auto leave = [&](grpc::Status why) {
+      streams_.erase(st.first_id);
+      engine_->Drop([&](uint64_t id) { return id >= st.first_id && id < st.end_id; });
+      return why;
     };
-    while (!engine_->idle()) {
-      if (ctx->IsCancelled()) {
-        engine_->DropAll();
-        return grpc::Status(grpc::StatusCode::CANCELLED, "generation cancelled by the caller");
+    auto write = [&](v1::GenerateResponse* part) {
+      TakeCounters(part);
+      const auto now = std::chrono::steady_clock::now();
+      part->set_seconds(std::chrono::duration<double>(now - last).count());
+      last = now;
+      lock.unlock();
+      const bool ok = writer->Write(*part);
+      lock.lock();
+      return ok;
+    };
+    while (true) {
+      if (!st.failed.ok()) return leave(st.failed);
+      if (!st.outbox.empty()) {
+        std::vector<v1::GenerateResponse> parts;
+        parts.swap(st.outbox);
+        stream_cv_.notify_all();
+        for (auto& part : parts) {
+          if (!write(&part)) {
+            return leave(
+                grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away mid-stream"));
+          }
+        }
+        continue;
       }
-      if (weights_waiting_.load() > 0) {
-        // A weight update is waiting for the engine: let it go first.
+      if (st.groups_left == 0) break;
+      if (ctx->IsCancelled()) {
+        return leave(
+            grpc::Status(grpc::StatusCode::CANCELLED, "generation cancelled by the caller"));
+      }
+      if (engine_waiters_.load() > 0) {
+        // A weight update or a new call is waiting for the engine: let it go first.
         lock.unlock();
-        while (weights_waiting_.load() > 0)
+        while (engine_waiters_.load() > 0)
           std::this_thread::sleep_for(std::chrono::microseconds(50));
         lock.lock();
+        continue;
       }
-      auto finished = engine_->Step();
-      if (!finished.ok()) {
-        engine_->DropAll();
-        return rpc::ToGrpc(finished.status());
+      // Another stream has finished groups to write: let it take them before the next step.
+      const bool others_waiting = std::any_of(streams_.begin(), streams_.end(), [&](const auto& e) {
+        return e.second != &st && !e.second->outbox.empty();
+      });
+      if (others_waiting) {
+        stream_cv_.wait_for(lock, std::chrono::milliseconds(1));
+        continue;
       }
-      v1::GenerateResponse part;
-      for (SampleResult& r : *finished) {
-        const uint64_t id = r.id;
-        auto& group = pending[id];
-        group.push_back(std::move(r));
-        if (static_cast<int>(group.size()) < req->groups(static_cast<int>(id)).n()) continue;
-        std::sort(group.begin(), group.end(),
-                  [](const SampleResult& a, const SampleResult& b) { return a.index < b.index; });
-        for (const SampleResult& s : group) ToSample(*req, s, part.add_samples());
-        pending.erase(id);
-      }
-      if (part.samples_size() > 0 && !send(&part)) {
-        engine_->DropAll();
-        return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away mid-stream");
-      }
+      StepStreams();
+    }
+    streams_.erase(st.first_id);
+    if (!engine_->graph_error().empty() && !graph_error_logged_) {
+      GYRE_LOG_WARN("CUDA graphs turned off, decode steps now run eagerly: {}",
+                    engine_->graph_error());
+      graph_error_logged_ = true;
     }
     v1::GenerateResponse tail;
-    if (!send(&tail)) {
+    if (!write(&tail)) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away mid-stream");
     }
     return grpc::Status::OK;
@@ -287,7 +359,7 @@ grpc::Status RolloutService::LoadWeights(grpc::ServerContext* ctx,
                                          grpc::ServerReader<v1::WeightChunk>* reader,
                                          v1::WeightReceipt* receipt) {
   return rpc::Guarded("LoadWeights", [&]() -> grpc::Status {
-    std::unique_lock<std::mutex> lock = LockForWeights();
+    std::unique_lock<std::mutex> lock = WaitForEngine();
     // The engine is idle between Generate calls; the update drops or keeps the KV of parked
     // unfinished samples (rollout.weight_update_kv). The version is known once the transfer ends.
     Status s = engine_->UpdateWeights(version_.load(), [&] {
@@ -322,7 +394,7 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
     }
     at::Device device = at::Device(at::kCPU);
     {
-      std::unique_lock<std::mutex> lock = LockForWeights();
+      std::unique_lock<std::mutex> lock = WaitForEngine();
       device = model_->device();
     }
     if (transport != "gloo" && !device.is_cuda()) {
@@ -376,7 +448,7 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
     }
     {
       // As LoadWeights: through the engine, which keeps or recomputes the KV of parked samples.
-      std::unique_lock<std::mutex> lock = LockForWeights();
+      std::unique_lock<std::mutex> lock = WaitForEngine();
       Status s = engine_->UpdateWeights(r->version, [&] {
         if (transport == "gloo") {
           return model::LoadFlatParameters(weight_payload_.manifest, weight_payload_.bytes.data(),

@@ -5,12 +5,17 @@
 // there and returns the other samples unfinished (partial rollouts). LoadWeights receives a new
 // version from a trainer (see comm/weight_sync.h) and applies it through the engine, which keeps
 // or drops the KV cache of parked unfinished samples as configured. A mutex serialises the two,
-// so a weight update never lands in the middle of a generation step.
+// so a weight update never lands in the middle of a generation step. GenerateStream calls may
+// run concurrently: their groups join one continuous batch (a worker takes new work while the
+// long tail of earlier calls still runs), and each call streams back its own finished groups.
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 
 #include "comm/communicator.h"
@@ -63,20 +68,32 @@ class RolloutService final : public v1::Rollout::Service {
   RolloutService(std::unique_ptr<model::Transformer> model,
                  std::function<void(const std::string&)> on_stop);
   // Generate and GenerateStream, under mu_: checks the request against the held version and
-  // queues its groups and resumed samples on the engine (request ids 0..G-1 are the groups,
-  // G.. the resumed samples).
-  grpc::Status StartGeneration(const v1::GenerateRequest& req, int64_t version);
-  // The engine result `r` of request `req` as a Sample.
-  static void ToSample(const v1::GenerateRequest& req, const SampleResult& r, v1::Sample* s);
+  // queues its groups and resumed samples on the engine, as request ids first_id + 0..G-1 (the
+  // groups) and first_id + G.. (the resumed samples).
+  grpc::Status StartGeneration(const v1::GenerateRequest& req, int64_t version, uint64_t first_id);
+  // The engine result `r` of request `req` (queued from `first_id`) as a Sample.
+  static void ToSample(const v1::GenerateRequest& req, uint64_t first_id, const SampleResult& r,
+                       v1::Sample* s);
+  // One GenerateStream call sharing the engine with the others (rollout_service.cc).
+  struct Stream;
+  // Under mu_: one engine step for every stream; finished groups go to their stream's outbox.
+  // A failed step fails every stream.
+  void StepStreams();
+  // Under mu_: the engine counters not yet reported, into `part`.
+  void TakeCounters(v1::GenerateResponse* part);
 
-  // One generation at a time (Generate, GenerateStream), taken before mu_. GenerateStream holds
-  // mu_ only for each engine step, so weight updates land between steps.
-  std::mutex generate_mu_;
-  std::mutex mu_;  // guards model_ and engine_ use
-  // Weight updates take mu_ through LockForWeights, which a running GenerateStream sees between
-  // engine steps (weights_waiting_ > 0) and yields to.
-  std::unique_lock<std::mutex> LockForWeights();
-  std::atomic<int> weights_waiting_{0};
+  // Generate takes it exclusively (it needs the engine to itself, for partial rollouts); each
+  // GenerateStream shares it, so concurrent streams feed one continuous batch. Taken before mu_.
+  std::shared_mutex generate_mu_;
+  std::mutex mu_;  // guards model_, engine_ and the stream state below
+  // Weight updates and arriving streams take mu_ through WaitForEngine, which a running
+  // GenerateStream sees between engine steps (engine_waiters_ > 0) and yields to.
+  std::unique_lock<std::mutex> WaitForEngine();
+  std::atomic<int> engine_waiters_{0};
+  std::map<uint64_t, Stream*> streams_;  // by first request id, under mu_
+  uint64_t next_request_id_ = 0;         // under mu_
+  EngineStats reported_;                 // engine counters already reported, under mu_
+  std::condition_variable stream_cv_;    // a stream took its outbox
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<RolloutEngine> engine_;
   std::atomic<int64_t> version_{-1};    // -1: no weights received yet

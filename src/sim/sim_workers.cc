@@ -37,11 +37,22 @@ std::string Payload(int64_t version) {
 // SimRollout
 
 SimRollout::SimRollout(CostModel cost, std::function<void(const std::string&)> on_stop)
-    : cost_(cost), on_stop_(std::move(on_stop)) {}
+    : cost_(cost), on_stop_(std::move(on_stop)) {
+  engine_ = std::thread([this] { EngineLoop(); });
+}
 
-grpc::Status SimRollout::Run(
-    grpc::ServerContext* ctx, const v1::GenerateRequest& req, int64_t version,
-    const std::function<bool(std::vector<v1::Sample>&&, int64_t)>& on_group) {
+SimRollout::~SimRollout() {
+  stop_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // the engine is waiting or sees stop_ next
+  }
+  work_cv_.notify_all();
+  done_cv_.notify_all();
+  engine_.join();
+}
+
+grpc::Status SimRollout::Join(const v1::GenerateRequest& req, Call* call, uint64_t* id) {
+  const int64_t version = version_.load();
   if (version < req.min_policy_version()) {
     return Refused(grpc::StatusCode::FAILED_PRECONDITION,
                    "this worker holds policy version " + std::to_string(version) +
@@ -51,123 +62,175 @@ grpc::Status SimRollout::Run(
     return Refused(grpc::StatusCode::INVALID_ARGUMENT,
                    "simulated rollout workers do not continue partial rollouts");
   }
+  for (const auto& g : req.groups()) {
+    if (g.n() < 1 || g.prompt_ids_size() < 1) {
+      return Refused(grpc::StatusCode::INVALID_ARGUMENT,
+                     "group " + std::to_string(g.group_id()) + " needs n >= 1 and a prompt");
+    }
+  }
+  call->req = &req;
+  call->groups_left = req.groups_size();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    *id = next_call_++;
+    calls_[*id] = call;
+    for (int g = 0; g < req.groups_size(); ++g) waiting_.emplace_back(*id, g);
+  }
+  work_cv_.notify_all();
+  return grpc::Status::OK;
+}
+
+void SimRollout::Leave(uint64_t id) {  // under mu_
+  calls_.erase(id);
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
+                                [id](const auto& w) { return w.first == id; }),
+                 waiting_.end());
+  running_.erase(
+      std::remove_if(running_.begin(), running_.end(), [id](const Seq& s) { return s.call == id; }),
+      running_.end());
+}
+
+grpc::Status SimRollout::Next(grpc::ServerContext* ctx, uint64_t id, Call* call,
+                              std::vector<std::vector<v1::Sample>>* groups, int64_t* tokens,
+                              bool* more) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (call->outbox.empty() && call->groups_left > 0) {
+    if ((ctx != nullptr && ctx->IsCancelled()) || stop_) {
+      Leave(id);
+      return Refused(grpc::StatusCode::CANCELLED, "generation cancelled by the caller");
+    }
+    done_cv_.wait_for(lock, std::chrono::milliseconds(10));
+  }
+  groups->swap(call->outbox);
+  call->outbox.clear();
+  *tokens = call->tokens;
+  call->tokens = 0;
+  *more = call->groups_left > 0;
+  if (!*more) calls_.erase(id);
+  return grpc::Status::OK;
+}
+
+v1::Sample SimRollout::SampleOf(const Seq& seq, const v1::GenerateRequest& req) const {
   const int64_t max_new = std::max<int64_t>(1, req.sampling().max_new_tokens());
   const int32_t stop_id =
       req.sampling().stop_token_ids_size() > 0 ? req.sampling().stop_token_ids(0) : -1;
-  struct Seq {
-    int group;  // index in req.groups()
-    int index;  // sample index in its group
-    int64_t length, done = 0;
-    // The policy version of its tokens, run-length encoded: (version, tokens), oldest first. A
-    // weight update that lands mid-call (LoadWeights between two steps) starts a new run.
-    std::vector<std::pair<int64_t, int64_t>> versions;
-  };
-  std::deque<int> waiting;
-  for (int g = 0; g < req.groups_size(); ++g) {
-    if (req.groups(g).n() < 1 || req.groups(g).prompt_ids_size() < 1) {
-      return Refused(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          "group " + std::to_string(req.groups(g).group_id()) + " needs n >= 1 and a prompt");
-    }
-    waiting.push_back(g);
+  const auto& g = req.groups(seq.group);
+  v1::Sample s;
+  s.set_sample_id(g.first_sample_id() + static_cast<uint64_t>(seq.index));
+  s.set_group_id(g.group_id());
+  *s.mutable_prompt_ids() = g.prompt_ids();
+  const bool stopped = seq.length < max_new && stop_id >= 0;
+  for (int64_t t = 0; t < seq.length; ++t) {
+    s.add_response_ids(stopped && t + 1 == seq.length ? stop_id : g.prompt_ids(0));
+    s.add_logprobs(-1.0f);
+    s.add_kept_mass(1.0f);
+    s.add_loss_mask(1.0f);
   }
-  std::vector<Seq> running;
-  std::map<int, std::vector<v1::Sample>> finished;  // by group index
-  int64_t tokens = 0;
-  auto cancelled = [ctx] { return ctx != nullptr && ctx->IsCancelled(); };
-  // Simulated time runs on an absolute schedule: the engine sleeps only when something becomes
-  // visible (a group finishes) or 5 ms have built up, until `due` after the start.
-  const auto start = std::chrono::steady_clock::now();
-  double due = 0, slept_to = 0;
-  while (!waiting.empty() || !running.empty()) {
-    double seconds = 0;
-    // Admit whole groups while they fit (one always does into an empty batch).
-    while (!waiting.empty()) {
-      const auto& g = req.groups(waiting.front());
-      if (!running.empty() && static_cast<int64_t>(running.size()) + g.n() > cost_.max_running) {
-        break;
-      }
-      seconds +=
-          static_cast<double>(g.prompt_ids_size()) / cost_.prefill_tokens_per_s * cost_.time_scale;
-      for (int i = 0; i < g.n(); ++i) {
-        running.push_back(
-            {waiting.front(), i, cost_.Length(g.seed() + static_cast<uint64_t>(i), max_new)});
-      }
-      waiting.pop_front();
+  for (const auto& [v, count] : seq.versions) {
+    for (int64_t t = 0; t < count; ++t) s.add_versions(v);
+  }
+  s.set_finish_reason(stopped ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
+  s.set_seed(g.seed() + static_cast<uint64_t>(seq.index));
+  s.set_kv_version(seq.versions.empty() ? version_.load() : seq.versions.front().first);
+  return s;
+}
+
+void SimRollout::EngineLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    if (waiting_.empty() && running_.empty()) {
+      work_cv_.wait(lock);
+      continue;
     }
-    due += seconds + cost_.StepSeconds(static_cast<int64_t>(running.size()));
-    tokens += static_cast<int64_t>(running.size());
-    const int64_t now_version = std::max(version, version_.load());
-    for (Seq& seq : running) {
-      if (seq.versions.empty() || seq.versions.back().first != now_version) {
-        seq.versions.emplace_back(now_version, 0);
+    // A busy period runs on an absolute schedule: the engine sleeps only when something becomes
+    // visible (a group finishes) or 5 ms have built up, until `due` after its start.
+    const auto start = std::chrono::steady_clock::now();
+    double due = 0, slept_to = 0;
+    while (!stop_ && (!waiting_.empty() || !running_.empty())) {
+      double seconds = 0;
+      // Admit whole groups, oldest call first, while they fit (one always does into an empty
+      // batch).
+      while (!waiting_.empty()) {
+        const auto [cid, gi] = waiting_.front();
+        const v1::GenerateRequest& req = *calls_.at(cid)->req;
+        const auto& g = req.groups(gi);
+        if (!running_.empty() &&
+            static_cast<int64_t>(running_.size()) + g.n() > cost_.max_running) {
+          break;
+        }
+        seconds += static_cast<double>(g.prompt_ids_size()) / cost_.prefill_tokens_per_s *
+                   cost_.time_scale;
+        const int64_t max_new = std::max<int64_t>(1, req.sampling().max_new_tokens());
+        for (int i = 0; i < g.n(); ++i) {
+          Seq seq;
+          seq.call = cid;
+          seq.group = gi;
+          seq.index = i;
+          seq.length = cost_.Length(g.seed() + static_cast<uint64_t>(i), max_new);
+          running_.push_back(std::move(seq));
+        }
+        waiting_.pop_front();
       }
-      ++seq.versions.back().second;
-    }
-    std::vector<int> done_groups;
-    for (auto it = running.begin(); it != running.end();) {
-      if (++it->done < it->length) {
-        ++it;
-        continue;
+      due += seconds + cost_.StepSeconds(static_cast<int64_t>(running_.size()));
+      const int64_t now_version = version_.load();
+      std::vector<std::pair<uint64_t, std::vector<v1::Sample>>> finished;  // (call, group)
+      for (auto it = running_.begin(); it != running_.end();) {
+        Seq& seq = *it;
+        Call* call = calls_.at(seq.call);
+        ++call->tokens;
+        if (seq.versions.empty() || seq.versions.back().first != now_version) {
+          seq.versions.emplace_back(now_version, 0);
+        }
+        ++seq.versions.back().second;
+        if (++seq.done < seq.length) {
+          ++it;
+          continue;
+        }
+        auto& samples = call->finishing[seq.group];
+        samples.push_back(SampleOf(seq, *call->req));
+        if (static_cast<int>(samples.size()) == call->req->groups(seq.group).n()) {
+          std::sort(samples.begin(), samples.end(), [](const v1::Sample& a, const v1::Sample& b) {
+            return a.sample_id() < b.sample_id();
+          });
+          finished.emplace_back(seq.call, std::move(samples));
+          call->finishing.erase(seq.group);
+        }
+        it = running_.erase(it);
       }
-      const auto& g = req.groups(it->group);
-      v1::Sample s;
-      s.set_sample_id(g.first_sample_id() + static_cast<uint64_t>(it->index));
-      s.set_group_id(g.group_id());
-      *s.mutable_prompt_ids() = g.prompt_ids();
-      const bool stopped = it->length < max_new && stop_id >= 0;
-      for (int64_t t = 0; t < it->length; ++t) {
-        s.add_response_ids(stopped && t + 1 == it->length ? stop_id : g.prompt_ids(0));
-        s.add_logprobs(-1.0f);
-        s.add_kept_mass(1.0f);
-        s.add_loss_mask(1.0f);
-      }
-      for (const auto& [v, count] : it->versions) {
-        for (int64_t t = 0; t < count; ++t) s.add_versions(v);
-      }
-      s.set_finish_reason(stopped ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
-      s.set_seed(g.seed() + static_cast<uint64_t>(it->index));
-      s.set_kv_version(it->versions.empty() ? version : it->versions.front().first);
-      auto& samples = finished[it->group];
-      samples.push_back(std::move(s));
-      if (static_cast<int>(samples.size()) == g.n()) done_groups.push_back(it->group);
-      it = running.erase(it);
-    }
-    if (!done_groups.empty() || due - slept_to > 0.005) {
-      if (!SleepUntilUnless(start, due, cancelled)) {
-        return Refused(grpc::StatusCode::CANCELLED, "generation cancelled by the caller");
-      }
+      if (finished.empty() && due - slept_to <= 0.005) continue;
+      lock.unlock();
+      SleepUntilUnless(start, due, [this] { return stop_.load(); });
+      lock.lock();
       slept_to = due;
-    }
-    for (int g : done_groups) {
-      auto& samples = finished[g];
-      std::sort(samples.begin(), samples.end(), [](const v1::Sample& a, const v1::Sample& b) {
-        return a.sample_id() < b.sample_id();
-      });
-      if (!on_group(std::move(samples), tokens)) {
-        return Refused(grpc::StatusCode::CANCELLED, "the caller went away mid-stream");
+      for (auto& [cid, samples] : finished) {
+        auto it = calls_.find(cid);
+        if (it == calls_.end()) continue;  // it left while the engine slept
+        it->second->outbox.push_back(std::move(samples));
+        --it->second->groups_left;
       }
-      tokens = 0;
-      finished.erase(g);
+      if (!finished.empty()) done_cv_.notify_all();
     }
   }
-  return grpc::Status::OK;
 }
 
 grpc::Status SimRollout::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                   v1::GenerateResponse* resp) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::lock_guard<std::mutex> lock(generate_mu_);
   const int64_t version = version_.load();
+  Call call;
+  uint64_t id = 0;
+  grpc::Status s = Join(*req, &call, &id);
+  if (!s.ok()) return s;
   std::map<uint64_t, std::vector<v1::Sample>> by_group;
   int64_t tokens = 0;
-  grpc::Status s = Run(ctx, *req, version, [&](std::vector<v1::Sample>&& samples, int64_t t) {
+  for (bool more = true; more;) {
+    std::vector<std::vector<v1::Sample>> groups;
+    int64_t t = 0;
+    s = Next(ctx, id, &call, &groups, &t, &more);
+    if (!s.ok()) return s;
     tokens += t;
-    const uint64_t gid = samples.front().group_id();
-    by_group[gid] = std::move(samples);
-    return true;
-  });
-  if (!s.ok()) return s;
+    for (auto& samples : groups) by_group[samples.front().group_id()] = std::move(samples);
+  }
   for (const auto& g : req->groups()) {  // request order
     for (auto& smp : by_group[g.group_id()]) *resp->add_samples() = std::move(smp);
   }
@@ -180,18 +243,34 @@ grpc::Status SimRollout::Generate(grpc::ServerContext* ctx, const v1::GenerateRe
 grpc::Status SimRollout::GenerateStream(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
   auto last = std::chrono::steady_clock::now();
-  std::lock_guard<std::mutex> lock(generate_mu_);
-  const int64_t version = version_.load();
-  return Run(ctx, *req, version, [&](std::vector<v1::Sample>&& samples, int64_t tokens) {
-    v1::GenerateResponse part;
-    for (auto& smp : samples) *part.add_samples() = std::move(smp);
-    const auto now = std::chrono::steady_clock::now();
-    part.set_policy_version(version);
-    part.set_generated_tokens(tokens);
-    part.set_seconds(std::chrono::duration<double>(now - last).count());
-    last = now;
-    return writer->Write(part);
-  });
+  Call call;
+  uint64_t id = 0;
+  grpc::Status s = Join(*req, &call, &id);
+  if (!s.ok()) return s;
+  for (bool more = true; more;) {
+    std::vector<std::vector<v1::Sample>> groups;
+    int64_t tokens = 0;
+    s = Next(ctx, id, &call, &groups, &tokens, &more);
+    if (!s.ok()) return s;
+    for (auto& samples : groups) {
+      v1::GenerateResponse part;
+      for (auto& smp : samples) *part.add_samples() = std::move(smp);
+      const auto now = std::chrono::steady_clock::now();
+      part.set_policy_version(version_.load());
+      part.set_generated_tokens(tokens);
+      tokens = 0;
+      part.set_seconds(std::chrono::duration<double>(now - last).count());
+      last = now;
+      if (!writer->Write(part)) {
+        if (more) {
+          std::lock_guard<std::mutex> lock(mu_);
+          Leave(id);
+        }
+        return Refused(grpc::StatusCode::CANCELLED, "the caller went away mid-stream");
+      }
+    }
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status SimRollout::LoadWeights(grpc::ServerContext*,

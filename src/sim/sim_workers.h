@@ -7,8 +7,9 @@
 // rewards are whatever the task's verifier makes of that. `gyre sim-workers` serves many of
 // them from one process, each with its own gRPC server and heartbeat (src/cli/sim_workers.cc).
 //
-// SimRollout: one generation at a time (as the real engine), simulated continuous batching
-// (cost_model.h); GenerateStream sends each group when its last sample finishes; weights arrive
+// SimRollout: one simulated engine (continuous batching, cost_model.h) run by its own thread;
+// concurrent Generate and GenerateStream calls feed the same batch, as on a real worker.
+// GenerateStream sends each group when its last sample finishes; weights arrive
 // over the grpc transport only (LoadWeights), and the version is what the trainer sent. A version
 // that arrives mid-call labels the tokens of the steps after it (rollout.weight_updates:
 // between_steps).
@@ -20,9 +21,15 @@
 // Thread-safe: gRPC calls may arrive concurrently; each service serialises what must be.
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "gyre/v1/gyre.grpc.pb.h"
 #include "sim/cost_model.h"
@@ -46,17 +53,50 @@ class SimRollout final : public v1::Rollout::Service {
 
   int64_t version() const { return version_.load(); }
 
+  ~SimRollout() override;
+
  private:
-  // Simulates `req` at `version`: `on_group` receives each group's samples (in sample order)
-  // when its last one finishes, with the tokens generated since the previous call, and returns
-  // false to stop (the caller went away). Returns CANCELLED when `ctx` is cancelled.
-  grpc::Status Run(grpc::ServerContext* ctx, const v1::GenerateRequest& req, int64_t version,
-                   const std::function<bool(std::vector<v1::Sample>&&, int64_t tokens)>& on_group);
+  // A call waiting for its groups (Generate or GenerateStream), by call id in calls_.
+  struct Call {
+    const v1::GenerateRequest* req = nullptr;
+    int groups_left = 0;
+    int64_t tokens = 0;  // generated since its last part
+    // Finished groups, in sample order, not yet taken by the call's thread.
+    std::vector<std::vector<v1::Sample>> outbox;
+    std::map<int, std::vector<v1::Sample>> finishing;  // by group index, until all n finish
+  };
+  struct Seq {
+    uint64_t call = 0;
+    int group = 0;  // index in the call's request
+    int index = 0;  // sample index in its group
+    int64_t length = 0, done = 0;
+    // The policy version of its tokens, run-length encoded: (version, tokens), oldest first. A
+    // weight update that lands mid-generation (LoadWeights between two steps) starts a new run.
+    std::vector<std::pair<int64_t, int64_t>> versions;
+  };
+  // Registers `req` (checked first) as call `*id`: its groups join the engine's queue.
+  grpc::Status Join(const v1::GenerateRequest& req, Call* call, uint64_t* id);
+  // Waits for the call's next finished groups (the outbox, emptied into `*groups`). Returns
+  // false once it has none left; CANCELLED when `ctx` is cancelled (the call has left then).
+  grpc::Status Next(grpc::ServerContext* ctx, uint64_t id, Call* call,
+                    std::vector<std::vector<v1::Sample>>* groups, int64_t* tokens, bool* more);
+  // Removes call `id` and its groups still in the engine.
+  void Leave(uint64_t id);
+  void EngineLoop();
+  v1::Sample SampleOf(const Seq& seq, const v1::GenerateRequest& req) const;
 
   const CostModel cost_;
   std::function<void(const std::string&)> on_stop_;
-  std::mutex generate_mu_;            // one generation at a time
   std::atomic<int64_t> version_{-1};  // -1: no weights received yet
+  std::mutex mu_;                     // guards the engine state below
+  std::condition_variable work_cv_;   // new groups, or stop
+  std::condition_variable done_cv_;   // groups finished
+  std::map<uint64_t, Call*> calls_;
+  uint64_t next_call_ = 0;
+  std::deque<std::pair<uint64_t, int>> waiting_;  // (call, group index), not admitted yet
+  std::vector<Seq> running_;
+  std::atomic<bool> stop_{false};
+  std::thread engine_;
 };
 
 class SimTrainer final : public v1::Trainer::Service {

@@ -386,6 +386,117 @@ TEST_F(WeightSyncTest, AWeightUpdateLandsBetweenTheStepsOfARunningStream) {
   EXPECT_GT(mixed, 0) << "no sample was running when the update landed";
 }
 
+// Concurrent GenerateStream calls share the worker's engine: a call that arrives while a long
+// one runs joins its batch and ends first, instead of waiting for the long call's end; a call
+// cancelled mid-way leaves the engine to the others. Each call still gets the samples Generate
+// gives for its groups alone (sampling is seeded per group; log-probs differ by float rounding
+// when the batch around a sample differs).
+TEST_F(WeightSyncTest, ConcurrentStreamsShareTheEngineAndEndIndependently) {
+  auto request = [](uint64_t first_group, int groups, int n, int max_new) {
+    v1::GenerateRequest req;
+    for (int k = 0; k < groups; ++k) {
+      const uint64_t g = first_group + static_cast<uint64_t>(k);
+      auto* group = req.add_groups();
+      for (int32_t id : {2, 7, static_cast<int32_t>(3 + g % 20)}) group->add_prompt_ids(id);
+      group->set_group_id(g);
+      group->set_n(n);
+      group->set_first_sample_id(100 * g);
+      group->set_seed(17 * g + 1);
+    }
+    req.mutable_sampling()->set_temperature(1.0f);
+    req.mutable_sampling()->set_max_new_tokens(max_new);
+    req.set_min_policy_version(-1);
+    return req;
+  };
+  auto alone = [&](const v1::GenerateRequest& req) {
+    v1::GenerateResponse resp;
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, 10);
+    EXPECT_TRUE(stub_->Generate(&ctx, req, &resp).ok());
+    std::map<uint64_t, v1::Sample> out;
+    for (const auto& smp : resp.samples()) out[smp.sample_id()] = smp;
+    return out;
+  };
+  std::mutex mu;
+  std::vector<std::string> order;  // whose groups arrived, in arrival order
+  std::map<uint64_t, v1::Sample> streamed;
+  auto expect_same = [&](const std::map<uint64_t, v1::Sample>& expected) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [id, want] : expected) {
+      ASSERT_TRUE(streamed.count(id)) << "sample " << id << " was not streamed";
+      const v1::Sample& got = streamed.at(id);
+      EXPECT_EQ(got.response_ids_size(), want.response_ids_size()) << "sample " << id;
+      for (int t = 0; t < std::min(got.response_ids_size(), want.response_ids_size()); ++t) {
+        ASSERT_EQ(got.response_ids(t), want.response_ids(t)) << "sample " << id << " token " << t;
+        EXPECT_EQ(got.versions(t), want.versions(t)) << "sample " << id << " token " << t;
+        EXPECT_NEAR(got.logprobs(t), want.logprobs(t),
+                    1e-5 * std::max(1.0f, std::fabs(want.logprobs(t))))
+            << "sample " << id << " token " << t;
+      }
+    }
+  };
+  auto client = rpc::MakeGrpcRolloutClient(address_);
+  // Runs `req` as a stream named `name`; `on_part(k)` runs after its k-th part with groups.
+  auto run = [&](const v1::GenerateRequest& req, const std::string& name, rpc::Cancellation* c,
+                 std::function<void(int)> on_part) {
+    int parts = 0;
+    return client->GenerateStream({30, c}, req, [&, name](v1::GenerateResponse& p) {
+      if (p.samples_size() == 0) return;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        order.push_back(name);
+        for (const auto& smp : p.samples()) streamed[smp.sample_id()] = smp;
+      }
+      if (on_part) on_part(++parts);
+    });
+  };
+
+  // max_running is 8: the long call's four groups of 3 run two at a time, in two rounds, leaving
+  // two sequence slots free. The short call starts once the first round is back.
+  const v1::GenerateRequest long_req = request(0, 4, 3, 28), short_req = request(10, 1, 2, 3);
+  const auto long_alone = alone(long_req), short_alone = alone(short_req);
+  std::promise<void> first_round;
+  Status long_status;
+  std::thread long_call([&] {
+    long_status = run(long_req, "long", nullptr, [&](int k) {
+      if (k == 1) first_round.set_value();
+    });
+  });
+  ASSERT_EQ(first_round.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  const Status short_status = run(short_req, "short", nullptr, nullptr);
+  long_call.join();
+  ASSERT_TRUE(long_status.ok()) << long_status;
+  ASSERT_TRUE(short_status.ok()) << short_status;
+  ASSERT_EQ(std::count(order.begin(), order.end(), "short"), 1);
+  EXPECT_NE(order.back(), "short") << "the short call waited for the long one to end";
+  expect_same(long_alone);
+  expect_same(short_alone);
+
+  // A call cancelled while its groups run beside another call's: the other one goes on.
+  const v1::GenerateRequest other = request(20, 4, 3, 28), doomed = request(30, 4, 2, 12);
+  const auto other_alone = alone(other);
+  rpc::Cancellation cancel;
+  std::promise<void> second_round;
+  Status other_status, doomed_status;
+  std::thread other_call([&] {
+    other_status = run(other, "other", nullptr, [&](int k) {
+      if (k == 1) second_round.set_value();
+    });
+  });
+  ASSERT_EQ(second_round.get_future().wait_for(std::chrono::seconds(20)),
+            std::future_status::ready);
+  doomed_status = run(doomed, "doomed", &cancel, [&](int) { cancel.Cancel(); });
+  other_call.join();
+  ASSERT_TRUE(other_status.ok()) << other_status;
+  // Cancelled after its first finished group, with the others still in the engine (or, on a
+  // host too slow to cancel in time, ended normally).
+  EXPECT_TRUE(doomed_status.code() == StatusCode::kAborted || doomed_status.ok()) << doomed_status;
+  expect_same(other_alone);
+  // The cancelled call's sequences left the engine: a Generate, which needs it to itself, runs.
+  const auto again = alone(short_req);
+  EXPECT_EQ(again.size(), short_alone.size());
+}
+
 TEST(RolloutServiceTest, StopStringsEndResponsesAndNeedADecoder) {
   rollout::EngineConfig config;
   config.block_size = 4;

@@ -4,6 +4,7 @@
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -160,6 +161,51 @@ TEST(RolloutEngineTest, SampledTokensDoNotDependOnBatchOrSharing) {
                   1e-5 + 1e-5 * std::fabs((*alone)[0].response.logprobs[t]));
     }
   }
+}
+
+// Drop takes chosen requests out of a running engine (a GenerateStream call that went away):
+// their blocks are freed at once, and the others finish with the tokens they get alone.
+TEST(RolloutEngineTest, DroppingRequestsMidRunFreesThemAndLeavesTheOthersAlone) {
+  auto model = model::Transformer::Create(Spec(), 12, 0.5);
+  auto engine = MakeEngine(model.get(), SmallConfig());
+  Request keep = Req({4, 8, 15, 16}, 77, 1.0f, 12, 3);
+  keep.id = 1;
+  keep.group = 1;
+  auto alone = engine->Generate({keep});
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  std::vector<Request> batch;
+  for (uint64_t id : {2, 3}) {  // one running, one still waiting once the pool is tight
+    Request r = Req({23, 4, 2}, 100 + id, 1.0f, 20, 8);
+    r.id = id;
+    r.group = id;
+    batch.push_back(r);
+  }
+  batch.insert(batch.begin() + 1, keep);
+  ASSERT_TRUE(engine->Add(batch).ok());
+  std::vector<SampleResult> kept;
+  for (int step = 0; step < 3; ++step) {
+    auto done = engine->Step();
+    ASSERT_TRUE(done.ok()) << done.status();
+    for (auto& r : *done) kept.push_back(std::move(r));
+  }
+  const int64_t used = engine->allocator().used_blocks();
+  EXPECT_EQ(engine->Drop([](uint64_t id) { return id != 1; }), 16);
+  EXPECT_LT(engine->allocator().used_blocks(), used);
+  EXPECT_EQ(engine->Drop([](uint64_t id) { return id != 1; }), 0) << "dropped twice";
+  while (!engine->idle()) {
+    auto done = engine->Step();
+    ASSERT_TRUE(done.ok()) << done.status();
+    for (auto& r : *done) kept.push_back(std::move(r));
+  }
+  ASSERT_EQ(kept.size(), 3u);
+  std::sort(kept.begin(), kept.end(),
+            [](const SampleResult& a, const SampleResult& b) { return a.index < b.index; });
+  for (size_t i = 0; i < kept.size(); ++i) {
+    EXPECT_EQ(kept[i].id, 1u);
+    EXPECT_TRUE(kept[i].finished);
+    EXPECT_EQ(kept[i].response.tokens, (*alone)[i].response.tokens) << "sample " << i;
+  }
+  EXPECT_EQ(engine->allocator().used_blocks(), 0) << "blocks leaked";
 }
 
 // Logprobs are log softmax(logits / T) over the full vocabulary of the real context.

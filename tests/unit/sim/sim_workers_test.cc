@@ -7,8 +7,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "rpc/clients.h"
@@ -216,6 +219,54 @@ TEST_F(SimWorkersTest, TrainerChecksVersionsAndPublishesReceiptsThatMatch) {
   pub.set_transport("gloo");
   s = trainer_client_->PublishWeights({10, nullptr}, pub, &presp);
   EXPECT_NE(s.message().find("grpc only"), std::string::npos) << s;
+}
+
+// Calls share one simulated engine, as on a real worker: a call that arrives while another's
+// long sample runs joins the batch and ends first.
+TEST_F(SimWorkersTest, ConcurrentCallsShareTheEngine) {
+  CostModel cost = cost_;
+  cost.time_scale = 0.5;  // 7.5 ms engine steps: a long sample outlasts a new call's setup
+  SimRollout rollout(cost, nullptr);
+  std::string address;
+  auto server = rpc::StartServer("127.0.0.1", 0, {&rollout}, &address);
+  ASSERT_TRUE(server.ok());
+  auto client = rpc::MakeGrpcRolloutClient(address);
+  // Two single-sample groups: one ends within 5 tokens, the other runs at least 40.
+  uint64_t short_seed = 0, long_seed = 0;
+  while (cost.Length(short_seed, 64) > 5) ++short_seed;
+  while (cost.Length(long_seed, 64) < 40) ++long_seed;
+  v1::GenerateRequest first = Request(2, 1), second = Request(1, 2);
+  first.mutable_groups(0)->set_seed(short_seed);
+  first.mutable_groups(1)->set_seed(long_seed);
+  second.mutable_groups(0)->set_group_id(200);
+  second.mutable_groups(0)->set_first_sample_id(5000);
+  second.mutable_sampling()->set_max_new_tokens(1);
+  std::mutex mu;
+  std::vector<uint64_t> arrivals;  // group ids in arrival order
+  std::promise<void> short_done;
+  auto record = [&](v1::GenerateResponse& p) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& smp : p.samples()) {
+      if (arrivals.empty() || arrivals.back() != smp.group_id()) arrivals.push_back(smp.group_id());
+    }
+  };
+  Status first_status;
+  std::thread first_call([&] {
+    bool signalled = false;
+    first_status = client->GenerateStream({30, nullptr}, first, [&](v1::GenerateResponse& p) {
+      record(p);
+      if (!signalled) short_done.set_value();
+      signalled = true;
+    });
+  });
+  ASSERT_EQ(short_done.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  const Status second_status = client->GenerateStream({30, nullptr}, second, record);
+  first_call.join();
+  ASSERT_TRUE(first_status.ok()) << first_status;
+  ASSERT_TRUE(second_status.ok()) << second_status;
+  EXPECT_EQ(arrivals, (std::vector<uint64_t>{100, 200, 101}))
+      << "the second call waited for the first one's long sample";
+  (*server)->Shutdown();
 }
 
 // The engine's time: every step costs step_base_s + step_per_seq_s * running (scaled); a batch
