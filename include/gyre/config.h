@@ -81,6 +81,11 @@ struct RolloutSection {
   // async_chunk_groups (0 = prompts_per_step / rollout workers, rounded up).
   bool async = false;
   int async_chunk_groups = 0;
+  // Asynchronous rollout: where a chunk goes. least_loaded = the alive worker with the fewest
+  // samples outstanding (sent, not yet back), while that stays within max_running, so a worker
+  // takes new work beside the long tail of its earlier calls; idle = only a worker with no call
+  // in flight (one call per worker at a time).
+  std::string dispatch = "least_loaded";
   // Asynchronous rollout: how a new policy version reaches the workers. lockstep = pause
   // generation, publish to everyone, continue; between_steps = publish while generation runs,
   // each worker taking the version between two engine steps of the calls it is running.

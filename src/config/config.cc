@@ -201,6 +201,8 @@ std::vector<Field> BuildTable() {
            "asynchronous rollout: generate ahead of training by up to max_staleness versions"),
       Num(GYRE_CONFIG_KEY(rollout.async_chunk_groups), Closed(0, 1000000),
           "asynchronous rollout: groups per generate call; 0 = prompts_per_step / workers"),
+      Choice(GYRE_CONFIG_KEY(rollout.dispatch), {"least_loaded", "idle"},
+             "asynchronous rollout: chunks go to the least loaded worker, or to idle ones only"),
       Choice(GYRE_CONFIG_KEY(rollout.weight_updates), {"lockstep", "between_steps"},
              "asynchronous rollout: publish with generation paused, or between engine steps"),
       // algorithm

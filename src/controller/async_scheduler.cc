@@ -127,6 +127,52 @@ Status AsyncScheduler::Admit(int64_t steps_done,
   return Status::Ok();
 }
 
+namespace {
+
+int64_t SamplesOf(const std::vector<GroupJob>& groups) {
+  int64_t n = 0;
+  for (const auto& g : groups) n += g.group.n();
+  return n;
+}
+
+}  // namespace
+
+Worker* AsyncScheduler::PickWorker(const std::vector<Worker*>& alive, int64_t chunk_samples) const {
+  std::map<std::string, int64_t> load;  // samples outstanding per worker
+  for (const auto& [id, in] : inflight_) load[in.worker] += SamplesOf(in.groups);
+  std::set<std::string> busy;
+  for (const auto& [id, in] : inflight_) busy.insert(in.worker);
+  Worker* best = nullptr;
+  int64_t best_load = 0;
+  for (Worker* w : alive) {
+    const bool has_calls = busy.count(w->id) > 0;
+    if (cfg_.rollout.dispatch == "idle") {
+      if (!has_calls) return w;
+      continue;
+    }
+    const int64_t l = load.count(w->id) ? load.at(w->id) : 0;
+    // A worker with calls in flight takes more only within its running batch.
+    if (has_calls && l + chunk_samples > cfg_.rollout.max_running) continue;
+    if (best == nullptr || l < best_load) {
+      best = w;
+      best_load = l;
+    }
+  }
+  return best;
+}
+
+void AsyncScheduler::CallStarted(const std::string& worker) {
+  Busy& b = busy_[worker];
+  const auto now = SteadyClock::now();
+  if (b.calls++ == 0) b.since = now;
+}
+
+void AsyncScheduler::CallEnded(const std::string& worker) {
+  Busy& b = busy_[worker];
+  const auto now = SteadyClock::now();
+  if (--b.calls == 0) b.seconds += std::chrono::duration<double>(now - b.since).count();
+}
+
 void AsyncScheduler::DispatchLoop() {
   const int64_t chunk_cfg = cfg_.rollout.async_chunk_groups;
   std::unique_lock<std::mutex> lock(mu_);
@@ -138,27 +184,34 @@ void AsyncScheduler::DispatchLoop() {
                                          std::future_status::ready;
                                 }),
                  calls_.end());
-    Worker* idle = nullptr;
-    size_t alive = 0;
+    Worker* target = nullptr;
+    int64_t chunk = 0;
     if (!paused_ && !queue_.empty()) {
-      for (Worker* w : pool_->AliveRollouts()) {
-        ++alive;
-        if (idle == nullptr && !inflight_.count(w->id)) idle = w;
+      const std::vector<Worker*> alive = pool_->AliveRollouts();
+      if (!alive.empty()) {
+        chunk = chunk_cfg > 0
+                    ? chunk_cfg
+                    : std::max<int64_t>(1, (per_step_ + static_cast<int64_t>(alive.size()) - 1) /
+                                               static_cast<int64_t>(alive.size()));
+        int64_t samples = 0, taken = 0;
+        for (const auto& [job, order] : queue_) {
+          if (taken++ == chunk) break;
+          samples += job.group.n();
+        }
+        target = PickWorker(alive, samples);
       }
     }
-    if (idle == nullptr) {
+    if (target == nullptr) {
       // Woken by a posted result, an admission, a resume or shutdown; the pool's view of which
       // workers are alive changes without telling us, so look again every 50 ms.
       cv_.wait_for(lock, std::chrono::milliseconds(50));
       continue;
     }
-    const int64_t chunk = chunk_cfg > 0
-                              ? chunk_cfg
-                              : std::max<int64_t>(1, (per_step_ + static_cast<int64_t>(alive) - 1) /
-                                                         static_cast<int64_t>(alive));
+    const uint64_t call = next_call_++;
     Inflight sent;
+    sent.worker = target->id;
     sent.dispatch_version = published_version_;
-    sent.incarnation = pool_->Incarnation(idle->id);
+    sent.incarnation = pool_->Incarnation(target->id);
     v1::GenerateRequest req;
     *req.mutable_sampling() = sampling_;
     req.set_min_policy_version(published_version_);
@@ -169,23 +222,25 @@ void AsyncScheduler::DispatchLoop() {
     }
     if (ledger_ != nullptr) {
       Status s = ledger_->Move(SampleIds(sent.groups), SampleState::kGenerating,
-                               {-1, published_version_, idle->id, ""});
+                               {-1, published_version_, target->id, ""});
       if (!s.ok() && fatal_.ok()) fatal_ = s;
     }
     auto cancel = std::make_shared<rpc::Cancellation>();
-    cancels_[idle->id] = cancel;
-    inflight_[idle->id] = std::move(sent);
+    cancels_[call] = cancel;
+    inflight_[call] = std::move(sent);
+    CallStarted(target->id);
     ++running_;
     const double timeout = cfg_.cluster.rpc_timeout_s;
-    calls_.push_back(
-        std::async(std::launch::async, [this, w = idle, req = std::move(req), cancel, timeout] {
+    calls_.push_back(std::async(
+        std::launch::async, [this, call, w = target, req = std::move(req), cancel, timeout] {
           Result r;
+          r.call = call;
           r.worker = w->id;
-          const auto t0 = SteadyClock::now();
           // Each finished group is posted as it arrives, so a batch can use it before the rest
           // of the call's groups are done.
-          auto post = [this, w](v1::GenerateResponse& part) {
+          auto post = [this, w, call](v1::GenerateResponse& part) {
             Result p;
+            p.call = call;
             p.worker = w->id;
             p.part = true;
             p.resp = std::move(part);
@@ -198,7 +253,6 @@ void AsyncScheduler::DispatchLoop() {
           r.status = pool_->Invoke(w->id, timeout, cancel.get(), [&](const rpc::Call& c) {
             return w->rollout->GenerateStream(c, req, post);
           });
-          r.seconds = SecondsSince(t0);
           {
             std::lock_guard<std::mutex> l(mu_);
             results_.push_back(std::move(r));
@@ -218,7 +272,7 @@ Status AsyncScheduler::HandlePart(Result r, int64_t version, int64_t step) {
   std::vector<ReadyGroup> done;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Inflight& in = inflight_.at(r.worker);
+    Inflight& in = inflight_.at(r.call);
     for (auto& [gid, samples] : by_group) {
       auto it = std::find_if(in.groups.begin(), in.groups.end(),
                              [gid = gid](const GroupJob& g) { return g.group.group_id() == gid; });
@@ -260,21 +314,21 @@ Status AsyncScheduler::Handle(Result r, int64_t version, int64_t step) {
   int64_t incarnation = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    incarnation = inflight_.at(r.worker).incarnation;
-    gen_.busy_s[r.worker] += r.seconds;
+    incarnation = inflight_.at(r.call).incarnation;
   }
   Worker* w = pool_->Get(r.worker);
-  // Until this is handled the worker stays in inflight_, so the dispatcher cannot send it more
-  // work before a failure has been dealt with.
+  // Until this is handled the call stays in inflight_ (its samples count as the worker's load),
+  // so the dispatcher cannot give the worker its room before a failure has been dealt with.
   auto release = [&]() {
     Inflight sent;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      sent = std::move(inflight_.at(r.worker));
-      inflight_.erase(r.worker);
-      cancels_.erase(r.worker);
+      sent = std::move(inflight_.at(r.call));
+      inflight_.erase(r.call);
+      cancels_.erase(r.call);
+      CallEnded(r.worker);
     }
-    cv_.notify_all();  // the worker is idle again
+    cv_.notify_all();  // the worker has room again
     return sent;
   };
   if (r.status.ok()) {
@@ -418,6 +472,14 @@ AsyncStats AsyncScheduler::stats() {
   s.ready = static_cast<int64_t>(ready_.size());
   s.wait_s = gen_wait_s_;
   s.generate = gen_;
+  const auto now = SteadyClock::now();
+  for (auto& [worker, b] : busy_) {
+    double seconds = b.seconds;
+    if (b.calls > 0) seconds += std::chrono::duration<double>(now - b.since).count();
+    s.generate.busy_s[worker] += seconds;
+    b.seconds = 0;
+    b.since = now;
+  }
   gen_ = GenerateStats();
   return s;
 }

@@ -13,13 +13,17 @@
 //
 // In this mode ("publish to everyone, then continue") a publish waits for the calls in flight,
 // so no call spans two versions and the batching rule's clause on groups in flight is implied;
-// it is kept for the mode where workers take new weights between engine steps (not built yet).
-// With k = 0 this is the synchronous loop. Finished work is never thrown away: a finished group
-// waits in the ready queue until a batch takes it. Groups go to idle workers in chunks of
+// it matters when workers take new weights between engine steps (rollout.weight_updates:
+// between_steps). With k = 0 this is the synchronous loop. Finished work is never thrown away: a
+// finished group waits in the ready queue until a batch takes it. Groups go out in chunks of
 // rollout.async_chunk_groups from a dispatcher thread, as streaming calls
 // (Rollout.GenerateStream): each group joins the ready queue as soon as it finishes, not when its
-// chunk does; a publish pauses dispatching so that
-// every call after it runs on the new version ("publish to everyone, then continue").
+// chunk does. rollout.dispatch picks the worker: least_loaded sends a chunk to the alive worker
+// with the fewest samples outstanding, while that stays within rollout.max_running (a worker runs
+// several calls at once, in one batch, so it takes new work beside the long tail of earlier
+// ones); idle sends only to workers with no call in flight. In lockstep a publish pauses
+// dispatching so that every call after it runs on the new version ("publish to everyone, then
+// continue").
 //
 // Threads: Admit, NextBatch, Pause, Resume, Checkpoint and Shutdown are for the job thread. The
 // dispatcher thread (owned, joined by Shutdown) only starts calls; each call runs on its own
@@ -27,6 +31,7 @@
 // re-queueing), so WorkerPool is used from the job thread only, apart from its thread-safe
 // AliveRollouts and Invoke.
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -67,7 +72,8 @@ struct AsyncStats {
   int64_t in_flight = 0;   // sent, not yet back
   int64_t ready = 0;       // back and finished, not yet in a batch
   double wait_s = 0;       // the last NextBatch's wait
-  GenerateStats generate;  // engine counters and busy time since the last NextBatch
+  GenerateStats generate;  // engine counters since the last stats(); busy_s: time each
+                           // worker had at least one call in flight
 };
 
 class AsyncScheduler {
@@ -110,18 +116,30 @@ class AsyncScheduler {
 
  private:
   struct Inflight {
-    std::vector<GroupJob> groups;
+    std::string worker;
+    std::vector<GroupJob> groups;  // not yet streamed back
     int64_t dispatch_version = 0;
     int64_t incarnation = 0;  // WorkerPool::Incarnation of the worker when sent
   };
   // What a call posts for the job thread: each streamed part (finished groups), then its end.
   struct Result {
+    uint64_t call = 0;
     std::string worker;
     bool part = false;  // a streamed part; otherwise the call's end
     Status status;      // the end's
     v1::GenerateResponse resp;
-    double seconds = 0;  // the end's: the whole call
   };
+  // The time a worker has had calls in flight, for busy_s (under mu_).
+  struct Busy {
+    int calls = 0;
+    std::chrono::steady_clock::time_point since;  // of the current stretch, or of stats()
+    double seconds = 0;                           // since the last stats()
+  };
+  // The worker the dispatcher sends the next chunk to (under mu_), or null: by
+  // rollout.dispatch, among `alive`.
+  Worker* PickWorker(const std::vector<Worker*>& alive, int64_t chunk_samples) const;
+  void CallStarted(const std::string& worker);  // under mu_
+  void CallEnded(const std::string& worker);    // under mu_
   void DispatchLoop();
   // Job thread: applies one call's result. Error = the job must end.
   Status Handle(Result r, int64_t version, int64_t step);
@@ -140,9 +158,11 @@ class AsyncScheduler {
   std::mutex mu_;
   std::condition_variable cv_;                       // results posted, publish state, shutdown
   std::deque<std::pair<GroupJob, uint64_t>> queue_;  // admitted, not sent (with admission order)
-  std::map<std::string, Inflight> inflight_;         // by worker id; one call per worker
-  std::map<uint64_t, uint64_t> admitted_order_;      // group id -> admission order
-  std::vector<Result> results_;                      // posted by calls, handled by the job
+  std::map<uint64_t, Inflight> inflight_;            // by call id
+  uint64_t next_call_ = 0;
+  std::map<std::string, Busy> busy_;
+  std::map<uint64_t, uint64_t> admitted_order_;  // group id -> admission order
+  std::vector<Result> results_;                  // posted by calls, handled by the job
   std::vector<ReadyGroup> ready_;
   int64_t published_version_ = 0;  // what new calls require
   bool paused_ = false;
@@ -153,7 +173,7 @@ class AsyncScheduler {
   int64_t admitted_ = 0;
   GenerateStats gen_;
   std::vector<std::future<void>> calls_;  // dispatcher thread only, until Shutdown
-  std::map<std::string, std::shared_ptr<rpc::Cancellation>> cancels_;  // calls in flight
+  std::map<uint64_t, std::shared_ptr<rpc::Cancellation>> cancels_;  // calls in flight
   std::thread dispatcher_;
 };
 

@@ -119,6 +119,16 @@ class FakeRollout final : public rpc::RolloutClient {
   Status GenerateStream(const rpc::Call& call, const v1::GenerateRequest& req,
                         const std::function<void(v1::GenerateResponse&)>& on_part) override {
     stream_calls_.Add(req);
+    struct Count {  // streams running at once, and the most seen
+      explicit Count(FakeRollout* f) : f(f) {
+        const int now = ++f->streams_now_;
+        int seen = f->streams_max_.load();
+        while (now > seen && !f->streams_max_.compare_exchange_weak(seen, now)) {
+        }
+      }
+      ~Count() { --f->streams_now_; }
+      FakeRollout* f;
+    } count(this);
     v1::GenerateResponse all;
     GYRE_RETURN_IF_ERROR(Generate(call, req, &all));
     std::map<uint64_t, v1::GenerateResponse> by_group;
@@ -167,8 +177,11 @@ class FakeRollout final : public rpc::RolloutClient {
   std::vector<v1::GenerateRequest> stream_calls() const { return stream_calls_.Get(); }
   std::vector<v1::ReceiveWeightsRequest> receive_calls() const { return receive_calls_.Get(); }
   int stops() const { return stops_.load(); }
+  // The most GenerateStream calls that ran at the same time.
+  int max_concurrent_streams() const { return streams_max_.load(); }
 
  private:
+  std::atomic<int> streams_now_{0}, streams_max_{0};
   CallLog<v1::GenerateRequest> generate_calls_;
   CallLog<v1::GenerateRequest> stream_calls_;
   CallLog<v1::ReceiveWeightsRequest> receive_calls_;

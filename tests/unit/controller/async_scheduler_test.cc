@@ -74,6 +74,9 @@ struct Schedule {
   // Publish without pausing (rollout.weight_updates: between_steps): calls in flight go on and
   // their later samples carry the new version.
   bool no_pause = false;
+  // rollout.dispatch, and the running batch (rollout.max_running) that bounds least_loaded.
+  std::string dispatch = "least_loaded";
+  int max_running = 256;
 };
 
 int64_t g_restarts = 0;  // scheduler restarts from a checkpoint, over all schedules
@@ -83,6 +86,8 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
   cfg.algorithm.max_staleness = sch.k;
   cfg.rollout.prompts_per_step = sch.B;
   cfg.rollout.async_chunk_groups = sch.chunk;
+  cfg.rollout.dispatch = sch.dispatch;
+  cfg.rollout.max_running = sch.max_running;
   const std::string path = "/dev/shm/gyre_async_ledger_" + std::to_string(::getpid()) + "_" +
                            std::to_string(index) + ".db";
   for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
@@ -253,6 +258,8 @@ TEST(AsyncSchedulerTest, RandomSchedulesKeepTheStalenessBoundAndTheLedgerExact) 
     sch.fail_p = (rng() % 3 == 0) ? 0.15 : 0.0;
     sch.restart_p = (rng() % 4 == 0) ? 0.3 : 0.0;
     sch.no_pause = rng() % 2 == 0;
+    sch.dispatch = rng() % 3 == 0 ? "idle" : "least_loaded";
+    sch.max_running = sch.n * (1 + static_cast<int>(rng() % 8));
     const int64_t worst = RunSchedule(job, sch, &rng, i);
     EXPECT_LE(worst, sch.k) << "schedule " << i << ": k=" << sch.k << " B=" << sch.B;
     worst_by_k[sch.k] = std::max(worst_by_k[sch.k], worst);
@@ -288,6 +295,51 @@ TEST(AsyncSchedulerTest, ABatchUsesGroupsStreamedBackBeforeTheirChunkEnds) {
   EXPECT_EQ(job.cluster.rollout[0]->stream_calls().size(), 1u);
   EXPECT_EQ(job.cluster.rollout[0]->stream_calls()[0].groups_size(), 4);
   async.Shutdown();
+}
+
+// rollout.dispatch: least_loaded gives a worker whose call runs long more calls, as long as its
+// outstanding samples fit its running batch (max_running); idle gives each worker one call at a
+// time. Worker 0's calls take 0.3 s, worker 1's are quick; chunks are one group of 2 samples.
+TEST(AsyncSchedulerTest, LeastLoadedDispatchFillsABusyWorkersBatchAndNoMore) {
+  for (const std::string dispatch : {"least_loaded", "idle"}) {
+    SCOPED_TRACE(dispatch);
+    FakeJob job(FakeJobConfig(2, 1));
+    ASSERT_TRUE(job.Start().ok());
+    job.cluster.rollout[0]->generate_delay_s = 0.3;
+    JobConfig cfg = job.cfg;
+    cfg.algorithm.max_staleness = 4;
+    cfg.rollout.prompts_per_step = 2;
+    cfg.rollout.async_chunk_groups = 1;
+    cfg.rollout.max_running = 6;  // three chunks
+    cfg.rollout.dispatch = dispatch;
+    Drawer draw(nullptr, 2);
+    AsyncScheduler async(cfg, job.pool.get(), nullptr, Sampling(), 0);
+    ASSERT_TRUE(async.Admit(0, [&](int64_t c) { return draw(c, 1, 0); }).ok());  // 10 groups
+    for (int64_t v = 0; v < 5; ++v) {
+      auto batch = async.NextBatch(v, v + 1);
+      ASSERT_TRUE(batch.ok()) << batch.status();
+      ASSERT_EQ(batch->size(), 2u);
+    }
+    async.Shutdown();
+    const auto& slow = *job.cluster.rollout[0];
+    const auto& quick = *job.cluster.rollout[1];
+    EXPECT_EQ(slow.stream_calls().size() + quick.stream_calls().size(), 10u);
+    if (dispatch == "idle") {
+      EXPECT_EQ(slow.max_concurrent_streams(), 1);
+      EXPECT_EQ(quick.max_concurrent_streams(), 1);
+    } else {
+      // The slow worker was given more calls while its first still ran, and never a fourth
+      // (6 samples outstanding at most).
+      EXPECT_GE(slow.max_concurrent_streams(), 2);
+      EXPECT_LE(slow.max_concurrent_streams(), 3);
+      EXPECT_GE(quick.stream_calls().size(), 4u);
+    }
+    AsyncStats st = async.stats();
+    for (const auto& [worker, busy] : st.generate.busy_s) {
+      EXPECT_GE(busy, 0) << worker;
+      EXPECT_LT(busy, 10) << worker << ": calls at once were counted twice";
+    }
+  }
 }
 
 // A stream that fails midway keeps the groups it delivered; only the others are generated again,
