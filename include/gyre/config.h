@@ -158,6 +158,10 @@ struct ClusterSection {
   // grpc (streams), gloo (bucketed Gloo broadcast), nccl (bucketed NCCL broadcast, GPU to GPU)
   // or cuda_ipc (device-to-device copy from the trainer's buffer, one host).
   std::string weight_transport = "grpc";
+  // Peer relay (grpc transport): 0 = the trainer sends every rollout worker its copy; F >= 1 =
+  // the trainer sends F copies, then in rounds every worker that holds the version sends it on
+  // to up to F more, so the trainer's uplink carries F copies instead of one per worker.
+  int weight_relay_fanout = 0;
   // GPUs: colocated = worker i of each role on GPU i mod n; disaggregated = trainers on GPUs
   // 0..M-1, rollout worker i on GPU (M + i) mod n.
   std::string placement = "colocated";

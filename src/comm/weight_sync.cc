@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 
 #include "rpc/rpc_util.h"
 
@@ -183,6 +184,31 @@ Status ReceiveWeights(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
   return model::LoadFlatParameters(payload.manifest, payload.bytes.data(), payload.bytes.size(),
                                    params)
       .WithContext("weights of version " + std::to_string(payload.version));
+}
+
+void SendToEach(const WeightPayload& payload,
+                const google::protobuf::RepeatedPtrField<std::string>& addresses,
+                const google::protobuf::RepeatedPtrField<std::string>& ids, int64_t bucket_bytes,
+                double timeout_s, v1::PublishWeightsResponse* resp) {
+  std::vector<std::future<StatusOr<SendResult>>> futures;
+  for (const std::string& address : addresses) {
+    futures.push_back(std::async(std::launch::async, [&payload, address, bucket_bytes, timeout_s] {
+      auto stub = v1::Rollout::NewStub(rpc::MakeChannel(address));
+      return SendWeights(stub.get(), payload, bucket_bytes, timeout_s);
+    }));
+  }
+  for (int i = 0; i < addresses.size(); ++i) {
+    auto r = futures[static_cast<size_t>(i)].get();
+    v1::PublishResult* pr = resp->add_results();
+    pr->set_rollout_id(i < ids.size() ? ids.Get(i) : "");
+    pr->set_ok(r.ok());
+    if (r.ok()) {
+      *pr->mutable_receipt() = r->receipt;
+      for (uint32_t c : r->sent_crc32) pr->add_sent_crc32(c);
+    } else {
+      pr->set_error(r.status().ToString());
+    }
+  }
 }
 
 }  // namespace gyre::comm

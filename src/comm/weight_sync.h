@@ -44,6 +44,14 @@ std::vector<model::TensorEntry> ManifestFromProto(
 StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightPayload& payload,
                                  int64_t bucket_bytes, double timeout_s, int corrupt_bucket = -1);
 
+// Streams `payload` to every one of `addresses` at once (SendWeights each) and appends one
+// PublishResult per address to `resp`, in order, named by `ids`: the receipt and the checksums
+// sent, or the error. Used by a trainer's grpc publish and by a rollout worker's relay.
+void SendToEach(const WeightPayload& payload,
+                const google::protobuf::RepeatedPtrField<std::string>& addresses,
+                const google::protobuf::RepeatedPtrField<std::string>& ids, int64_t bucket_bytes,
+                double timeout_s, v1::PublishWeightsResponse* resp);
+
 // Reads a full transfer from `reader` into `payload` (its byte vector is reused) and verifies
 // every bucket's CRC-32 and that the buckets cover the payload contiguously, in order; fills
 // `receipt` on success. A transfer declaring more than `max_total_bytes` is refused before

@@ -293,6 +293,8 @@ std::vector<Field> BuildTable() {
       Choice(GYRE_CONFIG_KEY(cluster.weight_transport), {"grpc", "gloo", "nccl", "cuda_ipc"},
              "grpc = gRPC streams; gloo = bucketed Gloo broadcast over TCP; nccl = bucketed NCCL "
              "broadcast between GPUs; cuda_ipc = device-to-device copy on one host"),
+      Num(GYRE_CONFIG_KEY(cluster.weight_relay_fanout), Closed(0, 64),
+          "peer relay of weights (grpc): copies each holder sends per round; 0 = off"),
       Choice(GYRE_CONFIG_KEY(cluster.placement), {"colocated", "disaggregated"},
              "colocated = worker i of each role on GPU i; disaggregated = trainers on the first "
              "GPUs, rollout workers on the next ones"),
@@ -906,6 +908,11 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
                    "cluster.weight_transport: nccl needs the trainer and the rollout workers on "
                    "different GPUs (NCCL cannot connect two ranks on one GPU): set "
                    "cluster.placement: disaggregated, or use cuda_ipc for colocated workers"};
+  }
+  if (wt != "grpc" && c.cluster.weight_relay_fanout > 0) {
+    return Problem{{"cluster.weight_relay_fanout", "cluster.weight_transport"},
+                   "cluster.weight_relay_fanout relays weights between rollout workers over gRPC; "
+                   "it needs cluster.weight_transport: grpc (or set it to 0)"};
   }
   if (wt == "grpc" && c.cluster.weight_bucket_bytes > kMaxGrpcWeightBucketBytes) {
     return Problem{{"cluster.weight_bucket_bytes", "cluster.weight_transport"},

@@ -1,9 +1,12 @@
 #include "controller/weight_publisher.h"
 
+#include <algorithm>
 #include <chrono>
+#include <deque>
 #include <future>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "common/clock.h"
 #include "common/logging.h"
@@ -75,13 +78,15 @@ std::string WeightPublisher::WeightGroup(const Worker& w) const {
 }
 
 Status WeightPublisher::PublishGrpc(int64_t version, const std::vector<Worker*>& rollouts) {
+  const size_t fanout = static_cast<size_t>(std::max(0, cfg_.cluster.weight_relay_fanout));
+  const size_t direct = fanout > 0 ? std::min(fanout, rollouts.size()) : rollouts.size();
   v1::PublishWeightsRequest req;
   req.set_version(version);
   req.set_timeout_s(cfg_.cluster.weight_sync_timeout_s);
   req.set_bucket_bytes(cfg_.cluster.weight_bucket_bytes);
-  for (Worker* w : rollouts) {
-    req.add_rollout_addresses(w->address);
-    req.add_rollout_ids(w->id);
+  for (size_t i = 0; i < direct; ++i) {
+    req.add_rollout_addresses(rollouts[i]->address);
+    req.add_rollout_ids(rollouts[i]->id);
   }
   v1::PublishWeightsResponse resp;
   Worker* t = trainer();
@@ -90,9 +95,123 @@ Status WeightPublisher::PublishGrpc(int64_t version, const std::vector<Worker*>&
         return t->trainer->PublishWeights(c, req, &resp)
             .WithContext("publish weights v" + std::to_string(version));
       })));
+  std::vector<Worker*> holders;
+  google::protobuf::RepeatedField<uint32_t> sent;  // the trainer's checksums of this version
   for (const auto& r : resp.results()) {
     Worker* w = pool_->Get(r.rollout_id());
     GYRE_RETURN_IF_ERROR(Settle(w, version, r.ok() ? "" : r.error(), r.receipt(), r.sent_crc32()));
+    if (w->version == version && !pool_->IsDead(w->id)) {
+      holders.push_back(w);
+      if (sent.empty()) sent = r.sent_crc32();
+    }
+  }
+  last_relay_rounds_ = 0;
+  if (direct == rollouts.size()) return Status::Ok();
+  return Relay(
+      version, std::move(holders),
+      std::vector<Worker*>(rollouts.begin() + static_cast<std::ptrdiff_t>(direct), rollouts.end()),
+      sent);
+}
+
+Status WeightPublisher::Relay(int64_t version, std::vector<Worker*> holders,
+                              std::vector<Worker*> waiting,
+                              const google::protobuf::RepeatedField<uint32_t>& sent) {
+  const size_t fanout = static_cast<size_t>(cfg_.cluster.weight_relay_fanout);
+  const double timeout = cfg_.cluster.weight_sync_timeout_s;
+  std::deque<Worker*> queue(waiting.begin(), waiting.end());
+  while (!queue.empty()) {
+    if (holders.empty()) {
+      // Every holder failed: the trainer sends the next copies itself.
+      std::vector<Worker*> next;
+      while (!queue.empty() && next.size() < fanout) {
+        next.push_back(queue.front());
+        queue.pop_front();
+      }
+      const int rounds = last_relay_rounds_;
+      GYRE_RETURN_IF_ERROR(PublishGrpc(version, next));  // direct: next.size() <= fanout
+      last_relay_rounds_ += rounds;
+      for (Worker* w : next) {
+        if (w->version == version && !pool_->IsDead(w->id)) holders.push_back(w);
+      }
+      continue;
+    }
+    ++last_relay_rounds_;
+    // One round: every holder sends to up to `fanout` waiting workers, all holders at once.
+    struct Hop {
+      Worker* from = nullptr;
+      std::vector<Worker*> to;
+      v1::RelayWeightsRequest req;
+      v1::PublishWeightsResponse resp;
+    };
+    std::vector<Hop> hops;
+    for (Worker* h : holders) {
+      if (queue.empty()) break;
+      Hop hop;
+      hop.from = h;
+      hop.req.set_version(version);
+      hop.req.set_timeout_s(timeout);
+      hop.req.set_bucket_bytes(cfg_.cluster.weight_bucket_bytes);
+      while (!queue.empty() && hop.to.size() < fanout) {
+        Worker* w = queue.front();
+        queue.pop_front();
+        hop.to.push_back(w);
+        hop.req.add_rollout_addresses(w->address);
+        hop.req.add_rollout_ids(w->id);
+      }
+      hops.push_back(std::move(hop));
+    }
+    std::vector<std::future<Status>> pending;
+    for (Hop& hop : hops) {
+      pending.push_back(std::async(std::launch::async, [this, &hop, timeout] {
+        return pool_->Invoke(hop.from->id, timeout + 10, [&](const rpc::Call& c) {
+          return hop.from->rollout->RelayWeights(c, hop.req, &hop.resp);
+        });
+      }));
+    }
+    std::vector<Status> results;
+    for (auto& f : pending) results.push_back(f.get());
+    std::vector<Worker*> received;
+    std::set<Worker*> failed_holders;
+    for (size_t i = 0; i < hops.size(); ++i) {
+      Hop& hop = hops[i];
+      bool relayer_ok = results[i].ok();
+      std::string why = relayer_ok ? "" : results[i].ToString();
+      for (const auto& r : hop.resp.results()) {
+        const bool as_trainer =
+            r.sent_crc32_size() == sent.size() &&
+            std::equal(r.sent_crc32().begin(), r.sent_crc32().end(), sent.begin());
+        if (relayer_ok && r.ok() && !as_trainer) {
+          relayer_ok = false;
+          why = "it relayed v" + std::to_string(version) +
+                " with checksums that differ from the trainer's";
+        }
+      }
+      if (!relayer_ok) {
+        // The relaying worker is at fault: it is dropped (or left to the monitor), and its
+        // targets wait for another holder, whatever they received.
+        GYRE_LOG_WARN("peer relay of v{} from {} failed: {}", version, hop.from->id, why);
+        GYRE_RETURN_IF_ERROR(pool_->AfterWorkFailure(hop.from, "weight relay failed: " + why));
+        failed_holders.insert(hop.from);
+        for (auto it = hop.to.rbegin(); it != hop.to.rend(); ++it) queue.push_front(*it);
+        continue;
+      }
+      std::map<std::string, const v1::PublishResult*> by_id;
+      for (const auto& r : hop.resp.results()) by_id[r.rollout_id()] = &r;
+      static const v1::WeightReceipt kNoReceipt;
+      for (Worker* w : hop.to) {
+        const v1::PublishResult* r = by_id.count(w->id) ? by_id.at(w->id) : nullptr;
+        const std::string error = r == nullptr
+                                      ? "the relaying worker " + hop.from->id + " did not report it"
+                                  : r->ok() ? ""
+                                            : r->error() + " (relayed by " + hop.from->id + ")";
+        GYRE_RETURN_IF_ERROR(Settle(w, version, error, r ? r->receipt() : kNoReceipt, sent));
+        if (w->version == version && !pool_->IsDead(w->id)) received.push_back(w);
+      }
+    }
+    holders.erase(std::remove_if(holders.begin(), holders.end(),
+                                 [&](Worker* w) { return failed_holders.count(w) > 0; }),
+                  holders.end());
+    holders.insert(holders.end(), received.begin(), received.end());
   }
   return Status::Ok();
 }

@@ -2,7 +2,10 @@
 // WeightPublisher: moves a policy version from trainer-0 to rollout workers over the job's
 // cluster.weight_transport, and accepts a worker as holding that version only on a receipt that
 // matches what the trainer sent, bucket by bucket (DESIGN.md, "Weight plane").
-//   grpc      the trainer streams buckets to each rollout worker itself;
+//   grpc      the trainer streams buckets to each rollout worker itself; with
+//             cluster.weight_relay_fanout F > 0 only to F of them, and then, in rounds, every
+//             worker that holds the version relays it to up to F that do not (peer relay), each
+//             receipt checked against the trainer's checksums;
 //   gloo/nccl the trainer and each rollout worker meet in a two-member group through the
 //             controller's rendezvous store; the trainer broadcasts in buckets;
 //   cuda_ipc  the trainer fills its GPU buffer; every rollout worker copies from it through a
@@ -39,6 +42,10 @@ class WeightPublisher {
  private:
   Status PublishTo(int64_t version, const std::vector<Worker*>& rollouts);
   Status PublishGrpc(int64_t version, const std::vector<Worker*>& rollouts);
+  // Peer relay rounds: `holders` hold `version` (sent by the trainer with checksums `sent`);
+  // each round every holder sends it on to up to weight_relay_fanout of `waiting`.
+  Status Relay(int64_t version, std::vector<Worker*> holders, std::vector<Worker*> waiting,
+               const google::protobuf::RepeatedField<uint32_t>& sent);
   Status PublishGroups(int64_t version, const std::vector<Worker*>& rollouts);
   Status PublishCudaIpc(int64_t version, const std::vector<Worker*>& rollouts);
   // The one receipt check: `error` is why the transfer failed ("" when it went through), and
@@ -57,6 +64,11 @@ class WeightPublisher {
   // groups a publish names).
   int weight_epoch_ = 0;
   double last_seconds_ = 0;
+  int last_relay_rounds_ = 0;
+
+ public:
+  // Relay rounds of the last Publish (0 without peer relay).
+  int last_relay_rounds() const { return last_relay_rounds_; }
 };
 
 // Why `receipt` does not confirm `version` as sent (empty when it does): it must name the

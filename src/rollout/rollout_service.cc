@@ -355,6 +355,32 @@ grpc::Status RolloutService::GenerateStream(grpc::ServerContext* ctx,
   });
 }
 
+grpc::Status RolloutService::RelayWeights(grpc::ServerContext*, const v1::RelayWeightsRequest* req,
+                                          v1::PublishWeightsResponse* resp) {
+  return rpc::Guarded("RelayWeights", [&]() -> grpc::Status {
+    if (req->rollout_addresses_size() != req->rollout_ids_size()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "rollout_addresses and rollout_ids differ in length");
+    }
+    comm::WeightPayload payload;
+    {
+      // Between engine steps, as a weight update: the parameters are not being replaced.
+      std::unique_lock<std::mutex> lock = WaitForEngine();
+      if (req->version() != version_.load()) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            "asked to relay version " + std::to_string(req->version()) +
+                                ", this worker holds " + std::to_string(version_.load()));
+      }
+      payload.version = version_.load();
+      payload.bytes = model::FlattenParameters(model_->NamedParameters(), &payload.manifest);
+    }
+    const int64_t bucket = req->bucket_bytes() > 0 ? req->bucket_bytes() : (4 << 20);
+    const double timeout = req->timeout_s() > 0 ? req->timeout_s() : 60.0;
+    comm::SendToEach(payload, req->rollout_addresses(), req->rollout_ids(), bucket, timeout, resp);
+    return grpc::Status::OK;
+  });
+}
+
 grpc::Status RolloutService::LoadWeights(grpc::ServerContext* ctx,
                                          grpc::ServerReader<v1::WeightChunk>* reader,
                                          v1::WeightReceipt* receipt) {

@@ -54,6 +54,10 @@ class RolloutService final : public v1::Rollout::Service {
   // one version, checks every bucket, then loads it under the model lock.
   grpc::Status ReceiveWeights(grpc::ServerContext* ctx, const v1::ReceiveWeightsRequest* req,
                               v1::WeightReceipt* receipt) override;
+  // Peer relay: streams the version this worker holds (it must be req.version) to the listed
+  // rollout workers over gRPC, as a trainer's grpc publish does.
+  grpc::Status RelayWeights(grpc::ServerContext* ctx, const v1::RelayWeightsRequest* req,
+                            v1::PublishWeightsResponse* resp) override;
   grpc::Status Stop(grpc::ServerContext* ctx, const v1::StopRequest* req,
                     v1::StopResponse* resp) override;
 

@@ -70,6 +70,11 @@ class GrpcRolloutClient final : public RolloutClient {
     return Unary(
         call, [&](grpc::ClientContext* ctx) { return stub_->ReceiveWeights(ctx, req, receipt); });
   }
+  Status RelayWeights(const Call& call, const v1::RelayWeightsRequest& req,
+                      v1::PublishWeightsResponse* resp) override {
+    return Unary(call,
+                 [&](grpc::ClientContext* ctx) { return stub_->RelayWeights(ctx, req, resp); });
+  }
   Status Stop(const Call& call, const v1::StopRequest& req) override {
     v1::StopResponse resp;
     return Unary(call, [&](grpc::ClientContext* ctx) { return stub_->Stop(ctx, req, &resp); });

@@ -62,6 +62,9 @@ class RolloutClient {
                                 const std::function<void(v1::GenerateResponse&)>& on_part) = 0;
   virtual Status ReceiveWeights(const Call& call, const v1::ReceiveWeightsRequest& req,
                                 v1::WeightReceipt* receipt) = 0;
+  // Peer relay (Rollout.RelayWeights): the worker streams the version it holds to others.
+  virtual Status RelayWeights(const Call& call, const v1::RelayWeightsRequest& req,
+                              v1::PublishWeightsResponse* resp) = 0;
   virtual Status Stop(const Call& call, const v1::StopRequest& req) = 0;
 };
 

@@ -31,6 +31,49 @@ std::string Payload(int64_t version) {
   return bytes;
 }
 
+// Spends the sender's uplink time for one copy per receiver (model_gb each), then streams the
+// token payload of `version` to every receiver at once and records their receipts: a simulated
+// trainer's publish, or a simulated rollout worker's relay.
+grpc::Status SendSimulated(const CostModel& cost, grpc::ServerContext* ctx, int64_t version,
+                           const google::protobuf::RepeatedPtrField<std::string>& addresses,
+                           const google::protobuf::RepeatedPtrField<std::string>& ids,
+                           double timeout_s, v1::PublishWeightsResponse* resp) {
+  const int n = addresses.size();
+  if (!SleepUnless(cost.model_gb * n / cost.publish_gb_per_s * cost.time_scale,
+                   [ctx] { return ctx->IsCancelled(); })) {
+    return Refused(grpc::StatusCode::CANCELLED, "weight transfer cancelled by the caller");
+  }
+  const std::string payload = Payload(version);
+  const uint32_t crc = Crc32(payload.data(), payload.size());
+  const double timeout = timeout_s > 0 ? timeout_s : 60;
+  std::vector<std::future<v1::PublishResult>> sends;
+  for (int i = 0; i < n; ++i) {
+    sends.push_back(std::async(std::launch::async, [&, i] {
+      v1::PublishResult r;
+      r.set_rollout_id(ids.Get(i));
+      r.add_sent_crc32(crc);
+      auto stub = v1::Rollout::NewStub(rpc::MakeChannel(addresses.Get(i)));
+      grpc::ClientContext c;
+      rpc::SetDeadline(&c, timeout);
+      auto writer = stub->LoadWeights(&c, r.mutable_receipt());
+      v1::WeightChunk chunk;
+      chunk.set_version(version);
+      chunk.set_total_bytes(static_cast<uint64_t>(cost.model_gb * 1e9));
+      chunk.set_num_buckets(1);
+      chunk.set_data(payload);
+      chunk.set_crc32(crc);
+      writer->Write(chunk);
+      writer->WritesDone();
+      grpc::Status s = writer->Finish();
+      r.set_ok(s.ok());
+      if (!s.ok()) r.set_error(s.error_message());
+      return r;
+    }));
+  }
+  for (auto& f : sends) *resp->add_results() = f.get();
+  return grpc::Status::OK;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -309,6 +352,22 @@ grpc::Status SimRollout::ReceiveWeights(grpc::ServerContext*, const v1::ReceiveW
                  "simulated workers take weights over cluster.weight_transport: grpc only");
 }
 
+grpc::Status SimRollout::RelayWeights(grpc::ServerContext* ctx, const v1::RelayWeightsRequest* req,
+                                      v1::PublishWeightsResponse* resp) {
+  if (req->rollout_addresses_size() != req->rollout_ids_size()) {
+    return Refused(grpc::StatusCode::INVALID_ARGUMENT,
+                   "rollout_addresses and rollout_ids differ in length");
+  }
+  if (req->version() != version_.load()) {
+    return Refused(grpc::StatusCode::FAILED_PRECONDITION,
+                   "asked to relay version " + std::to_string(req->version()) +
+                       ", this worker holds " + std::to_string(version_.load()));
+  }
+  std::lock_guard<std::mutex> lock(relay_mu_);  // one uplink
+  return SendSimulated(cost_, ctx, req->version(), req->rollout_addresses(), req->rollout_ids(),
+                       req->timeout_s(), resp);
+}
+
 grpc::Status SimRollout::Stop(grpc::ServerContext*, const v1::StopRequest* req, v1::StopResponse*) {
   if (on_stop_) on_stop_(req->reason().empty() ? "stop requested" : req->reason());
   return grpc::Status::OK;
@@ -375,41 +434,8 @@ grpc::Status SimTrainer::PublishWeights(grpc::ServerContext* ctx,
                    "rollout_addresses and rollout_ids differ in length");
   }
   std::lock_guard<std::mutex> lock(mu_);
-  const int n = req->rollout_addresses_size();
-  // The uplink carries every copy.
-  if (!SleepUnless(cost_.model_gb * n / cost_.publish_gb_per_s * cost_.time_scale,
-                   [ctx] { return ctx->IsCancelled(); })) {
-    return Refused(grpc::StatusCode::CANCELLED, "publish cancelled by the caller");
-  }
-  const std::string payload = Payload(req->version());
-  const uint32_t crc = Crc32(payload.data(), payload.size());
-  const double timeout = req->timeout_s() > 0 ? req->timeout_s() : 60;
-  std::vector<std::future<v1::PublishResult>> sends;
-  for (int i = 0; i < n; ++i) {
-    sends.push_back(std::async(std::launch::async, [&, i] {
-      v1::PublishResult r;
-      r.set_rollout_id(req->rollout_ids(i));
-      r.add_sent_crc32(crc);
-      auto stub = v1::Rollout::NewStub(rpc::MakeChannel(req->rollout_addresses(i)));
-      grpc::ClientContext c;
-      rpc::SetDeadline(&c, timeout);
-      auto writer = stub->LoadWeights(&c, r.mutable_receipt());
-      v1::WeightChunk chunk;
-      chunk.set_version(req->version());
-      chunk.set_total_bytes(static_cast<uint64_t>(cost_.model_gb * 1e9));
-      chunk.set_num_buckets(1);
-      chunk.set_data(payload);
-      chunk.set_crc32(crc);
-      writer->Write(chunk);
-      writer->WritesDone();
-      grpc::Status s = writer->Finish();
-      r.set_ok(s.ok());
-      if (!s.ok()) r.set_error(s.error_message());
-      return r;
-    }));
-  }
-  for (auto& f : sends) *resp->add_results() = f.get();
-  return grpc::Status::OK;
+  return SendSimulated(cost_, ctx, req->version(), req->rollout_addresses(), req->rollout_ids(),
+                       req->timeout_s(), resp);
 }
 
 grpc::Status SimTrainer::Save(grpc::ServerContext*, const v1::SaveRequest* req,

@@ -48,6 +48,10 @@ class SimRollout final : public v1::Rollout::Service {
                            v1::WeightReceipt* receipt) override;
   grpc::Status ReceiveWeights(grpc::ServerContext* ctx, const v1::ReceiveWeightsRequest* req,
                               v1::WeightReceipt* receipt) override;
+  // Peer relay: spends this worker's uplink time for each copy, then streams the payload of the
+  // version it holds to each target, as SimTrainer::PublishWeights does.
+  grpc::Status RelayWeights(grpc::ServerContext* ctx, const v1::RelayWeightsRequest* req,
+                            v1::PublishWeightsResponse* resp) override;
   grpc::Status Stop(grpc::ServerContext* ctx, const v1::StopRequest* req,
                     v1::StopResponse* resp) override;
 
@@ -97,6 +101,7 @@ class SimRollout final : public v1::Rollout::Service {
   std::vector<Seq> running_;
   std::atomic<bool> stop_{false};
   std::thread engine_;
+  std::mutex relay_mu_;  // one relay at a time (one uplink)
 };
 
 class SimTrainer final : public v1::Trainer::Service {

@@ -191,26 +191,7 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
       std::lock_guard<std::mutex> wlock(weights_mu_);
       return PublishToGroups(*req, &payload, nullptr, bucket, timeout, resp);
     }
-    std::vector<std::future<StatusOr<comm::SendResult>>> futures;
-    for (int i = 0; i < req->rollout_addresses_size(); ++i) {
-      const std::string address = req->rollout_addresses(i);
-      futures.push_back(std::async(std::launch::async, [&payload, address, bucket, timeout] {
-        auto stub = v1::Rollout::NewStub(rpc::MakeChannel(address));
-        return comm::SendWeights(stub.get(), payload, bucket, timeout);
-      }));
-    }
-    for (int i = 0; i < req->rollout_addresses_size(); ++i) {
-      auto r = futures[i].get();
-      v1::PublishResult* pr = resp->add_results();
-      pr->set_rollout_id(req->rollout_ids(i));
-      pr->set_ok(r.ok());
-      if (r.ok()) {
-        *pr->mutable_receipt() = r->receipt;
-        for (uint32_t c : r->sent_crc32) pr->add_sent_crc32(c);
-      } else {
-        pr->set_error(r.status().ToString());
-      }
-    }
+    comm::SendToEach(payload, req->rollout_addresses(), req->rollout_ids(), bucket, timeout, resp);
     return grpc::Status::OK;
   });
 }

@@ -89,6 +89,8 @@ class FakeRollout final : public rpc::RolloutClient {
  public:
   std::function<Status(const v1::GenerateRequest&, v1::GenerateResponse*)> on_generate;
   std::function<Status(const v1::ReceiveWeightsRequest&, v1::WeightReceipt*)> on_receive;
+  std::function<Status(const v1::RelayWeightsRequest&, v1::PublishWeightsResponse*)> on_relay;
+  std::atomic<double> relay_delay_s{0};
   std::atomic<double> generate_delay_s{0};
   std::atomic<double> stream_group_delay_s{0};  // GenerateStream: between two groups
   std::atomic<int> stream_fail_after{-1};       // GenerateStream: fail after this many groups
@@ -167,6 +169,25 @@ class FakeRollout final : public rpc::RolloutClient {
     return Status::Ok();
   }
 
+  // By default every target receives the version with kFakeCrcs, as from FakeTrainer.
+  Status RelayWeights(const rpc::Call& call, const v1::RelayWeightsRequest& req,
+                      v1::PublishWeightsResponse* resp) override {
+    relay_calls_.Add(req);
+    GYRE_RETURN_IF_ERROR(FakeWait(call, relay_delay_s.load()));
+    if (on_relay) return on_relay(req, resp);
+    for (const auto& id : req.rollout_ids()) {
+      v1::PublishResult* r = resp->add_results();
+      r->set_rollout_id(id);
+      r->set_ok(true);
+      r->mutable_receipt()->set_version(req.version());
+      for (uint32_t c : kFakeCrcs) {
+        r->mutable_receipt()->add_bucket_crc32(c);
+        r->add_sent_crc32(c);
+      }
+    }
+    return Status::Ok();
+  }
+
   Status Stop(const rpc::Call&, const v1::StopRequest&) override {
     ++stops_;
     return Status::Ok();
@@ -176,6 +197,7 @@ class FakeRollout final : public rpc::RolloutClient {
   std::vector<v1::GenerateRequest> generate_calls() const { return generate_calls_.Get(); }
   std::vector<v1::GenerateRequest> stream_calls() const { return stream_calls_.Get(); }
   std::vector<v1::ReceiveWeightsRequest> receive_calls() const { return receive_calls_.Get(); }
+  std::vector<v1::RelayWeightsRequest> relay_calls() const { return relay_calls_.Get(); }
   int stops() const { return stops_.load(); }
   // The most GenerateStream calls that ran at the same time.
   int max_concurrent_streams() const { return streams_max_.load(); }
@@ -185,6 +207,7 @@ class FakeRollout final : public rpc::RolloutClient {
   CallLog<v1::GenerateRequest> generate_calls_;
   CallLog<v1::GenerateRequest> stream_calls_;
   CallLog<v1::ReceiveWeightsRequest> receive_calls_;
+  CallLog<v1::RelayWeightsRequest> relay_calls_;
   std::atomic<int> stops_{0};
 };
 
@@ -276,6 +299,10 @@ class ForwardingRollout final : public rpc::RolloutClient {
   Status ReceiveWeights(const rpc::Call& c, const v1::ReceiveWeightsRequest& req,
                         v1::WeightReceipt* receipt) override {
     return f_->ReceiveWeights(c, req, receipt);
+  }
+  Status RelayWeights(const rpc::Call& c, const v1::RelayWeightsRequest& req,
+                      v1::PublishWeightsResponse* resp) override {
+    return f_->RelayWeights(c, req, resp);
   }
   Status Stop(const rpc::Call& c, const v1::StopRequest& req) override { return f_->Stop(c, req); }
 

@@ -95,6 +95,51 @@ TEST_F(WeightSyncTest, BucketedTransferLoadsExactWeightsAndReturnsReceipt) {
   EXPECT_EQ(version_seen_, 3);
 }
 
+// Peer relay (Rollout.RelayWeights): a worker that received version 3 streams exactly those
+// bytes on to another worker, whose receipt matches what the trainer sent, bucket by bucket. A
+// relay of a version the worker does not hold is refused.
+TEST_F(WeightSyncTest, AWorkerRelaysTheVersionItHoldsWithTheTrainersChecksums) {
+  const int64_t bucket = 4096;
+  auto sent = SendWeights(stub_.get(), payload_, bucket, 10.0);
+  ASSERT_TRUE(sent.ok()) << sent.status();
+  rollout::EngineConfig config;
+  config.block_size = 4;
+  config.num_blocks = 64;
+  auto peer = rollout::RolloutService::Create(model::Transformer::Create(Spec(), 9, 0.1), config,
+                                              nullptr, nullptr);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  std::string peer_address;
+  auto peer_server = rpc::StartServer("127.0.0.1", 0, {peer->get()}, &peer_address);
+  ASSERT_TRUE(peer_server.ok()) << peer_server.status();
+  auto client = rpc::MakeGrpcRolloutClient(address_);
+  v1::RelayWeightsRequest req;
+  req.set_version(3);
+  req.set_bucket_bytes(bucket);
+  req.set_timeout_s(10);
+  req.add_rollout_addresses(peer_address);
+  req.add_rollout_ids("rollout-1");
+  v1::PublishWeightsResponse resp;
+  Status s = client->RelayWeights({20, nullptr}, req, &resp);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(resp.results_size(), 1);
+  const auto& r = resp.results(0);
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r.rollout_id(), "rollout-1");
+  EXPECT_EQ(r.receipt().version(), 3);
+  ASSERT_EQ(static_cast<size_t>(r.sent_crc32_size()), sent->sent_crc32.size());
+  for (int b = 0; b < r.sent_crc32_size(); ++b) {
+    EXPECT_EQ(r.sent_crc32(b), sent->sent_crc32[static_cast<size_t>(b)]) << "bucket " << b;
+    EXPECT_EQ(r.receipt().bucket_crc32(b), sent->sent_crc32[static_cast<size_t>(b)]);
+  }
+  // Every bucket the peer loaded has the checksum of the trainer's bucket.
+  EXPECT_EQ((*peer)->version(), 3);
+  req.set_version(4);
+  s = client->RelayWeights({20, nullptr}, req, &resp);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("this worker holds 3"), std::string::npos) << s;
+  (*peer_server)->Shutdown();
+}
+
 TEST_F(WeightSyncTest, CorruptedBucketIsCaughtAndNothingIsLoaded) {
   const auto before = Generate();
   auto r = SendWeights(stub_.get(), payload_, 4096, 10.0, /*corrupt_bucket=*/2);

@@ -312,6 +312,9 @@ TEST(ConfigValidate, CrossFieldErrorPointsAtAnInvolvedKey) {
   EXPECT_EQ(ParseError("rollout:\n  weight_updates: between_steps\n"),
             "jobs/x.yaml:2:3: rollout.weight_updates: between_steps needs rollout.async: true (a "
             "synchronous step never has generation running while it publishes)");
+  EXPECT_EQ(ParseError("cluster:\n  weight_transport: gloo\n  weight_relay_fanout: 2\n"),
+            "jobs/x.yaml:3:3: cluster.weight_relay_fanout relays weights between rollout workers "
+            "over gRPC; it needs cluster.weight_transport: grpc (or set it to 0)");
   EXPECT_EQ(ParseError("algorithm:\n  tis: true\n  correction: icepop\n"),
             "jobs/x.yaml:2:3: algorithm.tis: true is shorthand for algorithm.correction: tis, "
             "but algorithm.correction is icepop; set only one of them");

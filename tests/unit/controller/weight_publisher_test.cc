@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 
 #include "fakes/fake_job.h"
 
@@ -33,6 +34,76 @@ TEST(WeightPublisherTest, GrpcPublishSetsTheVersionOfEveryWorkerWithAMatchingRec
   EXPECT_EQ(calls[0].version(), 4);
   ASSERT_EQ(calls[0].rollout_ids_size(), 3);
   EXPECT_EQ(calls[0].rollout_addresses(2), "fake-rollout-2:1");
+}
+
+// cluster.weight_relay_fanout: the trainer sends F copies; then, round by round, every worker
+// holding the version relays it to up to F more. With 7 workers and F = 2: the trainer serves 2,
+// round 1 reaches 4 more, round 2 the last one.
+TEST(WeightPublisherTest, PeerRelayFansOutFromTheTrainersCopiesInRounds) {
+  FakeJob job(FakeJobConfig(7, 1));
+  job.cfg.cluster.weight_relay_fanout = 2;
+  ASSERT_TRUE(job.Start().ok());
+  WeightPublisher pub(job.cfg, job.pool.get(), "");
+  ASSERT_TRUE(pub.Publish(5).ok());
+  for (Worker* w : job.pool->AliveRollouts()) EXPECT_EQ(w->version, 5) << w->id;
+  const auto calls = job.cluster.trainer[0]->publish_calls();
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].rollout_ids_size(), 2);
+  EXPECT_EQ(pub.last_relay_rounds(), 2);
+  std::map<std::string, int> received;  // worker -> copies it got from a relay
+  int relays = 0;
+  for (const auto& fake : job.cluster.rollout) {
+    for (const auto& r : fake->relay_calls()) {
+      ++relays;
+      EXPECT_EQ(r.version(), 5);
+      EXPECT_LE(r.rollout_ids_size(), 2);
+      for (const auto& id : r.rollout_ids()) ++received[id];
+    }
+  }
+  EXPECT_EQ(relays, 3);  // 2 in round 1, 1 in round 2
+  EXPECT_EQ(received.size(), 5u);
+  for (const auto& [id, n] : received) EXPECT_EQ(n, 1) << id;
+  for (const auto& id : calls[0].rollout_ids()) EXPECT_EQ(received.count(id), 0u) << id;
+}
+
+// A relaying worker that sends checksums other than the trainer's is dropped (it holds something
+// else), and its targets get the version from another holder; a target whose receipt does not
+// match is dropped itself.
+TEST(WeightPublisherTest, PeerRelayDropsAWorkerThatRelaysOtherBytesAndServesItsTargetsAgain) {
+  FakeJob job(FakeJobConfig(5, 1));
+  job.cfg.cluster.weight_relay_fanout = 1;
+  job.death_grace_s = 0;
+  ASSERT_TRUE(job.Start().ok());
+  // rollout-0 (served by the trainer) relays different bytes.
+  job.cluster.rollout[0]->on_relay = [](const v1::RelayWeightsRequest& req,
+                                        v1::PublishWeightsResponse* resp) {
+    for (const auto& id : req.rollout_ids()) {
+      v1::PublishResult* r = resp->add_results();
+      r->set_rollout_id(id);
+      r->set_ok(true);
+      r->mutable_receipt()->set_version(req.version());
+      for (uint32_t c : {7u, 8u, 9u}) {
+        r->add_sent_crc32(c);
+        r->mutable_receipt()->add_bucket_crc32(c);
+      }
+    }
+    return Status::Ok();
+  };
+  WeightPublisher pub(job.cfg, job.pool.get(), "");
+  ASSERT_TRUE(pub.Publish(3).ok());
+  EXPECT_TRUE(job.pool->IsDead("rollout-0"));
+  EXPECT_NE(DeathOf(job, "rollout-0").find("checksums that differ from the trainer's"),
+            std::string::npos)
+      << DeathOf(job, "rollout-0");
+  for (int i = 1; i < 5; ++i) {
+    const std::string id = "rollout-" + std::to_string(i);
+    EXPECT_FALSE(job.pool->IsDead(id)) << id;
+    EXPECT_EQ(job.pool->Get(id)->version, 3) << id;
+  }
+  // rollout-1 was rollout-0's target; the trainer served it after the relayer was dropped.
+  const auto calls = job.cluster.trainer[0]->publish_calls();
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[1].rollout_ids(0), "rollout-1");
 }
 
 TEST(WeightPublisherTest, AReceiptThatDoesNotMatchDropsThatWorkerOnly) {

@@ -221,6 +221,44 @@ TEST_F(SimWorkersTest, TrainerChecksVersionsAndPublishesReceiptsThatMatch) {
   EXPECT_NE(s.message().find("grpc only"), std::string::npos) << s;
 }
 
+// Peer relay between simulated workers: a worker holding the trainer's version passes it on with
+// the trainer's checksums, and refuses to relay a version it does not hold.
+TEST_F(SimWorkersTest, ARolloutWorkerRelaysTheTrainersVersion) {
+  SimRollout peer(cost_, nullptr);
+  std::string peer_address;
+  auto peer_server = rpc::StartServer("127.0.0.1", 0, {&peer}, &peer_address);
+  ASSERT_TRUE(peer_server.ok());
+  v1::TrainStepRequest step;
+  step.set_expected_version(0);
+  v1::TrainStepResponse trained;
+  ASSERT_TRUE(trainer_client_->TrainStep({10, nullptr}, step, &trained).ok());
+  v1::PublishWeightsRequest pub;
+  pub.set_version(1);
+  pub.add_rollout_addresses(rollout_address_);
+  pub.add_rollout_ids("rollout-0");
+  v1::PublishWeightsResponse published;
+  ASSERT_TRUE(trainer_client_->PublishWeights({10, nullptr}, pub, &published).ok());
+  ASSERT_EQ(published.results_size(), 1);
+  v1::RelayWeightsRequest relay;
+  relay.set_version(1);
+  relay.add_rollout_addresses(peer_address);
+  relay.add_rollout_ids("rollout-1");
+  v1::PublishWeightsResponse relayed;
+  Status s = rollout_client_->RelayWeights({10, nullptr}, relay, &relayed);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(relayed.results_size(), 1);
+  const auto& r = relayed.results(0);
+  EXPECT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r.receipt().version(), 1);
+  ASSERT_EQ(r.receipt().bucket_crc32_size(), published.results(0).sent_crc32_size());
+  EXPECT_EQ(r.receipt().bucket_crc32(0), published.results(0).sent_crc32(0));
+  EXPECT_EQ(peer.version(), 1);
+  relay.set_version(2);
+  s = rollout_client_->RelayWeights({10, nullptr}, relay, &relayed);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  (*peer_server)->Shutdown();
+}
+
 // Calls share one simulated engine, as on a real worker: a call that arrives while another's
 // long sample runs joins the batch and ends first.
 TEST_F(SimWorkersTest, ConcurrentCallsShareTheEngine) {
