@@ -677,6 +677,8 @@ Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* s
                       {"stale_dropped", sc_out.stale}};
   j["prefill_tokens"] = gen.prefill_tokens;
   j["prefix_shared_tokens"] = gen.prefix_shared_tokens;
+  if (cfg_.cluster.weight_relay_fanout > 0)
+    j["publish_relay_rounds"] = publisher_->last_relay_rounds();
   if (partial) {
     j["partial_resumed_samples"] = gen.resumed_samples;
     j["partial_carried_groups"] = scheduler_->carried_groups();

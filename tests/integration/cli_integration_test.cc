@@ -260,12 +260,15 @@ TEST(TrainTest, AsyncRolloutRunsAheadWithinTheStalenessBound) {
 
 // rollout.weight_updates: between_steps: the trainer publishes while generation runs, each worker
 // taking the version between engine steps; the bound holds and every step trains a full batch.
+// With peer relay (fan-out 1) the trainer sends one copy and the first worker relays it to the
+// second in one round.
 TEST(TrainTest, AsyncWeightUpdatesBetweenEngineStepsKeepTheBound) {
   const std::string dir = MakeTempDir("async_between");
   auto args = SmallJob(dir, 8);
-  args.insert(args.end(), {"--set", "rollout.async=true", "--set", "algorithm.max_staleness=2",
-                           "--set", "rollout.weight_updates=between_steps", "--set",
-                           "rollout.max_new_tokens=12", "--set", "model.max_seq_len=40"});
+  args.insert(args.end(),
+              {"--set", "rollout.async=true", "--set", "algorithm.max_staleness=2", "--set",
+               "rollout.weight_updates=between_steps", "--set", "rollout.max_new_tokens=12",
+               "--set", "model.max_seq_len=40", "--set", "cluster.weight_relay_fanout=1"});
   auto p = GyreProcess::Start(args, dir);
   ASSERT_TRUE(p.Wait(240)) << p.Output();
   ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
@@ -273,6 +276,7 @@ TEST(TrainTest, AsyncWeightUpdatesBetweenEngineStepsKeepTheBound) {
   ASSERT_EQ(steps.size(), 8u);
   for (const auto& s : steps) {
     EXPECT_EQ(s["samples"], 64) << s.dump();
+    EXPECT_EQ(s["publish_relay_rounds"], 1) << s.dump();
     for (const auto& [age, count] : s["staleness"].items()) EXPECT_LE(std::stoi(age), 2);
   }
   EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
