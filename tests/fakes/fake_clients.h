@@ -32,6 +32,24 @@ namespace gyre::testing {
 inline const std::vector<uint32_t> kFakeCrcs = {11, 22, 33};
 constexpr int kFakeResponseLen = 3;
 
+// Appends one successful PublishResult per id of `ids` for `version`, sent with `crcs`; the
+// receipt holds received(id, c) for each sent checksum c (by default c itself).
+inline void AddFakeResults(
+    const google::protobuf::RepeatedPtrField<std::string>& ids, int64_t version,
+    const std::vector<uint32_t>& crcs, v1::PublishWeightsResponse* resp,
+    const std::function<uint32_t(const std::string&, uint32_t)>& received = nullptr) {
+  for (const auto& id : ids) {
+    v1::PublishResult* r = resp->add_results();
+    r->set_rollout_id(id);
+    r->set_ok(true);
+    r->mutable_receipt()->set_version(version);
+    for (uint32_t c : crcs) {
+      r->add_sent_crc32(c);
+      r->mutable_receipt()->add_bucket_crc32(received ? received(id, c) : c);
+    }
+  }
+}
+
 // Waits `seconds`, or less when the call is cancelled (then returns kAborted, as gRPC's
 // CANCELLED maps), or past its deadline (kDeadlineExceeded).
 inline Status FakeWait(const rpc::Call& call, double seconds) {
@@ -175,16 +193,7 @@ class FakeRollout final : public rpc::RolloutClient {
     relay_calls_.Add(req);
     GYRE_RETURN_IF_ERROR(FakeWait(call, relay_delay_s.load()));
     if (on_relay) return on_relay(req, resp);
-    for (const auto& id : req.rollout_ids()) {
-      v1::PublishResult* r = resp->add_results();
-      r->set_rollout_id(id);
-      r->set_ok(true);
-      r->mutable_receipt()->set_version(req.version());
-      for (uint32_t c : kFakeCrcs) {
-        r->mutable_receipt()->add_bucket_crc32(c);
-        r->add_sent_crc32(c);
-      }
-    }
+    AddFakeResults(req.rollout_ids(), req.version(), kFakeCrcs, resp);
     return Status::Ok();
   }
 
@@ -244,16 +253,7 @@ class FakeTrainer final : public rpc::TrainerClient {
     GYRE_RETURN_IF_ERROR(FakeWait(call, publish_delay_s.load()));
     if (on_publish) return on_publish(req, resp);
     for (uint32_t c : kFakeCrcs) resp->add_bucket_crc32(c);
-    for (const auto& id : req.rollout_ids()) {
-      v1::PublishResult* r = resp->add_results();
-      r->set_rollout_id(id);
-      r->set_ok(true);
-      r->mutable_receipt()->set_version(req.version());
-      for (uint32_t c : kFakeCrcs) {
-        r->mutable_receipt()->add_bucket_crc32(c);
-        r->add_sent_crc32(c);
-      }
-    }
+    AddFakeResults(req.rollout_ids(), req.version(), kFakeCrcs, resp);
     return Status::Ok();
   }
   Status Save(const rpc::Call&, const v1::SaveRequest& req, v1::SaveResponse* resp) override {

@@ -77,16 +77,7 @@ TEST(WeightPublisherTest, PeerRelayDropsAWorkerThatRelaysOtherBytesAndServesItsT
   // rollout-0 (served by the trainer) relays different bytes.
   job.cluster.rollout[0]->on_relay = [](const v1::RelayWeightsRequest& req,
                                         v1::PublishWeightsResponse* resp) {
-    for (const auto& id : req.rollout_ids()) {
-      v1::PublishResult* r = resp->add_results();
-      r->set_rollout_id(id);
-      r->set_ok(true);
-      r->mutable_receipt()->set_version(req.version());
-      for (uint32_t c : {7u, 8u, 9u}) {
-        r->add_sent_crc32(c);
-        r->mutable_receipt()->add_bucket_crc32(c);
-      }
-    }
+    testing::AddFakeResults(req.rollout_ids(), req.version(), {7, 8, 9}, resp);
     return Status::Ok();
   };
   WeightPublisher pub(job.cfg, job.pool.get(), "");
@@ -112,16 +103,9 @@ TEST(WeightPublisherTest, AReceiptThatDoesNotMatchDropsThatWorkerOnly) {
   // The trainer reports rollout-1's receipt with one bucket's checksum wrong.
   job.cluster.trainer[0]->on_publish = [](const v1::PublishWeightsRequest& req,
                                           v1::PublishWeightsResponse* resp) {
-    for (const auto& id : req.rollout_ids()) {
-      v1::PublishResult* r = resp->add_results();
-      r->set_rollout_id(id);
-      r->set_ok(true);
-      r->mutable_receipt()->set_version(req.version());
-      for (uint32_t c : testing::kFakeCrcs) {
-        r->add_sent_crc32(c);
-        r->mutable_receipt()->add_bucket_crc32(id == "rollout-1" && c == 22 ? 23 : c);
-      }
-    }
+    testing::AddFakeResults(
+        req.rollout_ids(), req.version(), testing::kFakeCrcs, resp,
+        [](const std::string& id, uint32_t c) { return id == "rollout-1" && c == 22 ? 23u : c; });
     return Status::Ok();
   };
   WeightPublisher pub(job.cfg, job.pool.get(), "");
