@@ -140,12 +140,11 @@ int64_t SamplesOf(const std::vector<GroupJob>& groups) {
 Worker* AsyncScheduler::PickWorker(const std::vector<Worker*>& alive, int64_t chunk_samples) const {
   std::map<std::string, int64_t> load;  // samples outstanding per worker
   for (const auto& [id, in] : inflight_) load[in.worker] += SamplesOf(in.groups);
-  std::set<std::string> busy;
-  for (const auto& [id, in] : inflight_) busy.insert(in.worker);
   Worker* best = nullptr;
   int64_t best_load = 0;
   for (Worker* w : alive) {
-    const bool has_calls = busy.count(w->id) > 0;
+    const auto b = busy_.find(w->id);
+    const bool has_calls = b != busy_.end() && b->second.calls > 0;
     if (cfg_.rollout.dispatch == "idle") {
       if (!has_calls) return w;
       continue;

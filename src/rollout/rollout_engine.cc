@@ -693,24 +693,19 @@ int64_t RolloutEngine::Drop(const std::function<bool(uint64_t id)>& drop) {
     auto it = group_pending_.find(s.req->group);
     if (it != group_pending_.end() && (it->second -= samples) <= 0) group_pending_.erase(it);
   };
-  for (auto it = running_.begin(); it != running_.end();) {
-    if (!drop((*it)->req->id)) {
-      ++it;
-      continue;
+  auto sweep = [&](auto& seqs) {
+    for (auto it = seqs.begin(); it != seqs.end();) {
+      if (!drop((*it)->req->id)) {
+        ++it;
+        continue;
+      }
+      forget(**it);
+      ReleaseBlocks(it->get());
+      it = seqs.erase(it);
     }
-    forget(**it);
-    ReleaseBlocks(it->get());
-    it = running_.erase(it);
-  }
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
-    if (!drop((*it)->req->id)) {
-      ++it;
-      continue;
-    }
-    forget(**it);
-    ReleaseBlocks(it->get());
-    it = waiting_.erase(it);
-  }
+  };
+  sweep(running_);
+  sweep(waiting_);
   return freed;
 }
 
