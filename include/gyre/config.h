@@ -86,6 +86,10 @@ struct RolloutSection {
   // takes new work beside the long tail of its earlier calls; idle = only a worker with no call
   // in flight (one call per worker at a time).
   std::string dispatch = "least_loaded";
+  // Asynchronous rollout: when nothing new is queued, a worker with no call in flight takes
+  // over half of the samples still generating on the most loaded worker (Rollout.Preempt), and
+  // continues them from the tokens they have.
+  bool work_stealing = true;
   // Asynchronous rollout: how a new policy version reaches the workers. lockstep = pause
   // generation, publish to everyone, continue; between_steps = publish while generation runs,
   // each worker taking the version between two engine steps of the calls it is running.

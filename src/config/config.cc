@@ -203,6 +203,8 @@ std::vector<Field> BuildTable() {
           "asynchronous rollout: groups per generate call; 0 = prompts_per_step / workers"),
       Choice(GYRE_CONFIG_KEY(rollout.dispatch), {"least_loaded", "idle"},
              "asynchronous rollout: chunks go to the least loaded worker, or to idle ones only"),
+      Flag(GYRE_CONFIG_KEY(rollout.work_stealing),
+           "asynchronous rollout: idle workers take over unfinished samples of the busiest one"),
       Choice(GYRE_CONFIG_KEY(rollout.weight_updates), {"lockstep", "between_steps"},
              "asynchronous rollout: publish with generation paused, or between engine steps"),
       // algorithm

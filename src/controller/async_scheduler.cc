@@ -10,16 +10,6 @@ namespace gyre::controller {
 
 namespace {
 
-std::vector<uint64_t> SampleIds(const std::vector<GroupJob>& groups) {
-  std::vector<uint64_t> ids;
-  for (const auto& g : groups) {
-    for (int i = 0; i < g.group.n(); ++i) {
-      ids.push_back(g.group.first_sample_id() + static_cast<uint64_t>(i));
-    }
-  }
-  return ids;
-}
-
 GroupJob JobOf(const v1::CarriedGroup& cg) {
   GroupJob job;
   job.group = cg.group();
@@ -36,6 +26,15 @@ v1::CarriedGroup CarriedOf(const GroupJob& job) {
   cg.set_answer(job.problem.answer);
   cg.set_prompt_is_messages(job.problem.is_messages);
   return cg;
+}
+
+// The piece of `group` with its samples [first, first + n) (ids).
+v1::PromptGroup PieceOf(const v1::PromptGroup& group, uint64_t first, int n) {
+  v1::PromptGroup piece = group;
+  piece.set_first_sample_id(first);
+  piece.set_seed(group.seed() + (first - group.first_sample_id()));
+  piece.set_n(n);
+  return piece;
 }
 
 // The oldest policy version among the samples' tokens (`fallback` when they have none).
@@ -66,24 +65,58 @@ AsyncScheduler::AsyncScheduler(const JobConfig& cfg, WorkerPool* pool, SampleLed
   if (restore != nullptr) {
     // Group ids grow with admission, so their order is the admission order; the absolute
     // numbers only need to stay below those of groups admitted from now on.
-    std::vector<const v1::CarriedGroup*> groups;
-    for (const auto& cg : restore->groups) groups.push_back(&cg);
-    std::sort(groups.begin(), groups.end(), [](const auto* a, const auto* b) {
+    std::vector<const v1::CarriedGroup*> carried;
+    for (const auto& cg : restore->groups) carried.push_back(&cg);
+    std::sort(carried.begin(), carried.end(), [](const auto* a, const auto* b) {
       return a->group().group_id() < b->group().group_id();
     });
     uint64_t order = 0;
-    for (const v1::CarriedGroup* cg : groups) {
-      admitted_order_[cg->group().group_id()] = order;
-      if (cg->finished_size() == 0) {
-        queue_.emplace_back(JobOf(*cg), order++);
-        continue;
+    for (const v1::CarriedGroup* cg : carried) {
+      const uint64_t gid = cg->group().group_id();
+      Assembling& a = groups_[gid];
+      a.job = JobOf(*cg);
+      a.order = order++;
+      std::set<uint64_t> known;
+      for (const auto& smp : cg->finished()) {
+        known.insert(smp.sample_id());
+        a.finished.push_back(smp);
+        for (int64_t v : smp.versions()) a.oldest = std::min(a.oldest, v);
       }
-      ReadyGroup rg;
-      rg.job = JobOf(*cg);
-      rg.samples.assign(cg->finished().begin(), cg->finished().end());
-      rg.gen_version = OldestVersion(rg.samples, version);
-      rg.admitted = order++;
-      ready_.push_back(std::move(rg));
+      std::vector<Unit> units;
+      for (const auto& smp : cg->unfinished()) {
+        known.insert(smp.sample_id());
+        Unit u;
+        u.is_resume = true;
+        u.resume = smp;
+        u.order = a.order;
+        units.push_back(std::move(u));
+      }
+      // The others are generated afresh, in contiguous runs.
+      const uint64_t first = cg->group().first_sample_id();
+      const uint64_t end = first + static_cast<uint64_t>(cg->group().n());
+      for (uint64_t id = first; id < end;) {
+        if (known.count(id) > 0) {
+          ++id;
+          continue;
+        }
+        uint64_t last = id;
+        while (last < end && known.count(last) == 0) ++last;
+        Unit u;
+        u.piece = PieceOf(cg->group(), id, static_cast<int>(last - id));
+        u.order = a.order;
+        units.push_back(std::move(u));
+        id = last;
+      }
+      for (Unit& u : units) queue_.push_back(std::move(u));
+      if (static_cast<int>(a.finished.size()) == cg->group().n()) {
+        ReadyGroup rg;
+        rg.job = std::move(a.job);
+        rg.samples = std::move(a.finished);
+        rg.gen_version = OldestVersion(rg.samples, version);
+        rg.admitted = a.order;
+        ready_.push_back(std::move(rg));
+        groups_.erase(gid);
+      }
     }
     admitted_ = std::max<int64_t>(restore->admitted, static_cast<int64_t>(order));
   }
@@ -119,27 +152,24 @@ Status AsyncScheduler::Admit(int64_t steps_done,
     std::lock_guard<std::mutex> lock(mu_);
     for (GroupJob& g : groups) {
       const uint64_t order = static_cast<uint64_t>(admitted_++);
-      admitted_order_[g.group.group_id()] = order;
-      queue_.emplace_back(std::move(g), order);
+      Unit u;
+      u.piece = g.group;
+      u.order = order;
+      queue_.push_back(std::move(u));
+      Assembling& a = groups_[g.group.group_id()];
+      a.job = std::move(g);
+      a.order = order;
     }
   }
   cv_.notify_all();
   return Status::Ok();
 }
 
-namespace {
-
-int64_t SamplesOf(const std::vector<GroupJob>& groups) {
-  int64_t n = 0;
-  for (const auto& g : groups) n += g.group.n();
-  return n;
-}
-
-}  // namespace
-
 Worker* AsyncScheduler::PickWorker(const std::vector<Worker*>& alive, int64_t chunk_samples) const {
   std::map<std::string, int64_t> load;  // samples outstanding per worker
-  for (const auto& [id, in] : inflight_) load[in.worker] += SamplesOf(in.groups);
+  for (const auto& [id, in] : inflight_) {
+    load[in.worker] += static_cast<int64_t>(in.expected.size());
+  }
   Worker* best = nullptr;
   int64_t best_load = 0;
   for (Worker* w : alive) {
@@ -193,14 +223,15 @@ void AsyncScheduler::DispatchLoop() {
                     : std::max<int64_t>(1, (per_step_ + static_cast<int64_t>(alive.size()) - 1) /
                                                static_cast<int64_t>(alive.size()));
         int64_t samples = 0, taken = 0;
-        for (const auto& [job, order] : queue_) {
+        for (const Unit& u : queue_) {
           if (taken++ == chunk) break;
-          samples += job.group.n();
+          samples += u.samples();
         }
         target = PickWorker(alive, samples);
       }
     }
     if (target == nullptr) {
+      if (MaybeSteal()) continue;
       // Woken by a posted result, an admission, a resume or shutdown; the pool's view of which
       // workers are alive changes without telling us, so look again every 50 ms.
       cv_.wait_for(lock, std::chrono::milliseconds(50));
@@ -210,18 +241,35 @@ void AsyncScheduler::DispatchLoop() {
     Inflight sent;
     sent.worker = target->id;
     sent.dispatch_version = published_version_;
+    sent.oldest_version = published_version_;
     sent.incarnation = pool_->Incarnation(target->id);
     v1::GenerateRequest req;
     *req.mutable_sampling() = sampling_;
     req.set_min_policy_version(published_version_);
-    while (!queue_.empty() && static_cast<int64_t>(sent.groups.size()) < chunk) {
-      *req.add_groups() = queue_.front().first.group;
-      sent.groups.push_back(std::move(queue_.front().first));
+    std::vector<uint64_t> ids;
+    for (int64_t n = 0; !queue_.empty() && n < chunk; ++n) {
+      Unit& u = queue_.front();
+      if (u.is_resume) {
+        const uint64_t id = u.resume.sample_id();
+        sent.expected[id] = u.resume.group_id();
+        for (int64_t v : u.resume.versions())
+          sent.oldest_version = std::min(sent.oldest_version, v);
+        ids.push_back(id);
+        *req.add_resume() = u.resume;
+        sent.resumed[id] = std::move(u.resume);
+      } else {
+        for (int i = 0; i < u.piece.n(); ++i) {
+          const uint64_t id = u.piece.first_sample_id() + static_cast<uint64_t>(i);
+          sent.expected[id] = u.piece.group_id();
+          ids.push_back(id);
+        }
+        *req.add_groups() = std::move(u.piece);
+      }
       queue_.pop_front();
     }
     if (ledger_ != nullptr) {
-      Status s = ledger_->Move(SampleIds(sent.groups), SampleState::kGenerating,
-                               {-1, published_version_, target->id, ""});
+      Status s =
+          ledger_->Move(ids, SampleState::kGenerating, {-1, published_version_, target->id, ""});
       if (!s.ok() && fatal_.ok()) fatal_ = s;
     }
     auto cancel = std::make_shared<rpc::Cancellation>();
@@ -235,8 +283,8 @@ void AsyncScheduler::DispatchLoop() {
           Result r;
           r.call = call;
           r.worker = w->id;
-          // Each finished group is posted as it arrives, so a batch can use it before the rest
-          // of the call's groups are done.
+          // Each finished unit is posted as it arrives, so a batch can use it before the rest
+          // of the call's units are done.
           auto post = [this, w, call](v1::GenerateResponse& part) {
             Result p;
             p.call = call;
@@ -262,49 +310,191 @@ void AsyncScheduler::DispatchLoop() {
   }
 }
 
+bool AsyncScheduler::MaybeSteal() {
+  if (!cfg_.rollout.work_stealing || paused_ || stop_ || !queue_.empty() ||
+      !stealing_from_.empty() || SteadyClock::now() < steal_backoff_until_) {
+    return false;
+  }
+  const std::vector<Worker*> alive = pool_->AliveRollouts();
+  Worker* thief = nullptr;
+  for (Worker* w : alive) {
+    const auto b = busy_.find(w->id);
+    if (b == busy_.end() || b->second.calls == 0) {
+      thief = w;
+      break;
+    }
+  }
+  if (thief == nullptr) return false;
+  std::map<std::string, int64_t> load;
+  for (const auto& [id, in] : inflight_) {
+    load[in.worker] += static_cast<int64_t>(in.expected.size());
+  }
+  Worker* victim = nullptr;
+  int64_t most = 1;
+  for (Worker* w : alive) {
+    const auto l = load.find(w->id);
+    if (l != load.end() && l->second > most) {
+      victim = w;
+      most = l->second;
+    }
+  }
+  if (victim == nullptr) return false;
+  // Half of its outstanding samples, oldest call and sample first.
+  v1::PreemptRequest req;
+  for (const auto& [id, in] : inflight_) {
+    if (in.worker != victim->id) continue;
+    for (const auto& [sid, gid] : in.expected) {
+      if (req.sample_ids_size() == most / 2) break;
+      req.add_sample_ids(sid);
+    }
+  }
+  stealing_from_ = victim->id;
+  const uint64_t steal = next_call_++;
+  auto cancel = std::make_shared<rpc::Cancellation>();
+  cancels_[steal] = cancel;
+  ++running_;
+  const double timeout = cfg_.cluster.rpc_timeout_s;
+  calls_.push_back(std::async(std::launch::async, [this, steal, w = victim, thief_id = thief->id,
+                                                   req = std::move(req), cancel, timeout] {
+    v1::PreemptResponse resp;
+    const Status s = pool_->Invoke(w->id, timeout, cancel.get(), [&](const rpc::Call& c) {
+      return w->rollout->Preempt(c, req, &resp);
+    });
+    std::lock_guard<std::mutex> l(mu_);
+    if (!s.ok()) {
+      GYRE_LOG_DEBUG("taking samples over from {} failed: {}", w->id, s.ToString());
+    }
+    // Each taken sample leaves the call that was generating it (if that call has not failed
+    // and been re-queued meanwhile) and goes back to the queue, to be continued elsewhere.
+    std::vector<Unit> units;
+    std::vector<uint64_t> ids;
+    for (v1::Sample& smp : *resp.mutable_unfinished()) {
+      const uint64_t id = smp.sample_id();
+      for (auto& [cid, in] : inflight_) {
+        if (in.worker != w->id || in.expected.erase(id) == 0) continue;
+        in.resumed.erase(id);
+        Unit u;
+        u.is_resume = true;
+        u.order = groups_.count(smp.group_id()) > 0 ? groups_.at(smp.group_id()).order : 0;
+        u.resume = std::move(smp);
+        units.push_back(std::move(u));
+        ids.push_back(id);
+        break;
+      }
+    }
+    if (ids.empty()) steal_backoff_until_ = SteadyClock::now() + std::chrono::milliseconds(20);
+    if (!ids.empty()) {
+      GYRE_LOG_DEBUG("{} sample(s) of {} go to idle workers such as {}", ids.size(), w->id,
+                     thief_id);
+      stolen_ += static_cast<int64_t>(ids.size());
+      if (ledger_ != nullptr) {
+        Status m = ledger_->Move(ids, SampleState::kQueued,
+                                 {-1, published_version_, w->id, "taken over by an idle worker"});
+        if (!m.ok() && fatal_.ok()) fatal_ = m;
+      }
+      Requeue(std::move(units));
+    }
+    for (Result& r : deferred_) results_.push_back(std::move(r));
+    deferred_.clear();
+    stealing_from_.clear();
+    cancels_.erase(steal);
+    --running_;
+    cv_.notify_all();
+  }));
+  return true;
+}
+
+std::vector<AsyncScheduler::Unit> AsyncScheduler::Remaining(const Inflight& in) const {
+  std::vector<Unit> units;
+  for (auto it = in.expected.begin(); it != in.expected.end();) {
+    const auto [id, gid] = *it;
+    const auto a = groups_.find(gid);
+    const uint64_t order = a == groups_.end() ? 0 : a->second.order;
+    const auto r = in.resumed.find(id);
+    if (r != in.resumed.end()) {
+      Unit u;
+      u.is_resume = true;
+      u.resume = r->second;
+      u.order = order;
+      units.push_back(std::move(u));
+      ++it;
+      continue;
+    }
+    // A run of consecutive fresh samples of one group.
+    uint64_t last = id;
+    auto next = it;
+    while (next != in.expected.end() && next->first == last && next->second == gid &&
+           in.resumed.count(next->first) == 0) {
+      ++last;
+      ++next;
+    }
+    if (a != groups_.end()) {
+      Unit u;
+      u.piece = PieceOf(a->second.job.group, id, static_cast<int>(last - id));
+      u.order = order;
+      units.push_back(std::move(u));
+    }
+    it = next;
+  }
+  return units;
+}
+
+void AsyncScheduler::Requeue(std::vector<Unit> units) {
+  // Back to the front, in admission order, so they are sent again first.
+  std::stable_sort(units.begin(), units.end(),
+                   [](const Unit& a, const Unit& b) { return a.order < b.order; });
+  for (auto it = units.rbegin(); it != units.rend(); ++it) queue_.push_front(std::move(*it));
+  cv_.notify_all();
+}
+
+Status AsyncScheduler::Collect(v1::Sample sample, int64_t dispatch_version) {
+  const uint64_t gid = sample.group_id();
+  auto a = groups_.find(gid);
+  if (a == groups_.end()) {
+    return Internal("sample " + std::to_string(sample.sample_id()) + " came back for group " +
+                    std::to_string(gid) + ", which is not being generated");
+  }
+  for (int64_t v : sample.versions()) a->second.oldest = std::min(a->second.oldest, v);
+  a->second.finished.push_back(std::move(sample));
+  if (static_cast<int>(a->second.finished.size()) < a->second.job.group.n()) return Status::Ok();
+  ReadyGroup rg;
+  rg.samples = std::move(a->second.finished);
+  std::sort(rg.samples.begin(), rg.samples.end(),
+            [](const v1::Sample& x, const v1::Sample& y) { return x.sample_id() < y.sample_id(); });
+  rg.gen_version = OldestVersion(rg.samples, dispatch_version);
+  rg.job = std::move(a->second.job);
+  rg.admitted = a->second.order;
+  groups_.erase(a);
+  ready_.push_back(std::move(rg));
+  return Status::Ok();
+}
+
 Status AsyncScheduler::HandlePart(Result r, int64_t version, int64_t step) {
   gen_.generated_tokens += r.resp.generated_tokens();
   gen_.prefill_tokens += r.resp.prefill_tokens();
   gen_.prefix_shared_tokens += r.resp.prefix_shared_tokens();
-  std::map<uint64_t, std::vector<v1::Sample>> by_group;
-  for (auto& smp : *r.resp.mutable_samples()) by_group[smp.group_id()].push_back(std::move(smp));
-  std::vector<ReadyGroup> done;
+  std::vector<uint64_t> ids;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Inflight& in = inflight_.at(r.call);
-    for (auto& [gid, samples] : by_group) {
-      auto it = std::find_if(in.groups.begin(), in.groups.end(),
-                             [gid = gid](const GroupJob& g) { return g.group.group_id() == gid; });
-      if (it == in.groups.end()) {
-        return Internal("rollout worker " + r.worker + " streamed back group " +
-                        std::to_string(gid) + ", which it was not generating");
+    for (const auto& smp : r.resp.samples()) {
+      const auto it = in.expected.find(smp.sample_id());
+      if (it == in.expected.end() || it->second != smp.group_id()) {
+        return Internal("rollout worker " + r.worker + " streamed back sample " +
+                        std::to_string(smp.sample_id()) + " of group " +
+                        std::to_string(smp.group_id()) + ", which it was not generating");
       }
-      if (static_cast<int>(samples.size()) != it->group.n()) {
-        return Internal("group " + std::to_string(gid) + " came back from " + r.worker + " with " +
-                        std::to_string(samples.size()) + " samples, expected " +
-                        std::to_string(it->group.n()));
-      }
-      std::sort(samples.begin(), samples.end(), [](const v1::Sample& a, const v1::Sample& b) {
-        return a.sample_id() < b.sample_id();
-      });
-      ReadyGroup rg;
-      rg.gen_version = OldestVersion(samples, in.dispatch_version);
-      rg.samples = std::move(samples);
-      rg.job = std::move(*it);
-      rg.admitted = admitted_order_.at(gid);
-      in.groups.erase(it);
-      done.push_back(std::move(rg));
+    }
+    for (auto& smp : *r.resp.mutable_samples()) {
+      in.expected.erase(smp.sample_id());
+      in.resumed.erase(smp.sample_id());
+      ids.push_back(smp.sample_id());
+      GYRE_RETURN_IF_ERROR(Collect(std::move(smp), in.dispatch_version));
     }
   }
-  if (ledger_ != nullptr) {
-    std::vector<uint64_t> ids;
-    for (const auto& rg : done) {
-      for (const auto& smp : rg.samples) ids.push_back(smp.sample_id());
-    }
+  if (ledger_ != nullptr && !ids.empty()) {
     GYRE_RETURN_IF_ERROR(ledger_->Move(ids, SampleState::kFinished, {step, version, r.worker, ""}));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& rg : done) ready_.push_back(std::move(rg));
   return Status::Ok();
 }
 
@@ -332,10 +522,10 @@ Status AsyncScheduler::Handle(Result r, int64_t version, int64_t step) {
   };
   if (r.status.ok()) {
     Inflight sent = release();
-    if (!sent.groups.empty()) {
+    if (!sent.expected.empty()) {
       return Internal("rollout worker " + r.worker + " ended its generate stream without " +
-                      std::to_string(sent.groups.size()) + " of its groups (first: " +
-                      std::to_string(sent.groups.front().group.group_id()) + ")");
+                      std::to_string(sent.expected.size()) + " of its samples (first: " +
+                      std::to_string(sent.expected.begin()->first) + ")");
     }
     return Status::Ok();
   }
@@ -345,33 +535,40 @@ Status AsyncScheduler::Handle(Result r, int64_t version, int64_t step) {
   }
   const std::string why = "generate failed: " + r.status.message();
   // A call made to a process that has since been replaced (the monitor saw it die and the pool
-  // restarted it) says nothing about the new one: only its groups go back.
+  // restarted it) says nothing about the new one: only its samples go back.
   if (pool_->Incarnation(w->id) == incarnation) {
     GYRE_RETURN_IF_ERROR(pool_->AfterWorkFailure(w, why));
   }
-  // The groups it streamed back before failing are kept; the others go back to the queue.
+  // The samples it streamed back before failing are kept; the others go back to the queue.
   Inflight sent = release();
-  if (sent.groups.empty()) return Status::Ok();
-  GYRE_LOG_WARN("re-queueing {} group(s) from {}", sent.groups.size(), w->id);
+  if (sent.expected.empty()) return Status::Ok();
+  GYRE_LOG_WARN("re-queueing {} sample(s) from {}", sent.expected.size(), w->id);
+  std::vector<uint64_t> ids;
+  for (const auto& [id, gid] : sent.expected) ids.push_back(id);
   if (ledger_ != nullptr) {
-    GYRE_RETURN_IF_ERROR(
-        ledger_->Move(SampleIds(sent.groups), SampleState::kQueued, {step, version, w->id, why}));
+    GYRE_RETURN_IF_ERROR(ledger_->Move(ids, SampleState::kQueued, {step, version, w->id, why}));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  // Back to the front, in admission order, so they are sent again first.
-  for (auto it = sent.groups.rbegin(); it != sent.groups.rend(); ++it) {
-    const uint64_t order = admitted_order_.at(it->group.group_id());
-    queue_.emplace_front(std::move(*it), order);
-  }
-  cv_.notify_all();
+  Requeue(Remaining(sent));
   return Status::Ok();
 }
 
 bool AsyncScheduler::BatchReady(int64_t version) const {
-  const int64_t oldest_allowed = version - k_;  // groups generated before this must be trained
-  if (published_version_ < oldest_allowed + 1 && !queue_.empty()) return false;
+  const int64_t oldest_allowed = version - k_;  // work generated before this must be trained
+  for (const Unit& u : queue_) {
+    int64_t v = published_version_;
+    if (u.is_resume) {
+      for (int64_t t : u.resume.versions()) v = std::min(v, t);
+    }
+    if (v < oldest_allowed + 1) return false;
+  }
   for (const auto& [id, in] : inflight_) {
-    if (in.dispatch_version < oldest_allowed + 1) return false;
+    if (in.oldest_version < oldest_allowed + 1 && !in.expected.empty()) return false;
+  }
+  // A group whose samples came from several calls (work stealing, a failed call) is as old as
+  // its oldest finished sample.
+  for (const auto& [gid, a] : groups_) {
+    if (a.oldest < oldest_allowed + 1) return false;
   }
   return static_cast<int64_t>(ready_.size()) >= per_step_;
 }
@@ -383,7 +580,12 @@ StatusOr<std::vector<ReadyGroup>> AsyncScheduler::NextBatch(int64_t version, int
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!fatal_.ok()) return fatal_;
-      results.swap(results_);
+      // A call's end waits while a steal from its worker is in flight: the samples it took are
+      // still listed as the call's until the steal is applied.
+      for (Result& r : results_) {
+        (!r.part && r.worker == stealing_from_ ? deferred_ : results).push_back(std::move(r));
+      }
+      results_.clear();
     }
     for (Result& r : results) GYRE_RETURN_IF_ERROR(Handle(std::move(r), version, step));
     GYRE_RETURN_IF_ERROR(pool_->CheckHealth());
@@ -405,7 +607,6 @@ StatusOr<std::vector<ReadyGroup>> AsyncScheduler::NextBatch(int64_t version, int
   std::vector<ReadyGroup> batch(std::make_move_iterator(ready_.begin()),
                                 std::make_move_iterator(ready_.begin() + take));
   ready_.erase(ready_.begin(), ready_.begin() + take);
-  for (const auto& rg : batch) admitted_order_.erase(rg.job.group.group_id());
   gen_wait_s_ = SecondsSince(t0);
   return batch;
 }
@@ -438,18 +639,35 @@ StatusOr<AsyncCarried> AsyncScheduler::Checkpoint(int64_t version, int64_t step)
   }
   for (Result& r : results) GYRE_RETURN_IF_ERROR(Handle(std::move(r), version, step));
   std::lock_guard<std::mutex> lock(mu_);
-  if (!inflight_.empty()) return Internal("a generate call is still in flight at a checkpoint");
+  if (!inflight_.empty() || !stealing_from_.empty()) {
+    return Internal("a generate call is still in flight at a checkpoint");
+  }
   AsyncCarried out;
   out.admitted = admitted_;
-  for (const auto& [job, order] : queue_) out.groups.push_back(CarriedOf(job));
+  std::map<uint64_t, v1::CarriedGroup> carried;
+  for (const auto& [gid, a] : groups_) {
+    v1::CarriedGroup& cg = carried[gid];
+    cg = CarriedOf(a.job);
+    for (const auto& smp : a.finished) *cg.add_finished() = smp;
+  }
+  for (const Unit& u : queue_) {
+    if (u.is_resume && carried.count(u.group_id()) > 0) {
+      *carried[u.group_id()].add_unfinished() = u.resume;
+    }
+  }
   for (const ReadyGroup& rg : ready_) {
-    v1::CarriedGroup cg = CarriedOf(rg.job);
+    v1::CarriedGroup& cg = carried[rg.job.group.group_id()];
+    cg = CarriedOf(rg.job);
     for (const auto& smp : rg.samples) *cg.add_finished() = smp;
+  }
+  for (auto& [gid, cg] : carried) {
+    auto by_id = [](const v1::Sample& a, const v1::Sample& b) {
+      return a.sample_id() < b.sample_id();
+    };
+    std::sort(cg.mutable_finished()->begin(), cg.mutable_finished()->end(), by_id);
+    std::sort(cg.mutable_unfinished()->begin(), cg.mutable_unfinished()->end(), by_id);
     out.groups.push_back(std::move(cg));
   }
-  std::sort(out.groups.begin(), out.groups.end(), [](const auto& a, const auto& b) {
-    return a.group().group_id() < b.group().group_id();
-  });
   return out;
 }
 
@@ -466,9 +684,16 @@ AsyncStats AsyncScheduler::stats() {
   std::lock_guard<std::mutex> lock(mu_);
   AsyncStats s;
   s.admitted = admitted_;
-  s.queued = static_cast<int64_t>(queue_.size());
-  for (const auto& [id, in] : inflight_) s.in_flight += static_cast<int64_t>(in.groups.size());
+  std::set<uint64_t> queued, in_flight;
+  for (const Unit& u : queue_) queued.insert(u.group_id());
+  for (const auto& [id, in] : inflight_) {
+    for (const auto& [sid, gid] : in.expected) in_flight.insert(gid);
+  }
+  s.queued = static_cast<int64_t>(queued.size());
+  s.in_flight = static_cast<int64_t>(in_flight.size());
   s.ready = static_cast<int64_t>(ready_.size());
+  s.stolen = stolen_;
+  stolen_ = 0;
   s.wait_s = gen_wait_s_;
   s.generate = gen_;
   const auto now = SteadyClock::now();

@@ -25,11 +25,19 @@
 // dispatching so that every call after it runs on the new version ("publish to everyone, then
 // continue").
 //
+// Work stealing (rollout.work_stealing): when no new work is queued and a worker has no call in
+// flight, it takes over half of the samples outstanding on the most loaded worker (at least 2
+// outstanding), oldest first: Rollout.Preempt takes them out of that worker's streams with the
+// tokens they have, and they are continued on the idle worker (GenerateRequest.resume), keeping
+// their per-token versions. The long tails of the slowest worker so end up on workers whose
+// batches are nearly empty, where engine steps are shorter. A group is assembled from whatever
+// calls produced its samples; it is ready when all n are back.
+//
 // Threads: Admit, NextBatch, Pause, Resume, Checkpoint and Shutdown are for the job thread. The
-// dispatcher thread (owned, joined by Shutdown) only starts calls; each call runs on its own
-// thread and posts its result. The job thread handles every result (ledger moves, failures,
-// re-queueing), so WorkerPool is used from the job thread only, apart from its thread-safe
-// AliveRollouts and Invoke.
+// dispatcher thread (owned, joined by Shutdown) only starts calls and steals; each call (and
+// each steal) runs on its own thread; a call posts its result, a steal re-queues what it took. The
+// job thread handles every result (ledger moves, failures, re-queueing), so WorkerPool is used from
+// the job thread only, apart from its thread-safe AliveRollouts and Invoke.
 
 #include <chrono>
 #include <condition_variable>
@@ -37,6 +45,7 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -60,9 +69,10 @@ struct ReadyGroup {
 };
 
 // What a checkpoint keeps of the scheduler (Checkpoint): every admitted group not yet trained,
-// either finished or never sent, and the admission count.
+// with its finished samples and the unfinished ones taken over from a worker (to resume); its
+// other samples are generated afresh. And the admission count.
 struct AsyncCarried {
-  std::vector<v1::CarriedGroup> groups;  // by group id; finished ones hold all n samples
+  std::vector<v1::CarriedGroup> groups;  // by group id
   int64_t admitted = 0;
 };
 
@@ -71,6 +81,7 @@ struct AsyncStats {
   int64_t queued = 0;      // admitted, not yet sent to a worker
   int64_t in_flight = 0;   // sent, not yet back
   int64_t ready = 0;       // back and finished, not yet in a batch
+  int64_t stolen = 0;      // samples taken over from a busy worker since the last stats()
   double wait_s = 0;       // the last NextBatch's wait
   GenerateStats generate;  // engine counters since the last stats(); busy_s: time each
                            // worker had at least one call in flight
@@ -115,13 +126,35 @@ class AsyncScheduler {
   AsyncStats stats();
 
  private:
+  // A piece of work for a worker: fresh samples of a group (`piece`: the group's prompt, with
+  // first_sample_id, seed and n narrowed to a contiguous run of its samples), or one unfinished
+  // sample to continue (`resume`).
+  struct Unit {
+    v1::PromptGroup piece;
+    bool is_resume = false;
+    v1::Sample resume;
+    uint64_t order = 0;  // its group's admission order
+    int64_t samples() const { return is_resume ? 1 : piece.n(); }
+    uint64_t group_id() const { return is_resume ? resume.group_id() : piece.group_id(); }
+  };
+  // An admitted group not yet ready: its finished samples so far.
+  struct Assembling {
+    GroupJob job;
+    uint64_t order = 0;
+    std::vector<v1::Sample> finished;
+    // The oldest token version among `finished` (a bound on the group's generation version,
+    // which the batching rule must respect before the group is complete).
+    int64_t oldest = std::numeric_limits<int64_t>::max();
+  };
   struct Inflight {
     std::string worker;
-    std::vector<GroupJob> groups;  // not yet streamed back
+    std::map<uint64_t, uint64_t> expected;   // sample id -> group id, not yet streamed back
+    std::map<uint64_t, v1::Sample> resumed;  // sample id -> its state when sent (resumes)
     int64_t dispatch_version = 0;
-    int64_t incarnation = 0;  // WorkerPool::Incarnation of the worker when sent
+    int64_t oldest_version = 0;  // the oldest token version it may still produce samples with
+    int64_t incarnation = 0;     // WorkerPool::Incarnation of the worker when sent
   };
-  // What a call posts for the job thread: each streamed part (finished groups), then its end.
+  // What a call posts for the job thread: each streamed part (finished samples), then its end.
   struct Result {
     uint64_t call = 0;
     std::string worker;
@@ -141,9 +174,19 @@ class AsyncScheduler {
   void CallStarted(const std::string& worker);  // under mu_
   void CallEnded(const std::string& worker);    // under mu_
   void DispatchLoop();
+  // Under mu_: starts a steal when work stealing is on, nothing is queued, a worker is idle and
+  // another has at least 2 samples outstanding. Returns whether it started one.
+  bool MaybeSteal();
+  // Under mu_: the still-expected samples of `in` as units to send again (contiguous fresh runs
+  // and resumes).
+  std::vector<Unit> Remaining(const Inflight& in) const;
+  // Under mu_: puts `units` back at the front of the queue, in admission order.
+  void Requeue(std::vector<Unit> units);
+  // Under mu_: a finished sample joins its group; a complete group moves to the ready queue.
+  Status Collect(v1::Sample sample, int64_t dispatch_version);
   // Job thread: applies one call's result. Error = the job must end.
   Status Handle(Result r, int64_t version, int64_t step);
-  // A streamed part: its groups leave the worker's in-flight set for the ready queue.
+  // A streamed part: its samples leave the worker's in-flight set for their groups.
   Status HandlePart(Result r, int64_t version, int64_t step);
   // Whether the batch for `version` can be formed (under mu_).
   bool BatchReady(int64_t version) const;
@@ -156,14 +199,20 @@ class AsyncScheduler {
   const int64_t k_;
 
   std::mutex mu_;
-  std::condition_variable cv_;                       // results posted, publish state, shutdown
-  std::deque<std::pair<GroupJob, uint64_t>> queue_;  // admitted, not sent (with admission order)
-  std::map<uint64_t, Inflight> inflight_;            // by call id
+  std::condition_variable cv_;             // results posted, publish state, shutdown
+  std::deque<Unit> queue_;                 // admitted work not sent, in admission order
+  std::map<uint64_t, Inflight> inflight_;  // by call id
   uint64_t next_call_ = 0;
   std::map<std::string, Busy> busy_;
-  std::map<uint64_t, uint64_t> admitted_order_;  // group id -> admission order
-  std::vector<Result> results_;                  // posted by calls, handled by the job
+  std::map<uint64_t, Assembling> groups_;  // admitted, not ready yet: by group id
+  std::vector<Result> results_;            // posted by calls, handled by the job
   std::vector<ReadyGroup> ready_;
+  std::string stealing_from_;  // the worker a steal in flight takes from ("" if none)
+  // After a steal that took nothing (the samples had not started, or had just finished), the
+  // next waits until then.
+  std::chrono::steady_clock::time_point steal_backoff_until_;
+  std::vector<Result> deferred_;   // its calls' ends, held back until the steal is applied
+  int64_t stolen_ = 0;             // samples taken over since the last stats()
   int64_t published_version_ = 0;  // what new calls require
   bool paused_ = false;
   bool stop_ = false;

@@ -580,11 +580,9 @@ Status JobRunner::AsyncGrpoStep(int step) {
   }
   StepScores sc_out;
   GYRE_RETURN_IF_ERROR(ScoreGroups(jobs, &samples, step, &sc_out));
-  nlohmann::json extra = {{"async_wait_s", as.wait_s},
-                          {"admitted_groups", as.admitted},
-                          {"queued_groups", as.queued},
-                          {"in_flight_groups", as.in_flight},
-                          {"ready_groups", as.ready}};
+  nlohmann::json extra = {{"async_wait_s", as.wait_s},  {"admitted_groups", as.admitted},
+                          {"queued_groups", as.queued}, {"in_flight_groups", as.in_flight},
+                          {"ready_groups", as.ready},   {"stolen_samples", as.stolen}};
   return FinishStep(step, t0, &sc_out, as.generate, as.wait_s, 1, extra, [this]() -> Status {
     if (cfg_.rollout.weight_updates == "between_steps") {
       // No lockstep: the workers take the version between engine steps of the calls they are

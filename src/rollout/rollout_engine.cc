@@ -709,6 +709,51 @@ int64_t RolloutEngine::Drop(const std::function<bool(uint64_t id)>& drop) {
   return freed;
 }
 
+std::vector<SampleResult> RolloutEngine::Preempt(
+    const std::function<bool(uint64_t id, int32_t index)>& take) {
+  std::vector<SampleResult> out;
+  auto picked = [&](const Seq& s) {
+    const int64_t samples = std::max<int64_t>(1, s.fork_n);
+    for (int64_t k = 0; k < samples; ++k) {
+      if (!take(s.req->id, s.index + static_cast<int32_t>(k))) return false;
+    }
+    return true;
+  };
+  auto sweep = [&](auto& seqs) {
+    for (auto it = seqs.begin(); it != seqs.end();) {
+      Seq* s = it->get();
+      if (!picked(*s)) {
+        ++it;
+        continue;
+      }
+      const int64_t samples = std::max<int64_t>(1, s->fork_n);
+      auto pending = group_pending_.find(s->req->group);
+      if (pending != group_pending_.end() && (pending->second -= samples) <= 0) {
+        group_pending_.erase(pending);
+      }
+      if (s->fork_n > 1) {  // a group still prefilling: its samples have no tokens yet
+        for (int64_t k = 0; k < s->fork_n; ++k) {
+          Seq sample;
+          sample.req = s->req;
+          sample.index = s->index + static_cast<int32_t>(k);
+          sample.seed = s->seed + static_cast<uint64_t>(k);
+          out.push_back(MakeResult(&sample, false));
+        }
+      } else {
+        out.push_back(MakeResult(s, false));  // before the blocks go: it reads kv_version
+      }
+      ReleaseBlocks(s);
+      it = seqs.erase(it);
+    }
+  };
+  sweep(running_);
+  sweep(waiting_);
+  std::sort(out.begin(), out.end(), [](const SampleResult& a, const SampleResult& b) {
+    return a.id != b.id ? a.id < b.id : a.index < b.index;
+  });
+  return out;
+}
+
 StatusOr<std::vector<SampleResult>> RolloutEngine::Generate(const std::vector<Request>& requests) {
   if (!idle()) return FailedPrecondition("Generate needs an idle engine; use Add and Run");
   std::vector<Request> tagged = requests;

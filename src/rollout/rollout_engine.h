@@ -184,6 +184,11 @@ class RolloutEngine {
   // their blocks; the others go on as if those had never been added. Returns how many sequence
   // slots it freed (a group still prefilling counts n).
   int64_t Drop(const std::function<bool(uint64_t id)>& drop);
+  // Takes the queued and running samples that `take(id, index)` picks out of the engine and
+  // returns them unfinished (finished = false, with their response so far), by request id and
+  // sample index; their blocks are freed and the others go on. A group still waiting for its
+  // prefill is taken only when every one of its samples is picked.
+  std::vector<SampleResult> Preempt(const std::function<bool(uint64_t id, int32_t index)>& take);
 
  private:
   struct Seq;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 #include <shared_mutex>
 #include <thread>
 
@@ -217,12 +218,38 @@ grpc::Status RolloutService::Generate(grpc::ServerContext* ctx, const v1::Genera
 struct RolloutService::Stream {
   const v1::GenerateRequest* req = nullptr;
   uint64_t first_id = 0;
-  uint64_t end_id = 0;  // first_id + the request's groups
-  int groups_left = 0;
-  std::map<uint64_t, std::vector<SampleResult>> pending;  // by request id, until all n finish
-  std::vector<v1::GenerateResponse> outbox;               // finished groups, not yet written
+  uint64_t end_id = 0;  // first_id + the request's groups and resumed samples
+  int units_left = 0;   // groups and resumed samples not yet sent
+  std::map<uint64_t, std::vector<SampleResult>> pending;  // by request id, until all finish
+  std::map<uint64_t, int> taken;                          // by request id: samples Preempt took
+  std::vector<v1::GenerateResponse> outbox;               // finished units, not yet written
   grpc::Status failed;                                    // a step failed: the call ends with this
+
+  // The samples request `id` still owes this stream: its group's n (1 for a resumed sample),
+  // less those Preempt took.
+  int Expected(uint64_t id) const {
+    const int k = static_cast<int>(id - first_id);
+    const int n = k < req->groups_size() ? req->groups(k).n() : 1;
+    const auto t = taken.find(id);
+    return n - (t == taken.end() ? 0 : t->second);
+  }
 };
+
+void RolloutService::MaybeComplete(Stream* st, uint64_t id) {
+  auto& unit = st->pending[id];
+  if (static_cast<int>(unit.size()) < st->Expected(id)) return;
+  std::sort(unit.begin(), unit.end(),
+            [](const SampleResult& a, const SampleResult& b) { return a.index < b.index; });
+  if (!unit.empty()) {
+    if (st->outbox.empty()) st->outbox.emplace_back();
+    for (const SampleResult& smp : unit) {
+      ToSample(*st->req, st->first_id, smp, st->outbox.back().add_samples());
+    }
+  }
+  st->pending.erase(id);
+  st->taken.erase(id);
+  --st->units_left;
+}
 
 void RolloutService::TakeCounters(v1::GenerateResponse* part) {
   const EngineStats& st = engine_->stats();
@@ -243,35 +270,72 @@ void RolloutService::StepStreams() {
     return;
   }
   for (SampleResult& r : *finished) {
-    auto it = streams_.upper_bound(r.id);
-    if (it == streams_.begin()) continue;  // a call that has gone away (cannot happen: dropped)
-    Stream* st = std::prev(it)->second;
-    if (r.id >= st->end_id) continue;
+    Stream* st = StreamOf(r.id);
+    if (st == nullptr) continue;  // a call that has gone away (cannot happen: dropped)
     const uint64_t id = r.id;
-    auto& group = st->pending[id];
-    group.push_back(std::move(r));
-    if (static_cast<int>(group.size()) < st->req->groups(static_cast<int>(id - st->first_id)).n()) {
-      continue;
-    }
-    std::sort(group.begin(), group.end(),
-              [](const SampleResult& a, const SampleResult& b) { return a.index < b.index; });
-    if (st->outbox.empty()) st->outbox.emplace_back();
-    for (const SampleResult& smp : group) {
-      ToSample(*st->req, st->first_id, smp, st->outbox.back().add_samples());
-    }
-    st->pending.erase(id);
-    --st->groups_left;
+    st->pending[id].push_back(std::move(r));
+    MaybeComplete(st, id);
   }
+}
+
+RolloutService::Stream* RolloutService::StreamOf(uint64_t id) {
+  auto it = streams_.upper_bound(id);
+  if (it == streams_.begin()) return nullptr;
+  Stream* st = std::prev(it)->second;
+  return id < st->end_id ? st : nullptr;
+}
+
+grpc::Status RolloutService::Preempt(grpc::ServerContext*, const v1::PreemptRequest* req,
+                                     v1::PreemptResponse* resp) {
+  return rpc::Guarded("Preempt", [&]() -> grpc::Status {
+    const std::set<uint64_t> wanted(req->sample_ids().begin(), req->sample_ids().end());
+    std::unique_lock<std::mutex> lock = WaitForEngine();
+    std::set<std::pair<uint64_t, int32_t>> take;  // (request id, sample index)
+    for (const auto& [first, st] : streams_) {
+      const int G = st->req->groups_size();
+      for (int k = 0; k < G; ++k) {
+        const auto& g = st->req->groups(k);
+        const uint64_t end = g.first_sample_id() + static_cast<uint64_t>(g.n());
+        for (auto it = wanted.lower_bound(g.first_sample_id()); it != wanted.end() && *it < end;
+             ++it) {
+          take.emplace(first + static_cast<uint64_t>(k),
+                       static_cast<int32_t>(*it - g.first_sample_id()));
+        }
+      }
+      for (int k = 0; k < st->req->resume_size(); ++k) {
+        if (wanted.count(st->req->resume(k).sample_id()) > 0) {
+          take.emplace(first + static_cast<uint64_t>(G + k), 0);
+        }
+      }
+    }
+    if (take.empty()) return grpc::Status::OK;
+    const std::vector<SampleResult> results = engine_->Preempt([&](uint64_t id, int32_t index) {
+      return take.count({id, index}) > 0;
+    });
+    for (const SampleResult& r : results) {
+      Stream* st = StreamOf(r.id);
+      if (st == nullptr) continue;  // cannot happen: only streams' requests were picked
+      ToSample(*st->req, st->first_id, r, resp->add_unfinished());
+      ++st->taken[r.id];
+      MaybeComplete(st, r.id);
+    }
+    std::sort(
+        resp->mutable_unfinished()->begin(), resp->mutable_unfinished()->end(),
+        [](const v1::Sample& a, const v1::Sample& b) { return a.sample_id() < b.sample_id(); });
+    GYRE_LOG_DEBUG("preempted {} of {} requested sample(s)", resp->unfinished_size(),
+                   wanted.size());
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status RolloutService::GenerateStream(grpc::ServerContext* ctx,
                                             const v1::GenerateRequest* req,
                                             grpc::ServerWriter<v1::GenerateResponse>* writer) {
   return rpc::Guarded("GenerateStream", [&]() -> grpc::Status {
-    if (req->resume_size() > 0 || req->target_finished_groups() != 0) {
+    if (req->target_finished_groups() != 0) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "GenerateStream does not continue partial rollouts (resume, "
-                          "target_finished_groups); use Generate");
+                          "GenerateStream does not stop at a target (target_finished_groups); "
+                          "use Generate");
     }
     auto last = std::chrono::steady_clock::now();
     // Streams share the engine: whichever call holds mu_ runs the next step for all of them,
@@ -282,8 +346,8 @@ grpc::Status RolloutService::GenerateStream(grpc::ServerContext* ctx,
     Stream st;
     st.req = req;
     st.first_id = next_request_id_;
-    st.end_id = st.first_id + static_cast<uint64_t>(req->groups_size());
-    st.groups_left = req->groups_size();
+    st.units_left = req->groups_size() + req->resume_size();
+    st.end_id = st.first_id + static_cast<uint64_t>(st.units_left);
     grpc::Status started = StartGeneration(*req, version_.load(), st.first_id);
     if (!started.ok()) return started;
     next_request_id_ = st.end_id;
@@ -318,7 +382,7 @@ grpc::Status RolloutService::GenerateStream(grpc::ServerContext* ctx,
         }
         continue;
       }
-      if (st.groups_left == 0) break;
+      if (st.units_left == 0) break;
       if (ctx->IsCancelled()) {
         return leave(
             grpc::Status(grpc::StatusCode::CANCELLED, "generation cancelled by the caller"));

@@ -58,6 +58,10 @@ class RolloutService final : public v1::Rollout::Service {
   // rollout workers over gRPC, as a trainer's grpc publish does.
   grpc::Status RelayWeights(grpc::ServerContext* ctx, const v1::RelayWeightsRequest* req,
                             v1::PublishWeightsResponse* resp) override;
+  // Work stealing: takes the requested samples that are still generating out of the running
+  // streams (rollout_engine.h, RolloutEngine::Preempt) and returns them unfinished.
+  grpc::Status Preempt(grpc::ServerContext* ctx, const v1::PreemptRequest* req,
+                       v1::PreemptResponse* resp) override;
   grpc::Status Stop(grpc::ServerContext* ctx, const v1::StopRequest* req,
                     v1::StopResponse* resp) override;
 
@@ -83,6 +87,11 @@ class RolloutService final : public v1::Rollout::Service {
   // Under mu_: one engine step for every stream; finished groups go to their stream's outbox.
   // A failed step fails every stream.
   void StepStreams();
+  // Under mu_: the stream that queued request `id`, or null.
+  Stream* StreamOf(uint64_t id);
+  // Under mu_: once every sample request `id` still owes its stream has finished, they go to
+  // the stream's outbox as one unit (nothing when Preempt took them all).
+  static void MaybeComplete(Stream* st, uint64_t id);
   // Under mu_: the engine counters not yet reported, into `part`.
   void TakeCounters(v1::GenerateResponse* part);
 

@@ -75,6 +75,10 @@ class GrpcRolloutClient final : public RolloutClient {
     return Unary(call,
                  [&](grpc::ClientContext* ctx) { return stub_->RelayWeights(ctx, req, resp); });
   }
+  Status Preempt(const Call& call, const v1::PreemptRequest& req,
+                 v1::PreemptResponse* resp) override {
+    return Unary(call, [&](grpc::ClientContext* ctx) { return stub_->Preempt(ctx, req, resp); });
+  }
   Status Stop(const Call& call, const v1::StopRequest& req) override {
     v1::StopResponse resp;
     return Unary(call, [&](grpc::ClientContext* ctx) { return stub_->Stop(ctx, req, &resp); });

@@ -55,7 +55,8 @@ class RolloutClient {
   virtual Status Generate(const Call& call, const v1::GenerateRequest& req,
                           v1::GenerateResponse* resp) = 0;
   // Streaming generation (Rollout.GenerateStream): `on_part` runs on the calling thread for each
-  // message as it arrives (whole finished groups and the counters since the previous message),
+  // message as it arrives (finished groups and resumed samples, and the counters since the
+  // previous message),
   // and may move from it. Returns the call's final status; parts delivered before a failure
   // stay delivered.
   virtual Status GenerateStream(const Call& call, const v1::GenerateRequest& req,
@@ -65,6 +66,10 @@ class RolloutClient {
   // Peer relay (Rollout.RelayWeights): the worker streams the version it holds to others.
   virtual Status RelayWeights(const Call& call, const v1::RelayWeightsRequest& req,
                               v1::PublishWeightsResponse* resp) = 0;
+  // Work stealing (Rollout.Preempt): takes samples still generating out of the worker's streams
+  // and returns them unfinished, to be resumed elsewhere.
+  virtual Status Preempt(const Call& call, const v1::PreemptRequest& req,
+                         v1::PreemptResponse* resp) = 0;
   virtual Status Stop(const Call& call, const v1::StopRequest& req) = 0;
 };
 

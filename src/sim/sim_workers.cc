@@ -5,6 +5,7 @@
 #include <deque>
 #include <future>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "common/crc32.h"
@@ -94,16 +95,18 @@ SimRollout::~SimRollout() {
   engine_.join();
 }
 
-grpc::Status SimRollout::Join(const v1::GenerateRequest& req, Call* call, uint64_t* id) {
+grpc::Status SimRollout::Join(const v1::GenerateRequest& req, bool streaming, Call* call,
+                              uint64_t* id) {
   const int64_t version = version_.load();
   if (version < req.min_policy_version()) {
     return Refused(grpc::StatusCode::FAILED_PRECONDITION,
                    "this worker holds policy version " + std::to_string(version) +
                        ", the request needs at least " + std::to_string(req.min_policy_version()));
   }
-  if (req.resume_size() > 0 || req.target_finished_groups() != 0) {
+  if (req.target_finished_groups() != 0 || (!streaming && req.resume_size() > 0)) {
     return Refused(grpc::StatusCode::INVALID_ARGUMENT,
-                   "simulated rollout workers do not continue partial rollouts");
+                   "simulated rollout workers continue partial rollouts (resume) only in "
+                   "GenerateStream, and do not stop at a target");
   }
   for (const auto& g : req.groups()) {
     if (g.n() < 1 || g.prompt_ids_size() < 1) {
@@ -111,13 +114,20 @@ grpc::Status SimRollout::Join(const v1::GenerateRequest& req, Call* call, uint64
                      "group " + std::to_string(g.group_id()) + " needs n >= 1 and a prompt");
     }
   }
+  for (const auto& r : req.resume()) {
+    if (r.prompt_ids_size() < 1 || r.versions_size() != r.response_ids_size()) {
+      return Refused(grpc::StatusCode::INVALID_ARGUMENT,
+                     "resumed sample " + std::to_string(r.sample_id()) +
+                         " needs a prompt and one version per response token");
+    }
+  }
   call->req = &req;
-  call->groups_left = req.groups_size();
+  call->groups_left = req.groups_size() + req.resume_size();
   {
     std::lock_guard<std::mutex> lock(mu_);
     *id = next_call_++;
     calls_[*id] = call;
-    for (int g = 0; g < req.groups_size(); ++g) waiting_.emplace_back(*id, g);
+    for (int u = 0; u < call->groups_left; ++u) waiting_.emplace_back(*id, u);
   }
   work_cv_.notify_all();
   return grpc::Status::OK;
@@ -153,18 +163,29 @@ grpc::Status SimRollout::Next(grpc::ServerContext* ctx, uint64_t id, Call* call,
   return grpc::Status::OK;
 }
 
-v1::Sample SimRollout::SampleOf(const Seq& seq, const v1::GenerateRequest& req) const {
+v1::Sample SimRollout::SampleOf(const Seq& seq, const v1::GenerateRequest& req,
+                                bool finished) const {
   const int64_t max_new = std::max<int64_t>(1, req.sampling().max_new_tokens());
   const int32_t stop_id =
       req.sampling().stop_token_ids_size() > 0 ? req.sampling().stop_token_ids(0) : -1;
-  const auto& g = req.groups(seq.group);
   v1::Sample s;
-  s.set_sample_id(g.first_sample_id() + static_cast<uint64_t>(seq.index));
-  s.set_group_id(g.group_id());
-  *s.mutable_prompt_ids() = g.prompt_ids();
-  const bool stopped = seq.length < max_new && stop_id >= 0;
-  for (int64_t t = 0; t < seq.length; ++t) {
-    s.add_response_ids(stopped && t + 1 == seq.length ? stop_id : g.prompt_ids(0));
+  if (seq.group < req.groups_size()) {
+    const auto& g = req.groups(seq.group);
+    s.set_sample_id(g.first_sample_id() + static_cast<uint64_t>(seq.index));
+    s.set_group_id(g.group_id());
+    *s.mutable_prompt_ids() = g.prompt_ids();
+    s.set_seed(g.seed() + static_cast<uint64_t>(seq.index));
+  } else {
+    const auto& r = req.resume(seq.group - req.groups_size());
+    s.set_sample_id(r.sample_id());
+    s.set_group_id(r.group_id());
+    *s.mutable_prompt_ids() = r.prompt_ids();
+    s.set_seed(r.seed());
+  }
+  const int64_t tokens = finished ? seq.length : seq.done;
+  const bool stopped = finished && seq.length < max_new && stop_id >= 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    s.add_response_ids(stopped && t + 1 == tokens ? stop_id : s.prompt_ids(0));
     s.add_logprobs(-1.0f);
     s.add_kept_mass(1.0f);
     s.add_loss_mask(1.0f);
@@ -172,10 +193,105 @@ v1::Sample SimRollout::SampleOf(const Seq& seq, const v1::GenerateRequest& req) 
   for (const auto& [v, count] : seq.versions) {
     for (int64_t t = 0; t < count; ++t) s.add_versions(v);
   }
-  s.set_finish_reason(stopped ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
-  s.set_seed(g.seed() + static_cast<uint64_t>(seq.index));
+  s.set_finish_reason(!finished ? v1::FINISH_REASON_ABORT
+                      : stopped ? v1::FINISH_REASON_STOP
+                                : v1::FINISH_REASON_LENGTH);
   s.set_kv_version(seq.versions.empty() ? version_.load() : seq.versions.front().first);
   return s;
+}
+
+int SimRollout::Call::Expected(int unit) const {
+  const int n = unit < req->groups_size() ? req->groups(unit).n() : 1;
+  const auto t = taken.find(unit);
+  return n - (t == taken.end() ? 0 : t->second);
+}
+
+bool SimRollout::Complete(Call* call, int unit) {
+  auto& samples = call->finishing[unit];
+  if (static_cast<int>(samples.size()) < call->Expected(unit)) return false;
+  std::sort(samples.begin(), samples.end(),
+            [](const v1::Sample& a, const v1::Sample& b) { return a.sample_id() < b.sample_id(); });
+  if (!samples.empty()) call->outbox.push_back(std::move(samples));
+  call->finishing.erase(unit);
+  call->taken.erase(unit);
+  --call->groups_left;
+  return true;
+}
+
+grpc::Status SimRollout::Preempt(grpc::ServerContext*, const v1::PreemptRequest* req,
+                                 v1::PreemptResponse* resp) {
+  const std::set<uint64_t> wanted(req->sample_ids().begin(), req->sample_ids().end());
+  bool completed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto take = [&](Call* call, const Seq& seq) {
+      *resp->add_unfinished() = SampleOf(seq, *call->req, false);
+      ++call->taken[seq.group];
+      completed = Complete(call, seq.group) || completed;
+    };
+    for (auto it = running_.begin(); it != running_.end();) {
+      Call* call = calls_.at(it->call);
+      const v1::GenerateRequest& r = *call->req;
+      const uint64_t sid =
+          it->group < r.groups_size()
+              ? r.groups(it->group).first_sample_id() + static_cast<uint64_t>(it->index)
+              : r.resume(it->group - r.groups_size()).sample_id();
+      if (wanted.count(sid) == 0) {
+        ++it;
+        continue;
+      }
+      const Seq seq = std::move(*it);
+      it = running_.erase(it);
+      take(call, seq);
+    }
+    // Units not admitted yet: a group only whole, a resumed sample as it came.
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      const auto [cid, unit] = *it;
+      Call* call = calls_.at(cid);
+      const v1::GenerateRequest& r = *call->req;
+      std::vector<Seq> seqs;
+      if (unit < r.groups_size()) {
+        const auto& g = r.groups(unit);
+        for (int i = 0; i < g.n(); ++i) {
+          if (wanted.count(g.first_sample_id() + static_cast<uint64_t>(i)) == 0) break;
+          Seq seq;
+          seq.call = cid;
+          seq.group = unit;
+          seq.index = i;
+          seqs.push_back(std::move(seq));
+        }
+        if (static_cast<int>(seqs.size()) < g.n()) seqs.clear();
+      } else if (wanted.count(r.resume(unit - r.groups_size()).sample_id()) > 0) {
+        seqs.push_back(ResumedSeq(cid, unit, r));
+      }
+      if (seqs.empty()) {
+        ++it;
+        continue;
+      }
+      it = waiting_.erase(it);
+      for (const Seq& seq : seqs) take(call, seq);
+    }
+  }
+  if (completed) done_cv_.notify_all();
+  std::sort(resp->mutable_unfinished()->begin(), resp->mutable_unfinished()->end(),
+            [](const v1::Sample& a, const v1::Sample& b) { return a.sample_id() < b.sample_id(); });
+  return grpc::Status::OK;
+}
+
+SimRollout::Seq SimRollout::ResumedSeq(uint64_t cid, int unit,
+                                       const v1::GenerateRequest& req) const {
+  const v1::Sample& r = req.resume(unit - req.groups_size());
+  Seq seq;
+  seq.call = cid;
+  seq.group = unit;
+  seq.done = r.response_ids_size();
+  for (int64_t v : r.versions()) {
+    if (seq.versions.empty() || seq.versions.back().first != v) seq.versions.emplace_back(v, 0);
+    ++seq.versions.back().second;
+  }
+  const int64_t max_new = std::max<int64_t>(1, req.sampling().max_new_tokens());
+  seq.length = std::max(seq.done + 1, cost_.Length(r.seed(), max_new));
+  return seq;
 }
 
 void SimRollout::EngineLoop() {
@@ -196,6 +312,18 @@ void SimRollout::EngineLoop() {
       while (!waiting_.empty()) {
         const auto [cid, gi] = waiting_.front();
         const v1::GenerateRequest& req = *calls_.at(cid)->req;
+        if (gi >= req.groups_size()) {  // a resumed sample: its context is prefilled again
+          if (!running_.empty() && static_cast<int64_t>(running_.size()) + 1 > cost_.max_running) {
+            break;
+          }
+          Seq seq = ResumedSeq(cid, gi, req);
+          const auto& r = req.resume(gi - req.groups_size());
+          seconds += static_cast<double>(r.prompt_ids_size() + seq.done) /
+                     cost_.prefill_tokens_per_s * cost_.time_scale;
+          running_.push_back(std::move(seq));
+          waiting_.pop_front();
+          continue;
+        }
         const auto& g = req.groups(gi);
         if (!running_.empty() &&
             static_cast<int64_t>(running_.size()) + g.n() > cost_.max_running) {
@@ -216,7 +344,7 @@ void SimRollout::EngineLoop() {
       }
       due += seconds + cost_.StepSeconds(static_cast<int64_t>(running_.size()));
       const int64_t now_version = version_.load();
-      std::vector<std::pair<uint64_t, std::vector<v1::Sample>>> finished;  // (call, group)
+      std::vector<std::pair<uint64_t, int>> finished;  // (call, unit) of finished samples
       for (auto it = running_.begin(); it != running_.end();) {
         Seq& seq = *it;
         Call* call = calls_.at(seq.call);
@@ -229,15 +357,8 @@ void SimRollout::EngineLoop() {
           ++it;
           continue;
         }
-        auto& samples = call->finishing[seq.group];
-        samples.push_back(SampleOf(seq, *call->req));
-        if (static_cast<int>(samples.size()) == call->req->groups(seq.group).n()) {
-          std::sort(samples.begin(), samples.end(), [](const v1::Sample& a, const v1::Sample& b) {
-            return a.sample_id() < b.sample_id();
-          });
-          finished.emplace_back(seq.call, std::move(samples));
-          call->finishing.erase(seq.group);
-        }
+        call->finishing[seq.group].push_back(SampleOf(seq, *call->req, true));
+        finished.emplace_back(seq.call, seq.group);
         it = running_.erase(it);
       }
       if (finished.empty() && due - slept_to <= 0.005) continue;
@@ -245,13 +366,16 @@ void SimRollout::EngineLoop() {
       SleepUntilUnless(start, due, [this] { return stop_.load(); });
       lock.lock();
       slept_to = due;
-      for (auto& [cid, samples] : finished) {
+      // Units whose samples have all finished (or been preempted meanwhile) become visible now.
+      bool completed = false;
+      for (const auto& [cid, unit] : finished) {
         auto it = calls_.find(cid);
         if (it == calls_.end()) continue;  // it left while the engine slept
-        it->second->outbox.push_back(std::move(samples));
-        --it->second->groups_left;
+        if (it->second->finishing.count(unit) > 0) {
+          completed = Complete(it->second, unit) || completed;
+        }
       }
-      if (!finished.empty()) done_cv_.notify_all();
+      if (completed) done_cv_.notify_all();
     }
   }
 }
@@ -262,7 +386,7 @@ grpc::Status SimRollout::Generate(grpc::ServerContext* ctx, const v1::GenerateRe
   const int64_t version = version_.load();
   Call call;
   uint64_t id = 0;
-  grpc::Status s = Join(*req, &call, &id);
+  grpc::Status s = Join(*req, false, &call, &id);
   if (!s.ok()) return s;
   std::map<uint64_t, std::vector<v1::Sample>> by_group;
   int64_t tokens = 0;
@@ -288,7 +412,7 @@ grpc::Status SimRollout::GenerateStream(grpc::ServerContext* ctx, const v1::Gene
   auto last = std::chrono::steady_clock::now();
   Call call;
   uint64_t id = 0;
-  grpc::Status s = Join(*req, &call, &id);
+  grpc::Status s = Join(*req, true, &call, &id);
   if (!s.ok()) return s;
   for (bool more = true; more;) {
     std::vector<std::vector<v1::Sample>> groups;

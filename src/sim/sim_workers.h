@@ -52,6 +52,10 @@ class SimRollout final : public v1::Rollout::Service {
   // version it holds to each target, as SimTrainer::PublishWeights does.
   grpc::Status RelayWeights(grpc::ServerContext* ctx, const v1::RelayWeightsRequest* req,
                             v1::PublishWeightsResponse* resp) override;
+  // Work stealing: takes the listed samples out of the running streams with the tokens they
+  // have so far (a group not admitted yet only whole).
+  grpc::Status Preempt(grpc::ServerContext* ctx, const v1::PreemptRequest* req,
+                       v1::PreemptResponse* resp) override;
   grpc::Status Stop(grpc::ServerContext* ctx, const v1::StopRequest* req,
                     v1::StopResponse* resp) override;
 
@@ -61,17 +65,20 @@ class SimRollout final : public v1::Rollout::Service {
 
  private:
   // A call waiting for its groups (Generate or GenerateStream), by call id in calls_.
+  // A call's units are its request's groups (index 0..G-1) and resumed samples (G..).
   struct Call {
     const v1::GenerateRequest* req = nullptr;
-    int groups_left = 0;
-    int64_t tokens = 0;  // generated since its last part
-    // Finished groups, in sample order, not yet taken by the call's thread.
+    int groups_left = 0;  // units not yet finished
+    int64_t tokens = 0;   // generated since its last part
+    // Finished units, in sample order, not yet taken by the call's thread.
     std::vector<std::vector<v1::Sample>> outbox;
-    std::map<int, std::vector<v1::Sample>> finishing;  // by group index, until all n finish
+    std::map<int, std::vector<v1::Sample>> finishing;  // by unit, until all its samples finish
+    std::map<int, int> taken;                          // by unit: samples Preempt took
+    int Expected(int unit) const;                      // samples the unit still owes
   };
   struct Seq {
     uint64_t call = 0;
-    int group = 0;  // index in the call's request
+    int group = 0;  // unit index in the call's request
     int index = 0;  // sample index in its group
     int64_t length = 0, done = 0;
     // The policy version of its tokens, run-length encoded: (version, tokens), oldest first. A
@@ -79,7 +86,8 @@ class SimRollout final : public v1::Rollout::Service {
     std::vector<std::pair<int64_t, int64_t>> versions;
   };
   // Registers `req` (checked first) as call `*id`: its groups join the engine's queue.
-  grpc::Status Join(const v1::GenerateRequest& req, Call* call, uint64_t* id);
+  // Resumed samples only when `streaming`.
+  grpc::Status Join(const v1::GenerateRequest& req, bool streaming, Call* call, uint64_t* id);
   // Waits for the call's next finished groups (the outbox, emptied into `*groups`). Returns
   // false once it has none left; CANCELLED when `ctx` is cancelled (the call has left then).
   grpc::Status Next(grpc::ServerContext* ctx, uint64_t id, Call* call,
@@ -87,7 +95,13 @@ class SimRollout final : public v1::Rollout::Service {
   // Removes call `id` and its groups still in the engine.
   void Leave(uint64_t id);
   void EngineLoop();
-  v1::Sample SampleOf(const Seq& seq, const v1::GenerateRequest& req) const;
+  // The sample `seq` stands for: finished (all of its length) or not (the tokens done so far).
+  v1::Sample SampleOf(const Seq& seq, const v1::GenerateRequest& req, bool finished) const;
+  // The sequence of resumed unit `unit` of call `cid`: its tokens so far are done.
+  Seq ResumedSeq(uint64_t cid, int unit, const v1::GenerateRequest& req) const;
+  // Under mu_: once unit `unit` has no samples left to finish, its finished ones go to the
+  // outbox. Returns whether it completed.
+  static bool Complete(Call* call, int unit);
 
   const CostModel cost_;
   std::function<void(const std::string&)> on_stop_;

@@ -108,7 +108,9 @@ class FakeRollout final : public rpc::RolloutClient {
   std::function<Status(const v1::GenerateRequest&, v1::GenerateResponse*)> on_generate;
   std::function<Status(const v1::ReceiveWeightsRequest&, v1::WeightReceipt*)> on_receive;
   std::function<Status(const v1::RelayWeightsRequest&, v1::PublishWeightsResponse*)> on_relay;
+  std::function<Status(const v1::PreemptRequest&, v1::PreemptResponse*)> on_preempt;
   std::atomic<double> relay_delay_s{0};
+  std::atomic<double> preempt_delay_s{0};
   std::atomic<double> generate_delay_s{0};
   std::atomic<double> stream_group_delay_s{0};  // GenerateStream: between two groups
   std::atomic<int> stream_fail_after{-1};       // GenerateStream: fail after this many groups
@@ -131,11 +133,13 @@ class FakeRollout final : public rpc::RolloutClient {
     return Status::Ok();
   }
 
-  // Streams what Generate would return, one group per message in request order: the first
+  // Streams what Generate would return, one unit per message in request order (each group,
+  // then each resumed sample, finished to kFakeResponseLen tokens at `version`): the first
   // after generate_delay_s (or whatever on_generate decides), each later one
   // stream_group_delay_s after the previous. A failure from on_generate or the delay ends the
-  // stream before any group; with stream_fail_after = k >= 0 the stream fails (Unavailable)
-  // after k groups when the request has more, once.
+  // stream before any unit; with stream_fail_after = k >= 0 the stream fails (Unavailable)
+  // after k units when the request has more, once. Until its unit is sent a sample can be
+  // taken by Preempt (then its unit is sent without it, or not at all when none is left).
   Status GenerateStream(const rpc::Call& call, const v1::GenerateRequest& req,
                         const std::function<void(v1::GenerateResponse&)>& on_part) override {
     stream_calls_.Add(req);
@@ -149,15 +153,71 @@ class FakeRollout final : public rpc::RolloutClient {
       ~Count() { --f->streams_now_; }
       FakeRollout* f;
     } count(this);
+    // Each sample's state before its first token is streamed, for Preempt.
+    std::vector<std::vector<uint64_t>> units;
+    const uint64_t serial = ++stream_serial_;  // which stream owns a live sample
+    {
+      std::lock_guard<std::mutex> lock(preempt_mu_);
+      for (const auto& g : req.groups()) {
+        units.emplace_back();
+        for (auto& smp : FakeSamples(g, version.load())) {
+          smp.mutable_response_ids()->Truncate(1);
+          smp.mutable_logprobs()->Truncate(1);
+          smp.mutable_versions()->Truncate(1);
+          smp.mutable_kept_mass()->Truncate(1);
+          smp.mutable_loss_mask()->Truncate(1);
+          smp.set_finish_reason(v1::FINISH_REASON_ABORT);
+          const uint64_t id = smp.sample_id();
+          units.back().push_back(id);
+          live_[id] = {serial, std::move(smp)};
+        }
+      }
+      for (const auto& r : req.resume()) {
+        units.push_back({r.sample_id()});
+        live_[r.sample_id()] = {serial, r};
+      }
+    }
+    // Whatever is still live leaves the preemptable set when the stream ends (a sample taken
+    // from it may be live in a later stream by then).
+    struct Forget {
+      ~Forget() {
+        std::lock_guard<std::mutex> lock(f->preempt_mu_);
+        for (const auto& u : *units) {
+          for (uint64_t id : u) {
+            auto it = f->live_.find(id);
+            if (it != f->live_.end() && it->second.first == serial) f->live_.erase(it);
+          }
+        }
+      }
+      FakeRollout* f;
+      const std::vector<std::vector<uint64_t>>* units;
+      uint64_t serial;
+    } forget{this, &units, serial};
     v1::GenerateResponse all;
     GYRE_RETURN_IF_ERROR(Generate(call, req, &all));
-    std::map<uint64_t, v1::GenerateResponse> by_group;
+    std::map<uint64_t, v1::Sample> by_id;
+    for (const auto& r : req.resume()) {  // what on_generate leaves out is continued here
+      bool returned = false;
+      for (const auto& smp : all.samples()) returned = returned || smp.sample_id() == r.sample_id();
+      if (!returned) *all.add_samples() = r;
+    }
     for (auto& smp : *all.mutable_samples()) {
-      *by_group[smp.group_id()].add_samples() = std::move(smp);
+      if (smp.finish_reason() == v1::FINISH_REASON_ABORT) {  // a resumed sample: finish it
+        while (smp.response_ids_size() < kFakeResponseLen) {
+          smp.add_response_ids(100 + smp.response_ids_size());
+          smp.add_logprobs(-0.5f);
+          smp.add_versions(version.load());
+          smp.add_kept_mass(1.0f);
+          smp.add_loss_mask(1.0f);
+        }
+        smp.set_finish_reason(v1::FINISH_REASON_STOP);
+      }
+      const uint64_t id = smp.sample_id();
+      by_id[id] = std::move(smp);
     }
     bool first = true;
     int sent = 0;
-    for (const auto& g : req.groups()) {
+    for (const auto& unit : units) {
       if (!first) GYRE_RETURN_IF_ERROR(FakeWait(call, stream_group_delay_s.load()));
       first = false;
       if (sent == stream_fail_after.load()) {
@@ -165,10 +225,37 @@ class FakeRollout final : public rpc::RolloutClient {
         return Unavailable("Socket closed");
       }
       ++sent;
-      v1::GenerateResponse part = std::move(by_group[g.group_id()]);
+      v1::GenerateResponse part;
+      {
+        std::lock_guard<std::mutex> lock(preempt_mu_);
+        for (uint64_t id : unit) {
+          auto l = live_.find(id);
+          if (l == live_.end() || l->second.first != serial) continue;  // preempted
+          live_.erase(l);
+          auto it = by_id.find(id);
+          if (it != by_id.end()) *part.add_samples() = std::move(it->second);
+        }
+      }
+      if (part.samples_size() == 0) continue;
       part.set_policy_version(all.policy_version());
       part.set_generated_tokens(part.samples_size() * int64_t{kFakeResponseLen});
       on_part(part);
+    }
+    return Status::Ok();
+  }
+
+  // Takes the requested samples of running streams whose unit has not been sent yet.
+  Status Preempt(const rpc::Call& call, const v1::PreemptRequest& req,
+                 v1::PreemptResponse* resp) override {
+    preempt_calls_.Add(req);
+    GYRE_RETURN_IF_ERROR(FakeWait(call, preempt_delay_s.load()));
+    if (on_preempt) return on_preempt(req, resp);
+    std::lock_guard<std::mutex> lock(preempt_mu_);
+    for (uint64_t id : req.sample_ids()) {
+      auto it = live_.find(id);
+      if (it == live_.end()) continue;
+      *resp->add_unfinished() = std::move(it->second.second);
+      live_.erase(it);
     }
     return Status::Ok();
   }
@@ -207,6 +294,7 @@ class FakeRollout final : public rpc::RolloutClient {
   std::vector<v1::GenerateRequest> stream_calls() const { return stream_calls_.Get(); }
   std::vector<v1::ReceiveWeightsRequest> receive_calls() const { return receive_calls_.Get(); }
   std::vector<v1::RelayWeightsRequest> relay_calls() const { return relay_calls_.Get(); }
+  std::vector<v1::PreemptRequest> preempt_calls() const { return preempt_calls_.Get(); }
   int stops() const { return stops_.load(); }
   // The most GenerateStream calls that ran at the same time.
   int max_concurrent_streams() const { return streams_max_.load(); }
@@ -217,6 +305,11 @@ class FakeRollout final : public rpc::RolloutClient {
   CallLog<v1::GenerateRequest> stream_calls_;
   CallLog<v1::ReceiveWeightsRequest> receive_calls_;
   CallLog<v1::RelayWeightsRequest> relay_calls_;
+  CallLog<v1::PreemptRequest> preempt_calls_;
+  std::mutex preempt_mu_;
+  // Samples of running streams not sent yet: id -> (the stream's serial, state to hand over).
+  std::map<uint64_t, std::pair<uint64_t, v1::Sample>> live_;
+  std::atomic<uint64_t> stream_serial_{0};
   std::atomic<int> stops_{0};
 };
 
@@ -303,6 +396,10 @@ class ForwardingRollout final : public rpc::RolloutClient {
   Status RelayWeights(const rpc::Call& c, const v1::RelayWeightsRequest& req,
                       v1::PublishWeightsResponse* resp) override {
     return f_->RelayWeights(c, req, resp);
+  }
+  Status Preempt(const rpc::Call& c, const v1::PreemptRequest& req,
+                 v1::PreemptResponse* resp) override {
+    return f_->Preempt(c, req, resp);
   }
   Status Stop(const rpc::Call& c, const v1::StopRequest& req) override { return f_->Stop(c, req); }
 

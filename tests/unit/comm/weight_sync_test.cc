@@ -8,6 +8,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "model/transformer.h"
@@ -377,6 +378,93 @@ TEST_F(WeightSyncTest, GenerateStreamSendsEachGroupWhenItFinishes) {
   s = client->GenerateStream({10, nullptr}, partial, [](v1::GenerateResponse&) {});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("use Generate"), std::string::npos) << s;
+}
+
+// Work stealing on a real worker: Rollout.Preempt takes samples out of a running stream (the
+// first sample of groups 8-11, all of groups 12-15) with their tokens so far; the stream sends
+// every other sample once and ends; a GenerateStream that resumes the taken ones finishes them
+// to exactly the tokens the whole request gets from Generate (sampling is seeded per sample and
+// position), keeping the tokens they had.
+TEST_F(WeightSyncTest, PreemptedSamplesOfAStreamFinishElsewhereToTheSameTokens) {
+  v1::GenerateRequest req;
+  for (uint64_t g = 0; g < 16; ++g) {
+    auto* group = req.add_groups();
+    for (int32_t id : {1, 5, static_cast<int32_t>(9 + g)}) group->add_prompt_ids(id);
+    group->set_group_id(g);
+    group->set_n(2);
+    group->set_first_sample_id(100 * g);
+    group->set_seed(31 * g);
+  }
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_max_new_tokens(24);
+  for (int32_t stop : {0, 1}) req.mutable_sampling()->add_stop_token_ids(stop);
+  req.set_min_policy_version(-1);
+  v1::GenerateResponse whole;
+  {
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, 20);
+    ASSERT_TRUE(stub_->Generate(&ctx, req, &whole).ok());
+  }
+  std::map<uint64_t, v1::Sample> reference;
+  for (const auto& smp : whole.samples()) reference[smp.sample_id()] = smp;
+  auto client = rpc::MakeGrpcRolloutClient(address_);
+  std::mutex mu;
+  std::vector<v1::Sample> streamed;
+  std::promise<void> first;
+  Status status;
+  std::thread generation([&] {
+    bool signalled = false;
+    status = client->GenerateStream({30, nullptr}, req, [&](v1::GenerateResponse& p) {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const auto& smp : p.samples()) streamed.push_back(smp);
+      if (!signalled) first.set_value();
+      signalled = true;
+    });
+  });
+  ASSERT_EQ(first.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  v1::PreemptRequest preempt;
+  for (uint64_t g = 8; g < 16; ++g) {
+    preempt.add_sample_ids(100 * g);
+    if (g >= 12) preempt.add_sample_ids(100 * g + 1);
+  }
+  v1::PreemptResponse taken;
+  ASSERT_TRUE(client->Preempt({10, nullptr}, preempt, &taken).ok());
+  generation.join();
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_GT(taken.unfinished_size(), 0) << "everything had finished before the preempt";
+  std::set<uint64_t> seen;
+  for (const auto& smp : streamed) EXPECT_TRUE(seen.insert(smp.sample_id()).second);
+  v1::GenerateRequest resume;
+  *resume.mutable_sampling() = req.sampling();
+  resume.set_min_policy_version(-1);
+  for (const auto& cut : taken.unfinished()) {
+    EXPECT_TRUE(seen.insert(cut.sample_id()).second) << cut.sample_id() << " streamed and taken";
+    EXPECT_EQ(cut.finish_reason(), v1::FINISH_REASON_ABORT);
+    EXPECT_EQ(cut.versions_size(), cut.response_ids_size());
+    const v1::Sample& ref = reference.at(cut.sample_id());
+    ASSERT_LT(cut.response_ids_size(), ref.response_ids_size());
+    for (int t = 0; t < cut.response_ids_size(); ++t) {
+      EXPECT_EQ(cut.response_ids(t), ref.response_ids(t));
+    }
+    *resume.add_resume() = cut;
+  }
+  EXPECT_EQ(seen.size(), reference.size()) << "a sample was neither streamed nor taken";
+  for (const auto& smp : streamed) {
+    EXPECT_EQ(smp.response_ids_size(), reference.at(smp.sample_id()).response_ids_size());
+  }
+  std::vector<v1::Sample> continued;
+  Status s = client->GenerateStream({30, nullptr}, resume, [&](v1::GenerateResponse& p) {
+    for (const auto& smp : p.samples()) continued.push_back(smp);
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(continued.size(), static_cast<size_t>(taken.unfinished_size()));
+  for (const auto& smp : continued) {
+    const v1::Sample& ref = reference.at(smp.sample_id());
+    EXPECT_EQ(std::vector<int32_t>(smp.response_ids().begin(), smp.response_ids().end()),
+              std::vector<int32_t>(ref.response_ids().begin(), ref.response_ids().end()))
+        << "sample " << smp.sample_id();
+    EXPECT_EQ(smp.finish_reason(), ref.finish_reason());
+  }
 }
 
 // rollout.weight_updates: between_steps. A version sent while a GenerateStream runs is taken

@@ -77,9 +77,11 @@ struct Schedule {
   // rollout.dispatch, and the running batch (rollout.max_running) that bounds least_loaded.
   std::string dispatch = "least_loaded";
   int max_running = 256;
+  bool steal = true;  // rollout.work_stealing
 };
 
 int64_t g_restarts = 0;  // scheduler restarts from a checkpoint, over all schedules
+int64_t g_stolen = 0;    // samples taken over by idle workers, over all schedules
 
 int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int index) {
   JobConfig cfg = job.cfg;
@@ -88,6 +90,7 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
   cfg.rollout.async_chunk_groups = sch.chunk;
   cfg.rollout.dispatch = sch.dispatch;
   cfg.rollout.max_running = sch.max_running;
+  cfg.rollout.work_stealing = sch.steal;
   const std::string path = "/dev/shm/gyre_async_ledger_" + std::to_string(::getpid()) + "_" +
                            std::to_string(index) + ".db";
   for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
@@ -171,6 +174,7 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
       }
     }
     trained_groups += static_cast<int64_t>(batch->size());
+    g_stolen += async->stats().stolen;
     EXPECT_TRUE((*ledger)->Move(ids, SampleState::kScored, {step, version}).ok());
     EXPECT_TRUE((*ledger)->Move(ids, SampleState::kTrained, {step, version + 1}).ok());
     // The step's update, then publish to everyone.
@@ -180,21 +184,23 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
     for (auto& r : job.cluster.rollout) r->version = version;
     for (Worker* w : job.pool->AliveRollouts()) w->version = version;
     if (restart) {
-      // Every admitted, untrained group is in the checkpoint, finished or never sent, and the
+      // Every admitted, untrained group is in the checkpoint with its finished samples and the
+      // unfinished ones taken over from a worker (the rest are generated afresh), and the
       // ledger agrees; the restored scheduler continues with them and the admission count.
       auto carried = async->Checkpoint(version, step);
       EXPECT_TRUE(carried.ok()) << carried.status();
       if (!carried.ok()) break;
-      int64_t finished = 0, never_sent = 0;
+      int64_t finished = 0, queued = 0;
       for (const auto& cg : carried->groups) {
-        EXPECT_EQ(cg.unfinished_size(), 0);
-        EXPECT_TRUE(cg.finished_size() == 0 || cg.finished_size() == sch.n);
-        (cg.finished_size() > 0 ? finished : never_sent) += sch.n;
+        EXPECT_LE(cg.finished_size() + cg.unfinished_size(), sch.n);
+        if (!sch.steal) EXPECT_EQ(cg.unfinished_size(), 0);
+        finished += cg.finished_size();
+        queued += sch.n - cg.finished_size();
       }
       auto counts = (*ledger)->Counts();
       EXPECT_TRUE(counts.ok());
       EXPECT_EQ(counts->of(SampleState::kFinished), finished);
-      EXPECT_EQ(counts->of(SampleState::kQueued), never_sent);
+      EXPECT_EQ(counts->of(SampleState::kQueued), queued);
       EXPECT_EQ(counts->of(SampleState::kGenerating), 0);
       EXPECT_EQ(carried->admitted, static_cast<int64_t>(draw.drawn()));
       async->Shutdown();
@@ -260,6 +266,7 @@ TEST(AsyncSchedulerTest, RandomSchedulesKeepTheStalenessBoundAndTheLedgerExact) 
     sch.no_pause = rng() % 2 == 0;
     sch.dispatch = rng() % 3 == 0 ? "idle" : "least_loaded";
     sch.max_running = sch.n * (1 + static_cast<int>(rng() % 8));
+    sch.steal = rng() % 3 != 0;
     const int64_t worst = RunSchedule(job, sch, &rng, i);
     EXPECT_LE(worst, sch.k) << "schedule " << i << ": k=" << sch.k << " B=" << sch.B;
     worst_by_k[sch.k] = std::max(worst_by_k[sch.k], worst);
@@ -267,7 +274,10 @@ TEST(AsyncSchedulerTest, RandomSchedulesKeepTheStalenessBoundAndTheLedgerExact) 
   }
   // Rollout ran ahead: with k >= 1 some batch trained samples older than the trainer.
   EXPECT_GT(worst_by_k[4] + worst_by_k[2] + worst_by_k[1], 0);
-  if (schedules >= 100) EXPECT_GT(g_restarts, 0) << "no schedule restarted from a checkpoint";
+  if (schedules >= 100) {
+    EXPECT_GT(g_restarts, 0) << "no schedule restarted from a checkpoint";
+    EXPECT_GT(g_stolen, 0) << "no idle worker took samples over";
+  }
 }
 
 // Streaming: a group joins the ready queue when it finishes, so a batch does not wait for the rest
@@ -312,6 +322,7 @@ TEST(AsyncSchedulerTest, LeastLoadedDispatchFillsABusyWorkersBatchAndNoMore) {
     cfg.rollout.async_chunk_groups = 1;
     cfg.rollout.max_running = 6;  // three chunks
     cfg.rollout.dispatch = dispatch;
+    cfg.rollout.work_stealing = false;  // only dispatch moves work here
     Drawer draw(nullptr, 2);
     AsyncScheduler async(cfg, job.pool.get(), nullptr, Sampling(), 0);
     ASSERT_TRUE(async.Admit(0, [&](int64_t c) { return draw(c, 1, 0); }).ok());  // 10 groups
@@ -353,6 +364,7 @@ TEST(AsyncSchedulerTest, AFailedStreamKeepsTheGroupsItDelivered) {
   cfg.algorithm.max_staleness = 0;
   cfg.rollout.prompts_per_step = 2;
   cfg.rollout.async_chunk_groups = 2;
+  cfg.rollout.work_stealing = false;  // the idle worker would take group 0 over
   const std::string path = ::testing::TempDir() + "gyre_async_stream_fail.db";
   for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
   auto ledger = SampleLedger::Open(path, true);
@@ -385,6 +397,82 @@ TEST(AsyncSchedulerTest, AFailedStreamKeepsTheGroupsItDelivered) {
   for (auto& r : job.cluster.rollout) calls += static_cast<int>(r->stream_calls().size());
   EXPECT_EQ(calls, 2);
   async.Shutdown();
+  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+}
+
+// Work stealing: worker 0's call runs long while worker 1 is idle and nothing is queued, so
+// worker 1 takes over half of worker 0's outstanding samples (the oldest first) with the token
+// they had, and continues them; each time it is idle again it takes half of what is left, until
+// one sample is. Groups are assembled from both workers; the taken samples keep worker 0's first
+// token and version; the ledger shows each move and its reason, and counts each sample once.
+TEST(AsyncSchedulerTest, AnIdleWorkerTakesOverHalfOfTheBusiestWorkersSamples) {
+  FakeJob job(FakeJobConfig(2, 1));
+  ASSERT_TRUE(job.Start().ok());
+  auto& slow = *job.cluster.rollout[0];
+  auto& quick = *job.cluster.rollout[1];
+  slow.generate_delay_s = 0.5;
+  slow.version = 3;
+  quick.version = 4;  // marks the tokens worker 1 generates
+  JobConfig cfg = job.cfg;
+  cfg.algorithm.max_staleness = 0;
+  cfg.rollout.prompts_per_step = 2;
+  cfg.rollout.async_chunk_groups = 2;  // both groups go to one worker
+  const std::string path = ::testing::TempDir() + "gyre_async_steal.db";
+  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+  auto ledger = SampleLedger::Open(path, true);
+  ASSERT_TRUE(ledger.ok()) << ledger.status();
+  Drawer draw(ledger->get(), 4);
+  AsyncScheduler async(cfg, job.pool.get(), ledger->get(), Sampling(), 3);
+  ASSERT_TRUE(async.Admit(0, [&](int64_t c) { return draw(c, 1, 3); }).ok());  // groups 0, 1
+  auto batch = async.NextBatch(3, 1);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->size(), 2u);
+  const AsyncStats st = async.stats();
+  async.Shutdown();
+
+  ASSERT_EQ(slow.stream_calls().size(), 1u);
+  std::vector<std::vector<uint64_t>> asked;
+  // (A steal that came before the stream had started took nothing and was asked again.)
+  for (const auto& p : slow.preempt_calls()) {
+    std::vector<uint64_t> ids(p.sample_ids().begin(), p.sample_ids().end());
+    if (asked.empty() || asked.back() != ids) asked.push_back(std::move(ids));
+  }
+  EXPECT_EQ(asked, (std::vector<std::vector<uint64_t>>{{0, 1, 2, 3}, {4, 5}, {6}}));
+  EXPECT_EQ(st.stolen, 7);
+  int resumed = 0;
+  for (const auto& c : quick.stream_calls()) {
+    EXPECT_EQ(c.groups_size(), 0);
+    EXPECT_LE(c.resume_size(), 2);  // chunks of 2 units
+    resumed += c.resume_size();
+  }
+  EXPECT_EQ(resumed, 7);
+  for (const auto& rg : *batch) {
+    ASSERT_EQ(rg.samples.size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+      const v1::Sample& smp = rg.samples[static_cast<size_t>(i)];
+      EXPECT_EQ(smp.sample_id(), rg.job.group.first_sample_id() + static_cast<uint64_t>(i));
+      ASSERT_EQ(smp.versions_size(), testing::kFakeResponseLen);
+      // One token from worker 0 at version 3, then worker 1's at version 4; sample 7 stayed.
+      EXPECT_EQ(smp.versions(0), 3);
+      EXPECT_EQ(smp.versions(1), smp.sample_id() == 7 ? 3 : 4) << smp.sample_id();
+    }
+  }
+  EXPECT_EQ((*batch)[0].gen_version, 3);
+  EXPECT_EQ((*batch)[1].gen_version, 3);
+  auto history = (*ledger)->History(1);
+  ASSERT_TRUE(history.ok());
+  std::vector<std::string> path_of_1;
+  for (const auto& e : *history) {
+    path_of_1.push_back(std::string(SampleStateName(e.to)) + "@" + e.context.worker + ":" +
+                        e.context.reason);
+  }
+  EXPECT_EQ(path_of_1, (std::vector<std::string>{"queued@:", "generating@rollout-0:",
+                                                 "queued@rollout-0:taken over by an idle worker",
+                                                 "generating@rollout-1:", "finished@rollout-1:"}));
+  auto counts = (*ledger)->Counts();
+  ASSERT_TRUE(counts.ok());
+  EXPECT_EQ(counts->of(SampleState::kFinished), 8);
+  EXPECT_EQ(counts->total, 8);
   for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
 }
 

@@ -676,6 +676,71 @@ TEST(RolloutEngineTest, StaticSchedulingAdmitsOnlyIntoAnEmptyBatch) {
 
 // DropAll (what Run does when a step fails) leaves an idle engine with every block free, and
 // the engine keeps working afterwards.
+// Preempt takes chosen samples out mid-run with their tokens so far; a resume of one on another
+// engine draws the same tokens as the sample would have had (the sampling stream is the sample's
+// seed and position), and the samples left behind finish as if alone. A group still waiting for
+// its prefill goes only whole.
+TEST(RolloutEngineTest, PreemptedSamplesContinueElsewhereToTheSameTokens) {
+  auto model = model::Transformer::Create(Spec(), 12, 0.5);
+  auto engine = MakeEngine(model.get(), SmallConfig());
+  Request group = Req({4, 8, 15, 16}, 77, 1.0f, 12, 3);
+  group.id = 1;
+  group.group = 1;
+  Request waiting = Req({23, 4, 2}, 5, 1.0f, 12, 2);
+  waiting.id = 2;
+  waiting.group = 2;
+  auto alone = engine->Generate({group});
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  ASSERT_TRUE(engine->Add({group}).ok());
+  for (int step = 0; step < 4; ++step) ASSERT_TRUE(engine->Step().ok());
+  ASSERT_TRUE(engine->Add({waiting}).ok());
+  // Sample 1 of the running group, and half of the group not prefilled yet (left alone).
+  auto taken = engine->Preempt([](uint64_t id, int32_t index) {
+    return (id == 1 && index == 1) || (id == 2 && index == 0);
+  });
+  ASSERT_EQ(taken.size(), 1u);
+  const SampleResult& cut = taken[0];
+  EXPECT_EQ(cut.id, 1u);
+  EXPECT_EQ(cut.index, 1);
+  EXPECT_FALSE(cut.finished);
+  EXPECT_EQ(cut.finish, Finish::kAbort);
+  ASSERT_GT(cut.response.tokens.size(), 0u);
+  ASSERT_LT(cut.response.tokens.size(), (*alone)[1].response.tokens.size());
+  const std::vector<int32_t> prefix((*alone)[1].response.tokens.begin(),
+                                    (*alone)[1].response.tokens.begin() +
+                                        static_cast<std::ptrdiff_t>(cut.response.tokens.size()));
+  EXPECT_EQ(cut.response.tokens, prefix);
+  EXPECT_EQ(cut.response.versions.size(), cut.response.tokens.size());
+  // The whole waiting group can go.
+  auto whole = engine->Preempt([](uint64_t id, int32_t) { return id == 2; });
+  ASSERT_EQ(whole.size(), 2u);
+  EXPECT_EQ(whole[0].index, 0);
+  EXPECT_EQ(whole[1].index, 1);
+  EXPECT_TRUE(whole[0].response.tokens.empty());
+  std::vector<SampleResult> rest;
+  while (!engine->idle()) {
+    auto done = engine->Step();
+    ASSERT_TRUE(done.ok()) << done.status();
+    for (auto& r : *done) rest.push_back(std::move(r));
+  }
+  ASSERT_EQ(rest.size(), 2u);
+  for (const auto& r : rest) {
+    EXPECT_NE(r.index, 1);
+    EXPECT_EQ(r.response.tokens, (*alone)[static_cast<size_t>(r.index)].response.tokens);
+  }
+  EXPECT_EQ(engine->allocator().used_blocks(), 0) << "blocks leaked";
+  // Continued on a fresh engine from its tokens: the sample it would have been.
+  auto other = MakeEngine(model.get(), SmallConfig());
+  Request resume = Req({4, 8, 15, 16}, cut.seed, 1.0f, 12, 1);
+  resume.id = 9;
+  resume.group = 1;
+  resume.resume = cut.response;
+  auto continued = other->Generate({resume});
+  ASSERT_TRUE(continued.ok()) << continued.status();
+  ASSERT_EQ(continued->size(), 1u);
+  EXPECT_EQ((*continued)[0].response.tokens, (*alone)[1].response.tokens);
+}
+
 TEST(RolloutEngineTest, DropAllFreesEverything) {
   auto model = model::Transformer::Create(Spec(), 23, 0.3);
   auto engine = MakeEngine(model.get(), SmallConfig());

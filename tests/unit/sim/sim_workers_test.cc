@@ -307,6 +307,77 @@ TEST_F(SimWorkersTest, ConcurrentCallsShareTheEngine) {
   (*server)->Shutdown();
 }
 
+// Rollout.Preempt takes a running sample out of a stream with the tokens it has; the stream sends
+// its group without it; a GenerateStream that resumes it (on another worker) finishes it at the
+// length its seed gives, keeping the tokens and versions it had.
+TEST_F(SimWorkersTest, APreemptedSampleFinishesElsewhereAtItsOwnLength) {
+  CostModel cost = cost_;
+  cost.time_scale = 0.5;  // 7.5 ms engine steps
+  SimRollout rollout(cost, nullptr), other(cost, nullptr);
+  std::string address, other_address;
+  auto server = rpc::StartServer("127.0.0.1", 0, {&rollout}, &address);
+  auto other_server = rpc::StartServer("127.0.0.1", 0, {&other}, &other_address);
+  ASSERT_TRUE(server.ok() && other_server.ok());
+  auto client = rpc::MakeGrpcRolloutClient(address);
+  auto other_client = rpc::MakeGrpcRolloutClient(other_address);
+  // One group of 2 whose samples both run at least 30 tokens.
+  uint64_t seed = 0;
+  while (cost.Length(seed, 64) < 30 || cost.Length(seed + 1, 64) < 30) ++seed;
+  v1::GenerateRequest req = Request(1, 2);
+  req.mutable_groups(0)->set_seed(seed);
+  std::vector<v1::GenerateResponse> parts;
+  Status streamed;
+  std::thread call([&] {
+    streamed = client->GenerateStream({30, nullptr}, req,
+                                      [&](v1::GenerateResponse& p) { parts.push_back(p); });
+  });
+  v1::PreemptResponse taken;
+  for (int tries = 0; tries < 200 && taken.unfinished_size() == 0; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a few tokens in
+    v1::PreemptRequest preempt;
+    preempt.add_sample_ids(1000);  // sample 0
+    preempt.add_sample_ids(4242);  // unknown: left alone
+    ASSERT_TRUE(client->Preempt({10, nullptr}, preempt, &taken).ok());
+  }
+  call.join();
+  ASSERT_TRUE(streamed.ok()) << streamed;
+  ASSERT_EQ(taken.unfinished_size(), 1);
+  const v1::Sample cut = taken.unfinished(0);
+  EXPECT_EQ(cut.sample_id(), 1000u);
+  EXPECT_EQ(cut.finish_reason(), v1::FINISH_REASON_ABORT);
+  EXPECT_GT(cut.response_ids_size(), 0);
+  EXPECT_LT(cut.response_ids_size(), cost.Length(seed, 64));
+  EXPECT_EQ(cut.versions_size(), cut.response_ids_size());
+  int sent = 0;
+  for (const auto& p : parts) {
+    for (const auto& smp : p.samples()) {
+      EXPECT_EQ(smp.sample_id(), 1001u) << "the taken sample was streamed too";
+      EXPECT_EQ(smp.response_ids_size(), cost.Length(seed + 1, 64));
+      ++sent;
+    }
+  }
+  EXPECT_EQ(sent, 1);
+  v1::GenerateRequest resume = Request(0, 1);
+  *resume.add_resume() = cut;
+  std::vector<v1::Sample> done;
+  Status s = other_client->GenerateStream({30, nullptr}, resume, [&](v1::GenerateResponse& p) {
+    for (const auto& smp : p.samples()) done.push_back(smp);
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].sample_id(), 1000u);
+  EXPECT_EQ(done[0].seed(), seed);
+  EXPECT_EQ(done[0].response_ids_size(), cost.Length(seed, 64));
+  EXPECT_EQ(done[0].versions_size(), done[0].response_ids_size());
+  EXPECT_NE(done[0].finish_reason(), v1::FINISH_REASON_ABORT);
+  // Unary Generate does not continue samples here.
+  v1::GenerateResponse unary;
+  EXPECT_EQ(other_client->Generate({10, nullptr}, resume, &unary).code(),
+            StatusCode::kInvalidArgument);
+  (*server)->Shutdown();
+  (*other_server)->Shutdown();
+}
+
 // The engine's time: every step costs step_base_s + step_per_seq_s * running (scaled); a batch
 // capped at max_running sequences takes as long as its longest queue of steps.
 TEST_F(SimWorkersTest, GenerationTakesTheCostModelsTime) {
