@@ -89,7 +89,7 @@ struct RolloutSection {
   // Asynchronous rollout: when nothing new is queued, a worker with no call in flight takes
   // over half of the samples still generating on the most loaded worker (Rollout.Preempt), and
   // continues them from the tokens they have.
-  bool work_stealing = true;
+  bool work_stealing = false;
   // Asynchronous rollout: how a new policy version reaches the workers. lockstep = pause
   // generation, publish to everyone, continue; between_steps = publish while generation runs,
   // each worker taking the version between two engine steps of the calls it is running.

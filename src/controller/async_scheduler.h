@@ -78,8 +78,8 @@ struct AsyncCarried {
 
 struct AsyncStats {
   int64_t admitted = 0;    // groups ever admitted
-  int64_t queued = 0;      // admitted, not yet sent to a worker
-  int64_t in_flight = 0;   // sent, not yet back
+  int64_t queued = 0;      // groups with samples admitted, not yet sent to a worker
+  int64_t in_flight = 0;   // groups with samples sent, not yet back
   int64_t ready = 0;       // back and finished, not yet in a batch
   int64_t stolen = 0;      // samples taken over from a busy worker since the last stats()
   double wait_s = 0;       // the last NextBatch's wait

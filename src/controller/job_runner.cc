@@ -22,15 +22,14 @@
 #include "controller/controller_service.h"
 #include "controller/rollout_scheduler.h"
 #include "controller/sample_ledger.h"
+#include "controller/step_scorer.h"
 #include "controller/task.h"
 #include "controller/trainer_group.h"
 #include "controller/weight_publisher.h"
 #include "controller/worker_pool.h"
-#include "kernels/reference/advantages_ref.h"
 #include "model/chat_template.h"
 #include "model/hf_config.h"
 #include "model/text_tokenizer.h"
-#include "ops/advantages.h"
 #include "rpc/rpc_util.h"
 
 namespace gyre::controller {
@@ -98,21 +97,6 @@ class JobRunner {
   v1::SamplingParams TrainingSampling() const;
   // Draws `count` new prompt groups for GRPO step `step` and adds their samples to the ledger.
   StatusOr<std::vector<GroupJob>> DrawGroups(int count, int step);
-  // What scoring a step's groups gives: the samples to train (by group, with their rewards),
-  // and the counts of what was left out.
-  struct StepScores {
-    std::vector<v1::Sample> kept;
-    std::vector<float> rewards;
-    std::vector<int32_t> group_sizes;
-    int reward_errors = 0, stale = 0, correct = 0, scored = 0, filtered_groups = 0;
-    double reward_sum = 0;
-    std::map<int64_t, int64_t> staleness;  // kept samples by staleness (versions)
-  };
-  // Scores `samples` (n per group of `jobs`, in order), drops stale samples and failed rewards,
-  // filters zero-variance groups (algorithm.filter_zero_variance), records every outcome in the
-  // ledger and appends the usable groups to *out.
-  Status ScoreGroups(const std::vector<GroupJob>& jobs, std::vector<v1::Sample>* samples, int step,
-                     StepScores* out);
   // The rest of a step once its groups are scored: advantages, train, ledger, `publish`, metrics
   // (with `extra` fields) and the progress line.
   Status FinishStep(int step, SteadyClock::time_point t0, StepScores* scores,
@@ -157,6 +141,7 @@ class JobRunner {
   std::unique_ptr<AsyncScheduler> async_;        // rollout.async; destroyed before the pool
   std::unique_ptr<AsyncCarried> async_restore_;  // rollout.async: what a resume continues
   std::unique_ptr<SampleLedger> ledger_;
+  std::unique_ptr<StepScorer> scorer_;  // after ledger_: it records outcomes there
   int64_t version_ = 0;
   uint64_t next_group_id_ = 0;
   // Evaluation's group ids: a space of their own (high bit set), not saved in checkpoints.
@@ -428,90 +413,6 @@ StatusOr<std::vector<GroupJob>> JobRunner::DrawGroups(int count, int step) {
   return jobs;
 }
 
-Status JobRunner::ScoreGroups(const std::vector<GroupJob>& jobs, std::vector<v1::Sample>* samples,
-                              int step, StepScores* out) {
-  const int n = cfg_.rollout.group_size;
-  const MoveContext here{step, version_, "", ""};
-  std::vector<uint64_t> stale_ids, scored_ids;
-  for (size_t g = 0; g < jobs.size(); ++g) {
-    std::vector<v1::Sample> kept;
-    std::vector<float> rewards;
-    std::vector<int64_t> staleness;
-    for (int i = 0; i < n; ++i) {
-      v1::Sample& s = (*samples)[g * n + i];
-      // Staleness: (trainer version now) - (oldest version among its tokens).
-      int64_t oldest = version_;
-      for (int64_t v : s.versions()) oldest = std::min(oldest, v);
-      if (version_ - oldest > cfg_.algorithm.max_staleness) {
-        ++out->stale;
-        stale_ids.push_back(s.sample_id());
-        continue;
-      }
-      RewardInput in;
-      in.prompt = jobs[g].problem.prompt;
-      in.answer = jobs[g].problem.answer;
-      std::vector<int32_t> resp(s.response_ids().begin(), s.response_ids().end());
-      in.response = tokenizer_->Decode(resp);
-      in.finished = s.finish_reason() == v1::FINISH_REASON_STOP;
-      auto r = reward_->Score(in);
-      if (!r.ok() || !std::isfinite(*r)) {
-        // A failed reward leaves its sample out (and is counted), never a silent 0.
-        ++out->reward_errors;
-        const std::string why = r.ok() ? "non-finite value" : r.status().ToString();
-        if (out->reward_errors <= 3) {
-          GYRE_LOG_WARN("reward failed for sample {}: {}", s.sample_id(), why);
-        }
-        MoveContext c = here;
-        c.reason = "reward failed: " + why;
-        GYRE_RETURN_IF_ERROR(ledger_->Move({s.sample_id()}, SampleState::kDropped, c));
-        continue;
-      }
-      s.set_reward(static_cast<float>(*r));
-      s.set_reward_status(v1::REWARD_STATUS_OK);
-      staleness.push_back(version_ - oldest);
-      out->reward_sum += *r;
-      ++out->scored;
-      if (*r >= reward_->correct_threshold()) ++out->correct;
-      scored_ids.push_back(s.sample_id());
-      rewards.push_back(static_cast<float>(*r));
-      kept.push_back(std::move(s));
-    }
-    if (kept.empty()) continue;
-    // Dynamic sampling (DAPO): a group whose rewards are all equal has no advantage signal.
-    bool all_equal = true;
-    for (float r : rewards) all_equal = all_equal && r == rewards.front();
-    if (cfg_.algorithm.filter_zero_variance && all_equal) {
-      ++out->filtered_groups;
-      std::vector<uint64_t> ids;
-      for (const auto& k : kept) ids.push_back(k.sample_id());
-      GYRE_RETURN_IF_ERROR(ledger_->Move(scored_ids, SampleState::kScored, here));
-      scored_ids.clear();
-      MoveContext c = here;
-      c.reason = "zero reward variance: all " + std::to_string(kept.size()) + " rewards " +
-                 nlohmann::json(rewards.front()).dump() + " (algorithm.filter_zero_variance)";
-      GYRE_RETURN_IF_ERROR(ledger_->Move(ids, SampleState::kFiltered, c));
-      continue;
-    }
-    out->group_sizes.push_back(static_cast<int32_t>(kept.size()));
-    for (int64_t st : staleness) ++out->staleness[st];
-    for (size_t i = 0; i < kept.size(); ++i) {
-      out->rewards.push_back(rewards[i]);
-      out->kept.push_back(std::move(kept[i]));
-    }
-  }
-  // The ledger: kept samples are scored; the others ended above, with the reason.
-  if (!stale_ids.empty()) {
-    MoveContext c = here;
-    c.reason = "stale: tokens older than algorithm.max_staleness " +
-               std::to_string(cfg_.algorithm.max_staleness) + " versions";
-    GYRE_RETURN_IF_ERROR(ledger_->Move(stale_ids, SampleState::kDropped, c));
-  }
-  if (!scored_ids.empty()) {
-    GYRE_RETURN_IF_ERROR(ledger_->Move(scored_ids, SampleState::kScored, here));
-  }
-  return Status::Ok();
-}
-
 Status JobRunner::GrpoStep(int step) {
   const auto t0 = SteadyClock::now();
   const int want = cfg_.rollout.prompts_per_step;
@@ -540,7 +441,7 @@ Status JobRunner::GrpoStep(int step) {
         partial ? scheduler_->GeneratePartial(&jobs, want - usable, sampling, version_, &gen, &sink)
                 : scheduler_->GenerateAll(jobs, sampling, version_, &gen, &sink));
     gen_s += SecondsSince(tg);
-    GYRE_RETURN_IF_ERROR(ScoreGroups(jobs, &samples, step, &sc_out));
+    GYRE_RETURN_IF_ERROR(scorer_->Score(jobs, &samples, step, version_, &sc_out));
     ++rounds;
     if (!cfg_.algorithm.filter_zero_variance ||
         static_cast<int>(sc_out.group_sizes.size()) >= want ||
@@ -579,7 +480,7 @@ Status JobRunner::AsyncGrpoStep(int step) {
     for (auto& smp : rg.samples) samples.push_back(std::move(smp));
   }
   StepScores sc_out;
-  GYRE_RETURN_IF_ERROR(ScoreGroups(jobs, &samples, step, &sc_out));
+  GYRE_RETURN_IF_ERROR(scorer_->Score(jobs, &samples, step, version_, &sc_out));
   nlohmann::json extra = {{"async_wait_s", as.wait_s},  {"admitted_groups", as.admitted},
                           {"queued_groups", as.queued}, {"in_flight_groups", as.in_flight},
                           {"ready_groups", as.ready},   {"stolen_samples", as.stolen}};
@@ -622,13 +523,7 @@ Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* s
     GYRE_LOG_WARN("step {}: all {} groups had zero reward variance in {} round(s); no update", step,
                   sc_out.filtered_groups, rounds);
   } else {
-    kernels::AdvantageKind kind;
-    kernels::ParseAdvantageKind(cfg_.algorithm.advantage, &kind);
-    std::vector<uint8_t> zero_var;
-    GYRE_ASSIGN_OR_RETURN(
-        auto adv, ops::GroupAdvantages(sc_out.rewards, sc_out.group_sizes, kind, &zero_var));
-    for (size_t i = 0; i < kept.size(); ++i) kept[i].set_advantage(adv[i]);
-    for (uint8_t z : zero_var) zero_var_groups += z;
+    GYRE_ASSIGN_OR_RETURN(zero_var_groups, scorer_->SetAdvantages(&sc_out));
 
     const auto tt = SteadyClock::now();
     // The first GRPO step after a warm-up may start from a fresh optimizer state. Decided by the
@@ -732,6 +627,8 @@ StatusOr<JobResult> JobRunner::Run() {
     GYRE_ASSIGN_OR_RETURN(result_.accuracy_before_rl, Evaluate("before_rl"));
     if (cfg_.trainer.checkpoint_every > 0) GYRE_RETURN_IF_ERROR(SaveCheckpoint(0, t0));
   }
+  scorer_ = std::make_unique<StepScorer>(cfg_.algorithm, cfg_.rollout.group_size, tokenizer_.get(),
+                                         reward_.get(), ledger_.get());
   if (cfg_.rollout.async) {
     async_ = std::make_unique<AsyncScheduler>(cfg_, pool_.get(), ledger_.get(), TrainingSampling(),
                                               version_, async_restore_.get());

@@ -344,7 +344,7 @@ void SimRollout::EngineLoop() {
       }
       due += seconds + cost_.StepSeconds(static_cast<int64_t>(running_.size()));
       const int64_t now_version = version_.load();
-      std::vector<std::pair<uint64_t, int>> finished;  // (call, unit) of finished samples
+      std::vector<std::pair<uint64_t, int>> finished;  // (call, unit) of units just finished
       for (auto it = running_.begin(); it != running_.end();) {
         Seq& seq = *it;
         Call* call = calls_.at(seq.call);
@@ -357,8 +357,12 @@ void SimRollout::EngineLoop() {
           ++it;
           continue;
         }
-        call->finishing[seq.group].push_back(SampleOf(seq, *call->req, true));
-        finished.emplace_back(seq.call, seq.group);
+        auto& unit = call->finishing[seq.group];
+        unit.push_back(SampleOf(seq, *call->req, true));
+        // Only a unit's last sample makes something visible to the caller.
+        if (static_cast<int>(unit.size()) == call->Expected(seq.group)) {
+          finished.emplace_back(seq.call, seq.group);
+        }
         it = running_.erase(it);
       }
       if (finished.empty() && due - slept_to <= 0.005) continue;

@@ -282,6 +282,40 @@ TEST(TrainTest, AsyncWeightUpdatesBetweenEngineStepsKeepTheBound) {
   EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
 }
 
+// rollout.work_stealing on real workers: a worker that runs out of work takes over samples still
+// generating on the other (Rollout.Preempt, then GenerateStream with resumed samples). Chunks of
+// a whole batch leave one worker idle behind the other's call, so some step steals; every step
+// still trains its full batch within the bound and the ledger counts each sample once.
+TEST(TrainTest, AsyncJobWithWorkStealingTrainsEverySampleOnce) {
+  const std::string dir = MakeTempDir("async_steal");
+  auto args = SmallJob(dir, 6);
+  args.insert(args.end(),
+              {"--set", "rollout.async=true", "--set", "algorithm.max_staleness=1", "--set",
+               "rollout.work_stealing=true", "--set", "rollout.async_chunk_groups=8", "--set",
+               "rollout.weight_updates=between_steps"});
+  auto p = GyreProcess::Start(args, dir);
+  ASSERT_TRUE(p.Wait(240)) << p.Output();
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  ASSERT_EQ(steps.size(), 6u);
+  int64_t stolen = 0;
+  for (const auto& s : steps) {
+    EXPECT_EQ(s["samples"], 64) << s.dump();
+    for (const auto& [age, count] : s["staleness"].items()) EXPECT_LE(std::stoi(age), 1);
+    stolen += s["stolen_samples"].get<int64_t>();
+  }
+  EXPECT_GT(stolen, 0) << "no sample was taken over";
+  ASSERT_TRUE(MakeDirs(dir + "/ledger").ok());
+  auto l = GyreProcess::Start({"ledger", dir + "/t", "--json"}, dir + "/ledger");
+  ASSERT_TRUE(l.Wait(30));
+  const auto counts = nlohmann::json::parse(l.Output());
+  EXPECT_EQ(counts["by_state"]["trained"], 6 * 64) << counts.dump();
+  EXPECT_EQ(counts["samples"].get<int64_t>(), counts["by_state"]["trained"].get<int64_t>() +
+                                                  counts["by_state"]["dropped"].get<int64_t>())
+      << counts.dump();
+  EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
+}
+
 // kill -9 of a rollout worker during an asynchronous job: its groups go to the others, it is
 // restarted and caught up, and every step still trains a full batch.
 TEST(TrainTest, AsyncJobSurvivesAKilledRolloutWorker) {

@@ -417,6 +417,7 @@ TEST(AsyncSchedulerTest, AnIdleWorkerTakesOverHalfOfTheBusiestWorkersSamples) {
   cfg.algorithm.max_staleness = 0;
   cfg.rollout.prompts_per_step = 2;
   cfg.rollout.async_chunk_groups = 2;  // both groups go to one worker
+  cfg.rollout.work_stealing = true;
   const std::string path = ::testing::TempDir() + "gyre_async_steal.db";
   for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
   auto ledger = SampleLedger::Open(path, true);

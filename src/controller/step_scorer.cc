@@ -1,0 +1,110 @@
+#include "controller/step_scorer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/logging.h"
+#include "kernels/reference/advantages_ref.h"
+#include "ops/advantages.h"
+
+namespace gyre::controller {
+
+Status StepScorer::Score(const std::vector<GroupJob>& jobs, std::vector<v1::Sample>* samples,
+                         int step, int64_t version, StepScores* out) const {
+  const int n = group_size_;
+  const MoveContext here{step, version, "", ""};
+  std::vector<uint64_t> stale_ids, scored_ids;
+  for (size_t g = 0; g < jobs.size(); ++g) {
+    std::vector<v1::Sample> kept;
+    std::vector<float> rewards;
+    std::vector<int64_t> staleness;
+    for (int i = 0; i < n; ++i) {
+      v1::Sample& s = (*samples)[g * n + i];
+      // Staleness: (trainer version now) - (oldest version among its tokens).
+      int64_t oldest = version;
+      for (int64_t v : s.versions()) oldest = std::min(oldest, v);
+      if (version - oldest > algorithm_.max_staleness) {
+        ++out->stale;
+        stale_ids.push_back(s.sample_id());
+        continue;
+      }
+      RewardInput in;
+      in.prompt = jobs[g].problem.prompt;
+      in.answer = jobs[g].problem.answer;
+      std::vector<int32_t> resp(s.response_ids().begin(), s.response_ids().end());
+      in.response = tokenizer_->Decode(resp);
+      in.finished = s.finish_reason() == v1::FINISH_REASON_STOP;
+      auto r = reward_->Score(in);
+      if (!r.ok() || !std::isfinite(*r)) {
+        // A failed reward leaves its sample out (and is counted), never a silent 0.
+        ++out->reward_errors;
+        const std::string why = r.ok() ? "non-finite value" : r.status().ToString();
+        if (out->reward_errors <= 3) {
+          GYRE_LOG_WARN("reward failed for sample {}: {}", s.sample_id(), why);
+        }
+        MoveContext c = here;
+        c.reason = "reward failed: " + why;
+        GYRE_RETURN_IF_ERROR(ledger_->Move({s.sample_id()}, SampleState::kDropped, c));
+        continue;
+      }
+      s.set_reward(static_cast<float>(*r));
+      s.set_reward_status(v1::REWARD_STATUS_OK);
+      staleness.push_back(version - oldest);
+      out->reward_sum += *r;
+      ++out->scored;
+      if (*r >= reward_->correct_threshold()) ++out->correct;
+      scored_ids.push_back(s.sample_id());
+      rewards.push_back(static_cast<float>(*r));
+      kept.push_back(std::move(s));
+    }
+    if (kept.empty()) continue;
+    // Dynamic sampling (DAPO): a group whose rewards are all equal has no advantage signal.
+    bool all_equal = true;
+    for (float r : rewards) all_equal = all_equal && r == rewards.front();
+    if (algorithm_.filter_zero_variance && all_equal) {
+      ++out->filtered_groups;
+      std::vector<uint64_t> ids;
+      for (const auto& k : kept) ids.push_back(k.sample_id());
+      GYRE_RETURN_IF_ERROR(ledger_->Move(scored_ids, SampleState::kScored, here));
+      scored_ids.clear();
+      MoveContext c = here;
+      c.reason = "zero reward variance: all " + std::to_string(kept.size()) + " rewards " +
+                 nlohmann::json(rewards.front()).dump() + " (algorithm.filter_zero_variance)";
+      GYRE_RETURN_IF_ERROR(ledger_->Move(ids, SampleState::kFiltered, c));
+      continue;
+    }
+    out->group_sizes.push_back(static_cast<int32_t>(kept.size()));
+    for (int64_t st : staleness) ++out->staleness[st];
+    for (size_t i = 0; i < kept.size(); ++i) {
+      out->rewards.push_back(rewards[i]);
+      out->kept.push_back(std::move(kept[i]));
+    }
+  }
+  // The ledger: kept samples are scored; the others ended above, with the reason.
+  if (!stale_ids.empty()) {
+    MoveContext c = here;
+    c.reason = "stale: tokens older than algorithm.max_staleness " +
+               std::to_string(algorithm_.max_staleness) + " versions";
+    GYRE_RETURN_IF_ERROR(ledger_->Move(stale_ids, SampleState::kDropped, c));
+  }
+  if (!scored_ids.empty()) {
+    GYRE_RETURN_IF_ERROR(ledger_->Move(scored_ids, SampleState::kScored, here));
+  }
+  return Status::Ok();
+}
+
+StatusOr<int> StepScorer::SetAdvantages(StepScores* scores) const {
+  kernels::AdvantageKind kind;
+  kernels::ParseAdvantageKind(algorithm_.advantage, &kind);
+  std::vector<uint8_t> zero_var;
+  GYRE_ASSIGN_OR_RETURN(
+      auto adv, ops::GroupAdvantages(scores->rewards, scores->group_sizes, kind, &zero_var));
+  for (size_t i = 0; i < scores->kept.size(); ++i) scores->kept[i].set_advantage(adv[i]);
+  int zero = 0;
+  for (uint8_t z : zero_var) zero += z;
+  return zero;
+}
+
+}  // namespace gyre::controller

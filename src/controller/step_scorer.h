@@ -1,0 +1,68 @@
+#pragma once
+// StepScorer: the scoring part of a GRPO step (docs/algorithms.md). For a step's groups and their
+// samples it
+//   - drops samples staler than algorithm.max_staleness (trainer version now minus the oldest
+//     version among a sample's tokens),
+//   - scores the others with the job's reward on the decoded response (a failed or non-finite
+//     reward leaves its sample out and is counted, never a silent 0),
+//   - filters groups whose rewards are all equal when algorithm.filter_zero_variance is on,
+//   - records each outcome in the sample ledger (scored, or dropped / filtered with the reason),
+// and then sets the kept samples' group advantages (algorithm.advantage).
+//
+// Thread contract: used from one thread at a time (the job's). The tokenizer, the reward and
+// the ledger are not owned and must outlive it; the reward is called from that thread only.
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "controller/rollout_scheduler.h"
+#include "controller/sample_ledger.h"
+#include "gyre/config.h"
+#include "gyre/reward.h"
+#include "gyre/status.h"
+#include "gyre/v1/gyre.pb.h"
+#include "model/text_tokenizer.h"
+
+namespace gyre::controller {
+
+// What scoring a step's groups gives: the samples to train (by group, with their rewards) and
+// the counts of what was left out.
+struct StepScores {
+  std::vector<v1::Sample> kept;
+  std::vector<float> rewards;        // of kept, in order
+  std::vector<int32_t> group_sizes;  // kept samples per kept group, in order
+  int reward_errors = 0, stale = 0, correct = 0, scored = 0, filtered_groups = 0;
+  double reward_sum = 0;                 // over every scored sample (filtered groups included)
+  std::map<int64_t, int64_t> staleness;  // kept samples by staleness (versions)
+};
+
+class StepScorer {
+ public:
+  StepScorer(const AlgorithmSection& algorithm, int group_size,
+             const model::TextTokenizer* tokenizer, RewardFn* reward, SampleLedger* ledger)
+      : algorithm_(algorithm),
+        group_size_(group_size),
+        tokenizer_(tokenizer),
+        reward_(reward),
+        ledger_(ledger) {}
+
+  // Scores `samples` (group_size per group of `jobs`, in order; moved from) for GRPO step `step`
+  // with the trainer at `version`, and appends the usable groups to *out. An error only when
+  // the ledger cannot record an outcome.
+  Status Score(const std::vector<GroupJob>& jobs, std::vector<v1::Sample>* samples, int step,
+               int64_t version, StepScores* out) const;
+
+  // Sets every kept sample's advantage from its group's rewards; returns how many groups had
+  // rewards without variance (their advantages are 0).
+  StatusOr<int> SetAdvantages(StepScores* scores) const;
+
+ private:
+  const AlgorithmSection algorithm_;
+  const int group_size_;
+  const model::TextTokenizer* tokenizer_;
+  RewardFn* reward_;
+  SampleLedger* ledger_;
+};
+
+}  // namespace gyre::controller

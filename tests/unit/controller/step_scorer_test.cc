@@ -1,0 +1,168 @@
+// StepScorer on a real ledger (SQLite) and the built-in character tokenizer: stale samples,
+// failed rewards and zero-variance groups leave the batch with their reasons in the ledger;
+// the rest are scored and get their group advantages.
+
+#include "controller/step_scorer.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <string>
+
+#include "common/file_util.h"
+#include "controller/task.h"
+#include "model/tokenizer.h"
+
+namespace gyre::controller {
+namespace {
+
+// Exact match, except that the response "boom" makes the reward fail.
+class FlakyReward final : public RewardFn {
+ public:
+  StatusOr<double> Score(const RewardInput& in) override {
+    if (in.response == "boom") return Unavailable("reward service down");
+    return exact_.Score(in);
+  }
+
+ private:
+  ExactMatchReward exact_;
+};
+
+class StepScorerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = ::testing::TempDir() + "gyre_step_scorer_" + std::to_string(::getpid()) + ".db";
+    Clean();
+    auto ledger = SampleLedger::Open(path_, true);
+    ASSERT_TRUE(ledger.ok()) << ledger.status();
+    ledger_ = std::move(*ledger);
+    auto tok = model::MakeTextTokenizer(ModelSection());
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tokenizer_ = std::move(*tok);
+  }
+  void TearDown() override {
+    ledger_.reset();
+    Clean();
+  }
+  void Clean() {
+    for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path_ + suffix);
+  }
+
+  // Group `g` of 3 samples answering `answer`, its samples ids 10g..10g+2, queued and generated
+  // in the ledger.
+  GroupJob Group(uint64_t g, const std::string& answer) {
+    GroupJob job;
+    job.group.set_group_id(g);
+    job.group.set_n(3);
+    job.group.set_first_sample_id(10 * g);
+    job.problem.prompt = "q" + std::to_string(g);
+    job.problem.answer = answer;
+    std::vector<NewSample> queued;
+    std::vector<uint64_t> ids;
+    for (uint64_t i = 0; i < 3; ++i) {
+      queued.push_back({10 * g + i, g, job.problem.prompt});
+      ids.push_back(10 * g + i);
+    }
+    EXPECT_TRUE(ledger_->Add(queued, {1, 5, "", ""}).ok());
+    EXPECT_TRUE(ledger_->Move(ids, SampleState::kGenerating, {1, 5, "rollout-0", ""}).ok());
+    EXPECT_TRUE(ledger_->Move(ids, SampleState::kFinished, {1, 5, "rollout-0", ""}).ok());
+    return job;
+  }
+  v1::Sample Sample(uint64_t id, uint64_t g, const std::string& response, int64_t version) {
+    v1::Sample s;
+    s.set_sample_id(id);
+    s.set_group_id(g);
+    auto ids = tokenizer_->Encode(response);
+    EXPECT_TRUE(ids.ok());
+    for (int32_t t : *ids) {
+      s.add_response_ids(t);
+      s.add_versions(version);
+    }
+    s.add_response_ids(model::CharTokenizer::kEos);
+    s.add_versions(5);
+    s.set_finish_reason(v1::FINISH_REASON_STOP);
+    return s;
+  }
+  std::string LastReason(uint64_t id, SampleState* state) {
+    auto h = ledger_->History(id);
+    EXPECT_TRUE(h.ok());
+    *state = h->back().to;
+    return h->back().context.reason;
+  }
+
+  std::string path_;
+  std::unique_ptr<SampleLedger> ledger_;
+  std::unique_ptr<model::TextTokenizer> tokenizer_;
+};
+
+TEST_F(StepScorerTest, LeavesOutWhatCannotTrainAndScoresTheRest) {
+  AlgorithmSection algo;
+  algo.max_staleness = 1;
+  algo.filter_zero_variance = true;
+  algo.advantage = "grpo";
+  FlakyReward reward;
+  StepScorer scorer(algo, 3, tokenizer_.get(), &reward, ledger_.get());
+  const std::vector<GroupJob> jobs = {Group(0, "12"), Group(1, "7"), Group(2, "4")};
+  std::vector<v1::Sample> samples = {
+      Sample(0, 0, "12", 5),    Sample(1, 0, "13", 4), Sample(2, 0, "12", 3),  // 2: stale
+      Sample(10, 1, "7", 5),    Sample(11, 1, "7", 5), Sample(12, 1, "7", 5),  // all correct
+      Sample(20, 2, "boom", 5), Sample(21, 2, "4", 5), Sample(22, 2, "5", 5)};
+  StepScores out;
+  ASSERT_TRUE(scorer.Score(jobs, &samples, 3, 5, &out).ok());
+  EXPECT_EQ(out.stale, 1);
+  EXPECT_EQ(out.reward_errors, 1);
+  EXPECT_EQ(out.filtered_groups, 1);
+  EXPECT_EQ(out.scored, 7);  // the filtered group's 3 included
+  EXPECT_EQ(out.correct, 5);
+  EXPECT_DOUBLE_EQ(out.reward_sum, 5.0);
+  ASSERT_EQ(out.group_sizes, (std::vector<int32_t>{2, 2}));
+  EXPECT_EQ(out.rewards, (std::vector<float>{1, 0, 1, 0}));
+  std::vector<uint64_t> kept;
+  for (const auto& s : out.kept) kept.push_back(s.sample_id());
+  EXPECT_EQ(kept, (std::vector<uint64_t>{0, 1, 21, 22}));
+  EXPECT_EQ(out.staleness, (std::map<int64_t, int64_t>{{0, 3}, {1, 1}}));
+
+  SampleState st;
+  EXPECT_EQ(LastReason(2, &st), "stale: tokens older than algorithm.max_staleness 1 versions");
+  EXPECT_EQ(st, SampleState::kDropped);
+  EXPECT_EQ(LastReason(20, &st), "reward failed: UNAVAILABLE: reward service down");
+  EXPECT_EQ(st, SampleState::kDropped);
+  EXPECT_NE(LastReason(11, &st).find("zero reward variance: all 3 rewards 1.0"), std::string::npos);
+  EXPECT_EQ(st, SampleState::kFiltered);
+  for (uint64_t id : {0, 1, 21, 22}) {
+    EXPECT_EQ(LastReason(id, &st), "");
+    EXPECT_EQ(st, SampleState::kScored) << id;
+  }
+
+  // GRPO advantages per kept group: (r - mean) / (std + 1e-6), std with n - 1.
+  auto zero = scorer.SetAdvantages(&out);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(*zero, 0);
+  const double a = 0.5 / (std::sqrt(0.5) + 1e-6);
+  for (size_t i = 0; i < out.kept.size(); ++i) {
+    EXPECT_NEAR(out.kept[i].advantage(), i % 2 == 0 ? a : -a, 1e-6) << i;
+  }
+}
+
+// Without filtering, a group whose rewards are equal is kept with zero advantages, and counted.
+TEST_F(StepScorerTest, ZeroVarianceGroupsTrainWithZeroAdvantageUnlessFiltered) {
+  AlgorithmSection algo;
+  algo.max_staleness = 0;
+  ExactMatchReward reward;
+  StepScorer scorer(algo, 3, tokenizer_.get(), &reward, ledger_.get());
+  const std::vector<GroupJob> jobs = {Group(1, "7")};
+  std::vector<v1::Sample> samples = {Sample(10, 1, "7", 5), Sample(11, 1, "7", 5),
+                                     Sample(12, 1, "7", 5)};
+  StepScores out;
+  ASSERT_TRUE(scorer.Score(jobs, &samples, 1, 5, &out).ok());
+  EXPECT_EQ(out.filtered_groups, 0);
+  ASSERT_EQ(out.kept.size(), 3u);
+  auto zero = scorer.SetAdvantages(&out);
+  ASSERT_TRUE(zero.ok());
+  EXPECT_EQ(*zero, 1);
+  for (const auto& s : out.kept) EXPECT_EQ(s.advantage(), 0.0f);
+}
+
+}  // namespace
+}  // namespace gyre::controller
