@@ -391,6 +391,16 @@ SampleResult RolloutEngine::MakeResult(Seq* s, bool finished) {
   return r;
 }
 
+void RolloutEngine::AppendForkResults(const Seq& parent, std::vector<SampleResult>* out) {
+  for (int64_t k = 0; k < parent.fork_n; ++k) {
+    Seq sample;
+    sample.req = parent.req;
+    sample.index = parent.index + static_cast<int32_t>(k);
+    sample.seed = parent.seed + static_cast<uint64_t>(k);
+    out->push_back(MakeResult(&sample, false));
+  }
+}
+
 void RolloutEngine::CountGroupDone(const Seq& s) {
   auto it = group_pending_.find(s.req->group);
   GYRE_CHECK(it != group_pending_.end() && it->second > 0) << "group count out of step";
@@ -650,13 +660,7 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Run(int64_t target_groups) {
     }
     if (s->fork_n > 1) {  // a group still prefilling: its samples have no tokens yet
       ReleaseBlocks(s.get());
-      for (int64_t k = 0; k < s->fork_n; ++k) {
-        Seq sample;
-        sample.req = s->req;
-        sample.index = s->index + static_cast<int32_t>(k);
-        sample.seed = s->seed + static_cast<uint64_t>(k);
-        out.push_back(MakeResult(&sample, false));
-      }
+      AppendForkResults(*s, &out);
       return;
     }
     if (s->computed > 0) {
@@ -732,13 +736,7 @@ std::vector<SampleResult> RolloutEngine::Preempt(
         group_pending_.erase(pending);
       }
       if (s->fork_n > 1) {  // a group still prefilling: its samples have no tokens yet
-        for (int64_t k = 0; k < s->fork_n; ++k) {
-          Seq sample;
-          sample.req = s->req;
-          sample.index = s->index + static_cast<int32_t>(k);
-          sample.seed = s->seed + static_cast<uint64_t>(k);
-          out.push_back(MakeResult(&sample, false));
-        }
+        AppendForkResults(*s, &out);
       } else {
         out.push_back(MakeResult(s, false));  // before the blocks go: it reads kv_version
       }

@@ -213,6 +213,9 @@ class RolloutEngine {
   bool EvictParked();
   bool CheckStop(Seq* s);
   SampleResult MakeResult(Seq* s, bool finished);
+  // The samples of a group still waiting for its prefill (a fork parent), unfinished and
+  // without tokens.
+  void AppendForkResults(const Seq& parent, std::vector<SampleResult>* out);
   void CountGroupDone(const Seq& s);
 
   const model::Transformer* model_;

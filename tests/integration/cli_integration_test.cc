@@ -41,6 +41,18 @@ std::vector<nlohmann::json> ReadMetrics(const std::string& path, const std::stri
   return out;
 }
 
+// `gyre ledger` of the run in dir/t: `trained` samples trained, every other one dropped.
+void ExpectTrainedOnceOrDropped(const std::string& dir, int64_t trained) {
+  ASSERT_TRUE(MakeDirs(dir + "/ledger").ok());
+  auto l = GyreProcess::Start({"ledger", dir + "/t", "--json"}, dir + "/ledger");
+  ASSERT_TRUE(l.Wait(30));
+  const auto counts = nlohmann::json::parse(l.Output());
+  EXPECT_EQ(counts["by_state"]["trained"], trained) << counts.dump();
+  EXPECT_EQ(counts["samples"].get<int64_t>(), counts["by_state"]["trained"].get<int64_t>() +
+                                                  counts["by_state"]["dropped"].get<int64_t>())
+      << counts.dump();
+}
+
 TEST(CliTest, VersionHelpAndUsageErrors) {
   const std::string dir = MakeTempDir("cli");
   auto p = GyreProcess::Start({"--version"}, dir);
@@ -247,14 +259,7 @@ TEST(TrainTest, AsyncRolloutRunsAheadWithinTheStalenessBound) {
     EXPECT_LE(s["admitted_groups"].get<int64_t>(), (2 + s["step"].get<int64_t>()) * 8);
   }
   EXPECT_GT(ahead, 0) << "no sample was generated ahead of its step";
-  ASSERT_TRUE(MakeDirs(dir + "/ledger").ok());
-  auto l = GyreProcess::Start({"ledger", dir + "/t", "--json"}, dir + "/ledger");
-  ASSERT_TRUE(l.Wait(30));
-  const auto counts = nlohmann::json::parse(l.Output());
-  EXPECT_EQ(counts["by_state"]["trained"], 6 * 64) << counts.dump();
-  EXPECT_EQ(counts["samples"].get<int64_t>(), counts["by_state"]["trained"].get<int64_t>() +
-                                                  counts["by_state"]["dropped"].get<int64_t>())
-      << counts.dump();
+  ExpectTrainedOnceOrDropped(dir, 6 * 64);
   EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
 }
 
@@ -305,14 +310,7 @@ TEST(TrainTest, AsyncJobWithWorkStealingTrainsEverySampleOnce) {
     stolen += s["stolen_samples"].get<int64_t>();
   }
   EXPECT_GT(stolen, 0) << "no sample was taken over";
-  ASSERT_TRUE(MakeDirs(dir + "/ledger").ok());
-  auto l = GyreProcess::Start({"ledger", dir + "/t", "--json"}, dir + "/ledger");
-  ASSERT_TRUE(l.Wait(30));
-  const auto counts = nlohmann::json::parse(l.Output());
-  EXPECT_EQ(counts["by_state"]["trained"], 6 * 64) << counts.dump();
-  EXPECT_EQ(counts["samples"].get<int64_t>(), counts["by_state"]["trained"].get<int64_t>() +
-                                                  counts["by_state"]["dropped"].get<int64_t>())
-      << counts.dump();
+  ExpectTrainedOnceOrDropped(dir, 6 * 64);
   EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
 }
 

@@ -380,12 +380,9 @@ TEST_F(WeightSyncTest, GenerateStreamSendsEachGroupWhenItFinishes) {
   EXPECT_NE(s.message().find("use Generate"), std::string::npos) << s;
 }
 
-// Work stealing on a real worker: Rollout.Preempt takes samples out of a running stream (the
-// first sample of groups 8-11, all of groups 12-15) with their tokens so far; the stream sends
-// every other sample once and ends; a GenerateStream that resumes the taken ones finishes them
-// to exactly the tokens the whole request gets from Generate (sampling is seeded per sample and
-// position), keeping the tokens they had.
-TEST_F(WeightSyncTest, PreemptedSamplesOfAStreamFinishElsewhereToTheSameTokens) {
+// 16 groups of 2 through a batch of 8 (max_running); stop tokens make the lengths differ, so
+// groups leave and join at different steps and some sample is always mid-way.
+v1::GenerateRequest SixteenGroupsOfTwo() {
   v1::GenerateRequest req;
   for (uint64_t g = 0; g < 16; ++g) {
     auto* group = req.add_groups();
@@ -399,6 +396,16 @@ TEST_F(WeightSyncTest, PreemptedSamplesOfAStreamFinishElsewhereToTheSameTokens) 
   req.mutable_sampling()->set_max_new_tokens(24);
   for (int32_t stop : {0, 1}) req.mutable_sampling()->add_stop_token_ids(stop);
   req.set_min_policy_version(-1);
+  return req;
+}
+
+// Work stealing on a real worker: Rollout.Preempt takes samples out of a running stream (the
+// first sample of groups 8-11, all of groups 12-15) with their tokens so far; the stream sends
+// every other sample once and ends; a GenerateStream that resumes the taken ones finishes them
+// to exactly the tokens the whole request gets from Generate (sampling is seeded per sample and
+// position), keeping the tokens they had.
+TEST_F(WeightSyncTest, PreemptedSamplesOfAStreamFinishElsewhereToTheSameTokens) {
+  const v1::GenerateRequest req = SixteenGroupsOfTwo();
   v1::GenerateResponse whole;
   {
     grpc::ClientContext ctx;
@@ -471,21 +478,7 @@ TEST_F(WeightSyncTest, PreemptedSamplesOfAStreamFinishElsewhereToTheSameTokens) 
 // between two engine steps: the call goes on, and the tokens after the update carry the new
 // version (samples running at that moment hold tokens of both).
 TEST_F(WeightSyncTest, AWeightUpdateLandsBetweenTheStepsOfARunningStream) {
-  v1::GenerateRequest req;
-  // 16 groups of 2 through a batch of 8 (max_running); stop tokens make the lengths differ, so
-  // groups leave and join at different steps and some sample is always mid-way.
-  for (uint64_t g = 0; g < 16; ++g) {
-    auto* group = req.add_groups();
-    for (int32_t id : {1, 5, static_cast<int32_t>(9 + g)}) group->add_prompt_ids(id);
-    group->set_group_id(g);
-    group->set_n(2);
-    group->set_first_sample_id(100 * g);
-    group->set_seed(31 * g);
-  }
-  req.mutable_sampling()->set_temperature(1.0f);
-  req.mutable_sampling()->set_max_new_tokens(24);
-  for (int32_t stop : {0, 1}) req.mutable_sampling()->add_stop_token_ids(stop);
-  req.set_min_policy_version(-1);
+  const v1::GenerateRequest req = SixteenGroupsOfTwo();
   auto client = rpc::MakeGrpcRolloutClient(address_);
   std::mutex mu;
   std::vector<v1::GenerateResponse> parts;
