@@ -141,7 +141,7 @@ class JobRunner {
   std::unique_ptr<AsyncScheduler> async_;        // rollout.async; destroyed before the pool
   std::unique_ptr<AsyncCarried> async_restore_;  // rollout.async: what a resume continues
   std::unique_ptr<SampleLedger> ledger_;
-  std::unique_ptr<StepScorer> scorer_;  // after ledger_: it records outcomes there
+  std::unique_ptr<StepScorer> scorer_;
   int64_t version_ = 0;
   uint64_t next_group_id_ = 0;
   // Evaluation's group ids: a space of their own (high bit set), not saved in checkpoints.
@@ -244,6 +244,8 @@ Status JobRunner::Setup() {
       cfg_, pool_.get(), weight_store_ ? weight_store_->address() : std::string());
   trainers_ = std::make_unique<TrainerGroup>(cfg_, pool_.get());
   scheduler_ = std::make_unique<RolloutScheduler>(cfg_, pool_.get());
+  scorer_ = std::make_unique<StepScorer>(cfg_.algorithm, cfg_.rollout.group_size, tokenizer_.get(),
+                                         reward_.get());
   GYRE_RETURN_IF_ERROR(pool_->Start());
   GYRE_RETURN_IF_ERROR(pool_->WaitRegistered());
   return trainers_->Form();
@@ -293,19 +295,12 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
   GYRE_ASSIGN_OR_RETURN(auto samples, scheduler_->GenerateAll(jobs, greedy, version_, &stats));
   int correct = 0, scored = 0, reward_errors = 0;
   for (size_t i = 0; i < samples.size(); ++i) {
-    RewardInput in;
-    in.prompt = jobs[i].problem.prompt;
-    in.answer = jobs[i].problem.answer;
-    std::vector<int32_t> resp(samples[i].response_ids().begin(), samples[i].response_ids().end());
-    in.response = tokenizer_->Decode(resp);
-    in.finished = samples[i].finish_reason() == v1::FINISH_REASON_STOP;
-    auto r = reward_->Score(in);
-    if (!r.ok() || !std::isfinite(*r)) {
+    auto r = scorer_->Reward(jobs[i].problem, samples[i]);
+    if (!r.ok()) {
       // As in training: counted and reported, and left out of the accuracy, never a silent 0.
       ++reward_errors;
       if (reward_errors <= 3) {
-        GYRE_LOG_WARN("eval {}: reward failed for problem {}: {}", tag, i,
-                      r.ok() ? "non-finite value" : r.status().ToString());
+        GYRE_LOG_WARN("eval {}: reward failed for problem {}: {}", tag, i, r.status().message());
       }
       continue;
     }
@@ -441,7 +436,7 @@ Status JobRunner::GrpoStep(int step) {
         partial ? scheduler_->GeneratePartial(&jobs, want - usable, sampling, version_, &gen, &sink)
                 : scheduler_->GenerateAll(jobs, sampling, version_, &gen, &sink));
     gen_s += SecondsSince(tg);
-    GYRE_RETURN_IF_ERROR(scorer_->Score(jobs, &samples, step, version_, &sc_out));
+    GYRE_RETURN_IF_ERROR(scorer_->Score(jobs, &samples, step, version_, ledger_.get(), &sc_out));
     ++rounds;
     if (!cfg_.algorithm.filter_zero_variance ||
         static_cast<int>(sc_out.group_sizes.size()) >= want ||
@@ -480,7 +475,7 @@ Status JobRunner::AsyncGrpoStep(int step) {
     for (auto& smp : rg.samples) samples.push_back(std::move(smp));
   }
   StepScores sc_out;
-  GYRE_RETURN_IF_ERROR(scorer_->Score(jobs, &samples, step, version_, &sc_out));
+  GYRE_RETURN_IF_ERROR(scorer_->Score(jobs, &samples, step, version_, ledger_.get(), &sc_out));
   nlohmann::json extra = {{"async_wait_s", as.wait_s},  {"admitted_groups", as.admitted},
                           {"queued_groups", as.queued}, {"in_flight_groups", as.in_flight},
                           {"ready_groups", as.ready},   {"stolen_samples", as.stolen}};
@@ -627,8 +622,6 @@ StatusOr<JobResult> JobRunner::Run() {
     GYRE_ASSIGN_OR_RETURN(result_.accuracy_before_rl, Evaluate("before_rl"));
     if (cfg_.trainer.checkpoint_every > 0) GYRE_RETURN_IF_ERROR(SaveCheckpoint(0, t0));
   }
-  scorer_ = std::make_unique<StepScorer>(cfg_.algorithm, cfg_.rollout.group_size, tokenizer_.get(),
-                                         reward_.get(), ledger_.get());
   if (cfg_.rollout.async) {
     async_ = std::make_unique<AsyncScheduler>(cfg_, pool_.get(), ledger_.get(), TrainingSampling(),
                                               version_, async_restore_.get());

@@ -12,7 +12,7 @@
 namespace gyre::controller {
 
 Status StepScorer::Score(const std::vector<GroupJob>& jobs, std::vector<v1::Sample>* samples,
-                         int step, int64_t version, StepScores* out) const {
+                         int step, int64_t version, SampleLedger* ledger, StepScores* out) const {
   const int n = group_size_;
   const MoveContext here{step, version, "", ""};
   std::vector<uint64_t> stale_ids, scored_ids;
@@ -30,23 +30,17 @@ Status StepScorer::Score(const std::vector<GroupJob>& jobs, std::vector<v1::Samp
         stale_ids.push_back(s.sample_id());
         continue;
       }
-      RewardInput in;
-      in.prompt = jobs[g].problem.prompt;
-      in.answer = jobs[g].problem.answer;
-      std::vector<int32_t> resp(s.response_ids().begin(), s.response_ids().end());
-      in.response = tokenizer_->Decode(resp);
-      in.finished = s.finish_reason() == v1::FINISH_REASON_STOP;
-      auto r = reward_->Score(in);
-      if (!r.ok() || !std::isfinite(*r)) {
+      auto r = Reward(jobs[g].problem, s);
+      if (!r.ok()) {
         // A failed reward leaves its sample out (and is counted), never a silent 0.
         ++out->reward_errors;
-        const std::string why = r.ok() ? "non-finite value" : r.status().ToString();
+        const std::string why = r.status().message();
         if (out->reward_errors <= 3) {
           GYRE_LOG_WARN("reward failed for sample {}: {}", s.sample_id(), why);
         }
         MoveContext c = here;
         c.reason = "reward failed: " + why;
-        GYRE_RETURN_IF_ERROR(ledger_->Move({s.sample_id()}, SampleState::kDropped, c));
+        GYRE_RETURN_IF_ERROR(ledger->Move({s.sample_id()}, SampleState::kDropped, c));
         continue;
       }
       s.set_reward(static_cast<float>(*r));
@@ -67,12 +61,12 @@ Status StepScorer::Score(const std::vector<GroupJob>& jobs, std::vector<v1::Samp
       ++out->filtered_groups;
       std::vector<uint64_t> ids;
       for (const auto& k : kept) ids.push_back(k.sample_id());
-      GYRE_RETURN_IF_ERROR(ledger_->Move(scored_ids, SampleState::kScored, here));
+      GYRE_RETURN_IF_ERROR(ledger->Move(scored_ids, SampleState::kScored, here));
       scored_ids.clear();
       MoveContext c = here;
       c.reason = "zero reward variance: all " + std::to_string(kept.size()) + " rewards " +
                  nlohmann::json(rewards.front()).dump() + " (algorithm.filter_zero_variance)";
-      GYRE_RETURN_IF_ERROR(ledger_->Move(ids, SampleState::kFiltered, c));
+      GYRE_RETURN_IF_ERROR(ledger->Move(ids, SampleState::kFiltered, c));
       continue;
     }
     out->group_sizes.push_back(static_cast<int32_t>(kept.size()));
@@ -87,12 +81,25 @@ Status StepScorer::Score(const std::vector<GroupJob>& jobs, std::vector<v1::Samp
     MoveContext c = here;
     c.reason = "stale: tokens older than algorithm.max_staleness " +
                std::to_string(algorithm_.max_staleness) + " versions";
-    GYRE_RETURN_IF_ERROR(ledger_->Move(stale_ids, SampleState::kDropped, c));
+    GYRE_RETURN_IF_ERROR(ledger->Move(stale_ids, SampleState::kDropped, c));
   }
   if (!scored_ids.empty()) {
-    GYRE_RETURN_IF_ERROR(ledger_->Move(scored_ids, SampleState::kScored, here));
+    GYRE_RETURN_IF_ERROR(ledger->Move(scored_ids, SampleState::kScored, here));
   }
   return Status::Ok();
+}
+
+StatusOr<double> StepScorer::Reward(const Problem& problem, const v1::Sample& sample) const {
+  RewardInput in;
+  in.prompt = problem.prompt;
+  in.answer = problem.answer;
+  std::vector<int32_t> resp(sample.response_ids().begin(), sample.response_ids().end());
+  in.response = tokenizer_->Decode(resp);
+  in.finished = sample.finish_reason() == v1::FINISH_REASON_STOP;
+  auto r = reward_->Score(in);
+  if (!r.ok()) return Internal(r.status().ToString());
+  if (!std::isfinite(*r)) return Internal("non-finite value");
+  return *r;
 }
 
 StatusOr<int> StepScorer::SetAdvantages(StepScores* scores) const {

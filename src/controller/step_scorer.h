@@ -9,8 +9,8 @@
 //   - records each outcome in the sample ledger (scored, or dropped / filtered with the reason),
 // and then sets the kept samples' group advantages (algorithm.advantage).
 //
-// Thread contract: used from one thread at a time (the job's). The tokenizer, the reward and
-// the ledger are not owned and must outlive it; the reward is called from that thread only.
+// Thread contract: used from one thread at a time (the job's). The tokenizer and the reward are
+// not owned and must outlive it; the reward is called from that thread only.
 
 #include <cstdint>
 #include <map>
@@ -40,18 +40,18 @@ struct StepScores {
 class StepScorer {
  public:
   StepScorer(const AlgorithmSection& algorithm, int group_size,
-             const model::TextTokenizer* tokenizer, RewardFn* reward, SampleLedger* ledger)
-      : algorithm_(algorithm),
-        group_size_(group_size),
-        tokenizer_(tokenizer),
-        reward_(reward),
-        ledger_(ledger) {}
+             const model::TextTokenizer* tokenizer, RewardFn* reward)
+      : algorithm_(algorithm), group_size_(group_size), tokenizer_(tokenizer), reward_(reward) {}
 
   // Scores `samples` (group_size per group of `jobs`, in order; moved from) for GRPO step `step`
-  // with the trainer at `version`, and appends the usable groups to *out. An error only when
-  // the ledger cannot record an outcome.
+  // with the trainer at `version`, records the outcomes in `ledger` and appends the usable
+  // groups to *out. An error only when the ledger cannot record an outcome.
   Status Score(const std::vector<GroupJob>& jobs, std::vector<v1::Sample>* samples, int step,
-               int64_t version, StepScores* out) const;
+               int64_t version, SampleLedger* ledger, StepScores* out) const;
+
+  // The reward of `sample` for `problem` (its response decoded). An error, whose message says
+  // why, when the reward fails or is not finite: the sample must not count as 0.
+  StatusOr<double> Reward(const Problem& problem, const v1::Sample& sample) const;
 
   // Sets every kept sample's advantage from its group's rewards; returns how many groups had
   // rewards without variance (their advantages are 0).
@@ -62,7 +62,6 @@ class StepScorer {
   const int group_size_;
   const model::TextTokenizer* tokenizer_;
   RewardFn* reward_;
-  SampleLedger* ledger_;
 };
 
 }  // namespace gyre::controller

@@ -288,15 +288,16 @@ TEST(TrainTest, AsyncWeightUpdatesBetweenEngineStepsKeepTheBound) {
 }
 
 // rollout.work_stealing on real workers: a worker that runs out of work takes over samples still
-// generating on the other (Rollout.Preempt, then GenerateStream with resumed samples). Chunks of
-// a whole batch leave one worker idle behind the other's call, so some step steals; every step
-// still trains its full batch within the bound and the ledger counts each sample once.
+// generating on the other (Rollout.Preempt, then GenerateStream with resumed samples). Chunks
+// larger than everything admitted send it all to one worker and leave the other idle, so it
+// steals; every step still trains its full batch within the bound and the ledger counts each
+// sample once.
 TEST(TrainTest, AsyncJobWithWorkStealingTrainsEverySampleOnce) {
   const std::string dir = MakeTempDir("async_steal");
   auto args = SmallJob(dir, 6);
   args.insert(args.end(),
               {"--set", "rollout.async=true", "--set", "algorithm.max_staleness=1", "--set",
-               "rollout.work_stealing=true", "--set", "rollout.async_chunk_groups=8", "--set",
+               "rollout.work_stealing=true", "--set", "rollout.async_chunk_groups=64", "--set",
                "rollout.weight_updates=between_steps"});
   auto p = GyreProcess::Start(args, dir);
   ASSERT_TRUE(p.Wait(240)) << p.Output();

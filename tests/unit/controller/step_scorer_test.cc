@@ -102,14 +102,14 @@ TEST_F(StepScorerTest, LeavesOutWhatCannotTrainAndScoresTheRest) {
   algo.filter_zero_variance = true;
   algo.advantage = "grpo";
   FlakyReward reward;
-  StepScorer scorer(algo, 3, tokenizer_.get(), &reward, ledger_.get());
+  StepScorer scorer(algo, 3, tokenizer_.get(), &reward);
   const std::vector<GroupJob> jobs = {Group(0, "12"), Group(1, "7"), Group(2, "4")};
   std::vector<v1::Sample> samples = {
       Sample(0, 0, "12", 5),    Sample(1, 0, "13", 4), Sample(2, 0, "12", 3),  // 2: stale
       Sample(10, 1, "7", 5),    Sample(11, 1, "7", 5), Sample(12, 1, "7", 5),  // all correct
       Sample(20, 2, "boom", 5), Sample(21, 2, "4", 5), Sample(22, 2, "5", 5)};
   StepScores out;
-  ASSERT_TRUE(scorer.Score(jobs, &samples, 3, 5, &out).ok());
+  ASSERT_TRUE(scorer.Score(jobs, &samples, 3, 5, ledger_.get(), &out).ok());
   EXPECT_EQ(out.stale, 1);
   EXPECT_EQ(out.reward_errors, 1);
   EXPECT_EQ(out.filtered_groups, 1);
@@ -150,12 +150,12 @@ TEST_F(StepScorerTest, ZeroVarianceGroupsTrainWithZeroAdvantageUnlessFiltered) {
   AlgorithmSection algo;
   algo.max_staleness = 0;
   ExactMatchReward reward;
-  StepScorer scorer(algo, 3, tokenizer_.get(), &reward, ledger_.get());
+  StepScorer scorer(algo, 3, tokenizer_.get(), &reward);
   const std::vector<GroupJob> jobs = {Group(1, "7")};
   std::vector<v1::Sample> samples = {Sample(10, 1, "7", 5), Sample(11, 1, "7", 5),
                                      Sample(12, 1, "7", 5)};
   StepScores out;
-  ASSERT_TRUE(scorer.Score(jobs, &samples, 1, 5, &out).ok());
+  ASSERT_TRUE(scorer.Score(jobs, &samples, 1, 5, ledger_.get(), &out).ok());
   EXPECT_EQ(out.filtered_groups, 0);
   ASSERT_EQ(out.kept.size(), 3u);
   auto zero = scorer.SetAdvantages(&out);
