@@ -90,9 +90,16 @@ struct RolloutSection {
   // over half of the samples still generating on the most loaded worker (Rollout.Preempt), and
   // continues them from the tokens they have.
   bool work_stealing = false;
+  // Asynchronous rollout: a group's samples go out in pieces of at most split_groups samples
+  // (0 = whole groups), which may run on different workers (Seer); the samples of a piece
+  // share one prefill of the prompt on their worker.
+  int split_groups = 0;
   // Asynchronous rollout: how a new policy version reaches the workers. lockstep = pause
-  // generation, publish to everyone, continue; between_steps = publish while generation runs,
-  // each worker taking the version between two engine steps of the calls it is running.
+  // generation, let the calls in flight end, publish to everyone, continue; repack = pause,
+  // take the samples still generating out of their calls (with their tokens), publish to
+  // everyone, then continue them packed onto as few workers as their chunks fill while the
+  // others take new work; between_steps = publish while generation runs, each worker taking
+  // the version between two engine steps of the calls it is running.
   std::string weight_updates = "lockstep";
 };
 

@@ -63,8 +63,8 @@ std::string Usage() {
          "\n"
          "options:\n"
          "  --staleness LIST          comma-separated k values [0,1,2,4]\n"
-         "  --weight-updates LIST     rollout.weight_updates of the asynchronous runs\n"
-         "                            [lockstep,between_steps]\n"
+         "  --weight-updates LIST     rollout.weight_updates of the asynchronous runs: lockstep,\n"
+         "                            repack, between_steps [lockstep,between_steps]\n"
          "  --steps N                 GRPO steps per run [4]\n"
          "  --out DIR                 run directories [a temporary directory, removed after]\n"
          "  --json FILE               also write the figures as JSON\n"
@@ -142,8 +142,7 @@ StatusOr<JobConfig> RealJob(const Options& o, int64_t k, const std::string& upda
 // One run's row: the GRPO steps' mean time (simulated seconds with --simulate), throughput, the
 // rollout workers' idle fraction, and the controller's CPU time per step.
 StatusOr<nlohmann::json> RunOne(const Options& o, int64_t k, const std::string& updates) {
-  const std::string name =
-      "k" + std::to_string(k) + (k > 0 ? (updates == "lockstep" ? "-lockstep" : "-between") : "");
+  const std::string name = "k" + std::to_string(k) + (k > 0 ? "-" + updates : "");
   std::vector<std::string> sim_argv;
   StatusOr<JobConfig> cfg = InvalidArgument("no job");
   if (o.simulate) {
@@ -270,7 +269,7 @@ int RunBenchE2e(const std::vector<std::string>& args) {
     } else if (a == "--weight-updates") {
       o.weight_updates = SplitList(v);
       for (const std::string& item : o.weight_updates) {
-        ok = ok && (item == "lockstep" || item == "between_steps");
+        ok = ok && (item == "lockstep" || item == "repack" || item == "between_steps");
       }
       ok = ok && !o.weight_updates.empty();
     } else if (a == "--staleness") {

@@ -1,5 +1,6 @@
 #include "common/logging.h"
 
+#include <pthread.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <cstdio>
@@ -7,6 +8,12 @@
 #include <exception>
 
 namespace gyre {
+
+void NameThisThread(const char* name) {
+  char shortened[16];
+  std::snprintf(shortened, sizeof(shortened), "%s", name);
+  (void)pthread_setname_np(pthread_self(), shortened);
+}
 
 void InitLogging(const std::string& process_name, const std::string& level) {
   auto logger = spdlog::stderr_color_mt(process_name);

@@ -16,6 +16,10 @@ void InitLogging(const std::string& process_name, const std::string& level = "in
 // log and the controller's message say what killed it. Call once, early in main.
 void InstallTerminateHandler(const char* program);
 
+// Names the calling thread (at most 15 characters are kept), so `top -H`, /proc/PID/task and
+// gdb tell Gyre's threads apart. Thread-safe.
+void NameThisThread(const char* name);
+
 // The first line of an exception message (c10 appends a C++ backtrace after it).
 std::string FirstLine(const std::string& text);
 

@@ -205,8 +205,11 @@ std::vector<Field> BuildTable() {
              "asynchronous rollout: chunks go to the least loaded worker, or to idle ones only"),
       Flag(GYRE_CONFIG_KEY(rollout.work_stealing),
            "asynchronous rollout: idle workers take over unfinished samples of the busiest one"),
-      Choice(GYRE_CONFIG_KEY(rollout.weight_updates), {"lockstep", "between_steps"},
-             "asynchronous rollout: publish with generation paused, or between engine steps"),
+      Num(GYRE_CONFIG_KEY(rollout.split_groups), Closed(0, 1000000),
+          "asynchronous rollout: samples per piece of a group sent to one worker; 0 = whole"),
+      Choice(GYRE_CONFIG_KEY(rollout.weight_updates), {"lockstep", "repack", "between_steps"},
+             "asynchronous rollout: publish with generation paused (after the calls in flight "
+             "end, or taking their unfinished samples out), or between engine steps"),
       // algorithm
       Choice(GYRE_CONFIG_KEY(algorithm.advantage), {"grpo", "grpo_no_std", "rloo"},
              "group-relative advantage estimator"),
@@ -971,10 +974,16 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
                        ") must be at most 64 with cluster.mode: local (one host); start more "
                        "workers across hosts with cluster.mode: external"};
   }
-  if (c.rollout.weight_updates == "between_steps" && !c.rollout.async) {
+  if (c.rollout.weight_updates != "lockstep" && !c.rollout.async) {
     return Problem{{"rollout.weight_updates", "rollout.async"},
-                   "rollout.weight_updates: between_steps needs rollout.async: true (a "
-                   "synchronous step never has generation running while it publishes)"};
+                   "rollout.weight_updates: " + c.rollout.weight_updates +
+                       " needs rollout.async: true (a synchronous step never has generation "
+                       "running while it publishes)"};
+  }
+  if (c.rollout.split_groups > 0 && !c.rollout.async) {
+    return Problem{{"rollout.split_groups", "rollout.async"},
+                   "rollout.split_groups needs rollout.async: true (synchronous steps send "
+                   "whole groups)"};
   }
   if (c.rollout.async && c.rollout.partial_rollouts) {
     return Problem{

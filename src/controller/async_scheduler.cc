@@ -120,7 +120,10 @@ AsyncScheduler::AsyncScheduler(const JobConfig& cfg, WorkerPool* pool, SampleLed
     }
     admitted_ = std::max<int64_t>(restore->admitted, static_cast<int64_t>(order));
   }
-  dispatcher_ = std::thread([this] { DispatchLoop(); });
+  dispatcher_ = std::thread([this] {
+    NameThisThread("gyre-dispatch");
+    DispatchLoop();
+  });
 }
 
 AsyncScheduler::~AsyncScheduler() { Shutdown(); }
@@ -150,12 +153,19 @@ Status AsyncScheduler::Admit(int64_t steps_done,
   GYRE_ASSIGN_OR_RETURN(std::vector<GroupJob> groups, draw(count));
   {
     std::lock_guard<std::mutex> lock(mu_);
+    const int split = cfg_.rollout.split_groups;
     for (GroupJob& g : groups) {
       const uint64_t order = static_cast<uint64_t>(admitted_++);
-      Unit u;
-      u.piece = g.group;
-      u.order = order;
-      queue_.push_back(std::move(u));
+      const int n = g.group.n();
+      const int size = split > 0 ? std::min(split, n) : n;
+      for (int first = 0; first < n; first += size) {
+        Unit u;
+        u.piece = size == n ? g.group
+                            : PieceOf(g.group, g.group.first_sample_id() + first,
+                                      std::min(size, n - first));
+        u.order = order;
+        queue_.push_back(std::move(u));
+      }
       Assembling& a = groups_[g.group.group_id()];
       a.job = std::move(g);
       a.order = order;
@@ -167,9 +177,7 @@ Status AsyncScheduler::Admit(int64_t steps_done,
 
 Worker* AsyncScheduler::PickWorker(const std::vector<Worker*>& alive, int64_t chunk_samples) const {
   std::map<std::string, int64_t> load;  // samples outstanding per worker
-  for (const auto& [id, in] : inflight_) {
-    load[in.worker] += static_cast<int64_t>(in.expected.size());
-  }
+  for (const auto& [id, in] : inflight_) load[in.worker] += in.load();
   Worker* best = nullptr;
   int64_t best_load = 0;
   for (Worker* w : alive) {
@@ -222,11 +230,17 @@ void AsyncScheduler::DispatchLoop() {
                     ? chunk_cfg
                     : std::max<int64_t>(1, (per_step_ + static_cast<int64_t>(alive.size()) - 1) /
                                                static_cast<int64_t>(alive.size()));
+        // Unfinished samples taken out of calls (repacking, stealing) go out together, up to a
+        // running batch per call, so they are packed onto as few workers as they fill.
+        const bool resumes = queue_.front().is_resume;
+        if (resumes) chunk = cfg_.rollout.max_running;
         int64_t samples = 0, taken = 0;
         for (const Unit& u : queue_) {
-          if (taken++ == chunk) break;
+          if (taken == chunk || (resumes && !u.is_resume)) break;
+          ++taken;
           samples += u.samples();
         }
+        chunk = taken;
         target = PickWorker(alive, samples);
       }
     }
@@ -280,6 +294,7 @@ void AsyncScheduler::DispatchLoop() {
     const double timeout = cfg_.cluster.rpc_timeout_s;
     calls_.push_back(std::async(
         std::launch::async, [this, call, w = target, req = std::move(req), cancel, timeout] {
+          NameThisThread("gyre-generate");
           Result r;
           r.call = call;
           r.worker = w->id;
@@ -293,6 +308,7 @@ void AsyncScheduler::DispatchLoop() {
             p.resp = std::move(part);
             {
               std::lock_guard<std::mutex> l(mu_);
+              inflight_.at(call).streamed += p.resp.samples_size();
               results_.push_back(std::move(p));
             }
             cv_.notify_all();
@@ -311,8 +327,8 @@ void AsyncScheduler::DispatchLoop() {
 }
 
 bool AsyncScheduler::MaybeSteal() {
-  if (!cfg_.rollout.work_stealing || paused_ || stop_ || !queue_.empty() ||
-      !stealing_from_.empty() || SteadyClock::now() < steal_backoff_until_) {
+  if (!cfg_.rollout.work_stealing || paused_ || stop_ || !queue_.empty() || !preempting_.empty() ||
+      SteadyClock::now() < steal_backoff_until_) {
     return false;
   }
   const std::vector<Worker*> alive = pool_->AliveRollouts();
@@ -326,9 +342,7 @@ bool AsyncScheduler::MaybeSteal() {
   }
   if (thief == nullptr) return false;
   std::map<std::string, int64_t> load;
-  for (const auto& [id, in] : inflight_) {
-    load[in.worker] += static_cast<int64_t>(in.expected.size());
-  }
+  for (const auto& [id, in] : inflight_) load[in.worker] += in.load();
   Worker* victim = nullptr;
   int64_t most = 1;
   for (Worker* w : alive) {
@@ -348,21 +362,29 @@ bool AsyncScheduler::MaybeSteal() {
       req.add_sample_ids(sid);
     }
   }
-  stealing_from_ = victim->id;
-  const uint64_t steal = next_call_++;
+  StartPreempt(victim, std::move(req), "taken over by an idle worker", true);
+  GYRE_LOG_DEBUG("{} takes up to {} sample(s) over from {}", thief->id, most / 2, victim->id);
+  return true;
+}
+
+void AsyncScheduler::StartPreempt(Worker* w, v1::PreemptRequest req, const std::string& why,
+                                  bool steal) {
+  preempting_.insert(w->id);
+  const uint64_t call = next_call_++;
   auto cancel = std::make_shared<rpc::Cancellation>();
-  cancels_[steal] = cancel;
+  cancels_[call] = cancel;
   ++running_;
   const double timeout = cfg_.cluster.rpc_timeout_s;
-  calls_.push_back(std::async(std::launch::async, [this, steal, w = victim, thief_id = thief->id,
-                                                   req = std::move(req), cancel, timeout] {
+  calls_.push_back(std::async(std::launch::async, [this, call, w, why, steal, req = std::move(req),
+                                                   cancel, timeout] {
+    NameThisThread("gyre-preempt");
     v1::PreemptResponse resp;
     const Status s = pool_->Invoke(w->id, timeout, cancel.get(), [&](const rpc::Call& c) {
       return w->rollout->Preempt(c, req, &resp);
     });
     std::lock_guard<std::mutex> l(mu_);
     if (!s.ok()) {
-      GYRE_LOG_DEBUG("taking samples over from {} failed: {}", w->id, s.ToString());
+      GYRE_LOG_DEBUG("taking samples out of {} failed: {}", w->id, s.ToString());
     }
     // Each taken sample leaves the call that was generating it (if that call has not failed
     // and been re-queued meanwhile) and goes back to the queue, to be continued elsewhere.
@@ -382,26 +404,27 @@ bool AsyncScheduler::MaybeSteal() {
         break;
       }
     }
-    if (ids.empty()) steal_backoff_until_ = SteadyClock::now() + std::chrono::milliseconds(20);
+    if (steal && ids.empty()) {
+      steal_backoff_until_ = SteadyClock::now() + std::chrono::milliseconds(20);
+    }
     if (!ids.empty()) {
-      GYRE_LOG_DEBUG("{} sample(s) of {} go to idle workers such as {}", ids.size(), w->id,
-                     thief_id);
-      stolen_ += static_cast<int64_t>(ids.size());
+      GYRE_LOG_DEBUG("{} sample(s) of {} go back to the queue ({})", ids.size(), w->id, why);
+      (steal ? stolen_ : repacked_) += static_cast<int64_t>(ids.size());
       if (ledger_ != nullptr) {
-        Status m = ledger_->Move(ids, SampleState::kQueued,
-                                 {-1, published_version_, w->id, "taken over by an idle worker"});
+        Status m = ledger_->Move(ids, SampleState::kQueued, {-1, published_version_, w->id, why});
         if (!m.ok() && fatal_.ok()) fatal_ = m;
       }
       Requeue(std::move(units));
     }
-    for (Result& r : deferred_) results_.push_back(std::move(r));
-    deferred_.clear();
-    stealing_from_.clear();
-    cancels_.erase(steal);
+    // The ends of this worker's calls held back meanwhile can be handled now.
+    std::vector<Result> held;
+    for (Result& r : deferred_) (r.worker == w->id ? results_ : held).push_back(std::move(r));
+    deferred_.swap(held);
+    preempting_.erase(w->id);
+    cancels_.erase(call);
     --running_;
     cv_.notify_all();
   }));
-  return true;
 }
 
 std::vector<AsyncScheduler::Unit> AsyncScheduler::Remaining(const Inflight& in) const {
@@ -485,6 +508,7 @@ Status AsyncScheduler::HandlePart(Result r, int64_t version, int64_t step) {
                         std::to_string(smp.group_id()) + ", which it was not generating");
       }
     }
+    in.streamed -= r.resp.samples_size();
     for (auto& smp : *r.resp.mutable_samples()) {
       in.expected.erase(smp.sample_id());
       in.resumed.erase(smp.sample_id());
@@ -583,7 +607,7 @@ StatusOr<std::vector<ReadyGroup>> AsyncScheduler::NextBatch(int64_t version, int
       // A call's end waits while a steal from its worker is in flight: the samples it took are
       // still listed as the call's until the steal is applied.
       for (Result& r : results_) {
-        (!r.part && r.worker == stealing_from_ ? deferred_ : results).push_back(std::move(r));
+        (!r.part && preempting_.count(r.worker) > 0 ? deferred_ : results).push_back(std::move(r));
       }
       results_.clear();
     }
@@ -611,10 +635,22 @@ StatusOr<std::vector<ReadyGroup>> AsyncScheduler::NextBatch(int64_t version, int
   return batch;
 }
 
-Status AsyncScheduler::Pause() {
+Status AsyncScheduler::Pause(bool take_running) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     paused_ = true;
+    if (take_running) {
+      // Every sample still expected from a worker, one preemption per worker.
+      std::map<std::string, v1::PreemptRequest> take;
+      for (const auto& [id, in] : inflight_) {
+        for (const auto& [sid, gid] : in.expected) take[in.worker].add_sample_ids(sid);
+      }
+      for (auto& [worker, req] : take) {
+        Worker* w = pool_->Get(worker);
+        if (w == nullptr || preempting_.count(worker) > 0) continue;
+        StartPreempt(w, std::move(req), "taken out for a publish (repack)", false);
+      }
+    }
   }
   while (true) {
     {
@@ -639,7 +675,7 @@ StatusOr<AsyncCarried> AsyncScheduler::Checkpoint(int64_t version, int64_t step)
   }
   for (Result& r : results) GYRE_RETURN_IF_ERROR(Handle(std::move(r), version, step));
   std::lock_guard<std::mutex> lock(mu_);
-  if (!inflight_.empty() || !stealing_from_.empty()) {
+  if (!inflight_.empty() || !preempting_.empty()) {
     return Internal("a generate call is still in flight at a checkpoint");
   }
   AsyncCarried out;
@@ -693,7 +729,9 @@ AsyncStats AsyncScheduler::stats() {
   s.in_flight = static_cast<int64_t>(in_flight.size());
   s.ready = static_cast<int64_t>(ready_.size());
   s.stolen = stolen_;
+  s.repacked = repacked_;
   stolen_ = 0;
+  repacked_ = 0;
   s.wait_s = gen_wait_s_;
   s.generate = gen_;
   const auto now = SteadyClock::now();

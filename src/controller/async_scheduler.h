@@ -33,6 +33,16 @@
 // batches are nearly empty, where engine steps are shorter. A group is assembled from whatever
 // calls produced its samples; it is ready when all n are back.
 //
+// Group splitting (rollout.split_groups = S > 0): an admitted group is queued as pieces of at
+// most S consecutive samples, each a unit of its own, so one group's samples spread over the
+// least loaded workers (Seer); a piece's samples share their prompt's prefill on their worker.
+//
+// Repacking (Pause(true), rollout.weight_updates: repack): a publish pauses dispatching and
+// takes every sample still generating out of its call (Rollout.Preempt, with its tokens and
+// per-token versions) instead of waiting for the longest of them; after the publish they are
+// sent first, async_chunk_groups per call to the least loaded worker, so the long tails are
+// packed onto a few workers and the others take new work at full batch.
+//
 // Threads: Admit, NextBatch, Pause, Resume, Checkpoint and Shutdown are for the job thread. The
 // dispatcher thread (owned, joined by Shutdown) only starts calls and steals; each call (and
 // each steal) runs on its own thread; a call posts its result, a steal re-queues what it took. The
@@ -82,6 +92,7 @@ struct AsyncStats {
   int64_t in_flight = 0;   // groups with samples sent, not yet back
   int64_t ready = 0;       // back and finished, not yet in a batch
   int64_t stolen = 0;      // samples taken over from a busy worker since the last stats()
+  int64_t repacked = 0;    // samples taken out of calls for a publish since the last stats()
   double wait_s = 0;       // the last NextBatch's wait
   GenerateStats generate;  // engine counters since the last stats(); busy_s: time each
                            // worker had at least one call in flight
@@ -110,9 +121,11 @@ class AsyncScheduler {
   StatusOr<std::vector<ReadyGroup>> NextBatch(int64_t version, int64_t step);
 
   // Around a publish (or an evaluation): Pause stops dispatching and waits for the calls in
-  // flight to end (their results wait for NextBatch); Resume dispatches again, with calls that
-  // need at least policy `version`. Pause fails when the job must end meanwhile.
-  Status Pause();
+  // flight to end (their results wait for NextBatch); with `take_running` it first takes the
+  // samples still generating out of them, to be continued after Resume (repacking). Resume
+  // dispatches again, with calls that need at least policy `version`. Pause fails when the job
+  // must end meanwhile.
+  Status Pause(bool take_running = false);
   void Resume(int64_t version);
 
   // For a checkpoint, between Pause and Resume: applies every result posted meanwhile (ledger
@@ -153,6 +166,10 @@ class AsyncScheduler {
     int64_t dispatch_version = 0;
     int64_t oldest_version = 0;  // the oldest token version it may still produce samples with
     int64_t incarnation = 0;     // WorkerPool::Incarnation of the worker when sent
+    // Samples streamed back and posted, not yet handled by the job thread: they no longer load
+    // the worker, so the dispatcher gives it new work while the job thread is busy training.
+    int64_t streamed = 0;
+    int64_t load() const { return static_cast<int64_t>(expected.size()) - streamed; }
   };
   // What a call posts for the job thread: each streamed part (finished samples), then its end.
   struct Result {
@@ -177,6 +194,10 @@ class AsyncScheduler {
   // Under mu_: starts a steal when work stealing is on, nothing is queued, a worker is idle and
   // another has at least 2 samples outstanding. Returns whether it started one.
   bool MaybeSteal();
+  // Under mu_: asks worker `w` (on a thread of its own) to give up the samples of `req`; those
+  // it hands back return to the queue (ledger: queued, `why`) to be continued elsewhere. Until
+  // that is applied, the ends of `w`'s calls are held back (deferred_).
+  void StartPreempt(Worker* w, v1::PreemptRequest req, const std::string& why, bool steal);
   // Under mu_: the still-expected samples of `in` as units to send again (contiguous fresh runs
   // and resumes).
   std::vector<Unit> Remaining(const Inflight& in) const;
@@ -207,12 +228,13 @@ class AsyncScheduler {
   std::map<uint64_t, Assembling> groups_;  // admitted, not ready yet: by group id
   std::vector<Result> results_;            // posted by calls, handled by the job
   std::vector<ReadyGroup> ready_;
-  std::string stealing_from_;  // the worker a steal in flight takes from ("" if none)
+  std::set<std::string> preempting_;  // workers a preemption in flight takes samples from
   // After a steal that took nothing (the samples had not started, or had just finished), the
   // next waits until then.
   std::chrono::steady_clock::time_point steal_backoff_until_;
-  std::vector<Result> deferred_;   // its calls' ends, held back until the steal is applied
+  std::vector<Result> deferred_;   // their calls' ends, held back until the preemption is applied
   int64_t stolen_ = 0;             // samples taken over since the last stats()
+  int64_t repacked_ = 0;           // samples taken out for a publish since the last stats()
   int64_t published_version_ = 0;  // what new calls require
   bool paused_ = false;
   bool stop_ = false;

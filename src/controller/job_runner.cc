@@ -476,9 +476,10 @@ Status JobRunner::AsyncGrpoStep(int step) {
   }
   StepScores sc_out;
   GYRE_RETURN_IF_ERROR(scorer_->Score(jobs, &samples, step, version_, ledger_.get(), &sc_out));
-  nlohmann::json extra = {{"async_wait_s", as.wait_s},  {"admitted_groups", as.admitted},
-                          {"queued_groups", as.queued}, {"in_flight_groups", as.in_flight},
-                          {"ready_groups", as.ready},   {"stolen_samples", as.stolen}};
+  nlohmann::json extra = {{"async_wait_s", as.wait_s},      {"admitted_groups", as.admitted},
+                          {"queued_groups", as.queued},     {"in_flight_groups", as.in_flight},
+                          {"ready_groups", as.ready},       {"stolen_samples", as.stolen},
+                          {"repacked_samples", as.repacked}};
   return FinishStep(step, t0, &sc_out, as.generate, as.wait_s, 1, extra, [this]() -> Status {
     if (cfg_.rollout.weight_updates == "between_steps") {
       // No lockstep: the workers take the version between engine steps of the calls they are
@@ -487,9 +488,9 @@ Status JobRunner::AsyncGrpoStep(int step) {
       async_->Resume(version_);
       return Status::Ok();
     }
-    // Publish to everyone, then continue: calls in flight end first, new ones need the new
-    // version.
-    GYRE_RETURN_IF_ERROR(async_->Pause());
+    // Publish to everyone, then continue: calls in flight end first (repack: their unfinished
+    // samples are taken out, to continue on the new version), new ones need the new version.
+    GYRE_RETURN_IF_ERROR(async_->Pause(cfg_.rollout.weight_updates == "repack"));
     GYRE_RETURN_IF_ERROR(Publish());
     async_->Resume(version_);
     return Status::Ok();

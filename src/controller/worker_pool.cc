@@ -67,7 +67,10 @@ Status WorkerPool::Start() {
     s = add(v1::WORKER_ROLE_ROLLOUT, "rollout", i);
   }
   // Started even after a failed spawn, so the children already running are watched and reaped.
-  monitor_ = std::thread([this] { MonitorLoop(); });
+  monitor_ = std::thread([this] {
+    NameThisThread("gyre-monitor");
+    MonitorLoop();
+  });
   return s;
 }
 

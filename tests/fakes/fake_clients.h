@@ -52,10 +52,12 @@ inline void AddFakeResults(
 
 // Waits `seconds`, or less when the call is cancelled (then returns kAborted, as gRPC's
 // CANCELLED maps), or past its deadline (kDeadlineExceeded).
-inline Status FakeWait(const rpc::Call& call, double seconds) {
+inline Status FakeWait(const rpc::Call& call, double seconds,
+                       const std::function<bool()>& done = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
   while (true) {
     if (call.cancel && call.cancel->cancelled()) return Aborted("Cancelled");
+    if (done && done()) return Status::Ok();
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (t >= call.timeout_s) return DeadlineExceeded("Deadline Exceeded");
     if (t >= seconds) return Status::Ok();
@@ -119,8 +121,14 @@ class FakeRollout final : public rpc::RolloutClient {
 
   Status Generate(const rpc::Call& call, const v1::GenerateRequest& req,
                   v1::GenerateResponse* resp) override {
+    return GenerateUntil(call, req, resp, nullptr);
+  }
+
+  // Generate, whose delay ends early once `gone()` says there is nothing left to generate.
+  Status GenerateUntil(const rpc::Call& call, const v1::GenerateRequest& req,
+                       v1::GenerateResponse* resp, const std::function<bool()>& gone) {
     generate_calls_.Add(req);
-    GYRE_RETURN_IF_ERROR(FakeWait(call, generate_delay_s.load()));
+    GYRE_RETURN_IF_ERROR(FakeWait(call, generate_delay_s.load(), gone));
     if (on_generate) return on_generate(req, resp);
     for (const auto& g : req.groups()) {
       for (auto& s : FakeSamples(g, version.load())) {
@@ -139,7 +147,8 @@ class FakeRollout final : public rpc::RolloutClient {
   // stream_group_delay_s after the previous. A failure from on_generate or the delay ends the
   // stream before any unit; with stream_fail_after = k >= 0 the stream fails (Unavailable)
   // after k units when the request has more, once. Until its unit is sent a sample can be
-  // taken by Preempt (then its unit is sent without it, or not at all when none is left).
+  // taken by Preempt (then its unit is sent without it, or not at all when none is left); a
+  // stream whose samples were all taken ends at once, as a real worker's does.
   Status GenerateStream(const rpc::Call& call, const v1::GenerateRequest& req,
                         const std::function<void(v1::GenerateResponse&)>& on_part) override {
     stream_calls_.Add(req);
@@ -193,8 +202,18 @@ class FakeRollout final : public rpc::RolloutClient {
       const std::vector<std::vector<uint64_t>>* units;
       uint64_t serial;
     } forget{this, &units, serial};
+    auto gone = [&] {
+      std::lock_guard<std::mutex> lock(preempt_mu_);
+      for (const auto& u : units) {
+        for (uint64_t id : u) {
+          auto it = live_.find(id);
+          if (it != live_.end() && it->second.first == serial) return false;
+        }
+      }
+      return true;
+    };
     v1::GenerateResponse all;
-    GYRE_RETURN_IF_ERROR(Generate(call, req, &all));
+    GYRE_RETURN_IF_ERROR(GenerateUntil(call, req, &all, gone));
     std::map<uint64_t, v1::Sample> by_id;
     for (const auto& r : req.resume()) {  // what on_generate leaves out is continued here
       bool returned = false;
@@ -218,7 +237,7 @@ class FakeRollout final : public rpc::RolloutClient {
     bool first = true;
     int sent = 0;
     for (const auto& unit : units) {
-      if (!first) GYRE_RETURN_IF_ERROR(FakeWait(call, stream_group_delay_s.load()));
+      if (!first) GYRE_RETURN_IF_ERROR(FakeWait(call, stream_group_delay_s.load(), gone));
       first = false;
       if (sent == stream_fail_after.load()) {
         stream_fail_after = -1;  // once

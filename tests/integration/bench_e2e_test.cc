@@ -15,18 +15,32 @@ using testing::GyreProcess;
 TEST(BenchE2eTest, TinySimulatedRunWritesConsistentJson) {
   const std::string dir = testing::MakeTempDir("bench_e2e");
   const std::string json_path = dir + "/e2e.json";
-  GyreProcess p = GyreProcess::Start({"bench",       "e2e",
-                                      "--simulate",  "--rollout-workers",
-                                      "3",           "--trainer-workers",
-                                      "2",           "--steps",
-                                      "3",           "--prompts-per-step",
-                                      "6",           "--group-size",
-                                      "2",           "--max-new-tokens",
-                                      "128",         "--length-median",
-                                      "40",          "--staleness",
-                                      "0,1",         "--time-scale",
-                                      "0.002",       "--out",
-                                      dir + "/runs", "--json",
+  GyreProcess p = GyreProcess::Start({"bench",
+                                      "e2e",
+                                      "--simulate",
+                                      "--rollout-workers",
+                                      "3",
+                                      "--trainer-workers",
+                                      "2",
+                                      "--steps",
+                                      "3",
+                                      "--prompts-per-step",
+                                      "6",
+                                      "--group-size",
+                                      "2",
+                                      "--max-new-tokens",
+                                      "128",
+                                      "--length-median",
+                                      "40",
+                                      "--staleness",
+                                      "0,1",
+                                      "--weight-updates",
+                                      "lockstep,repack,between_steps",
+                                      "--time-scale",
+                                      "0.002",
+                                      "--out",
+                                      dir + "/runs",
+                                      "--json",
                                       json_path},
                                      dir);
   ASSERT_TRUE(p.Wait(180)) << p.Output();
@@ -38,15 +52,16 @@ TEST(BenchE2eTest, TinySimulatedRunWritesConsistentJson) {
   EXPECT_EQ(j["context"]["cluster"], "3 rollout + 2 trainer nodes");
   const auto& rows = j["results"];
   // One synchronous run, then k = 1 with each way of updating weights.
-  ASSERT_EQ(rows.size(), 3u) << j.dump(2);
+  ASSERT_EQ(rows.size(), 4u) << j.dump(2);
   EXPECT_EQ(rows[0]["mode"], "sync");
   EXPECT_EQ(rows[0]["k"], 0);
-  for (int r = 1; r <= 2; ++r) {
+  for (int r = 1; r <= 3; ++r) {
     EXPECT_EQ(rows[r]["mode"], "async");
     EXPECT_EQ(rows[r]["k"], 1);
   }
   EXPECT_EQ(rows[1]["weight_updates"], "lockstep");
-  EXPECT_EQ(rows[2]["weight_updates"], "between_steps");
+  EXPECT_EQ(rows[2]["weight_updates"], "repack");
+  EXPECT_EQ(rows[3]["weight_updates"], "between_steps");
   EXPECT_EQ(rows[0]["speedup"], 1.0);
   for (const auto& r : rows) {
     EXPECT_EQ(r["steps"], 3) << r.dump();
@@ -63,7 +78,7 @@ TEST(BenchE2eTest, TinySimulatedRunWritesConsistentJson) {
     EXPECT_NEAR(r["speedup"].get<double>(), rows[0]["step_s"].get<double>() / step_s, 1e-9);
   }
   // The runs' own records: every step trained 12 samples from the simulated workers.
-  const std::string metrics = testing::ReadFile(dir + "/runs/k1-between/metrics.jsonl");
+  const std::string metrics = testing::ReadFile(dir + "/runs/k1-between_steps/metrics.jsonl");
   EXPECT_NE(metrics.find("\"samples\":12"), std::string::npos) << metrics;
   EXPECT_TRUE(PathExists(dir + "/runs/k0/final/simulated.json"));
   EXPECT_TRUE(RemoveTree(dir).ok());

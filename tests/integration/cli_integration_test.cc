@@ -315,6 +315,36 @@ TEST(TrainTest, AsyncJobWithWorkStealingTrainsEverySampleOnce) {
   EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
 }
 
+// rollout.weight_updates: repack and rollout.split_groups on real workers. Groups of 8 go out in
+// pieces of 2, one per call, to workers that run 2 sequences at a time, so publishes find
+// samples generating; it takes them out with their tokens (Rollout.Preempt) and they continue on
+// the new version. Every step trains its full batch within the bound; the ledger counts each sample
+// once.
+TEST(TrainTest, AsyncJobRepackingAtEachPublishTrainsEverySampleOnce) {
+  const std::string dir = MakeTempDir("async_repack");
+  auto args = SmallJob(dir, 6);
+  args.insert(args.end(),
+              {"--set", "rollout.async=true", "--set", "algorithm.max_staleness=2", "--set",
+               "rollout.weight_updates=repack", "--set", "rollout.split_groups=2", "--set",
+               "rollout.max_running=2", "--set", "rollout.async_chunk_groups=1"});
+  auto p = GyreProcess::Start(args, dir);
+  ASSERT_TRUE(p.Wait(240)) << p.Output();
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  ASSERT_EQ(steps.size(), 6u);
+  int64_t repacked = 0, trained = 0;
+  for (const auto& s : steps) {
+    // A batch is B groups, or more when more must be trained to keep the bound.
+    EXPECT_GE(s["samples"], 64) << s.dump();
+    trained += s["samples"].get<int64_t>();
+    for (const auto& [age, count] : s["staleness"].items()) EXPECT_LE(std::stoi(age), 2);
+    repacked += s["repacked_samples"].get<int64_t>();
+  }
+  EXPECT_GT(repacked, 0) << "no publish took a sample out";
+  ExpectTrainedOnceOrDropped(dir, trained);
+  EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
+}
+
 // kill -9 of a rollout worker during an asynchronous job: its groups go to the others, it is
 // restarted and caught up, and every step still trains a full batch.
 TEST(TrainTest, AsyncJobSurvivesAKilledRolloutWorker) {

@@ -78,6 +78,9 @@ struct Schedule {
   std::string dispatch = "least_loaded";
   int max_running = 256;
   bool steal = true;  // rollout.work_stealing
+  int split = 0;      // rollout.split_groups
+  // A publish takes the samples still generating out of their calls (weight_updates: repack).
+  bool repack = false;
 };
 
 int64_t g_restarts = 0;  // scheduler restarts from a checkpoint, over all schedules
@@ -91,6 +94,7 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
   cfg.rollout.dispatch = sch.dispatch;
   cfg.rollout.max_running = sch.max_running;
   cfg.rollout.work_stealing = sch.steal;
+  cfg.rollout.split_groups = sch.split;
   const std::string path = "/dev/shm/gyre_async_ledger_" + std::to_string(::getpid()) + "_" +
                            std::to_string(index) + ".db";
   for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
@@ -180,7 +184,7 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
     // The step's update, then publish to everyone.
     ++version;
     const bool restart = u(*rng) < sch.restart_p;
-    if (!sch.no_pause || restart) EXPECT_TRUE(async->Pause().ok());
+    if (!sch.no_pause || restart) EXPECT_TRUE(async->Pause(sch.repack).ok());
     for (auto& r : job.cluster.rollout) r->version = version;
     for (Worker* w : job.pool->AliveRollouts()) w->version = version;
     if (restart) {
@@ -193,7 +197,7 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
       int64_t finished = 0, queued = 0;
       for (const auto& cg : carried->groups) {
         EXPECT_LE(cg.finished_size() + cg.unfinished_size(), sch.n);
-        if (!sch.steal) EXPECT_EQ(cg.unfinished_size(), 0);
+        if (!sch.steal && !sch.repack) EXPECT_EQ(cg.unfinished_size(), 0);
         finished += cg.finished_size();
         queued += sch.n - cg.finished_size();
       }
@@ -267,6 +271,8 @@ TEST(AsyncSchedulerTest, RandomSchedulesKeepTheStalenessBoundAndTheLedgerExact) 
     sch.dispatch = rng() % 3 == 0 ? "idle" : "least_loaded";
     sch.max_running = sch.n * (1 + static_cast<int>(rng() % 8));
     sch.steal = rng() % 3 != 0;
+    sch.split = rng() % 3 == 0 ? 1 + static_cast<int>(rng() % 2) : 0;
+    sch.repack = !sch.no_pause && rng() % 2 == 0;
     const int64_t worst = RunSchedule(job, sch, &rng, i);
     EXPECT_LE(worst, sch.k) << "schedule " << i << ": k=" << sch.k << " B=" << sch.B;
     worst_by_k[sch.k] = std::max(worst_by_k[sch.k], worst);
@@ -351,6 +357,31 @@ TEST(AsyncSchedulerTest, LeastLoadedDispatchFillsABusyWorkersBatchAndNoMore) {
       EXPECT_LT(busy, 10) << worker << ": calls at once were counted twice";
     }
   }
+}
+
+// Samples streamed back stop loading their worker as soon as they arrive, before the job thread
+// handles them: while the job is busy elsewhere (training), a worker whose batch holds one group
+// gets the next as soon as the previous streams back. Nothing calls NextBatch for 0.5 s here,
+// and all five groups are sent meanwhile.
+TEST(AsyncSchedulerTest, StreamedSamplesFreeTheirWorkersRoomBeforeTheJobHandlesThem) {
+  FakeJob job(FakeJobConfig(1, 1));
+  ASSERT_TRUE(job.Start().ok());
+  JobConfig cfg = job.cfg;
+  cfg.algorithm.max_staleness = 4;
+  cfg.rollout.prompts_per_step = 1;
+  cfg.rollout.async_chunk_groups = 1;
+  cfg.rollout.max_running = 2;  // one group of 2
+  cfg.rollout.work_stealing = false;
+  Drawer draw(nullptr, 2);
+  AsyncScheduler async(cfg, job.pool.get(), nullptr, Sampling(), 0);
+  ASSERT_TRUE(async.Admit(0, [&](int64_t c) { return draw(c, 1, 0); }).ok());  // 5 groups
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(job.cluster.rollout[0]->stream_calls().size(), 5u);
+  for (int64_t v = 0; v < 5; ++v) {
+    auto batch = async.NextBatch(v, v + 1);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+  }
+  async.Shutdown();
 }
 
 // A stream that fails midway keeps the groups it delivered; only the others are generated again,
@@ -443,10 +474,12 @@ TEST(AsyncSchedulerTest, AnIdleWorkerTakesOverHalfOfTheBusiestWorkersSamples) {
   int resumed = 0;
   for (const auto& c : quick.stream_calls()) {
     EXPECT_EQ(c.groups_size(), 0);
-    EXPECT_LE(c.resume_size(), 2);  // chunks of 2 units
     resumed += c.resume_size();
   }
   EXPECT_EQ(resumed, 7);
+  // Taken samples go out together: the first steal's four in one call.
+  ASSERT_FALSE(quick.stream_calls().empty());
+  EXPECT_EQ(quick.stream_calls()[0].resume_size(), 4);
   for (const auto& rg : *batch) {
     ASSERT_EQ(rg.samples.size(), 4u);
     for (int i = 0; i < 4; ++i) {
@@ -474,6 +507,129 @@ TEST(AsyncSchedulerTest, AnIdleWorkerTakesOverHalfOfTheBusiestWorkersSamples) {
   ASSERT_TRUE(counts.ok());
   EXPECT_EQ(counts->of(SampleState::kFinished), 8);
   EXPECT_EQ(counts->total, 8);
+  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+}
+
+// rollout.split_groups: a group of 8 goes out in pieces of 3, 3 and 2 samples, each to the least
+// loaded worker (so three different ones), with its own first sample id and seed; the group is
+// assembled from the three calls and is ready when all 8 are back.
+TEST(AsyncSchedulerTest, SplitGroupsSpreadOneGroupsSamplesOverTheWorkers) {
+  FakeJob job(FakeJobConfig(4, 1));
+  ASSERT_TRUE(job.Start().ok());
+  for (auto& r : job.cluster.rollout) r->generate_delay_s = 0.1;
+  JobConfig cfg = job.cfg;
+  cfg.algorithm.max_staleness = 0;
+  cfg.rollout.prompts_per_step = 1;
+  cfg.rollout.async_chunk_groups = 1;
+  cfg.rollout.split_groups = 3;
+  cfg.rollout.work_stealing = false;
+  Drawer draw(nullptr, 8);
+  AsyncScheduler async(cfg, job.pool.get(), nullptr, Sampling(), 0);
+  ASSERT_TRUE(async.Admit(0, [&](int64_t c) { return draw(c, 1, 0); }).ok());  // group 0
+  auto batch = async.NextBatch(0, 1);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  async.Shutdown();
+  ASSERT_EQ(batch->size(), 1u);
+  ASSERT_EQ((*batch)[0].samples.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ((*batch)[0].samples[i].sample_id(), i);
+  std::vector<std::string> pieces;  // "worker:first+n@seed"
+  for (int w = 0; w < 4; ++w) {
+    for (const auto& c : job.cluster.rollout[w]->stream_calls()) {
+      ASSERT_EQ(c.groups_size(), 1);
+      const v1::PromptGroup& g = c.groups(0);
+      EXPECT_EQ(g.group_id(), 0u);
+      pieces.push_back(std::to_string(w) + ":" + std::to_string(g.first_sample_id()) + "+" +
+                       std::to_string(g.n()) + "@" + std::to_string(g.seed()));
+    }
+  }
+  std::sort(pieces.begin(), pieces.end());
+  EXPECT_EQ(pieces, (std::vector<std::string>{"0:0+3@0", "1:3+3@3", "2:6+2@6"}));
+}
+
+// rollout.weight_updates: repack. Each worker runs a call of two groups that would take 5 s; a
+// publish's Pause(true) takes their samples out (with the token each has, at version 0) instead
+// of waiting, and after Resume the eight go out first, together, in one call to one worker,
+// where they finish at version 1. The ledger records the move and its reason.
+TEST(AsyncSchedulerTest, RepackingTakesRunningSamplesOutForAPublishAndSendsThemTogether) {
+  FakeJob job(FakeJobConfig(2, 1));
+  ASSERT_TRUE(job.Start().ok());
+  for (auto& r : job.cluster.rollout) r->generate_delay_s = 5;
+  JobConfig cfg = job.cfg;
+  cfg.algorithm.max_staleness = 1;
+  cfg.rollout.prompts_per_step = 2;
+  cfg.rollout.async_chunk_groups = 2;
+  cfg.rollout.work_stealing = false;
+  const std::string path = ::testing::TempDir() + "gyre_async_repack.db";
+  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+  auto ledger = SampleLedger::Open(path, true);
+  ASSERT_TRUE(ledger.ok()) << ledger.status();
+  Drawer draw(ledger->get(), 2);
+  AsyncScheduler async(cfg, job.pool.get(), ledger->get(), Sampling(), 0);
+  ASSERT_TRUE(async.Admit(0, [&](int64_t c) { return draw(c, 1, 0); }).ok());  // groups 0-3
+  const auto started = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (job.cluster.rollout[0]->stream_calls().size() +
+                 job.cluster.rollout[1]->stream_calls().size() <
+             2 &&
+         std::chrono::steady_clock::now() < started) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // their samples are running
+  for (auto& r : job.cluster.rollout) {
+    r->generate_delay_s = 0;
+    r->version = 1;  // the published version
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(async.Pause(true).ok());
+  const double paused_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(paused_s, 2.0) << "the pause waited for the calls instead of taking their samples";
+  async.Resume(1);
+  auto batch = async.NextBatch(1, 1);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  async.Shutdown();
+  // All four groups were generated at version 0 in part, so the step at version 1 (k = 1)
+  // trains them all.
+  ASSERT_EQ(batch->size(), 4u);
+  for (const auto& rg : *batch) {
+    EXPECT_EQ(rg.gen_version, 0);
+    for (const auto& smp : rg.samples) {
+      ASSERT_EQ(smp.versions_size(), testing::kFakeResponseLen);
+      EXPECT_EQ(smp.versions(0), 0);
+      EXPECT_EQ(smp.versions(1), 1);
+    }
+  }
+  std::vector<std::vector<uint64_t>> asked;
+  for (int w = 0; w < 2; ++w) {
+    for (const auto& p : job.cluster.rollout[w]->preempt_calls()) {
+      asked.emplace_back(p.sample_ids().begin(), p.sample_ids().end());
+    }
+  }
+  std::sort(asked.begin(), asked.end());
+  EXPECT_EQ(asked, (std::vector<std::vector<uint64_t>>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  int resume_calls = 0, resumed = 0;
+  for (int w = 0; w < 2; ++w) {
+    for (const auto& c : job.cluster.rollout[w]->stream_calls()) {
+      if (c.resume_size() == 0) continue;
+      ++resume_calls;
+      resumed += c.resume_size();
+      EXPECT_EQ(c.groups_size(), 0);
+      EXPECT_EQ(c.min_policy_version(), 1);
+    }
+  }
+  EXPECT_EQ(resume_calls, 1);
+  EXPECT_EQ(resumed, 8);
+  const AsyncStats st = async.stats();
+  EXPECT_EQ(st.repacked, 8);
+  EXPECT_EQ(st.stolen, 0);
+  auto history = (*ledger)->History(5);
+  ASSERT_TRUE(history.ok());
+  std::vector<std::string> moves;
+  for (const auto& e : *history) {
+    moves.push_back(std::string(SampleStateName(e.to)) + ":" + e.context.reason);
+  }
+  EXPECT_EQ(moves, (std::vector<std::string>{
+                       "queued:", "generating:", "queued:taken out for a publish (repack)",
+                       "generating:", "finished:"}));
   for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
 }
 
