@@ -980,10 +980,14 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
                        " needs rollout.async: true (a synchronous step never has generation "
                        "running while it publishes)"};
   }
-  if (c.rollout.split_groups > 0 && !c.rollout.async) {
-    return Problem{{"rollout.split_groups", "rollout.async"},
-                   "rollout.split_groups needs rollout.async: true (synchronous steps send "
-                   "whole groups)"};
+  if (c.rollout.async && c.algorithm.max_staleness > 0 &&
+      c.algorithm.max_staleness < c.trainer.mini_batches) {
+    return Problem{{"algorithm.max_staleness", "trainer.mini_batches"},
+                   "rollout.async: algorithm.max_staleness (" + str(c.algorithm.max_staleness) +
+                       ") is below trainer.mini_batches (" + str(c.trainer.mini_batches) +
+                       "), so rollout can never run ahead: each GRPO step is " +
+                       str(c.trainer.mini_batches) +
+                       " policy versions; set max_staleness to at least that (or to 0)"};
   }
   if (c.rollout.async && c.rollout.partial_rollouts) {
     return Problem{

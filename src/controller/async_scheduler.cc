@@ -61,6 +61,7 @@ AsyncScheduler::AsyncScheduler(const JobConfig& cfg, WorkerPool* pool, SampleLed
       sampling_(std::move(sampling)),
       per_step_(cfg.rollout.prompts_per_step),
       k_(cfg.algorithm.max_staleness),
+      ahead_(cfg.algorithm.max_staleness / std::max(1, cfg.trainer.mini_batches)),
       published_version_(version) {
   if (restore != nullptr) {
     // Group ids grow with admission, so their order is the admission order; the absolute
@@ -143,7 +144,7 @@ void AsyncScheduler::Shutdown() {
 
 Status AsyncScheduler::Admit(int64_t steps_done,
                              const std::function<StatusOr<std::vector<GroupJob>>(int64_t)>& draw) {
-  const int64_t bound = (k_ + steps_done + 1) * per_step_;
+  const int64_t bound = (ahead_ + steps_done + 1) * per_step_;
   int64_t count = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -6,7 +6,9 @@
 // k = algorithm.max_staleness:
 //
 //   admission  with B = rollout.prompts_per_step groups per step, after s GRPO steps at most
-//              (k + s + 1) * B groups have ever been admitted (AReaL's rule);
+//              (a + s + 1) * B groups have ever been admitted (AReaL's rule), where a = k / M
+//              (integer division) with M = trainer.mini_batches: each GRPO step is M policy
+//              versions, so rollout runs a steps ahead (a = k with one mini-batch);
 //   batching   the step that uses trainer version v waits until every admitted group generated
 //              at version v - k or older is finished, and trains on those first (then on the
 //              other finished groups, oldest version first, up to B).
@@ -218,6 +220,7 @@ class AsyncScheduler {
   const v1::SamplingParams sampling_;
   const int64_t per_step_;  // B
   const int64_t k_;
+  const int64_t ahead_;  // GRPO steps rollout may run ahead: k / trainer.mini_batches
 
   std::mutex mu_;
   std::condition_variable cv_;             // results posted, publish state, shutdown

@@ -461,4 +461,66 @@ Status PruneCheckpoints(const std::string& checkpoints_dir, int keep_last) {
   return SyncPath(checkpoints_dir);
 }
 
+StatusOr<ResumePoint> OpenResumePoint(const std::string& run_dir, const std::string& ledger_path,
+                                      const JobConfig& cfg) {
+  ResumePoint point;
+  auto latest = FindLatestCheckpoint(run_dir + "/checkpoints");
+  if (!latest.ok()) {
+    return Status(latest.status().code(),
+                  latest.status().message() +
+                      (cfg.trainer.checkpoint_every > 0
+                           ? " (the first checkpoint is written after the warm-up)"
+                           : " (checkpoints are written with trainer.checkpoint_every > 0)"));
+  }
+  point.dir = *latest;
+  GYRE_ASSIGN_OR_RETURN(point.state, ReadControllerState(point.dir));
+  const std::string where = point.dir + "/config.yaml";
+  GYRE_ASSIGN_OR_RETURN(JobConfig saved, config::ParseJobConfig(point.state.config_yaml, where));
+  GYRE_RETURN_IF_ERROR(CheckResumeCompatible(saved, cfg, where));
+  if (point.state.grpo_step > cfg.trainer.steps) {
+    return FailedPrecondition(point.dir + " is after GRPO step " +
+                              std::to_string(point.state.grpo_step) + ", beyond trainer.steps " +
+                              std::to_string(cfg.trainer.steps));
+  }
+  GYRE_ASSIGN_OR_RETURN(auto fingerprints, DataFingerprints(cfg.data));
+  if (fingerprints != point.state.data_fingerprints) {
+    return FailedPrecondition(point.dir +
+                              "/controller.json: the dataset files changed since the checkpoint "
+                              "was written (size or content of data.train_path / data.eval_path)");
+  }
+  if (!IsDirectory(point.dir + "/trainer")) {
+    return NotFound(point.dir + "/trainer: missing (the trainer's part of the checkpoint)");
+  }
+  if (cfg.rollout.partial_rollouts && point.state.format_version < 2) {
+    return FailedPrecondition(point.dir +
+                              "/controller.json: written by a Gyre that did not save "
+                              "partial-rollout groups (format_version " +
+                              std::to_string(point.state.format_version) +
+                              "); a job with rollout.partial_rollouts cannot resume it exactly");
+  }
+  GYRE_RETURN_IF_ERROR(
+      CheckCarriedGroupsFit(point.state.carried_groups, cfg, point.dir + "/carried_groups.pb"));
+  if (cfg.rollout.async && point.state.async_admitted < 0) {
+    return FailedPrecondition(point.dir +
+                              "/controller.json: holds no asynchronous rollout state "
+                              "(async_admitted), so a job with rollout.async cannot resume it");
+  }
+  // The ledger must hold at least the events the checkpoint saw; Resume forgets the later ones.
+  const int64_t seq = point.state.ledger_sequence;
+  if (seq < 0) return point;  // a checkpoint from before the ledger: Resume starts one
+  if (!PathExists(ledger_path)) {
+    return NotFound(ledger_path + ": missing, but " + point.dir +
+                    "/controller.json refers to its event " + std::to_string(seq) +
+                    " (the sample ledger is kept beside checkpoints/)");
+  }
+  GYRE_ASSIGN_OR_RETURN(point.ledger, SampleLedger::Open(ledger_path, false));
+  GYRE_ASSIGN_OR_RETURN(const int64_t last, point.ledger->LastSequence());
+  if (last < seq) {
+    return FailedPrecondition(ledger_path + " ends at event " + std::to_string(last) + ", but " +
+                              point.dir + " was written at event " + std::to_string(seq) +
+                              " (the ledger is older than the checkpoint)");
+  }
+  return point;
+}
+
 }  // namespace gyre::controller

@@ -20,9 +20,11 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "controller/sample_ledger.h"
 #include "gyre/config.h"
 #include "gyre/status.h"
 #include "gyre/v1/checkpoint.pb.h"
@@ -108,5 +110,22 @@ Status CommitCheckpoint(const std::string& tmp_dir, const std::string& final_dir
 // Deletes all but the newest `keep_last` complete checkpoints in `checkpoints_dir`, and any
 // unfinished .tmp directory left by an interrupted write.
 Status PruneCheckpoints(const std::string& checkpoints_dir, int keep_last);
+
+// The checkpoint a --resume continues from, checked against the job before any worker starts.
+struct ResumePoint {
+  std::string dir;        // <run_dir>/checkpoints/step-NNNNNN
+  ControllerState state;  // its controller.json (and carried groups)
+  // The run's ledger, opened and holding at least the events the checkpoint saw; null for a
+  // checkpoint written before the ledger existed (the resume starts a new one).
+  std::unique_ptr<SampleLedger> ledger;
+};
+
+// Finds the newest checkpoint under `run_dir`/checkpoints and checks that `config` can resume
+// it exactly: compatible settings (CheckResumeCompatible), GRPO step within trainer.steps,
+// unchanged data files, the trainer's part present, carried groups that fit the job, the
+// asynchronous state when rollout.async, and a ledger at `ledger_path` no older than the
+// checkpoint. Each error names the file and what to fix; nothing is changed on disk.
+StatusOr<ResumePoint> OpenResumePoint(const std::string& run_dir, const std::string& ledger_path,
+                                      const JobConfig& config);
 
 }  // namespace gyre::controller

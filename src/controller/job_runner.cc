@@ -664,62 +664,10 @@ StatusOr<JobResult> JobRunner::Run() {
 }
 
 Status JobRunner::PrepareResume() {
-  auto latest = FindLatestCheckpoint(RunDir() + "/checkpoints");
-  if (!latest.ok()) {
-    return Status(latest.status().code(),
-                  latest.status().message() +
-                      (cfg_.trainer.checkpoint_every > 0
-                           ? " (the first checkpoint is written after the warm-up)"
-                           : " (checkpoints are written with trainer.checkpoint_every > 0)"));
-  }
-  resume_dir_ = *latest;
-  GYRE_ASSIGN_OR_RETURN(resume_state_, ReadControllerState(resume_dir_));
-  const std::string where = resume_dir_ + "/config.yaml";
-  GYRE_ASSIGN_OR_RETURN(JobConfig saved, config::ParseJobConfig(resume_state_.config_yaml, where));
-  GYRE_RETURN_IF_ERROR(CheckResumeCompatible(saved, cfg_, where));
-  if (resume_state_.grpo_step > cfg_.trainer.steps) {
-    return FailedPrecondition(resume_dir_ + " is after GRPO step " +
-                              std::to_string(resume_state_.grpo_step) + ", beyond trainer.steps " +
-                              std::to_string(cfg_.trainer.steps));
-  }
-  GYRE_ASSIGN_OR_RETURN(auto fingerprints, DataFingerprints(cfg_.data));
-  if (fingerprints != resume_state_.data_fingerprints) {
-    return FailedPrecondition(resume_dir_ +
-                              "/controller.json: the dataset files changed since the checkpoint "
-                              "was written (size or content of data.train_path / data.eval_path)");
-  }
-  if (!IsDirectory(resume_dir_ + "/trainer")) {
-    return NotFound(resume_dir_ + "/trainer: missing (the trainer's part of the checkpoint)");
-  }
-  if (cfg_.rollout.partial_rollouts && resume_state_.format_version < 2) {
-    return FailedPrecondition(resume_dir_ +
-                              "/controller.json: written by a Gyre that did not save "
-                              "partial-rollout groups (format_version " +
-                              std::to_string(resume_state_.format_version) +
-                              "); a job with rollout.partial_rollouts cannot resume it exactly");
-  }
-  GYRE_RETURN_IF_ERROR(CheckCarriedGroupsFit(resume_state_.carried_groups, cfg_,
-                                             resume_dir_ + "/carried_groups.pb"));
-  if (cfg_.rollout.async && resume_state_.async_admitted < 0) {
-    return FailedPrecondition(resume_dir_ +
-                              "/controller.json: holds no asynchronous rollout state "
-                              "(async_admitted), so a job with rollout.async cannot resume it");
-  }
-  // The ledger must hold at least the events the checkpoint saw; Resume forgets the later ones.
-  const int64_t seq = resume_state_.ledger_sequence;
-  if (seq < 0) return Status::Ok();  // a checkpoint from before the ledger: Resume starts one
-  if (!PathExists(LedgerPath())) {
-    return NotFound(LedgerPath() + ": missing, but " + resume_dir_ +
-                    "/controller.json refers to its event " + std::to_string(seq) +
-                    " (the sample ledger is kept beside checkpoints/)");
-  }
-  GYRE_ASSIGN_OR_RETURN(ledger_, SampleLedger::Open(LedgerPath(), false));
-  GYRE_ASSIGN_OR_RETURN(const int64_t last, ledger_->LastSequence());
-  if (last < seq) {
-    return FailedPrecondition(LedgerPath() + " ends at event " + std::to_string(last) + ", but " +
-                              resume_dir_ + " was written at event " + std::to_string(seq) +
-                              " (the ledger is older than the checkpoint)");
-  }
+  GYRE_ASSIGN_OR_RETURN(ResumePoint point, OpenResumePoint(RunDir(), LedgerPath(), cfg_));
+  resume_dir_ = std::move(point.dir);
+  resume_state_ = std::move(point.state);
+  if (point.ledger) ledger_ = std::move(point.ledger);
   return Status::Ok();
 }
 

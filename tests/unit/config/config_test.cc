@@ -312,6 +312,14 @@ TEST(ConfigValidate, CrossFieldErrorPointsAtAnInvolvedKey) {
   EXPECT_EQ(ParseError("rollout:\n  weight_updates: between_steps\n"),
             "jobs/x.yaml:2:3: rollout.weight_updates: between_steps needs rollout.async: true (a "
             "synchronous step never has generation running while it publishes)");
+  EXPECT_EQ(ParseError("rollout:\n  weight_updates: repack\n"),
+            "jobs/x.yaml:2:3: rollout.weight_updates: repack needs rollout.async: true (a "
+            "synchronous step never has generation running while it publishes)");
+  EXPECT_EQ(ParseError("rollout:\n  async: true\nalgorithm:\n  max_staleness: 1\ntrainer:\n"
+                       "  mini_batches: 4\n"),
+            "jobs/x.yaml:4:3: rollout.async: algorithm.max_staleness (1) is below "
+            "trainer.mini_batches (4), so rollout can never run ahead: each GRPO step is 4 policy "
+            "versions; set max_staleness to at least that (or to 0)");
   EXPECT_EQ(ParseError("cluster:\n  weight_transport: gloo\n  weight_relay_fanout: 2\n"),
             "jobs/x.yaml:3:3: cluster.weight_relay_fanout relays weights between rollout workers "
             "over gRPC; it needs cluster.weight_transport: grpc (or set it to 0)");

@@ -510,6 +510,26 @@ TEST(AsyncSchedulerTest, AnIdleWorkerTakesOverHalfOfTheBusiestWorkersSamples) {
   for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
 }
 
+// With trainer.mini_batches = M each GRPO step is M policy versions, so the admission rule lets
+// rollout run k / M steps ahead: k = 3, M = 2 admits one step ahead, as k = 1 with M = 1 does.
+TEST(AsyncSchedulerTest, AdmissionCountsGrpoStepsAsMiniBatchVersions) {
+  FakeJob job(FakeJobConfig(1, 1));
+  ASSERT_TRUE(job.Start().ok());
+  for (const auto& [k, m] : std::vector<std::pair<int, int>>{{3, 2}, {1, 1}, {4, 2}}) {
+    JobConfig cfg = job.cfg;
+    cfg.algorithm.max_staleness = k;
+    cfg.trainer.mini_batches = m;
+    cfg.rollout.prompts_per_step = 2;
+    Drawer draw(nullptr, 1);
+    AsyncScheduler async(cfg, job.pool.get(), nullptr, Sampling(), 0);
+    ASSERT_TRUE(async.Admit(0, [&](int64_t c) { return draw(c, 1, 0); }).ok());
+    EXPECT_EQ(async.stats().admitted, 2 * (k / m + 1)) << "k=" << k << " M=" << m;
+    ASSERT_TRUE(async.Admit(1, [&](int64_t c) { return draw(c, 2, 0); }).ok());
+    EXPECT_EQ(async.stats().admitted, 2 * (k / m + 2)) << "k=" << k << " M=" << m;
+    async.Shutdown();
+  }
+}
+
 // rollout.split_groups: a group of 8 goes out in pieces of 3, 3 and 2 samples, each to the least
 // loaded worker (so three different ones), with its own first sample id and seed; the group is
 // assembled from the three calls and is ready when all 8 are back.
