@@ -161,9 +161,7 @@ Status AsyncScheduler::Admit(int64_t steps_done,
       const int size = split > 0 ? std::min(split, n) : n;
       for (int first = 0; first < n; first += size) {
         Unit u;
-        u.piece = size == n ? g.group
-                            : PieceOf(g.group, g.group.first_sample_id() + first,
-                                      std::min(size, n - first));
+        u.piece = PieceOf(g.group, g.group.first_sample_id() + first, std::min(size, n - first));
         u.order = order;
         queue_.push_back(std::move(u));
       }
