@@ -25,7 +25,7 @@ bool ValidState(int64_t s) { return s >= 0 && s < kStates; }
 // One prepared statement; reset and finalised by its destructor.
 class Stmt {
  public:
-  Stmt(sqlite3* db, const char* sql) : db_(db) {
+  Stmt(sqlite3* db, const char* sql) {
     rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
   }
   ~Stmt() { sqlite3_finalize(stmt_); }
@@ -64,7 +64,6 @@ class Stmt {
   }
 
  private:
-  sqlite3* db_;
   sqlite3_stmt* stmt_ = nullptr;
   int rc_;
 };
