@@ -99,8 +99,12 @@ struct RolloutSection {
   // take the samples still generating out of their calls (with their tokens), publish to
   // everyone, then continue them packed onto as few workers as their chunks fill while the
   // others take new work; between_steps = publish while generation runs, each worker taking
-  // the version between two engine steps of the calls it is running.
+  // the version between two engine steps of the calls it is running; between_steps_repack =
+  // between_steps, and at each publish the samples of calls sent before the previous publish
+  // (the long tails) are taken out and sent again in calls of at most tail_batch samples to
+  // tail workers, which take no new work while they run them.
   std::string weight_updates = "lockstep";
+  int tail_batch = 32;
 };
 
 struct AlgorithmSection {

@@ -64,7 +64,8 @@ std::string Usage() {
          "options:\n"
          "  --staleness LIST          comma-separated k values [0,1,2,4]\n"
          "  --weight-updates LIST     rollout.weight_updates of the asynchronous runs: lockstep,\n"
-         "                            repack, between_steps [lockstep,between_steps]\n"
+         "                            repack, between_steps, between_steps_repack\n"
+         "                            [lockstep,between_steps]\n"
          "  --steps N                 GRPO steps per run [4]\n"
          "  --out DIR                 run directories [a temporary directory, removed after]\n"
          "  --json FILE               also write the figures as JSON\n"
@@ -269,7 +270,8 @@ int RunBenchE2e(const std::vector<std::string>& args) {
     } else if (a == "--weight-updates") {
       o.weight_updates = SplitList(v);
       for (const std::string& item : o.weight_updates) {
-        ok = ok && (item == "lockstep" || item == "repack" || item == "between_steps");
+        ok = ok && (item == "lockstep" || item == "repack" || item == "between_steps" ||
+                    item == "between_steps_repack");
       }
       ok = ok && !o.weight_updates.empty();
     } else if (a == "--staleness") {

@@ -207,9 +207,13 @@ std::vector<Field> BuildTable() {
            "asynchronous rollout: idle workers take over unfinished samples of the busiest one"),
       Num(GYRE_CONFIG_KEY(rollout.split_groups), Closed(0, 1000000),
           "asynchronous rollout: samples per piece of a group sent to one worker; 0 = whole"),
-      Choice(GYRE_CONFIG_KEY(rollout.weight_updates), {"lockstep", "repack", "between_steps"},
+      Choice(GYRE_CONFIG_KEY(rollout.weight_updates),
+             {"lockstep", "repack", "between_steps", "between_steps_repack"},
              "asynchronous rollout: publish with generation paused (after the calls in flight "
-             "end, or taking their unfinished samples out), or between engine steps"),
+             "end, or taking their unfinished samples out), or between engine steps (and "
+             "repacking the long tails onto a few workers)"),
+      Num(GYRE_CONFIG_KEY(rollout.tail_batch), Closed(1, kMaxCount),
+          "between_steps_repack: long-tail samples per tail worker call"),
       // algorithm
       Choice(GYRE_CONFIG_KEY(algorithm.advantage), {"grpo", "grpo_no_std", "rloo"},
              "group-relative advantage estimator"),

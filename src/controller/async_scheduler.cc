@@ -174,27 +174,51 @@ Status AsyncScheduler::Admit(int64_t steps_done,
   return Status::Ok();
 }
 
-Worker* AsyncScheduler::PickWorker(const std::vector<Worker*>& alive, int64_t chunk_samples) const {
+Worker* AsyncScheduler::PickWorker(const std::vector<Worker*>& alive, int64_t chunk_samples,
+                                   bool tail) const {
   std::map<std::string, int64_t> load;  // samples outstanding per worker
-  for (const auto& [id, in] : inflight_) load[in.worker] += in.load();
-  Worker* best = nullptr;
-  int64_t best_load = 0;
-  for (Worker* w : alive) {
-    const auto b = busy_.find(w->id);
-    const bool has_calls = b != busy_.end() && b->second.calls > 0;
-    if (cfg_.rollout.dispatch == "idle") {
-      if (!has_calls) return w;
-      continue;
-    }
-    const int64_t l = load.count(w->id) ? load.at(w->id) : 0;
-    // A worker with calls in flight takes more only within its running batch.
-    if (has_calls && l + chunk_samples > cfg_.rollout.max_running) continue;
-    if (best == nullptr || l < best_load) {
-      best = w;
-      best_load = l;
-    }
+  std::set<std::string> tail_workers;   // workers running a tail call
+  for (const auto& [id, in] : inflight_) {
+    load[in.worker] += in.load();
+    if (in.tail && !in.expected.empty()) tail_workers.insert(in.worker);
   }
-  return best;
+  // The least loaded worker among those `eligible`, within its running batch.
+  auto pick = [&](const std::function<bool(const Worker*)>& eligible) -> Worker* {
+    Worker* best = nullptr;
+    int64_t best_load = 0;
+    for (Worker* w : alive) {
+      if (!eligible(w)) continue;
+      const auto b = busy_.find(w->id);
+      const bool has_calls = b != busy_.end() && b->second.calls > 0;
+      if (cfg_.rollout.dispatch == "idle") {
+        if (!has_calls) return w;
+        continue;
+      }
+      const int64_t l = load.count(w->id) ? load.at(w->id) : 0;
+      // A worker with calls in flight takes more only within its running batch.
+      if (has_calls && l + chunk_samples > cfg_.rollout.max_running) continue;
+      if (best == nullptr || l < best_load) {
+        best = w;
+        best_load = l;
+      }
+    }
+    return best;
+  };
+  auto is_tail = [&](const Worker* w) { return tail_workers.count(w->id) > 0; };
+  size_t others = 0;  // alive workers running no tail call
+  for (const Worker* w : alive) others += is_tail(w) ? 0 : 1;
+  // New work goes to a tail worker only when every worker is one, so tail batches stay small.
+  if (!tail) {
+    if (others == 0) return pick([](const Worker*) { return true; });
+    return pick([&](const Worker* w) { return !is_tail(w); });
+  }
+  // Long tails make a new tail worker while at least one other worker stays for new work;
+  // otherwise they join a tail worker.
+  if (others > 1) {
+    if (Worker* w = pick([&](const Worker* x) { return !is_tail(x); })) return w;
+  }
+  if (!tail_workers.empty()) return pick(is_tail);
+  return pick([](const Worker*) { return true; });
 }
 
 void AsyncScheduler::CallStarted(const std::string& worker) {
@@ -222,6 +246,7 @@ void AsyncScheduler::DispatchLoop() {
                  calls_.end());
     Worker* target = nullptr;
     int64_t chunk = 0;
+    bool tail = false;
     if (!paused_ && !queue_.empty()) {
       const std::vector<Worker*> alive = pool_->AliveRollouts();
       if (!alive.empty()) {
@@ -230,17 +255,24 @@ void AsyncScheduler::DispatchLoop() {
                     : std::max<int64_t>(1, (per_step_ + static_cast<int64_t>(alive.size()) - 1) /
                                                static_cast<int64_t>(alive.size()));
         // Unfinished samples taken out of calls (repacking, stealing) go out together, up to a
-        // running batch per call, so they are packed onto as few workers as they fill.
+        // running batch per call, so they are packed onto as few workers as they fill; long
+        // tails (between_steps_repack) up to rollout.tail_batch per call.
         const bool resumes = queue_.front().is_resume;
+        tail = resumes && queue_.front().tail;
         if (resumes) chunk = cfg_.rollout.max_running;
+        const int64_t most = tail ? std::min<int64_t>(cfg_.rollout.tail_batch, chunk)
+                                  : std::numeric_limits<int64_t>::max();
         int64_t samples = 0, taken = 0;
         for (const Unit& u : queue_) {
-          if (taken == chunk || (resumes && !u.is_resume)) break;
+          if (taken == chunk || (resumes && !u.is_resume) || u.tail != tail ||
+              samples + u.samples() > most) {
+            break;
+          }
           ++taken;
           samples += u.samples();
         }
         chunk = taken;
-        target = PickWorker(alive, samples);
+        target = PickWorker(alive, samples, tail);
       }
     }
     if (target == nullptr) {
@@ -253,6 +285,7 @@ void AsyncScheduler::DispatchLoop() {
     const uint64_t call = next_call_++;
     Inflight sent;
     sent.worker = target->id;
+    sent.tail = tail;
     sent.dispatch_version = published_version_;
     sent.oldest_version = published_version_;
     sent.incarnation = pool_->Incarnation(target->id);
@@ -361,21 +394,22 @@ bool AsyncScheduler::MaybeSteal() {
       req.add_sample_ids(sid);
     }
   }
-  StartPreempt(victim, std::move(req), "taken over by an idle worker", true);
+  StartPreempt(victim, std::move(req), "taken over by an idle worker", Take::kSteal);
   GYRE_LOG_DEBUG("{} takes up to {} sample(s) over from {}", thief->id, most / 2, victim->id);
   return true;
 }
 
 void AsyncScheduler::StartPreempt(Worker* w, v1::PreemptRequest req, const std::string& why,
-                                  bool steal) {
+                                  Take take) {
+  const bool steal = take == Take::kSteal;
   preempting_.insert(w->id);
   const uint64_t call = next_call_++;
   auto cancel = std::make_shared<rpc::Cancellation>();
   cancels_[call] = cancel;
   ++running_;
   const double timeout = cfg_.cluster.rpc_timeout_s;
-  calls_.push_back(std::async(std::launch::async, [this, call, w, why, steal, req = std::move(req),
-                                                   cancel, timeout] {
+  calls_.push_back(std::async(std::launch::async, [this, call, w, why, steal, take,
+                                                   req = std::move(req), cancel, timeout] {
     NameThisThread("gyre-preempt");
     v1::PreemptResponse resp;
     const Status s = pool_->Invoke(w->id, timeout, cancel.get(), [&](const rpc::Call& c) {
@@ -396,6 +430,7 @@ void AsyncScheduler::StartPreempt(Worker* w, v1::PreemptRequest req, const std::
         in.resumed.erase(id);
         Unit u;
         u.is_resume = true;
+        u.tail = take == Take::kTail;
         u.order = groups_.count(smp.group_id()) > 0 ? groups_.at(smp.group_id()).order : 0;
         u.resume = std::move(smp);
         units.push_back(std::move(u));
@@ -436,6 +471,7 @@ std::vector<AsyncScheduler::Unit> AsyncScheduler::Remaining(const Inflight& in) 
     if (r != in.resumed.end()) {
       Unit u;
       u.is_resume = true;
+      u.tail = in.tail;
       u.resume = r->second;
       u.order = order;
       units.push_back(std::move(u));
@@ -647,7 +683,7 @@ Status AsyncScheduler::Pause(bool take_running) {
       for (auto& [worker, req] : take) {
         Worker* w = pool_->Get(worker);
         if (w == nullptr || preempting_.count(worker) > 0) continue;
-        StartPreempt(w, std::move(req), "taken out for a publish (repack)", false);
+        StartPreempt(w, std::move(req), "taken out for a publish (repack)", Take::kRepack);
       }
     }
   }
@@ -709,10 +745,27 @@ StatusOr<AsyncCarried> AsyncScheduler::Checkpoint(int64_t version, int64_t step)
 void AsyncScheduler::Resume(int64_t version) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (cfg_.rollout.weight_updates == "between_steps_repack" && !stop_) RepackTails();
     published_version_ = version;
     paused_ = false;
   }
   cv_.notify_all();
+}
+
+void AsyncScheduler::RepackTails() {
+  if (pool_->AliveRollouts().size() < 2) return;  // nowhere else to pack them
+  // A call sent before the previous publish has run for at least a whole step: what it still
+  // generates is the long tail. One preemption per worker, for all such calls' samples.
+  std::map<std::string, v1::PreemptRequest> take;
+  for (const auto& [id, in] : inflight_) {
+    if (in.tail || in.dispatch_version >= published_version_) continue;
+    for (const auto& [sid, gid] : in.expected) take[in.worker].add_sample_ids(sid);
+  }
+  for (auto& [worker, req] : take) {
+    Worker* w = pool_->Get(worker);
+    if (w == nullptr || preempting_.count(worker) > 0 || req.sample_ids_size() == 0) continue;
+    StartPreempt(w, std::move(req), "a long tail, repacked onto a tail worker", Take::kTail);
+  }
 }
 
 AsyncStats AsyncScheduler::stats() {

@@ -45,6 +45,13 @@
 // sent first, async_chunk_groups per call to the least loaded worker, so the long tails are
 // packed onto a few workers and the others take new work at full batch.
 //
+// Tail repacking without lockstep (rollout.weight_updates: between_steps_repack): publishes do
+// not pause generation, but at each (Resume) the samples of every call sent before the previous
+// publish, which have been generating for a whole step, are taken out the same way and sent
+// again in calls of at most rollout.tail_batch samples, each to a tail worker: one that takes no
+// new work while its tail call runs (unless every worker is one), so the long tails decode in
+// small batches, where engine steps are shortest, and the other workers keep full batches.
+//
 // Threads: Admit, NextBatch, Pause, Resume, Checkpoint and Shutdown are for the job thread. The
 // dispatcher thread (owned, joined by Shutdown) only starts calls and steals; each call (and
 // each steal) runs on its own thread; a call posts its result, a steal re-queues what it took. The
@@ -147,6 +154,7 @@ class AsyncScheduler {
   struct Unit {
     v1::PromptGroup piece;
     bool is_resume = false;
+    bool tail = false;  // a long tail taken out at a publish (between_steps_repack)
     v1::Sample resume;
     uint64_t order = 0;  // its group's admission order
     int64_t samples() const { return is_resume ? 1 : piece.n(); }
@@ -163,6 +171,7 @@ class AsyncScheduler {
   };
   struct Inflight {
     std::string worker;
+    bool tail = false;  // long tails (between_steps_repack): its worker takes no new work
     std::map<uint64_t, uint64_t> expected;   // sample id -> group id, not yet streamed back
     std::map<uint64_t, v1::Sample> resumed;  // sample id -> its state when sent (resumes)
     int64_t dispatch_version = 0;
@@ -188,18 +197,25 @@ class AsyncScheduler {
     double seconds = 0;                           // since the last stats()
   };
   // The worker the dispatcher sends the next chunk to (under mu_), or null: by
-  // rollout.dispatch, among `alive`.
-  Worker* PickWorker(const std::vector<Worker*>& alive, int64_t chunk_samples) const;
+  // rollout.dispatch, among `alive`; a `tail` chunk (long tails) preferably to one that runs no
+  // tail call yet, other chunks never to one that does.
+  Worker* PickWorker(const std::vector<Worker*>& alive, int64_t chunk_samples, bool tail) const;
   void CallStarted(const std::string& worker);  // under mu_
   void CallEnded(const std::string& worker);    // under mu_
   void DispatchLoop();
   // Under mu_: starts a steal when work stealing is on, nothing is queued, a worker is idle and
   // another has at least 2 samples outstanding. Returns whether it started one.
   bool MaybeSteal();
+  // Why samples are taken out of their calls: an idle worker steals them, a publish takes every
+  // running one (repack), or a publish takes the long tails (between_steps_repack).
+  enum class Take { kSteal, kRepack, kTail };
   // Under mu_: asks worker `w` (on a thread of its own) to give up the samples of `req`; those
   // it hands back return to the queue (ledger: queued, `why`) to be continued elsewhere. Until
   // that is applied, the ends of `w`'s calls are held back (deferred_).
-  void StartPreempt(Worker* w, v1::PreemptRequest req, const std::string& why, bool steal);
+  void StartPreempt(Worker* w, v1::PreemptRequest req, const std::string& why, Take take);
+  // Under mu_, at a publish (between_steps_repack): takes the samples of every call sent before
+  // the previous publish out, to be sent again as tail calls.
+  void RepackTails();
   // Under mu_: the still-expected samples of `in` as units to send again (contiguous fresh runs
   // and resumes).
   std::vector<Unit> Remaining(const Inflight& in) const;

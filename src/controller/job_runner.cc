@@ -1,7 +1,5 @@
 #include "controller/job_runner.h"
 
-#include <signal.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -14,20 +12,23 @@
 #include "comm/gloo_communicator.h"
 #include "common/clock.h"
 #include "common/file_util.h"
+#include "common/hash.h"
 #include "common/logging.h"
 #include "common/subprocess.h"
 #include "config/config.h"
 #include "controller/async_scheduler.h"
 #include "controller/checkpoint.h"
 #include "controller/controller_service.h"
+#include "controller/prompts.h"
 #include "controller/rollout_scheduler.h"
 #include "controller/sample_ledger.h"
+#include "controller/signals.h"
+#include "controller/step_report.h"
 #include "controller/step_scorer.h"
 #include "controller/task.h"
 #include "controller/trainer_group.h"
 #include "controller/weight_publisher.h"
 #include "controller/worker_pool.h"
-#include "model/chat_template.h"
 #include "model/hf_config.h"
 #include "model/text_tokenizer.h"
 #include "rpc/rpc_util.h"
@@ -35,42 +36,6 @@
 namespace gyre::controller {
 
 namespace {
-
-std::atomic<int> g_signal{0};
-void OnSignal(int sig) { g_signal.store(sig); }
-
-// Installs SIGINT/SIGTERM handlers for the lifetime of a job and restores the old ones.
-class SignalScope {
- public:
-  SignalScope() {
-    g_signal.store(0);
-    struct sigaction sa = {};
-    sa.sa_handler = OnSignal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~SignalScope() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-
- private:
-  struct sigaction old_int_ = {}, old_term_ = {};
-};
-
-std::string InterruptReason() {
-  const int sig = g_signal.load();
-  if (sig == 0) return "";
-  return std::string("interrupted by ") + (sig == SIGINT ? "SIGINT" : "SIGTERM");
-}
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // The job's story: set up, publish v0, warm up, evaluate, GRPO steps (generate, score, train,
 // publish), evaluate, save. The components do the work: WorkerPool (processes, health,
@@ -85,7 +50,6 @@ class JobRunner {
 
  private:
   Status Setup();
-  StatusOr<std::vector<int32_t>> EncodePrompt(const Problem& problem) const;
   StatusOr<double> Evaluate(const std::string& tag);
   Status WarmUp();
   Status GrpoStep(int step);
@@ -93,8 +57,6 @@ class JobRunner {
   Status AsyncGrpoStep(int step);
   // After the last async step: stops generation and ends the untrained samples in the ledger.
   Status EndAsync();
-  // Sampling of training rollouts (rollout.sampling, the tokenizer's stop ids).
-  v1::SamplingParams TrainingSampling() const;
   // Draws `count` new prompt groups for GRPO step `step` and adds their samples to the ledger.
   StatusOr<std::vector<GroupJob>> DrawGroups(int count, int step);
   // The rest of a step once its groups are scored: advantages, train, ledger, `publish`, metrics
@@ -126,6 +88,7 @@ class JobRunner {
   JobConfig cfg_;
   RunOptions opts_;
   std::unique_ptr<model::TextTokenizer> tokenizer_;
+  std::unique_ptr<PromptEncoder> prompts_;
   std::shared_ptr<RewardFn> reward_;
   std::unique_ptr<ProblemSource> problems_;
   std::string run_dir_;
@@ -186,24 +149,10 @@ Status JobRunner::Setup() {
   GYRE_ASSIGN_OR_RETURN(tokenizer_, model::MakeTextTokenizer(cfg_.model));
   GYRE_ASSIGN_OR_RETURN(ProblemSource src, ProblemSource::Create(cfg_.data, cfg_.job.seed));
   problems_ = std::make_unique<ProblemSource>(std::move(src));
+  prompts_ = std::make_unique<PromptEncoder>(cfg_, tokenizer_.get());
   // Every prompt, training and evaluation, must encode and fit before any process starts: a bad
   // record found when drawn could be hours in.
-  auto check_prompt = [&](const Problem& p, const char* kind) -> Status {
-    const std::string where =
-        p.where.empty() ? std::string(kind) + " prompt '" + p.prompt + "'" : p.where;
-    auto ids = EncodePrompt(p);
-    if (!ids.ok()) return InvalidArgument(where + ": " + ids.status().message());
-    const int64_t need = static_cast<int64_t>(ids->size()) + cfg_.rollout.max_new_tokens;
-    if (need > cfg_.model.max_seq_len) {
-      return InvalidArgument(where + ": the prompt's " + std::to_string(ids->size()) +
-                             " tokens plus rollout.max_new_tokens " +
-                             std::to_string(cfg_.rollout.max_new_tokens) +
-                             " exceed model.max_seq_len " + std::to_string(cfg_.model.max_seq_len));
-    }
-    return Status::Ok();
-  };
-  for (const auto& p : problems_->eval_set()) GYRE_RETURN_IF_ERROR(check_prompt(p, "eval"));
-  for (const auto& p : problems_->train_set()) GYRE_RETURN_IF_ERROR(check_prompt(p, "training"));
+  GYRE_RETURN_IF_ERROR(prompts_->CheckAll(*problems_));
 
   run_dir_ = RunDir();
   GYRE_RETURN_IF_ERROR(MakeDirs(run_dir_ + "/logs").WithContext("run directory"));
@@ -251,25 +200,6 @@ Status JobRunner::Setup() {
   return trainers_->Form();
 }
 
-StatusOr<std::vector<int32_t>> JobRunner::EncodePrompt(const Problem& problem) const {
-  std::string prompt = problem.prompt;
-  if (cfg_.data.chat_template != "none") {
-    GYRE_ASSIGN_OR_RETURN(auto format, model::ParseChatFormat(cfg_.data.chat_template));
-    model::ChatOptions opts;
-    opts.enable_thinking = false;
-    std::vector<model::ChatMessage> messages = {{"user", problem.prompt}};
-    if (problem.is_messages) {
-      GYRE_ASSIGN_OR_RETURN(messages, model::ParseMessagesJson(problem.prompt));
-    }
-    GYRE_ASSIGN_OR_RETURN(prompt, model::RenderChat(format, messages, opts));
-  } else if (problem.is_messages) {
-    return InvalidArgument("a prompt given as a list of messages needs data.chat_template");
-  }
-  GYRE_ASSIGN_OR_RETURN(auto ids, tokenizer_->Encode(prompt));
-  if (auto bos = tokenizer_->bos_id()) ids.insert(ids.begin(), *bos);
-  return ids;
-}
-
 StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
   const auto t0 = SteadyClock::now();
   std::vector<GroupJob> jobs;
@@ -279,20 +209,15 @@ StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
     // Evaluation has its own id space: drawing from the training sequence would make
     // metrics.eval_every or data.eval_size change the training run's ids and seeds.
     j.group.set_group_id(next_eval_group_id_++);
-    GYRE_ASSIGN_OR_RETURN(auto ids, EncodePrompt(p));
+    GYRE_ASSIGN_OR_RETURN(auto ids, prompts_->Encode(p));
     j.group.mutable_prompt_ids()->Add(ids.begin(), ids.end());
     j.group.set_n(1);
     j.group.set_seed(0);
     jobs.push_back(std::move(j));
   }
-  v1::SamplingParams greedy;
-  greedy.set_temperature(0.0f);
-  greedy.set_top_p(1.0f);
-  greedy.set_max_new_tokens(cfg_.rollout.max_new_tokens);
-  for (int32_t id : tokenizer_->stop_ids()) greedy.add_stop_token_ids(id);
-  for (const std::string& stop : cfg_.rollout.stop_strings) greedy.add_stop_strings(stop);
   GenerateStats stats;
-  GYRE_ASSIGN_OR_RETURN(auto samples, scheduler_->GenerateAll(jobs, greedy, version_, &stats));
+  GYRE_ASSIGN_OR_RETURN(auto samples,
+                        scheduler_->GenerateAll(jobs, prompts_->Greedy(), version_, &stats));
   int correct = 0, scored = 0, reward_errors = 0;
   for (size_t i = 0; i < samples.size(); ++i) {
     auto r = scorer_->Reward(jobs[i].problem, samples[i]);
@@ -341,17 +266,7 @@ Status JobRunner::WarmUp() {
     GYRE_RETURN_IF_ERROR(pool_->CheckHealth());
     std::vector<v1::Sample> batch;
     for (int i = 0; i < cfg_.trainer.warmup_sft_batch; ++i) {
-      Problem p = problems_->Next();
-      if (p.answer.empty()) {
-        return InvalidArgument("supervised warm-up needs answers; prompt '" + p.prompt +
-                               "' has none (set trainer.warmup_sft_steps: 0)");
-      }
-      v1::Sample s;
-      GYRE_ASSIGN_OR_RETURN(auto prompt, EncodePrompt(p));
-      GYRE_ASSIGN_OR_RETURN(auto answer, tokenizer_->Encode(p.answer));
-      answer.push_back(tokenizer_->stop_ids().front());
-      s.mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
-      s.mutable_response_ids()->Add(answer.begin(), answer.end());
+      GYRE_ASSIGN_OR_RETURN(v1::Sample s, prompts_->SftSample(problems_->Next()));
       batch.push_back(std::move(s));
     }
     TrainOptions sft;
@@ -390,7 +305,7 @@ StatusOr<std::vector<GroupJob>> JobRunner::DrawGroups(int count, int step) {
     j.problem = problems_->Next();
     const uint64_t gid = next_group_id_++;
     j.group.set_group_id(gid);
-    GYRE_ASSIGN_OR_RETURN(auto ids, EncodePrompt(j.problem));
+    GYRE_ASSIGN_OR_RETURN(auto ids, prompts_->Encode(j.problem));
     j.group.mutable_prompt_ids()->Add(ids.begin(), ids.end());
     j.group.set_n(n);
     j.group.set_first_sample_id(gid * static_cast<uint64_t>(n));
@@ -412,7 +327,7 @@ Status JobRunner::GrpoStep(int step) {
   const auto t0 = SteadyClock::now();
   const int want = cfg_.rollout.prompts_per_step;
   const bool partial = cfg_.rollout.partial_rollouts;
-  const v1::SamplingParams sampling = TrainingSampling();
+  const v1::SamplingParams sampling = prompts_->Training();
   const LedgerSink sink{ledger_.get(), step, version_};
   GenerateStats gen;
   double gen_s = 0;
@@ -448,19 +363,6 @@ Status JobRunner::GrpoStep(int step) {
                     [this] { return Publish(); });
 }
 
-v1::SamplingParams JobRunner::TrainingSampling() const {
-  const auto& sc = cfg_.rollout.sampling;
-  v1::SamplingParams sampling;
-  sampling.set_temperature(static_cast<float>(sc.temperature));
-  sampling.set_top_k(sc.top_k);
-  sampling.set_top_p(static_cast<float>(sc.top_p));
-  sampling.set_min_p(static_cast<float>(sc.min_p));
-  sampling.set_max_new_tokens(cfg_.rollout.max_new_tokens);
-  for (int32_t id : tokenizer_->stop_ids()) sampling.add_stop_token_ids(id);
-  for (const std::string& stop : cfg_.rollout.stop_strings) sampling.add_stop_strings(stop);
-  return sampling;
-}
-
 Status JobRunner::AsyncGrpoStep(int step) {
   const auto t0 = SteadyClock::now();
   // Admission: after step - 1 steps, at most (k + step) * prompts_per_step groups ever.
@@ -481,9 +383,11 @@ Status JobRunner::AsyncGrpoStep(int step) {
                           {"ready_groups", as.ready},       {"stolen_samples", as.stolen},
                           {"repacked_samples", as.repacked}};
   return FinishStep(step, t0, &sc_out, as.generate, as.wait_s, 1, extra, [this]() -> Status {
-    if (cfg_.rollout.weight_updates == "between_steps") {
+    if (cfg_.rollout.weight_updates == "between_steps" ||
+        cfg_.rollout.weight_updates == "between_steps_repack") {
       // No lockstep: the workers take the version between engine steps of the calls they are
-      // running; calls started after the publish need it.
+      // running; calls started after the publish need it (and with repacking, the long tails
+      // move onto tail workers).
       GYRE_RETURN_IF_ERROR(Publish());
       async_->Resume(version_);
       return Status::Ok();
@@ -500,107 +404,57 @@ Status JobRunner::AsyncGrpoStep(int step) {
 Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* scores,
                              const GenerateStats& gen, double gen_s, int rounds,
                              nlohmann::json extra, const std::function<Status()>& publish) {
-  StepScores& sc_out = *scores;
-  const auto& sc = cfg_.rollout.sampling;
-  const bool partial = cfg_.rollout.partial_rollouts;
-  std::vector<v1::Sample>& kept = sc_out.kept;
-  const int64_t gen_tokens = gen.generated_tokens;
-  if (kept.empty() && sc_out.filtered_groups == 0) {
+  std::vector<v1::Sample>& kept = scores->kept;
+  if (kept.empty() && scores->filtered_groups == 0) {
     return FailedPrecondition("step " + std::to_string(step) + ": no usable samples (" +
-                              std::to_string(sc_out.stale) + " stale, " +
-                              std::to_string(sc_out.reward_errors) + " reward errors)");
+                              std::to_string(scores->stale) + " stale, " +
+                              std::to_string(scores->reward_errors) + " reward errors)");
   }
-  int zero_var_groups = 0;
-  std::map<std::string, double> m;
-  double train_s = 0, publish_s = 0;
+  StepRecord rec;
   if (kept.empty()) {
     // Every group was filtered in every round: no update this step (the policy and its version
     // stay), which the metrics and the progress line show.
     GYRE_LOG_WARN("step {}: all {} groups had zero reward variance in {} round(s); no update", step,
-                  sc_out.filtered_groups, rounds);
+                  scores->filtered_groups, rounds);
   } else {
-    GYRE_ASSIGN_OR_RETURN(zero_var_groups, scorer_->SetAdvantages(&sc_out));
-
+    GYRE_ASSIGN_OR_RETURN(rec.zero_variance_groups, scorer_->SetAdvantages(scores));
     const auto tt = SteadyClock::now();
     // The first GRPO step after a warm-up may start from a fresh optimizer state. Decided by the
     // step number alone, so a job resumed from the checkpoint after the warm-up does the same.
-    const bool reset_optimizer = step == 1 && cfg_.trainer.warmup_sft_steps > 0 &&
-                                 cfg_.trainer.warmup_optimizer_state == "reset";
+    const double temperature = cfg_.rollout.sampling.temperature;
     TrainOptions pg;
     pg.lr = cfg_.trainer.lr;
-    pg.temperature = sc.temperature > 0 ? sc.temperature : 1.0;
-    pg.reset_optimizer = reset_optimizer;
-    GYRE_ASSIGN_OR_RETURN(m, Train(kept, pg));
+    pg.temperature = temperature > 0 ? temperature : 1.0;
+    pg.reset_optimizer = step == 1 && cfg_.trainer.warmup_sft_steps > 0 &&
+                         cfg_.trainer.warmup_optimizer_state == "reset";
+    GYRE_ASSIGN_OR_RETURN(rec.train, Train(kept, pg));
     std::vector<uint64_t> kept_ids;
     for (const auto& k : kept) kept_ids.push_back(k.sample_id());
     GYRE_RETURN_IF_ERROR(ledger_->Move(kept_ids, SampleState::kTrained, {step, version_, "", ""}));
-    train_s = SecondsSince(tt);
+    rec.train_s = SecondsSince(tt);
     const auto tp = SteadyClock::now();
     GYRE_RETURN_IF_ERROR(publish());
-    publish_s = SecondsSince(tp);
+    rec.publish_s = SecondsSince(tp);
   }
-  const double step_s = SecondsSince(t0);
-  // Reward and accuracy over every scored sample of the step (filtered groups included).
-  const double scored = std::max(1, sc_out.scored);
-  const double mean_reward = sc_out.reward_sum / scored;
-  const double accuracy = static_cast<double>(sc_out.correct) / scored;
-  // Generation's time window: the step's generation (synchronous), or the whole step, during
-  // all of which rollout runs (rollout.async, where generate_s is the wait for the batch).
-  const double window_s = async_ ? step_s : gen_s;
-  const double tok_s = window_s > 0 ? static_cast<double>(gen_tokens) / window_s : 0.0;
-  result_.final_mean_reward = mean_reward;
-  nlohmann::json j = {{"phase", "grpo"},
-                      {"step", step},
-                      {"policy_version", version_},
-                      {"mean_reward", mean_reward},
-                      {"accuracy", accuracy},
-                      {"samples", kept.size()},
-                      {"generated_tokens", gen_tokens},
-                      {"tokens_per_s", tok_s},
-                      {"step_time_s", step_s},
-                      {"generate_s", gen_s},
-                      {"train_s", train_s},
-                      {"publish_s", publish_s},
-                      {"zero_variance_groups", zero_var_groups},
-                      {"reward_errors", sc_out.reward_errors},
-                      {"stale_dropped", sc_out.stale}};
-  j["prefill_tokens"] = gen.prefill_tokens;
-  j["prefix_shared_tokens"] = gen.prefix_shared_tokens;
-  if (cfg_.cluster.weight_relay_fanout > 0)
-    j["publish_relay_rounds"] = publisher_->last_relay_rounds();
-  if (partial) {
-    j["partial_resumed_samples"] = gen.resumed_samples;
-    j["partial_carried_groups"] = scheduler_->carried_groups();
+  rec.step = step;
+  rec.steps = cfg_.trainer.steps;
+  rec.version = version_;
+  rec.scores = scores;
+  rec.gen = &gen;
+  rec.step_s = SecondsSince(t0);
+  rec.generate_s = gen_s;
+  rec.window_s = async_ ? rec.step_s : gen_s;
+  rec.rounds = rounds;
+  rec.filter_zero_variance = cfg_.algorithm.filter_zero_variance;
+  if (cfg_.cluster.weight_relay_fanout > 0) rec.relay_rounds = publisher_->last_relay_rounds();
+  if (cfg_.rollout.partial_rollouts) {
+    rec.partial_carried = static_cast<int64_t>(scheduler_->carried_groups());
   }
-  // Telemetry: the trained samples' staleness, and how busy each rollout worker was while the
-  // step generated.
-  nlohmann::json staleness = nlohmann::json::object();
-  for (const auto& [st, count] : sc_out.staleness) staleness[std::to_string(st)] = count;
-  j["staleness"] = staleness;
-  nlohmann::json busy = nlohmann::json::object();
-  double idle_sum = 0;
-  for (const auto& [id, sec] : gen.busy_s) {
-    busy[id] = sec;
-    idle_sum += window_s > 0 ? std::max(0.0, 1.0 - sec / window_s) : 0.0;
-  }
-  j["rollout_busy_s"] = busy;
-  j["rollout_idle_fraction"] = gen.busy_s.empty() ? 0.0 : idle_sum / gen.busy_s.size();
-  if (cfg_.algorithm.filter_zero_variance) {
-    j["filtered_groups"] = sc_out.filtered_groups;
-    j["generation_rounds"] = rounds;
-  }
-  for (const auto& [k, v] : extra.items()) j[k] = v;
-  for (const auto& [k, v] : m) j[k] = v;
-  WriteMetrics(j);
+  rec.extra = std::move(extra);
+  result_.final_mean_reward = scores->reward_sum / std::max(1, scores->scored);
+  WriteMetrics(StepMetrics(rec));
   if (opts_.print_progress) {
-    std::string extra;
-    if (cfg_.algorithm.filter_zero_variance) {
-      extra = ", " + std::to_string(sc_out.filtered_groups) + " filtered";
-      if (kept.empty()) extra += ", no update";
-    }
-    std::printf("step %4d/%d  reward %.3f  acc %.3f  %7.0f tok/s  %.2f s  (v%lld, loss %+.4f%s)\n",
-                step, cfg_.trainer.steps, mean_reward, accuracy, tok_s, step_s,
-                static_cast<long long>(version_), m.count("loss") ? m["loss"] : 0.0, extra.c_str());
+    std::printf("%s\n", StepProgressLine(rec).c_str());
     std::fflush(stdout);
   }
   return Status::Ok();
@@ -624,8 +478,8 @@ StatusOr<JobResult> JobRunner::Run() {
     if (cfg_.trainer.checkpoint_every > 0) GYRE_RETURN_IF_ERROR(SaveCheckpoint(0, t0));
   }
   if (cfg_.rollout.async) {
-    async_ = std::make_unique<AsyncScheduler>(cfg_, pool_.get(), ledger_.get(), TrainingSampling(),
-                                              version_, async_restore_.get());
+    async_ = std::make_unique<AsyncScheduler>(cfg_, pool_.get(), ledger_.get(),
+                                              prompts_->Training(), version_, async_restore_.get());
     async_restore_.reset();
   }
   for (int step = first_step_; step <= cfg_.trainer.steps; ++step) {

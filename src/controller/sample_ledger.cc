@@ -25,9 +25,7 @@ bool ValidState(int64_t s) { return s >= 0 && s < kStates; }
 // One prepared statement; reset and finalised by its destructor.
 class Stmt {
  public:
-  Stmt(sqlite3* db, const char* sql) {
-    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
-  }
+  Stmt(sqlite3* db, const char* sql) { rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr); }
   ~Stmt() { sqlite3_finalize(stmt_); }
   Stmt(const Stmt&) = delete;
   Stmt& operator=(const Stmt&) = delete;

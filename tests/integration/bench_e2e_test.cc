@@ -35,7 +35,7 @@ TEST(BenchE2eTest, TinySimulatedRunWritesConsistentJson) {
                                       "--staleness",
                                       "0,1",
                                       "--weight-updates",
-                                      "lockstep,repack,between_steps",
+                                      "lockstep,repack,between_steps,between_steps_repack",
                                       "--time-scale",
                                       "0.002",
                                       "--out",
@@ -52,16 +52,17 @@ TEST(BenchE2eTest, TinySimulatedRunWritesConsistentJson) {
   EXPECT_EQ(j["context"]["cluster"], "3 rollout + 2 trainer nodes");
   const auto& rows = j["results"];
   // One synchronous run, then k = 1 with each way of updating weights.
-  ASSERT_EQ(rows.size(), 4u) << j.dump(2);
+  ASSERT_EQ(rows.size(), 5u) << j.dump(2);
   EXPECT_EQ(rows[0]["mode"], "sync");
   EXPECT_EQ(rows[0]["k"], 0);
-  for (int r = 1; r <= 3; ++r) {
+  for (int r = 1; r <= 4; ++r) {
     EXPECT_EQ(rows[r]["mode"], "async");
     EXPECT_EQ(rows[r]["k"], 1);
   }
   EXPECT_EQ(rows[1]["weight_updates"], "lockstep");
   EXPECT_EQ(rows[2]["weight_updates"], "repack");
   EXPECT_EQ(rows[3]["weight_updates"], "between_steps");
+  EXPECT_EQ(rows[4]["weight_updates"], "between_steps_repack");
   EXPECT_EQ(rows[0]["speedup"], 1.0);
   for (const auto& r : rows) {
     EXPECT_EQ(r["steps"], 3) << r.dump();

@@ -315,18 +315,17 @@ TEST(TrainTest, AsyncJobWithWorkStealingTrainsEverySampleOnce) {
   EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
 }
 
-// rollout.weight_updates: repack and rollout.split_groups on real workers. Groups of 8 go out in
-// pieces of 2, one per call, to workers that run 2 sequences at a time, so publishes find
-// samples generating; it takes them out with their tokens (Rollout.Preempt) and they continue on
-// the new version. Every step trains its full batch within the bound; the ledger counts each sample
-// once.
-TEST(TrainTest, AsyncJobRepackingAtEachPublishTrainsEverySampleOnce) {
-  const std::string dir = MakeTempDir("async_repack");
+// Runs a 6-step asynchronous job with `sets` under staleness bound `k`: every step trains at
+// least its batch of 64 (more when more must be trained to keep the bound) within the bound,
+// some publish took samples out of their calls (repacked_samples), and the ledger counts each
+// sample once.
+void ExpectRepackingJobTrainsEverySampleOnce(const std::string& name, int k,
+                                             const std::vector<std::string>& sets) {
+  const std::string dir = MakeTempDir(name);
   auto args = SmallJob(dir, 6);
-  args.insert(args.end(),
-              {"--set", "rollout.async=true", "--set", "algorithm.max_staleness=2", "--set",
-               "rollout.weight_updates=repack", "--set", "rollout.split_groups=2", "--set",
-               "rollout.max_running=2", "--set", "rollout.async_chunk_groups=1"});
+  args.insert(args.end(), {"--set", "rollout.async=true", "--set",
+                           "algorithm.max_staleness=" + std::to_string(k)});
+  for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
   auto p = GyreProcess::Start(args, dir);
   ASSERT_TRUE(p.Wait(240)) << p.Output();
   ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
@@ -334,15 +333,36 @@ TEST(TrainTest, AsyncJobRepackingAtEachPublishTrainsEverySampleOnce) {
   ASSERT_EQ(steps.size(), 6u);
   int64_t repacked = 0, trained = 0;
   for (const auto& s : steps) {
-    // A batch is B groups, or more when more must be trained to keep the bound.
     EXPECT_GE(s["samples"], 64) << s.dump();
     trained += s["samples"].get<int64_t>();
-    for (const auto& [age, count] : s["staleness"].items()) EXPECT_LE(std::stoi(age), 2);
+    for (const auto& [age, count] : s["staleness"].items()) EXPECT_LE(std::stoi(age), k);
     repacked += s["repacked_samples"].get<int64_t>();
   }
   EXPECT_GT(repacked, 0) << "no publish took a sample out";
   ExpectTrainedOnceOrDropped(dir, trained);
   EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
+}
+
+// rollout.weight_updates: repack and rollout.split_groups on real workers. Groups of 8 go out in
+// pieces of 2, one per call, to workers that run 2 sequences at a time, so publishes find
+// samples generating; it takes them out with their tokens (Rollout.Preempt) and they continue on
+// the new version.
+TEST(TrainTest, AsyncJobRepackingAtEachPublishTrainsEverySampleOnce) {
+  ExpectRepackingJobTrainsEverySampleOnce(
+      "async_repack", 2,
+      {"rollout.weight_updates=repack", "rollout.split_groups=2", "rollout.max_running=2",
+       "rollout.async_chunk_groups=1"});
+}
+
+// rollout.weight_updates: between_steps_repack on real workers. All 40 admitted groups (k = 4)
+// go out in one call to a worker that runs 1 sequence at a time, while a step takes 8 groups, so
+// the call outlives a step; at the next publish its samples are taken out with their tokens and
+// continue on tail workers, in calls of at most 4 samples.
+TEST(TrainTest, AsyncJobTailRepackingWithoutLockstepTrainsEverySampleOnce) {
+  ExpectRepackingJobTrainsEverySampleOnce(
+      "async_tails", 4,
+      {"rollout.weight_updates=between_steps_repack", "rollout.tail_batch=4",
+       "rollout.max_running=1", "rollout.async_chunk_groups=40"});
 }
 
 // kill -9 of a rollout worker during an asynchronous job: its groups go to the others, it is

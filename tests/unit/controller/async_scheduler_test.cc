@@ -81,10 +81,15 @@ struct Schedule {
   int split = 0;      // rollout.split_groups
   // A publish takes the samples still generating out of their calls (weight_updates: repack).
   bool repack = false;
+  // With no_pause: each publish moves calls older than a step onto tail workers
+  // (weight_updates: between_steps_repack), at most tail_batch samples per call.
+  bool tails = false;
+  int tail_batch = 32;
 };
 
 int64_t g_restarts = 0;  // scheduler restarts from a checkpoint, over all schedules
 int64_t g_stolen = 0;    // samples taken over by idle workers, over all schedules
+int64_t g_tails = 0;     // long-tail samples moved onto tail workers, over all schedules
 
 int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int index) {
   JobConfig cfg = job.cfg;
@@ -95,6 +100,11 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
   cfg.rollout.max_running = sch.max_running;
   cfg.rollout.work_stealing = sch.steal;
   cfg.rollout.split_groups = sch.split;
+  cfg.rollout.weight_updates = sch.tails      ? "between_steps_repack"
+                               : sch.repack   ? "repack"
+                               : sch.no_pause ? "between_steps"
+                                              : "lockstep";
+  cfg.rollout.tail_batch = sch.tail_batch;
   const std::string path = "/dev/shm/gyre_async_ledger_" + std::to_string(::getpid()) + "_" +
                            std::to_string(index) + ".db";
   for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
@@ -178,7 +188,9 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
       }
     }
     trained_groups += static_cast<int64_t>(batch->size());
-    g_stolen += async->stats().stolen;
+    const AsyncStats st = async->stats();
+    g_stolen += st.stolen;
+    if (sch.tails) g_tails += st.repacked;
     EXPECT_TRUE((*ledger)->Move(ids, SampleState::kScored, {step, version}).ok());
     EXPECT_TRUE((*ledger)->Move(ids, SampleState::kTrained, {step, version + 1}).ok());
     // The step's update, then publish to everyone.
@@ -197,7 +209,7 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
       int64_t finished = 0, queued = 0;
       for (const auto& cg : carried->groups) {
         EXPECT_LE(cg.finished_size() + cg.unfinished_size(), sch.n);
-        if (!sch.steal && !sch.repack) EXPECT_EQ(cg.unfinished_size(), 0);
+        if (!sch.steal && !sch.repack && !sch.tails) EXPECT_EQ(cg.unfinished_size(), 0);
         finished += cg.finished_size();
         queued += sch.n - cg.finished_size();
       }
@@ -273,6 +285,8 @@ TEST(AsyncSchedulerTest, RandomSchedulesKeepTheStalenessBoundAndTheLedgerExact) 
     sch.steal = rng() % 3 != 0;
     sch.split = rng() % 3 == 0 ? 1 + static_cast<int>(rng() % 2) : 0;
     sch.repack = !sch.no_pause && rng() % 2 == 0;
+    sch.tails = sch.no_pause && rng() % 2 == 0;
+    sch.tail_batch = 1 + static_cast<int>(rng() % 4);
     const int64_t worst = RunSchedule(job, sch, &rng, i);
     EXPECT_LE(worst, sch.k) << "schedule " << i << ": k=" << sch.k << " B=" << sch.B;
     worst_by_k[sch.k] = std::max(worst_by_k[sch.k], worst);
@@ -283,6 +297,7 @@ TEST(AsyncSchedulerTest, RandomSchedulesKeepTheStalenessBoundAndTheLedgerExact) 
   if (schedules >= 100) {
     EXPECT_GT(g_restarts, 0) << "no schedule restarted from a checkpoint";
     EXPECT_GT(g_stolen, 0) << "no idle worker took samples over";
+    EXPECT_GT(g_tails, 0) << "no publish moved long tails onto tail workers";
   }
 }
 
@@ -650,6 +665,96 @@ TEST(AsyncSchedulerTest, RepackingTakesRunningSamplesOutForAPublishAndSendsThemT
   EXPECT_EQ(moves, (std::vector<std::string>{
                        "queued:", "generating:", "queued:taken out for a publish (repack)",
                        "generating:", "finished:"}));
+  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+}
+
+// rollout.weight_updates: between_steps_repack. Publishes do not pause generation; at the second
+// one, the calls sent before the first (still generating: the long tails) are taken out and sent
+// again in calls of at most tail_batch samples, to two tail workers (the third stays for new
+// work), and new groups then go only to the worker that runs no tail call.
+TEST(AsyncSchedulerTest, TailRepackingMovesCallsOlderThanAStepOntoTailWorkers) {
+  FakeJob job(FakeJobConfig(3, 1));
+  ASSERT_TRUE(job.Start().ok());
+  for (auto& r : job.cluster.rollout) r->generate_delay_s = 30;
+  JobConfig cfg = job.cfg;
+  cfg.algorithm.max_staleness = 2;
+  cfg.rollout.prompts_per_step = 1;
+  cfg.rollout.async_chunk_groups = 1;
+  cfg.rollout.work_stealing = false;
+  cfg.rollout.weight_updates = "between_steps_repack";
+  cfg.rollout.tail_batch = 4;
+  const std::string path = ::testing::TempDir() + "gyre_async_tails.db";
+  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+  auto ledger = SampleLedger::Open(path, true);
+  ASSERT_TRUE(ledger.ok()) << ledger.status();
+  Drawer draw(ledger->get(), 2);
+  AsyncScheduler async(cfg, job.pool.get(), ledger->get(), Sampling(), 0);
+  auto calls = [&](int w) { return job.cluster.rollout[w]->stream_calls(); };
+  auto wait_for = [&](const std::function<bool()>& done) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!done() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return done();
+  };
+  ASSERT_TRUE(async.Admit(0, [&](int64_t c) { return draw(c, 1, 0); }).ok());  // groups 0-2
+  ASSERT_TRUE(wait_for([&] { return calls(0).size() + calls(1).size() + calls(2).size() == 3; }));
+  for (int w = 0; w < 3; ++w) ASSERT_EQ(calls(w).size(), 1u) << "least loaded: one call each";
+
+  // The first publish: every call was sent at the version before it, none is a tail yet.
+  async.Resume(1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int w = 0; w < 3; ++w) EXPECT_TRUE(job.cluster.rollout[w]->preempt_calls().empty());
+
+  // The second publish: all three calls have outlived a step.
+  async.Resume(2);
+  auto resumed = [&](int w) {
+    int n = 0;
+    for (const auto& c : calls(w)) n += c.resume_size();
+    return n;
+  };
+  ASSERT_TRUE(wait_for([&] { return resumed(0) + resumed(1) + resumed(2) == 6; }));
+  std::set<int> tail_workers;
+  for (int w = 0; w < 3; ++w) {
+    const auto preempts = job.cluster.rollout[w]->preempt_calls();
+    ASSERT_EQ(preempts.size(), 1u) << "rollout-" << w;
+    const std::vector<uint64_t> asked(preempts[0].sample_ids().begin(),
+                                      preempts[0].sample_ids().end());
+    const uint64_t g = calls(w)[0].groups(0).group_id();
+    EXPECT_EQ(asked, (std::vector<uint64_t>{2 * g, 2 * g + 1})) << "rollout-" << w;
+    for (const auto& c : calls(w)) {
+      if (c.resume_size() == 0) continue;
+      tail_workers.insert(w);
+      EXPECT_LE(c.resume_size(), 4) << "a tail call holds at most tail_batch samples";
+      EXPECT_EQ(c.groups_size(), 0);
+      EXPECT_EQ(c.min_policy_version(), 2);
+    }
+  }
+  ASSERT_EQ(tail_workers.size(), 2u) << "one worker stays free of tails for new work";
+  int fresh_worker = 0;
+  while (tail_workers.count(fresh_worker) > 0) ++fresh_worker;
+
+  // New groups go to the worker without a tail call only, however loaded it gets.
+  ASSERT_TRUE(async.Admit(2, [&](int64_t c) { return draw(c, 3, 2); }).ok());  // groups 3-4
+  ASSERT_TRUE(wait_for([&] { return calls(fresh_worker).size() == 3; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int w : tail_workers) {
+    const auto cs = calls(w);
+    for (size_t i = 0; i < cs.size(); ++i) EXPECT_EQ(cs[i].groups_size(), i == 0 ? 1 : 0);
+  }
+  EXPECT_EQ(async.stats().repacked, 6);
+  async.Shutdown();
+  auto history = (*ledger)->History(0);
+  ASSERT_TRUE(history.ok());
+  std::vector<std::string> moves;
+  for (const auto& e : *history) {
+    moves.push_back(std::string(SampleStateName(e.to)) + ":" + e.context.reason);
+  }
+  ASSERT_GE(moves.size(), 4u);
+  moves.resize(4);
+  EXPECT_EQ(moves, (std::vector<std::string>{
+                       "queued:", "generating:", "queued:a long tail, repacked onto a tail worker",
+                       "generating:"}));
   for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
 }
 

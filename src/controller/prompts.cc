@@ -1,0 +1,82 @@
+#include "controller/prompts.h"
+
+#include <string>
+
+#include "model/chat_template.h"
+
+namespace gyre::controller {
+
+StatusOr<std::vector<int32_t>> PromptEncoder::Encode(const Problem& problem) const {
+  std::string prompt = problem.prompt;
+  if (cfg_.data.chat_template != "none") {
+    GYRE_ASSIGN_OR_RETURN(auto format, model::ParseChatFormat(cfg_.data.chat_template));
+    model::ChatOptions opts;
+    opts.enable_thinking = false;
+    std::vector<model::ChatMessage> messages = {{"user", problem.prompt}};
+    if (problem.is_messages) {
+      GYRE_ASSIGN_OR_RETURN(messages, model::ParseMessagesJson(problem.prompt));
+    }
+    GYRE_ASSIGN_OR_RETURN(prompt, model::RenderChat(format, messages, opts));
+  } else if (problem.is_messages) {
+    return InvalidArgument("a prompt given as a list of messages needs data.chat_template");
+  }
+  GYRE_ASSIGN_OR_RETURN(auto ids, tokenizer_->Encode(prompt));
+  if (auto bos = tokenizer_->bos_id()) ids.insert(ids.begin(), *bos);
+  return ids;
+}
+
+Status PromptEncoder::CheckAll(const ProblemSource& problems) const {
+  auto check = [&](const Problem& p, const char* kind) -> Status {
+    const std::string where =
+        p.where.empty() ? std::string(kind) + " prompt '" + p.prompt + "'" : p.where;
+    auto ids = Encode(p);
+    if (!ids.ok()) return InvalidArgument(where + ": " + ids.status().message());
+    const int64_t need = static_cast<int64_t>(ids->size()) + cfg_.rollout.max_new_tokens;
+    if (need > cfg_.model.max_seq_len) {
+      return InvalidArgument(where + ": the prompt's " + std::to_string(ids->size()) +
+                             " tokens plus rollout.max_new_tokens " +
+                             std::to_string(cfg_.rollout.max_new_tokens) +
+                             " exceed model.max_seq_len " + std::to_string(cfg_.model.max_seq_len));
+    }
+    return Status::Ok();
+  };
+  for (const auto& p : problems.eval_set()) GYRE_RETURN_IF_ERROR(check(p, "eval"));
+  for (const auto& p : problems.train_set()) GYRE_RETURN_IF_ERROR(check(p, "training"));
+  return Status::Ok();
+}
+
+StatusOr<v1::Sample> PromptEncoder::SftSample(const Problem& problem) const {
+  if (problem.answer.empty()) {
+    return InvalidArgument("supervised warm-up needs answers; prompt '" + problem.prompt +
+                           "' has none (set trainer.warmup_sft_steps: 0)");
+  }
+  GYRE_ASSIGN_OR_RETURN(auto prompt, Encode(problem));
+  GYRE_ASSIGN_OR_RETURN(auto answer, tokenizer_->Encode(problem.answer));
+  answer.push_back(tokenizer_->stop_ids().front());
+  v1::Sample s;
+  s.mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
+  s.mutable_response_ids()->Add(answer.begin(), answer.end());
+  return s;
+}
+
+v1::SamplingParams PromptEncoder::Training() const {
+  const auto& sc = cfg_.rollout.sampling;
+  v1::SamplingParams sampling = Greedy();
+  sampling.set_temperature(static_cast<float>(sc.temperature));
+  sampling.set_top_k(sc.top_k);
+  sampling.set_top_p(static_cast<float>(sc.top_p));
+  sampling.set_min_p(static_cast<float>(sc.min_p));
+  return sampling;
+}
+
+v1::SamplingParams PromptEncoder::Greedy() const {
+  v1::SamplingParams sampling;
+  sampling.set_temperature(0.0f);
+  sampling.set_top_p(1.0f);
+  sampling.set_max_new_tokens(cfg_.rollout.max_new_tokens);
+  for (int32_t id : tokenizer_->stop_ids()) sampling.add_stop_token_ids(id);
+  for (const std::string& stop : cfg_.rollout.stop_strings) sampling.add_stop_strings(stop);
+  return sampling;
+}
+
+}  // namespace gyre::controller

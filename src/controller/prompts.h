@@ -1,0 +1,43 @@
+#pragma once
+// PromptEncoder: how a job turns its problems into model input (data.chat_template, the
+// tokenizer's BOS) and which sampling its rollouts use (rollout.sampling and the tokenizer's
+// stop ids for training; greedy for evaluation).
+//
+// Thread contract: immutable after construction; the tokenizer (not owned) must outlive it.
+
+#include <cstdint>
+#include <vector>
+
+#include "controller/task.h"
+#include "gyre/config.h"
+#include "gyre/status.h"
+#include "gyre/v1/gyre.pb.h"
+#include "model/text_tokenizer.h"
+
+namespace gyre::controller {
+
+class PromptEncoder {
+ public:
+  PromptEncoder(const JobConfig& cfg, const model::TextTokenizer* tokenizer)
+      : cfg_(cfg), tokenizer_(tokenizer) {}
+
+  // The prompt's token ids: the problem rendered with data.chat_template (a list of messages
+  // needs one), encoded, after the tokenizer's BOS when it has one.
+  StatusOr<std::vector<int32_t>> Encode(const Problem& problem) const;
+  // Every held-out and dataset prompt of `problems` encodes and leaves room for
+  // rollout.max_new_tokens within model.max_seq_len; the error names the record.
+  Status CheckAll(const ProblemSource& problems) const;
+  // A supervised warm-up sample: the prompt and the problem's answer, ended by a stop id.
+  StatusOr<v1::Sample> SftSample(const Problem& problem) const;
+
+  // Training rollouts: rollout.sampling, max_new_tokens, the stop ids and stop strings.
+  v1::SamplingParams Training() const;
+  // Evaluation: greedy, with the same limits and stops.
+  v1::SamplingParams Greedy() const;
+
+ private:
+  const JobConfig cfg_;
+  const model::TextTokenizer* tokenizer_;
+};
+
+}  // namespace gyre::controller
