@@ -217,8 +217,7 @@ Worker* AsyncScheduler::PickWorker(const std::vector<Worker*>& alive, int64_t ch
   if (others > 1) {
     if (Worker* w = pick([&](const Worker* x) { return !is_tail(x); })) return w;
   }
-  if (!tail_workers.empty()) return pick(is_tail);
-  return pick([](const Worker*) { return true; });
+  return tail_workers.empty() ? pick([](const Worker*) { return true; }) : pick(is_tail);
 }
 
 void AsyncScheduler::CallStarted(const std::string& worker) {
@@ -401,16 +400,16 @@ bool AsyncScheduler::MaybeSteal() {
 
 void AsyncScheduler::StartPreempt(Worker* w, v1::PreemptRequest req, const std::string& why,
                                   Take take) {
-  const bool steal = take == Take::kSteal;
   preempting_.insert(w->id);
   const uint64_t call = next_call_++;
   auto cancel = std::make_shared<rpc::Cancellation>();
   cancels_[call] = cancel;
   ++running_;
   const double timeout = cfg_.cluster.rpc_timeout_s;
-  calls_.push_back(std::async(std::launch::async, [this, call, w, why, steal, take,
-                                                   req = std::move(req), cancel, timeout] {
+  calls_.push_back(std::async(std::launch::async, [this, call, w, why, take, req = std::move(req),
+                                                   cancel, timeout] {
     NameThisThread("gyre-preempt");
+    const bool steal = take == Take::kSteal;
     v1::PreemptResponse resp;
     const Status s = pool_->Invoke(w->id, timeout, cancel.get(), [&](const rpc::Call& c) {
       return w->rollout->Preempt(c, req, &resp);

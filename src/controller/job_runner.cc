@@ -1,7 +1,6 @@
 #include "controller/job_runner.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>

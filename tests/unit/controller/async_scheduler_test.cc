@@ -55,6 +55,11 @@ class Drawer {
   uint64_t next_ = 0;
 };
 
+// A ledger database at `path` is three files with WAL.
+void RemoveLedgerFiles(const std::string& path) {
+  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+}
+
 v1::SamplingParams Sampling() {
   v1::SamplingParams s;
   s.set_max_new_tokens(4);
@@ -107,7 +112,7 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
   cfg.rollout.tail_batch = sch.tail_batch;
   const std::string path = "/dev/shm/gyre_async_ledger_" + std::to_string(::getpid()) + "_" +
                            std::to_string(index) + ".db";
-  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+  RemoveLedgerFiles(path);
   auto ledger = SampleLedger::Open(path, true);
   EXPECT_TRUE(ledger.ok()) << ledger.status();
   if (!ledger.ok()) return -1;
@@ -240,7 +245,7 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
                                counts->of(SampleState::kFinished));
   // Admission: never more than (k + steps + 1) * B groups.
   EXPECT_LE(static_cast<int64_t>(draw.drawn()), (sch.k + sch.steps) * sch.B);
-  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+  RemoveLedgerFiles(path);
   for (auto& r : job.cluster.rollout) {
     r->on_generate = nullptr;
     r->stream_group_delay_s = 0;
@@ -412,7 +417,7 @@ TEST(AsyncSchedulerTest, AFailedStreamKeepsTheGroupsItDelivered) {
   cfg.rollout.async_chunk_groups = 2;
   cfg.rollout.work_stealing = false;  // the idle worker would take group 0 over
   const std::string path = ::testing::TempDir() + "gyre_async_stream_fail.db";
-  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+  RemoveLedgerFiles(path);
   auto ledger = SampleLedger::Open(path, true);
   ASSERT_TRUE(ledger.ok()) << ledger.status();
   Drawer draw(ledger->get(), 2);
@@ -443,7 +448,7 @@ TEST(AsyncSchedulerTest, AFailedStreamKeepsTheGroupsItDelivered) {
   for (auto& r : job.cluster.rollout) calls += static_cast<int>(r->stream_calls().size());
   EXPECT_EQ(calls, 2);
   async.Shutdown();
-  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+  RemoveLedgerFiles(path);
 }
 
 // Work stealing: worker 0's call runs long while worker 1 is idle and nothing is queued, so
@@ -465,7 +470,7 @@ TEST(AsyncSchedulerTest, AnIdleWorkerTakesOverHalfOfTheBusiestWorkersSamples) {
   cfg.rollout.async_chunk_groups = 2;  // both groups go to one worker
   cfg.rollout.work_stealing = true;
   const std::string path = ::testing::TempDir() + "gyre_async_steal.db";
-  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+  RemoveLedgerFiles(path);
   auto ledger = SampleLedger::Open(path, true);
   ASSERT_TRUE(ledger.ok()) << ledger.status();
   Drawer draw(ledger->get(), 4);
@@ -522,7 +527,7 @@ TEST(AsyncSchedulerTest, AnIdleWorkerTakesOverHalfOfTheBusiestWorkersSamples) {
   ASSERT_TRUE(counts.ok());
   EXPECT_EQ(counts->of(SampleState::kFinished), 8);
   EXPECT_EQ(counts->total, 8);
-  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+  RemoveLedgerFiles(path);
 }
 
 // With trainer.mini_batches = M each GRPO step is M policy versions, so the admission rule lets
@@ -595,7 +600,7 @@ TEST(AsyncSchedulerTest, RepackingTakesRunningSamplesOutForAPublishAndSendsThemT
   cfg.rollout.async_chunk_groups = 2;
   cfg.rollout.work_stealing = false;
   const std::string path = ::testing::TempDir() + "gyre_async_repack.db";
-  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+  RemoveLedgerFiles(path);
   auto ledger = SampleLedger::Open(path, true);
   ASSERT_TRUE(ledger.ok()) << ledger.status();
   Drawer draw(ledger->get(), 2);
@@ -665,7 +670,7 @@ TEST(AsyncSchedulerTest, RepackingTakesRunningSamplesOutForAPublishAndSendsThemT
   EXPECT_EQ(moves, (std::vector<std::string>{
                        "queued:", "generating:", "queued:taken out for a publish (repack)",
                        "generating:", "finished:"}));
-  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+  RemoveLedgerFiles(path);
 }
 
 // rollout.weight_updates: between_steps_repack. Publishes do not pause generation; at the second
@@ -684,7 +689,7 @@ TEST(AsyncSchedulerTest, TailRepackingMovesCallsOlderThanAStepOntoTailWorkers) {
   cfg.rollout.weight_updates = "between_steps_repack";
   cfg.rollout.tail_batch = 4;
   const std::string path = ::testing::TempDir() + "gyre_async_tails.db";
-  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+  RemoveLedgerFiles(path);
   auto ledger = SampleLedger::Open(path, true);
   ASSERT_TRUE(ledger.ok()) << ledger.status();
   Drawer draw(ledger->get(), 2);
@@ -755,7 +760,7 @@ TEST(AsyncSchedulerTest, TailRepackingMovesCallsOlderThanAStepOntoTailWorkers) {
   EXPECT_EQ(moves, (std::vector<std::string>{
                        "queued:", "generating:", "queued:a long tail, repacked onto a tail worker",
                        "generating:"}));
-  for (const char* suffix : {"", "-wal", "-shm"}) (void)RemoveTree(path + suffix);
+  RemoveLedgerFiles(path);
 }
 
 TEST(AsyncSchedulerTest, ABadRequestEndsTheJobNamingTheWorker) {
