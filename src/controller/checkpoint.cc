@@ -8,6 +8,7 @@
 
 #include "common/crc32.h"
 #include "common/file_util.h"
+#include "common/logging.h"
 #include "config/config.h"
 
 namespace gyre::controller {
@@ -459,6 +460,15 @@ Status PruneCheckpoints(const std::string& checkpoints_dir, int keep_last) {
     }
   }
   return SyncPath(checkpoints_dir);
+}
+
+Status RollBackLedger(SampleLedger* ledger, int64_t sequence) {
+  GYRE_ASSIGN_OR_RETURN(const int64_t last, ledger->LastSequence());
+  GYRE_RETURN_IF_ERROR(ledger->RollbackTo(sequence));
+  if (last > sequence) {
+    GYRE_LOG_INFO("ledger: forgot events {}..{}, written after the checkpoint", sequence + 1, last);
+  }
+  return Status::Ok();
 }
 
 StatusOr<ResumePoint> OpenResumePoint(const std::string& run_dir, const std::string& ledger_path,

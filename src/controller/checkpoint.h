@@ -111,6 +111,10 @@ Status CommitCheckpoint(const std::string& tmp_dir, const std::string& final_dir
 // unfinished .tmp directory left by an interrupted write.
 Status PruneCheckpoints(const std::string& checkpoints_dir, int keep_last);
 
+// Rolls `ledger` back to a checkpoint's ledger_sequence (SampleLedger::RollbackTo), logging the
+// events it forgot (those written after the checkpoint).
+Status RollBackLedger(SampleLedger* ledger, int64_t sequence);
+
 // The checkpoint a --resume continues from, checked against the job before any worker starts.
 struct ResumePoint {
   std::string dir;        // <run_dir>/checkpoints/step-NNNNNN

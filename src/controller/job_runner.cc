@@ -11,13 +11,13 @@
 #include "comm/gloo_communicator.h"
 #include "common/clock.h"
 #include "common/file_util.h"
-#include "common/hash.h"
 #include "common/logging.h"
 #include "common/subprocess.h"
 #include "config/config.h"
 #include "controller/async_scheduler.h"
 #include "controller/checkpoint.h"
 #include "controller/controller_service.h"
+#include "controller/evaluation.h"
 #include "controller/prompts.h"
 #include "controller/rollout_scheduler.h"
 #include "controller/sample_ledger.h"
@@ -118,22 +118,7 @@ class JobRunner {
 };
 
 Status JobRunner::Setup() {
-  if (cfg_.reward.type == "custom") {
-    if (!opts_.reward) {
-      return InvalidArgument(
-          "reward.type is custom but no RewardFn was given (custom rewards "
-          "need the C++ API, RunOptions::reward)");
-    }
-    reward_ = opts_.reward;
-  } else {
-    if (opts_.reward) {
-      return InvalidArgument(
-          "reward.type is " + cfg_.reward.type +
-          " but a custom RewardFn was given in RunOptions::reward; set reward.type: custom to "
-          "use it, or leave RunOptions::reward empty for the built-in reward");
-    }
-    reward_ = std::make_shared<ExactMatchReward>();
-  }
+  GYRE_ASSIGN_OR_RETURN(reward_, ChooseReward(cfg_.reward, opts_.reward));
   if (cfg_.data.chat_template != "none" && cfg_.model.path.empty()) {
     return InvalidArgument("data.chat_template: " + cfg_.data.chat_template +
                            " needs a model.path whose tokenizer has chat tokens");
@@ -200,53 +185,17 @@ Status JobRunner::Setup() {
 }
 
 StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
-  const auto t0 = SteadyClock::now();
-  std::vector<GroupJob> jobs;
-  for (const auto& p : problems_->eval_set()) {
-    GroupJob j;
-    j.problem = p;
-    // Evaluation has its own id space: drawing from the training sequence would make
-    // metrics.eval_every or data.eval_size change the training run's ids and seeds.
-    j.group.set_group_id(next_eval_group_id_++);
-    GYRE_ASSIGN_OR_RETURN(auto ids, prompts_->Encode(p));
-    j.group.mutable_prompt_ids()->Add(ids.begin(), ids.end());
-    j.group.set_n(1);
-    j.group.set_seed(0);
-    jobs.push_back(std::move(j));
-  }
-  GenerateStats stats;
-  GYRE_ASSIGN_OR_RETURN(auto samples,
-                        scheduler_->GenerateAll(jobs, prompts_->Greedy(), version_, &stats));
-  int correct = 0, scored = 0, reward_errors = 0;
-  for (size_t i = 0; i < samples.size(); ++i) {
-    auto r = scorer_->Reward(jobs[i].problem, samples[i]);
-    if (!r.ok()) {
-      // As in training: counted and reported, and left out of the accuracy, never a silent 0.
-      ++reward_errors;
-      if (reward_errors <= 3) {
-        GYRE_LOG_WARN("eval {}: reward failed for problem {}: {}", tag, i, r.status().message());
-      }
-      continue;
-    }
-    ++scored;
-    if (*r >= reward_->correct_threshold()) ++correct;
-  }
-  const double acc = scored ? static_cast<double>(correct) / scored : 0.0;
-  WriteMetrics({{"phase", "eval"},
-                {"tag", tag},
-                {"accuracy", acc},
-                {"problems", scored},
-                {"reward_errors", reward_errors},
-                {"policy_version", version_},
-                {"seconds", SecondsSince(t0)}});
+  // Evaluation has its own id space: drawing from the training sequence would make
+  // metrics.eval_every or data.eval_size change the training run's ids and seeds.
+  GYRE_ASSIGN_OR_RETURN(
+      EvalOutcome e, EvaluateHeldOut(*problems_, *prompts_, *scorer_, reward_->correct_threshold(),
+                                     scheduler_.get(), version_, &next_eval_group_id_, tag));
+  WriteMetrics(EvalMetrics(tag, e, version_));
   if (opts_.print_progress) {
-    std::printf(
-        "eval %-10s held-out accuracy %.3f (%d/%d, greedy, policy v%lld)%s\n", tag.c_str(), acc,
-        correct, scored, static_cast<long long>(version_),
-        reward_errors ? (", " + std::to_string(reward_errors) + " reward errors").c_str() : "");
+    std::printf("%s\n", EvalProgressLine(tag, e, version_).c_str());
     std::fflush(stdout);
   }
-  return acc;
+  return e.accuracy;
 }
 
 StatusOr<std::map<std::string, double>> JobRunner::Train(const std::vector<v1::Sample>& samples,
@@ -297,28 +246,13 @@ Status JobRunner::WarmUp() {
 }
 
 StatusOr<std::vector<GroupJob>> JobRunner::DrawGroups(int count, int step) {
-  const int n = cfg_.rollout.group_size;
   std::vector<GroupJob> jobs;
   for (int g = 0; g < count; ++g) {
-    GroupJob j;
-    j.problem = problems_->Next();
-    const uint64_t gid = next_group_id_++;
-    j.group.set_group_id(gid);
-    GYRE_ASSIGN_OR_RETURN(auto ids, prompts_->Encode(j.problem));
-    j.group.mutable_prompt_ids()->Add(ids.begin(), ids.end());
-    j.group.set_n(n);
-    j.group.set_first_sample_id(gid * static_cast<uint64_t>(n));
-    j.group.set_seed(SplitMix64(cfg_.job.seed ^ SplitMix64(gid)));
+    GYRE_ASSIGN_OR_RETURN(GroupJob j, prompts_->TrainingGroup(problems_->Next(), next_group_id_++));
     jobs.push_back(std::move(j));
   }
-  std::vector<NewSample> queued;
-  for (const GroupJob& j : jobs) {
-    for (int i = 0; i < n; ++i) {
-      queued.push_back({j.group.first_sample_id() + static_cast<uint64_t>(i), j.group.group_id(),
-                        j.problem.where.empty() ? j.problem.prompt : j.problem.where});
-    }
-  }
-  if (!queued.empty()) GYRE_RETURN_IF_ERROR(ledger_->Add(queued, {step, version_, "", ""}));
+  if (!jobs.empty())
+    GYRE_RETURN_IF_ERROR(ledger_->Add(QueuedSamples(jobs), {step, version_, "", ""}));
   return jobs;
 }
 
@@ -551,12 +485,7 @@ Status JobRunner::Resume() {
   // Partial rollouts: the groups in flight at the checkpoint continue in the next step, on the
   // same workers as they would have (their kept KV is gone, so their context is prefilled).
   if (st.ledger_sequence >= 0) {
-    GYRE_ASSIGN_OR_RETURN(const int64_t last, ledger_->LastSequence());
-    GYRE_RETURN_IF_ERROR(ledger_->RollbackTo(st.ledger_sequence));
-    if (last > st.ledger_sequence) {
-      GYRE_LOG_INFO("ledger: forgot events {}..{}, written after the checkpoint",
-                    st.ledger_sequence + 1, last);
-    }
+    GYRE_RETURN_IF_ERROR(RollBackLedger(ledger_.get(), st.ledger_sequence));
   } else {
     GYRE_LOG_WARN("{} predates the sample ledger; a new ledger starts at this resume", resume_dir_);
     GYRE_RETURN_IF_ERROR(OpenNewLedger());
@@ -654,17 +583,11 @@ Status JobRunner::EndAsync() {
   // Generation ran ahead of the last step: what it made for steps that will not run is let go,
   // and the ledger says so, so every sample it holds has ended.
   async_->Shutdown();
-  const MoveContext end{cfg_.trainer.steps, version_, "",
-                        "the job ended before a step could train it (rollout.async ran ahead)"};
-  int64_t left = 0;
-  for (SampleState st : {SampleState::kQueued, SampleState::kGenerating, SampleState::kFinished,
-                         SampleState::kScored}) {
-    GYRE_ASSIGN_OR_RETURN(auto recs, ledger_->InState(st));
-    std::vector<uint64_t> ids;
-    for (const auto& r : recs) ids.push_back(r.sample_id);
-    if (!ids.empty()) GYRE_RETURN_IF_ERROR(ledger_->Move(ids, SampleState::kDropped, end));
-    left += static_cast<int64_t>(ids.size());
-  }
+  GYRE_ASSIGN_OR_RETURN(
+      const int64_t left,
+      ledger_->DropUnended(
+          {cfg_.trainer.steps, version_, "",
+           "the job ended before a step could train it (rollout.async ran ahead)"}));
   GYRE_LOG_INFO("rollout.async: {} samples generated ahead were not trained (ledger: dropped)",
                 left);
   return Status::Ok();

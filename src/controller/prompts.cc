@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/hash.h"
 #include "model/chat_template.h"
 
 namespace gyre::controller {
@@ -43,6 +44,41 @@ Status PromptEncoder::CheckAll(const ProblemSource& problems) const {
   for (const auto& p : problems.eval_set()) GYRE_RETURN_IF_ERROR(check(p, "eval"));
   for (const auto& p : problems.train_set()) GYRE_RETURN_IF_ERROR(check(p, "training"));
   return Status::Ok();
+}
+
+std::vector<NewSample> QueuedSamples(const std::vector<GroupJob>& jobs) {
+  std::vector<NewSample> queued;
+  for (const GroupJob& j : jobs) {
+    for (int i = 0; i < j.group.n(); ++i) {
+      queued.push_back({j.group.first_sample_id() + static_cast<uint64_t>(i), j.group.group_id(),
+                        j.problem.where.empty() ? j.problem.prompt : j.problem.where});
+    }
+  }
+  return queued;
+}
+
+StatusOr<GroupJob> PromptEncoder::TrainingGroup(const Problem& problem, uint64_t group_id) const {
+  const int n = cfg_.rollout.group_size;
+  GroupJob j;
+  j.problem = problem;
+  j.group.set_group_id(group_id);
+  GYRE_ASSIGN_OR_RETURN(auto ids, Encode(problem));
+  j.group.mutable_prompt_ids()->Add(ids.begin(), ids.end());
+  j.group.set_n(n);
+  j.group.set_first_sample_id(group_id * static_cast<uint64_t>(n));
+  j.group.set_seed(SplitMix64(cfg_.job.seed ^ SplitMix64(group_id)));
+  return j;
+}
+
+StatusOr<GroupJob> PromptEncoder::EvalGroup(const Problem& problem, uint64_t group_id) const {
+  GroupJob j;
+  j.problem = problem;
+  j.group.set_group_id(group_id);
+  GYRE_ASSIGN_OR_RETURN(auto ids, Encode(problem));
+  j.group.mutable_prompt_ids()->Add(ids.begin(), ids.end());
+  j.group.set_n(1);
+  j.group.set_seed(0);
+  return j;
 }
 
 StatusOr<v1::Sample> PromptEncoder::SftSample(const Problem& problem) const {

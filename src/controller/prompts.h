@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "controller/rollout_scheduler.h"
+#include "controller/sample_ledger.h"
 #include "controller/task.h"
 #include "gyre/config.h"
 #include "gyre/status.h"
@@ -15,6 +17,10 @@
 #include "model/text_tokenizer.h"
 
 namespace gyre::controller {
+
+// The ledger entries of `jobs`' samples, each with the prompt's origin ("file:line" of a dataset
+// record, or the prompt text of a generated problem).
+std::vector<NewSample> QueuedSamples(const std::vector<GroupJob>& jobs);
 
 class PromptEncoder {
  public:
@@ -27,6 +33,12 @@ class PromptEncoder {
   // Every held-out and dataset prompt of `problems` encodes and leaves room for
   // rollout.max_new_tokens within model.max_seq_len; the error names the record.
   Status CheckAll(const ProblemSource& problems) const;
+  // A training group of `problem`: rollout.group_size samples with ids group_id * n ... and a
+  // sampling seed derived from job.seed and the group id alone, so a group draws the same tokens
+  // on whichever worker and at whichever step it runs.
+  StatusOr<GroupJob> TrainingGroup(const Problem& problem, uint64_t group_id) const;
+  // An evaluation group of `problem`: one sample, seed 0 (evaluation samples greedily).
+  StatusOr<GroupJob> EvalGroup(const Problem& problem, uint64_t group_id) const;
   // A supervised warm-up sample: the prompt and the problem's answer, ended by a stop id.
   StatusOr<v1::Sample> SftSample(const Problem& problem) const;
 

@@ -332,6 +332,17 @@ Status SampleLedger::Add(const std::vector<NewSample>& samples, const MoveContex
   return tx.Commit();
 }
 
+StatusOr<int64_t> SampleLedger::DropUnended(const MoveContext& context) {
+  std::vector<uint64_t> ids;
+  for (SampleState st : {SampleState::kQueued, SampleState::kGenerating, SampleState::kFinished,
+                         SampleState::kScored}) {
+    GYRE_ASSIGN_OR_RETURN(auto recs, InState(st));
+    for (const auto& r : recs) ids.push_back(r.sample_id);
+  }
+  if (!ids.empty()) GYRE_RETURN_IF_ERROR(Move(ids, SampleState::kDropped, context));
+  return static_cast<int64_t>(ids.size());
+}
+
 Status SampleLedger::Move(const std::vector<uint64_t>& ids, SampleState to,
                           const MoveContext& context) {
   std::lock_guard<std::mutex> lock(mu_);

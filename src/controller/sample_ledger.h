@@ -113,6 +113,10 @@ class SampleLedger {
   // filtered/dropped move without a reason fails the whole call: no sample moves.
   Status Move(const std::vector<uint64_t>& ids, SampleState to, const MoveContext& context);
 
+  // Ends every sample that has not ended (queued, generating, finished or scored) as dropped,
+  // with `context.reason` (required), in one call; returns how many moved.
+  StatusOr<int64_t> DropUnended(const MoveContext& context);
+
   // The sequence number of the newest event (0 for an empty ledger).
   StatusOr<int64_t> LastSequence();
 

@@ -132,4 +132,23 @@ StatusOr<double> ExactMatchReward::Score(const RewardInput& input) {
   return (input.finished && TrimString(input.response) == TrimString(input.answer)) ? 1.0 : 0.0;
 }
 
+StatusOr<std::shared_ptr<RewardFn>> ChooseReward(const RewardSection& reward,
+                                                 std::shared_ptr<RewardFn> custom) {
+  if (reward.type == "custom") {
+    if (!custom) {
+      return InvalidArgument(
+          "reward.type is custom but no RewardFn was given (custom rewards "
+          "need the C++ API, RunOptions::reward)");
+    }
+    return custom;
+  }
+  if (custom) {
+    return InvalidArgument(
+        "reward.type is " + reward.type +
+        " but a custom RewardFn was given in RunOptions::reward; set reward.type: custom to "
+        "use it, or leave RunOptions::reward empty for the built-in reward");
+  }
+  return std::shared_ptr<RewardFn>(std::make_shared<ExactMatchReward>());
+}
+
 }  // namespace gyre::controller

@@ -9,6 +9,7 @@
 // verifier (exact match of the trimmed response with the answer).
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -63,5 +64,10 @@ class ExactMatchReward final : public RewardFn {
  public:
   StatusOr<double> Score(const RewardInput& input) override;
 };
+
+// The job's reward: the built-in verifier, or `custom` (RunOptions::reward) when reward.type is
+// custom. Setting one without the other is an error that says which to change.
+StatusOr<std::shared_ptr<RewardFn>> ChooseReward(const RewardSection& reward,
+                                                 std::shared_ptr<RewardFn> custom);
 
 }  // namespace gyre::controller

@@ -27,7 +27,8 @@ std::vector<std::string> SmallJob(const std::string& dir, int steps) {
           "--set", "trainer.warmup_sft_steps=5",
           "--set", "trainer.steps=" + std::to_string(steps),
           "--set", "rollout.prompts_per_step=8",
-          "--set", "data.eval_size=20"};
+          "--set", "data.eval_size=20",
+          "--set", kEveryGroupTrains};
 }
 
 std::vector<nlohmann::json> ReadMetrics(const std::string& path, const std::string& phase) {

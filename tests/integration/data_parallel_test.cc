@@ -25,7 +25,8 @@ std::vector<std::string> Job(const std::string& dir, int trainers) {
           "--set", "trainer.workers=" + std::to_string(trainers),
           "--set", "rollout.prompts_per_step=8",
           "--set", "rollout.workers=1",
-          "--set", "data.eval_size=10"};
+          "--set", "data.eval_size=10",
+          "--set", kEveryGroupTrains};
 }
 
 std::vector<double> Logprobs(const std::string& model_dir, const std::string& dir) {

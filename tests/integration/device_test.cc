@@ -21,7 +21,8 @@ std::vector<std::string> Job(const std::string& dir, const std::string& device) 
           "--set", "trainer.steps=1",
           "--set", "rollout.prompts_per_step=4",
           "--set", "rollout.workers=1",
-          "--set", "data.eval_size=8"};
+          "--set", "data.eval_size=8",
+          "--set", kEveryGroupTrains};
 }
 
 TEST(DeviceTest, CudaWithoutAGpuIsAClearErrorAndAutoFallsBackToTheCpu) {

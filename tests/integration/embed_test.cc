@@ -45,7 +45,9 @@ int main(int argc, char** argv) {
       gyre::LoadJobConfig(std::string(GYRE_SOURCE_DIR) + "/configs/quickstart.yaml",
                           {"job.output_dir=" + out_dir, "job.name=embed", "reward.type=custom",
                            "trainer.warmup_sft_steps=5", "trainer.steps=2",
-                           "rollout.prompts_per_step=4", "data.eval_size=10"});
+                           "rollout.prompts_per_step=4", "data.eval_size=10",
+                           // every group trains (the quickstart filters zero-variance ones)
+                           "algorithm.filter_zero_variance=false"});
   if (!config.ok()) {
     std::fprintf(stderr, "FAIL: %s\n", config.status().ToString().c_str());
     return 1;

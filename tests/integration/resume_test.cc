@@ -28,7 +28,8 @@ std::vector<std::string> Job(const std::string& output_dir) {
           "--set", "data.eval_size=20",
           "--set", "metrics.eval_every=2",
           "--set", "trainer.checkpoint_every=2",
-          "--set", "trainer.checkpoint_keep_last=2"};
+          "--set", "trainer.checkpoint_keep_last=2",
+          "--set", kEveryGroupTrains};
 }
 
 std::vector<std::string> With(std::vector<std::string> args, const std::vector<std::string>& more) {
@@ -334,9 +335,11 @@ TEST(ResumeTest, KilledAsyncJobResumesWithoutLosingOrRepeatingASample) {
   const std::vector<std::string> async_flags = {"--set", "rollout.async=true", "--set",
                                                 "algorithm.max_staleness=2"};
   const std::string run_b = dir + "/b/t";
-  int st = 0;  // 300 ms after the checkpoint, so the ledger has events past it
+  // Killed 100 ms after the step-2 checkpoint, so the ledger has events past it (a GRPO step of
+  // this job takes about 50 ms here; the whole job ends about 350 ms after that checkpoint).
+  int st = 0;
   const std::string killed_output =
-      KillOnceCheckpointed(With(Job(dir + "/b"), async_flags), dir + "/b", 90, 300, &st);
+      KillOnceCheckpointed(With(Job(dir + "/b"), async_flags), dir + "/b", 90, 100, &st);
   ASSERT_TRUE(IsDirectory(run_b + "/checkpoints/step-000002")) << killed_output;
   ASSERT_FALSE(PathExists(run_b + "/final")) << "the job finished before it was killed";
   EXPECT_TRUE(AllGone(WorkerPids(killed_output), 10));

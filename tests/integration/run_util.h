@@ -19,6 +19,12 @@
 
 namespace gyre::testing {
 
+// A --set that turns off the quickstart's dynamic sampling (algorithm.filter_zero_variance): after
+// a few warm-up steps every group is all wrong and would be filtered, and small jobs built on
+// configs/quickstart.yaml that check resumes, data parallelism or devices need every sample to
+// train.
+constexpr char kEveryGroupTrains[] = "algorithm.filter_zero_variance=false";
+
 inline std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;

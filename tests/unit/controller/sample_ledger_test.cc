@@ -173,6 +173,29 @@ TEST_F(SampleLedgerTest, ARefusedCallChangesNothing) {
   EXPECT_EQ(l->Counts()->total, 3);
 }
 
+TEST_F(SampleLedgerTest, DropUnendedEndsEveryOpenSampleAndLeavesEndedOnesAlone) {
+  auto l = OpenOrDie();
+  ASSERT_TRUE(l->Add(GroupOf(1, 5), At(0)).ok());
+  // 100 trained, 101 filtered, 102 scored, 103 generating, 104 still queued.
+  ASSERT_TRUE(l->Move({100, 101, 102, 103}, S::kGenerating, At(0, "rollout-0")).ok());
+  ASSERT_TRUE(l->Move({100, 101, 102}, S::kFinished, At(0)).ok());
+  ASSERT_TRUE(l->Move({100, 101, 102}, S::kScored, At(0)).ok());
+  ASSERT_TRUE(l->Move({100}, S::kTrained, At(1)).ok());
+  ASSERT_TRUE(l->Move({101}, S::kFiltered, At(1, "", "zero variance")).ok());
+  // A reason is required, and a refused call moves nothing.
+  EXPECT_EQ(l->DropUnended(At(2)).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(l->Find(104)->state, S::kQueued);
+  auto moved = l->DropUnended(At(2, "", "the job ended"));
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(*moved, 3);
+  const LedgerCounts c = *l->Counts();
+  EXPECT_EQ(c.of(S::kTrained), 1);
+  EXPECT_EQ(c.of(S::kFiltered), 1);
+  EXPECT_EQ(c.of(S::kDropped), 3);
+  EXPECT_EQ(l->History(103)->back().context.reason, "the job ended");
+  EXPECT_EQ(*l->DropUnended(At(2, "", "again")), 0);  // nothing left open
+}
+
 TEST_F(SampleLedgerTest, RollbackToACheckpointForgetsWhatCameAfterIt) {
   auto l = OpenOrDie();
   ASSERT_TRUE(l->Add(GroupOf(1, 2), At(0)).ok());
