@@ -52,8 +52,11 @@ std::string Usage() {
          "\n"
          "Runs one job per staleness bound k (0 = synchronous, else rollout.async with\n"
          "algorithm.max_staleness k) with the real controller and reports steps per hour,\n"
-         "samples per second, the rollout workers' idle fraction and the controller's CPU time,\n"
-         "each against the k = 0 run of the same invocation (docs/benchmarks.md).\n"
+         "samples per second, the rollout workers' idle fraction (\"rollout idle\": over the "
+         "whole\n"
+         "step; \"idle in gen\": within the step's generation, the same for asynchronous runs)\n"
+         "and the controller's CPU time, each against the k = 0 run of the same invocation\n"
+         "(docs/algorithms.md, \"Measuring: gyre bench e2e\").\n"
          "\n"
          "--simulate: simulated workers (a `gyre sim-workers` child process, each worker its own\n"
          "gRPC server and heartbeat) spend the cost model's time instead of computing; times are\n"
@@ -194,14 +197,15 @@ StatusOr<nlohmann::json> RunOne(const Options& o, int64_t k, const std::string& 
   const double scale = o.simulate ? o.cost.time_scale : 1.0;
   std::ifstream in(result->run_dir + "/" + cfg->metrics.file);
   std::string line;
-  double step_s = 0, idle = 0, samples = 0;
+  double step_s = 0, idle = 0, gen_idle = 0, samples = 0;
   int steps = 0;
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line, nullptr, false);
     if (!j.is_object() || j.value("phase", "") != "grpo") continue;
     ++steps;
     step_s += j.value("step_time_s", 0.0);
-    idle += j.value("rollout_idle_fraction", 0.0);
+    idle += j.value("rollout_step_idle_fraction", 0.0);
+    gen_idle += j.value("rollout_idle_fraction", 0.0);
     samples += j.value("samples", 0.0);
   }
   if (steps == 0) return Internal("bench e2e, run " + name + ": no GRPO steps in the metrics");
@@ -214,6 +218,7 @@ StatusOr<nlohmann::json> RunOne(const Options& o, int64_t k, const std::string& 
                         {"steps_per_hour", 3600.0 / mean_step},
                         {"samples_per_s", samples / (step_s / scale)},
                         {"rollout_idle_fraction", idle / steps},
+                        {"rollout_generate_idle_fraction", gen_idle / steps},
                         {"controller_cpu_s_per_step", cpu / steps},
                         {"controller_cpu_fraction", cpu / steps / mean_step},
                         {"wall_s", wall}};
@@ -342,6 +347,7 @@ int RunBenchE2e(const std::vector<std::string>& args) {
                                       {"steps_per_hour", "steps/h", 1},
                                       {"samples_per_s", "samples/s", 1},
                                       {"rollout_idle_fraction", "rollout idle", 3},
+                                      {"rollout_generate_idle_fraction", "idle in gen", 3},
                                       {"controller_cpu_fraction", "ctrl cpu/step", 4},
                                       {"speedup", "speedup", 2}};
   if (!o.simulate) columns.push_back({"accuracy_after_rl", "held-out acc", 3});

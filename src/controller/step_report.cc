@@ -49,14 +49,19 @@ nlohmann::json StepMetrics(const StepRecord& r) {
   nlohmann::json staleness = nlohmann::json::object();
   for (const auto& [st, count] : sc.staleness) staleness[std::to_string(st)] = count;
   j["staleness"] = staleness;
+  // Idle within generation's window (stragglers), and within the whole step (a synchronous
+  // step's workers also wait while the trainer trains and publishes).
   nlohmann::json busy = nlohmann::json::object();
-  double idle_sum = 0;
+  double idle_sum = 0, step_idle_sum = 0;
   for (const auto& [id, sec] : gen.busy_s) {
     busy[id] = sec;
     idle_sum += r.window_s > 0 ? std::max(0.0, 1.0 - sec / r.window_s) : 0.0;
+    step_idle_sum += r.step_s > 0 ? std::max(0.0, 1.0 - sec / r.step_s) : 0.0;
   }
+  const double workers = static_cast<double>(gen.busy_s.size());
   j["rollout_busy_s"] = busy;
-  j["rollout_idle_fraction"] = gen.busy_s.empty() ? 0.0 : idle_sum / gen.busy_s.size();
+  j["rollout_idle_fraction"] = gen.busy_s.empty() ? 0.0 : idle_sum / workers;
+  j["rollout_step_idle_fraction"] = gen.busy_s.empty() ? 0.0 : step_idle_sum / workers;
   if (r.filter_zero_variance) {
     j["filtered_groups"] = sc.filtered_groups;
     j["generation_rounds"] = r.rounds;

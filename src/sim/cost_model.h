@@ -1,7 +1,7 @@
 #pragma once
 // The cost model of simulated workers (`gyre sim-workers`, `gyre bench e2e --simulate`): what a
 // rollout or trainer worker would spend on a request, so that the real controller can be run
-// against many workers without models (docs/benchmarks.md, "End to end").
+// against many workers without models (docs/algorithms.md, "Measuring: gyre bench e2e").
 //
 // A simulated worker stands for one node; the defaults describe an 8xH100-class node serving or
 // training a 7B-parameter model in bf16 (the numbers are assumptions, documented with the bench):

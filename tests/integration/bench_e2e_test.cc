@@ -73,6 +73,15 @@ TEST(BenchE2eTest, TinySimulatedRunWritesConsistentJson) {
     EXPECT_NEAR(r["samples_per_s"].get<double>(), 12.0 / step_s, 1e-6 * 12.0 / step_s);
     EXPECT_GE(r["rollout_idle_fraction"].get<double>(), 0.0);
     EXPECT_LE(r["rollout_idle_fraction"].get<double>(), 1.0);
+    // Idle over the whole step is at least idle within generation's part of it (equal in
+    // asynchronous runs, where generation's window is the step).
+    EXPECT_GE(r["rollout_idle_fraction"].get<double>(),
+              r["rollout_generate_idle_fraction"].get<double>() - 1e-9)
+        << r.dump();
+    if (r["mode"] == "async") {
+      EXPECT_NEAR(r["rollout_idle_fraction"].get<double>(),
+                  r["rollout_generate_idle_fraction"].get<double>(), 1e-9);
+    }
     EXPECT_GT(r["controller_cpu_s_per_step"].get<double>(), 0.0);
     EXPECT_NEAR(r["controller_cpu_fraction"].get<double>(),
                 r["controller_cpu_s_per_step"].get<double>() / step_s, 1e-9);
