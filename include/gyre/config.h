@@ -134,6 +134,11 @@ struct TrainerSection {
   int workers = 1;
   int steps = 40;  // GRPO optimizer steps
   double lr = 1e-3;
+  // GRPO learning-rate schedule (docs/algorithms.md): constant or cosine, after a linear warm-up
+  // of lr_warmup_steps GRPO steps; cosine decays to lr * lr_min_ratio at the last step.
+  std::string lr_schedule = "constant";
+  int lr_warmup_steps = 0;
+  double lr_min_ratio = 0.0;
   double weight_decay = 0.0;
   double beta1 = 0.9;
   double beta2 = 0.999;

@@ -19,6 +19,7 @@
 #include <utility>
 #include <variant>
 
+#include "algorithm/lr_schedule.h"
 #include "common/check.h"
 #include "common/file_util.h"
 #include "common/limits.h"
@@ -249,6 +250,13 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(trainer.workers), Closed(1, 64), "trainer worker processes"),
       Num(GYRE_CONFIG_KEY(trainer.steps), Closed(0, kMaxSteps), "GRPO optimizer steps"),
       Num(GYRE_CONFIG_KEY(trainer.lr), OpenLow(0, 10), "AdamW learning rate"),
+      Choice(GYRE_CONFIG_KEY(trainer.lr_schedule), algorithm::LrScheduleNames(),
+             "GRPO learning-rate schedule after the warm-up: constant, or cosine decay to "
+             "lr * lr_min_ratio at the last step"),
+      Num(GYRE_CONFIG_KEY(trainer.lr_warmup_steps), Closed(0, kMaxSteps),
+          "GRPO steps of linear learning-rate warm-up from 0; 0 = none"),
+      Num(GYRE_CONFIG_KEY(trainer.lr_min_ratio), Closed(0, 1),
+          "cosine schedule: the last step's learning rate as a share of trainer.lr"),
       Num(GYRE_CONFIG_KEY(trainer.weight_decay), Closed(0, 10), "AdamW weight decay"),
       Num(GYRE_CONFIG_KEY(trainer.beta1), OpenHigh(0, 1), "AdamW beta1"),
       Num(GYRE_CONFIG_KEY(trainer.beta2), OpenHigh(0, 1), "AdamW beta2"),

@@ -424,6 +424,14 @@ StatusOr<std::map<std::string, std::string>> DataFingerprints(const DataSection&
 
 Status CheckResumeCompatible(const JobConfig& saved, const JobConfig& current,
                              const std::string& where) {
+  // A cosine schedule spans trainer.steps, so there the step count changes the results too.
+  if (saved.trainer.lr_schedule == "cosine" && saved.trainer.steps != current.trainer.steps) {
+    return FailedPrecondition(where + ": the checkpoint was written with trainer.steps: " +
+                              std::to_string(saved.trainer.steps) + ", this job has " +
+                              std::to_string(current.trainer.steps) +
+                              "; with trainer.lr_schedule: cosine the learning rate of every "
+                              "step depends on it, so a resume must keep it (docs/checkpoints.md)");
+  }
   const auto a = config::ConfigValues(saved);
   const auto b = config::ConfigValues(current);
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {

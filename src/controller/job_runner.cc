@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "algorithm/lr_schedule.h"
 #include "comm/gloo_communicator.h"
 #include "common/clock.h"
 #include "common/file_util.h"
@@ -356,7 +357,8 @@ Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* s
     // step number alone, so a job resumed from the checkpoint after the warm-up does the same.
     const double temperature = cfg_.rollout.sampling.temperature;
     TrainOptions pg;
-    pg.lr = cfg_.trainer.lr;
+    pg.lr = algorithm::LearningRate(cfg_.trainer, step);
+    rec.lr = pg.lr;
     pg.temperature = temperature > 0 ? temperature : 1.0;
     pg.reset_optimizer = step == 1 && cfg_.trainer.warmup_sft_steps > 0 &&
                          cfg_.trainer.warmup_optimizer_state == "reset";

@@ -34,6 +34,7 @@ nlohmann::json StepMetrics(const StepRecord& r) {
                       {"generate_s", r.generate_s},
                       {"train_s", r.train_s},
                       {"publish_s", r.publish_s},
+                      {"lr", r.lr},
                       {"zero_variance_groups", r.zero_variance_groups},
                       {"reward_errors", sc.reward_errors},
                       {"stale_dropped", sc.stale}};

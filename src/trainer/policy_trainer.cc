@@ -642,6 +642,7 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
   std::map<std::string, double> m;
   m["loss"] = loss_sum;
   m["grad_norm"] = grad_norm;
+  m["lr"] = lr;  // what this AdamW step applied (the controller's schedule reaches here)
   m["tokens"] = total_tokens;
   m["entropy"] = entropy_sum / total_tokens;
   m["token_accuracy"] = correct / total_tokens;

@@ -167,6 +167,33 @@ TEST(TrainTest, TwoGrpoStepsWithRealWorkers) {
   EXPECT_EQ(summary["policy_version"], 7);
 }
 
+// trainer.lr_schedule: the trainer's AdamW steps use the schedule's rate for each GRPO step (the
+// metrics' lr is what the optimizer applied): one warm-up step, then cosine down to half the rate.
+TEST(TrainTest, CosineLearningRateScheduleReachesTheOptimizer) {
+  const std::string dir = MakeTempDir("train_lr");
+  auto args = SmallJob(dir, 4);
+  for (const char* kv :
+       {"trainer.lr_schedule=cosine", "trainer.lr_warmup_steps=2", "trainer.lr_min_ratio=0.5",
+        "trainer.lr=0.001", "trainer.warmup_sft_lr=0.002"}) {
+    args.insert(args.end(), {"--set", kv});
+  }
+  auto p = GyreProcess::Start(args, dir);
+  ASSERT_TRUE(p.Wait(180)) << p.Output();
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  ASSERT_EQ(steps.size(), 4u);
+  // Warm-up: 1e-3 * 1/2, 1e-3; cosine over steps 3..4 (p = 1/2, 1): 7.5e-4, 5e-4. The rate
+  // travels to the trainer as a float (TrainRequest), hence the relative tolerance.
+  const double want[] = {5e-4, 1e-3, 7.5e-4, 5e-4};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_NEAR(steps[i]["lr"].get<double>(), want[i], 1e-6 * want[i]) << steps[i].dump();
+  }
+  // The supervised warm-up keeps its own rate.
+  for (const auto& w : ReadMetrics(dir + "/t/metrics.jsonl", "warmup")) {
+    EXPECT_NEAR(w["lr"].get<double>(), 2e-3, 2e-9) << w.dump();
+  }
+}
+
 // Evaluations between steps do not change training: their group ids come from a space of their
 // own, so the same job with metrics.eval_every 1 (two extra evaluations) samples the same
 // rollouts and takes the same steps as with 0.

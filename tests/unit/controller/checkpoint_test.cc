@@ -477,6 +477,21 @@ TEST(CheckpointTest, ResumeNeedsTheSettingsThatChangeResults) {
   current.rollout.sampling.temperature = 0.7;
   s = CheckResumeCompatible(saved, current, "x");
   EXPECT_NE(s.message().find("rollout.sampling.temperature"), std::string::npos) << s;
+
+  // trainer.steps may grow on resume, except under a cosine schedule, which spans it.
+  current = saved;
+  current.trainer.steps = saved.trainer.steps + 10;
+  EXPECT_TRUE(CheckResumeCompatible(saved, current, "x").ok());
+  saved.trainer.lr_schedule = "cosine";
+  current.trainer.lr_schedule = "cosine";
+  s = CheckResumeCompatible(saved, current, "x");
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("trainer.lr_schedule: cosine"), std::string::npos) << s;
+  current.trainer.steps = saved.trainer.steps;
+  EXPECT_TRUE(CheckResumeCompatible(saved, current, "x").ok());
+  current.trainer.lr_warmup_steps = 3;  // the schedule's settings change the results
+  s = CheckResumeCompatible(saved, current, "x");
+  EXPECT_NE(s.message().find("trainer.lr_warmup_steps"), std::string::npos) << s;
 }
 
 TEST(CheckpointTest, DataFingerprintsFollowTheFiles) {
