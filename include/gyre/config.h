@@ -142,9 +142,13 @@ struct TrainerSection {
   double weight_decay = 0.0;
   double beta1 = 0.9;
   double beta2 = 0.999;
-  double grad_clip = 1.0;      // max global grad norm; 0 = off
-  int micro_batch_size = 64;   // sequences per forward/backward
-  int mini_batches = 1;        // optimizer steps per GRPO batch (PPO-style)
+  double grad_clip = 1.0;     // max global grad norm; 0 = off
+  int micro_batch_size = 64;  // sequences per forward/backward
+  int mini_batches = 1;       // optimizer steps per GRPO batch (PPO-style)
+  // rollout.async: publish new weights to the rollout workers after every publish_every-th GRPO
+  // step only (1 = every step); the workers' version then lags by up to
+  // (publish_every - 1) * mini_batches versions, which algorithm.max_staleness must exceed.
+  int publish_every = 1;
   int warmup_sft_steps = 200;  // supervised warm-up steps before GRPO (0 = none)
   int warmup_sft_batch = 64;
   double warmup_sft_lr = 1e-3;

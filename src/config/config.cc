@@ -265,6 +265,8 @@ std::vector<Field> BuildTable() {
           "sequences per forward/backward"),
       Num(GYRE_CONFIG_KEY(trainer.mini_batches), Closed(1, 1024),
           "optimizer steps per GRPO batch (PPO-style mini-batches)"),
+      Num(GYRE_CONFIG_KEY(trainer.publish_every), Closed(1, 1000),
+          "rollout.async: publish new weights after every N-th GRPO step; 1 = every step"),
       Num(GYRE_CONFIG_KEY(trainer.warmup_sft_steps), Closed(0, kMaxSteps),
           "supervised warm-up steps before GRPO; 0 = none"),
       Num(GYRE_CONFIG_KEY(trainer.warmup_sft_batch), Closed(1, kMaxCount),
@@ -1000,6 +1002,23 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
                        "), so rollout can never run ahead: each GRPO step is " +
                        str(c.trainer.mini_batches) +
                        " policy versions; set max_staleness to at least that (or to 0)"};
+  }
+  if (c.trainer.publish_every > 1 && !c.rollout.async) {
+    return Problem{{"trainer.publish_every", "rollout.async"},
+                   "trainer.publish_every: " + str(c.trainer.publish_every) +
+                       " needs rollout.async: true (a synchronous step generates with the "
+                       "weights of the step before it)"};
+  }
+  if (c.trainer.publish_every > 1 &&
+      c.algorithm.max_staleness < c.trainer.publish_every * c.trainer.mini_batches) {
+    return Problem{{"trainer.publish_every", "algorithm.max_staleness"},
+                   "trainer.publish_every: " + str(c.trainer.publish_every) +
+                       " leaves the rollout workers up to " +
+                       str((c.trainer.publish_every - 1) * c.trainer.mini_batches) +
+                       " policy versions behind the trainer; set algorithm.max_staleness to at "
+                       "least publish_every * trainer.mini_batches = " +
+                       str(c.trainer.publish_every * c.trainer.mini_batches) +
+                       " so they can still run ahead"};
   }
   if (c.rollout.async && c.rollout.partial_rollouts) {
     return Problem{

@@ -64,7 +64,14 @@ class JobRunner {
   Status FinishStep(int step, SteadyClock::time_point t0, StepScores* scores,
                     const GenerateStats& gen, double gen_s, int rounds, nlohmann::json extra,
                     const std::function<Status()>& publish);
-  Status Publish() { return publisher_->Publish(version_); }
+  Status Publish() {
+    GYRE_RETURN_IF_ERROR(publisher_->Publish(version_));
+    published_ = version_;
+    return Status::Ok();
+  }
+  // trainer.publish_every: the rollout workers may hold an older version than the trainer;
+  // evaluation needs the current one. (Asynchronous generation is paused or over meanwhile.)
+  Status PublishIfBehind() { return published_ < version_ ? Publish() : Status::Ok(); }
   // Brings restarted rollout workers back: each gets the current version alone first.
   Status Revive() {
     return pool_->Revive(version_, [this](Worker* w) { return publisher_->CatchUp(w, version_); });
@@ -106,6 +113,7 @@ class JobRunner {
   std::unique_ptr<SampleLedger> ledger_;
   std::unique_ptr<StepScorer> scorer_;
   int64_t version_ = 0;
+  int64_t published_ = -1;  // the version the rollout workers were last sent
   uint64_t next_group_id_ = 0;
   // Evaluation's group ids: a space of their own (high bit set), not saved in checkpoints.
   static constexpr uint64_t kEvalGroupIdBase = uint64_t{1} << 63;
@@ -316,7 +324,11 @@ Status JobRunner::AsyncGrpoStep(int step) {
                           {"queued_groups", as.queued},     {"in_flight_groups", as.in_flight},
                           {"ready_groups", as.ready},       {"stolen_samples", as.stolen},
                           {"repacked_samples", as.repacked}};
-  return FinishStep(step, t0, &sc_out, as.generate, as.wait_s, 1, extra, [this]() -> Status {
+  extra["published_version"] = published_;
+  return FinishStep(step, t0, &sc_out, as.generate, as.wait_s, 1, extra, [this, step]() -> Status {
+    // trainer.publish_every: between publishes the workers keep generating with the version they
+    // hold; the batching rule still keeps every trained sample within algorithm.max_staleness.
+    if (step % cfg_.trainer.publish_every != 0) return Status::Ok();
     if (cfg_.rollout.weight_updates == "between_steps" ||
         cfg_.rollout.weight_updates == "between_steps_repack") {
       // No lockstep: the workers take the version between engine steps of the calls they are
@@ -425,6 +437,7 @@ StatusOr<JobResult> JobRunner::Run() {
         step != cfg_.trainer.steps) {
       // Evaluation needs the workers: rollout for later steps waits meanwhile.
       if (async_) GYRE_RETURN_IF_ERROR(async_->Pause());
+      GYRE_RETURN_IF_ERROR(PublishIfBehind());
       GYRE_RETURN_IF_ERROR(Evaluate("step_" + std::to_string(step)).status());
       if (async_) async_->Resume(version_);
     }
@@ -433,6 +446,7 @@ StatusOr<JobResult> JobRunner::Run() {
     }
   }
   if (async_) GYRE_RETURN_IF_ERROR(EndAsync());
+  GYRE_RETURN_IF_ERROR(PublishIfBehind());
   GYRE_ASSIGN_OR_RETURN(result_.accuracy_after_rl, Evaluate("after_rl"));
   GYRE_RETURN_IF_ERROR(trainers_->SaveModel(run_dir_ + "/final"));
   result_.policy_version = version_;
@@ -575,7 +589,7 @@ Status JobRunner::SaveCheckpoint(int step, SteadyClock::time_point job_start) {
   GYRE_ASSIGN_OR_RETURN(st.ledger_sequence, ledger_->LastSequence());
   GYRE_RETURN_IF_ERROR(WriteControllerState(tmp_dir, st));
   GYRE_RETURN_IF_ERROR(CommitCheckpoint(tmp_dir, final_dir, cfg_.trainer.checkpoint_keep_last));
-  if (async_) async_->Resume(version_);
+  if (async_) async_->Resume(published_);  // the workers still hold what was last published
   GYRE_LOG_INFO("checkpoint {} (policy v{}, {} carried groups) in {:.2f} s", final_dir, version_,
                 st.carried_groups.size(), SecondsSince(t0));
   return Status::Ok();

@@ -291,6 +291,36 @@ TEST(TrainTest, AsyncRolloutRunsAheadWithinTheStalenessBound) {
   EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
 }
 
+// trainer.publish_every: 2: the workers get new weights after every second step only (and before
+// an evaluation), the bound still holds, and every sample is trained once or dropped.
+TEST(TrainTest, AsyncPublishEveryOtherStepKeepsTheBound) {
+  const std::string dir = MakeTempDir("async_publish_every");
+  auto args = SmallJob(dir, 6);
+  args.insert(args.end(), {"--set", "rollout.async=true", "--set", "algorithm.max_staleness=2",
+                           "--set", "trainer.publish_every=2", "--set", "metrics.eval_every=3"});
+  auto p = GyreProcess::Start(args, dir);
+  ASSERT_TRUE(p.Wait(240)) << p.Output();
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  ASSERT_EQ(steps.size(), 6u);
+  // The warm-up ends at v5 and each step adds one version. The workers hold v5 through step 2;
+  // step 2 publishes v7; step 3's evaluation needs v8, so it is published then; step 4 publishes
+  // v9, which the workers hold through step 6.
+  const int64_t held[] = {5, 5, 7, 8, 9, 9};
+  int64_t trained = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const auto& s = steps[i];
+    EXPECT_EQ(s["published_version"], held[i]) << s.dump();
+    EXPECT_EQ(s["policy_version"], 6 + static_cast<int64_t>(i)) << s.dump();
+    for (const auto& [st, count] : s["staleness"].items()) EXPECT_LE(std::stoi(st), 2) << s.dump();
+    EXPECT_EQ(s["stale_dropped"], 0) << s.dump();
+    EXPECT_GE(s["samples"].get<int64_t>(), 64) << s.dump();
+    trained += s["samples"].get<int64_t>();
+  }
+  ExpectTrainedOnceOrDropped(dir, trained);
+  EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
+}
+
 // rollout.weight_updates: between_steps: the trainer publishes while generation runs, each worker
 // taking the version between engine steps; the bound holds and every step trains a full batch.
 // With peer relay (fan-out 1) the trainer sends one copy and the first worker relays it to the

@@ -704,6 +704,22 @@ TEST(ConfigCrossField, GpuWeightTransportsNeedGpusAndTheirPlacement) {
   EXPECT_EQ(JobConfig{}.cluster.placement, "colocated");
 }
 
+TEST(ConfigCrossField, PublishEveryNeedsAsyncAndRoomInTheStalenessBound) {
+  std::string e = ParseError("trainer:\n  publish_every: 2\n");
+  EXPECT_NE(e.find("needs rollout.async: true"), std::string::npos) << e;
+  e = ParseError(
+      "rollout:\n  async: true\nalgorithm:\n  max_staleness: 2\n"
+      "trainer:\n  publish_every: 2\n  mini_batches: 2\n");
+  EXPECT_NE(e.find("up to 2 policy versions behind"), std::string::npos) << e;
+  EXPECT_NE(e.find("at least publish_every * trainer.mini_batches = 4"), std::string::npos) << e;
+  auto ok = Parse(
+      "rollout:\n  async: true\nalgorithm:\n  max_staleness: 4\n"
+      "trainer:\n  publish_every: 2\n  mini_batches: 2\n");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->trainer.publish_every, 2);
+  EXPECT_EQ(JobConfig{}.trainer.publish_every, 1);
+}
+
 // A bucket larger than one gRPC message used to pass validation and fail at the first publish.
 TEST(ConfigCrossField, GrpcWeightBucketsFitInOneMessage) {
   std::string e =

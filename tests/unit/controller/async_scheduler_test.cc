@@ -90,6 +90,9 @@ struct Schedule {
   // (weight_updates: between_steps_repack), at most tail_batch samples per call.
   bool tails = false;
   int tail_batch = 32;
+  // trainer.publish_every: only every this-many steps publish (and restarts, which publish);
+  // in between the workers keep generating with the version they hold.
+  int publish_every = 1;
 };
 
 int64_t g_restarts = 0;  // scheduler restarts from a checkpoint, over all schedules
@@ -198,9 +201,13 @@ int64_t RunSchedule(FakeJob& job, const Schedule& sch, std::mt19937_64* rng, int
     if (sch.tails) g_tails += st.repacked;
     EXPECT_TRUE((*ledger)->Move(ids, SampleState::kScored, {step, version}).ok());
     EXPECT_TRUE((*ledger)->Move(ids, SampleState::kTrained, {step, version + 1}).ok());
-    // The step's update, then publish to everyone.
+    // The step's update, then publish to everyone (every publish_every steps).
     ++version;
     const bool restart = u(*rng) < sch.restart_p;
+    if (step % sch.publish_every != 0 && !restart) {
+      if (u(*rng) < 0.3) revive();
+      continue;
+    }
     if (!sch.no_pause || restart) EXPECT_TRUE(async->Pause(sch.repack).ok());
     for (auto& r : job.cluster.rollout) r->version = version;
     for (Worker* w : job.pool->AliveRollouts()) w->version = version;
@@ -292,8 +299,12 @@ TEST(AsyncSchedulerTest, RandomSchedulesKeepTheStalenessBoundAndTheLedgerExact) 
     sch.repack = !sch.no_pause && rng() % 2 == 0;
     sch.tails = sch.no_pause && rng() % 2 == 0;
     sch.tail_batch = 1 + static_cast<int>(rng() % 4);
+    // publish_every P needs k >= P (the config's rule with one version per step).
+    sch.publish_every =
+        sch.k >= 2 && rng() % 3 == 0 ? 2 + static_cast<int>(rng() % (sch.k - 1)) : 1;
     const int64_t worst = RunSchedule(job, sch, &rng, i);
-    EXPECT_LE(worst, sch.k) << "schedule " << i << ": k=" << sch.k << " B=" << sch.B;
+    EXPECT_LE(worst, sch.k) << "schedule " << i << ": k=" << sch.k << " B=" << sch.B
+                            << " publish_every=" << sch.publish_every;
     worst_by_k[sch.k] = std::max(worst_by_k[sch.k], worst);
     if (HasFailure()) break;
   }
