@@ -54,6 +54,19 @@ void ExpectTrainedOnceOrDropped(const std::string& dir, int64_t trained) {
       << counts.dump();
 }
 
+// Runs `gyre train args...` in `dir`, expects it to succeed within 240 s, and returns the GRPO
+// metrics lines of the run (job.name t); *output gets what it printed.
+std::vector<nlohmann::json> TrainAndReadSteps(const std::vector<std::string>& args,
+                                              const std::string& dir, std::string* output) {
+  auto p = GyreProcess::Start(args, dir);
+  const bool ended = p.Wait(240);
+  *output = p.Output();
+  EXPECT_TRUE(ended) << *output;
+  EXPECT_EQ(WEXITSTATUS(p.wait_status), 0) << *output;
+  if (!ended || WEXITSTATUS(p.wait_status) != 0) return {};
+  return ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+}
+
 TEST(CliTest, VersionHelpAndUsageErrors) {
   const std::string dir = MakeTempDir("cli");
   auto p = GyreProcess::Start({"--version"}, dir);
@@ -298,10 +311,8 @@ TEST(TrainTest, AsyncPublishEveryOtherStepKeepsTheBound) {
   auto args = SmallJob(dir, 6);
   args.insert(args.end(), {"--set", "rollout.async=true", "--set", "algorithm.max_staleness=2",
                            "--set", "trainer.publish_every=2", "--set", "metrics.eval_every=3"});
-  auto p = GyreProcess::Start(args, dir);
-  ASSERT_TRUE(p.Wait(240)) << p.Output();
-  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
-  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  std::string out;
+  const auto steps = TrainAndReadSteps(args, dir, &out);
   ASSERT_EQ(steps.size(), 6u);
   // The warm-up ends at v5 and each step adds one version. The workers hold v5 through step 2;
   // step 2 publishes v7; step 3's evaluation needs v8, so it is published then; step 4 publishes
@@ -318,7 +329,7 @@ TEST(TrainTest, AsyncPublishEveryOtherStepKeepsTheBound) {
     trained += s["samples"].get<int64_t>();
   }
   ExpectTrainedOnceOrDropped(dir, trained);
-  EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
+  EXPECT_TRUE(AllGone(WorkerPids(out), 10));
 }
 
 // rollout.weight_updates: between_steps: the trainer publishes while generation runs, each worker
@@ -332,17 +343,15 @@ TEST(TrainTest, AsyncWeightUpdatesBetweenEngineStepsKeepTheBound) {
               {"--set", "rollout.async=true", "--set", "algorithm.max_staleness=2", "--set",
                "rollout.weight_updates=between_steps", "--set", "rollout.max_new_tokens=12",
                "--set", "model.max_seq_len=40", "--set", "cluster.weight_relay_fanout=1"});
-  auto p = GyreProcess::Start(args, dir);
-  ASSERT_TRUE(p.Wait(240)) << p.Output();
-  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
-  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  std::string out;
+  const auto steps = TrainAndReadSteps(args, dir, &out);
   ASSERT_EQ(steps.size(), 8u);
   for (const auto& s : steps) {
     EXPECT_EQ(s["samples"], 64) << s.dump();
     EXPECT_EQ(s["publish_relay_rounds"], 1) << s.dump();
     for (const auto& [age, count] : s["staleness"].items()) EXPECT_LE(std::stoi(age), 2);
   }
-  EXPECT_TRUE(AllGone(WorkerPids(p.Output()), 10));
+  EXPECT_TRUE(AllGone(WorkerPids(out), 10));
 }
 
 // rollout.work_stealing on real workers: a worker that runs out of work takes over samples still
