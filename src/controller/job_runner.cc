@@ -260,8 +260,9 @@ StatusOr<std::vector<GroupJob>> JobRunner::DrawGroups(int count, int step) {
     GYRE_ASSIGN_OR_RETURN(GroupJob j, prompts_->TrainingGroup(problems_->Next(), next_group_id_++));
     jobs.push_back(std::move(j));
   }
-  if (!jobs.empty())
+  if (!jobs.empty()) {
     GYRE_RETURN_IF_ERROR(ledger_->Add(QueuedSamples(jobs), {step, version_, "", ""}));
+  }
   return jobs;
 }
 
@@ -370,7 +371,6 @@ Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* s
     const double temperature = cfg_.rollout.sampling.temperature;
     TrainOptions pg;
     pg.lr = algorithm::LearningRate(cfg_.trainer, step);
-    rec.lr = pg.lr;
     pg.temperature = temperature > 0 ? temperature : 1.0;
     pg.reset_optimizer = step == 1 && cfg_.trainer.warmup_sft_steps > 0 &&
                          cfg_.trainer.warmup_optimizer_state == "reset";

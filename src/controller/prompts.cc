@@ -57,28 +57,27 @@ std::vector<NewSample> QueuedSamples(const std::vector<GroupJob>& jobs) {
   return queued;
 }
 
-StatusOr<GroupJob> PromptEncoder::TrainingGroup(const Problem& problem, uint64_t group_id) const {
-  const int n = cfg_.rollout.group_size;
+StatusOr<GroupJob> PromptEncoder::Group(const Problem& problem, uint64_t group_id, int n,
+                                        uint64_t first_sample_id, uint64_t seed) const {
   GroupJob j;
   j.problem = problem;
   j.group.set_group_id(group_id);
   GYRE_ASSIGN_OR_RETURN(auto ids, Encode(problem));
   j.group.mutable_prompt_ids()->Add(ids.begin(), ids.end());
   j.group.set_n(n);
-  j.group.set_first_sample_id(group_id * static_cast<uint64_t>(n));
-  j.group.set_seed(SplitMix64(cfg_.job.seed ^ SplitMix64(group_id)));
+  j.group.set_first_sample_id(first_sample_id);
+  j.group.set_seed(seed);
   return j;
 }
 
+StatusOr<GroupJob> PromptEncoder::TrainingGroup(const Problem& problem, uint64_t group_id) const {
+  const int n = cfg_.rollout.group_size;
+  return Group(problem, group_id, n, group_id * static_cast<uint64_t>(n),
+               SplitMix64(cfg_.job.seed ^ SplitMix64(group_id)));
+}
+
 StatusOr<GroupJob> PromptEncoder::EvalGroup(const Problem& problem, uint64_t group_id) const {
-  GroupJob j;
-  j.problem = problem;
-  j.group.set_group_id(group_id);
-  GYRE_ASSIGN_OR_RETURN(auto ids, Encode(problem));
-  j.group.mutable_prompt_ids()->Add(ids.begin(), ids.end());
-  j.group.set_n(1);
-  j.group.set_seed(0);
-  return j;
+  return Group(problem, group_id, 1, 0, 0);
 }
 
 StatusOr<v1::Sample> PromptEncoder::SftSample(const Problem& problem) const {

@@ -48,6 +48,9 @@ class PromptEncoder {
   v1::SamplingParams Greedy() const;
 
  private:
+  StatusOr<GroupJob> Group(const Problem& problem, uint64_t group_id, int n,
+                           uint64_t first_sample_id, uint64_t seed) const;
+
   const JobConfig cfg_;
   const model::TextTokenizer* tokenizer_;
 };

@@ -17,6 +17,14 @@ double Accuracy(const StepScores& sc) {
   return static_cast<double>(sc.correct) / std::max(1, sc.scored);
 }
 
+// The mean over workers of 1 - busy / window; 0 without workers or window.
+double MeanIdle(const std::map<std::string, double>& busy_s, double window_s) {
+  if (busy_s.empty() || window_s <= 0) return 0.0;
+  double sum = 0;
+  for (const auto& [id, sec] : busy_s) sum += std::max(0.0, 1.0 - sec / window_s);
+  return sum / static_cast<double>(busy_s.size());
+}
+
 }  // namespace
 
 nlohmann::json StepMetrics(const StepRecord& r) {
@@ -34,7 +42,7 @@ nlohmann::json StepMetrics(const StepRecord& r) {
                       {"generate_s", r.generate_s},
                       {"train_s", r.train_s},
                       {"publish_s", r.publish_s},
-                      {"lr", r.lr},
+                      {"lr", 0.0},  // the trainer's metrics below give the applied rate
                       {"zero_variance_groups", r.zero_variance_groups},
                       {"reward_errors", sc.reward_errors},
                       {"stale_dropped", sc.stale}};
@@ -53,16 +61,10 @@ nlohmann::json StepMetrics(const StepRecord& r) {
   // Idle within generation's window (stragglers), and within the whole step (a synchronous
   // step's workers also wait while the trainer trains and publishes).
   nlohmann::json busy = nlohmann::json::object();
-  double idle_sum = 0, step_idle_sum = 0;
-  for (const auto& [id, sec] : gen.busy_s) {
-    busy[id] = sec;
-    idle_sum += r.window_s > 0 ? std::max(0.0, 1.0 - sec / r.window_s) : 0.0;
-    step_idle_sum += r.step_s > 0 ? std::max(0.0, 1.0 - sec / r.step_s) : 0.0;
-  }
-  const double workers = static_cast<double>(gen.busy_s.size());
+  for (const auto& [id, sec] : gen.busy_s) busy[id] = sec;
   j["rollout_busy_s"] = busy;
-  j["rollout_idle_fraction"] = gen.busy_s.empty() ? 0.0 : idle_sum / workers;
-  j["rollout_step_idle_fraction"] = gen.busy_s.empty() ? 0.0 : step_idle_sum / workers;
+  j["rollout_idle_fraction"] = MeanIdle(gen.busy_s, r.window_s);
+  j["rollout_step_idle_fraction"] = MeanIdle(gen.busy_s, r.step_s);
   if (r.filter_zero_variance) {
     j["filtered_groups"] = sc.filtered_groups;
     j["generation_rounds"] = r.rounds;

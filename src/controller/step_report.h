@@ -24,7 +24,6 @@ struct StepRecord {
   // Generation's time window: the step's generation (synchronous), or the whole step, during
   // all of which rollout runs (rollout.async).
   double window_s = 0;
-  double lr = 0;  // the step's learning rate (trainer.lr_schedule); 0 = no update
   int zero_variance_groups = 0;
   int rounds = 1;  // generation rounds (algorithm.filter_zero_variance)
   bool filter_zero_variance = false;
