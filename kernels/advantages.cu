@@ -14,11 +14,11 @@
 //    the sorted group. This costs n^2 / 256 comparisons per thread; groups of up to
 //    kMedianSharedMaxGroupSize samples are first copied to shared memory (16 KiB), larger groups
 //    are ranked straight from global memory. A NaN anywhere in the group makes its median NaN.
-//  * kReinforcePpBaseline needs statistics of the whole batch: the group kernel writes the centred
-//    values R_i - mean_g in double to stream-ordered scratch, then ReinforceWhitenKernel, a single
-//    block of kWhitenThreads (1024) threads, reduces their mean and unbiased std over the batch and
-//    writes the whitened advantages. Batches hold at most millions of samples, so one block is
-//    enough and keeps the reduction order fixed.
+//  * kReinforcePpBaseline and kReinforcePp need statistics of the whole batch: the group kernel
+//    writes the centred values R_i - mean_g (kReinforcePp: R_i itself) in double to stream-ordered
+//    scratch, then ReinforceWhitenKernel, a single block of kWhitenThreads (1024) threads, reduces
+//    their mean and unbiased std over the batch and writes the whitened advantages. Batches hold at
+//    most millions of samples, so one block is enough and keeps the reduction order fixed.
 //  * BroadcastKernel: elementwise over the [S, T] mask, a grid-stride loop with 256 threads per
 //    block and at most 65536 blocks.
 #include <cuda_runtime.h>
@@ -156,10 +156,13 @@ __global__ void __launch_bounds__(kGroupThreads)
         centred[begin + i] = static_cast<double>(r[i]) - mean;
       }
       return;
+    case AdvantageKind::kReinforcePp:
+      for (int32_t i = threadIdx.x; i < n; i += blockDim.x) centred[begin + i] = r[i];
+      return;
   }
 }
 
-// Whitens the batch's centred values (kReinforcePpBaseline's second pass). One block; total >= 1.
+// Whitens the batch's centred values (the reinforce_pp kinds' second pass). One block; total >= 1.
 __global__ void __launch_bounds__(kWhitenThreads)
     ReinforceWhitenKernel(const double* __restrict__ centred, int32_t total, float eps,
                           float* __restrict__ advantages) {
@@ -203,7 +206,9 @@ cudaError_t LaunchGroupAdvantages(const float* rewards, const int32_t* group_off
   if (group_offsets == nullptr) return cudaErrorInvalidValue;
   if (total > 0 && (rewards == nullptr || advantages == nullptr)) return cudaErrorInvalidValue;
 
-  const bool whiten = kind == AdvantageKind::kReinforcePpBaseline && total > 0;
+  const bool whiten =
+      (kind == AdvantageKind::kReinforcePpBaseline || kind == AdvantageKind::kReinforcePp) &&
+      total > 0;
   double* centred = nullptr;
   if (whiten) {
     const cudaError_t err =

@@ -4,21 +4,23 @@
 // Parallel decomposition and launch configuration (four kernels on one stream, no host sync):
 //  1. SeqTokensKernel, grid = S blocks x 256 threads: block s sums sequence s's mask (double, tree
 //     reduction in shared memory) into seq_tokens[s], and for the kSeqTis correction the masked sum
-//     of logp_old - logp_rollout into seq_d[s]. Seq-mean modes need these per-sequence
+//     of logp_old - logp_rollout into seq_d[s], and for kGspo the masked mean of logp - logp_old
+//     into seq_x[s]. Seq-mean modes need these per-sequence
 //     denominators (and seq-tis its weight) before any token's gradient can be scaled.
 //  2. ScalesKernel, 1 block x 1024 threads: reduces seq_tokens into the local token count and the
 //     number of sequences with a token, picks the mode's denominators (global ones when given),
 //     and writes scale[s], the factor turning sequence s's masked token sum into its share of the
 //     loss (0 for a zero denominator), plus the kStatTokens slot.
 //  3. TokenKernel, grid = S blocks x 256 threads: block s strides over its T tokens; each token's
-//     loss and gradient is elementwise given scale[s], with the same clamp / PPO clip / dual clip /
+//     loss and gradient is elementwise given scale[s] (and kGspo's seq_x[s]), with the same policy
+//     term by kind / clamp / PPO clip / dual clip /
 //     behaviour weight / KL branches and tie rules as the reference. Masked-out tokens (m == 0) are
 //     skipped before any input is read, so padding may hold NaN. The block reduces its
 //     per-sequence sums (and the weight's max) and writes them to partials[s][0..8].
 //  4. FinalizeKernel, 1 block x 1024 threads: reduces partials over sequences into stats_device.
 // Every reduction has a fixed shape, so results are deterministic run to run (no atomics).
-// Scratch: seq_tokens[S], seq_d[S], scale[S] and partials[S * 9] doubles in one cudaMallocAsync
-// block.
+// Scratch: seq_tokens[S], seq_d[S], seq_x[S], scale[S] and partials[S * 9] doubles in one
+// cudaMallocAsync block.
 #include <cuda_runtime.h>
 #include <math_constants.h>
 
@@ -84,20 +86,33 @@ struct PgTerm {
   bool dual_clipped;  // the dual-clip cap strictly won
 };
 
-__device__ PgTerm PolicyTerm(double logp, double logp_old, double adv, const PolicyLossParams& p) {
-  const double log_ratio = logp - logp_old;
+// log_ratio is the token's x (the reference's header): its own logp - logp_old, or kGspo's
+// sequence mean.
+__device__ PgTerm PolicyTerm(double log_ratio, double adv, const PolicyLossParams& p) {
   const bool ratio_clamped = log_ratio < -kLogRatioClamp || log_ratio > kLogRatioClamp;
   const double ratio = exp(Clamp(log_ratio, -kLogRatioClamp, kLogRatioClamp));
   const double d_ratio = ratio_clamped ? 0.0 : ratio;  // d ratio / d logp
 
   const double lo = 1.0 - static_cast<double>(p.clip_eps_low);
   const double hi = 1.0 + static_cast<double>(p.clip_eps_high);
+  switch (p.kind) {
+    case PolicyLossKind::kCispo: {
+      const double weight = Clamp(ratio, lo, hi);
+      return {-adv * weight, ratio_clamped ? 0.0 : -adv * weight, ratio < lo || ratio > hi, false};
+    }
+    case PolicyLossKind::kSao:
+      if (ratio < lo || ratio > hi) return {0.0, 0.0, true, false};
+      return {-adv * ratio, -adv * d_ratio, false, false};
+    case PolicyLossKind::kPpo:
+    case PolicyLossKind::kGspo:
+      break;
+  }
   const double unclipped = -adv * ratio;
   const double clipped = -adv * Clamp(ratio, lo, hi);
   PgTerm term{unclipped, -adv * d_ratio, false, false};
   if (clipped > unclipped) term = {clipped, 0.0, true, false};
 
-  if (adv < 0.0 && p.dual_clip_c > 1.0f) {
+  if (p.kind == PolicyLossKind::kPpo && adv < 0.0 && p.dual_clip_c > 1.0f) {
     const double cap = -adv * static_cast<double>(p.dual_clip_c);
     if (term.loss > cap) term = {cap, 0.0, false, true};
   }
@@ -162,24 +177,30 @@ __device__ double BehaviourWeight(const PolicyLossParams& p, double d, double se
 
 __global__ void __launch_bounds__(kSeqThreads)
     SeqTokensKernel(PolicyLossInputs in, PolicyLossParams p, double* __restrict__ seq_tokens,
-                    double* __restrict__ seq_d) {
+                    double* __restrict__ seq_d, double* __restrict__ seq_x) {
   __shared__ double scratch[kSeqThreads];
   const int64_t T = in.T;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * T;
   const bool seq_weight = p.correction == Correction::kSeqTis;
-  double sum = 0.0, dsum = 0.0;
+  const bool seq_ratio = p.kind == PolicyLossKind::kGspo;
+  double sum = 0.0, dsum = 0.0, xsum = 0.0;
   for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
     const double m = in.mask[base + t];
     sum += m;
     if (seq_weight && m != 0.0) {
       dsum += m * (static_cast<double>(in.logp_old[base + t]) - in.logp_rollout[base + t]);
     }
+    if (seq_ratio && m != 0.0) {
+      xsum += m * (static_cast<double>(in.logp[base + t]) - in.logp_old[base + t]);
+    }
   }
   sum = BlockReduce<kSeqThreads>(sum, scratch);
   dsum = BlockReduce<kSeqThreads>(dsum, scratch);
+  xsum = BlockReduce<kSeqThreads>(xsum, scratch);
   if (threadIdx.x == 0) {
     seq_tokens[blockIdx.x] = sum;
     seq_d[blockIdx.x] = dsum;
+    seq_x[blockIdx.x] = seq_ratio && sum != 0.0 ? xsum / sum : 0.0;
   }
 }
 
@@ -222,13 +243,15 @@ __global__ void __launch_bounds__(kOneBlockThreads)
 
 __global__ void __launch_bounds__(kSeqThreads)
     TokenKernel(PolicyLossInputs in, PolicyLossParams p, const double* __restrict__ scale,
-                const double* __restrict__ seq_d, float* __restrict__ grad_logp,
-                double* __restrict__ partials) {
+                const double* __restrict__ seq_d, const double* __restrict__ seq_x,
+                float* __restrict__ grad_logp, double* __restrict__ partials) {
   __shared__ double scratch[kSeqThreads];
   const int64_t s = blockIdx.x;
   const int64_t T = in.T;
   const double seq_scale = scale[s];
   const double sequence_d = seq_d[s];
+  const double sequence_x = seq_x[s];
+  const bool seq_ratio = p.kind == PolicyLossKind::kGspo;
   const double kl_coef = p.kl_coef;
 
   double seq_loss = 0.0, seq_pg = 0.0, seq_kl = 0.0;
@@ -243,7 +266,7 @@ __global__ void __launch_bounds__(kSeqThreads)
     }
     const double logp = in.logp[i];
     const double logp_old = in.logp_old[i];
-    const PgTerm pg = PolicyTerm(logp, logp_old, in.advantages[i], p);
+    const PgTerm pg = PolicyTerm(seq_ratio ? sequence_x : logp - logp_old, in.advantages[i], p);
     const double w =
         p.correction == Correction::kNone
             ? 1.0
@@ -342,22 +365,24 @@ cudaError_t LaunchPolicyLoss(const PolicyLossInputs& in, const PolicyLossParams&
 
   double* scratch = nullptr;
   cudaError_t err = cudaMallocAsync(
-      &scratch, sizeof(double) * static_cast<size_t>(S) * (3 + kNumPartials), stream);
+      &scratch, sizeof(double) * static_cast<size_t>(S) * (4 + kNumPartials), stream);
   if (err != cudaSuccess) return err;
   double* seq_tokens = scratch;
   double* seq_d = scratch + S;
-  double* scale = scratch + 2 * S;
-  double* partials = scratch + 3 * S;
+  double* seq_x = scratch + 2 * S;
+  double* scale = scratch + 3 * S;
+  double* partials = scratch + 4 * S;
   const unsigned int seq_blocks = static_cast<unsigned int>(S);
 
-  SeqTokensKernel<<<seq_blocks, kSeqThreads, 0, stream>>>(in, p, seq_tokens, seq_d);
+  SeqTokensKernel<<<seq_blocks, kSeqThreads, 0, stream>>>(in, p, seq_tokens, seq_d, seq_x);
   err = cudaGetLastError();
   if (err == cudaSuccess) {
     ScalesKernel<<<1, kOneBlockThreads, 0, stream>>>(seq_tokens, S, T, p, scale, stats_device);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {
-    TokenKernel<<<seq_blocks, kSeqThreads, 0, stream>>>(in, p, scale, seq_d, grad_logp, partials);
+    TokenKernel<<<seq_blocks, kSeqThreads, 0, stream>>>(in, p, scale, seq_d, seq_x, grad_logp,
+                                                        partials);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {

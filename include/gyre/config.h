@@ -107,9 +107,21 @@ struct RolloutSection {
   int tail_batch = 32;
 };
 
+// Names come from the algorithm registry (docs/algorithms.md has the table).
 struct AlgorithmSection {
-  std::string advantage = "grpo";       // grpo, grpo_no_std, rloo
-  std::string loss_agg = "token-mean";  // token-mean, seq-mean-token-mean, seq-mean-token-sum
+  std::string advantage = "grpo";       // grpo, grpo_no_std, rloo, reinforce_pp, ..., median
+  std::string policy_loss = "ppo";      // ppo, gspo, cispo, sao
+  std::string loss_agg = "token-mean";  // token-mean, seq-mean-token-{mean,sum,sum-norm}
+  int loss_norm_len = 0;                // seq-mean-token-sum-norm; 0 = rollout.max_new_tokens
+  double entropy_coef = 0.0;            // entropy bonus; 0 = off
+  // KL penalty in the loss against the frozen reference policy (the model GRPO starts from):
+  // none, k1, k2, k3; weighted by kl_coef.
+  std::string kl = "none";
+  double kl_coef = 0.001;
+  // DAPO overlong shaping: a response longer than rollout.max_new_tokens - overlong_buffer tokens
+  // loses up to overlong_penalty of reward, linearly over the buffer; 0 = off.
+  int overlong_buffer = 0;
+  double overlong_penalty = 1.0;
   double clip_eps_low = 0.2;
   double clip_eps_high = 0.28;
   double dual_clip_c = 3.0;  // 0 = off

@@ -18,6 +18,7 @@ constexpr KindName kKindNames[] = {
     {AdvantageKind::kRloo, "rloo"},
     {AdvantageKind::kMedian, "median"},
     {AdvantageKind::kReinforcePpBaseline, "reinforce_pp_baseline"},
+    {AdvantageKind::kReinforcePp, "reinforce_pp"},
 };
 
 bool AllEqual(const float* values, int64_t n) {
@@ -73,11 +74,13 @@ const char* AdvantageKindName(AdvantageKind kind) {
 void GroupAdvantagesRef(const float* rewards, const int32_t* group_offsets, int32_t num_groups,
                         AdvantageKind kind, float eps, float* advantages, uint8_t* zero_variance) {
   std::vector<double> scratch;
-  // reinforce_pp_baseline needs the centred values of the whole batch before it can whiten;
+  // The reinforce_pp kinds need the (centred) values of the whole batch before they can whiten;
   // they are kept in double so the second pass does not re-round them.
   std::vector<double> centred;
   const int32_t total = num_groups > 0 ? group_offsets[num_groups] : 0;
-  if (kind == AdvantageKind::kReinforcePpBaseline) centred.resize(total);
+  const bool whiten =
+      kind == AdvantageKind::kReinforcePpBaseline || kind == AdvantageKind::kReinforcePp;
+  if (whiten) centred.resize(total);
 
   for (int32_t g = 0; g < num_groups; ++g) {
     const int32_t begin = group_offsets[g];
@@ -119,10 +122,13 @@ void GroupAdvantagesRef(const float* rewards, const int32_t* group_offsets, int3
       case AdvantageKind::kReinforcePpBaseline:
         for (int64_t i = 0; i < n; ++i) centred[begin + i] = r[i] - mean;
         break;
+      case AdvantageKind::kReinforcePp:
+        for (int64_t i = 0; i < n; ++i) centred[begin + i] = r[i];
+        break;
     }
   }
 
-  if (kind != AdvantageKind::kReinforcePpBaseline || total == 0) return;
+  if (!whiten || total == 0) return;
   double sum = 0.0;
   for (int32_t i = 0; i < total; ++i) sum += centred[i];
   const double batch_mean = sum / total;

@@ -2,7 +2,7 @@
 //
 // A group is the n samples drawn for one prompt; groups in a batch may differ in size. All
 // statistics are computed in double from the float rewards, then rounded once to float.
-// A NaN reward propagates into its group's advantages (and, for reinforce_pp_baseline, into the
+// A NaN reward propagates into its group's advantages (and, for the reinforce_pp kinds, into the
 // whole batch) rather than being silently replaced: a failed reward must never look like a 0.
 // Thread-safe: no state between calls.
 #pragma once
@@ -22,9 +22,12 @@ namespace gyre::kernels {
 //   kReinforcePpBaseline: x_i = R_i - m, then whitened over every sample of the batch:
 //                         (x_i - mean(x)) / (std(x) + eps), std unbiased; std is taken as 0 when
 //                         the batch has fewer than two samples.
-enum class AdvantageKind { kGrpo, kGrpoNoStd, kRloo, kMedian, kReinforcePpBaseline };
+//   kReinforcePp:         x_i = R_i (no group baseline), whitened over the batch as above
+//                         (REINFORCE++ with one terminal reward and gamma = 1).
+enum class AdvantageKind { kGrpo, kGrpoNoStd, kRloo, kMedian, kReinforcePpBaseline, kReinforcePp };
 
-// Parses "grpo", "grpo_no_std", "rloo", "median", "reinforce_pp_baseline" (exact, lower case).
+// Parses "grpo", "grpo_no_std", "rloo", "median", "reinforce_pp_baseline", "reinforce_pp" (exact,
+// lower case).
 // Returns false and leaves *kind unchanged for anything else.
 bool ParseAdvantageKind(const std::string& name, AdvantageKind* kind);
 

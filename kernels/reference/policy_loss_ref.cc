@@ -35,6 +35,18 @@ constexpr KlName kKlNames[] = {
     {KlKind::kK3, "k3"},
 };
 
+struct LossKindName {
+  PolicyLossKind kind;
+  const char* name;
+};
+
+constexpr LossKindName kLossKindNames[] = {
+    {PolicyLossKind::kPpo, "ppo"},
+    {PolicyLossKind::kGspo, "gspo"},
+    {PolicyLossKind::kCispo, "cispo"},
+    {PolicyLossKind::kSao, "sao"},
+};
+
 struct CorrectionEntry {
   Correction correction;
   const char* name;
@@ -53,20 +65,32 @@ struct PgTerm {
   bool dual_clipped;  // the dual-clip cap strictly won
 };
 
-PgTerm PolicyTerm(double logp, double logp_old, double adv, const PolicyLossParams& p) {
-  const double log_ratio = logp - logp_old;
+// log_ratio is the token's x (the header): its own logp - logp_old, or kGspo's sequence mean.
+PgTerm PolicyTerm(double log_ratio, double adv, const PolicyLossParams& p) {
   const bool ratio_clamped = log_ratio < -kLogRatioClamp || log_ratio > kLogRatioClamp;
   const double ratio = std::exp(std::clamp(log_ratio, -kLogRatioClamp, kLogRatioClamp));
   const double d_ratio = ratio_clamped ? 0.0 : ratio;  // d ratio / d logp
 
   const double lo = 1.0 - static_cast<double>(p.clip_eps_low);
   const double hi = 1.0 + static_cast<double>(p.clip_eps_high);
+  switch (p.kind) {
+    case PolicyLossKind::kCispo: {
+      const double weight = std::clamp(ratio, lo, hi);
+      return {-adv * weight, ratio_clamped ? 0.0 : -adv * weight, ratio < lo || ratio > hi, false};
+    }
+    case PolicyLossKind::kSao:
+      if (ratio < lo || ratio > hi) return {0.0, 0.0, true, false};
+      return {-adv * ratio, -adv * d_ratio, false, false};
+    case PolicyLossKind::kPpo:
+    case PolicyLossKind::kGspo:
+      break;
+  }
   const double unclipped = -adv * ratio;
   const double clipped = -adv * std::clamp(ratio, lo, hi);
   PgTerm term{unclipped, -adv * d_ratio, false, false};
   if (clipped > unclipped) term = {clipped, 0.0, true, false};
 
-  if (adv < 0.0 && p.dual_clip_c > 1.0f) {
+  if (p.kind == PolicyLossKind::kPpo && adv < 0.0 && p.dual_clip_c > 1.0f) {
     const double cap = -adv * static_cast<double>(p.dual_clip_c);
     if (term.loss > cap) term = {cap, 0.0, false, true};
   }
@@ -153,6 +177,23 @@ const char* LossAggName(LossAgg agg) {
   return "unknown";
 }
 
+bool ParsePolicyLossKind(const std::string& name, PolicyLossKind* kind) {
+  for (const LossKindName& entry : kLossKindNames) {
+    if (name == entry.name) {
+      *kind = entry.kind;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* PolicyLossKindName(PolicyLossKind kind) {
+  for (const LossKindName& entry : kLossKindNames) {
+    if (entry.kind == kind) return entry.name;
+  }
+  return "unknown";
+}
+
 bool ParseKlKind(const std::string& name, KlKind* kl) {
   for (const KlName& entry : kKlNames) {
     if (name == entry.name) {
@@ -196,11 +237,13 @@ PolicyLossStats PolicyLossRef(const PolicyLossInputs& in, const PolicyLossParams
   }
 
   // Denominators first: each token's gradient depends on its sequence's scale.
-  // seq_d[s]: kSeqTis's sum of m * (logp_old - logp_rollout) over the sequence.
-  std::vector<double> seq_tokens(S, 0.0), seq_d(S, 0.0);
+  // seq_d[s]: kSeqTis's sum of m * (logp_old - logp_rollout) over the sequence; seq_x[s]: kGspo's
+  // sum of m * (logp - logp_old), then its mean.
+  std::vector<double> seq_tokens(S, 0.0), seq_d(S, 0.0), seq_x(S, 0.0);
   double local_tokens = 0.0;
   double local_seqs = 0.0;
   const bool seq_weight = p.correction == Correction::kSeqTis;
+  const bool seq_ratio = p.kind == PolicyLossKind::kGspo;
   for (int64_t s = 0; s < S; ++s) {
     for (int64_t t = 0; t < T; ++t) {
       const int64_t i = s * T + t;
@@ -209,7 +252,11 @@ PolicyLossStats PolicyLossRef(const PolicyLossInputs& in, const PolicyLossParams
       if (seq_weight && m != 0.0) {
         seq_d[s] += m * (static_cast<double>(in.logp_old[i]) - in.logp_rollout[i]);
       }
+      if (seq_ratio && m != 0.0) {
+        seq_x[s] += m * (static_cast<double>(in.logp[i]) - in.logp_old[i]);
+      }
     }
+    if (seq_ratio && seq_tokens[s] != 0.0) seq_x[s] /= seq_tokens[s];
     local_tokens += seq_tokens[s];
     if (seq_tokens[s] != 0.0) local_seqs += 1.0;
   }
@@ -254,7 +301,7 @@ PolicyLossStats PolicyLossRef(const PolicyLossInputs& in, const PolicyLossParams
       }
       const double logp = in.logp[i];
       const double logp_old = in.logp_old[i];
-      const PgTerm pg = PolicyTerm(logp, logp_old, in.advantages[i], p);
+      const PgTerm pg = PolicyTerm(seq_ratio ? seq_x[s] : logp - logp_old, in.advantages[i], p);
       const double w =
           p.correction == Correction::kNone
               ? 1.0

@@ -2,10 +2,19 @@
 // loss"). Per-token math and every accumulation are in double; inputs are float.
 //
 // Exact semantics, per token (s, t) with mask weight m = mask[s, t] (0 or 1 expected; a token
-// with m == 0 is skipped entirely, so padding may hold NaN or inf):
-//   ratio     r = exp(clamp(logp - logp_old, -20, 20))
-//   PPO clip  L = max(-A r, -A clip(r, 1 - clip_eps_low, 1 + clip_eps_high))
-//   dual clip (A < 0 and dual_clip_c > 1): L = min(L, -A dual_clip_c)
+// with m == 0 is skipped entirely, so padding may hold NaN or inf), lo = 1 - clip_eps_low and
+// hi = 1 + clip_eps_high:
+//   log ratio x = logp - logp_old; kGspo: x = the sequence's mean over its masked tokens of
+//             logp - logp_old, whose gradient reaches each token as if x were that token's own
+//             log ratio (GSPO-token with the sequence advantage: d x / d logp = 1)
+//   ratio     r = exp(clamp(x, -20, 20))
+//   policy term L by PolicyLossParams::kind:
+//     kPpo, kGspo  L = max(-A r, -A clip(r, lo, hi))
+//                  dual clip (kPpo only; A < 0 and dual_clip_c > 1): L = min(L, -A dual_clip_c)
+//     kCispo       L = -A clip(r, lo, hi), with the gradient of -A sg(clip(r, lo, hi) / r) r: the
+//                  clipped ratio is a detached weight on the log-prob's gradient, never zeroed
+//     kSao         L = -A r where lo <= r <= hi, else L = 0 with no gradient (double-sided token
+//                  masking, whatever the sign of A)
 //   behaviour weight w (detached; docs/algorithms.md, "Off-policy corrections"), from
 //             d = logp_old - logp_rollout (logp_old is the proximal policy):
 //             kNone    w = 1
@@ -27,10 +36,14 @@
 //   kSeqMeanTokenSumNorm: sum_s (sum_t m l) / (D_seq * norm_max_len); norm_max_len <= 0 means T
 // A zero denominator gives loss 0 and gradient 0 (nothing to learn from), not NaN.
 //
-// Gradient: the exact derivative of the returned loss with respect to logp. A branch that holds
-// the loss constant contributes 0: the ratio clamp (|logp - logp_old| > 20), the PPO clip when the
-// clipped term is strictly larger, the dual clip when it is strictly smaller, and the k3 clamp.
-// At ties between branches the unclipped gradient is used.
+// Gradient: the exact derivative of the returned loss with respect to logp (kCispo: of its
+// detached-weight form above; kGspo: token t gets m w L'(x) times its sequence's scale, which is
+// the exact derivative whenever w is constant over the sequence, as without a correction or
+// with kSeqTis, and the mask is 0/1). A branch that holds the loss constant contributes 0: the
+// ratio clamp (|x| > 20), the PPO clip when the clipped term is strictly larger, the dual clip when
+// it is strictly smaller, kSao's mask, and the k3 clamp. At ties between branches the unclipped
+// gradient is used. clip_frac counts tokens where the clip changed the term: kPpo/kGspo the clipped
+// term strictly won, kCispo r lies strictly outside [lo, hi], kSao the token was masked.
 #pragma once
 
 #include <cstddef>
@@ -49,6 +62,13 @@ const char* LossAggName(LossAgg agg);
 
 enum class KlKind { kNone, kK1, kK2, kK3 };
 
+// The policy term L (header).
+enum class PolicyLossKind { kPpo, kGspo, kCispo, kSao };
+
+// Parses "ppo", "gspo", "cispo", "sao". Returns false and leaves *kind unchanged for anything else.
+bool ParsePolicyLossKind(const std::string& name, PolicyLossKind* kind);
+const char* PolicyLossKindName(PolicyLossKind kind);
+
 // Behaviour-policy correction (the weight w above).
 enum class Correction { kNone, kTis, kSeqTis, kIcePop, kM2po };
 
@@ -62,9 +82,10 @@ bool ParseKlKind(const std::string& name, KlKind* kl);
 const char* KlKindName(KlKind kl);
 
 struct PolicyLossParams {
+  PolicyLossKind kind = PolicyLossKind::kPpo;
   float clip_eps_low = 0.2f;
   float clip_eps_high = 0.28f;
-  float dual_clip_c = 3.0f;  // <= 1 disables the dual clip
+  float dual_clip_c = 3.0f;  // <= 1 disables the dual clip; kPpo only
   // Anything but kNone requires PolicyLossInputs::logp_rollout.
   Correction correction = Correction::kNone;
   float tis_cap = 2.0f;                         // kTis and kSeqTis
@@ -101,7 +122,7 @@ struct PolicyLossStats {
   double loss;
   double pg_loss;
   double kl;
-  double clip_frac;          // fraction of masked tokens where the PPO-clipped term strictly won
+  double clip_frac;          // fraction of masked tokens the clip changed (header)
   double approx_kl;          // mean of 0.5 * (logp - logp_old)^2
   double tis_mean, tis_max;  // of w (1 without a correction; 0 counts on masked tokens)
   double tokens;             // sum of mask in this call

@@ -5,11 +5,6 @@
 
 namespace gyre::algorithm {
 
-const std::vector<std::string>& LrScheduleNames() {
-  static const std::vector<std::string> kNames = {"constant", "cosine"};
-  return kNames;
-}
-
 double LearningRate(const TrainerSection& t, int step) {
   const int warmup = std::max(0, t.lr_warmup_steps);
   if (step <= warmup) {

@@ -1,7 +1,8 @@
 #pragma once
 // Learning-rate schedules of GRPO (trainer.lr_schedule, trainer.lr_warmup_steps,
 // trainer.lr_min_ratio; docs/algorithms.md, "Learning-rate schedules"). The rate is a pure
-// function of the GRPO step, so a resumed job continues the same curve.
+// function of the GRPO step, so a resumed job continues the same curve. The schedules' names are
+// in the registry (algorithm/registry.h, Family::kLrSchedule).
 //
 // Thread contract: plain functions of their arguments.
 
@@ -11,9 +12,6 @@
 #include "gyre/config.h"
 
 namespace gyre::algorithm {
-
-// The schedules by name, in the order the config and the docs list them.
-const std::vector<std::string>& LrScheduleNames();
 
 // The learning rate of GRPO step `step` (1-based) of trainer.steps, for trainer.lr = lr:
 //   step <= W (W = lr_warmup_steps): lr * step / W

@@ -19,7 +19,7 @@
 #include <utility>
 #include <variant>
 
-#include "algorithm/lr_schedule.h"
+#include "algorithm/registry.h"
 #include "common/check.h"
 #include "common/file_util.h"
 #include "common/limits.h"
@@ -55,8 +55,11 @@ struct Field {
   FieldType type = FieldType::kInt;
   std::optional<Range> range;        // numbers; none = the type's full range
   std::vector<std::string> choices;  // strings; empty = any string
-  bool non_empty = false;            // strings; for a string list, each of its entries
-  std::string doc;                   // one line
+  // Choices read at each use (the algorithm registry, which an embedding program can extend);
+  // replaces `choices` when set.
+  std::vector<std::string> (*choices_fn)() = nullptr;
+  bool non_empty = false;  // strings; for a string list, each of its entries
+  std::string doc;         // one line
 };
 
 // Gives both the dotted key and its accessor from one spelling of the member path, so a key can
@@ -73,7 +76,7 @@ Range OpenLow(double lo, double hi) { return {lo, hi, true, false}; }   // (lo, 
 Range OpenHigh(double lo, double hi) { return {lo, hi, false, true}; }  // [lo, hi)
 
 Field Num(const char* key, Getter get, Range range, const char* doc) {
-  Field f{key, get, TypeOf(get), range, {}, false, doc};
+  Field f{key, get, TypeOf(get), range, {}, nullptr, false, doc};
   GYRE_CHECK(f.type == FieldType::kInt || f.type == FieldType::kInt64 ||
              f.type == FieldType::kDouble)
       << key << " is not an int or double field";
@@ -84,30 +87,44 @@ Field Num(const char* key, Getter get, Range range, const char* doc) {
 }
 // Seeds: any uint64.
 Field Seed(const char* key, Getter get, const char* doc) {
-  Field f{key, get, TypeOf(get), std::nullopt, {}, false, doc};
+  Field f{key, get, TypeOf(get), std::nullopt, {}, nullptr, false, doc};
   GYRE_CHECK(f.type == FieldType::kUint64) << key << " is not a uint64 field";
   return f;
 }
 Field Flag(const char* key, Getter get, const char* doc) {
-  Field f{key, get, TypeOf(get), std::nullopt, {}, false, doc};
+  Field f{key, get, TypeOf(get), std::nullopt, {}, nullptr, false, doc};
   GYRE_CHECK(f.type == FieldType::kBool) << key << " is not a bool field";
   return f;
 }
 Field Text(const char* key, Getter get, bool non_empty, const char* doc) {
-  Field f{key, get, TypeOf(get), std::nullopt, {}, non_empty, doc};
+  Field f{key, get, TypeOf(get), std::nullopt, {}, nullptr, non_empty, doc};
   GYRE_CHECK(f.type == FieldType::kString) << key << " is not a string field";
   return f;
 }
 // A YAML sequence of strings, each non-empty; an empty value or [] is the empty list.
 Field TextList(const char* key, Getter get, const char* doc) {
-  Field f{key, get, TypeOf(get), std::nullopt, {}, true, doc};
+  Field f{key, get, TypeOf(get), std::nullopt, {}, nullptr, true, doc};
   GYRE_CHECK(f.type == FieldType::kStringList) << key << " is not a string list field";
   return f;
 }
 Field Choice(const char* key, Getter get, std::vector<std::string> choices, const char* doc) {
-  Field f{key, get, TypeOf(get), std::nullopt, std::move(choices), true, doc};
+  Field f{key, get, TypeOf(get), std::nullopt, std::move(choices), nullptr, true, doc};
   GYRE_CHECK(f.type == FieldType::kString) << key << " is not a string field";
   return f;
+}
+// A choice among the registry's names of `family` (algorithm/registry.h).
+template <algorithm::Family kFamily>
+std::vector<std::string> RegistryNames() {
+  return algorithm::NamesFor(kFamily);
+}
+Field Registered(const char* key, Getter get, std::vector<std::string> (*names)(),
+                 const char* doc) {
+  Field f = Choice(key, get, {}, doc);
+  f.choices_fn = names;
+  return f;
+}
+std::vector<std::string> ChoicesOf(const Field& f) {
+  return f.choices_fn != nullptr ? f.choices_fn() : f.choices;
 }
 
 constexpr bool kNonEmpty = true;
@@ -216,11 +233,26 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(rollout.tail_batch), Closed(1, kMaxCount),
           "between_steps_repack: long-tail samples per tail worker call"),
       // algorithm
-      Choice(GYRE_CONFIG_KEY(algorithm.advantage), {"grpo", "grpo_no_std", "rloo"},
-             "group-relative advantage estimator"),
-      Choice(GYRE_CONFIG_KEY(algorithm.loss_agg),
-             {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum"},
-             "how per-token losses are averaged"),
+      Registered(GYRE_CONFIG_KEY(algorithm.advantage), RegistryNames<algorithm::Family::kAdvantage>,
+                 "group-relative advantage estimator (docs/algorithms.md)"),
+      Registered(GYRE_CONFIG_KEY(algorithm.policy_loss),
+                 RegistryNames<algorithm::Family::kPolicyLoss>,
+                 "policy term of the loss: PPO clip, GSPO, CISPO or SAO masking"),
+      Registered(GYRE_CONFIG_KEY(algorithm.loss_agg), RegistryNames<algorithm::Family::kLossAgg>,
+                 "how per-token losses are averaged"),
+      Num(GYRE_CONFIG_KEY(algorithm.loss_norm_len), Closed(0, kMaxCount),
+          "seq-mean-token-sum-norm: the constant length denominator; 0 = rollout.max_new_tokens"),
+      Num(GYRE_CONFIG_KEY(algorithm.entropy_coef), Closed(0, 10),
+          "entropy bonus: subtracts entropy_coef times the aggregated token entropy from the loss"),
+      Registered(GYRE_CONFIG_KEY(algorithm.kl), RegistryNames<algorithm::Family::kKl>,
+                 "KL penalty in the loss against the frozen reference policy: none, k1, k2, k3"),
+      Num(GYRE_CONFIG_KEY(algorithm.kl_coef), Closed(0, 100), "weight of the KL penalty"),
+      Num(GYRE_CONFIG_KEY(algorithm.overlong_buffer), Closed(0, kMaxCount),
+          "DAPO overlong shaping: tokens before rollout.max_new_tokens where the length penalty "
+          "starts; 0 = off"),
+      Num(GYRE_CONFIG_KEY(algorithm.overlong_penalty), Closed(0, 1000),
+          "DAPO overlong shaping: penalty at rollout.max_new_tokens (linear from 0 over the "
+          "buffer)"),
       Num(GYRE_CONFIG_KEY(algorithm.clip_eps_low), Closed(0, 1), "PPO ratio clip below 1"),
       Num(GYRE_CONFIG_KEY(algorithm.clip_eps_high), Closed(0, 10),
           "PPO ratio clip above 1 (clip-higher)"),
@@ -232,8 +264,9 @@ std::vector<Field> BuildTable() {
           "truncation cap of the tis and seq-tis weights"),
       Choice(GYRE_CONFIG_KEY(algorithm.proximal), {"recompute", "loglinear", "behaviour"},
              "policy the clipped ratio is taken against"),
-      Choice(GYRE_CONFIG_KEY(algorithm.correction), {"none", "tis", "seq-tis", "icepop", "m2po"},
-             "detached behaviour-policy weight of each token's policy term"),
+      Registered(GYRE_CONFIG_KEY(algorithm.correction),
+                 RegistryNames<algorithm::Family::kCorrection>,
+                 "detached behaviour-policy weight of each token's policy term"),
       Num(GYRE_CONFIG_KEY(algorithm.icepop_low), OpenLow(0, 1),
           "icepop: smallest behaviour weight kept"),
       Num(GYRE_CONFIG_KEY(algorithm.icepop_high), Closed(1, 1e6),
@@ -250,9 +283,10 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(trainer.workers), Closed(1, 64), "trainer worker processes"),
       Num(GYRE_CONFIG_KEY(trainer.steps), Closed(0, kMaxSteps), "GRPO optimizer steps"),
       Num(GYRE_CONFIG_KEY(trainer.lr), OpenLow(0, 10), "AdamW learning rate"),
-      Choice(GYRE_CONFIG_KEY(trainer.lr_schedule), algorithm::LrScheduleNames(),
-             "GRPO learning-rate schedule after the warm-up: constant, or cosine decay to "
-             "lr * lr_min_ratio at the last step"),
+      Registered(GYRE_CONFIG_KEY(trainer.lr_schedule),
+                 RegistryNames<algorithm::Family::kLrSchedule>,
+                 "GRPO learning-rate schedule after the warm-up: constant, or cosine decay to "
+                 "lr * lr_min_ratio at the last step"),
       Num(GYRE_CONFIG_KEY(trainer.lr_warmup_steps), Closed(0, kMaxSteps),
           "GRPO steps of linear learning-rate warm-up from 0; 0 = none"),
       Num(GYRE_CONFIG_KEY(trainer.lr_min_ratio), Closed(0, 1),
@@ -576,12 +610,13 @@ std::string CheckNumber(const Field& f, double v, const std::string& shown) {
 }
 
 std::string CheckString(const Field& f, const std::string& v) {
-  if (!f.choices.empty()) {
-    for (const std::string& c : f.choices) {
+  const std::vector<std::string> choices = ChoicesOf(f);
+  if (!choices.empty()) {
+    for (const std::string& c : choices) {
       if (v == c) return "";
     }
-    std::string msg = f.key + ": '" + v + "' is not one of " + JoinChoices(f.choices);
-    std::string near = NearestWord(Lower(v), f.choices);
+    std::string msg = f.key + ": '" + v + "' is not one of " + JoinChoices(choices);
+    std::string near = NearestWord(Lower(v), choices);
     if (!near.empty()) msg += "; did you mean '" + near + "'?";
     return msg;
   }
@@ -977,6 +1012,13 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
                        ") must be >= 2 when algorithm.advantage is rloo (the leave-one-out "
                        "baseline needs another sample of the same prompt)"};
   }
+  if (c.algorithm.overlong_buffer > 0 && c.algorithm.overlong_buffer >= c.rollout.max_new_tokens) {
+    return Problem{{"algorithm.overlong_buffer", "rollout.max_new_tokens"},
+                   "algorithm.overlong_buffer (" + str(c.algorithm.overlong_buffer) +
+                       ") must be below rollout.max_new_tokens (" + str(c.rollout.max_new_tokens) +
+                       "): the penalty ramps up over the last overlong_buffer tokens of the "
+                       "length limit"};
+  }
   if (c.rollout.partial_rollouts && c.algorithm.max_staleness < 1) {
     return Problem{{"rollout.partial_rollouts", "algorithm.max_staleness"},
                    "rollout.partial_rollouts needs algorithm.max_staleness >= 1 (a resumed sample "
@@ -1359,8 +1401,8 @@ std::vector<ConfigKeyInfo> DescribeConfigKeys() {
     info.default_value = ValueText(f, defaults, false);
     if (f.range) {
       info.allowed = RangeText(f);
-    } else if (!f.choices.empty()) {
-      info.allowed = JoinChoices(f.choices);
+    } else if (!ChoicesOf(f).empty()) {
+      info.allowed = JoinChoices(ChoicesOf(f));
     } else if (f.type == FieldType::kBool) {
       info.allowed = "true, false";
     } else if (f.type == FieldType::kStringList) {

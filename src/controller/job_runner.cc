@@ -187,7 +187,7 @@ Status JobRunner::Setup() {
   trainers_ = std::make_unique<TrainerGroup>(cfg_, pool_.get());
   scheduler_ = std::make_unique<RolloutScheduler>(cfg_, pool_.get());
   scorer_ = std::make_unique<StepScorer>(cfg_.algorithm, cfg_.rollout.group_size, tokenizer_.get(),
-                                         reward_.get());
+                                         reward_.get(), cfg_.rollout.max_new_tokens);
   GYRE_RETURN_IF_ERROR(pool_->Start());
   GYRE_RETURN_IF_ERROR(pool_->WaitRegistered());
   return trainers_->Form();
@@ -365,6 +365,13 @@ Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* s
                   scores->filtered_groups, rounds);
   } else {
     GYRE_ASSIGN_OR_RETURN(rec.zero_variance_groups, scorer_->SetAdvantages(scores));
+    if (!scores->pivot_ids.empty()) {
+      GYRE_RETURN_IF_ERROR(ledger_->Move(
+          scores->pivot_ids, SampleState::kFiltered,
+          {step, version_, "",
+           "median pivot (MC-GRPO): its reward is the group's median, advantage 0, left out of "
+           "the step"}));
+    }
     const auto tt = SteadyClock::now();
     // The first GRPO step after a warm-up may start from a fresh optimizer state. Decided by the
     // step number alone, so a job resumed from the checkpoint after the warm-up does the same.
@@ -393,6 +400,8 @@ Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* s
   rec.window_s = async_ ? rec.step_s : gen_s;
   rec.rounds = rounds;
   rec.filter_zero_variance = cfg_.algorithm.filter_zero_variance;
+  rec.overlong_shaping = cfg_.algorithm.overlong_buffer > 0;
+  rec.median_pivots = cfg_.algorithm.advantage == "median";
   if (cfg_.cluster.weight_relay_fanout > 0) rec.relay_rounds = publisher_->last_relay_rounds();
   if (cfg_.rollout.partial_rollouts) {
     rec.partial_carried = static_cast<int64_t>(scheduler_->carried_groups());

@@ -69,6 +69,8 @@ nlohmann::json StepMetrics(const StepRecord& r) {
     j["filtered_groups"] = sc.filtered_groups;
     j["generation_rounds"] = r.rounds;
   }
+  if (r.overlong_shaping) j["overlong_penalized"] = sc.overlong;
+  if (r.median_pivots) j["median_pivots"] = static_cast<int64_t>(sc.pivot_ids.size());
   for (const auto& [k, v] : r.extra.items()) j[k] = v;
   for (const auto& [k, v] : r.train) j[k] = v;
   return j;

@@ -27,8 +27,10 @@ struct StepRecord {
   int zero_variance_groups = 0;
   int rounds = 1;  // generation rounds (algorithm.filter_zero_variance)
   bool filter_zero_variance = false;
-  int relay_rounds = -1;         // peer relay rounds of the publish; -1 = no peer relay
-  int64_t partial_carried = -1;  // partial rollouts: groups carried on; -1 = not partial
+  bool overlong_shaping = false;  // algorithm.overlong_buffer > 0: report the penalised count
+  bool median_pivots = false;     // algorithm.advantage: median: report the pivots left out
+  int relay_rounds = -1;          // peer relay rounds of the publish; -1 = no peer relay
+  int64_t partial_carried = -1;   // partial rollouts: groups carried on; -1 = not partial
   nlohmann::json extra = nlohmann::json::object();  // mode-specific fields (async queues)
   std::map<std::string, double> train;              // the trainer's metrics (loss, ...)
 };

@@ -5,9 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "algorithm/registry.h"
 #include "common/logging.h"
-#include "kernels/reference/advantages_ref.h"
-#include "ops/advantages.h"
 
 namespace gyre::controller {
 
@@ -43,14 +42,20 @@ Status StepScorer::Score(const std::vector<GroupJob>& jobs, std::vector<v1::Samp
         GYRE_RETURN_IF_ERROR(ledger->Move({s.sample_id()}, SampleState::kDropped, c));
         continue;
       }
-      s.set_reward(static_cast<float>(*r));
+      // Correctness is the task's reward; training sees it after the overlong shaping.
+      const double penalty =
+          OverlongPenalty(s.response_ids_size(), max_new_tokens_, algorithm_.overlong_buffer,
+                          algorithm_.overlong_penalty);
+      const double shaped = *r + penalty;
+      if (penalty < 0) ++out->overlong;
+      s.set_reward(static_cast<float>(shaped));
       s.set_reward_status(v1::REWARD_STATUS_OK);
       staleness.push_back(version - oldest);
-      out->reward_sum += *r;
+      out->reward_sum += shaped;
       ++out->scored;
       if (*r >= reward_->correct_threshold()) ++out->correct;
       scored_ids.push_back(s.sample_id());
-      rewards.push_back(static_cast<float>(*r));
+      rewards.push_back(static_cast<float>(shaped));
       kept.push_back(std::move(s));
     }
     if (kept.empty()) continue;
@@ -103,15 +108,56 @@ StatusOr<double> StepScorer::Reward(const Problem& problem, const v1::Sample& sa
 }
 
 StatusOr<int> StepScorer::SetAdvantages(StepScores* scores) const {
-  kernels::AdvantageKind kind;
-  kernels::ParseAdvantageKind(algorithm_.advantage, &kind);
   std::vector<uint8_t> zero_var;
-  GYRE_ASSIGN_OR_RETURN(
-      auto adv, ops::GroupAdvantages(scores->rewards, scores->group_sizes, kind, &zero_var));
+  GYRE_ASSIGN_OR_RETURN(std::vector<float> adv,
+                        algorithm::ComputeAdvantages(algorithm_.advantage, scores->rewards,
+                                                     scores->group_sizes, &zero_var));
+  if (algorithm_.advantage == "median") {
+    // MC-GRPO: an odd group's median is one of its rewards; the first sample holding it has
+    // advantage 0 and is left out, so G + 1 samples train G.
+    std::vector<v1::Sample> kept;
+    std::vector<float> rewards, kept_adv;
+    std::vector<int32_t> sizes;
+    size_t begin = 0;
+    for (int32_t n : scores->group_sizes) {
+      int64_t pivot = -1;
+      if (n >= 3 && n % 2 == 1) {
+        std::vector<float> sorted(scores->rewards.begin() + begin,
+                                  scores->rewards.begin() + begin + n);
+        std::nth_element(sorted.begin(), sorted.begin() + n / 2, sorted.end());
+        const float median = sorted[n / 2];
+        for (int32_t i = 0; i < n && pivot < 0; ++i) {
+          if (scores->rewards[begin + i] == median) pivot = i;
+        }
+      }
+      for (int32_t i = 0; i < n; ++i) {
+        if (i == pivot) {
+          scores->pivot_ids.push_back(scores->kept[begin + i].sample_id());
+          continue;
+        }
+        kept.push_back(std::move(scores->kept[begin + i]));
+        rewards.push_back(scores->rewards[begin + i]);
+        kept_adv.push_back(adv[begin + i]);
+      }
+      sizes.push_back(pivot >= 0 ? n - 1 : n);
+      begin += n;
+    }
+    scores->kept = std::move(kept);
+    scores->rewards = std::move(rewards);
+    scores->group_sizes = std::move(sizes);
+    adv = std::move(kept_adv);
+  }
   for (size_t i = 0; i < scores->kept.size(); ++i) scores->kept[i].set_advantage(adv[i]);
   int zero = 0;
   for (uint8_t z : zero_var) zero += z;
   return zero;
+}
+
+double OverlongPenalty(int64_t length, int max_new_tokens, int buffer, double penalty) {
+  if (buffer <= 0) return 0.0;
+  const int64_t over = length - (static_cast<int64_t>(max_new_tokens) - buffer);
+  if (over <= 0) return 0.0;
+  return -penalty * std::min<double>(static_cast<double>(over) / buffer, 1.0);
 }
 
 }  // namespace gyre::controller

@@ -4,10 +4,12 @@
 //   - drops samples staler than algorithm.max_staleness (trainer version now minus the oldest
 //     version among a sample's tokens),
 //   - scores the others with the job's reward on the decoded response (a failed or non-finite
-//     reward leaves its sample out and is counted, never a silent 0),
+//     reward leaves its sample out and is counted, never a silent 0), minus DAPO's overlong
+//     penalty (algorithm.overlong_buffer),
 //   - filters groups whose rewards are all equal when algorithm.filter_zero_variance is on,
 //   - records each outcome in the sample ledger (scored, or dropped / filtered with the reason),
-// and then sets the kept samples' group advantages (algorithm.advantage).
+// and then sets the kept samples' group advantages (algorithm.advantage, through the algorithm
+// registry), leaving out MC-GRPO's pivot samples with `median`.
 //
 // Thread contract: used from one thread at a time (the job's). The tokenizer and the reward are
 // not owned and must outlive it; the reward is called from that thread only.
@@ -33,15 +35,24 @@ struct StepScores {
   std::vector<float> rewards;        // of kept, in order
   std::vector<int32_t> group_sizes;  // kept samples per kept group, in order
   int reward_errors = 0, stale = 0, correct = 0, scored = 0, filtered_groups = 0;
-  double reward_sum = 0;                 // over every scored sample (filtered groups included)
+  double reward_sum = 0;  // over every scored sample (filtered groups included), after shaping
+  int overlong = 0;       // scored samples the overlong penalty reached
+  // algorithm.advantage: median: the pivot samples SetAdvantages left out (ids), else empty.
+  std::vector<uint64_t> pivot_ids;
   std::map<int64_t, int64_t> staleness;  // kept samples by staleness (versions)
 };
 
 class StepScorer {
  public:
+  // max_new_tokens: rollout.max_new_tokens, the length limit the overlong penalty counts back
+  // from (unused while algorithm.overlong_buffer is 0).
   StepScorer(const AlgorithmSection& algorithm, int group_size,
-             const model::TextTokenizer* tokenizer, RewardFn* reward)
-      : algorithm_(algorithm), group_size_(group_size), tokenizer_(tokenizer), reward_(reward) {}
+             const model::TextTokenizer* tokenizer, RewardFn* reward, int max_new_tokens = 0)
+      : algorithm_(algorithm),
+        group_size_(group_size),
+        tokenizer_(tokenizer),
+        reward_(reward),
+        max_new_tokens_(max_new_tokens) {}
 
   // Scores `samples` (group_size per group of `jobs`, in order; moved from) for GRPO step `step`
   // with the trainer at `version`, records the outcomes in `ledger` and appends the usable
@@ -54,7 +65,9 @@ class StepScorer {
   StatusOr<double> Reward(const Problem& problem, const v1::Sample& sample) const;
 
   // Sets every kept sample's advantage from its group's rewards; returns how many groups had
-  // rewards without variance (their advantages are 0).
+  // rewards without variance. With algorithm.advantage: median, a group of odd size >= 3 loses
+  // its pivot (the first sample whose reward equals the median, advantage 0) from kept, rewards
+  // and group_sizes; its id goes to pivot_ids for the caller to record.
   StatusOr<int> SetAdvantages(StepScores* scores) const;
 
  private:
@@ -62,6 +75,11 @@ class StepScorer {
   const int group_size_;
   const model::TextTokenizer* tokenizer_;
   RewardFn* reward_;
+  const int max_new_tokens_;
 };
+
+// DAPO's overlong penalty of a response of `length` tokens: 0 up to max_new_tokens - buffer,
+// then falling linearly to -penalty at max_new_tokens (and beyond); 0 when buffer <= 0.
+double OverlongPenalty(int64_t length, int max_new_tokens, int buffer, double penalty);
 
 }  // namespace gyre::controller

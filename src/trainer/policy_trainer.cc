@@ -36,6 +36,45 @@ PolicyTrainer::PolicyTrainer(std::unique_ptr<model::Transformer> model, double l
 
 PolicyTrainer::~PolicyTrainer() = default;
 
+void PolicyTrainer::FreezeReference() {
+  auto ref = model::Transformer::Create(model_->spec(), 0, -1.0);
+  ref->To(model_->device());
+  at::NoGradGuard no_grad;
+  const model::NamedTensors src = model_->NamedParameters();
+  const model::NamedTensors dst = ref->NamedParameters();
+  for (size_t i = 0; i < src.size(); ++i) {
+    dst[i].second.detach().copy_(src[i].second.detach());
+    dst[i].second.detach().requires_grad_(false);
+  }
+  reference_ = std::move(ref);
+}
+
+Status PolicyTrainer::RestoreReference(const std::vector<at::Tensor>& weights) {
+  const model::NamedTensors params = model_->NamedParameters();
+  if (weights.size() != params.size()) {
+    return InvalidArgument("reference policy: expected " + std::to_string(params.size()) +
+                           " weights, got " + std::to_string(weights.size()));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& w = weights[i];
+    if (!w.defined() || w.scalar_type() != params[i].second.scalar_type() ||
+        w.sizes() != params[i].second.sizes()) {
+      return InvalidArgument("reference policy: weight '" + params[i].first +
+                             "' does not match the model's shape and dtype");
+    }
+  }
+  auto ref = model::Transformer::Create(model_->spec(), 0, -1.0);
+  ref->To(model_->device());
+  at::NoGradGuard no_grad;
+  const model::NamedTensors dst = ref->NamedParameters();
+  for (size_t i = 0; i < dst.size(); ++i) {
+    dst[i].second.detach().copy_(weights[i]);
+    dst[i].second.detach().requires_grad_(false);
+  }
+  reference_ = std::move(ref);
+  return Status::Ok();
+}
+
 std::vector<PolicyTrainer::ParamState> PolicyTrainer::OptimizerState() const {
   std::vector<ParamState> out;
   const auto& state = optimizer_->adamw->state();
@@ -310,6 +349,28 @@ at::Tensor ResponseLogits(const model::Transformer& model, const MicroBatch& mb)
   return logits.gather(1, mb.gather_idx.unsqueeze(-1).expand({mb.S, mb.R, logits.size(2)}));
 }
 
+// [S, 1] per-sequence weights that turn sum_t m x into x's share of the loss under p.agg, with
+// the batch-wide denominators in p (the policy-loss kernel's scale[s]; 0 for a zero denominator).
+at::Tensor AggregationScale(const at::Tensor& mask, const kernels::PolicyLossParams& p) {
+  const double norm_len =
+      p.norm_max_len > 0 ? static_cast<double>(p.norm_max_len) : static_cast<double>(mask.size(1));
+  auto inverse = [](double d) { return d != 0.0 ? 1.0 / d : 0.0; };
+  const at::Tensor ones = at::ones({mask.size(0), 1}, mask.options());
+  switch (p.agg) {
+    case kernels::LossAgg::kTokenMean:
+      return ones * inverse(p.global_tokens);
+    case kernels::LossAgg::kSeqMeanTokenSum:
+      return ones * inverse(p.global_seqs);
+    case kernels::LossAgg::kSeqMeanTokenSumNorm:
+      return ones * inverse(p.global_seqs * norm_len);
+    case kernels::LossAgg::kSeqMeanTokenMean: {
+      const at::Tensor tokens = mask.sum(1, /*keepdim=*/true);
+      return at::where(tokens > 0, 1.0 / (tokens * p.global_seqs), at::zeros_like(tokens));
+    }
+  }
+  return ones * 0.0;
+}
+
 }  // namespace
 
 void PolicyTrainer::ComputeOldLogprobs(std::vector<TrainSample>* batch,
@@ -370,6 +431,12 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
     }
   }
   GYRE_RETURN_IF_ERROR(valid);
+  // The KL term's reference is the policy the first such step starts from (kept if the step
+  // fails: the weights are then unchanged).
+  if (objective == Objective::kPolicyGradient && options.loss.kl != kernels::KlKind::kNone &&
+      reference_ == nullptr) {
+    FreezeReference();
+  }
   std::vector<size_t> bounds = {0};  // mini-batch m is [bounds[m], bounds[m + 1])
   if (!options.mini_batch_sizes.empty()) {
     for (int64_t size : options.mini_batch_sizes) {
@@ -512,6 +579,7 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
   } cancel_on_exit{reducer_.get()};
   double loss_sum = 0, clip_sum = 0, kl_sum = 0, entropy_sum = 0, correct = 0;
   double weight_sum = 0, corr_masked_sum = 0;  // the behaviour weight's, over masked tokens
+  double ref_kl_sum = 0;  // the KL term, aggregated like the loss (global denominators)
   const bool loglinear = objective == Objective::kPolicyGradient &&
                          options.proximal == Proximal::kLogLinear && version_ > proximal_version;
   // Rollout-vs-trainer mismatch of the same tokens (policy gradient): d = logp_old - logp_rollout
@@ -529,13 +597,23 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     at::Tensor resp_logits = ResponseLogits(*model_, mb);
     const double temp = objective == Objective::kSft ? 1.0 : options.temperature;
     at::Tensor logp = ops::TokenLogprobs(resp_logits, mb.targets, temp);  // [S, R]
+    // The entropy bonus needs the entropy with its graph; otherwise it is telemetry only.
+    const bool bonus = objective == Objective::kPolicyGradient && options.entropy_coef > 0;
+    at::Tensor entropy_with_grad;
     {
+      at::Tensor z = resp_logits / (temp > 0 ? temp : 1.0);
+      if (bonus) {
+        at::Tensor lsm = at::log_softmax(z, -1);
+        entropy_with_grad = -(lsm.exp() * lsm).sum(-1);  // [S, R]
+      }
       at::NoGradGuard ng;
-      at::Tensor z = resp_logits.detach() / (temp > 0 ? temp : 1.0);
-      at::Tensor lsm = at::log_softmax(z, -1);
-      at::Tensor ent = -(lsm.exp() * lsm).sum(-1);
+      at::Tensor ent = entropy_with_grad.defined() ? entropy_with_grad.detach() : at::Tensor();
+      if (!ent.defined()) {
+        at::Tensor lsm = at::log_softmax(z.detach(), -1);
+        ent = -(lsm.exp() * lsm).sum(-1);
+      }
       entropy_sum += (ent * mb.mask).sum().item<double>();
-      at::Tensor argmax_ok = (z.argmax(-1) == mb.targets).to(at::kFloat);
+      at::Tensor argmax_ok = (z.detach().argmax(-1) == mb.targets).to(at::kFloat);
       correct += (argmax_ok * mb.mask).sum().item<double>();
     }
     // The last micro-batch's backward all-reduces gradient buckets as they complete.
@@ -570,14 +648,30 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
                               .to(at::kDouble);
         mm_acc = mm_acc.defined() ? mm_acc + part : part;
       }
+      at::Tensor ref_lp;
+      if (options.loss.kl != kernels::KlKind::kNone) {
+        if (reference_ == nullptr) return FailedPrecondition("the KL term has no reference policy");
+        at::NoGradGuard ng;
+        ref_lp = ops::TokenLogprobs(ResponseLogits(*reference_, mb), mb.targets, temp);
+      }
       GYRE_ASSIGN_OR_RETURN(
           ops::PolicyLossResult r,
           ops::PolicyLoss(
               logp, old,
               options.loss.correction != kernels::Correction::kNone ? mb.rollout_lp : at::Tensor(),
-              at::Tensor(), mb.adv, mb.mask, loss_params));
+              ref_lp, mb.adv, mb.mask, loss_params));
+      ref_kl_sum += r.stats.kl;
       if (last && reducer_ != nullptr) reducer_->Arm();
-      logp.backward(r.grad_logp);
+      if (bonus) {
+        // One backward for both terms: d/d logp of sum(logp * g) is the kernel's gradient g.
+        at::Tensor agg =
+            (entropy_with_grad * mb.mask * AggregationScale(mb.mask, loss_params)).sum();
+        at::Tensor surrogate = (logp * r.grad_logp).sum() - options.entropy_coef * agg;
+        surrogate.backward();
+        loss_sum -= options.entropy_coef * agg.item<double>();
+      } else {
+        logp.backward(r.grad_logp);
+      }
       loss_sum += r.stats.loss;
       clip_sum += r.stats.clip_frac * r.stats.tokens;
       kl_sum += r.stats.approx_kl * r.stats.tokens;
@@ -600,10 +694,10 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     // sums[5] counts the ranks that took part. Gloo can complete a collective without a peer
     // that closed its connections (docs/weight-sync.md); a short count means the summed
     // gradients above lack that rank's part, so the update must not be applied.
-    double sums[14] = {loss_sum, clip_sum, kl_sum,     entropy_sum,    correct,
-                       1.0,      mm[0],    mm[1],      mm[2],          mm[3],
-                       mm[4],    mm[5],    weight_sum, corr_masked_sum};
-    GYRE_RETURN_IF_ERROR(AllReduce(sums, 14).WithContext("data-parallel metrics"));
+    double sums[15] = {loss_sum, clip_sum, kl_sum,     entropy_sum,     correct,
+                       1.0,      mm[0],    mm[1],      mm[2],           mm[3],
+                       mm[4],    mm[5],    weight_sum, corr_masked_sum, ref_kl_sum};
+    GYRE_RETURN_IF_ERROR(AllReduce(sums, 15).WithContext("data-parallel metrics"));
     if (Status all = CheckAllRanksTookPart(sums[5]); !all.ok()) {
       optimizer_->adamw->zero_grad();
       return all;
@@ -616,6 +710,7 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     for (int i = 0; i < 6; ++i) mm[i] = sums[6 + i];
     weight_sum = sums[12];
     corr_masked_sum = sums[13];
+    ref_kl_sum = sums[14];
   }
   // Global gradient-norm clipping, then AdamW.
   double sq = 0;
@@ -649,6 +744,10 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
   if (objective == Objective::kPolicyGradient) {
     m["clip_frac"] = clip_sum / total_tokens;
     m["approx_kl"] = kl_sum / total_tokens;
+    if (options.loss.kl != kernels::KlKind::kNone) {
+      // docs/algorithms.md, "KL to the reference policy": the estimator, aggregated as the loss.
+      m["kl_ref"] = ref_kl_sum;
+    }
     if (options.loss.correction != kernels::Correction::kNone) {
       // docs/algorithms.md, "Off-policy corrections".
       m["behaviour_weight_mean"] = weight_sum / total_tokens;

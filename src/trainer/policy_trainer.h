@@ -80,6 +80,9 @@ struct TrainOptions {
   // Correction::kM2po: the trainer sets loss.m2po_threshold from this bound on the mean squared
   // log weight, over the whole batch (every rank).
   double m2po_tau = 0.04;
+  // Entropy bonus (policy gradient): the loss subtracts entropy_coef times the token entropy of
+  // the policy at `temperature`, aggregated with loss.agg's weights. 0 = off (no extra graph).
+  double entropy_coef = 0.0;
   // Data parallel only: this rank's share of each global mini-batch (sums to the batch size).
   // Empty: the batch is split into `mini_batches` consecutive slices locally.
   std::vector<int64_t> mini_batch_sizes;
@@ -121,6 +124,18 @@ class PolicyTrainer {
   void SetDataParallel(comm::Communicator* comm, const DataParallelOptions& options);
 
   const model::Transformer& model() const { return *model_; }
+
+  // The frozen reference policy of the KL term (TrainOptions::loss.kl): a copy of the weights at
+  // the first policy-gradient step that uses the KL term (the model GRPO starts from, after any
+  // warm-up), never trained. Null until then.
+  const model::Transformer* reference() const { return reference_.get(); }
+  // Makes the reference a copy of the current weights (replacing any earlier one).
+  void FreezeReference();
+  // Replaces the reference with `weights` (one tensor per parameter, in NamedParameters()
+  // order); checked first, nothing changes on a mismatch. A checkpoint's reference comes back
+  // through here.
+  Status RestoreReference(const std::vector<at::Tensor>& weights);
+  void DropReference() { reference_.reset(); }
   int64_t version() const { return version_; }
 
   // AdamW state of one parameter. step 0 = the optimizer has not updated it yet (no moments).
@@ -165,6 +180,7 @@ class PolicyTrainer {
   void RestoreSnapshot();
   struct Optimizer;
   std::unique_ptr<model::Transformer> model_;
+  std::unique_ptr<model::Transformer> reference_;  // the KL term's frozen policy
   std::unique_ptr<Optimizer> optimizer_;
   int64_t version_ = 0;
   comm::Communicator* dp_ = nullptr;

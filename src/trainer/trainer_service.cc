@@ -122,6 +122,12 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
                     : a.proximal == "behaviour" ? Proximal::kBehaviour
                                                 : Proximal::kRecompute;
     kernels::ParseLossAgg(a.loss_agg, &opts.loss.agg);
+    kernels::ParsePolicyLossKind(a.policy_loss, &opts.loss.kind);  // validated with the config
+    opts.loss.norm_max_len =
+        static_cast<float>(a.loss_norm_len > 0 ? a.loss_norm_len : config_.rollout.max_new_tokens);
+    opts.entropy_coef = a.entropy_coef;
+    kernels::ParseKlKind(a.kl, &opts.loss.kl);  // validated with the config
+    opts.loss.kl_coef = static_cast<float>(a.kl_coef);
     const Objective obj =
         req->objective() == v1::OBJECTIVE_SFT ? Objective::kSft : Objective::kPolicyGradient;
     auto metrics = trainer_.Step(batch, obj, req->lr(), opts);

@@ -22,6 +22,7 @@ constexpr char kFormat[] = "gyre.trainer_state";
 constexpr int kFormatVersion = 1;
 constexpr char kStateFile[] = "trainer_state.json";
 constexpr char kOptimizerFile[] = "optimizer.safetensors";
+constexpr char kReferenceFile[] = "reference.safetensors";
 
 std::string ToHex(const uint8_t* data, size_t n) {
   static const char kDigits[] = "0123456789abcdef";
@@ -134,11 +135,21 @@ Status SaveTrainerState(const std::string& dir, const PolicyTrainer& trainer,
     }
   }
   GYRE_RETURN_IF_ERROR(model::SaveSafetensors(dir + "/" + kOptimizerFile, moments));
+  // The KL term's frozen reference policy, once there is one; a stale file of an earlier save
+  // into this directory must not come back with a state that has none.
+  const std::string ref_path = dir + "/" + kReferenceFile;
+  const bool has_reference = trainer.reference() != nullptr;
+  if (has_reference) {
+    GYRE_RETURN_IF_ERROR(model::SaveSafetensors(ref_path, trainer.reference()->NamedParameters()));
+  } else if (PathExists(ref_path)) {
+    GYRE_RETURN_IF_ERROR(RemoveTree(ref_path));
+  }
   const std::vector<uint8_t> rng = CpuRngState();
   nlohmann::json state = {{"format", kFormat},
                           {"format_version", kFormatVersion},
                           {"policy_version", trainer.version()},
                           {"params", entries},
+                          {"reference", has_reference},
                           {"rng", {{"torch_cpu", ToHex(rng.data(), rng.size())}}}};
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kStateFile, state.dump(1) + "\n"));
   return SyncDirectory(dir);
@@ -261,8 +272,32 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
                            " (two per parameter with a non-zero step in " + kStateFile + ")");
   }
 
+  // The reference policy: state files before it existed have no "reference" key (none).
+  if (state.contains("reference") && !state["reference"].is_boolean()) {
+    return bad("\"reference\" must be true or false");
+  }
+  const bool has_reference = state.value("reference", false);
+  std::vector<at::Tensor> reference;
+  if (has_reference) {
+    const std::string ref_path = dir + "/" + kReferenceFile;
+    GYRE_ASSIGN_OR_RETURN(auto ref_file, model::SafetensorsFile::Open(ref_path));
+    for (const auto& [name, p] : params) {
+      GYRE_ASSIGN_OR_RETURN(at::Tensor w, ReadTensor(*ref_file, name, p.sizes().vec()));
+      reference.push_back(std::move(w));
+    }
+    if (ref_file->entries().size() != params.size()) {
+      return InvalidArgument(ref_path + ": has " + std::to_string(ref_file->entries().size()) +
+                             " tensors, the model has " + std::to_string(params.size()));
+    }
+  }
+
   // All checked: commit.
   GYRE_RETURN_IF_ERROR(trainer->RestoreState(weights, opt, version).WithContext(dir));
+  if (has_reference) {
+    GYRE_RETURN_IF_ERROR(trainer->RestoreReference(reference).WithContext(dir));
+  } else {
+    trainer->DropReference();
+  }
   SetCpuRngState(rng);
   return Status::Ok();
 }

@@ -19,17 +19,13 @@ constexpr int kSteps = 6;
 
 // A small job with an evaluation and a checkpoint every 2 GRPO steps.
 std::vector<std::string> Job(const std::string& output_dir) {
-  return {"train", kQuickstart,
-          "--set", "job.output_dir=" + output_dir,
-          "--set", "job.name=t",
-          "--set", "trainer.warmup_sft_steps=5",
-          "--set", "trainer.steps=" + std::to_string(kSteps),
-          "--set", "rollout.prompts_per_step=8",
-          "--set", "data.eval_size=20",
-          "--set", "metrics.eval_every=2",
-          "--set", "trainer.checkpoint_every=2",
-          "--set", "trainer.checkpoint_keep_last=2",
-          "--set", kEveryGroupTrains};
+  return {
+      "train", kQuickstart, "--set", "job.output_dir=" + output_dir, "--set", "job.name=t", "--set",
+      "trainer.warmup_sft_steps=5", "--set", "trainer.steps=" + std::to_string(kSteps), "--set",
+      "rollout.prompts_per_step=8", "--set", "data.eval_size=20", "--set", "metrics.eval_every=2",
+      "--set", "trainer.checkpoint_every=2", "--set", "trainer.checkpoint_keep_last=2",
+      // The KL term's reference policy is part of the state a resume must restore.
+      "--set", "algorithm.kl=k3", "--set", "algorithm.kl_coef=0.05", "--set", kEveryGroupTrains};
 }
 
 std::vector<std::string> With(std::vector<std::string> args, const std::vector<std::string>& more) {

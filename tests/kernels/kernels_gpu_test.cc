@@ -46,9 +46,9 @@ constexpr double kSumEps = 1e-9;
 // ---------------------------------------------------------------------------------------------
 // Advantages
 
-const AdvantageKind kAllKinds[] = {AdvantageKind::kGrpo, AdvantageKind::kGrpoNoStd,
-                                   AdvantageKind::kRloo, AdvantageKind::kMedian,
-                                   AdvantageKind::kReinforcePpBaseline};
+const AdvantageKind kAllKinds[] = {
+    AdvantageKind::kGrpo,   AdvantageKind::kGrpoNoStd,           AdvantageKind::kRloo,
+    AdvantageKind::kMedian, AdvantageKind::kReinforcePpBaseline, AdvantageKind::kReinforcePp};
 
 struct Groups {
   std::vector<float> rewards;
@@ -567,6 +567,42 @@ INSTANTIATE_TEST_SUITE_P(
                          (std::get<1>(info.param) ? "_dual_" : "_nodual_") +
                          CorrectionName(std::get<2>(info.param)) + "_" +
                          KlKindName(std::get<3>(info.param));
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
+
+// Every policy-loss kind x aggregation, with and without a correction and KL.
+class PolicyLossKindGpuTest
+    : public ::testing::TestWithParam<std::tuple<PolicyLossKind, LossAgg, bool>> {};
+
+TEST_P(PolicyLossKindGpuTest, MatchesReferenceValueStatsAndGradient) {
+  if (gyre::kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const auto [kind, agg, extras] = GetParam();
+  PolicyLossParams p;
+  p.kind = kind;
+  p.agg = agg;
+  p.norm_max_len = agg == LossAgg::kSeqMeanTokenSumNorm ? 512.0f : 0.0f;
+  if (extras) {
+    p.correction = Correction::kSeqTis;
+    p.kl = KlKind::kK3;
+    p.kl_coef = 0.1f;
+  }
+  const LossBatch b = MakeLossBatch(29, 257, 7);
+  ExpectLossMatches(b, p, std::string("S=29 T=257 ") + PolicyLossKindName(kind));
+  EXPECT_GT(RefLoss(b, p).stats.clip_frac, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllKinds, PolicyLossKindGpuTest,
+    ::testing::Combine(::testing::Values(PolicyLossKind::kPpo, PolicyLossKind::kGspo,
+                                         PolicyLossKind::kCispo, PolicyLossKind::kSao),
+                       ::testing::Values(LossAgg::kTokenMean, LossAgg::kSeqMeanTokenSum,
+                                         LossAgg::kSeqMeanTokenMean, LossAgg::kSeqMeanTokenSumNorm),
+                       ::testing::Bool()),
+    [](const ::testing::TestParamInfo<PolicyLossKindGpuTest::ParamType>& info) {
+      std::string name = std::string(PolicyLossKindName(std::get<0>(info.param))) + "_" +
+                         LossAggName(std::get<1>(info.param)) +
+                         (std::get<2>(info.param) ? "_seqtis_k3" : "_plain");
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });

@@ -54,9 +54,5 @@ TEST(LrScheduleTest, CosineWithNoStepsLeftAfterTheWarmUpEndsAtTheFloor) {
   EXPECT_NEAR(LearningRate(t, 4), 0.0, 1e-18);
 }
 
-TEST(LrScheduleTest, NamesAreTheConfigsChoices) {
-  EXPECT_EQ(LrScheduleNames(), (std::vector<std::string>{"constant", "cosine"}));
-}
-
 }  // namespace
 }  // namespace gyre::algorithm

@@ -238,7 +238,7 @@ TEST(ConfigErrors, IntegerTooBigForAnyTypeIsOutOfRangeNotAWrongType) {
 TEST(ConfigErrors, UnknownChoiceListsChoicesAndSuggests) {
   EXPECT_EQ(ParseError("algorithm:\n  advantage: grpoo\n"),
             "jobs/x.yaml:2:14: algorithm.advantage: 'grpoo' is not one of grpo, grpo_no_std, "
-            "rloo; did you mean 'grpo'?");
+            "rloo, reinforce_pp, reinforce_pp_baseline, median; did you mean 'grpo'?");
   EXPECT_EQ(ParseError("job:\n  log_level: WARN\n"),
             "jobs/x.yaml:2:14: job.log_level: 'WARN' is not one of trace, debug, info, warn, "
             "error, critical, off; did you mean 'warn'?");
@@ -334,6 +334,12 @@ TEST(ConfigValidate, CrossFieldErrorPointsAtAnInvolvedKey) {
             "jobs/x.yaml:2:3: algorithm.correction: m2po needs the proximal log-probs of the "
             "whole batch before the step, which proximal: recompute computes exactly; loglinear "
             "would gain nothing");
+  EXPECT_EQ(ParseError("rollout:\n  max_new_tokens: 5\nalgorithm:\n  overlong_buffer: 5\n"),
+            "jobs/x.yaml:4:3: algorithm.overlong_buffer (5) must be below rollout.max_new_tokens "
+            "(5): the penalty ramps up over the last overlong_buffer tokens of the length limit");
+  EXPECT_EQ(ParseError("algorithm:\n  policy_loss: gspoo\n"),
+            "jobs/x.yaml:2:16: algorithm.policy_loss: 'gspoo' is not one of ppo, gspo, cispo, "
+            "sao; did you mean 'gspo'?");
   EXPECT_EQ(ParseError("algorithm:\n  dual_clip_c: 0.5\n"),
             "jobs/x.yaml:2:3: algorithm.dual_clip_c (0.5) must be 0 (off) or greater than 1");
   EXPECT_EQ(ParseError("cluster:\n  heartbeat_timeout_s: 1\n"),
@@ -357,7 +363,7 @@ TEST(ConfigValidate, CatchesBadValuesInConfigsBuiltInCode) {
   cfg.algorithm.loss_agg = "mean";
   EXPECT_EQ(ValidateJobConfig(cfg).message(),
             "algorithm.loss_agg: 'mean' is not one of token-mean, seq-mean-token-mean, "
-            "seq-mean-token-sum");
+            "seq-mean-token-sum, seq-mean-token-sum-norm");
   cfg = JobConfig{};
   cfg.data.min_digits = 5;
   EXPECT_EQ(ValidateJobConfig(cfg).code(), StatusCode::kInvalidArgument);
@@ -395,8 +401,8 @@ TEST(ConfigOverride, ErrorsNameSetAndLeaveConfigUnchanged) {
   EXPECT_EQ(OverrideError("rollout.group_size=0"),
             "--set: rollout.group_size: 0 is out of range [1, 4096]");
   EXPECT_EQ(OverrideError("algorithm.advantage=grpoo"),
-            "--set: algorithm.advantage: 'grpoo' is not one of grpo, grpo_no_std, rloo; did you "
-            "mean 'grpo'?");
+            "--set: algorithm.advantage: 'grpoo' is not one of grpo, grpo_no_std, rloo, "
+            "reinforce_pp, reinforce_pp_baseline, median; did you mean 'grpo'?");
   EXPECT_EQ(OverrideError("trainer.steps=[1,2]"),
             "--set: trainer.steps: expected an integer, got a list");
   EXPECT_EQ(OverrideError("trainer.steps"),

@@ -164,5 +164,65 @@ TEST_F(StepScorerTest, ZeroVarianceGroupsTrainWithZeroAdvantageUnlessFiltered) {
   for (const auto& s : out.kept) EXPECT_EQ(s.advantage(), 0.0f);
 }
 
+// MC-GRPO: with algorithm.advantage median and groups of 3 (G + 1 = 3), the first sample whose
+// reward is the median is left out with advantage 0; the caller records it from pivot_ids.
+TEST_F(StepScorerTest, MedianLeavesOutEachOddGroupsPivot) {
+  AlgorithmSection algo;
+  algo.advantage = "median";
+  ExactMatchReward reward;
+  StepScorer scorer(algo, 3, tokenizer_.get(), &reward);
+  const std::vector<GroupJob> jobs = {Group(1, "7"), Group(2, "4")};
+  std::vector<v1::Sample> samples = {Sample(10, 1, "7", 5), Sample(11, 1, "8", 5),
+                                     Sample(12, 1, "7", 5),  // rewards 1 0 1: median 1
+                                     Sample(20, 2, "5", 5), Sample(21, 2, "4", 5),
+                                     Sample(22, 2, "6", 5)};  // rewards 0 1 0: median 0
+  StepScores out;
+  ASSERT_TRUE(scorer.Score(jobs, &samples, 1, 5, ledger_.get(), &out).ok());
+  auto zero = scorer.SetAdvantages(&out);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(*zero, 0);
+  EXPECT_EQ(out.pivot_ids, (std::vector<uint64_t>{10, 20}));
+  EXPECT_EQ(out.group_sizes, (std::vector<int32_t>{2, 2}));
+  EXPECT_EQ(out.rewards, (std::vector<float>{0, 1, 1, 0}));
+  std::vector<uint64_t> kept;
+  std::vector<float> adv;
+  for (const auto& k : out.kept) {
+    kept.push_back(k.sample_id());
+    adv.push_back(k.advantage());
+  }
+  EXPECT_EQ(kept, (std::vector<uint64_t>{11, 12, 21, 22}));
+  EXPECT_EQ(adv, (std::vector<float>{-1, 0, 1, 0}));
+}
+
+TEST(OverlongPenaltyTest, RampsOverTheBufferBeforeTheLimit) {
+  // L = 10, buffer 4: nothing up to 6 tokens, then -1/4 per token to -1 at 10.
+  EXPECT_EQ(OverlongPenalty(6, 10, 4, 1.0), 0.0);
+  EXPECT_DOUBLE_EQ(OverlongPenalty(7, 10, 4, 1.0), -0.25);
+  EXPECT_DOUBLE_EQ(OverlongPenalty(9, 10, 4, 2.0), -1.5);
+  EXPECT_DOUBLE_EQ(OverlongPenalty(10, 10, 4, 1.0), -1.0);
+  EXPECT_DOUBLE_EQ(OverlongPenalty(12, 10, 4, 1.0), -1.0);  // capped at the full penalty
+  EXPECT_EQ(OverlongPenalty(10, 10, 0, 1.0), 0.0);          // off
+}
+
+// DAPO's overlong shaping lowers the reward the advantages see, not correctness.
+TEST_F(StepScorerTest, OverlongPenaltyShapesTheRewardButNotCorrectness) {
+  AlgorithmSection algo;
+  algo.overlong_buffer = 2;
+  algo.overlong_penalty = 1.0;
+  ExactMatchReward reward;
+  StepScorer scorer(algo, 3, tokenizer_.get(), &reward, /*max_new_tokens=*/4);
+  const std::vector<GroupJob> jobs = {Group(1, "77")};
+  // Response tokens (with the end token): 2, 3 and 4; the penalty starts after 4 - 2 = 2.
+  std::vector<v1::Sample> samples = {Sample(10, 1, "7", 5), Sample(11, 1, "77", 5),
+                                     Sample(12, 1, "777", 5)};
+  StepScores out;
+  ASSERT_TRUE(scorer.Score(jobs, &samples, 1, 5, ledger_.get(), &out).ok());
+  EXPECT_EQ(out.rewards, (std::vector<float>{0.0f, 0.5f, -1.0f}));
+  EXPECT_EQ(out.correct, 1);  // "77" is right, though shaped down to 0.5
+  EXPECT_EQ(out.overlong, 2);
+  EXPECT_DOUBLE_EQ(out.reward_sum, -0.5);
+  EXPECT_FLOAT_EQ(out.kept[1].reward(), 0.5f);
+}
+
 }  // namespace
 }  // namespace gyre::controller

@@ -35,8 +35,9 @@ void ExpectAdvantages(const Result& r, const std::vector<double>& expected) {
 }
 
 TEST(AdvantagesRefTest, ParsesEveryNameAndRejectsOthers) {
-  for (AdvantageKind kind : {AdvantageKind::kGrpo, AdvantageKind::kGrpoNoStd, AdvantageKind::kRloo,
-                             AdvantageKind::kMedian, AdvantageKind::kReinforcePpBaseline}) {
+  for (AdvantageKind kind :
+       {AdvantageKind::kGrpo, AdvantageKind::kGrpoNoStd, AdvantageKind::kRloo,
+        AdvantageKind::kMedian, AdvantageKind::kReinforcePpBaseline, AdvantageKind::kReinforcePp}) {
     AdvantageKind parsed = AdvantageKind::kGrpo;
     ASSERT_TRUE(ParseAdvantageKind(AdvantageKindName(kind), &parsed)) << AdvantageKindName(kind);
     EXPECT_EQ(parsed, kind);
@@ -44,6 +45,8 @@ TEST(AdvantagesRefTest, ParsesEveryNameAndRejectsOthers) {
   AdvantageKind kind = AdvantageKind::kRloo;
   EXPECT_TRUE(ParseAdvantageKind("reinforce_pp_baseline", &kind));
   EXPECT_EQ(kind, AdvantageKind::kReinforcePpBaseline);
+  EXPECT_TRUE(ParseAdvantageKind("reinforce_pp", &kind));
+  EXPECT_EQ(kind, AdvantageKind::kReinforcePp);
   for (const std::string bad : {"", "GRPO", "grpo ", "reinforce++", "dr_grpo"}) {
     kind = AdvantageKind::kRloo;
     EXPECT_FALSE(ParseAdvantageKind(bad, &kind)) << bad;
@@ -116,9 +119,25 @@ TEST(AdvantagesRefTest, ReinforcePpBaselineWhitensOverTheBatch) {
                    {-1 / s, 1 / s, -1 / s, -1 / s, 2 / s});
 }
 
+TEST(AdvantagesRefTest, ReinforcePpWhitensTheRawRewardsOverTheBatch) {
+  // No group baseline: {1, 0, 3, 3} has batch mean 1.75, deviations {-0.75, -1.75, 1.25, 1.25},
+  // squares summing to 6.75, unbiased std sqrt(6.75 / 3) = 1.5.
+  const double s = 1.5 + 1e-6;
+  const Result r = Compute({1, 0, 3, 3}, {0, 2, 4}, AdvantageKind::kReinforcePp);
+  ExpectAdvantages(r, {-0.75 / s, -1.75 / s, 1.25 / s, 1.25 / s});
+  // The all-equal group {3, 3} is still flagged, though its advantages are not 0 here.
+  EXPECT_EQ(r.zero_variance, (std::vector<uint8_t>{0, 1}));
+  // The same batch as one group differs from reinforce_pp_baseline only by the group mean, which
+  // whitening removes: one group gives identical advantages.
+  const Result one = Compute({1, 0, 3, 3}, {0, 4}, AdvantageKind::kReinforcePp);
+  const Result baseline = Compute({1, 0, 3, 3}, {0, 4}, AdvantageKind::kReinforcePpBaseline);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(one.advantages[i], baseline.advantages[i], 1e-6);
+}
+
 TEST(AdvantagesRefTest, SingleSampleBatchIsZero) {
-  for (AdvantageKind kind : {AdvantageKind::kGrpo, AdvantageKind::kGrpoNoStd, AdvantageKind::kRloo,
-                             AdvantageKind::kMedian, AdvantageKind::kReinforcePpBaseline}) {
+  for (AdvantageKind kind :
+       {AdvantageKind::kGrpo, AdvantageKind::kGrpoNoStd, AdvantageKind::kRloo,
+        AdvantageKind::kMedian, AdvantageKind::kReinforcePpBaseline, AdvantageKind::kReinforcePp}) {
     const Result r = Compute({0.7f}, {0, 1}, kind);
     EXPECT_EQ(r.advantages[0], 0.0f) << AdvantageKindName(kind);
     EXPECT_EQ(r.zero_variance[0], 1);

@@ -159,6 +159,118 @@ TEST(PolicyLossRefTest, LogRatioIsClampedAtTwenty) {
   EXPECT_EQ(o.grad[0], 0.0f);
 }
 
+PolicyLossParams Kind(PolicyLossKind kind) {
+  PolicyLossParams p;
+  p.kind = kind;
+  return p;
+}
+
+TEST(PolicyLossRefTest, PolicyLossKindNamesRoundTrip) {
+  for (PolicyLossKind kind : {PolicyLossKind::kPpo, PolicyLossKind::kGspo, PolicyLossKind::kCispo,
+                              PolicyLossKind::kSao}) {
+    PolicyLossKind parsed = PolicyLossKind::kPpo;
+    ASSERT_TRUE(ParsePolicyLossKind(PolicyLossKindName(kind), &parsed));
+    EXPECT_EQ(parsed, kind);
+  }
+  PolicyLossKind kind = PolicyLossKind::kSao;
+  EXPECT_FALSE(ParsePolicyLossKind("GSPO", &kind));
+  EXPECT_FALSE(ParsePolicyLossKind("", &kind));
+  EXPECT_EQ(kind, PolicyLossKind::kSao);
+  EXPECT_STREQ(PolicyLossKindName(PolicyLossKind::kCispo), "cispo");
+}
+
+// One sequence of two tokens with log ratios x0, x1 and advantage A on both.
+Batch TwoTokens(double x0, double x1, float adv) {
+  Batch b(1, 2);
+  b.logp_old = {-1.0f, -2.0f};
+  b.logp = {static_cast<float>(-1.0 + x0), static_cast<float>(-2.0 + x1)};
+  b.advantages = {adv, adv};
+  return b;
+}
+
+TEST(PolicyLossRefTest, GspoUsesTheSequenceMeanLogRatio) {
+  // x = (-0.1 + 0.3) / 2 = 0.1, r = e^0.1 = 1.1051709 inside [0.8, 1.28]: every token's term is
+  // -r, so the token mean is -r and each token's gradient is -r / 2.
+  const Batch b = TwoTokens(-0.1, 0.3, 1.0f);
+  const Outcome gspo = Compute(b, Kind(PolicyLossKind::kGspo));
+  EXPECT_NEAR(gspo.stats.loss, -1.1051709180756477, 1e-6);
+  EXPECT_NEAR(gspo.grad[0], -0.5525854590378238, 1e-6);
+  EXPECT_NEAR(gspo.grad[1], -0.5525854590378238, 1e-6);
+  EXPECT_EQ(gspo.stats.clip_frac, 0.0);
+  // PPO on the same tokens clips the second (e^0.3 = 1.3498588 > 1.28):
+  // (-e^-0.1 - 1.28) / 2 = (-0.9048374 - 1.28) / 2.
+  const Outcome ppo = Compute(b, {});
+  EXPECT_NEAR(ppo.stats.loss, -1.0924187090180120, 1e-6);
+  EXPECT_EQ(ppo.stats.clip_frac, 0.5);
+
+  // x = (0.1 + 0.5) / 2 = 0.3, r = 1.3498588 > 1.28: the whole sequence is clipped.
+  const Outcome clipped = Compute(TwoTokens(0.1, 0.5, 1.0f), Kind(PolicyLossKind::kGspo));
+  EXPECT_NEAR(clipped.stats.loss, -1.28, 1e-6);
+  EXPECT_EQ(clipped.grad[0], 0.0f);
+  EXPECT_EQ(clipped.grad[1], 0.0f);
+  EXPECT_EQ(clipped.stats.clip_frac, 1.0);
+}
+
+TEST(PolicyLossRefTest, GspoHasNoDualClip) {
+  // x = log 4, A = -1: max(4, 0.8) = 4. PPO would cap at 3; GSPO keeps 4 and the gradient
+  // -A r / 2 = 2 per token.
+  const Batch b = TwoTokens(std::log(4.0), std::log(4.0), -1.0f);
+  const Outcome o = Compute(b, Kind(PolicyLossKind::kGspo));
+  EXPECT_NEAR(o.stats.loss, 4.0, 1e-6);
+  EXPECT_NEAR(o.grad[0], 2.0, 1e-6);
+  EXPECT_EQ(o.stats.dual_clip_frac, 0.0);
+  EXPECT_NEAR(Compute(b, {}).stats.loss, 3.0, 1e-6);
+}
+
+TEST(PolicyLossRefTest, CispoKeepsTheGradientOfClippedTokens) {
+  // r = 1.5, A = 1: L = -clip(r) = -1.28 and the gradient is the detached weight times -A: -1.28.
+  const Outcome above = Compute(OneToken(std::log(1.5), 1.0f), Kind(PolicyLossKind::kCispo));
+  EXPECT_NEAR(above.stats.loss, -1.28, 1e-6);
+  EXPECT_NEAR(above.grad[0], -1.28, 1e-6);
+  EXPECT_EQ(above.stats.clip_frac, 1.0);
+  // r = 0.5, A = -1: weight clip(0.5) = 0.8, L = 0.8, gradient 0.8 (PPO: clipped, gradient 0).
+  const Outcome below = Compute(OneToken(std::log(0.5), -1.0f), Kind(PolicyLossKind::kCispo));
+  EXPECT_NEAR(below.stats.loss, 0.8, 1e-6);
+  EXPECT_NEAR(below.grad[0], 0.8, 1e-6);
+  EXPECT_EQ(below.stats.clip_frac, 1.0);
+  // r = 1.1 inside, A = 2: L = -2.2, gradient -2.2, nothing clipped.
+  const Outcome inside = Compute(OneToken(std::log(1.1), 2.0f), Kind(PolicyLossKind::kCispo));
+  EXPECT_NEAR(inside.stats.loss, -2.2, 1e-6);
+  EXPECT_NEAR(inside.grad[0], -2.2, 1e-6);
+  EXPECT_EQ(inside.stats.clip_frac, 0.0);
+  // r = 4, A = -1: the weight is capped at 1.28 and there is no dual clip: L = 1.28.
+  const Outcome far = Compute(OneToken(std::log(4.0), -1.0f), Kind(PolicyLossKind::kCispo));
+  EXPECT_NEAR(far.stats.loss, 1.28, 1e-6);
+  EXPECT_NEAR(far.grad[0], 1.28, 1e-6);
+  EXPECT_EQ(far.stats.dual_clip_frac, 0.0);
+}
+
+TEST(PolicyLossRefTest, SaoMasksTokensOutsideTheBandOnBothSides) {
+  const PolicyLossParams sao = Kind(PolicyLossKind::kSao);
+  // r = 0.5 with A = 1: PPO keeps -0.5 with gradient -0.5; SAO masks it.
+  const Outcome low = Compute(OneToken(std::log(0.5), 1.0f), sao);
+  EXPECT_EQ(low.stats.loss, 0.0);
+  EXPECT_EQ(low.grad[0], 0.0f);
+  EXPECT_EQ(low.stats.clip_frac, 1.0);
+  EXPECT_EQ(low.stats.tokens, 1.0);  // masked tokens stay in the denominator
+  // r = 1.5 with A = 1: masked, L = 0 (PPO: -1.28).
+  const Outcome high = Compute(OneToken(std::log(1.5), 1.0f), sao);
+  EXPECT_EQ(high.stats.loss, 0.0);
+  EXPECT_EQ(high.grad[0], 0.0f);
+  // r = 1.2 with A = -1: inside, L = 1.2, gradient 1.2.
+  const Outcome inside = Compute(OneToken(std::log(1.2), -1.0f), sao);
+  EXPECT_NEAR(inside.stats.loss, 1.2, 1e-6);
+  EXPECT_NEAR(inside.grad[0], 1.2, 1e-6);
+  EXPECT_EQ(inside.stats.clip_frac, 0.0);
+  // Token mean over one masked and one kept token: (0 + 1.2) / 2.
+  Batch two = TwoTokens(std::log(0.5), std::log(1.2), -1.0f);
+  const Outcome mixed = Compute(two, sao);
+  EXPECT_NEAR(mixed.stats.loss, 0.6, 1e-6);
+  EXPECT_EQ(mixed.grad[0], 0.0f);
+  EXPECT_NEAR(mixed.grad[1], 0.6, 1e-6);
+  EXPECT_EQ(mixed.stats.clip_frac, 0.5);
+}
+
 TEST(PolicyLossRefTest, TruncatedImportanceWeightIsCappedAndDetached) {
   // Two on-policy tokens (r = 1, A = 1, so L = -1 and dL/dlogp = -1) with behaviour weights
   // exp(log 3) = 3 -> capped to 2, and exp(log 1.5) = 1.5.
@@ -602,6 +714,109 @@ INSTANTIATE_TEST_SUITE_P(AllModes, PolicyLossGradientTest,
                            }
                            return out;
                          });
+
+// Every policy-loss kind against central finite differences, with KL and the kinds' own
+// constant branches. kGspo's gradient is exact only with a weight constant over each sequence
+// (the header), so the test uses seq-tis there.
+class PolicyLossKindGradientTest
+    : public testing::TestWithParam<std::tuple<PolicyLossKind, LossAgg>> {};
+
+TEST_P(PolicyLossKindGradientTest, MatchesCentralFiniteDifferences) {
+  constexpr int64_t kS = 5, kT = 6;
+  const auto [kind, agg] = GetParam();
+  PolicyLossParams p;
+  p.kind = kind;
+  p.agg = agg;
+  p.correction = kind == PolicyLossKind::kGspo ? Correction::kSeqTis : Correction::kTis;
+  p.tis_cap = 1.3f;
+  p.kl = KlKind::kK2;
+  p.kl_coef = 0.25f;
+  p.norm_max_len = 9;
+
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> old_dist(-3.0f, -0.1f);
+  std::uniform_real_distribution<float> ratio_dist(-0.6f, 1.4f);
+  std::uniform_real_distribution<float> small(-0.5f, 0.5f);
+  std::normal_distribution<float> adv_dist(0.0f, 1.0f);
+  std::bernoulli_distribution keep(0.75);
+  const double kinks[] = {std::log(1.0 - p.clip_eps_low), std::log(1.0 + p.clip_eps_high),
+                          std::log(static_cast<double>(p.dual_clip_c))};
+  auto near_kink = [&](double x) {
+    for (double k : kinks) {
+      if (std::abs(x - k) < 0.01) return true;
+    }
+    return false;
+  };
+
+  Batch b(kS, kT);
+  for (int64_t s = 0; s < kS; ++s) {
+    const float adv = adv_dist(rng);  // one advantage per sequence, as the trainer gives
+    bool retry = true;
+    while (retry) {
+      retry = false;
+      double x_sum = 0.0, n = 0.0;
+      for (int64_t t = 0; t < kT; ++t) {
+        const int64_t i = s * kT + t;
+        b.logp_old[i] = old_dist(rng);
+        b.logp[i] = b.logp_old[i] + ratio_dist(rng);
+        b.logp_ref[i] = b.logp[i] + small(rng);
+        b.logp_rollout[i] = b.logp_old[i] + small(rng);
+        b.advantages[i] = adv;
+        b.mask[i] = t == 0 || keep(rng) ? 1.0f : 0.0f;
+        const double x = static_cast<double>(b.logp[i]) - b.logp_old[i];
+        if (b.mask[i] != 0.0f) {
+          x_sum += x;
+          n += 1.0;
+        }
+        if (kind != PolicyLossKind::kGspo && near_kink(x)) retry = true;
+      }
+      if (kind == PolicyLossKind::kGspo && near_kink(x_sum / n)) retry = true;
+    }
+  }
+
+  std::vector<float> grad(kS * kT);
+  const PolicyLossStats base = PolicyLossRef(b.Inputs(), p, grad.data());
+  EXPECT_GT(base.clip_frac, 0.0);  // the batch reaches the kind's clipped or masked branch
+  EXPECT_LT(base.clip_frac, 1.0);
+
+  constexpr float kStep = 1e-3f;
+  for (int64_t i = 0; i < kS * kT; ++i) {
+    Batch plus = b, minus = b;
+    plus.logp[i] = b.logp[i] + kStep;
+    minus.logp[i] = b.logp[i] - kStep;
+    const double h = static_cast<double>(plus.logp[i]) - minus.logp[i];
+    const double fd = (PolicyLossRef(plus.Inputs(), p, nullptr).loss -
+                       PolicyLossRef(minus.Inputs(), p, nullptr).loss) /
+                      h;
+    if (kind == PolicyLossKind::kCispo && b.mask[i] != 0.0f) {
+      // Where CISPO's weight is clipped its loss is flat in logp but its gradient is not (the
+      // detached-weight form, checked by CispoKeepsTheGradientOfClippedTokens): no finite
+      // difference to compare with.
+      const double r = std::exp(static_cast<double>(b.logp[i]) - b.logp_old[i]);
+      if (r < 1.0 - p.clip_eps_low || r > 1.0 + p.clip_eps_high) continue;
+    }
+    EXPECT_NEAR(grad[i], fd, 1e-6 + 1e-4 * std::abs(fd)) << "token " << i;
+    if (b.mask[i] == 0.0f) {
+      EXPECT_EQ(grad[i], 0.0f);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllKinds, PolicyLossKindGradientTest,
+    testing::Combine(testing::Values(PolicyLossKind::kPpo, PolicyLossKind::kGspo,
+                                     PolicyLossKind::kCispo, PolicyLossKind::kSao),
+                     testing::Values(LossAgg::kTokenMean, LossAgg::kSeqMeanTokenMean,
+                                     LossAgg::kSeqMeanTokenSumNorm)),
+    [](const testing::TestParamInfo<PolicyLossKindGradientTest::ParamType>& info) {
+      std::string name = std::string(PolicyLossKindName(std::get<0>(info.param))) + "_" +
+                         LossAggName(std::get<1>(info.param));
+      std::string out;
+      for (char c : name) {
+        if (c != '-') out += c;
+      }
+      return out;
+    });
 
 }  // namespace
 }  // namespace gyre::kernels

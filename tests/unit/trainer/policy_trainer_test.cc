@@ -333,6 +333,99 @@ TEST(PolicyTrainerTest, IcePopAndM2poMaskTheTokensTheRolloutDisagreesOn) {
   }
 }
 
+// The entropy bonus alone (every advantage 0, so the policy term has no gradient): the loss is
+// -c times the aggregated entropy, the step raises the policy's entropy, and micro-batching
+// gives the same update (the bonus uses the batch-wide aggregation weights).
+TEST(PolicyTrainerTest, EntropyBonusRaisesEntropyWithBatchWideWeights) {
+  for (kernels::LossAgg agg : {kernels::LossAgg::kTokenMean, kernels::LossAgg::kSeqMeanTokenMean}) {
+    std::vector<TrainSample> batch = Batch();
+    for (auto& s : batch) s.advantage = 0.0f;
+    PolicyTrainer whole(model::Transformer::Create(Spec(), 8, 0.5), 5e-2, 0, 0.9, 0.999);
+    PolicyTrainer micro(model::Transformer::Create(Spec(), 8, 0.5), 5e-2, 0, 0.9, 0.999);
+    TrainOptions opts = Options(64);
+    opts.entropy_coef = 0.5;
+    opts.loss.agg = agg;
+    // A small step: AdamW moves every weight by about lr, which must not overshoot.
+    auto a = whole.Step(batch, Objective::kPolicyGradient, 1e-3, opts);
+    opts.micro_batch_size = 2;
+    auto b = micro.Step(batch, Objective::kPolicyGradient, 1e-3, opts);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    EXPECT_GT((*a)["grad_norm"], 0.0);
+    EXPECT_TRUE(testing::AllClose(Flat(whole), Flat(micro), {1e-5, 1e-6, 1e-5}));
+    EXPECT_NEAR((*a)["loss"], (*b)["loss"], 1e-6);
+    if (agg == kernels::LossAgg::kTokenMean) {
+      // Token mean: the bonus is exactly -c * the entropy metric (also a token mean).
+      EXPECT_NEAR((*a)["loss"], -0.5 * (*a)["entropy"], 1e-6);
+    }
+    // A second step's metrics measure the entropy after the first: higher.
+    auto after = whole.Step(batch, Objective::kPolicyGradient, 1e-9, opts);
+    ASSERT_TRUE(after.ok());
+    EXPECT_GT((*after)["entropy"], (*a)["entropy"]) << kernels::LossAggName(agg);
+  }
+}
+
+// The policy-loss kinds reach the update: on the same stale batch (PPO mini-batches move the
+// ratio away from 1) each kind gives different weights, and SAO and CISPO report their clips.
+TEST(PolicyTrainerTest, PolicyLossKindsGiveTheirOwnUpdates) {
+  std::vector<TrainSample> batch;
+  for (int i = 0; i < 4; ++i) {
+    for (const auto& s : Batch()) batch.push_back(s);
+  }
+  std::vector<at::Tensor> weights;
+  for (kernels::PolicyLossKind kind :
+       {kernels::PolicyLossKind::kPpo, kernels::PolicyLossKind::kGspo,
+        kernels::PolicyLossKind::kCispo, kernels::PolicyLossKind::kSao}) {
+    PolicyTrainer t(model::Transformer::Create(Spec(), 6, 0.1), 5e-2, 0, 0.9, 0.999);
+    TrainOptions opts = Options(64);
+    opts.mini_batches = 4;
+    opts.loss.kind = kind;
+    auto m = t.Step(batch, Objective::kPolicyGradient, 5e-2, opts);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_GT((*m)["clip_frac"], 0.0) << kernels::PolicyLossKindName(kind);
+    weights.push_back(Flat(t));
+  }
+  for (size_t i = 0; i < weights.size(); ++i) {
+    for (size_t j = i + 1; j < weights.size(); ++j) {
+      EXPECT_FALSE(at::equal(weights[i], weights[j])) << i << " vs " << j;
+    }
+  }
+}
+
+// The KL term pulls the policy back to the reference: with every advantage 0 only the KL has a
+// gradient; after supervised steps moved the policy away from the reference (frozen at the first
+// policy-gradient step), KL-only steps bring kl_ref down.
+TEST(PolicyTrainerTest, KlTermPullsThePolicyBackToTheReference) {
+  std::vector<TrainSample> batch = Batch();
+  for (auto& s : batch) s.advantage = 0.0f;
+  PolicyTrainer t(model::Transformer::Create(Spec(), 8, 0.2), 1e-2, 0, 0.9, 0.999);
+  TrainOptions opts = Options(64);
+  opts.loss.kl = kernels::KlKind::kK2;
+  opts.loss.kl_coef = 1.0f;
+  auto first = t.Step(batch, Objective::kPolicyGradient, 1e-2, opts);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ((*first)["kl_ref"], 0.0);
+  EXPECT_EQ((*first)["grad_norm"], 0.0);  // at the reference, with A = 0: nothing to learn
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(t.Step(batch, Objective::kSft, 2e-2, opts).ok());
+  // A fresh AdamW state, so the supervised steps' momentum does not carry on.
+  TrainOptions reset = opts;
+  reset.reset_optimizer_state = true;
+  auto away = t.Step(batch, Objective::kPolicyGradient, 2e-3, reset);
+  ASSERT_TRUE(away.ok());
+  EXPECT_GT((*away)["kl_ref"], 0.0);
+  EXPECT_GT((*away)["grad_norm"], 0.0);
+  double kl = (*away)["kl_ref"];
+  for (int i = 0; i < 5; ++i) {
+    auto m = t.Step(batch, Objective::kPolicyGradient, 2e-3, opts);
+    ASSERT_TRUE(m.ok());
+    kl = (*m)["kl_ref"];
+  }
+  EXPECT_LT(kl, 0.8 * (*away)["kl_ref"]);
+  // The loss is the KL term alone: kl_coef * kl_ref.
+  auto last = t.Step(batch, Objective::kPolicyGradient, 1e-12, opts);
+  ASSERT_TRUE(last.ok());
+  EXPECT_NEAR((*last)["loss"], (*last)["kl_ref"], 1e-6);
+}
+
 TEST(PolicyTrainerTest, OffPolicyOptionsRefuseBatchesThatLackWhatTheyNeed) {
   PolicyTrainer t(model::Transformer::Create(Spec(), 6, 0.1), 5e-2, 0, 0.9, 0.999);
   const at::Tensor before = Flat(t);

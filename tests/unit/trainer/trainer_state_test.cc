@@ -165,6 +165,73 @@ TEST(TrainerStateTest, CorruptStateIsRejectedAndChangesNothing) {
   EXPECT_TRUE(RemoveTree(dir).ok());
 }
 
+// With the KL term the reference policy (frozen at the first policy-gradient step) is part of the
+// state: a restored trainer continues bit for bit, KL included; a state without one drops a
+// reference the loading trainer had; a broken reference file is refused and changes nothing.
+TEST(TrainerStateTest, TheKlReferencePolicyIsSavedAndRestored) {
+  const std::string dir = TempDir("reference");
+  TrainOptions o;
+  o.micro_batch_size = 2;
+  o.loss.kl = kernels::KlKind::kK3;
+  o.loss.kl_coef = 0.5f;
+  auto steps = [&](PolicyTrainer* t, int first, int n) {
+    std::vector<double> out;
+    for (int k = first; k < first + n; ++k) {
+      auto m = t->Step(Batch(k), Objective::kPolicyGradient, 1e-2, o);
+      EXPECT_TRUE(m.ok()) << m.status();
+      out.push_back(m.ok() ? (*m)["kl_ref"] : -1.0);
+      out.push_back(m.ok() ? (*m)["loss"] : -1.0);
+    }
+    return out;
+  };
+  auto a = MakeTrainer(3);
+  ASSERT_EQ(a->reference(), nullptr);
+  Train(a.get(), 0, 1);  // a supervised step first: the reference is what GRPO starts from
+  const at::Tensor start = Flat(*a);
+  const std::vector<double> first = steps(a.get(), 1, 2);
+  ASSERT_NE(a->reference(), nullptr);
+  EXPECT_EQ(first[0], 0.0);  // the first step's policy is the reference
+  EXPECT_GT(first[2], 0.0);  // the second has moved away from it
+  ASSERT_TRUE(SaveTrainerState(dir, *a, "").ok());
+  EXPECT_TRUE(PathExists(dir + "/reference.safetensors"));
+
+  auto b = MakeTrainer(77);
+  ASSERT_TRUE(LoadTrainerState(dir, b.get()).ok());
+  ASSERT_NE(b->reference(), nullptr);
+  std::vector<at::Tensor> ref_parts;
+  for (const auto& [n, p] : b->reference()->NamedParameters()) ref_parts.push_back(p.flatten());
+  EXPECT_TRUE(at::equal(at::cat(ref_parts), start));
+  EXPECT_EQ(steps(a.get(), 3, 2), steps(b.get(), 3, 2));
+  EXPECT_TRUE(at::equal(Flat(*a), Flat(*b)));
+
+  // A reference file whose tensor has the wrong shape: refused, naming the file, no change.
+  auto wide_ref = MakeTrainer(5, 64);
+  wide_ref->FreezeReference();
+  const std::string good_ref = *ReadFileToString(dir + "/reference.safetensors");
+  const std::string other = TempDir("reference_wide");
+  ASSERT_TRUE(SaveTrainerState(other, *wide_ref, "").ok());
+  ASSERT_TRUE(CopyFile(other + "/reference.safetensors", dir + "/reference.safetensors").ok());
+  const at::Tensor before = Flat(*b);
+  Status s = LoadTrainerState(dir, b.get());
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("reference.safetensors"), std::string::npos) << s.message();
+  EXPECT_TRUE(at::equal(before, Flat(*b)));
+  ASSERT_TRUE(RemoveTree(dir + "/reference.safetensors").ok());
+  s = LoadTrainerState(dir, b.get());
+  EXPECT_NE(s.message().find("reference.safetensors"), std::string::npos) << s.message();
+  ASSERT_TRUE(WriteFileAtomic(dir + "/reference.safetensors", good_ref).ok());
+
+  // A state saved without a reference drops the loading trainer's, and the save removes the
+  // stale file of an earlier save into the same directory.
+  auto plain = MakeTrainer(8);
+  ASSERT_TRUE(SaveTrainerState(dir, *plain, "").ok());
+  EXPECT_FALSE(PathExists(dir + "/reference.safetensors"));
+  ASSERT_TRUE(LoadTrainerState(dir, b.get()).ok());
+  EXPECT_EQ(b->reference(), nullptr);
+  EXPECT_TRUE(RemoveTree(dir).ok());
+  EXPECT_TRUE(RemoveTree(other).ok());
+}
+
 // Found by fuzz_controller_state in the controller's reader (docs/reliability.md); the trainer's
 // reader had the same line: a "format" that is not a string threw instead of being refused.
 TEST(TrainerStateTest, NonStringFormatIsAnErrorNotAnException) {
