@@ -3,7 +3,7 @@
 // sequence of records (fuzz_util.h RecordReader); each payload is parsed with ParseFromString as
 // the request and handed to the handler.
 //
-// Record tags (mod 4):
+// Record tags (mod 9):
 //   0 TrainStep: a real optimizer step. Requests of more than 16 samples or 1024 token ids are
 //     skipped (valid, just slow).
 //   1 PublishWeights: requests that would connect to rollout workers are kept from the network:
@@ -16,6 +16,8 @@
 //     directory (its last 12 letters and digits become a subdirectory's name; an empty one
 //     stays empty), so what a Save or SaveState writes, a later LoadState of the same name reads.
 //   7 HostGroupStore (binds an OS-chosen loopback port).
+//   8 SequenceKl: forwards of the policy and (frozen at the first call) reference policy; the
+//     same sample budget as TrainStep.
 // The trainer-state reader itself gets arbitrary files from fuzz_trainer_state.
 
 #include <google/protobuf/stubs/logging.h>
@@ -50,7 +52,8 @@ std::string Confined(const std::string& directory) {
   return *g_scratch + "/d" + name;
 }
 
-bool OverBudget(const v1::TrainStepRequest& req) {
+template <typename Request>
+bool OverBudget(const Request& req) {
   if (req.samples_size() > 16) return true;
   int64_t ids = 0;
   for (const auto& s : req.samples()) ids += s.prompt_ids_size() + s.response_ids_size();
@@ -79,7 +82,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return true;
   };
   for (int n = 0; n < 32 && records.Next(&tag, &payload); ++n) {
-    switch (tag % 8) {
+    switch (tag % 9) {
       case 0:
         CallHandler<v1::TrainStepRequest, v1::TrainStepResponse>(
             &service, &TrainerService::TrainStep, payload,
@@ -116,9 +119,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         CallHandler<v1::LoadStateRequest, v1::LoadStateResponse>(
             &service, &TrainerService::LoadState, payload, confine);
         break;
-      default:
+      case 7:
         CallHandler<v1::HostGroupStoreRequest, v1::HostGroupStoreResponse>(
             &service, &TrainerService::HostGroupStore, payload);
+        break;
+      default:
+        CallHandler<v1::SequenceKlRequest, v1::SequenceKlResponse>(
+            &service, &TrainerService::SequenceKl, payload,
+            [](v1::SequenceKlRequest* r) { return !OverBudget(*r); });
         break;
     }
   }

@@ -314,6 +314,20 @@ void TrainerRpcSeeds() {
   Seed("trainer_rpc", "checkpoint",
        steps[0] + Record(4, Bytes(save)) + Record(5, Bytes(save_state)) + steps[1] +
            Record(6, Bytes(load_state)) + Record(7, Bytes(v1::HostGroupStoreRequest())));
+  // KL in the reward: the first call freezes the reference, a step moves away from it, the
+  // second call measures the distance.
+  v1::SequenceKlRequest kl;
+  kl.set_expected_version(0);
+  kl.set_estimator("k3");
+  kl.set_temperature(1.0f);
+  for (const trainer::TrainSample& s : FuzzBatch(0)) {
+    v1::Sample* out = kl.add_samples();
+    for (int32_t id : s.prompt) out->add_prompt_ids(id);
+    for (int32_t id : s.response) out->add_response_ids(id);
+  }
+  v1::SequenceKlRequest kl_after = kl;
+  kl_after.set_expected_version(1);
+  Seed("trainer_rpc", "kl_in_reward", Record(8, Bytes(kl)) + steps[0] + Record(8, Bytes(kl_after)));
 }
 
 }  // namespace

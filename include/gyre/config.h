@@ -114,10 +114,11 @@ struct AlgorithmSection {
   std::string loss_agg = "token-mean";  // token-mean, seq-mean-token-{mean,sum,sum-norm}
   int loss_norm_len = 0;                // seq-mean-token-sum-norm; 0 = rollout.max_new_tokens
   double entropy_coef = 0.0;            // entropy bonus; 0 = off
-  // KL penalty in the loss against the frozen reference policy (the model GRPO starts from):
-  // none, k1, k2, k3; weighted by kl_coef.
+  // KL penalty against the frozen reference policy (the model GRPO starts from): none, k1, k2,
+  // k3; weighted by kl_coef; in the loss or in the reward (kl_in).
   std::string kl = "none";
   double kl_coef = 0.001;
+  std::string kl_in = "loss";  // loss, or reward: R - kl_coef * (sum of the sample's token KL)
   // DAPO overlong shaping: a response longer than rollout.max_new_tokens - overlong_buffer tokens
   // loses up to overlong_penalty of reward, linearly over the buffer; 0 = off.
   int overlong_buffer = 0;

@@ -245,8 +245,10 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(algorithm.entropy_coef), Closed(0, 10),
           "entropy bonus: subtracts entropy_coef times the aggregated token entropy from the loss"),
       Registered(GYRE_CONFIG_KEY(algorithm.kl), RegistryNames<algorithm::Family::kKl>,
-                 "KL penalty in the loss against the frozen reference policy: none, k1, k2, k3"),
+                 "KL penalty against the frozen reference policy: none, k1, k2, k3"),
       Num(GYRE_CONFIG_KEY(algorithm.kl_coef), Closed(0, 100), "weight of the KL penalty"),
+      Choice(GYRE_CONFIG_KEY(algorithm.kl_in), {"loss", "reward"},
+             "where the KL penalty goes: a term of the loss, or subtracted from each reward"),
       Num(GYRE_CONFIG_KEY(algorithm.overlong_buffer), Closed(0, kMaxCount),
           "DAPO overlong shaping: tokens before rollout.max_new_tokens where the length penalty "
           "starts; 0 = off"),
@@ -1011,6 +1013,11 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
                    "rollout.group_size (" + str(c.rollout.group_size) +
                        ") must be >= 2 when algorithm.advantage is rloo (the leave-one-out "
                        "baseline needs another sample of the same prompt)"};
+  }
+  if (c.algorithm.kl_in == "reward" && c.algorithm.kl == "none") {
+    return Problem{
+        {"algorithm.kl_in", "algorithm.kl"},
+        "algorithm.kl_in: reward needs a KL estimator: set algorithm.kl to k1, k2 or k3"};
   }
   if (c.algorithm.overlong_buffer > 0 && c.algorithm.overlong_buffer >= c.rollout.max_new_tokens) {
     return Problem{{"algorithm.overlong_buffer", "rollout.max_new_tokens"},

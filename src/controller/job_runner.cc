@@ -364,6 +364,23 @@ Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* s
     GYRE_LOG_WARN("step {}: all {} groups had zero reward variance in {} round(s); no update", step,
                   scores->filtered_groups, rounds);
   } else {
+    if (cfg_.algorithm.kl_in == "reward") {
+      // docs/algorithms.md, "KL to the reference policy": each kept sample's reward loses
+      // kl_coef times its KL to the reference, before the advantages.
+      const double temperature = cfg_.rollout.sampling.temperature;
+      GYRE_ASSIGN_OR_RETURN(
+          std::vector<double> kl,
+          trainers_->SequenceKl(kept, version_, temperature > 0 ? temperature : 1.0));
+      double sum = 0;
+      for (size_t i = 0; i < kept.size(); ++i) {
+        const auto shaped = static_cast<float>(scores->rewards[i] - cfg_.algorithm.kl_coef * kl[i]);
+        scores->rewards[i] = shaped;
+        kept[i].set_reward(shaped);
+        sum += kl[i];
+      }
+      rec.kl_reward = sum / static_cast<double>(kept.size());
+      rec.has_kl_reward = true;
+    }
     GYRE_ASSIGN_OR_RETURN(rec.zero_variance_groups, scorer_->SetAdvantages(scores));
     if (!scores->pivot_ids.empty()) {
       GYRE_RETURN_IF_ERROR(ledger_->Move(

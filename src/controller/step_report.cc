@@ -71,6 +71,7 @@ nlohmann::json StepMetrics(const StepRecord& r) {
   }
   if (r.overlong_shaping) j["overlong_penalized"] = sc.overlong;
   if (r.median_pivots) j["median_pivots"] = static_cast<int64_t>(sc.pivot_ids.size());
+  if (r.has_kl_reward) j["kl_reward"] = r.kl_reward;
   for (const auto& [k, v] : r.extra.items()) j[k] = v;
   for (const auto& [k, v] : r.train) j[k] = v;
   return j;

@@ -29,8 +29,11 @@ struct StepRecord {
   bool filter_zero_variance = false;
   bool overlong_shaping = false;  // algorithm.overlong_buffer > 0: report the penalised count
   bool median_pivots = false;     // algorithm.advantage: median: report the pivots left out
-  int relay_rounds = -1;          // peer relay rounds of the publish; -1 = no peer relay
-  int64_t partial_carried = -1;   // partial rollouts: groups carried on; -1 = not partial
+  // algorithm.kl_in: reward: the kept samples' mean KL to the reference (before kl_coef).
+  bool has_kl_reward = false;
+  double kl_reward = 0;
+  int relay_rounds = -1;         // peer relay rounds of the publish; -1 = no peer relay
+  int64_t partial_carried = -1;  // partial rollouts: groups carried on; -1 = not partial
   nlohmann::json extra = nlohmann::json::object();  // mode-specific fields (async queues)
   std::map<std::string, double> train;              // the trainer's metrics (loss, ...)
 };

@@ -110,6 +110,26 @@ StatusOr<std::map<std::string, double>> TrainerGroup::Train(const std::vector<v1
   return std::map<std::string, double>(resps[0].metrics().begin(), resps[0].metrics().end());
 }
 
+StatusOr<std::vector<double>> TrainerGroup::SequenceKl(const std::vector<v1::Sample>& samples,
+                                                       int64_t version, double temperature) {
+  Worker* w = pool_->Trainers().front();
+  v1::SequenceKlRequest req;
+  req.set_expected_version(version);
+  req.set_estimator(cfg_.algorithm.kl);
+  req.set_temperature(static_cast<float>(temperature));
+  for (const auto& s : samples) *req.add_samples() = s;
+  v1::SequenceKlResponse resp;
+  GYRE_RETURN_IF_ERROR(pool_->AfterRpcFailure(
+      w, pool_->Invoke(w->id, cfg_.cluster.rpc_timeout_s, [&](const rpc::Call& c) {
+        return w->trainer->SequenceKl(c, req, &resp).WithContext("KL to the reference policy");
+      })));
+  if (resp.kl_size() != static_cast<int>(samples.size())) {
+    return Internal(w->id + " returned " + std::to_string(resp.kl_size()) + " KL values for " +
+                    std::to_string(samples.size()) + " samples");
+  }
+  return std::vector<double>(resp.kl().begin(), resp.kl().end());
+}
+
 StatusOr<int64_t> TrainerGroup::SaveState(const std::string& directory) {
   Worker* w = pool_->Trainers().front();
   v1::SaveStateRequest req;

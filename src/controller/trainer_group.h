@@ -38,6 +38,11 @@ class TrainerGroup {
                                                 int64_t version, const TrainOptions& opts,
                                                 int64_t* new_version);
 
+  // algorithm.kl_in: reward: trainer-0's KL to the reference policy of each sample (the sum over
+  // its response tokens of algorithm.kl's estimator), at policy `version`, in sample order.
+  StatusOr<std::vector<double>> SequenceKl(const std::vector<v1::Sample>& samples, int64_t version,
+                                           double temperature);
+
   // Trainer-0's full state (weights, optimizer, RNG) into `directory`; returns its version.
   StatusOr<int64_t> SaveState(const std::string& directory);
   // Every rank loads `directory` (the ranks hold identical state, so they continue in

@@ -106,6 +106,10 @@ class GrpcTrainerClient final : public TrainerClient {
                    v1::TrainStepResponse* resp) override {
     return Unary(call, [&](grpc::ClientContext* ctx) { return stub_->TrainStep(ctx, req, resp); });
   }
+  Status SequenceKl(const Call& call, const v1::SequenceKlRequest& req,
+                    v1::SequenceKlResponse* resp) override {
+    return Unary(call, [&](grpc::ClientContext* ctx) { return stub_->SequenceKl(ctx, req, resp); });
+  }
   Status PublishWeights(const Call& call, const v1::PublishWeightsRequest& req,
                         v1::PublishWeightsResponse* resp) override {
     return Unary(call,

@@ -81,6 +81,8 @@ class TrainerClient {
                            v1::JoinGroupResponse* resp) = 0;
   virtual Status TrainStep(const Call& call, const v1::TrainStepRequest& req,
                            v1::TrainStepResponse* resp) = 0;
+  virtual Status SequenceKl(const Call& call, const v1::SequenceKlRequest& req,
+                            v1::SequenceKlResponse* resp) = 0;
   virtual Status PublishWeights(const Call& call, const v1::PublishWeightsRequest& req,
                                 v1::PublishWeightsResponse* resp) = 0;
   virtual Status Save(const Call& call, const v1::SaveRequest& req, v1::SaveResponse* resp) = 0;

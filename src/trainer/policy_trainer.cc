@@ -391,6 +391,48 @@ void PolicyTrainer::ComputeOldLogprobs(std::vector<TrainSample>* batch,
   }
 }
 
+StatusOr<std::vector<double>> PolicyTrainer::SequenceKl(const std::vector<TrainSample>& batch,
+                                                        kernels::KlKind kind, double temperature,
+                                                        int64_t micro_batch_size) {
+  if (kind == kernels::KlKind::kNone) return InvalidArgument("SequenceKl needs k1, k2 or k3");
+  TrainOptions options;
+  options.temperature = temperature;
+  GYRE_RETURN_IF_ERROR(Validate(batch, Objective::kSft, options));
+  if (reference_ == nullptr) FreezeReference();
+  at::NoGradGuard no_grad;
+  std::vector<double> out;
+  out.reserve(batch.size());
+  const size_t step = static_cast<size_t>(std::max<int64_t>(1, micro_batch_size));
+  for (size_t start = 0; start < batch.size(); start += step) {
+    const size_t end = std::min(batch.size(), start + step);
+    MicroBatch mb = BuildMicroBatch(batch, start, end, model_->device());
+    const at::Tensor logp =
+        ops::TokenLogprobs(ResponseLogits(*model_, mb), mb.targets, temperature).to(at::kDouble);
+    const at::Tensor ref =
+        ops::TokenLogprobs(ResponseLogits(*reference_, mb), mb.targets, temperature)
+            .to(at::kDouble);
+    // The loss kernel's estimators (kernels/reference/policy_loss_ref.h), per token.
+    const at::Tensor d = (logp - ref).masked_fill(mb.mask == 0, 0.0);
+    at::Tensor k;
+    switch (kind) {
+      case kernels::KlKind::kK1:
+        k = d;
+        break;
+      case kernels::KlKind::kK2:
+        k = 0.5 * d * d;
+        break;
+      case kernels::KlKind::kK3:
+      case kernels::KlKind::kNone:
+        k = (at::exp(-d) + d - 1.0).clamp(-10.0, 10.0);
+        break;
+    }
+    const at::Tensor sums = (k * mb.mask.to(at::kDouble)).sum(1).cpu();
+    auto a = sums.accessor<double, 1>();
+    for (int64_t s = 0; s < mb.S; ++s) out.push_back(a[s]);
+  }
+  return out;
+}
+
 void PolicyTrainer::SetDataParallel(comm::Communicator* comm, const DataParallelOptions& options) {
   reducer_.reset();  // removes its hooks before a new reducer installs its own
   dp_ = comm;

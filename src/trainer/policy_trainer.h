@@ -118,6 +118,15 @@ class PolicyTrainer {
                                                Objective objective, double lr,
                                                const TrainOptions& options);
 
+  // KL to the reference policy in the reward (algorithm.kl_in: reward): per sample, the sum over
+  // its response tokens with loss mask 1 of the estimator `kind` (k1/k2/k3, as the loss kernel
+  // defines them) of logp - logp_ref, logp under the current weights at `temperature`, in
+  // micro-batches of `micro_batch_size`. Freezes the reference first when there is none. Same
+  // sample checks as Step; no gradient, no change to the weights.
+  StatusOr<std::vector<double>> SequenceKl(const std::vector<TrainSample>& batch,
+                                           kernels::KlKind kind, double temperature,
+                                           int64_t micro_batch_size);
+
   // Joins a data-parallel group: from now on every Step all-reduces over `comm` (not owned; it
   // must outlive the trainer's use of it, or the next SetDataParallel call), as `options` say.
   // nullptr returns to single-process training.

@@ -18,6 +18,28 @@
 #include "trainer/trainer_state.h"
 
 namespace gyre::trainer {
+namespace {
+
+// The trainer's view of the protocol's samples (prompt, response, rollout log-probs, mask,
+// versions, advantage).
+std::vector<TrainSample> ToTrainSamples(
+    const google::protobuf::RepeatedPtrField<v1::Sample>& samples) {
+  std::vector<TrainSample> batch;
+  batch.reserve(samples.size());
+  for (const auto& s : samples) {
+    TrainSample t;
+    t.prompt.assign(s.prompt_ids().begin(), s.prompt_ids().end());
+    t.response.assign(s.response_ids().begin(), s.response_ids().end());
+    t.rollout_logprobs.assign(s.logprobs().begin(), s.logprobs().end());
+    t.loss_mask.assign(s.loss_mask().begin(), s.loss_mask().end());
+    t.versions.assign(s.versions().begin(), s.versions().end());
+    t.advantage = s.advantage();
+    batch.push_back(std::move(t));
+  }
+  return batch;
+}
+
+}  // namespace
 
 TrainerService::TrainerService(const JobConfig& config, std::unique_ptr<model::Transformer> model,
                                std::function<void(const std::string&)> on_stop)
@@ -78,6 +100,30 @@ grpc::Status TrainerService::JoinGroup(grpc::ServerContext* ctx, const v1::JoinG
   });
 }
 
+grpc::Status TrainerService::SequenceKl(grpc::ServerContext* ctx, const v1::SequenceKlRequest* req,
+                                        v1::SequenceKlResponse* resp) {
+  return rpc::Guarded("SequenceKl", [&]() -> grpc::Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (req->expected_version() != trainer_.version()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "KL requested for policy version " +
+                              std::to_string(req->expected_version()) + ", trainer holds " +
+                              std::to_string(trainer_.version()));
+    }
+    kernels::KlKind kind = kernels::KlKind::kNone;
+    if (!kernels::ParseKlKind(req->estimator(), &kind) || kind == kernels::KlKind::kNone) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "SequenceKl: estimator '" + req->estimator() + "' is not k1, k2 or k3");
+    }
+    const double temperature = req->temperature() > 0 ? req->temperature() : 1.0;
+    auto kl = trainer_.SequenceKl(ToTrainSamples(req->samples()), kind, temperature,
+                                  config_.trainer.micro_batch_size);
+    if (!kl.ok()) return rpc::ToGrpc(kl.status());
+    for (double v : *kl) resp->add_kl(v);
+    return grpc::Status::OK;
+  });
+}
+
 grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::TrainStepRequest* req,
                                        v1::TrainStepResponse* resp) {
   return rpc::Guarded("TrainStep", [&]() -> grpc::Status {
@@ -88,18 +134,7 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
                               std::to_string(req->expected_version()) + ", trainer holds " +
                               std::to_string(trainer_.version()));
     }
-    std::vector<TrainSample> batch;
-    batch.reserve(req->samples_size());
-    for (const auto& s : req->samples()) {
-      TrainSample t;
-      t.prompt.assign(s.prompt_ids().begin(), s.prompt_ids().end());
-      t.response.assign(s.response_ids().begin(), s.response_ids().end());
-      t.rollout_logprobs.assign(s.logprobs().begin(), s.logprobs().end());
-      t.loss_mask.assign(s.loss_mask().begin(), s.loss_mask().end());
-      t.versions.assign(s.versions().begin(), s.versions().end());
-      t.advantage = s.advantage();
-      batch.push_back(std::move(t));
-    }
+    std::vector<TrainSample> batch = ToTrainSamples(req->samples());
     TrainOptions opts;
     opts.micro_batch_size = config_.trainer.micro_batch_size;
     opts.mini_batches = config_.trainer.mini_batches;
@@ -126,7 +161,8 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
     opts.loss.norm_max_len =
         static_cast<float>(a.loss_norm_len > 0 ? a.loss_norm_len : config_.rollout.max_new_tokens);
     opts.entropy_coef = a.entropy_coef;
-    kernels::ParseKlKind(a.kl, &opts.loss.kl);  // validated with the config
+    // algorithm.kl_in: reward puts the KL in the reward (SequenceKl) instead of the loss.
+    if (a.kl_in == "loss") kernels::ParseKlKind(a.kl, &opts.loss.kl);  // validated with the config
     opts.loss.kl_coef = static_cast<float>(a.kl_coef);
     const Objective obj =
         req->objective() == v1::OBJECTIVE_SFT ? Objective::kSft : Objective::kPolicyGradient;

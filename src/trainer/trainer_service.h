@@ -38,6 +38,8 @@ class TrainerService final : public v1::Trainer::Service {
                          v1::JoinGroupResponse* resp) override;
   grpc::Status TrainStep(grpc::ServerContext* ctx, const v1::TrainStepRequest* req,
                          v1::TrainStepResponse* resp) override;
+  grpc::Status SequenceKl(grpc::ServerContext* ctx, const v1::SequenceKlRequest* req,
+                          v1::SequenceKlResponse* resp) override;
   grpc::Status PublishWeights(grpc::ServerContext* ctx, const v1::PublishWeightsRequest* req,
                               v1::PublishWeightsResponse* resp) override;
   grpc::Status Save(grpc::ServerContext* ctx, const v1::SaveRequest* req,

@@ -359,6 +359,12 @@ class FakeTrainer final : public rpc::TrainerClient {
     (*resp->mutable_metrics())["loss"] = 0.5;
     return Status::Ok();
   }
+  // A KL of 0.25 per response token of each sample.
+  Status SequenceKl(const rpc::Call&, const v1::SequenceKlRequest& req,
+                    v1::SequenceKlResponse* resp) override {
+    for (const auto& s : req.samples()) resp->add_kl(0.25 * s.response_ids_size());
+    return Status::Ok();
+  }
   Status PublishWeights(const rpc::Call& call, const v1::PublishWeightsRequest& req,
                         v1::PublishWeightsResponse* resp) override {
     publish_calls_.Add(req);
@@ -439,6 +445,10 @@ class ForwardingTrainer final : public rpc::TrainerClient {
   Status TrainStep(const rpc::Call& c, const v1::TrainStepRequest& req,
                    v1::TrainStepResponse* resp) override {
     return f_->TrainStep(c, req, resp);
+  }
+  Status SequenceKl(const rpc::Call& c, const v1::SequenceKlRequest& req,
+                    v1::SequenceKlResponse* resp) override {
+    return f_->SequenceKl(c, req, resp);
   }
   Status PublishWeights(const rpc::Call& c, const v1::PublishWeightsRequest& req,
                         v1::PublishWeightsResponse* resp) override {

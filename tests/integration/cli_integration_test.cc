@@ -324,8 +324,10 @@ TEST(TrainTest, NamedAlgorithmsTrainEndToEnd) {
         "algorithm.loss_agg=seq-mean-token-mean", "trainer.mini_batches=2", "algorithm.kl=k2",
         "algorithm.kl_coef=0.1"},
        false},
+      // SAO with the KL to the reference policy in the reward.
       {{"algorithm.advantage=reinforce_pp_baseline", "algorithm.policy_loss=sao",
-        "trainer.mini_batches=2"},
+        "trainer.mini_batches=2", "algorithm.kl=k1", "algorithm.kl_in=reward",
+        "algorithm.kl_coef=0.5"},
        false},
   };
   for (size_t c = 0; c < cases.size(); ++c) {
@@ -356,6 +358,15 @@ TEST(TrainTest, NamedAlgorithmsTrainEndToEnd) {
         EXPECT_GE(s["kl_ref"].get<double>(), 0.0) << s.dump();
       } else {
         EXPECT_FALSE(s.contains("kl_ref")) << s.dump();
+      }
+      EXPECT_EQ(s.contains("kl_reward"), c == 2) << s.dump();
+      if (c == 2) {
+        // The reference is the policy of step 1; later steps have moved away from it.
+        if (s["step"] == 1) {
+          EXPECT_EQ(s["kl_reward"].get<double>(), 0.0) << s.dump();
+        } else {
+          EXPECT_NE(s["kl_reward"].get<double>(), 0.0) << s.dump();
+        }
       }
     }
     EXPECT_GT(grad_norm, 0.0) << "no step had a gradient: " << out;

@@ -337,6 +337,9 @@ TEST(ConfigValidate, CrossFieldErrorPointsAtAnInvolvedKey) {
   EXPECT_EQ(ParseError("rollout:\n  max_new_tokens: 5\nalgorithm:\n  overlong_buffer: 5\n"),
             "jobs/x.yaml:4:3: algorithm.overlong_buffer (5) must be below rollout.max_new_tokens "
             "(5): the penalty ramps up over the last overlong_buffer tokens of the length limit");
+  EXPECT_EQ(ParseError("algorithm:\n  kl_in: reward\n"),
+            "jobs/x.yaml:2:3: algorithm.kl_in: reward needs a KL estimator: set algorithm.kl to "
+            "k1, k2 or k3");
   EXPECT_EQ(ParseError("algorithm:\n  policy_loss: gspoo\n"),
             "jobs/x.yaml:2:16: algorithm.policy_loss: 'gspoo' is not one of ppo, gspo, cispo, "
             "sao; did you mean 'gspo'?");

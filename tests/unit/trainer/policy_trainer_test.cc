@@ -426,6 +426,53 @@ TEST(PolicyTrainerTest, KlTermPullsThePolicyBackToTheReference) {
   EXPECT_NEAR((*last)["loss"], (*last)["kl_ref"], 1e-6);
 }
 
+// KL in the reward: the first call freezes the reference (every KL 0); after supervised steps
+// each sample's KL is the sum over its masked response tokens of k3(logp - logp_ref), which a
+// full forward of the policy and of the reference reproduce token by token.
+TEST(PolicyTrainerTest, SequenceKlSumsTheEstimatorOverEachSamplesMaskedTokens) {
+  PolicyTrainer t(model::Transformer::Create(Spec(), 8, 0.2), 1e-2, 0, 0.9, 0.999);
+  const std::vector<TrainSample> batch = Batch();
+  auto first = t.SequenceKl(batch, kernels::KlKind::kK3, 1.0, 4);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, std::vector<double>(batch.size(), 0.0));
+  ASSERT_NE(t.reference(), nullptr);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(t.Step(batch, Objective::kSft, 2e-2, Options(64)).ok());
+  const int64_t version = t.version();
+  auto kl = t.SequenceKl(batch, kernels::KlKind::kK3, 1.0, 4);
+  ASSERT_TRUE(kl.ok()) << kl.status();
+  EXPECT_EQ(t.version(), version);  // no step
+
+  auto token_logp = [](const model::Transformer& m, const TrainSample& s) {
+    std::vector<int64_t> seq(s.prompt.begin(), s.prompt.end());
+    seq.insert(seq.end(), s.response.begin(), s.response.end());
+    at::NoGradGuard ng;
+    at::Tensor lsm = at::log_softmax(m.Forward(at::tensor(seq).unsqueeze(0))[0], -1);
+    std::vector<double> out;
+    for (size_t i = 0; i < s.response.size(); ++i) {
+      out.push_back(lsm[s.prompt.size() - 1 + i][s.response[i]].item<double>());
+    }
+    return out;
+  };
+  ASSERT_EQ(kl->size(), batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const auto lp = token_logp(t.model(), batch[i]);
+    const auto ref = token_logp(*t.reference(), batch[i]);
+    double want = 0;
+    for (size_t k = 0; k < lp.size(); ++k) {
+      if (!batch[i].loss_mask.empty() && batch[i].loss_mask[k] == 0) continue;
+      const double d = lp[k] - ref[k];
+      want += std::exp(-d) + d - 1.0;
+    }
+    EXPECT_GT(want, 0.0);
+    EXPECT_NEAR((*kl)[i], want, 1e-4 * want + 1e-6) << "sample " << i;
+  }
+  // Bad samples are refused as Step refuses them.
+  std::vector<TrainSample> bad = batch;
+  bad[0].response.clear();
+  EXPECT_FALSE(t.SequenceKl(bad, kernels::KlKind::kK1, 1.0, 4).ok());
+  EXPECT_FALSE(t.SequenceKl(batch, kernels::KlKind::kNone, 1.0, 4).ok());
+}
+
 TEST(PolicyTrainerTest, OffPolicyOptionsRefuseBatchesThatLackWhatTheyNeed) {
   PolicyTrainer t(model::Transformer::Create(Spec(), 6, 0.1), 5e-2, 0, 0.9, 0.999);
   const at::Tensor before = Flat(t);

@@ -97,5 +97,42 @@ TEST_F(TrainerServiceTest, SavedStateLoadsBackAndAMissingOneIsAnError) {
   EXPECT_FALSE(PathExists(dir_ + "/model.tmp"));
 }
 
+// SequenceKl (algorithm.kl_in: reward): one KL per sample, 0 at the first call (it freezes the
+// reference); a wrong version, an unknown estimator or a malformed sample is refused by name.
+TEST_F(TrainerServiceTest, SequenceKlAnswersPerSampleAndRefusesBadRequests) {
+  auto service = MakeService();
+  grpc::ServerContext ctx;
+  v1::SequenceKlRequest req;
+  req.set_estimator("k2");
+  req.set_temperature(1.0f);
+  for (int i = 0; i < 3; ++i) {
+    v1::Sample* s = req.add_samples();
+    for (int32_t id : {1, 3 + i, 5}) s->add_prompt_ids(id);
+    for (int t = 0; t < 2 + i; ++t) s->add_response_ids(7 + i);
+  }
+  v1::SequenceKlResponse resp;
+  ASSERT_TRUE(service->SequenceKl(&ctx, &req, &resp).ok());
+  EXPECT_EQ(std::vector<double>(resp.kl().begin(), resp.kl().end()), std::vector<double>(3, 0.0));
+
+  v1::SequenceKlRequest stale = req;
+  stale.set_expected_version(4);
+  v1::SequenceKlResponse r2;
+  grpc::Status st = service->SequenceKl(&ctx, &stale, &r2);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(st.error_message(), "KL requested for policy version 4, trainer holds 0");
+
+  v1::SequenceKlRequest bad_estimator = req;
+  bad_estimator.set_estimator("none");
+  st = service->SequenceKl(&ctx, &bad_estimator, &r2);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message(), "SequenceKl: estimator 'none' is not k1, k2 or k3");
+
+  v1::SequenceKlRequest out_of_range = req;
+  out_of_range.mutable_samples(1)->set_response_ids(0, 999);
+  st = service->SequenceKl(&ctx, &out_of_range, &r2);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_EQ(r2.kl_size(), 0);
+}
+
 }  // namespace
 }  // namespace gyre::trainer
