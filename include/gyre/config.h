@@ -51,12 +51,37 @@ struct SamplingSection {
   double min_p = 0.0;  // 0 = off
 };
 
+// The rollout budget per prompt (docs/algorithms.md, "Rollout budget per prompt"): how many
+// samples each prompt of a step gets, decided by a sampling policy.
+struct BudgetSection {
+  std::string policy = "uniform";  // uniform, pilot, variance, greso
+  // pilot and variance: the first round's samples per prompt.
+  int pilot_samples = 4;
+  // pilot: prompts whose pilot accuracy lies in [pilot_low, pilot_high] get
+  // group_size - pilot_samples more samples; the others keep their pilot samples only.
+  double pilot_low = 0.1;
+  double pilot_high = 0.9;
+  // variance: the round's remaining samples (groups * (group_size - pilot_samples)) go
+  // topup_chunk at a time to the groups of highest reward variance, up to topup_max_group
+  // samples per group (0 = 2 * group_size).
+  int topup_chunk = 2;
+  int topup_max_group = 0;
+  // greso: a prompt whose last greso_streak groups all had equal rewards is skipped with a
+  // probability that moves by greso_step per step toward keeping the share of zero-variance
+  // groups at greso_target (starting at greso_initial).
+  int greso_streak = 2;
+  double greso_target = 0.25;
+  double greso_step = 0.05;
+  double greso_initial = 0.5;
+};
+
 struct RolloutSection {
   int workers = 2;
   int group_size = 8;         // n samples per prompt
   int prompts_per_step = 16;  // groups per GRPO step
   int max_new_tokens = 8;
   SamplingSection sampling;
+  BudgetSection budget;
   // Responses also stop once their decoded text contains any of these (each non-empty); the
   // token that completes one is kept. YAML also accepts the deprecated scalar `stop_string`.
   std::vector<std::string> stop_strings;
@@ -146,6 +171,9 @@ struct AlgorithmSection {
 struct TrainerSection {
   int workers = 1;
   int steps = 40;  // GRPO optimizer steps
+  // Stop GRPO after the step in which the job's generated tokens reach this many (0 = off), to
+  // compare sampling policies at equal generation cost.
+  int64_t max_generated_tokens = 0;
   double lr = 1e-3;
   // GRPO learning-rate schedule (docs/algorithms.md): constant or cosine, after a linear warm-up
   // of lr_warmup_steps GRPO steps; cosine decays to lr * lr_min_ratio at the last step.

@@ -190,6 +190,26 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(rollout.sampling.top_p), OpenLow(0, 1), "nucleus sampling mass; 1 = off"),
       Num(GYRE_CONFIG_KEY(rollout.sampling.min_p), Closed(0, 1),
           "drop tokens below min_p * the top probability; 0 = off"),
+      Choice(GYRE_CONFIG_KEY(rollout.budget.policy), {"uniform", "pilot", "variance", "greso"},
+             "sampling policy: how many samples each prompt of a step gets"),
+      Num(GYRE_CONFIG_KEY(rollout.budget.pilot_samples), Closed(1, 4096),
+          "pilot and variance: first-round samples per prompt"),
+      Num(GYRE_CONFIG_KEY(rollout.budget.pilot_low), Closed(0, 1),
+          "pilot: lowest pilot accuracy that earns the rest of the group"),
+      Num(GYRE_CONFIG_KEY(rollout.budget.pilot_high), Closed(0, 1),
+          "pilot: highest pilot accuracy that earns the rest of the group"),
+      Num(GYRE_CONFIG_KEY(rollout.budget.topup_chunk), Closed(1, 4096),
+          "variance: samples per top-up grant"),
+      Num(GYRE_CONFIG_KEY(rollout.budget.topup_max_group), Closed(0, 65536),
+          "variance: most samples one group may reach; 0 = 2 * group_size"),
+      Num(GYRE_CONFIG_KEY(rollout.budget.greso_streak), Closed(1, 1000),
+          "greso: equal-reward groups in a row before a prompt may be skipped"),
+      Num(GYRE_CONFIG_KEY(rollout.budget.greso_target), Closed(0, 1),
+          "greso: target share of zero-variance groups"),
+      Num(GYRE_CONFIG_KEY(rollout.budget.greso_step), Closed(0, 1),
+          "greso: change of the skip probability per step"),
+      Num(GYRE_CONFIG_KEY(rollout.budget.greso_initial), Closed(0, 1),
+          "greso: skip probability at the first step"),
       TextList(GYRE_CONFIG_KEY(rollout.stop_strings),
                "responses also stop once their text contains any of these; [] = none"),
       Num(GYRE_CONFIG_KEY(rollout.kv_cache_bytes), Closed(0, 1099511627776.0),
@@ -285,6 +305,8 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(trainer.workers), Closed(1, 64), "trainer worker processes"),
       Num(GYRE_CONFIG_KEY(trainer.steps), Closed(0, kMaxSteps), "GRPO optimizer steps"),
       Num(GYRE_CONFIG_KEY(trainer.lr), OpenLow(0, 10), "AdamW learning rate"),
+      Num(GYRE_CONFIG_KEY(trainer.max_generated_tokens), Closed(0, 1e15),
+          "stop GRPO after the step that brings the generated tokens to this many; 0 = off"),
       Registered(GYRE_CONFIG_KEY(trainer.lr_schedule),
                  RegistryNames<algorithm::Family::kLrSchedule>,
                  "GRPO learning-rate schedule after the warm-up: constant, or cosine decay to "
@@ -1013,6 +1035,29 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
                    "rollout.group_size (" + str(c.rollout.group_size) +
                        ") must be >= 2 when algorithm.advantage is rloo (the leave-one-out "
                        "baseline needs another sample of the same prompt)"};
+  }
+  const BudgetSection& b = c.rollout.budget;
+  if (b.policy != "uniform" && (c.rollout.async || c.rollout.partial_rollouts)) {
+    return Problem{
+        {"rollout.budget.policy", c.rollout.async ? "rollout.async" : "rollout.partial_rollouts"},
+        "rollout.budget.policy: " + b.policy +
+            " decides each step's samples after a first round, which needs "
+            "synchronous rollout (rollout.async and rollout.partial_rollouts off)"};
+  }
+  if ((b.policy == "pilot" || b.policy == "variance") && b.pilot_samples > c.rollout.group_size) {
+    return Problem{{"rollout.budget.pilot_samples", "rollout.group_size"},
+                   "rollout.budget.pilot_samples (" + str(b.pilot_samples) +
+                       ") must be at most rollout.group_size (" + str(c.rollout.group_size) + ")"};
+  }
+  if (b.policy == "variance" && b.pilot_samples < 2) {
+    return Problem{{"rollout.budget.pilot_samples", "rollout.budget.policy"},
+                   "rollout.budget.policy: variance needs rollout.budget.pilot_samples >= 2 (a "
+                   "group's reward variance needs two samples)"};
+  }
+  if (b.pilot_low > b.pilot_high) {
+    return Problem{{"rollout.budget.pilot_low", "rollout.budget.pilot_high"},
+                   "rollout.budget.pilot_low (" + num(b.pilot_low) +
+                       ") must be <= rollout.budget.pilot_high (" + num(b.pilot_high) + ")"};
   }
   if (c.algorithm.kl_in == "reward" && c.algorithm.kl == "none") {
     return Problem{

@@ -19,7 +19,7 @@ constexpr char kFormat[] = "gyre.controller_state";
 // 2 added carried_groups (partial rollouts); 1 is still read, as a state with none.
 // 3 added ledger_sequence (the sample ledger); 1 and 2 are read as states without a ledger.
 // 4 added async_admitted (rollout.async); older ones are read with -1.
-constexpr int kFormatVersion = 4;
+constexpr int kFormatVersion = 5;
 constexpr int kOldestFormatVersion = 1;
 constexpr char kCarriedFile[] = "carried_groups.pb";
 constexpr char kPrefix[] = "step-";
@@ -192,7 +192,9 @@ Status WriteControllerState(const std::string& dir, const ControllerState& s) {
                       {"data_fingerprints", s.data_fingerprints},
                       {"carried_groups", manifest},
                       {"ledger_sequence", s.ledger_sequence},
-                      {"async_admitted", s.async_admitted}};
+                      {"async_admitted", s.async_admitted},
+                      {"sampling_policy", s.sampling_policy},
+                      {"generated_tokens", s.generated_tokens}};
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kCarriedFile, carried_bytes));
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/controller.json", j.dump(1) + "\n"));
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.yaml", s.config_yaml));
@@ -272,6 +274,13 @@ StatusOr<ControllerState> ReadControllerState(const std::string& dir) {
     s.async_admitted = j["async_admitted"].get<int64_t>();
   } else {
     s.async_admitted = -1;
+  }
+  if (s.format_version >= 5) {
+    // The sampling policy's own state (rollout.budget), checked by the policy on resume.
+    if (!j.contains("sampling_policy")) return bad("\"sampling_policy\" is missing");
+    s.sampling_policy = j["sampling_policy"];
+    GYRE_RETURN_IF_ERROR(need_int("generated_tokens"));
+    s.generated_tokens = j["generated_tokens"].get<int64_t>();
   }
   if (s.format_version >= 2) {
     if (!j.contains("carried_groups")) return bad("\"carried_groups\" is missing");

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,10 @@ struct ControllerState {
   // or a checkpoint from before format 4. carried_groups then holds the admitted groups not yet
   // trained: finished ones (all n samples) and ones never sent (no samples).
   int64_t async_admitted = -1;
+  // rollout.budget: the sampling policy's state (SamplingPolicy::SaveState; null = none), and
+  // the tokens generated over the GRPO steps so far (trainer.max_generated_tokens). Format 5.
+  nlohmann::json sampling_policy;
+  int64_t generated_tokens = 0;
   // The controller.json format the state was read from (WriteControllerState writes the
   // newest). Format 1 predates carried_groups and never has any.
   int format_version = 0;

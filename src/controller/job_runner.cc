@@ -22,6 +22,7 @@
 #include "controller/prompts.h"
 #include "controller/rollout_scheduler.h"
 #include "controller/sample_ledger.h"
+#include "controller/sampling_policy.h"
 #include "controller/signals.h"
 #include "controller/step_report.h"
 #include "controller/step_scorer.h"
@@ -57,8 +58,15 @@ class JobRunner {
   Status AsyncGrpoStep(int step);
   // After the last async step: stops generation and ends the untrained samples in the ledger.
   Status EndAsync();
-  // Draws `count` new prompt groups for GRPO step `step` and adds their samples to the ledger.
-  StatusOr<std::vector<GroupJob>> DrawGroups(int count, int step);
+  // Draws `count` new prompt groups of n samples (0 = rollout.group_size) for GRPO step `step`
+  // and adds their samples to the ledger; the sampling policy may skip drawn prompts.
+  StatusOr<std::vector<GroupJob>> DrawGroups(int count, int step, int n = 0);
+  // rollout.budget: after the first round of *jobs (*samples, n per group), generates the
+  // policy's top-ups and merges them into their groups (jobs' n grows); the policy observes
+  // every group's rewards.
+  Status TopUpRound(int step, const v1::SamplingParams& sampling, const LedgerSink& sink,
+                    std::vector<GroupJob>* jobs, std::vector<v1::Sample>* samples,
+                    GenerateStats* gen, double* gen_s);
   // The rest of a step once its groups are scored: advantages, train, ledger, `publish`, metrics
   // (with `extra` fields) and the progress line.
   Status FinishStep(int step, SteadyClock::time_point t0, StepScores* scores,
@@ -112,6 +120,9 @@ class JobRunner {
   std::unique_ptr<AsyncCarried> async_restore_;  // rollout.async: what a resume continues
   std::unique_ptr<SampleLedger> ledger_;
   std::unique_ptr<StepScorer> scorer_;
+  std::unique_ptr<SamplingPolicy> policy_;  // rollout.budget
+  uint64_t draws_this_step_ = 0;            // prompts drawn in this step (the policy's Skip)
+  int64_t generated_tokens_ = 0;            // over the job's GRPO steps (max_generated_tokens)
   int64_t version_ = 0;
   int64_t published_ = -1;  // the version the rollout workers were last sent
   uint64_t next_group_id_ = 0;
@@ -188,6 +199,7 @@ Status JobRunner::Setup() {
   scheduler_ = std::make_unique<RolloutScheduler>(cfg_, pool_.get());
   scorer_ = std::make_unique<StepScorer>(cfg_.algorithm, cfg_.rollout.group_size, tokenizer_.get(),
                                          reward_.get(), cfg_.rollout.max_new_tokens);
+  policy_ = MakeSamplingPolicy(cfg_, reward_->correct_threshold());
   GYRE_RETURN_IF_ERROR(pool_->Start());
   GYRE_RETURN_IF_ERROR(pool_->WaitRegistered());
   return trainers_->Form();
@@ -254,10 +266,16 @@ Status JobRunner::WarmUp() {
   return Publish();
 }
 
-StatusOr<std::vector<GroupJob>> JobRunner::DrawGroups(int count, int step) {
+StatusOr<std::vector<GroupJob>> JobRunner::DrawGroups(int count, int step, int n) {
   std::vector<GroupJob> jobs;
-  for (int g = 0; g < count; ++g) {
-    GYRE_ASSIGN_OR_RETURN(GroupJob j, prompts_->TrainingGroup(problems_->Next(), next_group_id_++));
+  // A sampling policy may skip drawn prompts (rollout.budget.policy: greso); a bounded number of
+  // draws keeps a policy that skips nearly everything from drawing forever.
+  const int64_t max_draws = 64 * static_cast<int64_t>(count) + 64;
+  for (int64_t d = 0; static_cast<int>(jobs.size()) < count && d < max_draws; ++d) {
+    Problem problem = problems_->Next();
+    if (policy_->Skip(problem.prompt, step, draws_this_step_++)) continue;
+    GYRE_ASSIGN_OR_RETURN(GroupJob j, prompts_->TrainingGroup(problem, next_group_id_++,
+                                                              n > 0 ? n : cfg_.rollout.group_size));
     jobs.push_back(std::move(j));
   }
   if (!jobs.empty()) {
@@ -278,6 +296,7 @@ Status JobRunner::GrpoStep(int step) {
   // Round 0 draws the step's groups; with algorithm.filter_zero_variance, up to
   // algorithm.max_filter_rounds more rounds replace the groups it filtered out.
   int rounds = 0;
+  int64_t samples_generated = 0;
   while (true) {
     const int usable = static_cast<int>(sc_out.group_sizes.size());
     int new_groups = want - usable;
@@ -287,13 +306,19 @@ Status JobRunner::GrpoStep(int step) {
       const int in_flight = static_cast<int>(std::ceil(cfg_.rollout.over_provision * want - 1e-9));
       new_groups = std::max(0, in_flight - static_cast<int>(scheduler_->carried_groups()));
     }
-    GYRE_ASSIGN_OR_RETURN(std::vector<GroupJob> jobs, DrawGroups(new_groups, step));
+    GYRE_ASSIGN_OR_RETURN(std::vector<GroupJob> jobs,
+                          DrawGroups(new_groups, step, policy_->FirstRound()));
     const auto tg = SteadyClock::now();
     GYRE_ASSIGN_OR_RETURN(
         auto samples,
         partial ? scheduler_->GeneratePartial(&jobs, want - usable, sampling, version_, &gen, &sink)
                 : scheduler_->GenerateAll(jobs, sampling, version_, &gen, &sink));
     gen_s += SecondsSince(tg);
+    if (!partial) {
+      // rollout.budget: a second round tops groups up; the policy sees every group's rewards.
+      GYRE_RETURN_IF_ERROR(TopUpRound(step, sampling, sink, &jobs, &samples, &gen, &gen_s));
+    }
+    samples_generated += static_cast<int64_t>(samples.size());
     GYRE_RETURN_IF_ERROR(scorer_->Score(jobs, &samples, step, version_, ledger_.get(), &sc_out));
     ++rounds;
     if (!cfg_.algorithm.filter_zero_variance ||
@@ -302,8 +327,72 @@ Status JobRunner::GrpoStep(int step) {
       break;
     }
   }
-  return FinishStep(step, t0, &sc_out, gen, gen_s, rounds, nlohmann::json::object(),
-                    [this] { return Publish(); });
+  nlohmann::json extra = {{"samples_generated", samples_generated}};
+  policy_->AddMetrics(&extra);
+  policy_->EndStep();
+  draws_this_step_ = 0;
+  return FinishStep(step, t0, &sc_out, gen, gen_s, rounds, extra, [this] { return Publish(); });
+}
+
+Status JobRunner::TopUpRound(int step, const v1::SamplingParams& sampling, const LedgerSink& sink,
+                             std::vector<GroupJob>* jobs, std::vector<v1::Sample>* samples,
+                             GenerateStats* gen, double* gen_s) {
+  // The first round's rewards (kept by the scorer for Score).
+  std::vector<GroupRewards> outcome;
+  size_t begin = 0;
+  for (const GroupJob& j : *jobs) {
+    GroupRewards g{j.problem.prompt, {}};
+    for (int i = 0; i < j.group.n(); ++i) {
+      auto r = scorer_->PeekReward(j.problem, (*samples)[begin + i]);
+      if (r.ok()) g.rewards.push_back(*r);  // a failed reward is counted when scored
+    }
+    begin += static_cast<size_t>(j.group.n());
+    outcome.push_back(std::move(g));
+  }
+  const std::vector<int> extra = policy_->TopUps(outcome);
+  // Each top-up is a group of its own (own ids and seed, at most group_size samples), merged
+  // into its prompt's group after generation.
+  std::vector<GroupJob> topups;
+  std::vector<size_t> owner;
+  for (size_t g = 0; g < jobs->size(); ++g) {
+    for (int left = extra[g]; left > 0;) {
+      const int n = std::min(left, cfg_.rollout.group_size);
+      GYRE_ASSIGN_OR_RETURN(GroupJob t,
+                            prompts_->TrainingGroup((*jobs)[g].problem, next_group_id_++, n));
+      topups.push_back(std::move(t));
+      owner.push_back(g);
+      left -= n;
+    }
+  }
+  if (!topups.empty()) {
+    GYRE_RETURN_IF_ERROR(ledger_->Add(QueuedSamples(topups), {step, version_, "", ""}));
+    const auto tg = SteadyClock::now();
+    GYRE_ASSIGN_OR_RETURN(auto more,
+                          scheduler_->GenerateAll(topups, sampling, version_, gen, &sink));
+    *gen_s += SecondsSince(tg);
+    // Merge: each group's first-round samples, then its top-ups' in order.
+    std::vector<std::vector<v1::Sample>> by_group(jobs->size());
+    size_t at = 0;
+    for (size_t g = 0; g < jobs->size(); ++g) {
+      for (int i = 0; i < (*jobs)[g].group.n(); ++i)
+        by_group[g].push_back(std::move((*samples)[at++]));
+    }
+    at = 0;
+    for (size_t t = 0; t < topups.size(); ++t) {
+      for (int i = 0; i < topups[t].group.n(); ++i) {
+        auto r = scorer_->PeekReward(topups[t].problem, more[at]);
+        if (r.ok()) outcome[owner[t]].rewards.push_back(*r);
+        by_group[owner[t]].push_back(std::move(more[at++]));
+      }
+    }
+    samples->clear();
+    for (size_t g = 0; g < jobs->size(); ++g) {
+      (*jobs)[g].group.set_n(static_cast<int32_t>(by_group[g].size()));
+      for (auto& smp : by_group[g]) samples->push_back(std::move(smp));
+    }
+  }
+  policy_->Observe(outcome);
+  return Status::Ok();
 }
 
 Status JobRunner::AsyncGrpoStep(int step) {
@@ -352,6 +441,7 @@ Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* s
                              const GenerateStats& gen, double gen_s, int rounds,
                              nlohmann::json extra, const std::function<Status()>& publish) {
   std::vector<v1::Sample>& kept = scores->kept;
+  generated_tokens_ += gen.generated_tokens;
   if (kept.empty() && scores->filtered_groups == 0) {
     return FailedPrecondition("step " + std::to_string(step) + ": no usable samples (" +
                               std::to_string(scores->stale) + " stale, " +
@@ -363,6 +453,7 @@ Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* s
     // stay), which the metrics and the progress line show.
     GYRE_LOG_WARN("step {}: all {} groups had zero reward variance in {} round(s); no update", step,
                   scores->filtered_groups, rounds);
+    extra["useful_groups"] = 0;
   } else {
     if (cfg_.algorithm.kl_in == "reward") {
       // docs/algorithms.md, "KL to the reference policy": each kept sample's reward loses
@@ -382,6 +473,9 @@ Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* s
       rec.has_kl_reward = true;
     }
     GYRE_ASSIGN_OR_RETURN(rec.zero_variance_groups, scorer_->SetAdvantages(scores));
+    // Groups with a learning signal (rollout.budget's figure of merit).
+    extra["useful_groups"] =
+        static_cast<int64_t>(scores->group_sizes.size()) - rec.zero_variance_groups;
     if (!scores->pivot_ids.empty()) {
       GYRE_RETURN_IF_ERROR(ledger_->Move(
           scores->pivot_ids, SampleState::kFiltered,
@@ -459,6 +553,8 @@ StatusOr<JobResult> JobRunner::Run() {
     GYRE_RETURN_IF_ERROR(Revive());
     GYRE_RETURN_IF_ERROR(async_ ? AsyncGrpoStep(step) : GrpoStep(step));
     result_.grpo_steps = step;
+    const bool budget_spent = cfg_.trainer.max_generated_tokens > 0 &&
+                              generated_tokens_ >= cfg_.trainer.max_generated_tokens;
     if (cfg_.metrics.eval_every > 0 && step % cfg_.metrics.eval_every == 0 &&
         step != cfg_.trainer.steps) {
       // Evaluation needs the workers: rollout for later steps waits meanwhile.
@@ -469,6 +565,11 @@ StatusOr<JobResult> JobRunner::Run() {
     }
     if (cfg_.trainer.checkpoint_every > 0 && step % cfg_.trainer.checkpoint_every == 0) {
       GYRE_RETURN_IF_ERROR(SaveCheckpoint(step, t0));
+    }
+    if (budget_spent) {
+      GYRE_LOG_INFO("trainer.max_generated_tokens: {} tokens generated after step {}; GRPO ends",
+                    generated_tokens_, step);
+      break;
     }
   }
   if (async_) GYRE_RETURN_IF_ERROR(EndAsync());
@@ -513,6 +614,10 @@ Status JobRunner::Resume() {
   const ControllerState& st = resume_state_;
   GYRE_RETURN_IF_ERROR(
       problems_->RestoreState(st.problem_stream).WithContext(resume_dir_ + "/controller.json"));
+  if (!st.sampling_policy.is_null()) {
+    GYRE_RETURN_IF_ERROR(
+        policy_->RestoreState(st.sampling_policy).WithContext(resume_dir_ + "/controller.json"));
+  }
   // Every data-parallel rank loads the same state (the ranks hold identical weights and AdamW
   // state), so they continue in lockstep.
   GYRE_ASSIGN_OR_RETURN(const int64_t loaded, trainers_->LoadState(resume_dir_ + "/trainer"));
@@ -524,6 +629,7 @@ Status JobRunner::Resume() {
   // Everything loaded: from here on the run directory continues from the checkpoint.
   version_ = st.policy_version;
   next_group_id_ = st.next_group_id;
+  generated_tokens_ = st.generated_tokens;
   // Partial rollouts: the groups in flight at the checkpoint continue in the next step, on the
   // same workers as they would have (their kept KV is gone, so their context is prefilled).
   if (st.ledger_sequence >= 0) {
@@ -595,6 +701,8 @@ Status JobRunner::SaveCheckpoint(int step, SteadyClock::time_point job_start) {
   st.policy_version = version_;
   st.next_group_id = next_group_id_;
   st.problem_stream = problems_->SaveState();
+  st.sampling_policy = policy_->SaveState();
+  st.generated_tokens = generated_tokens_;
   st.accuracy_before_rl = result_.accuracy_before_rl;
   st.final_mean_reward = result_.final_mean_reward;
   st.wall_seconds = wall_before_ + SecondsSince(job_start);

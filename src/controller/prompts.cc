@@ -71,8 +71,17 @@ StatusOr<GroupJob> PromptEncoder::Group(const Problem& problem, uint64_t group_i
 }
 
 StatusOr<GroupJob> PromptEncoder::TrainingGroup(const Problem& problem, uint64_t group_id) const {
-  const int n = cfg_.rollout.group_size;
-  return Group(problem, group_id, n, group_id * static_cast<uint64_t>(n),
+  return TrainingGroup(problem, group_id, cfg_.rollout.group_size);
+}
+
+StatusOr<GroupJob> PromptEncoder::TrainingGroup(const Problem& problem, uint64_t group_id,
+                                                int n) const {
+  const int g = cfg_.rollout.group_size;
+  if (n < 1 || n > g) {
+    return InvalidArgument("a training group holds 1 to rollout.group_size (" + std::to_string(g) +
+                           ") samples, not " + std::to_string(n));
+  }
+  return Group(problem, group_id, n, group_id * static_cast<uint64_t>(g),
                SplitMix64(cfg_.job.seed ^ SplitMix64(group_id)));
 }
 

@@ -37,6 +37,9 @@ class PromptEncoder {
   // sampling seed derived from job.seed and the group id alone, so a group draws the same tokens
   // on whichever worker and at whichever step it runs.
   StatusOr<GroupJob> TrainingGroup(const Problem& problem, uint64_t group_id) const;
+  // The same group with n samples (1 <= n <= rollout.group_size: sample ids stay in the group's
+  // own range), for a sampling policy's rounds (rollout.budget).
+  StatusOr<GroupJob> TrainingGroup(const Problem& problem, uint64_t group_id, int n) const;
   // An evaluation group of `problem`: one sample, seed 0 (evaluation samples greedily).
   StatusOr<GroupJob> EvalGroup(const Problem& problem, uint64_t group_id) const;
   // A supervised warm-up sample: the prompt and the problem's answer, ended by a stop id.

@@ -12,15 +12,21 @@ namespace gyre::controller {
 
 Status StepScorer::Score(const std::vector<GroupJob>& jobs, std::vector<v1::Sample>* samples,
                          int step, int64_t version, SampleLedger* ledger, StepScores* out) const {
-  const int n = group_size_;
   const MoveContext here{step, version, "", ""};
   std::vector<uint64_t> stale_ids, scored_ids;
+  size_t begin = 0;  // the group's first sample: groups may differ in size (rollout.budget)
   for (size_t g = 0; g < jobs.size(); ++g) {
+    const int n = jobs[g].group.n() > 0 ? jobs[g].group.n() : group_size_;
+    if (begin + static_cast<size_t>(n) > samples->size()) {
+      return Internal("scoring: group " + std::to_string(jobs[g].group.group_id()) + " needs " +
+                      std::to_string(n) + " samples from index " + std::to_string(begin) +
+                      ", only " + std::to_string(samples->size()) + " came back");
+    }
     std::vector<v1::Sample> kept;
     std::vector<float> rewards;
     std::vector<int64_t> staleness;
     for (int i = 0; i < n; ++i) {
-      v1::Sample& s = (*samples)[g * n + i];
+      v1::Sample& s = (*samples)[begin + i];
       // Staleness: (trainer version now) - (oldest version among its tokens).
       int64_t oldest = version;
       for (int64_t v : s.versions()) oldest = std::min(oldest, v);
@@ -29,7 +35,7 @@ Status StepScorer::Score(const std::vector<GroupJob>& jobs, std::vector<v1::Samp
         stale_ids.push_back(s.sample_id());
         continue;
       }
-      auto r = Reward(jobs[g].problem, s);
+      auto r = CachedReward(jobs[g].problem, s);
       if (!r.ok()) {
         // A failed reward leaves its sample out (and is counted), never a silent 0.
         ++out->reward_errors;
@@ -58,6 +64,7 @@ Status StepScorer::Score(const std::vector<GroupJob>& jobs, std::vector<v1::Samp
       rewards.push_back(static_cast<float>(shaped));
       kept.push_back(std::move(s));
     }
+    begin += static_cast<size_t>(n);
     if (kept.empty()) continue;
     // Dynamic sampling (DAPO): a group whose rewards are all equal has no advantage signal.
     bool all_equal = true;
@@ -91,6 +98,7 @@ Status StepScorer::Score(const std::vector<GroupJob>& jobs, std::vector<v1::Samp
   if (!scored_ids.empty()) {
     GYRE_RETURN_IF_ERROR(ledger->Move(scored_ids, SampleState::kScored, here));
   }
+  cache_.clear();  // what PeekReward kept for samples that left before their reward (stale)
   return Status::Ok();
 }
 
@@ -105,6 +113,20 @@ StatusOr<double> StepScorer::Reward(const Problem& problem, const v1::Sample& sa
   if (!r.ok()) return Internal(r.status().ToString());
   if (!std::isfinite(*r)) return Internal("non-finite value");
   return *r;
+}
+
+StatusOr<double> StepScorer::PeekReward(const Problem& problem, const v1::Sample& sample) const {
+  auto r = Reward(problem, sample);
+  if (r.ok()) cache_[sample.sample_id()] = *r;
+  return r;
+}
+
+StatusOr<double> StepScorer::CachedReward(const Problem& problem, const v1::Sample& sample) const {
+  auto it = cache_.find(sample.sample_id());
+  if (it == cache_.end()) return Reward(problem, sample);
+  const double r = it->second;
+  cache_.erase(it);
+  return r;
 }
 
 StatusOr<int> StepScorer::SetAdvantages(StepScores* scores) const {

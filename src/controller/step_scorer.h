@@ -54,8 +54,8 @@ class StepScorer {
         reward_(reward),
         max_new_tokens_(max_new_tokens) {}
 
-  // Scores `samples` (group_size per group of `jobs`, in order; moved from) for GRPO step `step`
-  // with the trainer at `version`, records the outcomes in `ledger` and appends the usable
+  // Scores `samples` (jobs[g].group.n() per group of `jobs`, in order; moved from) for GRPO step
+  // `step` with the trainer at `version`, records the outcomes in `ledger` and appends the usable
   // groups to *out. An error only when the ledger cannot record an outcome.
   Status Score(const std::vector<GroupJob>& jobs, std::vector<v1::Sample>* samples, int step,
                int64_t version, SampleLedger* ledger, StepScores* out) const;
@@ -63,6 +63,9 @@ class StepScorer {
   // The reward of `sample` for `problem` (its response decoded). An error, whose message says
   // why, when the reward fails or is not finite: the sample must not count as 0.
   StatusOr<double> Reward(const Problem& problem, const v1::Sample& sample) const;
+  // Reward() for a decision before scoring (a sampling policy's first round): a reward that
+  // succeeds is kept by sample id, and Score() uses it instead of calling the reward again.
+  StatusOr<double> PeekReward(const Problem& problem, const v1::Sample& sample) const;
 
   // Sets every kept sample's advantage from its group's rewards; returns how many groups had
   // rewards without variance. With algorithm.advantage: median, a group of odd size >= 3 loses
@@ -74,8 +77,12 @@ class StepScorer {
   const AlgorithmSection algorithm_;
   const int group_size_;
   const model::TextTokenizer* tokenizer_;
+  // The kept reward, if PeekReward computed it (and forgets it), else Reward().
+  StatusOr<double> CachedReward(const Problem& problem, const v1::Sample& sample) const;
+
   RewardFn* reward_;
   const int max_new_tokens_;
+  mutable std::map<uint64_t, double> cache_;  // PeekReward's rewards until Score uses them
 };
 
 // DAPO's overlong penalty of a response of `length` tokens: 0 up to max_new_tokens - buffer,

@@ -383,6 +383,86 @@ TEST(TrainTest, NamedAlgorithmsTrainEndToEnd) {
   }
 }
 
+// rollout.budget on real workers: each policy's groups reach the trainer with the sizes it
+// chose, every generated sample is trained, filtered or dropped once in the ledger, GRESO's
+// history reaches the checkpoint, and trainer.max_generated_tokens ends GRPO early.
+TEST(TrainTest, SamplingPoliciesShapeTheGroupsTheyGenerate) {
+  struct Case {
+    std::string policy;
+    std::vector<std::string> sets;
+  };
+  const std::vector<Case> cases = {
+      {"pilot", {"rollout.budget.pilot_low=0.1", "rollout.budget.pilot_high=0.9"}},
+      {"variance", {"rollout.budget.topup_chunk=2"}},
+      {"greso",
+       {"rollout.budget.greso_streak=1", "rollout.budget.greso_initial=1.0", "data.max_digits=1",
+        "trainer.checkpoint_every=2"}},
+  };
+  for (const Case& c : cases) {
+    const std::string dir = MakeTempDir("budget_" + c.policy);
+    auto args = SmallJob(dir, 4);
+    args.insert(args.end(), {"--set", "trainer.warmup_sft_steps=80", "--set",
+                             "rollout.budget.policy=" + c.policy});
+    for (const std::string& s : c.sets) args.insert(args.end(), {"--set", s});
+    std::string out;
+    const auto steps = TrainAndReadSteps(args, dir, &out);
+    ASSERT_EQ(steps.size(), 4u) << out;
+    int64_t generated = 0, trained = 0;
+    for (const auto& s : steps) {
+      const int64_t made = s["samples_generated"].get<int64_t>();
+      generated += made;
+      trained += s["samples"].get<int64_t>();
+      EXPECT_LE(s["useful_groups"].get<int64_t>(), 8) << s.dump();
+      if (c.policy == "pilot") {
+        // 4 pilot samples per prompt, 4 more for the prompts in the band: 32 to 64.
+        EXPECT_GE(made, 32) << s.dump();
+        EXPECT_LE(made, 64) << s.dump();
+        EXPECT_EQ((made - 32) % 4, 0) << s.dump();
+      } else if (c.policy == "variance") {
+        EXPECT_GE(made, 32) << s.dump();
+        EXPECT_LE(made, 64) << s.dump();
+      } else {
+        EXPECT_EQ(made, 64) << s.dump();  // greso skips prompts, not samples
+        EXPECT_TRUE(s.contains("skip_probability")) << s.dump();
+      }
+    }
+    if (c.policy == "greso") {
+      // One-digit sums: prompts repeat, their history fills and some are skipped.
+      int64_t skipped = 0;
+      for (const auto& s : steps) skipped += s["skipped_prompts"].get<int64_t>();
+      EXPECT_GT(skipped, 0) << out;
+      const auto state =
+          nlohmann::json::parse(ReadFile(dir + "/t/checkpoints/step-000004/controller.json"));
+      EXPECT_EQ(state["sampling_policy"]["policy"], "greso") << state.dump();
+      EXPECT_GT(state["sampling_policy"]["streaks"].size(), 0u) << state.dump();
+    }
+    ASSERT_TRUE(MakeDirs(dir + "/ledger").ok());
+    auto l = GyreProcess::Start({"ledger", dir + "/t", "--json"}, dir + "/ledger");
+    ASSERT_TRUE(l.Wait(30));
+    const auto counts = nlohmann::json::parse(l.Output());
+    EXPECT_EQ(counts["samples"], generated) << counts.dump();
+    EXPECT_EQ(counts["by_state"]["trained"], trained) << counts.dump();
+    EXPECT_TRUE(AllGone(WorkerPids(out), 10));
+  }
+
+  // trainer.max_generated_tokens: GRPO ends after the step that reaches the budget.
+  const std::string dir = MakeTempDir("budget_tokens");
+  auto args = SmallJob(dir, 50);
+  args.insert(args.end(), {"--set", "trainer.max_generated_tokens=600"});
+  std::string out;
+  const auto steps = TrainAndReadSteps(args, dir, &out);
+  ASSERT_GE(steps.size(), 1u) << out;
+  ASSERT_LT(steps.size(), 50u) << out;
+  int64_t tokens = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (i + 1 < steps.size()) EXPECT_LT(tokens + steps[i]["generated_tokens"].get<int64_t>(), 600);
+    tokens += steps[i]["generated_tokens"].get<int64_t>();
+  }
+  EXPECT_GE(tokens, 600);
+  const auto summary = nlohmann::json::parse(ReadFile(dir + "/t/summary.json"));
+  EXPECT_EQ(summary["grpo_steps"], static_cast<int64_t>(steps.size()));
+}
+
 // trainer.publish_every: 2: the workers get new weights after every second step only (and before
 // an evaluation), the bound still holds, and every sample is trained once or dropped.
 TEST(TrainTest, AsyncPublishEveryOtherStepKeepsTheBound) {

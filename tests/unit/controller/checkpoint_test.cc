@@ -137,7 +137,9 @@ TEST(CheckpointTest, ControllerStateRoundTrips) {
   EXPECT_EQ(b->config_yaml, a.config_yaml);
   EXPECT_EQ(b->metrics_jsonl, a.metrics_jsonl);
   EXPECT_TRUE(b->carried_groups.empty());
-  EXPECT_EQ(b->format_version, 4);
+  EXPECT_EQ(b->format_version, 5);
+  EXPECT_TRUE(b->sampling_policy.is_null());
+  EXPECT_EQ(b->generated_tokens, 0);
   EXPECT_EQ(b->ledger_sequence, a.ledger_sequence);
   EXPECT_EQ(b->async_admitted, -1);  // a synchronous job's
   ControllerState async = a;
@@ -341,7 +343,7 @@ TEST(CheckpointTest, FormatOneStateReadsWithoutCarriedGroups) {
   const std::string dir = TempDir("format1");
   ASSERT_TRUE(WriteControllerState(dir, SampleState()).ok());
   std::string json = *ReadFileToString(dir + "/controller.json");
-  json.replace(json.find("\"format_version\": 4"), 19, "\"format_version\": 1");
+  json.replace(json.find("\"format_version\": 5"), 19, "\"format_version\": 1");
   const size_t carried = json.find(",\n \"carried_groups\"");
   ASSERT_NE(carried, std::string::npos) << json;
   json.erase(carried, json.find('}', carried) + 1 - carried);
@@ -354,11 +356,11 @@ TEST(CheckpointTest, FormatOneStateReadsWithoutCarriedGroups) {
   EXPECT_EQ(s->ledger_sequence, -1);  // no ledger then
   EXPECT_EQ(s->async_admitted, -1);
   EXPECT_EQ(s->grpo_step, 12);
-  json.replace(json.find("\"format_version\": 1"), 19, "\"format_version\": 5");
+  json.replace(json.find("\"format_version\": 1"), 19, "\"format_version\": 6");
   ASSERT_TRUE(WriteFileAtomic(dir + "/controller.json", json).ok());
   s = ReadControllerState(dir);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().message().find("unsupported format_version 5 (this build reads 1 to 4)"),
+  EXPECT_NE(s.status().message().find("unsupported format_version 6 (this build reads 1 to 5)"),
             std::string::npos)
       << s.status();
   EXPECT_TRUE(RemoveTree(dir).ok());
@@ -541,6 +543,41 @@ TEST(CheckpointTest, ProblemStreamStateRoundTrips) {
     ASSERT_TRUE(b->RestoreState(state).ok());
     for (int i = 0; i < 20; ++i) EXPECT_EQ(a->Next().prompt, b->Next().prompt) << i;
   }
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+// Format 5: the sampling policy's state and the generated-token count round-trip; a format-4
+// file without them reads as no state and 0 tokens; a format-5 file missing them is refused.
+TEST(CheckpointTest, SamplingPolicyStateAndGeneratedTokensRoundTrip) {
+  const std::string dir = TempDir("policy_state");
+  ControllerState a = SampleState();
+  a.sampling_policy = {{"policy", "greso"}, {"skip_probability", 0.5}, {"streaks", {{"1+2=", 3}}}};
+  a.generated_tokens = 123456;
+  ASSERT_TRUE(WriteControllerState(dir, a).ok());
+  auto b = ReadControllerState(dir);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->sampling_policy, a.sampling_policy);
+  EXPECT_EQ(b->generated_tokens, 123456);
+
+  const std::string good = *ReadFileToString(dir + "/controller.json");
+  nlohmann::json j = nlohmann::json::parse(good);
+  j.erase("sampling_policy");
+  j.erase("generated_tokens");
+  ASSERT_TRUE(WriteFileAtomic(dir + "/controller.json", j.dump(1)).ok());
+  auto missing = ReadControllerState(dir);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("\"sampling_policy\" is missing"), std::string::npos)
+      << missing.status();
+  j["format_version"] = 4;
+  ASSERT_TRUE(WriteFileAtomic(dir + "/controller.json", j.dump(1)).ok());
+  auto old = ReadControllerState(dir);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_TRUE(old->sampling_policy.is_null());
+  EXPECT_EQ(old->generated_tokens, 0);
+  j = nlohmann::json::parse(good);
+  j["generated_tokens"] = -5;
+  ASSERT_TRUE(WriteFileAtomic(dir + "/controller.json", j.dump(1)).ok());
+  EXPECT_FALSE(ReadControllerState(dir).ok());
   EXPECT_TRUE(RemoveTree(dir).ok());
 }
 

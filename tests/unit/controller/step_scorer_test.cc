@@ -224,5 +224,44 @@ TEST_F(StepScorerTest, OverlongPenaltyShapesTheRewardButNotCorrectness) {
   EXPECT_FLOAT_EQ(out.kept[1].reward(), 0.5f);
 }
 
+// rollout.budget: groups of different sizes in one call (jobs' n), and a reward PeekReward kept
+// is used instead of a second call.
+TEST_F(StepScorerTest, GroupsOfDifferentSizesAndPeekedRewards) {
+  AlgorithmSection algo;
+  int calls = 0;
+  class Counting final : public RewardFn {
+   public:
+    explicit Counting(int* calls) : calls_(calls) {}
+    StatusOr<double> Score(const RewardInput& in) override {
+      ++*calls_;
+      return exact_.Score(in);
+    }
+
+   private:
+    int* calls_;
+    ExactMatchReward exact_;
+  } reward(&calls);
+  StepScorer scorer(algo, 3, tokenizer_.get(), &reward);
+  std::vector<GroupJob> jobs = {Group(1, "7"), Group(2, "4")};
+  jobs[0].group.set_n(2);  // samples 10, 11
+  jobs[1].group.set_n(3);  // samples 20, 21, 22
+  std::vector<v1::Sample> samples = {Sample(10, 1, "7", 5), Sample(11, 1, "8", 5),
+                                     Sample(20, 2, "4", 5), Sample(21, 2, "4", 5),
+                                     Sample(22, 2, "5", 5)};
+  auto peeked = scorer.PeekReward(jobs[1].problem, samples[4]);
+  ASSERT_TRUE(peeked.ok());
+  EXPECT_EQ(*peeked, 0.0);
+  EXPECT_EQ(calls, 1);
+  StepScores out;
+  ASSERT_TRUE(scorer.Score(jobs, &samples, 1, 5, ledger_.get(), &out).ok());
+  EXPECT_EQ(calls, 5);  // 5 samples, one reward each
+  EXPECT_EQ(out.group_sizes, (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(out.rewards, (std::vector<float>{1, 0, 1, 1, 0}));
+  // Fewer samples than the groups claim is an error, not a read past the end.
+  std::vector<v1::Sample> short_samples = {Sample(10, 1, "7", 5)};
+  StepScores out2;
+  EXPECT_FALSE(scorer.Score(jobs, &short_samples, 1, 5, ledger_.get(), &out2).ok());
+}
+
 }  // namespace
 }  // namespace gyre::controller
