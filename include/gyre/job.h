@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "gyre/cancel.h"
 #include "gyre/config.h"
 #include "gyre/reward.h"
 #include "gyre/status.h"
@@ -39,6 +40,14 @@ struct RunOptions {
   // starting over; fails if there is none or if it does not match the config. The resumed job
   // ends exactly as an uninterrupted one would (docs/checkpoints.md).
   bool resume = false;
+  // Cancels the job from any thread: RunJob stops at its next waiting point (between and within
+  // steps, while generating or training), stops every worker it started and returns
+  // Aborted("cancelled: <reason>"). Null = no token.
+  std::shared_ptr<CancellationToken> cancel;
+  // RunJob installs SIGINT and SIGTERM handlers for its duration (a signal then stops the job
+  // as a cancel does, "interrupted by SIGINT") and restores the previous ones when it returns.
+  // A program with its own signal handling sets this to false and cancels through `cancel`.
+  bool install_signal_handlers = true;
 };
 
 struct JobResult {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "algorithm/lr_schedule.h"
 #include "comm/gloo_communicator.h"
@@ -191,7 +192,11 @@ Status JobRunner::Setup() {
                                                            : SelfExecutable();
   po.logs_dir = run_dir_ + "/logs";
   po.print_progress = opts_.print_progress;
-  po.interrupt_reason = InterruptReason;
+  // The caller's token first (RunOptions::cancel), then a signal if RunJob installed handlers.
+  po.interrupt_reason = [cancel = opts_.cancel, signals = opts_.install_signal_handlers] {
+    if (cancel && cancel->cancelled()) return "cancelled: " + cancel->reason();
+    return signals ? InterruptReason() : std::string();
+  };
   pool_ = std::make_unique<WorkerPool>(cfg_, service_.get(), std::move(po));
   publisher_ = std::make_unique<WeightPublisher>(
       cfg_, pool_.get(), weight_store_ ? weight_store_->address() : std::string());
@@ -758,7 +763,8 @@ void JobRunner::Teardown() {
 }  // namespace
 
 StatusOr<JobResult> RunJobImpl(const JobConfig& config, const RunOptions& options) {
-  SignalScope signals;
+  std::optional<SignalScope> signals;
+  if (options.install_signal_handlers) signals.emplace();
   JobRunner runner(config, options);
   return runner.Run();
 }

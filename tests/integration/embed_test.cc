@@ -3,13 +3,17 @@
 // job's worker processes (gyre::MaybeRunWorker). docs/embedding.md shows this code.
 
 #include <ftw.h>
+#include <gyre/cancel.h>
 #include <gyre/job.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <utility>
 
 // rm -rf without std::filesystem (see src/common/file_util.h for why).
 static void RemoveTree(const std::string& path) {
@@ -17,6 +21,30 @@ static void RemoveTree(const std::string& path) {
       path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); },
       16, FTW_DEPTH | FTW_PHYS);
 }
+
+// Cancels `token` from inside the job after `after` reward calls, and records whether SIGINT's
+// handler at that moment was the program's own (RunOptions::install_signal_handlers).
+class CancellingReward final : public gyre::RewardFn {
+ public:
+  CancellingReward(std::shared_ptr<gyre::CancellationToken> token, long after)
+      : token_(std::move(token)), after_(after) {}
+  gyre::StatusOr<double> Score(const gyre::RewardInput& in) override {
+    if (++calls == after_) {
+      struct sigaction now = {};
+      ::sigaction(SIGINT, nullptr, &now);
+      own_handler_during_job = now.sa_handler == OwnHandler;
+      token_->Cancel("enough for this test");
+    }
+    return in.response == in.answer ? 1.0 : 0.0;
+  }
+  static void OwnHandler(int) {}
+  std::atomic<long> calls{0};
+  std::atomic<bool> own_handler_during_job{false};
+
+ private:
+  std::shared_ptr<gyre::CancellationToken> token_;
+  const long after_;
+};
 
 // Partial credit: the fraction of answer digits the response gets right, position by position.
 class DigitMatchReward final : public gyre::RewardFn {
@@ -83,6 +111,35 @@ int main(int argc, char** argv) {
     std::printf("FAIL: reward.type builtin with a custom RewardFn was not refused: %s\n",
                 mixed.ok() ? "ran" : mixed.status().ToString().c_str());
     ok = false;
+  }
+  // A caller-owned cancellation token stops the job mid-way with its reason, and with
+  // install_signal_handlers = false RunJob leaves the program's own SIGINT handler in place.
+  for (bool install : {true, false}) {
+    struct sigaction own = {}, before = {}, after = {};
+    own.sa_handler = CancellingReward::OwnHandler;
+    ::sigaction(SIGINT, &own, &before);
+    auto token = std::make_shared<gyre::CancellationToken>();
+    auto cancelling = std::make_shared<CancellingReward>(token, 40);
+    auto long_job = *config;
+    long_job.trainer.steps = 50;
+    long_job.job.name = install ? "cancel_signals" : "cancel_own_signals";
+    gyre::RunOptions cancel_options;
+    cancel_options.reward = cancelling;
+    cancel_options.cancel = token;
+    cancel_options.install_signal_handlers = install;
+    auto cancelled = gyre::RunJob(long_job, cancel_options);
+    ::sigaction(SIGINT, &before, &after);
+    const bool stopped =
+        !cancelled.ok() && cancelled.status().code() == gyre::StatusCode::kAborted &&
+        cancelled.status().message().find("cancelled: enough for this test") != std::string::npos;
+    const bool handler_ok = cancelling->own_handler_during_job.load() == !install;
+    std::printf(
+        "%s: cancel with install_signal_handlers=%d: %s; SIGINT handler during the job was "
+        "%s\n",
+        stopped && handler_ok ? "PASS" : "FAIL", install ? 1 : 0,
+        cancelled.ok() ? "ran to the end" : cancelled.status().ToString().c_str(),
+        cancelling->own_handler_during_job.load() ? "the program's" : "Gyre's");
+    ok = ok && stopped && handler_ok;
   }
   RemoveTree(out_dir);
   return ok ? 0 : 1;
