@@ -24,8 +24,8 @@
 namespace gyre {
 
 // The names a job file (and these functions) accept for `key`: "algorithm.advantage",
-// "algorithm.policy_loss", "algorithm.loss_agg", "algorithm.correction", "algorithm.kl" or
-// "trainer.lr_schedule". Empty for an unknown key.
+// "algorithm.policy_loss", "algorithm.loss_agg", "algorithm.correction", "algorithm.kl",
+// "trainer.lr_schedule" or "rollout.budget.policy". Empty for an unknown key.
 std::vector<std::string> AlgorithmNames(const std::string& key);
 
 // One advantage per reward. `rewards` holds group_sizes.size() consecutive groups (sizes may

@@ -10,7 +10,8 @@ namespace gyre {
 std::vector<std::string> AlgorithmNames(const std::string& key) {
   for (algorithm::Family f :
        {algorithm::Family::kAdvantage, algorithm::Family::kPolicyLoss, algorithm::Family::kLossAgg,
-        algorithm::Family::kCorrection, algorithm::Family::kKl, algorithm::Family::kLrSchedule}) {
+        algorithm::Family::kCorrection, algorithm::Family::kKl, algorithm::Family::kLrSchedule,
+        algorithm::Family::kSamplingPolicy}) {
     if (key == algorithm::FamilyKey(f)) return algorithm::NamesFor(f);
   }
   return {};

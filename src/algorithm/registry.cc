@@ -104,6 +104,24 @@ const std::vector<AlgorithmInfo>& Builtins() {
        "lr_min + (lr - lr_min) (1 + cos(pi p)) / 2 after the warm-up, lr_min = lr * lr_min_ratio",
        "SGDR (Loshchilov and Hutter 2016, arXiv:1608.03983)",
        "as constant; the decay ends at trainer.steps"},
+      // Sampling policies (rollout.budget; src/algorithm/sampling_policy.h), G = group_size.
+      {Family::kSamplingPolicy, "uniform", "G samples for every prompt", "-",
+       "verl's fixed rollout.n per prompt"},
+      {Family::kSamplingPolicy, "pilot",
+       "pilot_samples per prompt; G - pilot_samples more where the pilot accuracy is in "
+       "[pilot_low, pilot_high]",
+       "pilot-then-commit allocation; Gyre's rule (band, one commit round)",
+       "verl has no per-prompt allocation"},
+      {Family::kSamplingPolicy, "variance",
+       "pilot_samples per prompt; the round's remaining budget in topup_chunk grants to the "
+       "groups of highest reward variance",
+       "VIGOR-style variance-guided top-ups; Gyre's rule (one top-up round, round robin)",
+       "verl has no per-prompt allocation"},
+      {Family::kSamplingPolicy, "greso",
+       "skip a prompt whose last greso_streak groups had equal rewards with probability p; p "
+       "steers the zero-variance share to greso_target",
+       "GRESO, 'Act Only When It Pays' (Zheng et al. 2025); Gyre's additive update of p",
+       "verl has no selective rollout"},
   };
   return *builtins;
 }
@@ -149,6 +167,8 @@ const char* FamilyKey(Family family) {
       return "algorithm.kl";
     case Family::kLrSchedule:
       return "trainer.lr_schedule";
+    case Family::kSamplingPolicy:
+      return "rollout.budget.policy";
   }
   return "unknown";
 }

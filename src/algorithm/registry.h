@@ -1,6 +1,7 @@
 #pragma once
 // Algorithms by name: the one list of the advantage estimators, policy losses, loss aggregations,
-// behaviour-policy corrections, KL estimators and learning-rate schedules a job can name. The
+// behaviour-policy corrections, KL estimators, learning-rate schedules and sampling policies a job
+// can name. The
 // config's choice lists, docs/algorithms.md's table and `gyre validate --print` all read it, so
 // they cannot drift. An embedding program adds its own advantage estimator with
 // RegisterAdvantageEstimator before it runs a job; the controller then computes advantages through
@@ -20,7 +21,15 @@
 namespace gyre::algorithm {
 
 // Which job-file key names the algorithm.
-enum class Family { kAdvantage, kPolicyLoss, kLossAgg, kCorrection, kKl, kLrSchedule };
+enum class Family {
+  kAdvantage,
+  kPolicyLoss,
+  kLossAgg,
+  kCorrection,
+  kKl,
+  kLrSchedule,
+  kSamplingPolicy
+};
 
 // The key of `family`, e.g. "algorithm.advantage".
 const char* FamilyKey(Family family);

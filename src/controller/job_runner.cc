@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "algorithm/lr_schedule.h"
+#include "algorithm/sampling_policy.h"
 #include "comm/gloo_communicator.h"
 #include "common/clock.h"
 #include "common/file_util.h"
@@ -23,7 +24,6 @@
 #include "controller/prompts.h"
 #include "controller/rollout_scheduler.h"
 #include "controller/sample_ledger.h"
-#include "controller/sampling_policy.h"
 #include "controller/signals.h"
 #include "controller/step_report.h"
 #include "controller/step_scorer.h"
@@ -121,9 +121,9 @@ class JobRunner {
   std::unique_ptr<AsyncCarried> async_restore_;  // rollout.async: what a resume continues
   std::unique_ptr<SampleLedger> ledger_;
   std::unique_ptr<StepScorer> scorer_;
-  std::unique_ptr<SamplingPolicy> policy_;  // rollout.budget
-  uint64_t draws_this_step_ = 0;            // prompts drawn in this step (the policy's Skip)
-  int64_t generated_tokens_ = 0;            // over the job's GRPO steps (max_generated_tokens)
+  std::unique_ptr<algorithm::SamplingPolicy> policy_;  // rollout.budget
+  uint64_t draws_this_step_ = 0;  // prompts drawn in this step (the policy's Skip)
+  int64_t generated_tokens_ = 0;  // over the job's GRPO steps (max_generated_tokens)
   int64_t version_ = 0;
   int64_t published_ = -1;  // the version the rollout workers were last sent
   uint64_t next_group_id_ = 0;
@@ -204,7 +204,7 @@ Status JobRunner::Setup() {
   scheduler_ = std::make_unique<RolloutScheduler>(cfg_, pool_.get());
   scorer_ = std::make_unique<StepScorer>(cfg_.algorithm, cfg_.rollout.group_size, tokenizer_.get(),
                                          reward_.get(), cfg_.rollout.max_new_tokens);
-  policy_ = MakeSamplingPolicy(cfg_, reward_->correct_threshold());
+  policy_ = algorithm::MakeSamplingPolicy(cfg_, reward_->correct_threshold());
   GYRE_RETURN_IF_ERROR(pool_->Start());
   GYRE_RETURN_IF_ERROR(pool_->WaitRegistered());
   return trainers_->Form();
@@ -343,10 +343,10 @@ Status JobRunner::TopUpRound(int step, const v1::SamplingParams& sampling, const
                              std::vector<GroupJob>* jobs, std::vector<v1::Sample>* samples,
                              GenerateStats* gen, double* gen_s) {
   // The first round's rewards (kept by the scorer for Score).
-  std::vector<GroupRewards> outcome;
+  std::vector<algorithm::GroupRewards> outcome;
   size_t begin = 0;
   for (const GroupJob& j : *jobs) {
-    GroupRewards g{j.problem.prompt, {}};
+    algorithm::GroupRewards g{j.problem.prompt, {}};
     for (int i = 0; i < j.group.n(); ++i) {
       auto r = scorer_->PeekReward(j.problem, (*samples)[begin + i]);
       if (r.ok()) g.rewards.push_back(*r);  // a failed reward is counted when scored

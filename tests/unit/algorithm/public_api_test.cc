@@ -13,6 +13,8 @@ TEST(PublicAlgorithmsTest, NamesComeFromTheRegistry) {
             (std::vector<std::string>{"ppo", "gspo", "cispo", "sao"}));
   EXPECT_EQ(gyre::AlgorithmNames("algorithm.kl"),
             (std::vector<std::string>{"none", "k1", "k2", "k3"}));
+  EXPECT_EQ(gyre::AlgorithmNames("rollout.budget.policy"),
+            (std::vector<std::string>{"uniform", "pilot", "variance", "greso"}));
   EXPECT_TRUE(gyre::AlgorithmNames("algorithm.nothing").empty());
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "algorithm/lr_schedule.h"
+#include "algorithm/sampling_policy.h"
 #include "kernels/reference/advantages_ref.h"
 #include "kernels/reference/policy_loss_ref.h"
 
@@ -214,6 +215,33 @@ std::map<std::string, Check> HandChecks() {
   c["algorithm.kl/k2"] = [kl] { kl("k2", 0.125, 0.5); };
   // exp(-0.5) + 0.5 - 1 = 0.10653066; d/d logp = 1 - exp(-0.5) = 0.39346934.
   c["algorithm.kl/k3"] = [kl] { kl("k3", 0.10653065971263342, 0.3934693402873666); };
+  // Sampling policies (sampling_policy_test.cc has the full cases): G = 8, 4 pilot samples.
+  auto budget = [](const std::string& policy) {
+    JobConfig c;
+    c.rollout.group_size = 8;
+    c.rollout.budget.policy = policy;
+    c.rollout.budget.pilot_samples = 4;
+    c.rollout.budget.greso_streak = 1;
+    c.rollout.budget.greso_initial = 1.0;
+    return MakeSamplingPolicy(c, 1.0);
+  };
+  c["rollout.budget.policy/uniform"] = [budget] { EXPECT_EQ(budget("uniform")->FirstRound(), 8); };
+  c["rollout.budget.policy/pilot"] = [budget] {
+    // Pilot accuracies 0.5 (in [0.1, 0.9]) and 1: the rest of the group for the first only.
+    EXPECT_EQ(budget("pilot")->TopUps({{"a", {1, 0, 1, 0}}, {"b", {1, 1, 1, 1}}}),
+              (std::vector<int>{4, 0}));
+  };
+  c["rollout.budget.policy/variance"] = [budget] {
+    // Budget 2 * 4 = 8, all to the only group with variance, 2 at a time (cap 16).
+    EXPECT_EQ(budget("variance")->TopUps({{"a", {1, 0, 1, 0}}, {"b", {1, 1, 1, 1}}}),
+              (std::vector<int>{8, 0}));
+  };
+  c["rollout.budget.policy/greso"] = [budget] {
+    auto p = budget("greso");
+    p->Observe({{"easy", {1, 1}}});
+    EXPECT_TRUE(p->Skip("easy", 1, 0));  // streak 1 >= 1, probability 1
+    EXPECT_FALSE(p->Skip("new", 1, 1));
+  };
   // Schedules: lr 1e-3, 10 steps, 2 warm-up steps, floor 0.1.
   auto trainer = [](const std::string& schedule) {
     TrainerSection t;

@@ -1,13 +1,13 @@
 // The rollout-budget policies' decisions against values worked out by hand.
 
-#include "controller/sampling_policy.h"
+#include "algorithm/sampling_policy.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-namespace gyre::controller {
+namespace gyre::algorithm {
 namespace {
 
 JobConfig Config(const std::string& policy) {
@@ -130,4 +130,4 @@ TEST(SamplingPolicyTest, GresoRefusesABrokenStateAndKeepsItsOwn) {
 }
 
 }  // namespace
-}  // namespace gyre::controller
+}  // namespace gyre::algorithm

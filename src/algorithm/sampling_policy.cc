@@ -1,10 +1,10 @@
-#include "controller/sampling_policy.h"
+#include "algorithm/sampling_policy.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-namespace gyre::controller {
+namespace gyre::algorithm {
 namespace {
 
 uint64_t SplitMix(uint64_t x) {
@@ -210,4 +210,4 @@ std::unique_ptr<SamplingPolicy> MakeSamplingPolicy(const JobConfig& cfg, double 
   return std::make_unique<Uniform>(cfg.rollout.group_size);
 }
 
-}  // namespace gyre::controller
+}  // namespace gyre::algorithm

@@ -1,6 +1,6 @@
 #pragma once
 // SamplingPolicy: the rollout budget per prompt (rollout.budget, docs/algorithms.md, "Rollout
-// budget per prompt"). The synchronous step consults it three times:
+// budget per prompt"). The controller's synchronous step consults it three times:
 //   1. while drawing prompts: Skip() may leave a drawn prompt out (it is not generated);
 //   2. FirstRound() samples for every drawn prompt; after they are scored, TopUps() says how
 //      many more each group gets (one more generation round), so groups may end up with
@@ -24,7 +24,7 @@
 #include "gyre/config.h"
 #include "gyre/status.h"
 
-namespace gyre::controller {
+namespace gyre::algorithm {
 
 // One group as the policy sees it: its prompt (the history key) and its rewards so far.
 struct GroupRewards {
@@ -72,4 +72,4 @@ std::unique_ptr<SamplingPolicy> MakeSamplingPolicy(const JobConfig& cfg, double 
 // The unbiased variance of `v` (0 for fewer than two values).
 double RewardVariance(const std::vector<double>& v);
 
-}  // namespace gyre::controller
+}  // namespace gyre::algorithm
