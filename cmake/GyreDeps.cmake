@@ -75,9 +75,9 @@ set(CMAKE_CUDA_FLAGS "${_gyre_saved_cuda_flags}")
 message(STATUS "gyre: libtorch ${Torch_VERSION} from ${GYRE_TORCH_PREFIX}")
 # TORCH_LIBRARIES carries imported targets; torch's flags carry the C++ ABI define.
 separate_arguments(_gyre_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
-add_library(gyre_torch INTERFACE)
-target_link_libraries(gyre_torch INTERFACE ${TORCH_LIBRARIES})
-target_compile_options(gyre_torch INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${_gyre_torch_flags}>)
+add_library(gyre_libtorch INTERFACE)
+target_link_libraries(gyre_libtorch INTERFACE ${TORCH_LIBRARIES})
+target_compile_options(gyre_libtorch INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${_gyre_torch_flags}>)
 # The wheel's include/ also ships its own copies of protobuf (google/) and fmt headers, which
 # must not shadow Debian's (gRPC and spdlog are built against those). Expose a filtered view
 # with only libtorch's own headers, and strip the raw include root from torch's targets.
@@ -99,6 +99,6 @@ foreach(_t torch torch_cpu torch_cuda c10 c10_cuda torch_library)
   endif()
 endforeach()
 # SYSTEM: torch's own headers are noisy under -Wextra.
-target_include_directories(gyre_torch SYSTEM INTERFACE "${_gyre_torch_view}"
+target_include_directories(gyre_libtorch SYSTEM INTERFACE "${_gyre_torch_view}"
                            "${_gyre_torch_view}/torch/csrc/api/include")
 

@@ -141,6 +141,11 @@ std::vector<UserEstimator>& UserEstimators() {
   return *users;
 }
 
+std::vector<AlgorithmInfo>& UserNames() {
+  static auto* names = new std::vector<AlgorithmInfo>;
+  return *names;
+}
+
 bool ValidName(const std::string& name) {
   if (name.empty() || name.size() > 64) return false;
   for (char c : name) {
@@ -177,6 +182,7 @@ std::vector<AlgorithmInfo> Algorithms() {
   std::vector<AlgorithmInfo> out = Builtins();
   std::lock_guard<std::mutex> lock(RegistryMutex());
   for (const UserEstimator& u : UserEstimators()) out.push_back(u.info);
+  for (const AlgorithmInfo& u : UserNames()) out.push_back(u);
   return out;
 }
 
@@ -188,26 +194,46 @@ std::vector<std::string> NamesFor(Family family) {
   return names;
 }
 
+// The name rules shared by every registration; `who` prefixes the errors.
+Status CheckNewName(const AlgorithmInfo& info, const std::string& who) {
+  if (!ValidName(info.name)) {
+    return InvalidArgument(who + ": name '" + info.name +
+                           "' must be 1-64 characters of a-z, 0-9 and '_'");
+  }
+  for (const AlgorithmInfo& a : Algorithms()) {
+    if (a.family == info.family && a.name == info.name) {
+      return Status(StatusCode::kAlreadyExists, who + ": " + FamilyKey(info.family) + " '" +
+                                                    info.name + "' is already registered" +
+                                                    (a.user ? "" : " (a built-in)"));
+    }
+  }
+  return Status::Ok();
+}
+
 Status RegisterAdvantageEstimator(AlgorithmInfo info, AdvantageFn fn) {
   if (info.family != Family::kAdvantage) {
     return InvalidArgument("RegisterAdvantageEstimator: info.family must be Family::kAdvantage");
   }
-  if (!ValidName(info.name)) {
-    return InvalidArgument("RegisterAdvantageEstimator: name '" + info.name +
-                           "' must be 1-64 characters of a-z, 0-9 and '_'");
-  }
-  if (!fn)
+  GYRE_RETURN_IF_ERROR(CheckNewName(info, "RegisterAdvantageEstimator"));
+  if (!fn) {
     return InvalidArgument("RegisterAdvantageEstimator: '" + info.name + "' has no function");
-  for (const AlgorithmInfo& a : Algorithms()) {
-    if (a.family == Family::kAdvantage && a.name == info.name) {
-      return Status(StatusCode::kAlreadyExists,
-                    "RegisterAdvantageEstimator: an advantage estimator named '" + info.name +
-                        "' is already registered" + (a.user ? "" : " (a built-in)"));
-    }
   }
   info.user = true;
   std::lock_guard<std::mutex> lock(RegistryMutex());
   UserEstimators().push_back({std::move(info), std::move(fn)});
+  return Status::Ok();
+}
+
+Status RegisterAlgorithmName(AlgorithmInfo info) {
+  if (info.family == Family::kAdvantage) {
+    return InvalidArgument(
+        "RegisterAlgorithmName: an advantage estimator needs its function "
+        "(RegisterAdvantageEstimator)");
+  }
+  GYRE_RETURN_IF_ERROR(CheckNewName(info, "RegisterAlgorithmName"));
+  info.user = true;
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  UserNames().push_back(std::move(info));
   return Status::Ok();
 }
 

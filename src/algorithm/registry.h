@@ -59,6 +59,12 @@ using AdvantageFn =
 // letters, digits and '_', and fn non-null). Errors name what to fix.
 Status RegisterAdvantageEstimator(AlgorithmInfo info, AdvantageFn fn);
 
+// Adds a user algorithm's name to `info.family` (not kAdvantage: RegisterAdvantageEstimator has
+// the function too) for a family whose implementation lives elsewhere, such as a policy loss
+// registered through include/gyre/torch.h. Same name rules and errors as
+// RegisterAdvantageEstimator.
+Status RegisterAlgorithmName(AlgorithmInfo info);
+
 // Advantages of `rewards` grouped by `group_sizes` with the estimator `name`, built-in or
 // registered. *zero_variance (nullable) gets 1 per group whose rewards are all equal. Fails on an
 // unknown name, sizes that do not add up, or a user estimator's error or wrong output size.

@@ -9,6 +9,7 @@
 #include "common/check.h"
 #include "ops/ops.h"
 #include "trainer/grad_reducer.h"
+#include "trainer/user_losses.h"
 
 namespace gyre::trainer {
 
@@ -609,6 +610,16 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
   kernels::PolicyLossParams loss_params = options.loss;
   loss_params.global_tokens = total_tokens;
   loss_params.global_seqs = total_seqs;
+  const TokenLossFn* user_loss = nullptr;
+  if (objective == Objective::kPolicyGradient && !options.user_loss.empty()) {
+    user_loss = FindUserPolicyLoss(options.user_loss);
+    if (user_loss == nullptr) {
+      return FailedPrecondition(
+          "algorithm.policy_loss '" + options.user_loss +
+          "' is not registered in this trainer process: the program the workers run must call "
+          "gyre::RegisterPolicyLoss before gyre::MaybeRunWorker");
+    }
+  }
 
   optimizer_->adamw->zero_grad();
   // If backward throws after the reducer was armed, wait for its communication thread before
@@ -696,21 +707,53 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
         at::NoGradGuard ng;
         ref_lp = ops::TokenLogprobs(ResponseLogits(*reference_, mb), mb.targets, temp);
       }
+      // A registered loss replaces the kernel's policy term: the kernel then runs with zero
+      // advantages, which leaves it the KL term and the behaviour-weight statistics.
       GYRE_ASSIGN_OR_RETURN(
           ops::PolicyLossResult r,
           ops::PolicyLoss(
               logp, old,
               options.loss.correction != kernels::Correction::kNone ? mb.rollout_lp : at::Tensor(),
-              ref_lp, mb.adv, mb.mask, loss_params));
+              ref_lp, user_loss != nullptr ? at::zeros_like(mb.adv) : mb.adv, mb.mask,
+              loss_params));
+      at::Tensor user_term;
+      if (user_loss != nullptr) {
+        TokenLossInputs in;
+        in.logp = logp;
+        in.logp_old = old.detach();
+        in.logp_rollout = mb.rollout_lp;
+        in.advantages = mb.adv;
+        in.mask = mb.mask;
+        in.clip_eps_low = options.loss.clip_eps_low;
+        in.clip_eps_high = options.loss.clip_eps_high;
+        at::Tensor per_token = (*user_loss)(in);
+        if (!per_token.defined() || per_token.sizes() != logp.sizes()) {
+          return InvalidArgument("algorithm.policy_loss '" + options.user_loss +
+                                 "' returned a tensor of shape " +
+                                 (per_token.defined() ? c10::str(per_token.sizes()) : "undefined") +
+                                 ", expected one loss per token " + c10::str(logp.sizes()));
+        }
+        // Masked-out tokens may hold anything: select, do not multiply (0 * inf is NaN).
+        user_term = (at::where(mb.mask != 0, per_token, at::zeros_like(per_token)) * mb.mask *
+                     AggregationScale(mb.mask, loss_params))
+                        .sum();
+      }
       ref_kl_sum += r.stats.kl;
       if (last && reducer_ != nullptr) reducer_->Arm();
-      if (bonus) {
-        // One backward for both terms: d/d logp of sum(logp * g) is the kernel's gradient g.
-        at::Tensor agg =
-            (entropy_with_grad * mb.mask * AggregationScale(mb.mask, loss_params)).sum();
-        at::Tensor surrogate = (logp * r.grad_logp).sum() - options.entropy_coef * agg;
+      if (bonus || user_term.defined()) {
+        // One backward for every term: d/d logp of sum(logp * g) is the kernel's gradient g.
+        at::Tensor surrogate = (logp * r.grad_logp).sum();
+        if (user_term.defined()) {
+          surrogate = surrogate + user_term;
+          loss_sum += user_term.item<double>();
+        }
+        if (bonus) {
+          at::Tensor agg =
+              (entropy_with_grad * mb.mask * AggregationScale(mb.mask, loss_params)).sum();
+          surrogate = surrogate - options.entropy_coef * agg;
+          loss_sum -= options.entropy_coef * agg.item<double>();
+        }
         surrogate.backward();
-        loss_sum -= options.entropy_coef * agg.item<double>();
       } else {
         logp.backward(r.grad_logp);
       }

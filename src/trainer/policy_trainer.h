@@ -83,6 +83,10 @@ struct TrainOptions {
   // Entropy bonus (policy gradient): the loss subtracts entropy_coef times the token entropy of
   // the policy at `temperature`, aggregated with loss.agg's weights. 0 = off (no extra graph).
   double entropy_coef = 0.0;
+  // A policy loss registered through include/gyre/torch.h (RegisterPolicyLoss), by name, in
+  // place of loss.kind's term: its per-token loss is aggregated with loss.agg's weights and
+  // differentiated by autograd. Empty = loss.kind.
+  std::string user_loss;
   // Data parallel only: this rank's share of each global mini-batch (sums to the batch size).
   // Empty: the batch is split into `mini_batches` consecutive slices locally.
   std::vector<int64_t> mini_batch_sizes;

@@ -157,7 +157,11 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
                     : a.proximal == "behaviour" ? Proximal::kBehaviour
                                                 : Proximal::kRecompute;
     kernels::ParseLossAgg(a.loss_agg, &opts.loss.agg);
-    kernels::ParsePolicyLossKind(a.policy_loss, &opts.loss.kind);  // validated with the config
+    // A name the kernels do not know is a loss the program registered (validated with the
+    // config against the registry).
+    if (!kernels::ParsePolicyLossKind(a.policy_loss, &opts.loss.kind)) {
+      opts.user_loss = a.policy_loss;
+    }
     opts.loss.norm_max_len =
         static_cast<float>(a.loss_norm_len > 0 ? a.loss_norm_len : config_.rollout.max_new_tokens);
     opts.entropy_coef = a.entropy_coef;

@@ -5,6 +5,7 @@
 #include <ftw.h>
 #include <gyre/cancel.h>
 #include <gyre/job.h>
+#include <gyre/torch.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -63,6 +64,20 @@ class DigitMatchReward final : public gyre::RewardFn {
 };
 
 int main(int argc, char** argv) {
+  // A policy loss of this program's own, differentiated by autograd. Registered before
+  // MaybeRunWorker: the trainer workers run this program too.
+  const gyre::Status registered = gyre::RegisterPolicyLoss(
+      "embed_reinforce", "-A sg(clip(r)) logp", [](const gyre::TokenLossInputs& in) {
+        const at::Tensor w = (in.logp - in.logp_old)
+                                 .exp()
+                                 .clamp(1.0 - in.clip_eps_low, 1.0 + in.clip_eps_high)
+                                 .detach();
+        return -in.advantages * w * in.logp;
+      });
+  if (!registered.ok()) {
+    std::fprintf(stderr, "FAIL: %s\n", registered.ToString().c_str());
+    return 1;
+  }
   int worker_exit = 0;
   if (gyre::MaybeRunWorker(argc, argv, &worker_exit)) return worker_exit;
 
@@ -112,6 +127,16 @@ int main(int argc, char** argv) {
                 mixed.ok() ? "ran" : mixed.status().ToString().c_str());
     ok = false;
   }
+  // The registered loss by name, end to end: the trainer worker (this program) finds it.
+  auto own_loss = *config;
+  own_loss.algorithm.policy_loss = "embed_reinforce";
+  own_loss.job.name = "own_loss";
+  auto trained = gyre::RunJob(own_loss, options);
+  const bool own_ok = trained.ok() && trained->grpo_steps == 2;
+  std::printf("%s: algorithm.policy_loss embed_reinforce: %s\n", own_ok ? "PASS" : "FAIL",
+              trained.ok() ? "2 GRPO steps" : trained.status().ToString().c_str());
+  ok = ok && own_ok;
+
   // A caller-owned cancellation token stops the job mid-way with its reason, and with
   // install_signal_handlers = false RunJob leaves the program's own SIGINT handler in place.
   for (bool install : {true, false}) {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "gyre/torch.h"
 #include "testing/tensor_compare.h"
 #include "testing/tiny_model.h"
 
@@ -471,6 +472,66 @@ TEST(PolicyTrainerTest, SequenceKlSumsTheEstimatorOverEachSamplesMaskedTokens) {
   bad[0].response.clear();
   EXPECT_FALSE(t.SequenceKl(bad, kernels::KlKind::kK1, 1.0, 4).ok());
   EXPECT_FALSE(t.SequenceKl(batch, kernels::KlKind::kNone, 1.0, 4).ok());
+}
+
+// A policy loss written with torch ops and registered by name (include/gyre/torch.h) trains
+// through autograd: PPO's clipped term written that way gives the built-in kernel's update.
+TEST(PolicyTrainerTest, ARegisteredTorchLossMatchesTheBuiltInOneThroughAutograd) {
+  const Status registered = gyre::RegisterPolicyLoss(
+      "test_ppo_torch", "max(-A r, -A clip(r))", [](const gyre::TokenLossInputs& in) {
+        const at::Tensor ratio = at::exp(in.logp - in.logp_old);
+        const at::Tensor clipped = at::clamp(ratio, 1.0 - in.clip_eps_low, 1.0 + in.clip_eps_high);
+        return at::maximum(-in.advantages * ratio, -in.advantages * clipped);
+      });
+  ASSERT_TRUE(registered.ok()) << registered;
+  std::vector<TrainSample> batch;
+  for (int i = 0; i < 4; ++i) {
+    for (const auto& s : Batch()) batch.push_back(s);
+  }
+  for (kernels::LossAgg agg : {kernels::LossAgg::kTokenMean, kernels::LossAgg::kSeqMeanTokenSum}) {
+    PolicyTrainer builtin(model::Transformer::Create(Spec(), 6, 0.1), 5e-2, 0, 0.9, 0.999);
+    PolicyTrainer user(model::Transformer::Create(Spec(), 6, 0.1), 5e-2, 0, 0.9, 0.999);
+    TrainOptions opts = Options(7);
+    opts.mini_batches = 4;  // later mini-batches move the ratio into both clips
+    opts.loss.dual_clip_c = 0.0f;
+    opts.loss.agg = agg;
+    auto a = builtin.Step(batch, Objective::kPolicyGradient, 5e-2, opts);
+    opts.user_loss = "test_ppo_torch";
+    auto b = user.Step(batch, Objective::kPolicyGradient, 5e-2, opts);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    EXPECT_GT((*a)["clip_frac"], 0.0);
+    EXPECT_NEAR((*a)["loss"], (*b)["loss"], 1e-5 + 1e-4 * std::abs((*a)["loss"]));
+    EXPECT_TRUE(testing::AllClose(Flat(builtin), Flat(user), {1e-4, 1e-6, 1e-5}))
+        << kernels::LossAggName(agg);
+  }
+  // Names: no second registration, no built-in's name, and a loss must return one value per
+  // token; an unregistered name fails the step. Each failure leaves the weights alone.
+  EXPECT_EQ(
+      gyre::RegisterPolicyLoss("test_ppo_torch", "", [](auto&) { return at::Tensor(); }).code(),
+      StatusCode::kAlreadyExists);
+  EXPECT_EQ(gyre::RegisterPolicyLoss("ppo", "", [](auto&) { return at::Tensor(); }).code(),
+            StatusCode::kAlreadyExists);
+  EXPECT_EQ(gyre::RegisterPolicyLoss("No Good", "", [](auto&) { return at::Tensor(); }).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(gyre::RegisterPolicyLoss("test_scalar", "", [](const gyre::TokenLossInputs& in) {
+                return in.logp.sum();
+              }).ok());
+  PolicyTrainer t(model::Transformer::Create(Spec(), 6, 0.1), 5e-2, 0, 0.9, 0.999);
+  const at::Tensor before = Flat(t).clone();
+  TrainOptions opts = Options(64);
+  opts.user_loss = "test_scalar";
+  auto scalar = t.Step(Batch(), Objective::kPolicyGradient, 5e-2, opts);
+  ASSERT_FALSE(scalar.ok());
+  EXPECT_NE(scalar.status().message().find("expected one loss per token"), std::string::npos)
+      << scalar.status();
+  opts.user_loss = "test_never_registered";
+  auto missing = t.Step(Batch(), Objective::kPolicyGradient, 5e-2, opts);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("RegisterPolicyLoss before gyre::MaybeRunWorker"),
+            std::string::npos)
+      << missing.status();
+  EXPECT_TRUE(at::equal(before, Flat(t)));
+  EXPECT_EQ(t.version(), 0);
 }
 
 TEST(PolicyTrainerTest, OffPolicyOptionsRefuseBatchesThatLackWhatTheyNeed) {
