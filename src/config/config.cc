@@ -1426,8 +1426,10 @@ std::string DumpJobConfig(const JobConfig& cfg) {
       out += std::string(2 * i, ' ') + parts[i] + ":\n";
     }
     open = parts;
+    // A choice lists its values (for the algorithm keys, the registry's names).
+    const std::vector<std::string> choices = ChoicesOf(f);
     out += std::string(2 * parts.size(), ' ') + leaf + ": " + ValueText(f, cfg, true) + "  # " +
-           f.doc + "\n";
+           f.doc + (choices.empty() ? "" : " (one of: " + JoinChoices(choices) + ")") + "\n";
   }
   return out;
 }

@@ -444,6 +444,12 @@ TEST(ConfigDump, DefaultDumpRoundTripsAndReadsNaturally) {
   EXPECT_NE(dump.find("\n  name: \"gyre-job\"  # "), std::string::npos) << dump;
   EXPECT_NE(dump.find("\nrollout:\n"), std::string::npos) << dump;
   EXPECT_NE(dump.find("\n  sampling:\n    temperature: 1.0  # "), std::string::npos) << dump;
+  // Choices list their values; the algorithm keys' come from the registry.
+  EXPECT_NE(dump.find("\n  policy_loss: \"ppo\"  # policy term of the loss: PPO clip, GSPO, "
+                      "CISPO or SAO masking (one of: ppo, gspo, cispo, sao)\n"),
+            std::string::npos)
+      << dump;
+  EXPECT_NE(dump.find("(one of: uniform, pilot, variance, greso)"), std::string::npos) << dump;
 }
 
 TEST(ConfigDump, EditedConfigRoundTripsExactly) {
