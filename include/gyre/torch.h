@@ -1,6 +1,7 @@
 #pragma once
 // gyre_torch: for programs that train with libtorch (docs/embedding.md). Link the CMake target
-// gyre_torch (it brings libtorch).
+// gyre_torch (it brings libtorch). Two things: Gyre's policy loss as an autograd-ready tensor
+// (PolicyLoss below), and policy losses of your own registered by name for Gyre's trainer.
 //
 // A policy loss of your own, written with torch ops and differentiated by autograd, registered
 // by name before the job starts (and, in a program that serves as its own worker binary, before
@@ -19,6 +20,7 @@
 #include <functional>
 #include <string>
 
+#include "gyre/algorithms.h"
 #include "gyre/status.h"
 
 namespace gyre {
@@ -44,5 +46,20 @@ using TokenLossFn = std::function<at::Tensor(const TokenLossInputs&)>;
 // for listings. The name must be new (not a built-in: ppo, gspo, cispo, sao), lower case
 // letters, digits and '_'. Errors name what to fix.
 Status RegisterPolicyLoss(const std::string& name, const std::string& formula, TokenLossFn fn);
+
+// Gyre's policy loss on tensors, autograd-ready: `loss` is a scalar whose value is the loss
+// and whose gradient with respect to logp is the kernel's exact d loss / d logp (CUDA tensors
+// go to the CUDA kernel, CPU tensors to the reference), so loss.backward() trains a libtorch
+// model like Gyre's trainer does. All tensors float32 [sequences, tokens]; logp_rollout and
+// logp_ref only when the options' correction / kl need them (else undefined).
+struct TensorPolicyLoss {
+  at::Tensor loss;
+  PolicyLossValue value;  // the statistics (clip fraction, KL, ...)
+};
+StatusOr<TensorPolicyLoss> PolicyLoss(const at::Tensor& logp, const at::Tensor& logp_old,
+                                      const at::Tensor& advantages, const at::Tensor& mask,
+                                      const PolicyLossOptions& options,
+                                      const at::Tensor& logp_rollout = at::Tensor(),
+                                      const at::Tensor& logp_ref = at::Tensor());
 
 }  // namespace gyre

@@ -1,6 +1,7 @@
 // include/gyre/algorithms.h over the registry and the CPU references.
 #include <cmath>
 
+#include "algorithm/loss_options.h"
 #include "algorithm/registry.h"
 #include "gyre/algorithms.h"
 #include "kernels/reference/policy_loss_ref.h"
@@ -36,18 +37,7 @@ Status UnknownName(const char* what, const std::string& name, const std::string&
 
 StatusOr<PolicyLossValue> PolicyLoss(const PolicyLossArrays& a, const PolicyLossOptions& o,
                                      float* grad_logp) {
-  kernels::PolicyLossParams p;
-  if (!kernels::ParsePolicyLossKind(o.loss, &p.kind)) {
-    return UnknownName("PolicyLoss: loss", o.loss, "algorithm.policy_loss");
-  }
-  if (!kernels::ParseLossAgg(o.aggregation, &p.agg)) {
-    return UnknownName("PolicyLoss: aggregation", o.aggregation, "algorithm.loss_agg");
-  }
-  if (!kernels::ParseCorrection(o.correction, &p.correction)) {
-    return UnknownName("PolicyLoss: correction", o.correction, "algorithm.correction");
-  }
-  if (!kernels::ParseKlKind(o.kl, &p.kl))
-    return UnknownName("PolicyLoss: kl", o.kl, "algorithm.kl");
+  GYRE_ASSIGN_OR_RETURN(kernels::PolicyLossParams p, algorithm::ToKernelParams(o));
   if (a.sequences < 0 || a.tokens_per_sequence < 0) {
     return InvalidArgument("PolicyLoss: negative sequences or tokens_per_sequence");
   }
@@ -62,17 +52,6 @@ StatusOr<PolicyLossValue> PolicyLoss(const PolicyLossArrays& a, const PolicyLoss
   if (any && p.kl != kernels::KlKind::kNone && a.logp_ref == nullptr) {
     return InvalidArgument("PolicyLoss: kl '" + o.kl + "' needs logp_ref");
   }
-  p.clip_eps_low = o.clip_eps_low;
-  p.clip_eps_high = o.clip_eps_high;
-  p.dual_clip_c = o.dual_clip_c;
-  p.tis_cap = o.tis_cap;
-  p.icepop_low = o.icepop_low;
-  p.icepop_high = o.icepop_high;
-  p.m2po_threshold = o.m2po_threshold;
-  p.kl_coef = o.kl_coef;
-  p.norm_max_len = o.norm_length;
-  p.global_tokens = o.global_tokens;
-  p.global_seqs = o.global_sequences;
   kernels::PolicyLossInputs in;
   in.S = a.sequences;
   in.T = a.tokens_per_sequence;
@@ -93,6 +72,37 @@ StatusOr<PolicyLossValue> PolicyLoss(const PolicyLossArrays& a, const PolicyLoss
   v.tokens = s.tokens;
   return v;
 }
+
+namespace algorithm {
+
+StatusOr<kernels::PolicyLossParams> ToKernelParams(const PolicyLossOptions& o) {
+  kernels::PolicyLossParams p;
+  if (!kernels::ParsePolicyLossKind(o.loss, &p.kind)) {
+    return UnknownName("PolicyLoss: loss", o.loss, "algorithm.policy_loss");
+  }
+  if (!kernels::ParseLossAgg(o.aggregation, &p.agg)) {
+    return UnknownName("PolicyLoss: aggregation", o.aggregation, "algorithm.loss_agg");
+  }
+  if (!kernels::ParseCorrection(o.correction, &p.correction)) {
+    return UnknownName("PolicyLoss: correction", o.correction, "algorithm.correction");
+  }
+  if (!kernels::ParseKlKind(o.kl, &p.kl))
+    return UnknownName("PolicyLoss: kl", o.kl, "algorithm.kl");
+  p.clip_eps_low = o.clip_eps_low;
+  p.clip_eps_high = o.clip_eps_high;
+  p.dual_clip_c = o.dual_clip_c;
+  p.tis_cap = o.tis_cap;
+  p.icepop_low = o.icepop_low;
+  p.icepop_high = o.icepop_high;
+  p.m2po_threshold = o.m2po_threshold;
+  p.kl_coef = o.kl_coef;
+  p.norm_max_len = o.norm_length;
+  p.global_tokens = o.global_tokens;
+  p.global_seqs = o.global_sequences;
+  return p;
+}
+
+}  // namespace algorithm
 
 StatusOr<double> KlEstimate(const std::string& estimator, double logp, double logp_ref,
                             double* grad) {

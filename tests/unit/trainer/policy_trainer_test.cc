@@ -534,6 +534,48 @@ TEST(PolicyTrainerTest, ARegisteredTorchLossMatchesTheBuiltInOneThroughAutograd)
   EXPECT_EQ(t.version(), 0);
 }
 
+// include/gyre/torch.h's PolicyLoss: a scalar with the kernel's value and, through autograd,
+// the kernel's gradient; the same numbers as the plain-array API.
+TEST(TorchApiTest, PolicyLossTensorHasTheKernelsValueAndGradient) {
+  const std::vector<float> lp = {-1.2f, -0.4f, -2.0f, -0.9f, -1.5f, -0.3f};
+  const std::vector<float> old = {-1.0f, -0.9f, -1.9f, -1.0f, -1.0f, -0.3f};
+  const std::vector<float> adv = {1.0f, 1.0f, 1.0f, -2.0f, -2.0f, -2.0f};
+  const std::vector<float> mask = {1, 1, 1, 1, 1, 0};
+  auto t = [](const std::vector<float>& v) { return at::tensor(v).view({2, 3}); };
+  for (const char* loss : {"ppo", "gspo", "cispo", "sao"}) {
+    gyre::PolicyLossOptions o;
+    o.loss = loss;
+    o.aggregation = "seq-mean-token-mean";
+    at::Tensor logp = t(lp).requires_grad_(true);
+    auto r = gyre::PolicyLoss(logp, t(old), t(adv), t(mask), o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    r->loss.backward();
+    gyre::PolicyLossArrays a;
+    a.sequences = 2;
+    a.tokens_per_sequence = 3;
+    a.logp = lp.data();
+    a.logp_old = old.data();
+    a.advantages = adv.data();
+    a.mask = mask.data();
+    std::vector<float> grad(6);
+    auto want = gyre::PolicyLoss(a, o, grad.data());
+    ASSERT_TRUE(want.ok());
+    EXPECT_NEAR(r->loss.item<double>(), want->loss, 1e-6) << loss;
+    EXPECT_EQ(r->value.clip_fraction, want->clip_fraction) << loss;
+    for (int i = 0; i < 6; ++i) {
+      EXPECT_NEAR(logp.grad().view(-1)[i].item<float>(), grad[i], 1e-7) << loss << " " << i;
+    }
+  }
+  gyre::PolicyLossOptions o;
+  o.kl = "k3";
+  auto no_ref = gyre::PolicyLoss(t(lp), t(old), t(adv), t(mask), o);
+  EXPECT_FALSE(no_ref.ok());
+  o.kl = "k9";
+  auto bad = gyre::PolicyLoss(t(lp), t(old), t(adv), t(mask), o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'k9' is not one of none, k1, k2, k3"), std::string::npos);
+}
+
 TEST(PolicyTrainerTest, OffPolicyOptionsRefuseBatchesThatLackWhatTheyNeed) {
   PolicyTrainer t(model::Transformer::Create(Spec(), 6, 0.1), 5e-2, 0, 0.9, 0.999);
   const at::Tensor before = Flat(t);
