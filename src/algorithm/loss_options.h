@@ -1,6 +1,6 @@
 #pragma once
 // gyre::PolicyLossOptions (include/gyre/algorithms.h) as the kernels' parameters, shared by the
-// plain-array API and the torch wrapper (include/gyre/torch.h).
+// plain-array API and the torch wrapper (include_torch/gyre/torch.h).
 
 #include "gyre/algorithms.h"
 #include "kernels/reference/policy_loss_ref.h"

@@ -61,7 +61,7 @@ Status RegisterAdvantageEstimator(AlgorithmInfo info, AdvantageFn fn);
 
 // Adds a user algorithm's name to `info.family` (not kAdvantage: RegisterAdvantageEstimator has
 // the function too) for a family whose implementation lives elsewhere, such as a policy loss
-// registered through include/gyre/torch.h. Same name rules and errors as
+// registered through include_torch/gyre/torch.h. Same name rules and errors as
 // RegisterAdvantageEstimator.
 Status RegisterAlgorithmName(AlgorithmInfo info);
 

@@ -83,7 +83,7 @@ struct TrainOptions {
   // Entropy bonus (policy gradient): the loss subtracts entropy_coef times the token entropy of
   // the policy at `temperature`, aggregated with loss.agg's weights. 0 = off (no extra graph).
   double entropy_coef = 0.0;
-  // A policy loss registered through include/gyre/torch.h (RegisterPolicyLoss), by name, in
+  // A policy loss registered through include_torch/gyre/torch.h (RegisterPolicyLoss), by name, in
   // place of loss.kind's term: its per-token loss is aggregated with loss.agg's weights and
   // differentiated by autograd. Empty = loss.kind.
   std::string user_loss;

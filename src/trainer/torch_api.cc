@@ -1,4 +1,4 @@
-// include/gyre/torch.h's PolicyLoss: the kernel's value and gradient as an autograd surrogate.
+// <gyre/torch.h>'s PolicyLoss: the kernel's value and gradient as an autograd surrogate.
 #include <ATen/ATen.h>
 
 #include "algorithm/loss_options.h"

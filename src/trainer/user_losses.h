@@ -1,5 +1,5 @@
 #pragma once
-// The policy losses an embedding program registered (include/gyre/torch.h), by name.
+// The policy losses an embedding program registered (include_torch/gyre/torch.h), by name.
 //
 // Thread contract: registration at start-up; lookups from any thread afterwards.
 

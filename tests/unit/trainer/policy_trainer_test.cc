@@ -474,7 +474,7 @@ TEST(PolicyTrainerTest, SequenceKlSumsTheEstimatorOverEachSamplesMaskedTokens) {
   EXPECT_FALSE(t.SequenceKl(batch, kernels::KlKind::kNone, 1.0, 4).ok());
 }
 
-// A policy loss written with torch ops and registered by name (include/gyre/torch.h) trains
+// A policy loss written with torch ops and registered by name (include_torch/gyre/torch.h) trains
 // through autograd: PPO's clipped term written that way gives the built-in kernel's update.
 TEST(PolicyTrainerTest, ARegisteredTorchLossMatchesTheBuiltInOneThroughAutograd) {
   const Status registered = gyre::RegisterPolicyLoss(
@@ -534,7 +534,7 @@ TEST(PolicyTrainerTest, ARegisteredTorchLossMatchesTheBuiltInOneThroughAutograd)
   EXPECT_EQ(t.version(), 0);
 }
 
-// include/gyre/torch.h's PolicyLoss: a scalar with the kernel's value and, through autograd,
+// include_torch/gyre/torch.h's PolicyLoss: a scalar with the kernel's value and, through autograd,
 // the kernel's gradient; the same numbers as the plain-array API.
 TEST(TorchApiTest, PolicyLossTensorHasTheKernelsValueAndGradient) {
   const std::vector<float> lp = {-1.2f, -0.4f, -2.0f, -0.9f, -1.5f, -0.3f};
