@@ -11,51 +11,58 @@ namespace {
 constexpr double kLogRatioClamp = 20.0;
 constexpr double kK3Clamp = 10.0;
 
-struct AggName {
-  LossAgg agg;
+// A name table: each enum value and the name the config spells it with.
+template <typename E>
+struct Named {
+  E value;
   const char* name;
 };
 
-constexpr AggName kAggNames[] = {
+constexpr Named<LossAgg> kAggNames[] = {
     {LossAgg::kTokenMean, "token-mean"},
     {LossAgg::kSeqMeanTokenSum, "seq-mean-token-sum"},
     {LossAgg::kSeqMeanTokenMean, "seq-mean-token-mean"},
     {LossAgg::kSeqMeanTokenSumNorm, "seq-mean-token-sum-norm"},
 };
 
-struct KlName {
-  KlKind kl;
-  const char* name;
-};
-
-constexpr KlName kKlNames[] = {
+constexpr Named<KlKind> kKlNames[] = {
     {KlKind::kNone, "none"},
     {KlKind::kK1, "k1"},
     {KlKind::kK2, "k2"},
     {KlKind::kK3, "k3"},
 };
 
-struct LossKindName {
-  PolicyLossKind kind;
-  const char* name;
-};
-
-constexpr LossKindName kLossKindNames[] = {
+constexpr Named<PolicyLossKind> kLossKindNames[] = {
     {PolicyLossKind::kPpo, "ppo"},
     {PolicyLossKind::kGspo, "gspo"},
     {PolicyLossKind::kCispo, "cispo"},
     {PolicyLossKind::kSao, "sao"},
 };
 
-struct CorrectionEntry {
-  Correction correction;
-  const char* name;
-};
-
-constexpr CorrectionEntry kCorrectionNames[] = {
+constexpr Named<Correction> kCorrectionNames[] = {
     {Correction::kNone, "none"},     {Correction::kTis, "tis"},   {Correction::kSeqTis, "seq-tis"},
     {Correction::kIcePop, "icepop"}, {Correction::kM2po, "m2po"},
 };
+
+// Sets *out to `name`'s value in `table`; false (and *out unchanged) for an unknown name.
+template <typename E, size_t N>
+bool ParseNamed(const Named<E> (&table)[N], const std::string& name, E* out) {
+  for (const Named<E>& entry : table) {
+    if (name == entry.name) {
+      *out = entry.value;
+      return true;
+    }
+  }
+  return false;
+}
+
+template <typename E, size_t N>
+const char* NameOf(const Named<E> (&table)[N], E value) {
+  for (const Named<E>& entry : table) {
+    if (entry.value == value) return entry.name;
+  }
+  return "unknown";
+}
 
 // One token's policy term and its derivative with respect to logp.
 struct PgTerm {
@@ -161,72 +168,22 @@ double BehaviourWeight(const PolicyLossParams& p, double d, double seq_d) {
 }  // namespace
 
 bool ParseLossAgg(const std::string& name, LossAgg* agg) {
-  for (const AggName& entry : kAggNames) {
-    if (name == entry.name) {
-      *agg = entry.agg;
-      return true;
-    }
-  }
-  return false;
+  return ParseNamed(kAggNames, name, agg);
 }
-
-const char* LossAggName(LossAgg agg) {
-  for (const AggName& entry : kAggNames) {
-    if (entry.agg == agg) return entry.name;
-  }
-  return "unknown";
-}
+const char* LossAggName(LossAgg agg) { return NameOf(kAggNames, agg); }
 
 bool ParsePolicyLossKind(const std::string& name, PolicyLossKind* kind) {
-  for (const LossKindName& entry : kLossKindNames) {
-    if (name == entry.name) {
-      *kind = entry.kind;
-      return true;
-    }
-  }
-  return false;
+  return ParseNamed(kLossKindNames, name, kind);
 }
+const char* PolicyLossKindName(PolicyLossKind kind) { return NameOf(kLossKindNames, kind); }
 
-const char* PolicyLossKindName(PolicyLossKind kind) {
-  for (const LossKindName& entry : kLossKindNames) {
-    if (entry.kind == kind) return entry.name;
-  }
-  return "unknown";
-}
-
-bool ParseKlKind(const std::string& name, KlKind* kl) {
-  for (const KlName& entry : kKlNames) {
-    if (name == entry.name) {
-      *kl = entry.kl;
-      return true;
-    }
-  }
-  return false;
-}
+bool ParseKlKind(const std::string& name, KlKind* kl) { return ParseNamed(kKlNames, name, kl); }
+const char* KlKindName(KlKind kl) { return NameOf(kKlNames, kl); }
 
 bool ParseCorrection(const std::string& name, Correction* c) {
-  for (const CorrectionEntry& entry : kCorrectionNames) {
-    if (name == entry.name) {
-      *c = entry.correction;
-      return true;
-    }
-  }
-  return false;
+  return ParseNamed(kCorrectionNames, name, c);
 }
-
-const char* CorrectionName(Correction c) {
-  for (const CorrectionEntry& entry : kCorrectionNames) {
-    if (entry.correction == c) return entry.name;
-  }
-  return "unknown";
-}
-
-const char* KlKindName(KlKind kl) {
-  for (const KlName& entry : kKlNames) {
-    if (entry.kl == kl) return entry.name;
-  }
-  return "unknown";
-}
+const char* CorrectionName(Correction c) { return NameOf(kCorrectionNames, c); }
 
 PolicyLossStats PolicyLossRef(const PolicyLossInputs& in, const PolicyLossParams& p,
                               float* grad_logp) {
