@@ -319,8 +319,9 @@ Status JobRunner::GrpoStep(int step) {
         partial ? scheduler_->GeneratePartial(&jobs, want - usable, sampling, version_, &gen, &sink)
                 : scheduler_->GenerateAll(jobs, sampling, version_, &gen, &sink));
     gen_s += SecondsSince(tg);
-    if (!partial) {
+    if (!partial && cfg_.rollout.budget.policy != "uniform") {
       // rollout.budget: a second round tops groups up; the policy sees every group's rewards.
+      // (uniform neither tops up nor observes: its step stays as it was.)
       GYRE_RETURN_IF_ERROR(TopUpRound(step, sampling, sink, &jobs, &samples, &gen, &gen_s));
     }
     samples_generated += static_cast<int64_t>(samples.size());
@@ -460,13 +461,14 @@ Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* s
                   scores->filtered_groups, rounds);
     extra["useful_groups"] = 0;
   } else {
+    // Log-probs are taken at the sampling temperature (greedy sampling: 1).
+    const double temperature =
+        cfg_.rollout.sampling.temperature > 0 ? cfg_.rollout.sampling.temperature : 1.0;
     if (cfg_.algorithm.kl_in == "reward") {
       // docs/algorithms.md, "KL to the reference policy": each kept sample's reward loses
       // kl_coef times its KL to the reference, before the advantages.
-      const double temperature = cfg_.rollout.sampling.temperature;
-      GYRE_ASSIGN_OR_RETURN(
-          std::vector<double> kl,
-          trainers_->SequenceKl(kept, version_, temperature > 0 ? temperature : 1.0));
+      GYRE_ASSIGN_OR_RETURN(std::vector<double> kl,
+                            trainers_->SequenceKl(kept, version_, temperature));
       double sum = 0;
       for (size_t i = 0; i < kept.size(); ++i) {
         const auto shaped = static_cast<float>(scores->rewards[i] - cfg_.algorithm.kl_coef * kl[i]);
@@ -491,10 +493,9 @@ Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* s
     const auto tt = SteadyClock::now();
     // The first GRPO step after a warm-up may start from a fresh optimizer state. Decided by the
     // step number alone, so a job resumed from the checkpoint after the warm-up does the same.
-    const double temperature = cfg_.rollout.sampling.temperature;
     TrainOptions pg;
     pg.lr = algorithm::LearningRate(cfg_.trainer, step);
-    pg.temperature = temperature > 0 ? temperature : 1.0;
+    pg.temperature = temperature;
     pg.reset_optimizer = step == 1 && cfg_.trainer.warmup_sft_steps > 0 &&
                          cfg_.trainer.warmup_optimizer_state == "reset";
     GYRE_ASSIGN_OR_RETURN(rec.train, Train(kept, pg));
