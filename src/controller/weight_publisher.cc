@@ -26,8 +26,28 @@ std::string ReceiptMismatch(const v1::WeightReceipt& receipt, int64_t version,
   return match ? "" : "receipt for v" + std::to_string(version) + " does not match";
 }
 
-WeightPublisher::WeightPublisher(const JobConfig& cfg, WorkerPool* pool, std::string store_address)
-    : cfg_(cfg), pool_(pool), store_address_(std::move(store_address)) {}
+WeightPublisher::WeightPublisher(const JobConfig& cfg, WorkerPool* pool, std::string store_address,
+                                 LocalWeightSource local)
+    : cfg_(cfg), pool_(pool), store_address_(std::move(store_address)), local_(std::move(local)) {}
+
+Status WeightPublisher::SendFromSource(const v1::PublishWeightsRequest& req, double timeout_s,
+                                       v1::PublishWeightsResponse* resp) {
+  const std::string what = "publish weights v" + std::to_string(req.version());
+  if (local_.send) return local_.send(req, resp).WithContext(what);
+  Worker* t = trainer();
+  return pool_->Invoke(t->id, timeout_s, [&](const rpc::Call& c) {
+    return t->trainer->PublishWeights(c, req, resp).WithContext(what);
+  });
+}
+
+Status WeightPublisher::SettleSource(const Status& s) {
+  if (local_.send) return s;
+  return pool_->AfterRpcFailure(trainer(), s);
+}
+
+std::string WeightPublisher::SourceHost() {
+  return local_.send ? local_.host : HostOf(trainer()->address);
+}
 
 Status WeightPublisher::Publish(int64_t version) {
   return PublishTo(version, pool_->AliveRollouts());
@@ -40,6 +60,7 @@ Status WeightPublisher::CatchUp(Worker* w, int64_t version) {
 
 Status WeightPublisher::PublishTo(int64_t version, const std::vector<Worker*>& rollouts) {
   const auto t0 = SteadyClock::now();
+  last_outcomes_.clear();
   Status s;
   if (!store_address_.empty()) {
     s = PublishGroups(version, rollouts);
@@ -58,6 +79,9 @@ Status WeightPublisher::PublishTo(int64_t version, const std::vector<Worker*>& r
 Status WeightPublisher::Settle(Worker* w, int64_t version, const std::string& error,
                                const v1::WeightReceipt& receipt,
                                const google::protobuf::RepeatedField<uint32_t>& sent) {
+  Outcome& outcome = last_outcomes_[w->id];
+  outcome.receipt = receipt;
+  outcome.error = !error.empty() ? error : ReceiptMismatch(receipt, version, sent);
   if (!error.empty()) {
     // A worker that died mid-transfer is reported by the monitor (with its pid and signal); one
     // that is alive but failed the transfer is stopped and dropped.
@@ -89,12 +113,8 @@ Status WeightPublisher::PublishGrpc(int64_t version, const std::vector<Worker*>&
     req.add_rollout_ids(rollouts[i]->id);
   }
   v1::PublishWeightsResponse resp;
-  Worker* t = trainer();
-  GYRE_RETURN_IF_ERROR(pool_->AfterRpcFailure(
-      t, pool_->Invoke(t->id, cfg_.cluster.weight_sync_timeout_s + 10, [&](const rpc::Call& c) {
-        return t->trainer->PublishWeights(c, req, &resp)
-            .WithContext("publish weights v" + std::to_string(version));
-      })));
+  GYRE_RETURN_IF_ERROR(
+      SettleSource(SendFromSource(req, cfg_.cluster.weight_sync_timeout_s + 10, &resp)));
   std::vector<Worker*> holders;
   google::protobuf::RepeatedField<uint32_t> sent;  // the trainer's checksums of this version
   for (const auto& r : resp.results()) {
@@ -225,12 +245,7 @@ Status WeightPublisher::PublishCudaIpc(int64_t version, const std::vector<Worker
   req.set_bucket_bytes(cfg_.cluster.weight_bucket_bytes);
   req.set_transport("cuda_ipc");
   v1::PublishWeightsResponse resp;
-  Worker* t = trainer();
-  GYRE_RETURN_IF_ERROR(
-      pool_->AfterRpcFailure(t, pool_->Invoke(t->id, timeout + 10, [&](const rpc::Call& c) {
-        return t->trainer->PublishWeights(c, req, &resp)
-            .WithContext("publish weights v" + std::to_string(version));
-      })));
+  GYRE_RETURN_IF_ERROR(SettleSource(SendFromSource(req, timeout + 10, &resp)));
   // 2. Every rollout worker copies it device-to-device, concurrently, and checks each bucket.
   v1::ReceiveWeightsRequest base;
   base.set_transport("cuda_ipc");
@@ -264,14 +279,13 @@ Status WeightPublisher::PublishCudaIpc(int64_t version, const std::vector<Worker
 Status WeightPublisher::PublishGroups(int64_t version, const std::vector<Worker*>& rollouts) {
   const double timeout = cfg_.cluster.weight_sync_timeout_s;
   const std::string transport = cfg_.cluster.weight_transport;
-  Worker* t = trainer();
   v1::PublishWeightsRequest req;
   req.set_version(version);
   req.set_timeout_s(timeout);
   req.set_bucket_bytes(cfg_.cluster.weight_bucket_bytes);
   req.set_transport(transport);
   req.set_store_address(store_address_);
-  req.set_bind_host(HostOf(t->address));
+  req.set_bind_host(SourceHost());
   // Each rollout worker is asked to receive at the same time as the trainer publishes.
   std::vector<v1::ReceiveWeightsRequest> receive(rollouts.size());
   for (size_t i = 0; i < rollouts.size(); ++i) {
@@ -300,16 +314,13 @@ Status WeightPublisher::PublishGroups(int64_t version, const std::vector<Worker*
         }));
   }
   v1::PublishWeightsResponse resp;
-  Status trainer_status = pool_->Invoke(t->id, timeout + 10, [&](const rpc::Call& c) {
-    return t->trainer->PublishWeights(c, req, &resp)
-        .WithContext("publish weights v" + std::to_string(version));
-  });
-  if (!trainer_status.ok()) {
+  const Status source_status = SendFromSource(req, timeout + 10, &resp);
+  if (!source_status.ok()) {
     for (auto& c : cancels) c->Cancel();
   }
   std::vector<Status> results;
   for (auto& f : pending) results.push_back(f.get());
-  GYRE_RETURN_IF_ERROR(pool_->AfterRpcFailure(t, trainer_status));
+  GYRE_RETURN_IF_ERROR(SettleSource(source_status));
   std::map<std::string, const v1::PublishResult*> sent;
   for (const auto& pr : resp.results()) sent[pr.rollout_id()] = &pr;
   static const google::protobuf::RepeatedField<uint32_t> kNothingSent;

@@ -16,6 +16,8 @@
 // Threads: job thread only. Its calls fan out to helper threads that it joins before returning.
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,11 +25,21 @@
 
 namespace gyre::controller {
 
+// Where a version comes from when it is not trainer-0 (an embedding program's RolloutFleet
+// sends its own weights): `send` answers a publish request in this process, as the trainer's
+// PublishWeights RPC would (comm::WeightSender), and `host` is the address its gloo device binds.
+struct LocalWeightSource {
+  std::function<Status(const v1::PublishWeightsRequest&, v1::PublishWeightsResponse*)> send;
+  std::string host = "127.0.0.1";
+};
+
 class WeightPublisher {
  public:
   // `pool` (not owned) must outlive the publisher. `store_address` is the rendezvous store of
-  // the gloo and nccl transports ("" for the others).
-  WeightPublisher(const JobConfig& cfg, WorkerPool* pool, std::string store_address);
+  // the gloo and nccl transports ("" for the others). Without `local.send` the versions come
+  // from trainer-0.
+  WeightPublisher(const JobConfig& cfg, WorkerPool* pool, std::string store_address,
+                  LocalWeightSource local = LocalWeightSource());
 
   // Publishes `version` to every alive rollout worker. Sets each one's Worker::version on a
   // matching receipt. Error = the job must end.
@@ -38,6 +50,14 @@ class WeightPublisher {
 
   // Seconds the last Publish or CatchUp took.
   double last_seconds() const { return last_seconds_; }
+
+  // What each worker of the last Publish or CatchUp answered: its receipt, and why it does not
+  // hold the version ("" when it does). Workers the call never reached are absent.
+  struct Outcome {
+    v1::WeightReceipt receipt;
+    std::string error;
+  };
+  const std::map<std::string, Outcome>& last_outcomes() const { return last_outcomes_; }
 
  private:
   Status PublishTo(int64_t version, const std::vector<Worker*>& rollouts);
@@ -55,15 +75,23 @@ class WeightPublisher {
                 const google::protobuf::RepeatedField<uint32_t>& sent);
   std::string WeightGroup(const Worker& w) const;
   Worker* trainer() { return pool_->Trainers().front(); }
+  // The source's side of a publish: trainer-0's PublishWeights RPC, or local_.send.
+  Status SendFromSource(const v1::PublishWeightsRequest& req, double timeout_s,
+                        v1::PublishWeightsResponse* resp);
+  // The error handling of a failed SendFromSource (a trainer's death is named by the monitor).
+  Status SettleSource(const Status& s);
+  std::string SourceHost();
 
   const JobConfig cfg_;
   WorkerPool* pool_;
   const std::string store_address_;
+  const LocalWeightSource local_;
   // Gloo weight groups are named with this epoch; a catch-up publish starts a new one, so that
   // the next full publish forms fresh groups with every worker (the trainer keeps only the
   // groups a publish names).
   int weight_epoch_ = 0;
   double last_seconds_ = 0;
+  std::map<std::string, Outcome> last_outcomes_;  // by worker id
   int last_relay_rounds_ = 0;
 
  public:

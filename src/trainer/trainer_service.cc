@@ -5,9 +5,6 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
-#include "comm/cuda_ipc.h"
-#include "comm/gloo_communicator.h"
-#include "comm/nccl_communicator.h"
 #include "comm/weight_broadcast.h"
 #include "comm/weight_sync.h"
 #include "common/file_util.h"
@@ -182,18 +179,8 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
                                             const v1::PublishWeightsRequest* req,
                                             v1::PublishWeightsResponse* resp) {
   return rpc::Guarded("PublishWeights", [&]() -> grpc::Status {
-    if (req->rollout_addresses_size() != req->rollout_ids_size()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "rollout_addresses and rollout_ids differ in length");
-    }
-    const std::string transport = req->transport().empty() ? "grpc" : req->transport();
-    if (transport != "grpc" && transport != "gloo" && transport != "nccl" &&
-        transport != "cuda_ipc") {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "unknown weight transport '" + transport + "'");
-    }
-    const int64_t bucket = req->bucket_bytes() > 0 ? req->bucket_bytes() : (4 << 20);
-    const double timeout = req->timeout_s() > 0 ? req->timeout_s() : 60.0;
+    auto transport = comm::WeightSender::Transport(*req);
+    if (!transport.ok()) return rpc::ToGrpc(transport.status());
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (req->version() != trainer_.version()) {
@@ -202,42 +189,25 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
                                 ", trainer holds " + std::to_string(trainer_.version()));
       }
     }
-    if (transport == "nccl" || transport == "cuda_ipc") {
-      std::lock_guard<std::mutex> wlock(weights_mu_);
-      const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> wlock(weights_mu_);
+    Status s;
+    if (*transport == "nccl" || *transport == "cuda_ipc") {
       comm::DevicePayload payload;
-      Status s = FlattenToDevice(timeout, &payload);
-      if (!s.ok()) return rpc::ToGrpc(s.WithContext("publish weights over " + transport));
-      if (transport == "nccl") {
-        return PublishToGroups(*req, nullptr, &payload, bucket, timeout, resp);
+      s = FlattenToDevice(comm::WeightSender::TimeoutSeconds(*req), &payload);
+      if (s.ok()) s = sender_.PublishDevice(*req, payload, resp);
+    } else {
+      comm::WeightPayload payload;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        payload.version = trainer_.version();
+        payload.bytes =
+            model::FlattenParameters(trainer_.model().NamedParameters(), &payload.manifest);
       }
-      // cuda_ipc: the receivers copy from the buffer; the controller checks their receipts
-      // against these checksums.
-      auto crcs = comm::DeviceBucketCrc32(payload.data, payload.bytes, bucket, payload.device,
-                                          comm::DeadlineAfter(timeout));
-      if (!crcs.ok())
-        return rpc::ToGrpc(crcs.status().WithContext("publish weights over cuda_ipc"));
-      resp->set_ipc_handle(ipc_handle_);
-      resp->set_total_bytes(payload.bytes);
-      resp->set_bucket_bytes(bucket);
-      for (uint32_t c : *crcs) resp->add_bucket_crc32(c);
-      comm::ManifestToProto(payload.manifest, resp->mutable_manifest());
-      resp->set_seconds(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      return grpc::Status::OK;
+      s = sender_.PublishHost(*req, payload, resp);
     }
-    comm::WeightPayload payload;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      payload.version = trainer_.version();
-      payload.bytes =
-          model::FlattenParameters(trainer_.model().NamedParameters(), &payload.manifest);
-    }
-    if (transport == "gloo") {
-      std::lock_guard<std::mutex> wlock(weights_mu_);
-      return PublishToGroups(*req, &payload, nullptr, bucket, timeout, resp);
-    }
-    comm::SendToEach(payload, req->rollout_addresses(), req->rollout_ids(), bucket, timeout, resp);
+    if (!s.ok()) return rpc::ToGrpc(s.WithContext("publish weights over " + *transport));
+    resp->set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return grpc::Status::OK;
   });
 }
@@ -253,107 +223,10 @@ Status TrainerService::FlattenToDevice(double timeout, comm::DevicePayload* payl
   payload->version = trainer_.version();
   payload->manifest = model::ParameterManifest(params, &payload->bytes);
   payload->device = device.index();
-  bool reallocated = false;
-  GYRE_RETURN_IF_ERROR(
-      comm::EnsureDeviceBuffer(payload->bytes, payload->device, &device_buffer_, &reallocated));
-  if (reallocated || ipc_handle_.empty()) {
-    GYRE_ASSIGN_OR_RETURN(ipc_handle_, comm::ExportCudaIpcHandle(device_buffer_->data()));
-  }
-  payload->data = device_buffer_->data();
+  GYRE_ASSIGN_OR_RETURN(payload->data, sender_.StagingBuffer(payload->bytes, payload->device));
   GYRE_RETURN_IF_ERROR(model::FlattenParametersInto(params, payload->manifest, payload->data,
                                                     payload->bytes, device));
   return comm::SynchronizeDevice(payload->device, comm::DeadlineAfter(timeout));
-}
-
-grpc::Status TrainerService::PublishToGroups(const v1::PublishWeightsRequest& req,
-                                             const comm::WeightPayload* host_payload,
-                                             const comm::DevicePayload* device_payload,
-                                             int64_t bucket, double timeout,
-                                             v1::PublishWeightsResponse* resp) {
-  const std::string transport = req.transport();
-  if (req.groups_size() != req.rollout_ids_size() || req.store_address().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        transport +
-                            " publish needs a store address and one group per rollout "
-                            "worker");
-  }
-  const comm::Deadline deadline = comm::DeadlineAfter(timeout);
-  const int n = req.groups_size();
-  // Groups not named any more belong to workers that are gone.
-  std::map<std::string, std::unique_ptr<comm::Communicator>> keep;
-  for (int i = 0; i < n; ++i) {
-    auto it = weight_groups_.find(req.groups(i));
-    if (it != weight_groups_.end() && !it->second->aborted())
-      keep[it->first] = std::move(it->second);
-  }
-  weight_groups_ = std::move(keep);
-  // Form the missing groups concurrently: each waits for its rollout worker to join.
-  std::vector<Status> formed(n);
-  std::vector<std::future<StatusOr<std::unique_ptr<comm::Communicator>>>> joining(n);
-  for (int i = 0; i < n; ++i) {
-    if (weight_groups_.count(req.groups(i))) continue;
-    const std::string group = req.groups(i);
-    const std::string store = req.store_address();
-    if (transport == "nccl") {
-      const int device = device_payload->device;
-      joining[i] = std::async(
-          std::launch::async,
-          [group, store, device, timeout]() -> StatusOr<std::unique_ptr<comm::Communicator>> {
-            // The unique id names a bootstrap socket in this process; the worker reads it from
-            // the controller's store.
-            GYRE_ASSIGN_OR_RETURN(std::string id, comm::NewNcclUniqueId());
-            GYRE_RETURN_IF_ERROR(comm::StoreSet(store, group + "/nccl_id", id, timeout));
-            comm::NcclOptions o;
-            o.unique_id = id;
-            o.rank = 0;
-            o.size = 2;
-            o.device = device;
-            o.connect_timeout_s = timeout;
-            return comm::CreateNcclCommunicator(o);
-          });
-      continue;
-    }
-    comm::GlooOptions o;
-    o.store_address = store;
-    o.group = group;
-    o.rank = 0;
-    o.size = 2;
-    if (!req.bind_host().empty()) o.bind_host = req.bind_host();
-    o.connect_timeout_s = timeout;
-    joining[i] = std::async(std::launch::async, [o] { return comm::CreateGlooCommunicator(o); });
-  }
-  std::vector<comm::Communicator*> groups;
-  std::vector<int> index;  // groups[k] serves rollout index[k]
-  for (int i = 0; i < n; ++i) {
-    if (joining[i].valid()) {
-      auto c = joining[i].get();
-      if (!c.ok()) {
-        formed[i] = c.status();
-        continue;
-      }
-      weight_groups_[req.groups(i)] = std::move(*c);
-    }
-    groups.push_back(weight_groups_.at(req.groups(i)).get());
-    index.push_back(i);
-  }
-  auto results = device_payload != nullptr
-                     ? comm::PublishDeviceToEach(groups, *device_payload, bucket, deadline)
-                     : comm::PublishToEach(groups, *host_payload, bucket, deadline);
-  std::vector<const comm::FanoutResult*> by_rollout(n, nullptr);
-  for (size_t k = 0; k < results.size(); ++k) by_rollout[index[k]] = &results[k];
-  for (int i = 0; i < n; ++i) {
-    v1::PublishResult* pr = resp->add_results();
-    pr->set_rollout_id(req.rollout_ids(i));
-    const Status s = by_rollout[i] ? by_rollout[i]->status : formed[i];
-    pr->set_ok(s.ok());
-    if (s.ok()) {
-      for (uint32_t c : by_rollout[i]->result.bucket_crc32) pr->add_sent_crc32(c);
-    } else {
-      pr->set_error(s.ToString());
-      weight_groups_.erase(req.groups(i));
-    }
-  }
-  return grpc::Status::OK;
 }
 
 grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveRequest* req,

@@ -19,6 +19,7 @@
 #include "comm/device_weights.h"
 #include "comm/gloo_communicator.h"
 #include "comm/weight_broadcast.h"
+#include "comm/weight_sender.h"
 #include "comm/weight_sync.h"
 #include "gyre/config.h"
 #include "gyre/v1/gyre.grpc.pb.h"
@@ -55,13 +56,7 @@ class TrainerService final : public v1::Trainer::Service {
   int64_t version() const;
 
  private:
-  // gloo and nccl: one two-member group per rollout worker (this trainer is rank 0), formed on
-  // first use and kept; nccl sends from the device buffer.
-  grpc::Status PublishToGroups(const v1::PublishWeightsRequest& req,
-                               const comm::WeightPayload* host_payload,
-                               const comm::DevicePayload* device_payload, int64_t bucket,
-                               double timeout, v1::PublishWeightsResponse* resp);
-  // nccl and cuda_ipc: the current version in device_buffer_ (under mu_).
+  // nccl and cuda_ipc: the current version into the sender's staging buffer (under mu_).
   Status FlattenToDevice(double timeout, comm::DevicePayload* payload);
 
   JobConfig config_;
@@ -70,14 +65,10 @@ class TrainerService final : public v1::Trainer::Service {
   std::unique_ptr<comm::StoreServer> store_;   // rank 0 of a data-parallel group
   std::unique_ptr<comm::Communicator> group_;  // guarded by mu_
   std::function<void(const std::string&)> on_stop_;
-  // Gloo weight groups by name (this trainer is rank 0 of each), kept between publishes; a group
-  // whose transfer failed is dropped (the controller names a new one to re-sync that worker).
-  std::mutex weights_mu_;  // serialises publishes; guards weight_groups_
-  std::map<std::string, std::unique_ptr<comm::Communicator>> weight_groups_;
-  // nccl and cuda_ipc: the published version on the trainer's GPU, and its CUDA IPC handle
-  // (exported again whenever the buffer is reallocated). Guarded by weights_mu_.
-  std::unique_ptr<comm::DeviceBuffer> device_buffer_;
-  std::string ipc_handle_;
+  // The sending side of publishes: its weight groups and device staging buffer are kept between
+  // versions. weights_mu_ serialises publishes.
+  std::mutex weights_mu_;
+  comm::WeightSender sender_;  // guarded by weights_mu_
 };
 
 }  // namespace gyre::trainer

@@ -1,0 +1,167 @@
+#include "comm/weight_sender.h"
+
+#include <future>
+#include <utility>
+#include <vector>
+
+#include "comm/cuda_ipc.h"
+#include "comm/gloo_communicator.h"
+#include "comm/nccl_communicator.h"
+
+namespace gyre::comm {
+
+StatusOr<std::string> WeightSender::Transport(const v1::PublishWeightsRequest& req) {
+  if (req.rollout_addresses_size() != req.rollout_ids_size()) {
+    return InvalidArgument("rollout_addresses and rollout_ids differ in length");
+  }
+  const std::string transport = req.transport().empty() ? "grpc" : req.transport();
+  if (transport != "grpc" && transport != "gloo" && transport != "nccl" &&
+      transport != "cuda_ipc") {
+    return InvalidArgument("unknown weight transport '" + transport +
+                           "' (grpc, gloo, nccl or cuda_ipc)");
+  }
+  return transport;
+}
+
+int64_t WeightSender::BucketBytes(const v1::PublishWeightsRequest& req) {
+  return req.bucket_bytes() > 0 ? req.bucket_bytes() : (4 << 20);
+}
+
+double WeightSender::TimeoutSeconds(const v1::PublishWeightsRequest& req) {
+  return req.timeout_s() > 0 ? req.timeout_s() : 60.0;
+}
+
+Status WeightSender::PublishHost(const v1::PublishWeightsRequest& req, const WeightPayload& payload,
+                                 v1::PublishWeightsResponse* resp) {
+  GYRE_ASSIGN_OR_RETURN(const std::string transport, Transport(req));
+  if (transport == "gloo") return PublishToGroups(req, &payload, nullptr, resp);
+  if (transport != "grpc") {
+    return InvalidArgument(transport + " sends from device memory, not from a host payload");
+  }
+  SendToEach(payload, req.rollout_addresses(), req.rollout_ids(), BucketBytes(req),
+             TimeoutSeconds(req), resp);
+  return Status::Ok();
+}
+
+Status WeightSender::PublishDevice(const v1::PublishWeightsRequest& req,
+                                   const DevicePayload& payload, v1::PublishWeightsResponse* resp) {
+  GYRE_ASSIGN_OR_RETURN(const std::string transport, Transport(req));
+  if (transport == "nccl") return PublishToGroups(req, nullptr, &payload, resp);
+  if (transport != "cuda_ipc") {
+    return InvalidArgument(transport + " sends from host memory, not from a device payload");
+  }
+  if (staging_ == nullptr || payload.data != staging_->data()) {
+    return FailedPrecondition("a cuda_ipc publish must send from the staging buffer");
+  }
+  // The receivers copy from the buffer; the controller checks their receipts against these.
+  const int64_t bucket = BucketBytes(req);
+  GYRE_ASSIGN_OR_RETURN(auto crcs,
+                        DeviceBucketCrc32(payload.data, payload.bytes, bucket, payload.device,
+                                          DeadlineAfter(TimeoutSeconds(req))));
+  resp->set_ipc_handle(ipc_handle_);
+  resp->set_total_bytes(payload.bytes);
+  resp->set_bucket_bytes(bucket);
+  for (uint32_t c : crcs) resp->add_bucket_crc32(c);
+  ManifestToProto(payload.manifest, resp->mutable_manifest());
+  return Status::Ok();
+}
+
+StatusOr<void*> WeightSender::StagingBuffer(uint64_t bytes, int device) {
+  bool reallocated = false;
+  GYRE_RETURN_IF_ERROR(EnsureDeviceBuffer(bytes, device, &staging_, &reallocated));
+  if (reallocated || ipc_handle_.empty()) {
+    GYRE_ASSIGN_OR_RETURN(ipc_handle_, ExportCudaIpcHandle(staging_->data()));
+  }
+  return staging_->data();
+}
+
+Status WeightSender::PublishToGroups(const v1::PublishWeightsRequest& req,
+                                     const WeightPayload* host_payload,
+                                     const DevicePayload* device_payload,
+                                     v1::PublishWeightsResponse* resp) {
+  const std::string transport = req.transport();
+  if (req.groups_size() != req.rollout_ids_size() || req.store_address().empty()) {
+    return InvalidArgument(transport +
+                           " publish needs a store address and one group per rollout worker");
+  }
+  const double timeout = TimeoutSeconds(req);
+  const Deadline deadline = DeadlineAfter(timeout);
+  const int n = req.groups_size();
+  // Groups not named any more belong to receivers that are gone.
+  std::map<std::string, std::unique_ptr<Communicator>> keep;
+  for (int i = 0; i < n; ++i) {
+    auto it = groups_.find(req.groups(i));
+    if (it != groups_.end() && !it->second->aborted()) keep[it->first] = std::move(it->second);
+  }
+  groups_ = std::move(keep);
+  // Form the missing groups concurrently: each waits for its receiver to join.
+  std::vector<Status> formed(n);
+  std::vector<std::future<StatusOr<std::unique_ptr<Communicator>>>> joining(n);
+  for (int i = 0; i < n; ++i) {
+    if (groups_.count(req.groups(i))) continue;
+    const std::string group = req.groups(i);
+    const std::string store = req.store_address();
+    if (transport == "nccl") {
+      const int device = device_payload->device;
+      joining[i] =
+          std::async(std::launch::async,
+                     [group, store, device, timeout]() -> StatusOr<std::unique_ptr<Communicator>> {
+                       // The unique id names a bootstrap socket in this process; the receiver reads
+                       // it from the controller's store.
+                       GYRE_ASSIGN_OR_RETURN(std::string id, NewNcclUniqueId());
+                       GYRE_RETURN_IF_ERROR(StoreSet(store, group + "/nccl_id", id, timeout));
+                       NcclOptions o;
+                       o.unique_id = id;
+                       o.rank = 0;
+                       o.size = 2;
+                       o.device = device;
+                       o.connect_timeout_s = timeout;
+                       return CreateNcclCommunicator(o);
+                     });
+      continue;
+    }
+    GlooOptions o;
+    o.store_address = store;
+    o.group = group;
+    o.rank = 0;
+    o.size = 2;
+    if (!req.bind_host().empty()) o.bind_host = req.bind_host();
+    o.connect_timeout_s = timeout;
+    joining[i] = std::async(std::launch::async, [o] { return CreateGlooCommunicator(o); });
+  }
+  std::vector<Communicator*> groups;
+  std::vector<int> index;  // groups[k] serves receiver index[k]
+  for (int i = 0; i < n; ++i) {
+    if (joining[i].valid()) {
+      auto c = joining[i].get();
+      if (!c.ok()) {
+        formed[i] = c.status();
+        continue;
+      }
+      groups_[req.groups(i)] = std::move(*c);
+    }
+    groups.push_back(groups_.at(req.groups(i)).get());
+    index.push_back(i);
+  }
+  const int64_t bucket = BucketBytes(req);
+  auto results = device_payload != nullptr
+                     ? PublishDeviceToEach(groups, *device_payload, bucket, deadline)
+                     : PublishToEach(groups, *host_payload, bucket, deadline);
+  std::vector<const FanoutResult*> by_receiver(n, nullptr);
+  for (size_t k = 0; k < results.size(); ++k) by_receiver[index[k]] = &results[k];
+  for (int i = 0; i < n; ++i) {
+    v1::PublishResult* pr = resp->add_results();
+    pr->set_rollout_id(req.rollout_ids(i));
+    const Status s = by_receiver[i] ? by_receiver[i]->status : formed[i];
+    pr->set_ok(s.ok());
+    if (s.ok()) {
+      for (uint32_t c : by_receiver[i]->result.bucket_crc32) pr->add_sent_crc32(c);
+    } else {
+      pr->set_error(s.ToString());
+      groups_.erase(req.groups(i));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace gyre::comm
