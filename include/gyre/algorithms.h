@@ -29,10 +29,12 @@ namespace gyre {
 std::vector<std::string> AlgorithmNames(const std::string& key);
 
 // One advantage per reward. `rewards` holds group_sizes.size() consecutive groups (sizes may
-// differ). InvalidArgument for an unknown estimator, an empty group or sizes that do not add up.
+// differ). `response_lengths` (tokens, one per reward) is needed by opo only. InvalidArgument for
+// an unknown estimator, an empty group, sizes that do not add up, or missing lengths.
 StatusOr<std::vector<float>> GroupAdvantages(const std::string& estimator,
                                              const std::vector<float>& rewards,
-                                             const std::vector<int32_t>& group_sizes);
+                                             const std::vector<int32_t>& group_sizes,
+                                             const std::vector<int32_t>& response_lengths = {});
 
 struct PolicyLossOptions {
   std::string loss = "ppo";                // algorithm.policy_loss

@@ -20,8 +20,10 @@ std::vector<std::string> AlgorithmNames(const std::string& key) {
 
 StatusOr<std::vector<float>> GroupAdvantages(const std::string& estimator,
                                              const std::vector<float>& rewards,
-                                             const std::vector<int32_t>& group_sizes) {
-  return algorithm::ComputeAdvantages(estimator, rewards, group_sizes, nullptr);
+                                             const std::vector<int32_t>& group_sizes,
+                                             const std::vector<int32_t>& response_lengths) {
+  return algorithm::ComputeAdvantages(estimator, rewards, group_sizes, nullptr,
+                                      response_lengths.empty() ? nullptr : &response_lengths);
 }
 
 namespace {

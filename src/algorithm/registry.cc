@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "algorithm/lr_schedule.h"
+#include "algorithm/sequence_advantages.h"
 #include "ops/advantages.h"
 
 namespace gyre::algorithm {
@@ -40,6 +41,21 @@ const std::vector<AlgorithmInfo>& Builtins() {
        "out of the step",
        "MC-GRPO (Kim 2026, arXiv:2601.22582): n = G + 1 samples, G trained",
        "verl has no median estimator"},
+      {Family::kAdvantage, "grpo_passk",
+       "the group's best sample (first with the maximum R) gets (R_max - R_second) / (std + "
+       "1e-6), std unbiased; every other sample 0",
+       "Pass@k policy gradient (arXiv:2503.19595, as cited by verl)",
+       "same as verl with norm_adv_by_std_in_grpo: true; a group of one gets 0"},
+      {Family::kAdvantage, "gpg",
+       "alpha (R_i - mean), alpha = B / (samples of the batch's groups whose rewards differ)",
+       "GPG: Group Policy Gradient (Chu et al. 2025, arXiv:2504.02546), F_norm = 1",
+       "verl's alpha counts the samples with a non-zero reward; Gyre counts the samples of "
+       "groups with a learning signal (B - M in the paper)"},
+      {Family::kAdvantage, "opo",
+       "R_i - sum(l_j R_j) / sum(l_j): the group's length-weighted mean as baseline, l = "
+       "response tokens",
+       "On-Policy RL with Optimal Reward Baseline (Hao et al. 2025, arXiv:2505.23585)",
+       "a group of one gets R_i in verl (baseline 0), 0 here"},
       // Policy losses: r = exp(clamp(x, -20, 20)), x = logp - logp_old, lo/hi the clip bounds.
       {Family::kPolicyLoss, "ppo",
        "max(-A r, -A clip(r, lo, hi)); A < 0: min(that, -A dual_clip_c)",
@@ -237,13 +253,38 @@ Status RegisterAlgorithmName(AlgorithmInfo info) {
   return Status::Ok();
 }
 
+namespace {
+
+// 1 per group whose rewards are all equal.
+void ZeroVariance(const std::vector<float>& rewards, const std::vector<int32_t>& group_sizes,
+                  std::vector<uint8_t>* zero_variance) {
+  zero_variance->assign(group_sizes.size(), 0);
+  size_t begin = 0;
+  for (size_t g = 0; g < group_sizes.size(); ++g) {
+    bool equal = true;
+    for (int32_t i = 1; i < group_sizes[g]; ++i)
+      equal = equal && rewards[begin + i] == rewards[begin];
+    (*zero_variance)[g] = equal ? 1 : 0;
+    begin += group_sizes[g];
+  }
+}
+
+}  // namespace
+
 StatusOr<std::vector<float>> ComputeAdvantages(const std::string& name,
                                                const std::vector<float>& rewards,
                                                const std::vector<int32_t>& group_sizes,
-                                               std::vector<uint8_t>* zero_variance) {
+                                               std::vector<uint8_t>* zero_variance,
+                                               const std::vector<int32_t>* response_lengths) {
   kernels::AdvantageKind kind;
   if (kernels::ParseAdvantageKind(name, &kind)) {
     return ops::GroupAdvantages(rewards, group_sizes, kind, zero_variance);
+  }
+  if (IsSequenceEstimator(name)) {
+    GYRE_ASSIGN_OR_RETURN(auto adv,
+                          SequenceAdvantages(name, rewards, group_sizes, response_lengths));
+    if (zero_variance != nullptr) ZeroVariance(rewards, group_sizes, zero_variance);
+    return adv;
   }
   AdvantageFn fn;
   {
@@ -279,17 +320,7 @@ StatusOr<std::vector<float>> ComputeAdvantages(const std::string& name,
     return Internal("advantage estimator '" + name + "' returned " + std::to_string(adv.size()) +
                     " advantages for " + std::to_string(rewards.size()) + " rewards");
   }
-  if (zero_variance != nullptr) {
-    zero_variance->assign(group_sizes.size(), 0);
-    size_t begin = 0;
-    for (size_t g = 0; g < group_sizes.size(); ++g) {
-      bool equal = true;
-      for (int32_t i = 1; i < group_sizes[g]; ++i)
-        equal = equal && rewards[begin + i] == rewards[begin];
-      (*zero_variance)[g] = equal ? 1 : 0;
-      begin += group_sizes[g];
-    }
-  }
+  if (zero_variance != nullptr) ZeroVariance(rewards, group_sizes, zero_variance);
   return adv;
 }
 

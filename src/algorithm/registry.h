@@ -66,12 +66,14 @@ Status RegisterAdvantageEstimator(AlgorithmInfo info, AdvantageFn fn);
 Status RegisterAlgorithmName(AlgorithmInfo info);
 
 // Advantages of `rewards` grouped by `group_sizes` with the estimator `name`, built-in or
-// registered. *zero_variance (nullable) gets 1 per group whose rewards are all equal. Fails on an
-// unknown name, sizes that do not add up, or a user estimator's error or wrong output size.
-StatusOr<std::vector<float>> ComputeAdvantages(const std::string& name,
-                                               const std::vector<float>& rewards,
-                                               const std::vector<int32_t>& group_sizes,
-                                               std::vector<uint8_t>* zero_variance);
+// registered. *zero_variance (nullable) gets 1 per group whose rewards are all equal.
+// `response_lengths` (nullable; one per reward, in tokens) is needed by opo. Fails on an unknown
+// name, sizes that do not add up, missing lengths, or a user estimator's error or wrong output
+// size.
+StatusOr<std::vector<float>> ComputeAdvantages(
+    const std::string& name, const std::vector<float>& rewards,
+    const std::vector<int32_t>& group_sizes, std::vector<uint8_t>* zero_variance,
+    const std::vector<int32_t>* response_lengths = nullptr);
 
 // The Markdown table of every built-in algorithm (name, key, formula, paper, difference from
 // verl), as docs/algorithms.md holds it; a test keeps the two identical.

@@ -131,9 +131,12 @@ StatusOr<double> StepScorer::CachedReward(const Problem& problem, const v1::Samp
 
 StatusOr<int> StepScorer::SetAdvantages(StepScores* scores) const {
   std::vector<uint8_t> zero_var;
+  std::vector<int32_t> lengths;  // response tokens (opo's weights)
+  lengths.reserve(scores->kept.size());
+  for (const v1::Sample& s : scores->kept) lengths.push_back(s.response_ids_size());
   GYRE_ASSIGN_OR_RETURN(std::vector<float> adv,
                         algorithm::ComputeAdvantages(algorithm_.advantage, scores->rewards,
-                                                     scores->group_sizes, &zero_var));
+                                                     scores->group_sizes, &zero_var, &lengths));
   if (algorithm_.advantage == "median") {
     // MC-GRPO: an odd group's median is one of its rewards; the first sample holding it has
     // advantage 0 and is left out, so G + 1 samples train G.

@@ -329,6 +329,8 @@ TEST(TrainTest, NamedAlgorithmsTrainEndToEnd) {
         "trainer.mini_batches=2", "algorithm.kl=k1", "algorithm.kl_in=reward",
         "algorithm.kl_coef=0.5"},
        false},
+      // OPO's length-weighted baseline: the response lengths reach the estimator.
+      {{"algorithm.advantage=opo"}, false},
   };
   for (size_t c = 0; c < cases.size(); ++c) {
     const std::string dir = MakeTempDir("named_algorithms_" + std::to_string(c));

@@ -4,19 +4,25 @@
 // checksums, bad weight sources and requests are refused without changing anything, and a
 // cancelled token stops a call.
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <gyre/rollout.h>
 #include <gyre/task.h>
+#include <signal.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "integration/run_util.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
+#include "rpc/rpc_util.h"
 
 namespace gyre {
 namespace {
@@ -217,6 +223,102 @@ void RunFleet(const std::string& transport) {
 
 TEST(RolloutFleetTest, GrpcWeightsReachEveryWorker) { RunFleet("grpc"); }
 TEST(RolloutFleetTest, GlooWeightsReachEveryWorker) { RunFleet("gloo"); }
+
+// The pid of the live process whose command line holds every one of `parts`, or 0.
+pid_t FindProcess(const std::vector<std::string>& parts) {
+  DIR* proc = ::opendir("/proc");
+  pid_t found = 0;
+  while (struct dirent* e = proc ? ::readdir(proc) : nullptr) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0 || !testing::ProcessAlive(pid)) continue;
+    std::string cmd = testing::ReadFile("/proc/" + std::to_string(pid) + "/cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    bool all = true;
+    for (const auto& p : parts) all = all && cmd.find(p) != std::string::npos;
+    if (all) found = pid;
+  }
+  if (proc) ::closedir(proc);
+  return found;
+}
+
+// A worker killed with SIGKILL between calls: its groups go to the survivor, it is started again
+// (cluster.max_worker_restarts) and caught up to the current version before it gets work.
+TEST(RolloutFleetTest, KilledWorkerIsRestartedAndCaughtUp) {
+  const std::string dir = testing::MakeTempDir("fleet_restart");
+  RolloutFleetOptions opts;
+  opts.config = FleetConfig(dir, "grpc");
+  opts.config.cluster.heartbeat_interval_s = 0.5;
+  opts.config.cluster.heartbeat_timeout_s = 2;
+  opts.worker_binary = GYRE_BINARY;
+  auto fleet = RolloutFleet::Open(opts);
+  ASSERT_TRUE(fleet.ok()) << fleet.status();
+  RolloutFleet& f = **fleet;
+  auto m0 = MakeModel(opts.config, 7), m1 = MakeModel(opts.config, 8);
+  ASSERT_TRUE(f.PublishWeights(0, ModelSource(*m0)).ok());
+  ASSERT_TRUE(f.PublishWeights(1, ModelSource(*m1)).ok());
+  const pid_t victim =
+      FindProcess({"worker", "--role rollout", "--index 1", f.controller_address()});
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  // Until the restarted worker is back, the survivor runs every group; then both do, at v1.
+  bool both_back = false;
+  for (int round = 0; round < 60 && !both_back; ++round) {
+    auto out = f.Generate(Groups(f, 4, 2), f.DefaultSampling());
+    ASSERT_TRUE(out.ok()) << out.status();
+    ExpectFromModel(*out, *m1, 1);
+    both_back = f.Workers().size() == 2;
+    if (!both_back) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  EXPECT_TRUE(both_back) << "rollout-1 was not taken back";
+  const pid_t again =
+      FindProcess({"worker", "--role rollout", "--index 1", f.controller_address()});
+  EXPECT_GT(again, 0);
+  EXPECT_NE(again, victim);
+  auto out = f.Generate(Groups(f, 6, 2), f.DefaultSampling());
+  ASSERT_TRUE(out.ok()) << out.status();
+  ExpectFromModel(*out, *m1, 1);
+  const std::string log = testing::ReadFile(dir + "/fleet/logs/rollout-1.log");
+  EXPECT_NE(log.find("received policy version 1 "), std::string::npos) << log;
+  f.Close();
+  EXPECT_FALSE(testing::ProcessAlive(again));
+  (void)RemoveTree(dir);
+}
+
+// cluster.mode: external: the fleet starts nothing; workers started by hand dial its address.
+TEST(RolloutFleetTest, ExternalWorkersDialTheFleet) {
+  const std::string dir = testing::MakeTempDir("fleet_external");
+  auto port = rpc::PickFreePort("127.0.0.1");
+  ASSERT_TRUE(port.ok());
+  RolloutFleetOptions opts;
+  opts.config = FleetConfig(dir, "gloo");
+  opts.config.cluster.mode = "external";
+  opts.config.cluster.controller_port = *port;
+  const std::string address = "127.0.0.1:" + std::to_string(*port);
+  std::vector<testing::GyreProcess> workers;
+  for (int i = 0; i < 2; ++i) {
+    const std::string wdir = dir + "/w" + std::to_string(i);
+    ASSERT_TRUE(MakeDirs(wdir).ok());
+    workers.push_back(testing::GyreProcess::Start(
+        {"worker", "--role", "rollout", "--index", std::to_string(i), "--controller", address},
+        wdir));
+  }
+  auto fleet = RolloutFleet::Open(opts);
+  ASSERT_TRUE(fleet.ok()) << fleet.status();
+  EXPECT_EQ((*fleet)->controller_address(), address);
+  auto m = MakeModel(opts.config, 9);
+  auto r = (*fleet)->PublishWeights(0, ModelSource(*m));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->receipts.size(), 2u);
+  auto out = (*fleet)->Generate(Groups(**fleet, 4, 2), (*fleet)->DefaultSampling());
+  ASSERT_TRUE(out.ok()) << out.status();
+  ExpectFromModel(*out, *m, 0);
+  (*fleet)->Close();
+  for (auto& w : workers) {
+    ASSERT_TRUE(w.Wait(30)) << "worker did not stop with the fleet: " << w.Output();
+    EXPECT_EQ(WEXITSTATUS(w.wait_status), 0) << w.Output();
+  }
+  (void)RemoveTree(dir);
+}
 
 TEST(RolloutFleetTest, CancelledTokenStopsCalls) {
   const std::string dir = testing::MakeTempDir("fleet_cancel");

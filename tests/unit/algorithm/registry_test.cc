@@ -14,6 +14,7 @@
 
 #include "algorithm/lr_schedule.h"
 #include "algorithm/sampling_policy.h"
+#include "algorithm/sequence_advantages.h"
 #include "kernels/reference/advantages_ref.h"
 #include "kernels/reference/policy_loss_ref.h"
 
@@ -112,6 +113,37 @@ std::map<std::string, Check> HandChecks() {
   c["algorithm.advantage/median"] = [] {
     // Group 1 (even): median (0 + 1) / 2 = 0.5. Group 2: median 2.
     ExpectNear(Advantages("median"), {0.5, -0.5, -0.5, 0.5, 1, -1, 0}, "median");
+  };
+  // grpo_passk. Group 1: best = sample 0 (first of the 1s), second best 1: margin 0. Group 2:
+  // best = sample 4 (R = 3), second best 2: margin 1, std 1.
+  c["algorithm.advantage/grpo_passk"] = [] {
+    ExpectNear(Advantages("grpo_passk"), {0, 0, 0, 0, 1.0 / (1.0 + 1e-6), 0, 0}, "grpo_passk");
+    // A clear winner: {0, 1, 0}: mean 1/3, unbiased std sqrt(1/3).
+    auto w = ComputeAdvantages("grpo_passk", {0, 1, 0}, {3}, nullptr);
+    ASSERT_TRUE(w.ok());
+    ExpectNear(*w, {0, 1.0 / (std::sqrt(1.0 / 3.0) + 1e-6), 0}, "grpo_passk winner");
+    auto one = ComputeAdvantages("grpo_passk", {5}, {1}, nullptr);
+    ASSERT_TRUE(one.ok());
+    ExpectNear(*one, {0}, "grpo_passk group of one");
+  };
+  // gpg: both groups have a signal, alpha = 7 / 7; {1, 1} added (no signal): alpha = 9 / 7.
+  c["algorithm.advantage/gpg"] = [] {
+    ExpectNear(Advantages("gpg"), {0.5, -0.5, -0.5, 0.5, 1, -1, 0}, "gpg");
+    auto a = ComputeAdvantages("gpg", {1, 0, 1, 1}, {2, 2}, nullptr);
+    ASSERT_TRUE(a.ok());
+    ExpectNear(*a, {1.0, -1.0, 0, 0}, "gpg alpha = 4 / 2");
+  };
+  // opo with lengths {1, 3, 2, 2 | 1, 1, 2}: group 1 baseline (1 + 2) / 8 = 0.375, group 2
+  // (3 + 1 + 4) / 4 = 2.
+  c["algorithm.advantage/opo"] = [] {
+    const std::vector<int32_t> lengths = {1, 3, 2, 2, 1, 1, 2};
+    auto a = ComputeAdvantages("opo", kRewards, kSizes, nullptr, &lengths);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ExpectNear(*a, {0.625, -0.375, -0.375, 0.625, 1, -1, 0}, "opo");
+    auto no_lengths = ComputeAdvantages("opo", kRewards, kSizes, nullptr);
+    EXPECT_EQ(no_lengths.status().code(), StatusCode::kInvalidArgument);
+    const std::vector<int32_t> zero = {1, 0, 2, 2, 1, 1, 2};
+    EXPECT_FALSE(ComputeAdvantages("opo", kRewards, kSizes, nullptr, &zero).ok());
   };
   // Policy losses on ThreeTokens (token mean over 3 tokens; r = 1.5, 0.5, 1.1; A = 1, 1, -1).
   c["algorithm.policy_loss/ppo"] = [] {
@@ -288,9 +320,10 @@ TEST(RegistryTest, EveryBuiltinHasAHandComputedCheck) {
 }
 
 TEST(RegistryTest, NamesMatchTheKernelParsers) {
+  // Every estimator is the group kernel's or a sequence-level one computed on the CPU.
   for (const std::string& n : NamesFor(Family::kAdvantage)) {
     kernels::AdvantageKind kind;
-    EXPECT_TRUE(kernels::ParseAdvantageKind(n, &kind)) << n;
+    EXPECT_NE(kernels::ParseAdvantageKind(n, &kind), IsSequenceEstimator(n)) << n;
   }
   for (const std::string& n : NamesFor(Family::kPolicyLoss)) {
     kernels::PolicyLossKind kind;

@@ -1,0 +1,30 @@
+#pragma once
+// Sequence-level advantage estimators without a value model (GAE-free) that need more than the
+// group statistics of the group-advantage kernel (kernels/reference/advantages_ref.h): the best
+// sample's margin (grpo_passk), a batch-level rescaling (gpg), a length-weighted baseline (opo).
+// They run on the CPU, where a job computes every advantage (in the controller, once per step on
+// one float per sample). Definitions: docs/algorithms.md. Statistics in double, rounded once to
+// float; a NaN reward makes its group's advantages NaN (gpg: the whole batch's), never 0.
+//
+// Thread-safe: no state between calls.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gyre/status.h"
+
+namespace gyre::algorithm {
+
+// Whether `name` is one of these estimators.
+bool IsSequenceEstimator(const std::string& name);
+
+// One advantage per reward, for rewards grouped by group_sizes (each >= 1, adding up to
+// rewards.size()). `response_lengths` (one per reward, each >= 1) is needed by opo and ignored by
+// the others. InvalidArgument for an unknown name or missing / bad lengths.
+StatusOr<std::vector<float>> SequenceAdvantages(const std::string& name,
+                                                const std::vector<float>& rewards,
+                                                const std::vector<int32_t>& group_sizes,
+                                                const std::vector<int32_t>* response_lengths);
+
+}  // namespace gyre::algorithm
