@@ -303,16 +303,7 @@ StatusOr<std::vector<float>> ComputeAdvantages(const std::string& name,
     }() + ")");
   }
   // The built-in path checks the grouping; a user function gets the same guarantee.
-  int64_t total = 0;
-  for (int32_t n : group_sizes) {
-    if (n <= 0) return InvalidArgument("advantage estimator '" + name + "': empty group");
-    total += n;
-  }
-  if (total != static_cast<int64_t>(rewards.size())) {
-    return InvalidArgument("advantage estimator '" + name + "': group sizes add up to " +
-                           std::to_string(total) + ", not the " + std::to_string(rewards.size()) +
-                           " rewards");
-  }
+  GYRE_RETURN_IF_ERROR(CheckGrouping(name, rewards.size(), group_sizes));
   std::vector<float> adv;
   Status s = fn(rewards, group_sizes, &adv);
   if (!s.ok()) return s.WithContext("advantage estimator '" + name + "'");

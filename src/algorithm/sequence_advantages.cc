@@ -63,6 +63,21 @@ void Opo(const float* r, const int32_t* len, int32_t n, float* out) {
 
 }  // namespace
 
+Status CheckGrouping(const std::string& name, size_t num_rewards,
+                     const std::vector<int32_t>& group_sizes) {
+  int64_t total = 0;
+  for (int32_t n : group_sizes) {
+    if (n <= 0) return InvalidArgument("advantage estimator '" + name + "': empty group");
+    total += n;
+  }
+  if (total != static_cast<int64_t>(num_rewards)) {
+    return InvalidArgument("advantage estimator '" + name + "': group sizes add up to " +
+                           std::to_string(total) + ", not the " + std::to_string(num_rewards) +
+                           " rewards");
+  }
+  return Status::Ok();
+}
+
 bool IsSequenceEstimator(const std::string& name) {
   return name == "grpo_passk" || name == "gpg" || name == "opo";
 }
@@ -74,16 +89,7 @@ StatusOr<std::vector<float>> SequenceAdvantages(const std::string& name,
   if (!IsSequenceEstimator(name)) {
     return InvalidArgument("'" + name + "' is not a sequence-level estimator");
   }
-  int64_t total = 0;
-  for (int32_t n : group_sizes) {
-    if (n <= 0) return InvalidArgument("advantage estimator '" + name + "': empty group");
-    total += n;
-  }
-  if (total != static_cast<int64_t>(rewards.size())) {
-    return InvalidArgument("advantage estimator '" + name + "': group sizes add up to " +
-                           std::to_string(total) + ", not the " + std::to_string(rewards.size()) +
-                           " rewards");
-  }
+  GYRE_RETURN_IF_ERROR(CheckGrouping(name, rewards.size(), group_sizes));
   if (name == "opo") {
     if (response_lengths == nullptr || response_lengths->size() != rewards.size()) {
       return InvalidArgument("advantage estimator 'opo' needs one response length per reward");

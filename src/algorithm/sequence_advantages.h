@@ -16,6 +16,11 @@
 
 namespace gyre::algorithm {
 
+// The grouping every estimator needs (used for the user's too): groups of at least one that add
+// up to the rewards. InvalidArgument naming estimator `name` otherwise.
+Status CheckGrouping(const std::string& name, size_t num_rewards,
+                     const std::vector<int32_t>& group_sizes);
+
 // Whether `name` is one of these estimators.
 bool IsSequenceEstimator(const std::string& name);
 

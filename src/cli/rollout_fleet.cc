@@ -5,6 +5,7 @@
 // trainer worker.
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <set>
@@ -168,8 +169,8 @@ class RolloutFleet::Impl {
   }
   // Restarted workers (cluster.on_worker_failure: restart) catch up to the current version.
   Status Revive() {
-    if (version_ < 0) return pool_->CheckHealth();
-    return pool_->Revive(version_, [this](controller::Worker* w) { return CatchUp(w); });
+    if (version_.load() < 0) return pool_->CheckHealth();
+    return pool_->Revive(version_.load(), [this](controller::Worker* w) { return CatchUp(w); });
   }
   Status CatchUp(controller::Worker* w);
   // The expected manifest: the workers' model's parameters (names, shapes, offsets).
@@ -195,8 +196,9 @@ class RolloutFleet::Impl {
   comm::WeightPayload host_payload_;
   comm::DevicePayload device_payload_;
   bool device_transport_ = false;
-  int64_t version_ = -1;
-  bool closed_ = false;
+  // Written by the owner's thread, read by the accessors from any thread.
+  std::atomic<int64_t> version_{-1};
+  std::atomic<bool> closed_{false};
   Status broken_;  // a failed publish
 };
 
@@ -263,15 +265,14 @@ Status RolloutFleet::Impl::Open() {
 }
 
 void RolloutFleet::Impl::Close() {
-  if (closed_) return;
-  closed_ = true;
+  if (closed_.exchange(true)) return;
   if (pool_) pool_->Shutdown();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
 Status RolloutFleet::Impl::CatchUp(controller::Worker* w) {
   // The payload of version_ is still in place: PublishWeights keeps it until the next one.
-  return publisher_->CatchUp(w, version_);
+  return publisher_->CatchUp(w, version_.load());
 }
 
 Status RolloutFleet::Impl::Gather(int64_t version, const WeightSource& source, bool to_device) {
@@ -360,9 +361,9 @@ Status RolloutFleet::Impl::Gather(int64_t version, const WeightSource& source, b
 StatusOr<PublishReport> RolloutFleet::Impl::PublishWeights(int64_t version,
                                                            const WeightSource& source) {
   GYRE_RETURN_IF_ERROR(Usable());
-  if (version <= version_) {
+  if (version <= version_.load()) {
     return InvalidArgument("PublishWeights: version " + std::to_string(version) +
-                           " is not newer than the fleet's " + std::to_string(version_));
+                           " is not newer than the fleet's " + std::to_string(version_.load()));
   }
   GYRE_RETURN_IF_ERROR(pool_->CheckHealth());
   const auto t0 = SteadyClock::now();
@@ -398,7 +399,7 @@ StatusOr<std::vector<Sample>> RolloutFleet::Impl::Generate(const std::vector<Pro
                                                            const SamplingOptions& sampling,
                                                            GenerateStats* stats) {
   GYRE_RETURN_IF_ERROR(Usable());
-  if (version_ < 0) {
+  if (version_.load() < 0) {
     return FailedPrecondition(
         "Generate: the workers hold no weights yet; call PublishWeights first");
   }
@@ -429,7 +430,7 @@ StatusOr<std::vector<Sample>> RolloutFleet::Impl::Generate(const std::vector<Pro
   const auto t0 = SteadyClock::now();
   controller::GenerateStats gs;
   GYRE_ASSIGN_OR_RETURN(auto samples,
-                        scheduler_->GenerateAll(jobs, ToProto(sampling), version_, &gs));
+                        scheduler_->GenerateAll(jobs, ToProto(sampling), version_.load(), &gs));
   if (stats != nullptr) {
     stats->generated_tokens = gs.generated_tokens;
     stats->prefill_tokens = gs.prefill_tokens;

@@ -238,7 +238,8 @@ TEST(ConfigErrors, IntegerTooBigForAnyTypeIsOutOfRangeNotAWrongType) {
 TEST(ConfigErrors, UnknownChoiceListsChoicesAndSuggests) {
   EXPECT_EQ(ParseError("algorithm:\n  advantage: grpoo\n"),
             "jobs/x.yaml:2:14: algorithm.advantage: 'grpoo' is not one of grpo, grpo_no_std, "
-            "rloo, reinforce_pp, reinforce_pp_baseline, median; did you mean 'grpo'?");
+            "rloo, reinforce_pp, reinforce_pp_baseline, median, grpo_passk, gpg, opo; did you "
+            "mean 'grpo'?");
   EXPECT_EQ(ParseError("job:\n  log_level: WARN\n"),
             "jobs/x.yaml:2:14: job.log_level: 'WARN' is not one of trace, debug, info, warn, "
             "error, critical, off; did you mean 'warn'?");
@@ -405,7 +406,8 @@ TEST(ConfigOverride, ErrorsNameSetAndLeaveConfigUnchanged) {
             "--set: rollout.group_size: 0 is out of range [1, 4096]");
   EXPECT_EQ(OverrideError("algorithm.advantage=grpoo"),
             "--set: algorithm.advantage: 'grpoo' is not one of grpo, grpo_no_std, rloo, "
-            "reinforce_pp, reinforce_pp_baseline, median; did you mean 'grpo'?");
+            "reinforce_pp, reinforce_pp_baseline, median, grpo_passk, gpg, opo; did you mean "
+            "'grpo'?");
   EXPECT_EQ(OverrideError("trainer.steps=[1,2]"),
             "--set: trainer.steps: expected an integer, got a list");
   EXPECT_EQ(OverrideError("trainer.steps"),
