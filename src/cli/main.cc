@@ -33,6 +33,8 @@ constexpr char kUsage[] =
     "      Token ids of text under a tokenizer.json, as JSON.\n"
     "  gyre init-model --arch qwen2|qwen3|llama --out DIR [--preset tiny|small|...]\n"
     "      Write a random-init Hugging Face model directory (for tests and benchmarks).\n"
+    "  gyre convert gguf FILE.gguf --out DIR\n"
+    "      Convert a llama-architecture GGUF file into a Hugging Face model directory.\n"
     "  gyre logprobs --model DIR [--ids \"ID ...\"] [--full]\n"
     "      Per-position next-token log-probs of a Hugging Face model directory, as JSON.\n"
     "  gyre ledger RUN_DIR [--sample ID | --prompts | --state STATE] [--json]\n"
@@ -134,6 +136,9 @@ static int Main(int argc, char** argv) {
   }
   if (cmd == "ledger") {
     return gyre::cli::RunLedger(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  if (cmd == "convert") {
+    return gyre::cli::RunConvert(std::vector<std::string>(argv + 2, argv + argc));
   }
   if (cmd == "logprobs") {
     return gyre::cli::RunLogprobs(std::vector<std::string>(argv + 2, argv + argc));

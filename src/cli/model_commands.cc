@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <sstream>
 
 #include "common/file_util.h"
+#include "model/gguf_convert.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
 #include "model/tokenizer_json.h"
@@ -172,6 +174,61 @@ constexpr char kInitUsage[] =
     "frequency factors 1 and 4) with original_max_position_embeddings = max_position / 8.\n";
 
 }  // namespace
+
+constexpr char kConvertUsage[] =
+    "usage: gyre convert gguf FILE.gguf --out DIR [--force]\n"
+    "\n"
+    "Converts a llama-architecture GGUF file (llama.cpp's format; tensors F32, F16, BF16, Q8_0,\n"
+    "Q4_0 or Q4_1) into a Hugging Face directory that Gyre and transformers load: config.json,\n"
+    "model.safetensors (every tensor dequantised to float32), tokenizer.json and\n"
+    "tokenizer_config.json (with the chat template) from the file's tokenizer metadata. Then\n"
+    "use DIR as model.path. --force replaces a model already in DIR.\n";
+
+int RunConvert(const std::vector<std::string>& args) {
+  std::string format, in, out;
+  bool force = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--help" || args[i] == "-h") {
+      std::fputs(kConvertUsage, stdout);
+      return 0;
+    } else if (args[i] == "--out" && i + 1 < args.size()) {
+      out = args[++i];
+    } else if (args[i] == "--force") {
+      force = true;
+    } else if (format.empty() && args[i][0] != '-') {
+      format = args[i];
+    } else if (in.empty() && args[i][0] != '-') {
+      in = args[i];
+    } else {
+      std::fprintf(stderr, "gyre convert: unexpected argument '%s' (see --help)\n",
+                   args[i].c_str());
+      return 2;
+    }
+  }
+  if (format != "gguf" || in.empty() || out.empty()) {
+    std::fprintf(stderr, "gyre convert: expected `gyre convert gguf FILE.gguf --out DIR`\n");
+    return 2;
+  }
+  if (PathExists(out + "/config.json") && !force) {
+    std::fprintf(stderr, "gyre convert: %s already holds a model (use --force)\n", out.c_str());
+    return 1;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto conv = model::ConvertGgufToHf(in, out);
+  if (!conv.ok()) {
+    std::fprintf(stderr, "gyre convert: %s\n", conv.status().message().c_str());
+    return 1;
+  }
+  std::printf(
+      "wrote %s: llama, %lld parameters (%lld layers, hidden %lld, %lld heads / %lld kv), "
+      "vocabulary %lld; tensors %s; %.1f s\n",
+      out.c_str(), static_cast<long long>(conv->parameters),
+      static_cast<long long>(conv->spec.num_layers), static_cast<long long>(conv->spec.hidden_size),
+      static_cast<long long>(conv->spec.num_heads), static_cast<long long>(conv->spec.num_kv_heads),
+      static_cast<long long>(conv->vocab), conv->tensor_types.c_str(),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return 0;
+}
 
 int RunInitModel(const std::vector<std::string>& args) {
   std::string arch, out, preset = "tiny", rope_scaling;

@@ -17,6 +17,11 @@ int RunLogprobs(const std::vector<std::string>& args);
 // byte-level tokenizer.json (256 byte tokens, no merges, the architecture's special tokens).
 int RunInitModel(const std::vector<std::string>& args);
 
+// gyre convert gguf FILE.gguf --out DIR [--force]
+// Writes a Hugging Face directory (config.json, model.safetensors in float32, tokenizer.json,
+// tokenizer_config.json) from a llama-architecture GGUF file (model/gguf_convert.h).
+int RunConvert(const std::vector<std::string>& args);
+
 // gyre tokenize --tokenizer PATH [--text TEXT | --jsonl] [--no-special]
 // PATH is a tokenizer.json or a model directory holding one.
 int RunTokenize(const std::vector<std::string>& args);

@@ -156,6 +156,23 @@ TEST(BadInputTest, TokenizerIdsNearTwoToTheThirtyOneAreRefused) {
   ExpectCleanError(r, {"tokenizer.json", "implausibly large"});
 }
 
+// `gyre convert gguf` on files that are not usable GGUF: one line naming the file, exit 1, and
+// no model directory left behind.
+TEST(BadInputTest, DamagedGgufFilesAreRefusedByName) {
+  const std::string dir = MakeTempDir("bad_gguf");
+  WriteText(dir + "/text.gguf", "this is not a model\n");
+  CmdResult r = RunGyre({"convert", "gguf", dir + "/text.gguf", "--out", dir + "/out"}, dir);
+  ExpectCleanError(r, {"text.gguf", "not a GGUF file"});
+  WriteText(dir + "/short.gguf", std::string("GGUF\x03\0\0\0", 8) + std::string(20, '\xff'));
+  r = RunGyre({"convert", "gguf", dir + "/short.gguf", "--out", dir + "/out"}, dir);
+  ExpectCleanError(r, {"short.gguf"});
+  r = RunGyre({"convert", "gguf", dir + "/missing.gguf", "--out", dir + "/out"}, dir);
+  ExpectCleanError(r, {"missing.gguf"});
+  EXPECT_FALSE(PathExists(dir + "/out/config.json"));
+  r = RunGyre({"convert", "safetensors", dir + "/text.gguf", "--out", dir + "/out"}, dir);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
 TEST(BadInputTest, ConfigsThatCannotWorkFailValidation) {
   const std::string dir = MakeTempDir("bad_cfg");
   CmdResult r = RunGyre({"validate", kQuickstart, "--set", "cluster.weight_transport=grpc", "--set",
