@@ -41,7 +41,7 @@ struct DataSection {
   int max_digits = 2;
   int eval_size = 200;                 // held-out prompts
   uint64_t eval_seed = 99;             // held-out prompts are drawn from their own seed
-  std::string chat_template = "none";  // none, qwen2.5, qwen3, llama3: prompts as a user turn
+  std::string chat_template = "none";  // none, qwen2.5, qwen3, llama3, smollm2: a user turn
 };
 
 struct SamplingSection {

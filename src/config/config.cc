@@ -174,7 +174,7 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(data.eval_size), Closed(1, 1000000), "held-out prompts"),
       Seed(GYRE_CONFIG_KEY(data.eval_seed),
            "seed of the held-out prompts (kept apart from job.seed)"),
-      Choice(GYRE_CONFIG_KEY(data.chat_template), {"none", "qwen2.5", "qwen3", "llama3"},
+      Choice(GYRE_CONFIG_KEY(data.chat_template), {"none", "qwen2.5", "qwen3", "llama3", "smollm2"},
              "wrap each prompt as a user turn in this chat format; none = raw text"),
       // rollout
       Num(GYRE_CONFIG_KEY(rollout.workers), Closed(1, 4096), "rollout worker processes"),

@@ -17,6 +17,8 @@ using json = nlohmann::json;
 
 constexpr char kQwenDefaultSystem[] =
     "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+constexpr char kSmolLmDefaultSystem[] =
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 constexpr std::string_view kThinkOpen = "<think>";
 constexpr std::string_view kThinkClose = "</think>";
 
@@ -123,18 +125,13 @@ void AppendTurn(std::string* out, std::string_view role, std::string_view conten
   out->append("<|im_start|>").append(role).append("\n").append(content).append("<|im_end|>\n");
 }
 
-std::string RenderQwen25(const std::vector<ChatMessage>& messages, const ChatOptions& options) {
+// ChatML with a default system prompt when the first message is not a system message (Qwen2.5,
+// SmolLM2): every turn is rendered the same way, a later system message in place.
+std::string RenderChatMlWithDefault(const std::vector<ChatMessage>& messages,
+                                    const ChatOptions& options, const char* default_system) {
   std::string out;
-  if (messages[0].role == "system") {
-    AppendTurn(&out, "system", messages[0].content);
-  } else {
-    AppendTurn(&out, "system", kQwenDefaultSystem);
-  }
-  // The template renders every turn the same way; only a leading system message was already
-  // consumed above (a system message later on is rendered in place).
-  for (size_t i = messages[0].role == "system" ? 1 : 0; i < messages.size(); ++i) {
-    AppendTurn(&out, messages[i].role, messages[i].content);
-  }
+  if (messages[0].role != "system") AppendTurn(&out, "system", default_system);
+  for (const ChatMessage& m : messages) AppendTurn(&out, m.role, m.content);
   if (options.add_generation_prompt) out.append("<|im_start|>assistant\n");
   return out;
 }
@@ -245,7 +242,9 @@ StatusOr<ChatFormat> ParseChatFormat(const std::string& name) {
   if (name == "qwen2.5") return ChatFormat::kQwen25;
   if (name == "qwen3") return ChatFormat::kQwen3;
   if (name == "llama3") return ChatFormat::kLlama3;
-  return InvalidArgument("unknown chat format '" + name + "'; expected qwen2.5, qwen3 or llama3");
+  if (name == "smollm2") return ChatFormat::kSmolLm2;
+  return InvalidArgument("unknown chat format '" + name +
+                         "'; expected qwen2.5, qwen3, llama3 or smollm2");
 }
 
 const char* ChatFormatName(ChatFormat format) {
@@ -256,6 +255,8 @@ const char* ChatFormatName(ChatFormat format) {
       return "qwen3";
     case ChatFormat::kLlama3:
       return "llama3";
+    case ChatFormat::kSmolLm2:
+      return "smollm2";
   }
   return "unknown";
 }
@@ -265,7 +266,9 @@ StatusOr<std::string> RenderChat(ChatFormat format, const std::vector<ChatMessag
   GYRE_RETURN_IF_ERROR(CheckMessages(messages));
   switch (format) {
     case ChatFormat::kQwen25:
-      return RenderQwen25(messages, options);
+      return RenderChatMlWithDefault(messages, options, kQwenDefaultSystem);
+    case ChatFormat::kSmolLm2:
+      return RenderChatMlWithDefault(messages, options, kSmolLmDefaultSystem);
     case ChatFormat::kQwen3:
       return RenderQwen3(messages, options);
     case ChatFormat::kLlama3:

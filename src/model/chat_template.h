@@ -34,9 +34,13 @@ enum class ChatFormat {
   // Meta Llama 3 (3.0, e.g. Meta-Llama-3-8B-Instruct) headers. Not the Llama 3.1+ template, which
   // also injects "Cutting Knowledge Date" / "Today Date" lines into the system block.
   kLlama3,
+  // SmolLM2 instruct ChatML: as kQwen25 with SmolLM2's default system prompt ("You are a helpful
+  // AI assistant named SmolLM, trained by Hugging Face").
+  kSmolLm2,
 };
 
-// "qwen2.5", "qwen3" or "llama3"; anything else is InvalidArgument listing the accepted names.
+// "qwen2.5", "qwen3", "llama3" or "smollm2"; anything else is InvalidArgument listing the
+// accepted names.
 StatusOr<ChatFormat> ParseChatFormat(const std::string& name);
 // The name ParseChatFormat accepts for `format`.
 const char* ChatFormatName(ChatFormat format);

@@ -363,8 +363,21 @@ TEST(Llama3, IgnoresEnableThinking) {
 // ------------------------------------------------------------------------------------------------
 // Formats and errors.
 
+// SmolLM2-135M-Instruct's template (its GGUF file's tokenizer.chat_template): ChatML with SmolLM's
+// default system prompt unless the first message is a system message.
+TEST(SmolLm2, InsertsDefaultSystemPromptOnce) {
+  EXPECT_EQ(Render(ChatFormat::kSmolLm2, {{"user", "Hi"}}),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(
+      Render(ChatFormat::kSmolLm2, {{"system", "S"}, {"user", "U"}, {"assistant", "A"}}, false),
+      "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n"
+      "<|im_start|>assistant\nA<|im_end|>\n");
+}
+
 TEST(ChatFormatTest, ParsesNamesAndRoundTrips) {
-  for (ChatFormat f : {ChatFormat::kQwen25, ChatFormat::kQwen3, ChatFormat::kLlama3}) {
+  for (ChatFormat f :
+       {ChatFormat::kQwen25, ChatFormat::kQwen3, ChatFormat::kLlama3, ChatFormat::kSmolLm2}) {
     auto parsed = ParseChatFormat(ChatFormatName(f));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, f);
@@ -373,7 +386,7 @@ TEST(ChatFormatTest, ParsesNamesAndRoundTrips) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("'llama3.1'"), std::string::npos);
-  EXPECT_NE(bad.status().message().find("qwen2.5, qwen3 or llama3"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("qwen2.5, qwen3, llama3 or smollm2"), std::string::npos);
 }
 
 TEST(RenderChatTest, RejectsUnknownRoleNamingItAndItsIndex) {
