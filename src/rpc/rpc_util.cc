@@ -122,6 +122,10 @@ StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& host, int
                                                     const std::vector<grpc::Service*>& services,
                                                     std::string* bound_address) {
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default, and then two processes that start together can be given
+  // the same port (seen: a trainer and a rollout worker both on one port, the kernel splitting
+  // connections between them). Each server's port must be its own.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int selected = 0;
   builder.AddListeningPort(host + ":" + std::to_string(port), grpc::InsecureServerCredentials(),
                            &selected);

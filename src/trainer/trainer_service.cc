@@ -43,11 +43,16 @@ TrainerService::TrainerService(const JobConfig& config, std::unique_ptr<model::T
     : config_(config),
       trainer_(std::move(model), config.trainer.lr, config.trainer.weight_decay,
                config.trainer.beta1, config.trainer.beta2),
-      on_stop_(std::move(on_stop)) {}
+      on_stop_(std::move(on_stop)) {
+  last_version_.store(trainer_.version());
+}
 
 int64_t TrainerService::version() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return trainer_.version();
+  // Heartbeats read this while a train step holds mu_; one step of a real model can outlast the
+  // heartbeat timeout, so they never wait for it and get the last version seen instead.
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (lock.owns_lock()) last_version_.store(trainer_.version());
+  return last_version_.load();
 }
 
 grpc::Status TrainerService::HostGroupStore(grpc::ServerContext* ctx,

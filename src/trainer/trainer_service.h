@@ -9,6 +9,7 @@
 // group of the trainers (HostGroupStore, JoinGroup) and each TrainStep carries one rank's shard.
 // Calls are serialised by a mutex.
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -53,6 +54,7 @@ class TrainerService final : public v1::Trainer::Service {
   grpc::Status Stop(grpc::ServerContext* ctx, const v1::StopRequest* req,
                     v1::StopResponse* resp) override;
 
+  // The policy version; callable while a call holds the service (then the last one seen).
   int64_t version() const;
 
  private:
@@ -61,9 +63,10 @@ class TrainerService final : public v1::Trainer::Service {
 
   JobConfig config_;
   mutable std::mutex mu_;
-  PolicyTrainer trainer_;                      // guarded by mu_
-  std::unique_ptr<comm::StoreServer> store_;   // rank 0 of a data-parallel group
-  std::unique_ptr<comm::Communicator> group_;  // guarded by mu_
+  PolicyTrainer trainer_;                         // guarded by mu_
+  mutable std::atomic<int64_t> last_version_{0};  // trainer_.version() when last read
+  std::unique_ptr<comm::StoreServer> store_;      // rank 0 of a data-parallel group
+  std::unique_ptr<comm::Communicator> group_;     // guarded by mu_
   std::function<void(const std::string&)> on_stop_;
   // The sending side of publishes: its weight groups and device staging buffer are kept between
   // versions. weights_mu_ serialises publishes.
