@@ -10,6 +10,7 @@
 #include "common/file_util.h"
 #include "model/gguf.h"
 #include "model/hf_config.h"
+#include "model/tokenizer_json.h"
 #include "model/transformer.h"
 #include "model/weights.h"
 
@@ -124,60 +125,22 @@ Status WriteTokenizer(const GgufFile& f, const std::string& dir, int64_t* vocab)
   }
   std::string pre = "default";
   if (auto p = f.String("tokenizer.ggml.pre"); p.ok()) pre = *p;
-  json byte_level = {{"type", "ByteLevel"},
-                     {"add_prefix_space", false},
-                     {"trim_offsets", true},
-                     {"use_regex", true}};
-  json pre_tokenizer;
-  if (pre == "smollm") {
-    // Every digit its own piece, then GPT-2's byte-level split.
-    pre_tokenizer = {{"type", "Sequence"},
-                     {"pretokenizers",
-                      {{{"type", "Split"},
-                        {"pattern", {{"Regex", "\\p{N}"}}},
-                        {"behavior", "Isolated"},
-                        {"invert", false}},
-                       byte_level}}};
-  } else if (pre == "default" || pre == "gpt2") {
-    pre_tokenizer = byte_level;
-  } else {
+  if (pre != "smollm" && pre != "default" && pre != "gpt2") {
     return InvalidArgument(f.path() + ": tokenizer.ggml.pre '" + pre +
                            "' is not supported (smollm, gpt2, default)");
   }
-  json vocab_json = json::object(), added = json::array();
+  std::vector<std::pair<std::string, int32_t>> ids;
+  std::vector<AddedToken> added;
   for (size_t i = 0; i < tokens.size(); ++i) {
-    vocab_json[tokens[i]] = i;
+    ids.emplace_back(tokens[i], static_cast<int32_t>(i));
     // 3 = control, 4 = user-defined: matched whole before BPE.
     if (types[i] == 3 || types[i] == 4) {
-      added.push_back({{"id", i},
-                       {"content", tokens[i]},
-                       {"single_word", false},
-                       {"lstrip", false},
-                       {"rstrip", false},
-                       {"normalized", false},
-                       {"special", types[i] == 3}});
+      added.push_back({tokens[i], static_cast<int32_t>(i), types[i] == 3});
     }
   }
-  json t = {{"version", "1.0"},
-            {"truncation", nullptr},
-            {"padding", nullptr},
-            {"added_tokens", added},
-            {"normalizer", nullptr},
-            {"pre_tokenizer", pre_tokenizer},
-            {"post_processor", nullptr},
-            {"decoder", byte_level},
-            {"model",
-             {{"type", "BPE"},
-              {"dropout", nullptr},
-              {"unk_token", nullptr},
-              {"continuing_subword_prefix", nullptr},
-              {"end_of_word_suffix", nullptr},
-              {"fuse_unk", false},
-              {"byte_fallback", false},
-              {"vocab", vocab_json},
-              {"merges", merges}}}};
+  const std::string t = ByteLevelBpeTokenizerJson(ids, merges, added, pre == "smollm");
   std::ofstream out(dir + "/tokenizer.json");
-  out << t.dump();
+  out << t;
   if (!out) return Unavailable("cannot write " + dir + "/tokenizer.json");
   json cfg = {{"tokenizer_class", "GPT2Tokenizer"}, {"model_max_length", 1 << 30}};
   auto token_of = [&](const char* key) -> std::string {

@@ -32,39 +32,43 @@ std::string ByteLevelSymbol(uint8_t byte) {
   return out;
 }
 
-std::string NoMergeByteLevelTokenizerJson(
-    const std::vector<std::pair<uint8_t, int32_t>>& bytes,
-    const std::vector<std::pair<std::string, int32_t>>& specials) {
+std::string ByteLevelBpeTokenizerJson(const std::vector<std::pair<std::string, int32_t>>& vocab,
+                                      const std::vector<std::string>& merges,
+                                      const std::vector<AddedToken>& added, bool split_digits) {
   using nlohmann::json;
-  json vocab = json::object();
-  for (const auto& [b, id] : bytes) vocab[ByteLevelSymbol(b)] = id;
-  // HF `tokenizers` keeps an added token's id only when the model's vocabulary has the token or
-  // the id comes right after it; specials below the byte ids must be in the vocabulary too.
-  int32_t max_byte_id = -1;
-  for (const auto& [b, id] : bytes) max_byte_id = std::max(max_byte_id, id);
-  for (const auto& [content, id] : specials) {
-    if (id < max_byte_id) vocab[content] = id;
+  json vocab_json = json::object();
+  for (const auto& [token, id] : vocab) vocab_json[token] = id;
+  json added_json = json::array();
+  for (const AddedToken& a : added) {
+    added_json.push_back({{"id", a.id},
+                          {"content", a.content},
+                          {"single_word", false},
+                          {"lstrip", false},
+                          {"rstrip", false},
+                          {"normalized", false},
+                          {"special", a.special}});
   }
-  json added = json::array();
-  for (const auto& [content, id] : specials) {
-    added.push_back({{"id", id},
-                     {"content", content},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", true}});
+  const json byte_level = {{"type", "ByteLevel"},
+                           {"add_prefix_space", false},
+                           {"trim_offsets", true},
+                           {"use_regex", true}};
+  json pre = byte_level;
+  if (split_digits) {
+    pre = {{"type", "Sequence"},
+           {"pretokenizers",
+            {{{"type", "Split"},
+              {"pattern", {{"Regex", "\\p{N}"}}},
+              {"behavior", "Isolated"},
+              {"invert", false}},
+             byte_level}}};
   }
   json t;
   t["version"] = "1.0";
   t["truncation"] = nullptr;
   t["padding"] = nullptr;
-  t["added_tokens"] = added;
+  t["added_tokens"] = added_json;
   t["normalizer"] = nullptr;
-  t["pre_tokenizer"] = {{"type", "ByteLevel"},
-                        {"add_prefix_space", false},
-                        {"trim_offsets", true},
-                        {"use_regex", true}};
+  t["pre_tokenizer"] = pre;
   t["post_processor"] = nullptr;
   t["decoder"] = {{"type", "ByteLevel"},
                   {"add_prefix_space", true},
@@ -78,9 +82,26 @@ std::string NoMergeByteLevelTokenizerJson(
                 {"fuse_unk", false},
                 {"byte_fallback", false},
                 {"ignore_merges", false},
-                {"vocab", vocab},
-                {"merges", json::array()}};
+                {"vocab", vocab_json},
+                {"merges", merges}};
   return t.dump(2) + "\n";
+}
+
+std::string NoMergeByteLevelTokenizerJson(
+    const std::vector<std::pair<uint8_t, int32_t>>& bytes,
+    const std::vector<std::pair<std::string, int32_t>>& specials) {
+  std::vector<std::pair<std::string, int32_t>> vocab;
+  for (const auto& [b, id] : bytes) vocab.emplace_back(ByteLevelSymbol(b), id);
+  // HF `tokenizers` keeps an added token's id only when the model's vocabulary has the token or
+  // the id comes right after it; specials below the byte ids must be in the vocabulary too.
+  int32_t max_byte_id = -1;
+  for (const auto& [b, id] : bytes) max_byte_id = std::max(max_byte_id, id);
+  std::vector<AddedToken> added;
+  for (const auto& [content, id] : specials) {
+    if (id < max_byte_id) vocab.emplace_back(content, id);
+    added.push_back({content, id, true});
+  }
+  return ByteLevelBpeTokenizerJson(vocab, {}, added, /*split_digits=*/false);
 }
 
 std::string CharTokenizerJson() {
