@@ -176,10 +176,9 @@ Status AsyncScheduler::Admit(int64_t steps_done,
 
 Worker* AsyncScheduler::PickWorker(const std::vector<Worker*>& alive, int64_t chunk_samples,
                                    bool tail) const {
-  std::map<std::string, int64_t> load;  // samples outstanding per worker
-  std::set<std::string> tail_workers;   // workers running a tail call
+  const std::map<std::string, int64_t> load = Loads();
+  std::set<std::string> tail_workers;  // workers running a tail call
   for (const auto& [id, in] : inflight_) {
-    load[in.worker] += in.load();
     if (in.tail && !in.expected.empty()) tail_workers.insert(in.worker);
   }
   // The least loaded worker among those `eligible`, within its running batch.
@@ -188,15 +187,15 @@ Worker* AsyncScheduler::PickWorker(const std::vector<Worker*>& alive, int64_t ch
     int64_t best_load = 0;
     for (Worker* w : alive) {
       if (!eligible(w)) continue;
-      const auto b = busy_.find(w->id);
-      const bool has_calls = b != busy_.end() && b->second.calls > 0;
+      // A call whose samples have all streamed back no longer occupies its worker, even while
+      // the job thread, busy training, has not handled its end yet.
+      const int64_t l = load.count(w->id) ? load.at(w->id) : 0;
       if (cfg_.rollout.dispatch == "idle") {
-        if (!has_calls) return w;
+        if (l == 0) return w;
         continue;
       }
-      const int64_t l = load.count(w->id) ? load.at(w->id) : 0;
-      // A worker with calls in flight takes more only within its running batch.
-      if (has_calls && l + chunk_samples > cfg_.rollout.max_running) continue;
+      // A worker still generating takes more only within its running batch.
+      if (l > 0 && l + chunk_samples > cfg_.rollout.max_running) continue;
       if (best == nullptr || l < best_load) {
         best = w;
         best_load = l;
@@ -218,6 +217,12 @@ Worker* AsyncScheduler::PickWorker(const std::vector<Worker*>& alive, int64_t ch
     if (Worker* w = pick([&](const Worker* x) { return !is_tail(x); })) return w;
   }
   return tail_workers.empty() ? pick([](const Worker*) { return true; }) : pick(is_tail);
+}
+
+std::map<std::string, int64_t> AsyncScheduler::Loads() const {
+  std::map<std::string, int64_t> load;
+  for (const auto& [id, in] : inflight_) load[in.worker] += in.load();
+  return load;
 }
 
 void AsyncScheduler::CallStarted(const std::string& worker) {
@@ -363,17 +368,15 @@ bool AsyncScheduler::MaybeSteal() {
     return false;
   }
   const std::vector<Worker*> alive = pool_->AliveRollouts();
+  const std::map<std::string, int64_t> load = Loads();
   Worker* thief = nullptr;
   for (Worker* w : alive) {
-    const auto b = busy_.find(w->id);
-    if (b == busy_.end() || b->second.calls == 0) {
+    if (load.count(w->id) == 0 || load.at(w->id) == 0) {
       thief = w;
       break;
     }
   }
   if (thief == nullptr) return false;
-  std::map<std::string, int64_t> load;
-  for (const auto& [id, in] : inflight_) load[in.worker] += in.load();
   Worker* victim = nullptr;
   int64_t most = 1;
   for (Worker* w : alive) {

@@ -200,6 +200,8 @@ class AsyncScheduler {
   // rollout.dispatch, among `alive`; a `tail` chunk (long tails) preferably to one that runs no
   // tail call yet, other chunks never to one that does.
   Worker* PickWorker(const std::vector<Worker*>& alive, int64_t chunk_samples, bool tail) const;
+  // Samples each worker with calls in flight still has to stream back (under mu_).
+  std::map<std::string, int64_t> Loads() const;
   void CallStarted(const std::string& worker);  // under mu_
   void CallEnded(const std::string& worker);    // under mu_
   void DispatchLoop();

@@ -572,16 +572,18 @@ void ExpectRepackingJobTrainsEverySampleOnce(const std::string& name, int k,
 }
 
 // rollout.weight_updates: repack and rollout.split_groups on real workers. Groups of 8 go out in
-// pieces of 2, one per call, to workers that run 2 sequences at a time, so publishes find
+// pieces of 2, one per call, to workers that run 1 sequence at a time, so publishes find
 // samples generating; it takes them out with their tokens (Rollout.Preempt) and they continue on
-// the new version.
+// the new version. Generation must be the slower side, or it reaches the staleness bound and
+// waits there with nothing in flight at a publish (a loaded CI host once saw that at all 5
+// publishes): the policy starts untrained, so responses run to max_new_tokens, generated one
+// sequence at a time, several times longer than a train step.
 TEST(TrainTest, AsyncJobRepackingAtEachPublishTrainsEverySampleOnce) {
   ExpectRepackingJobTrainsEverySampleOnce(
       "async_repack", 2,
-      // Longer responses keep calls in flight at each publish even on a loaded host (at 5
-      // tokens a publish under `ctest -j` could find nothing left to take out).
-      {"rollout.weight_updates=repack", "rollout.split_groups=2", "rollout.max_running=2",
-       "rollout.async_chunk_groups=1", "rollout.max_new_tokens=12", "model.max_seq_len=40"});
+      {"rollout.weight_updates=repack", "rollout.split_groups=2", "rollout.max_running=1",
+       "rollout.async_chunk_groups=1", "rollout.max_new_tokens=12", "model.max_seq_len=40",
+       "trainer.warmup_sft_steps=0"});
 }
 
 // rollout.weight_updates: between_steps_repack on real workers. All 40 admitted groups (k = 4)

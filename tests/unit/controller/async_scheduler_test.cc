@@ -393,26 +393,31 @@ TEST(AsyncSchedulerTest, LeastLoadedDispatchFillsABusyWorkersBatchAndNoMore) {
 // Samples streamed back stop loading their worker as soon as they arrive, before the job thread
 // handles them: while the job is busy elsewhere (training), a worker whose batch holds one group
 // gets the next as soon as the previous streams back. Nothing calls NextBatch for 0.5 s here,
-// and all five groups are sent meanwhile.
+// and all five groups are sent meanwhile. Also when a call is larger than the running batch
+// (max_running 1, groups of 2): a worker whose calls have all streamed back counts as idle (it
+// once counted as busy until the job thread handled the ends, so it idled through train steps).
 TEST(AsyncSchedulerTest, StreamedSamplesFreeTheirWorkersRoomBeforeTheJobHandlesThem) {
-  FakeJob job(FakeJobConfig(1, 1));
-  ASSERT_TRUE(job.Start().ok());
-  JobConfig cfg = job.cfg;
-  cfg.algorithm.max_staleness = 4;
-  cfg.rollout.prompts_per_step = 1;
-  cfg.rollout.async_chunk_groups = 1;
-  cfg.rollout.max_running = 2;  // one group of 2
-  cfg.rollout.work_stealing = false;
-  Drawer draw(nullptr, 2);
-  AsyncScheduler async(cfg, job.pool.get(), nullptr, Sampling(), 0);
-  ASSERT_TRUE(async.Admit(0, [&](int64_t c) { return draw(c, 1, 0); }).ok());  // 5 groups
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  EXPECT_EQ(job.cluster.rollout[0]->stream_calls().size(), 5u);
-  for (int64_t v = 0; v < 5; ++v) {
-    auto batch = async.NextBatch(v, v + 1);
-    ASSERT_TRUE(batch.ok()) << batch.status();
+  for (const int max_running : {2, 1}) {
+    SCOPED_TRACE("max_running " + std::to_string(max_running));
+    FakeJob job(FakeJobConfig(1, 1));
+    ASSERT_TRUE(job.Start().ok());
+    JobConfig cfg = job.cfg;
+    cfg.algorithm.max_staleness = 4;
+    cfg.rollout.prompts_per_step = 1;
+    cfg.rollout.async_chunk_groups = 1;
+    cfg.rollout.max_running = max_running;
+    cfg.rollout.work_stealing = false;
+    Drawer draw(nullptr, 2);
+    AsyncScheduler async(cfg, job.pool.get(), nullptr, Sampling(), 0);
+    ASSERT_TRUE(async.Admit(0, [&](int64_t c) { return draw(c, 1, 0); }).ok());  // 5 groups
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    EXPECT_EQ(job.cluster.rollout[0]->stream_calls().size(), 5u);
+    for (int64_t v = 0; v < 5; ++v) {
+      auto batch = async.NextBatch(v, v + 1);
+      ASSERT_TRUE(batch.ok()) << batch.status();
+    }
+    async.Shutdown();
   }
-  async.Shutdown();
 }
 
 // A stream that fails midway keeps the groups it delivered; only the others are generated again,
