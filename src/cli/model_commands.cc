@@ -26,9 +26,10 @@ namespace gyre::cli {
 namespace {
 
 constexpr char kLogprobsUsage[] =
-    "usage: gyre logprobs --model DIR [--ids \"ID ID ...\"] [--full]\n"
+    "usage: gyre logprobs --model DIR [--ids \"ID ID ...\"] [--full] [--dtype DTYPE]\n"
     "\n"
-    "Loads a Hugging Face model directory (config.json + safetensors) in float32 and prints,\n"
+    "Loads a Hugging Face model directory (config.json + safetensors) in float32 (or --dtype:\n"
+    "bfloat16, float16, computing in it as a job with model.dtype does) and prints,\n"
     "for each token sequence, one JSON line {\"ids\": [...], \"logprobs\": [...]} where\n"
     "logprobs[t] = log p(ids[t+1] | ids[0..t]). Sequences come from --ids or, without it, one\n"
     "JSON array of ids per line on stdin. --full adds \"full\": the log-softmax over the whole\n"
@@ -70,7 +71,7 @@ StatusOr<std::vector<int64_t>> ParseIds(const std::string& text, bool json_array
 }  // namespace
 
 int RunLogprobs(const std::vector<std::string>& args) {
-  std::string model_dir, ids_text;
+  std::string model_dir, ids_text, dtype_name = "float32";
   bool full = false, have_ids = false;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--help" || args[i] == "-h") {
@@ -83,6 +84,8 @@ int RunLogprobs(const std::vector<std::string>& args) {
       have_ids = true;
     } else if (args[i] == "--full") {
       full = true;
+    } else if (args[i] == "--dtype" && i + 1 < args.size()) {
+      dtype_name = args[++i];
     } else {
       std::fprintf(stderr, "gyre logprobs: unexpected argument '%s' (see gyre logprobs --help)\n",
                    args[i].c_str());
@@ -93,11 +96,17 @@ int RunLogprobs(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gyre logprobs: --model DIR is required\n");
     return 2;
   }
+  const StatusOr<at::ScalarType> dtype = model::ParseWeightDtype(dtype_name);
+  if (!dtype.ok()) {
+    std::fprintf(stderr, "gyre logprobs: --dtype: %s\n", dtype.status().message().c_str());
+    return 2;
+  }
   auto model = model::LoadHfModel(model_dir);
   if (!model.ok()) {
     std::fprintf(stderr, "gyre: %s\n", model.status().message().c_str());
     return 1;
   }
+  (*model)->ToDtype(*dtype);
   const int64_t vocab = (*model)->spec().vocab_size;
   c10::InferenceMode guard;
   auto run = [&](const std::string& text, bool json_array) -> bool {

@@ -211,7 +211,8 @@ Status RolloutFleet::Impl::BuildManifest() {
   }
   // Uninitialised parameters (never touched): only their names and shapes are read.
   auto model = model::Transformer::Create(spec, 0, -1.0);
-  manifest_ = model::ParameterManifest(model->NamedParameters(), &payload_bytes_);
+  GYRE_ASSIGN_OR_RETURN(const at::ScalarType dtype, model::ParseWeightDtype(cfg_.model.dtype));
+  manifest_ = model::ParameterManifest(model->NamedParameters(), &payload_bytes_, dtype);
   return Status::Ok();
 }
 
@@ -291,9 +292,10 @@ Status RolloutFleet::Impl::Gather(int64_t version, const WeightSource& source, b
                              "' is missing");
     }
     const TensorView& t = it->second;
-    if (t.dtype != "float32") {
+    if (t.dtype != e.dtype) {
       return InvalidArgument("weight source: tensor '" + e.name + "' is " + t.dtype +
-                             "; the weight plane moves float32");
+                             "; the rollout model runs " + e.dtype +
+                             " (model.dtype), so its weights travel in " + e.dtype);
     }
     if (t.shape != e.shape) {
       return InvalidArgument("weight source: tensor '" + e.name + "' has shape " +

@@ -16,6 +16,7 @@
 #include "model/text_tokenizer.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
+#include "model/weights.h"
 #include "rollout/rollout_service.h"
 #include "rpc/rpc_util.h"
 #include "rpc/worker_session.h"
@@ -186,8 +187,19 @@ int RunWorker(const std::vector<std::string>& args) {
     return 1;
   }
   model->To(*device);
-  GYRE_LOG_INFO("{}: model with {} parameters on {}", session.worker_id(), model->NumParameters(),
-                device->str());
+  const StatusOr<at::ScalarType> dtype = model::ParseWeightDtype(cfg->model.dtype);
+  if (!dtype.ok()) {
+    session.ReportFatal("model.dtype: " + dtype.status().ToString());
+    return 1;
+  }
+  // A rollout worker runs the model in model.dtype; a trainer keeps float32 master weights and
+  // computes in model.dtype (mixed precision).
+  if (wrole == v1::WORKER_ROLE_ROLLOUT) model->ToDtype(*dtype);
+  GYRE_LOG_INFO("{}: model with {} parameters on {} in {}", session.worker_id(),
+                model->NumParameters(), device->str(),
+                wrole == v1::WORKER_ROLE_ROLLOUT || *dtype == at::kFloat
+                    ? cfg->model.dtype
+                    : "float32 (master weights), computing in " + cfg->model.dtype);
 
   grpc::Service* service = nullptr;
   std::function<int64_t()> version;

@@ -147,7 +147,9 @@ std::vector<Field> BuildTable() {
       Text(GYRE_CONFIG_KEY(model.path), kAnyText,
            "Hugging Face model directory (config.json, safetensors, tokenizer.json); empty = the "
            "built-in tiny decoder below"),
-      Choice(GYRE_CONFIG_KEY(model.dtype), {"float32"}, "parameter and compute dtype"),
+      Choice(GYRE_CONFIG_KEY(model.dtype), {"float32", "bfloat16", "float16"},
+             "rollout and training compute dtype (training keeps float32 master weights and "
+             "optimizer state; weights are published in this dtype)"),
       Choice(GYRE_CONFIG_KEY(model.device), {"cpu", "cuda", "auto"},
              "where workers keep the model: cpu, cuda, or auto (cuda when usable)"),
       Num(GYRE_CONFIG_KEY(model.hidden_size), Closed(1, 65536), "model width"),

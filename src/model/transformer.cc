@@ -72,11 +72,28 @@ struct Transformer::Impl {
     return (xf * at::rsqrt(var + spec.rms_norm_eps)).to(x.scalar_type()) * w;
   }
 
-  // cos/sin for positions [B, T] -> [B, 1, T, head_dim].
+  // cos/sin for positions [B, T] -> [B, 1, T, head_dim], computed in float32 and handed out in
+  // the model's dtype (as Hugging Face does), so q and k keep that dtype.
   std::pair<at::Tensor, at::Tensor> Rope(const at::Tensor& positions) const {
     at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq.view({1, 1, -1});
     at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);
-    return {emb.cos(), emb.sin()};
+    const at::ScalarType type = embed.scalar_type();
+    return {emb.cos().to(type), emb.sin().to(type)};
+  }
+
+  // Every parameter, for walking them all (inv_freq is not one).
+  std::vector<at::Tensor*> Parameters() {
+    std::vector<at::Tensor*> out = {&embed};
+    for (Layer& l : layers) {
+      for (at::Tensor* t : {&l.input_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.q_bias,
+                            &l.k_bias, &l.v_bias, &l.q_norm, &l.k_norm, &l.post_norm, &l.gate_proj,
+                            &l.up_proj, &l.down_proj}) {
+        out.push_back(t);
+      }
+    }
+    out.push_back(&final_norm);
+    out.push_back(&lm_head);
+    return out;
   }
 
   static at::Tensor RotateHalf(const at::Tensor& x) {
@@ -433,20 +450,28 @@ void Transformer::To(const at::Device& device) {
     const bool grad = t.requires_grad();
     t = t.detach().to(device).set_requires_grad(grad);
   };
-  move(impl_->embed);
-  for (Layer& l : impl_->layers) {
-    for (at::Tensor* t :
-         {&l.input_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.q_bias, &l.k_bias,
-          &l.v_bias, &l.q_norm, &l.k_norm, &l.post_norm, &l.gate_proj, &l.up_proj, &l.down_proj}) {
-      move(*t);
-    }
-  }
-  move(impl_->final_norm);
-  move(impl_->lm_head);
+  for (at::Tensor* t : impl_->Parameters()) move(*t);
   move(impl_->inv_freq);
 }
 
+void Transformer::ToDtype(at::ScalarType dtype) {
+  for (at::Tensor* t : impl_->Parameters()) {
+    if (!t->defined() || t->scalar_type() == dtype) continue;
+    const bool grad = t->requires_grad();
+    *t = t->detach().to(dtype).set_requires_grad(grad);
+  }
+}
+
+std::unique_ptr<Transformer> Transformer::CastOf(const Transformer& src, at::ScalarType dtype) {
+  auto impl = std::make_unique<Impl>(*src.impl_);  // shares the tensors, then replaces them
+  for (at::Tensor* t : impl->Parameters()) {
+    if (t->defined()) *t = t->to(dtype);  // differentiable: gradients flow back to src
+  }
+  return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
+}
+
 at::Device Transformer::device() const { return impl_->embed.device(); }
+at::ScalarType Transformer::dtype() const { return impl_->embed.scalar_type(); }
 
 NamedTensors Transformer::NamedParameters() const {
   NamedTensors out;

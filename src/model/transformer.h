@@ -120,6 +120,17 @@ class Transformer {
   // an earlier NamedParameters() call keep pointing at the old tensors: call it again.
   void To(const at::Device& device);
   at::Device device() const;
+  // Converts every parameter to `dtype` (float32, bfloat16 or float16) in place; they stay leaf
+  // tensors with their requires_grad. The forward passes compute in the parameters' dtype
+  // (RMSNorm statistics, RoPE tables and the returned logits in float32, as Hugging Face does);
+  // caches made afterwards use it too. Aliases from NamedParameters() go stale, as with To.
+  void ToDtype(at::ScalarType dtype);
+  at::ScalarType dtype() const;
+  // A model whose parameters are `src`'s cast to `dtype` through autograd: a forward of the copy
+  // differentiates into `src`'s parameters (float32 master weights with bfloat16 compute). The
+  // casts are made now, so make a new copy after `src` changes; it does not own `src`'s tensors
+  // and must not outlive them in use.
+  static std::unique_ptr<Transformer> CastOf(const Transformer& src, at::ScalarType dtype);
 
   // Parameters in a fixed order with Hugging Face names (model.layers.0.self_attn.q_proj.weight).
   NamedTensors NamedParameters() const;

@@ -17,16 +17,36 @@ namespace gyre::model {
 
 uint32_t Crc32(const uint8_t* data, uint64_t n) { return gyre::Crc32(data, n); }
 
-std::vector<TensorEntry> ParameterManifest(const NamedTensors& params, uint64_t* total_bytes) {
+StatusOr<at::ScalarType> ParseWeightDtype(const std::string& name) {
+  if (name == "float32" || name == "F32") return at::kFloat;
+  if (name == "bfloat16" || name == "BF16") return at::kBFloat16;
+  if (name == "float16" || name == "F16") return at::kHalf;
+  return InvalidArgument("unknown weight dtype '" + name + "' (float32, bfloat16 or float16)");
+}
+
+std::string WeightDtypeName(at::ScalarType type) {
+  switch (type) {
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kHalf:
+      return "float16";
+    default:
+      return "float32";
+  }
+}
+
+std::vector<TensorEntry> ParameterManifest(const NamedTensors& params, uint64_t* total_bytes,
+                                           at::ScalarType dtype) {
   std::vector<TensorEntry> manifest;
   uint64_t total = 0;
+  const uint64_t esize = dtype == at::kFloat ? 4 : 2;
   for (const auto& [name, t] : params) {
     TensorEntry e;
     e.name = name;
     e.shape = t.sizes().vec();
-    e.dtype = "float32";
+    e.dtype = WeightDtypeName(dtype);
     e.offset = total;
-    e.nbytes = static_cast<uint64_t>(t.numel()) * sizeof(float);
+    e.nbytes = static_cast<uint64_t>(t.numel()) * esize;
     total += e.nbytes;
     manifest.push_back(std::move(e));
   }
@@ -35,13 +55,13 @@ std::vector<TensorEntry> ParameterManifest(const NamedTensors& params, uint64_t*
 }
 
 std::vector<uint8_t> FlattenParameters(const NamedTensors& params,
-                                       std::vector<TensorEntry>* manifest) {
+                                       std::vector<TensorEntry>* manifest, at::ScalarType dtype) {
   uint64_t total = 0;
-  *manifest = ParameterManifest(params, &total);
+  *manifest = ParameterManifest(params, &total, dtype);
   std::vector<uint8_t> out(total);
   for (size_t i = 0; i < params.size(); ++i) {
-    at::Tensor c = params[i].second.detach().to(at::kFloat).contiguous().cpu();
-    std::memcpy(out.data() + (*manifest)[i].offset, c.data_ptr<float>(), (*manifest)[i].nbytes);
+    at::Tensor c = params[i].second.detach().to(dtype).contiguous().cpu();
+    std::memcpy(out.data() + (*manifest)[i].offset, c.data_ptr(), (*manifest)[i].nbytes);
   }
   return out;
 }
@@ -54,17 +74,21 @@ std::string ShapeString(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
-// Validates `manifest` against `params` and the payload size; returns per-param entry index.
-StatusOr<std::vector<const TensorEntry*>> MatchManifest(const std::vector<TensorEntry>& manifest,
-                                                        uint64_t payload_bytes,
-                                                        const NamedTensors& params) {
+struct Matched {
+  const TensorEntry* entry;
+  at::ScalarType dtype;
+};
+
+// Validates `manifest` against `params` and the payload size; returns each parameter's entry.
+StatusOr<std::vector<Matched>> MatchManifest(const std::vector<TensorEntry>& manifest,
+                                             uint64_t payload_bytes, const NamedTensors& params) {
   std::map<std::string, const TensorEntry*> by_name;
   for (const auto& e : manifest) {
     if (!by_name.emplace(e.name, &e).second) {
       return InvalidArgument("tensor '" + e.name + "' appears twice");
     }
   }
-  std::vector<const TensorEntry*> out;
+  std::vector<Matched> out;
   for (const auto& [name, t] : params) {
     auto it = by_name.find(name);
     if (it == by_name.end()) return InvalidArgument("missing tensor '" + name + "'");
@@ -73,16 +97,19 @@ StatusOr<std::vector<const TensorEntry*>> MatchManifest(const std::vector<Tensor
       return InvalidArgument("tensor '" + name + "' has shape " + ShapeString(e.shape) +
                              ", the model expects " + ShapeString(t.sizes().vec()));
     }
-    if (e.dtype != "float32" && e.dtype != "F32") {
-      return InvalidArgument("tensor '" + name + "' has dtype " + e.dtype + ", expected float32");
+    const StatusOr<at::ScalarType> dtype = ParseWeightDtype(e.dtype);
+    if (!dtype.ok()) {
+      return InvalidArgument("tensor '" + name + "' has dtype '" + e.dtype +
+                             "'; weights travel as float32, bfloat16 or float16");
     }
-    if (e.nbytes != static_cast<uint64_t>(t.numel()) * 4 || e.offset > payload_bytes ||
+    const uint64_t esize = *dtype == at::kFloat ? 4 : 2;
+    if (e.nbytes != static_cast<uint64_t>(t.numel()) * esize || e.offset > payload_bytes ||
         e.nbytes > payload_bytes - e.offset) {
       return InvalidArgument("tensor '" + name + "' has byte range [" + std::to_string(e.offset) +
                              ", +" + std::to_string(e.nbytes) + ") outside the payload of " +
                              std::to_string(payload_bytes) + " bytes or of the wrong size");
     }
-    out.push_back(&e);
+    out.push_back({&e, *dtype});
   }
   if (by_name.size() != params.size()) {
     std::map<std::string, int> known;
@@ -101,12 +128,12 @@ Status LoadFlatParameters(const std::vector<TensorEntry>& manifest, const uint8_
                           const at::Device& payload_device) {
   GYRE_ASSIGN_OR_RETURN(auto entries, MatchManifest(manifest, payload_bytes, params));
   at::NoGradGuard no_grad;
-  const auto options = at::TensorOptions().dtype(at::kFloat).device(payload_device);
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& dst = params[i].second;
-    at::Tensor src =
-        at::from_blob(const_cast<uint8_t*>(payload + entries[i]->offset), dst.sizes(), options);
-    dst.detach().copy_(src);
+    const auto options = at::TensorOptions().dtype(entries[i].dtype).device(payload_device);
+    at::Tensor src = at::from_blob(const_cast<uint8_t*>(payload + entries[i].entry->offset),
+                                   dst.sizes(), options);
+    dst.detach().copy_(src);  // converts to the parameter's dtype
   }
   return Status::Ok();
 }
@@ -115,12 +142,12 @@ Status FlattenParametersInto(const NamedTensors& params, const std::vector<Tenso
                              void* dst, uint64_t dst_bytes, const at::Device& device) {
   GYRE_ASSIGN_OR_RETURN(auto entries, MatchManifest(manifest, dst_bytes, params));
   at::NoGradGuard no_grad;
-  const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& src = params[i].second;
+    const auto options = at::TensorOptions().dtype(entries[i].dtype).device(device);
     at::Tensor out =
-        at::from_blob(static_cast<uint8_t*>(dst) + entries[i]->offset, src.sizes(), options);
-    out.copy_(src.detach());
+        at::from_blob(static_cast<uint8_t*>(dst) + entries[i].entry->offset, src.sizes(), options);
+    out.copy_(src.detach());  // converts to the manifest's dtype
   }
   return Status::Ok();
 }

@@ -15,29 +15,37 @@ namespace gyre::model {
 struct TensorEntry {
   std::string name;
   std::vector<int64_t> shape;
-  std::string dtype;  // "float32" (the only dtype the built-in model uses)
+  std::string dtype;  // "float32", "bfloat16" or "float16": how the bytes are laid out
   uint64_t offset = 0;
   uint64_t nbytes = 0;
 };
 
-// Copies every parameter, in NamedParameters() order, into one contiguous float32 payload.
+// The payload dtypes: "float32", "bfloat16", "float16" (also safetensors' F32, BF16, F16).
+StatusOr<at::ScalarType> ParseWeightDtype(const std::string& name);
+std::string WeightDtypeName(at::ScalarType type);  // float32, bfloat16 or float16
+
+// Copies every parameter, in NamedParameters() order, into one contiguous payload in `dtype`
+// (converting: a float32 master model publishes bfloat16 weights for a bfloat16 rollout).
 std::vector<uint8_t> FlattenParameters(const NamedTensors& params,
-                                       std::vector<TensorEntry>* manifest);
+                                       std::vector<TensorEntry>* manifest,
+                                       at::ScalarType dtype = at::kFloat);
 
 // The manifest FlattenParameters writes (same order and offsets), without copying; the payload
 // size goes to *total_bytes.
-std::vector<TensorEntry> ParameterManifest(const NamedTensors& params, uint64_t* total_bytes);
+std::vector<TensorEntry> ParameterManifest(const NamedTensors& params, uint64_t* total_bytes,
+                                           at::ScalarType dtype = at::kFloat);
 
-// Copies every parameter as float32 into the `dst_bytes` bytes at `dst`, which live on `device`
-// (a CUDA device's memory for the GPU weight transports), laid out as `manifest`
-// (ParameterManifest of the same parameters). The copies are enqueued on the device's current
-// stream; the caller synchronises before other streams or processes read `dst`.
+// Copies every parameter, converted to the manifest's dtype, into the `dst_bytes` bytes at `dst`,
+// which live on `device` (a CUDA device's memory for the GPU weight transports), laid out as
+// `manifest` (ParameterManifest of the same parameters). The copies are enqueued on the device's
+// current stream; the caller synchronises before other streams or processes read `dst`.
 Status FlattenParametersInto(const NamedTensors& params, const std::vector<TensorEntry>& manifest,
                              void* dst, uint64_t dst_bytes, const at::Device& device);
 
-// Copies `payload` into `params`. The manifest must name exactly the model's parameters with the
-// same shapes; on any mismatch nothing is written and the error names the tensor. The payload
-// lives in host memory, or on `payload_device` (e.g. a CUDA device) when given.
+// Copies `payload` into `params`, converting from the manifest's dtype to theirs. The manifest
+// must name exactly the model's parameters with the same shapes; on any mismatch nothing is
+// written and the error names the tensor. The payload lives in host memory, or on
+// `payload_device` (e.g. a CUDA device) when given.
 Status LoadFlatParameters(const std::vector<TensorEntry>& manifest, const uint8_t* payload,
                           uint64_t payload_bytes, const NamedTensors& params,
                           const at::Device& payload_device = at::Device(at::kCPU));

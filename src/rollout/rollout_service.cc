@@ -436,7 +436,8 @@ grpc::Status RolloutService::RelayWeights(grpc::ServerContext*, const v1::RelayW
                                 ", this worker holds " + std::to_string(version_.load()));
       }
       payload.version = version_.load();
-      payload.bytes = model::FlattenParameters(model_->NamedParameters(), &payload.manifest);
+      payload.bytes =
+          model::FlattenParameters(model_->NamedParameters(), &payload.manifest, model_->dtype());
     }
     const int64_t bucket = req->bucket_bytes() > 0 ? req->bucket_bytes() : (4 << 20);
     const double timeout = req->timeout_s() > 0 ? req->timeout_s() : 60.0;

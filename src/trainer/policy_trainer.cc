@@ -37,6 +37,20 @@ PolicyTrainer::PolicyTrainer(std::unique_ptr<model::Transformer> model, double l
 
 PolicyTrainer::~PolicyTrainer() = default;
 
+void PolicyTrainer::SetComputeDtype(at::ScalarType dtype) {
+  compute_dtype_ = dtype;
+  reference_compute_.reset();
+}
+
+const model::Transformer& PolicyTrainer::ComputeReference() {
+  if (reference_->dtype() == compute_dtype_) return *reference_;
+  if (reference_compute_ == nullptr) {
+    at::NoGradGuard no_grad;  // frozen: plain tensors, cast once
+    reference_compute_ = model::Transformer::CastOf(*reference_, compute_dtype_);
+  }
+  return *reference_compute_;
+}
+
 void PolicyTrainer::FreezeReference() {
   auto ref = model::Transformer::Create(model_->spec(), 0, -1.0);
   ref->To(model_->device());
@@ -48,6 +62,7 @@ void PolicyTrainer::FreezeReference() {
     dst[i].second.detach().requires_grad_(false);
   }
   reference_ = std::move(ref);
+  reference_compute_.reset();
 }
 
 Status PolicyTrainer::RestoreReference(const std::vector<at::Tensor>& weights) {
@@ -73,6 +88,7 @@ Status PolicyTrainer::RestoreReference(const std::vector<at::Tensor>& weights) {
     dst[i].second.detach().requires_grad_(false);
   }
   reference_ = std::move(ref);
+  reference_compute_.reset();
   return Status::Ok();
 }
 
@@ -344,6 +360,16 @@ MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, 
   return mb;
 }
 
+// `model` computing in `dtype`: the model itself when its parameters have that dtype, otherwise
+// a cast copy made now, kept in *holder (mixed precision: the float32 master weights receive the
+// gradients of a bfloat16 forward).
+const model::Transformer& InDtype(const model::Transformer& model, at::ScalarType dtype,
+                                  std::unique_ptr<model::Transformer>* holder) {
+  if (model.dtype() == dtype) return model;
+  *holder = model::Transformer::CastOf(model, dtype);
+  return **holder;
+}
+
 // Response-token logits [S, R, V] of a micro-batch.
 at::Tensor ResponseLogits(const model::Transformer& model, const MicroBatch& mb) {
   at::Tensor logits = model.Forward(mb.inputs);  // [S, L, V]
@@ -377,12 +403,14 @@ at::Tensor AggregationScale(const at::Tensor& mask, const kernels::PolicyLossPar
 void PolicyTrainer::ComputeOldLogprobs(std::vector<TrainSample>* batch,
                                        const TrainOptions& options) const {
   at::NoGradGuard no_grad;
+  std::unique_ptr<model::Transformer> cast;
+  const model::Transformer& model = InDtype(*model_, compute_dtype_, &cast);
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, options.micro_batch_size));
   for (size_t start = 0; start < batch->size(); start += step) {
     const size_t end = std::min(batch->size(), start + step);
     MicroBatch mb = BuildMicroBatch(*batch, start, end, model_->device());
     at::Tensor logp =
-        ops::TokenLogprobs(ResponseLogits(*model_, mb), mb.targets, options.temperature).cpu();
+        ops::TokenLogprobs(ResponseLogits(model, mb), mb.targets, options.temperature).cpu();
     auto a = logp.accessor<float, 2>();
     for (int64_t s = 0; s < mb.S; ++s) {
       TrainSample& x = (*batch)[start + s];
@@ -401,6 +429,9 @@ StatusOr<std::vector<double>> PolicyTrainer::SequenceKl(const std::vector<TrainS
   GYRE_RETURN_IF_ERROR(Validate(batch, Objective::kSft, options));
   if (reference_ == nullptr) FreezeReference();
   at::NoGradGuard no_grad;
+  std::unique_ptr<model::Transformer> cast;
+  const model::Transformer& model = InDtype(*model_, compute_dtype_, &cast);
+  const model::Transformer& reference = ComputeReference();
   std::vector<double> out;
   out.reserve(batch.size());
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, micro_batch_size));
@@ -408,10 +439,9 @@ StatusOr<std::vector<double>> PolicyTrainer::SequenceKl(const std::vector<TrainS
     const size_t end = std::min(batch.size(), start + step);
     MicroBatch mb = BuildMicroBatch(batch, start, end, model_->device());
     const at::Tensor logp =
-        ops::TokenLogprobs(ResponseLogits(*model_, mb), mb.targets, temperature).to(at::kDouble);
+        ops::TokenLogprobs(ResponseLogits(model, mb), mb.targets, temperature).to(at::kDouble);
     const at::Tensor ref =
-        ops::TokenLogprobs(ResponseLogits(*reference_, mb), mb.targets, temperature)
-            .to(at::kDouble);
+        ops::TokenLogprobs(ResponseLogits(reference, mb), mb.targets, temperature).to(at::kDouble);
     // The loss kernel's estimators (kernels/reference/policy_loss_ref.h), per token.
     const at::Tensor d = (logp - ref).masked_fill(mb.mask == 0, 0.0);
     at::Tensor k;
@@ -647,7 +677,9 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     MicroBatch mb =
         BuildMicroBatch(batch, start, end, model_->device(),
                         loglinear ? LogLinear{proximal_version, version_} : LogLinear{});
-    at::Tensor resp_logits = ResponseLogits(*model_, mb);
+    // A cast copy per micro-batch: its graph goes with the micro-batch's backward.
+    std::unique_ptr<model::Transformer> cast;
+    at::Tensor resp_logits = ResponseLogits(InDtype(*model_, compute_dtype_, &cast), mb);
     const double temp = objective == Objective::kSft ? 1.0 : options.temperature;
     at::Tensor logp = ops::TokenLogprobs(resp_logits, mb.targets, temp);  // [S, R]
     // The entropy bonus needs the entropy with its graph; otherwise it is telemetry only.
@@ -705,7 +737,7 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
       if (options.loss.kl != kernels::KlKind::kNone) {
         if (reference_ == nullptr) return FailedPrecondition("the KL term has no reference policy");
         at::NoGradGuard ng;
-        ref_lp = ops::TokenLogprobs(ResponseLogits(*reference_, mb), mb.targets, temp);
+        ref_lp = ops::TokenLogprobs(ResponseLogits(ComputeReference(), mb), mb.targets, temp);
       }
       // A registered loss replaces the kernel's policy term: the kernel then runs with zero
       // advantages, which leaves it the KL term and the behaviour-weight statistics.

@@ -148,7 +148,15 @@ class PolicyTrainer {
   // order); checked first, nothing changes on a mismatch. A checkpoint's reference comes back
   // through here.
   Status RestoreReference(const std::vector<at::Tensor>& weights);
-  void DropReference() { reference_.reset(); }
+  void DropReference() {
+    reference_.reset();
+    reference_compute_.reset();
+  }
+  // Mixed precision (model.dtype): forwards and backwards compute in `dtype` on a cast of the
+  // float32 weights, whose gradients, AdamW state and update stay float32; log-probs and losses
+  // are float32. float32 (the default) trains the weights directly.
+  void SetComputeDtype(at::ScalarType dtype);
+  at::ScalarType compute_dtype() const { return compute_dtype_; }
   int64_t version() const { return version_; }
 
   // AdamW state of one parameter. step 0 = the optimizer has not updated it yet (no moments).
@@ -194,6 +202,10 @@ class PolicyTrainer {
   struct Optimizer;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<model::Transformer> reference_;  // the KL term's frozen policy
+  // reference_ in compute_dtype_ when that differs (made on first use, dropped with reference_).
+  std::unique_ptr<model::Transformer> reference_compute_;
+  at::ScalarType compute_dtype_ = at::kFloat;
+  const model::Transformer& ComputeReference();
   std::unique_ptr<Optimizer> optimizer_;
   int64_t version_ = 0;
   comm::Communicator* dp_ = nullptr;

@@ -45,6 +45,10 @@ TrainerService::TrainerService(const JobConfig& config, std::unique_ptr<model::T
                config.trainer.beta1, config.trainer.beta2),
       on_stop_(std::move(on_stop)) {
   last_version_.store(trainer_.version());
+  // The configuration was validated: model.dtype is one of the weight dtypes.
+  const StatusOr<at::ScalarType> dtype = model::ParseWeightDtype(config.model.dtype);
+  dtype_ = dtype.ok() ? *dtype : at::kFloat;
+  trainer_.SetComputeDtype(dtype_);
 }
 
 int64_t TrainerService::version() const {
@@ -206,8 +210,9 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
       {
         std::lock_guard<std::mutex> lock(mu_);
         payload.version = trainer_.version();
+        // In the rollout's dtype (model.dtype): bfloat16 halves the bytes of a version.
         payload.bytes =
-            model::FlattenParameters(trainer_.model().NamedParameters(), &payload.manifest);
+            model::FlattenParameters(trainer_.model().NamedParameters(), &payload.manifest, dtype_);
       }
       s = sender_.PublishHost(*req, payload, resp);
     }
@@ -226,7 +231,7 @@ Status TrainerService::FlattenToDevice(double timeout, comm::DevicePayload* payl
   }
   const auto params = trainer_.model().NamedParameters();
   payload->version = trainer_.version();
-  payload->manifest = model::ParameterManifest(params, &payload->bytes);
+  payload->manifest = model::ParameterManifest(params, &payload->bytes, dtype_);
   payload->device = device.index();
   GYRE_ASSIGN_OR_RETURN(payload->data, sender_.StagingBuffer(payload->bytes, payload->device));
   GYRE_RETURN_IF_ERROR(model::FlattenParametersInto(params, payload->manifest, payload->data,

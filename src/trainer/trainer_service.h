@@ -62,6 +62,7 @@ class TrainerService final : public v1::Trainer::Service {
   Status FlattenToDevice(double timeout, comm::DevicePayload* payload);
 
   JobConfig config_;
+  at::ScalarType dtype_ = at::kFloat;  // model.dtype: compute and published weights
   mutable std::mutex mu_;
   PolicyTrainer trainer_;                         // guarded by mu_
   mutable std::atomic<int64_t> last_version_{0};  // trainer_.version() when last read

@@ -1,8 +1,8 @@
 """Reference side of the Hugging Face parity test (tests/integration/hf_parity_test.cc).
 
 Builds random-init tiny models of each supported architecture with transformers (from a config;
-nothing is downloaded), saves each as an HF directory, and writes the float32 log-softmax of a
-token sequence next to it (ref.json). Exit status 77 means the reference packages are missing.
+nothing is downloaded), saves each as an HF directory, and writes the log-softmax of a token
+sequence next to it (ref.json): computed in float32 ("full") and in bfloat16 ("full_bf16"). Exit status 77 means the reference packages are missing.
 
 usage: hf_parity.py OUT_DIR           build reference models into OUT_DIR
        hf_parity.py --check DIR TEXT  load a Gyre-written DIR with transformers and tokenizers,
@@ -86,6 +86,13 @@ def main():
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0].float()
         ref = {"ids": ids, "full": torch.log_softmax(logits, -1).tolist()}
+        # The same weights loaded in bfloat16 (model.dtype: bfloat16), logits read in float32.
+        # Loaded, not model.to(bfloat16): that would also round the RoPE inverse frequencies
+        # (a buffer) to bfloat16, which from_pretrained(dtype=bfloat16) keeps in float32.
+        half = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval()
+        with torch.no_grad():
+            logits = half(torch.tensor([ids])).logits[0].float()
+        ref["full_bf16"] = torch.log_softmax(logits, -1).tolist()
         with open(os.path.join(d, "ref.json"), "w") as f:
             json.dump(ref, f)
     print("ok")

@@ -243,8 +243,8 @@ TEST(ConfigErrors, UnknownChoiceListsChoicesAndSuggests) {
   EXPECT_EQ(ParseError("job:\n  log_level: WARN\n"),
             "jobs/x.yaml:2:14: job.log_level: 'WARN' is not one of trace, debug, info, warn, "
             "error, critical, off; did you mean 'warn'?");
-  EXPECT_EQ(ParseError("model:\n  dtype: bfloat16\n"),
-            "jobs/x.yaml:2:10: model.dtype: 'bfloat16' is not one of float32");
+  EXPECT_EQ(ParseError("model:\n  dtype: bf16\n"),
+            "jobs/x.yaml:2:10: model.dtype: 'bf16' is not one of float32, bfloat16, float16");
 }
 
 TEST(ConfigErrors, RequiredStringMustNotBeEmpty) {

@@ -76,7 +76,9 @@ TEST(GgufTest, EveryTypeDequantisesToHandValues) {
     std::vector<float> out;
     const GgufTensor* t = (*f)->Find(name);
     EXPECT_NE(t, nullptr) << name;
-    if (t != nullptr) EXPECT_TRUE((*f)->Dequantize(*t, &out).ok()) << name;
+    if (t != nullptr) {
+      EXPECT_TRUE((*f)->Dequantize(*t, &out).ok()) << name;
+    }
     return out;
   };
   EXPECT_EQ(values("f32"), (std::vector<float>{1.5f, -0.25f}));

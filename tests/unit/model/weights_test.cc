@@ -40,6 +40,56 @@ TEST(WeightsTest, FlatRoundTripCopiesEveryParameter) {
   ExpectSameParameters(*src, *dst);
 }
 
+// model.dtype: bfloat16: a float32 (master) model publishes a bfloat16 payload of half the bytes,
+// a bfloat16 model loads it exactly (the same rounding the cast makes), and a float32 model
+// loads it widened. Manifests with a dtype that is not a weight dtype, or with float32's sizes
+// for a bfloat16 payload, are refused and change nothing.
+TEST(WeightsTest, Bfloat16PayloadsHalveTheBytesAndLoadIntoEitherDtype) {
+  auto master = Transformer::Create(Spec(), 1, 0.1);
+  std::vector<TensorEntry> manifest;
+  const auto bytes = FlattenParameters(master->NamedParameters(), &manifest, at::kBFloat16);
+  EXPECT_EQ(bytes.size(), static_cast<size_t>(master->NumParameters()) * 2);
+  EXPECT_EQ(manifest[0].dtype, "bfloat16");
+  uint64_t total = 0;
+  const auto again = ParameterManifest(master->NamedParameters(), &total, at::kBFloat16);
+  EXPECT_EQ(total, bytes.size());
+  EXPECT_EQ(again.back().offset + again.back().nbytes, total);
+  auto rollout = Transformer::Create(Spec(), 2, 0.1);
+  rollout->ToDtype(at::kBFloat16);
+  ASSERT_TRUE(
+      LoadFlatParameters(manifest, bytes.data(), bytes.size(), rollout->NamedParameters()).ok());
+  auto wide = Transformer::Create(Spec(), 3, 0.1);
+  ASSERT_TRUE(
+      LoadFlatParameters(manifest, bytes.data(), bytes.size(), wide->NamedParameters()).ok());
+  const auto pm = master->NamedParameters(), pr = rollout->NamedParameters(),
+             pw = wide->NamedParameters();
+  for (size_t i = 0; i < pm.size(); ++i) {
+    const at::Tensor rounded = pm[i].second.detach().to(at::kBFloat16);
+    EXPECT_TRUE(at::equal(pr[i].second, rounded)) << pm[i].first;
+    EXPECT_TRUE(at::equal(pw[i].second, rounded.to(at::kFloat))) << pm[i].first;
+  }
+  // A bfloat16 model's own payload (the relay) is bfloat16 too, byte for byte the same.
+  std::vector<TensorEntry> relayed;
+  EXPECT_EQ(FlattenParameters(rollout->NamedParameters(), &relayed, rollout->dtype()), bytes);
+
+  auto before = Transformer::Create(Spec(), 2, 0.1);
+  before->ToDtype(at::kBFloat16);
+  auto bad = manifest;
+  bad[1].dtype = "int8";
+  Status s = LoadFlatParameters(bad, bytes.data(), bytes.size(), before->NamedParameters());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("dtype 'int8'"), std::string::npos) << s;
+  bad = manifest;
+  bad[1].dtype = "float32";  // float32 needs twice the bytes the entry has
+  s = LoadFlatParameters(bad, bytes.data(), bytes.size(), before->NamedParameters());
+  EXPECT_NE(s.message().find(manifest[1].name), std::string::npos) << s;
+  auto untouched = Transformer::Create(Spec(), 2, 0.1);
+  untouched->ToDtype(at::kBFloat16);
+  ExpectSameParameters(*untouched, *before);
+  EXPECT_EQ(ParseWeightDtype("BF16").value(), at::kBFloat16);
+  EXPECT_FALSE(ParseWeightDtype("float64").ok());
+}
+
 TEST(WeightsTest, MismatchedManifestIsRejectedAndChangesNothing) {
   auto src = Transformer::Create(Spec(), 1, 0.1);
   auto dst = Transformer::Create(Spec(), 2, 0.1);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "gyre/torch.h"
 #include "testing/tensor_compare.h"
@@ -56,6 +57,41 @@ TEST(PolicyTrainerTest, MicroBatchingGivesTheSameUpdateAsOneBatch) {
     EXPECT_TRUE(testing::AllClose(Flat(whole), Flat(micro), {1e-5, 1e-6, 1e-5}));
     EXPECT_EQ(whole.version(), 1);
   }
+}
+
+// Mixed precision (model.dtype: bfloat16): the weights and AdamW moments stay float32 while the
+// forward and backward run in bfloat16. The first update moves the weights as float32 training's
+// does up to bfloat16 rounding of the gradient (measured: the same direction for 99.7% of the
+// weights), the loss agrees within 2% (and is not float32's: the forward did run in bfloat16),
+// and SFT still learns the batch (loss down by half in 30 more steps).
+TEST(PolicyTrainerTest, MixedPrecisionKeepsFloat32WeightsAndFollowsFloat32Training) {
+  PolicyTrainer full(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+  PolicyTrainer mixed(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+  mixed.SetComputeDtype(at::kBFloat16);
+  const at::Tensor start = Flat(full);
+  auto a = full.Step(Batch(), Objective::kSft, 1e-2, Options(2));
+  auto b = mixed.Step(Batch(), Objective::kSft, 1e-2, Options(2));
+  ASSERT_TRUE(a.ok() && b.ok()) << b.status();
+  EXPECT_EQ(mixed.model().dtype(), at::kFloat);
+  for (const auto& st : mixed.OptimizerState()) {
+    EXPECT_EQ(st.exp_avg.scalar_type(), at::kFloat);
+    EXPECT_EQ(st.exp_avg_sq.scalar_type(), at::kFloat);
+  }
+  EXPECT_NEAR((*b)["loss"], (*a)["loss"], 2e-2 * std::abs((*a)["loss"]));
+  EXPECT_NE((*b)["loss"], (*a)["loss"]);
+  // AdamW's first update is about lr * sign(gradient) per weight, so bfloat16 rounding shows as
+  // weights whose tiny gradient changed sign: count the agreeing ones.
+  const at::Tensor dm = Flat(mixed) - start, df = Flat(full) - start;
+  const double agree = ((dm * df) > 0).to(at::kDouble).mean().item<double>();
+  std::fprintf(stderr, "update signs agree on %.4f of the weights\n", agree);
+  EXPECT_GT(agree, 0.95);
+  double first = (*b)["loss"], last = first;
+  for (int i = 0; i < 30; ++i) {
+    auto r = mixed.Step(Batch(), Objective::kSft, 1e-2, Options(2));
+    ASSERT_TRUE(r.ok()) << r.status();
+    last = (*r)["loss"];
+  }
+  EXPECT_LT(last, 0.5 * first);
 }
 
 // Policy gradient at ratio 1: the loss is -mean(A) over unmasked tokens, and a positive
