@@ -152,15 +152,23 @@ class FakeRollout final : public rpc::RolloutClient {
   Status GenerateStream(const rpc::Call& call, const v1::GenerateRequest& req,
                         const std::function<void(v1::GenerateResponse&)>& on_part) override {
     stream_calls_.Add(req);
-    struct Count {  // streams running at once, and the most seen
+    // Streams running at once, and the most seen. A stream stops counting when its last sample
+    // is sent (End), not when the handler returns: its worker then holds no work of it, and the
+    // scheduler may already have sent the next call.
+    struct Count {
       explicit Count(FakeRollout* f) : f(f) {
         const int now = ++f->streams_now_;
         int seen = f->streams_max_.load();
         while (now > seen && !f->streams_max_.compare_exchange_weak(seen, now)) {
         }
       }
-      ~Count() { --f->streams_now_; }
+      void End() {
+        if (!ended) --f->streams_now_;
+        ended = true;
+      }
+      ~Count() { End(); }
       FakeRollout* f;
+      bool ended = false;
     } count(this);
     // Each sample's state before its first token is streamed, for Preempt.
     std::vector<std::vector<uint64_t>> units;
@@ -258,6 +266,7 @@ class FakeRollout final : public rpc::RolloutClient {
       if (part.samples_size() == 0) continue;
       part.set_policy_version(all.policy_version());
       part.set_generated_tokens(part.samples_size() * int64_t{kFakeResponseLen});
+      if (gone()) count.End();  // the last unit of this stream
       on_part(part);
     }
     return Status::Ok();
@@ -315,7 +324,7 @@ class FakeRollout final : public rpc::RolloutClient {
   std::vector<v1::RelayWeightsRequest> relay_calls() const { return relay_calls_.Get(); }
   std::vector<v1::PreemptRequest> preempt_calls() const { return preempt_calls_.Get(); }
   int stops() const { return stops_.load(); }
-  // The most GenerateStream calls that ran at the same time.
+  // The most GenerateStream calls that ran at the same time (holding samples not yet sent).
   int max_concurrent_streams() const { return streams_max_.load(); }
 
  private:
