@@ -37,6 +37,8 @@ constexpr char kBenchUsage[] =
     "                libtorch baselines (CUDA kernels on a GPU, CPU references otherwise)\n"
     "  weight-sync   weight publishing per transport and bucket size vs one gRPC message\n"
     "  rollout       continuous batching + prefix sharing vs static batching (long-tail lengths)\n"
+    "  train         the trainer's step with sequence packing vs padded rows, on equal-length\n"
+    "                and long-tail batches, with the achieved fraction of the matmul peak\n"
     "  dp-step       data-parallel step time, gradient all-reduce overlapped with backward vs\n"
     "                after it\n"
     "  e2e           whole GRPO jobs, synchronous vs asynchronous (k = 1, 2, 4), with real or\n"
@@ -115,6 +117,7 @@ int RunBench(const std::vector<std::string>& args) {
   if (sub == "weight-sync") return RunBenchWeightSync(rest);
   if (sub == "rollout") return RunBenchRollout(rest);
   if (sub == "dp-step") return RunBenchDpStep(rest);
+  if (sub == "train") return RunBenchTrain(rest);
   if (sub == "e2e") return RunBenchE2e(rest);
   std::fprintf(stderr, "gyre bench: unknown subcommand '%s'\n\n%s", sub.c_str(), kBenchUsage);
   return 2;

@@ -72,6 +72,8 @@ int RunBenchRollout(const std::vector<std::string>& args);
 // gyre bench dp-step: data-parallel step time, gradient all-reduce overlapped with backward vs
 // after it (bench_dp_step.cc).
 int RunBenchDpStep(const std::vector<std::string>& args);
+// gyre bench train: the trainer step with sequence packing vs padded rows (bench_train.cc).
+int RunBenchTrain(const std::vector<std::string>& args);
 int RunBenchE2e(const std::vector<std::string>& args);
 // `gyre sim-workers` (sim_workers.cc): simulated workers for `bench e2e --simulate`.
 int RunSimWorkers(const std::vector<std::string>& args);

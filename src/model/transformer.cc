@@ -149,8 +149,10 @@ struct Transformer::Impl {
     return at::linear(out, l.o_proj);
   }
 
+  // select: undefined, or int64 [N] flat indices into [B * T] of the positions whose logits are
+  // returned ([N, V] instead of [B, T, V]); the final norm and LM head run on those only.
   at::Tensor Run(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& mask,
-                 KvCache* cache) const {
+                 KvCache* cache, const at::Tensor& select = at::Tensor()) const {
     at::Tensor h = at::embedding(embed, tokens);
     auto [cos, sin] = Rope(positions);
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -160,6 +162,7 @@ struct Transformer::Impl {
       h = h +
           at::linear(at::silu(at::linear(y, l.gate_proj)) * at::linear(y, l.up_proj), l.down_proj);
     }
+    if (select.defined()) h = h.reshape({-1, h.size(-1)}).index_select(0, select);
     h = RmsNorm(h, final_norm);
     return at::linear(h, spec.tie_embeddings ? embed : lm_head).to(at::kFloat);
   }
@@ -306,6 +309,21 @@ at::Tensor Transformer::Forward(const at::Tensor& tokens) const {
   at::Tensor positions =
       at::arange(T, tokens.options().dtype(at::kLong)).unsqueeze(0).expand({B, T});
   return impl_->Run(tokens, positions, at::Tensor(), nullptr);
+}
+
+at::Tensor Transformer::ForwardPacked(const PackedBatch& batch) const {
+  const int64_t rows = batch.tokens.size(0), width = batch.tokens.size(1);
+  GYRE_CHECK(batch.positions.sizes() == batch.tokens.sizes() &&
+             batch.segments.sizes() == batch.tokens.sizes() && batch.logit_index.dim() == 1)
+      << "packed batch: tokens, positions and segments must be [rows, width], logit_index [N]";
+  // mask[r, 0, q, k] = k <= q && segments[r, q] == segments[r, k]
+  const auto lopts = batch.tokens.options().dtype(at::kLong);
+  const at::Tensor idx = at::arange(width, lopts);
+  const at::Tensor causal =
+      (idx.view({1, width}) <= idx.view({width, 1})).view({1, 1, width, width});
+  const at::Tensor same =
+      batch.segments.view({rows, 1, width, 1}) == batch.segments.view({rows, 1, 1, width});
+  return impl_->Run(batch.tokens, batch.positions, causal & same, nullptr, batch.logit_index);
 }
 
 KvCache Transformer::NewCache(int64_t batch, int64_t capacity) const {

@@ -70,6 +70,20 @@ struct DecodeBatch {
                          // attended iff mask[b, 0, 0, p] (true for p < context length)
 };
 
+// Training sequences packed end to end into the rows of a [rows, width] batch, so that no pad
+// token is computed except at the end of a row. segments[r, c] names the sequence that position
+// c of row r belongs to (padding at a row's end is a segment of its own); a token attends to the
+// earlier tokens of its own segment only (block-diagonal causal attention), and its RoPE
+// position is its index in its own sequence.
+struct PackedBatch {
+  at::Tensor tokens;     // int64 [rows, width]
+  at::Tensor positions;  // int64 [rows, width]
+  at::Tensor segments;   // int64 [rows, width]
+  // int64 [N]: flat indices (row * width + column) of the positions whose next-token logits are
+  // wanted, in the order returned. The LM head runs on these positions only.
+  at::Tensor logit_index;
+};
+
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 // RoPE inverse frequencies [head_dim / 2] (float32), with the spec's scaling applied.
@@ -89,6 +103,10 @@ class Transformer {
   // Full causal forward without a cache. tokens: int64 [B, T] (right padding is harmless: real
   // tokens never attend to later positions). Returns float32 logits [B, T, V].
   at::Tensor Forward(const at::Tensor& tokens) const;
+  // The forward of a packed training batch (see PackedBatch): float32 logits [N, V] for the
+  // positions in batch.logit_index. Each sequence's logits equal those Forward gives it alone
+  // (up to floating-point summation order). Differentiable, like Forward.
+  at::Tensor ForwardPacked(const PackedBatch& batch) const;
 
   // Allocates an empty cache for `batch` sequences of up to `capacity` positions.
   KvCache NewCache(int64_t batch, int64_t capacity) const;

@@ -278,17 +278,46 @@ Status PolicyTrainer::Validate(const std::vector<TrainSample>& batch, Objective 
   return Status::Ok();
 }
 
+std::vector<std::pair<int64_t, int64_t>> PackFirstFit(const std::vector<int64_t>& lengths,
+                                                      int64_t width, int64_t* rows) {
+  std::vector<size_t> order(lengths.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return lengths[a] > lengths[b]; });
+  std::vector<int64_t> used;  // tokens per row
+  std::vector<std::pair<int64_t, int64_t>> at(lengths.size());
+  for (size_t s : order) {
+    size_t row = 0;
+    while (row < used.size() && used[row] + lengths[s] > width) ++row;
+    if (row == used.size()) used.push_back(0);
+    at[s] = {static_cast<int64_t>(row), used[row]};
+    used[row] += lengths[s];
+  }
+  *rows = std::max<int64_t>(1, static_cast<int64_t>(used.size()));
+  return at;
+}
+
 namespace {
 
-// The tensors of one micro-batch [start, end) of a batch. inputs[s] is (prompt + response)[:-1]
-// right-padded; response token t of sample s is predicted at input index prompt_len - 1 + t.
+// The tensors of one micro-batch [start, end) of a batch. Per-token tensors are [S, R] (R the
+// longest response); response token t of sample s is predicted by the token before it. The N
+// response tokens, sample after sample, are also listed flat: the model returns their logits
+// [N, V] (ResponseLogits) and Grid scatters per-token values back into [S, R].
 struct MicroBatch {
   int64_t S = 0, R = 0;
-  at::Tensor inputs, gather_idx, targets, mask, adv, rollout_lp, old_lp;
+  at::Tensor targets, mask, adv, rollout_lp, old_lp;
   at::Tensor rollout_mask;  // mask, where the sample carries rollout log-probs
   bool has_old = true;      // every sample carries old_logprobs
   // Proximal::kLogLinear: kernels::LogLinearProximalAlpha per token (undefined otherwise).
   at::Tensor alpha;
+  at::Tensor flat_targets;  // int64 [N]
+  at::Tensor grid_index;    // int64 [N]: s * R + t
+  // Packed (PolicyTrainer::SetSequencePacking): the rows the model runs on.
+  bool packed = false;
+  model::PackedBatch pack;
+  // Padded: inputs[s] is (prompt + response)[:-1] right-padded to L, and padded_index [N] the
+  // flat index s * L + prompt_len - 1 + t of each response token's predicting position.
+  at::Tensor inputs, padded_index;
 };
 
 // Which log-linear weights BuildMicroBatch fills in (none unless proximal_version >= 0).
@@ -297,20 +326,65 @@ struct LogLinear {
   int64_t current_version = -1;
 };
 
+// Packs the micro-batch's sequences (input lengths len[s] = prompt + response - 1) into rows of
+// `width` = the longest (PackFirstFit). Fills mb->pack and returns, per sample, its (row,
+// column) start.
+std::vector<std::pair<int64_t, int64_t>> PackRows(const std::vector<TrainSample>& batch,
+                                                  size_t start, const std::vector<int64_t>& len,
+                                                  int64_t width, MicroBatch* mb) {
+  const int64_t S = static_cast<int64_t>(len.size());
+  int64_t rows = 0;
+  const std::vector<std::pair<int64_t, int64_t>> at = PackFirstFit(len, width, &rows);
+  mb->pack.tokens = at::zeros({rows, width}, at::kLong);
+  mb->pack.positions = at::zeros({rows, width}, at::kLong);
+  // Padding at a row's end is segment S (its own); sample s is segment s.
+  mb->pack.segments = at::full({rows, width}, S, at::kLong);
+  auto tk = mb->pack.tokens.accessor<int64_t, 2>();
+  auto ps = mb->pack.positions.accessor<int64_t, 2>();
+  auto sg = mb->pack.segments.accessor<int64_t, 2>();
+  for (int64_t s = 0; s < S; ++s) {
+    const TrainSample& x = batch[start + static_cast<size_t>(s)];
+    const int64_t P = static_cast<int64_t>(x.prompt.size());
+    const auto [row, col] = at[static_cast<size_t>(s)];
+    for (int64_t t = 0; t < len[static_cast<size_t>(s)]; ++t) {
+      tk[row][col + t] = t < P ? x.prompt[t] : x.response[t - P];
+      ps[row][col + t] = t;
+      sg[row][col + t] = s;
+    }
+  }
+  return at;
+}
+
 // Built on the CPU, then moved to `device` (the model's) in one go.
 MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, size_t end,
-                           const at::Device& device, const LogLinear& loglinear = {}) {
+                           const at::Device& device, bool packed, const LogLinear& loglinear = {}) {
   MicroBatch mb;
   mb.S = static_cast<int64_t>(end - start);
-  int64_t L = 0;
+  mb.packed = packed;
+  int64_t L = 0, N = 0;
+  std::vector<int64_t> len;
   for (size_t i = start; i < end; ++i) {
-    L = std::max<int64_t>(
-        L, static_cast<int64_t>(batch[i].prompt.size() + batch[i].response.size()) - 1);
+    len.push_back(std::max<int64_t>(
+        0, static_cast<int64_t>(batch[i].prompt.size() + batch[i].response.size()) - 1));
+    L = std::max<int64_t>(L, len.back());
     mb.R = std::max<int64_t>(mb.R, static_cast<int64_t>(batch[i].response.size()));
+    N += static_cast<int64_t>(batch[i].response.size());
   }
   const int64_t S = mb.S, R = mb.R;
-  mb.inputs = at::zeros({S, L}, at::kLong);
-  mb.gather_idx = at::zeros({S, R}, at::kLong);
+  std::vector<std::pair<int64_t, int64_t>> placed;
+  if (packed) {
+    placed = PackRows(batch, start, len, std::max<int64_t>(1, L), &mb);
+    mb.pack.logit_index = at::zeros({N}, at::kLong);
+  } else {
+    mb.inputs = at::zeros({S, L}, at::kLong);
+    mb.padded_index = at::zeros({N}, at::kLong);
+  }
+  at::Tensor& logit_rows = packed ? mb.pack.logit_index : mb.padded_index;
+  auto li_a = logit_rows.accessor<int64_t, 1>();
+  mb.flat_targets = at::zeros({N}, at::kLong);
+  mb.grid_index = at::zeros({N}, at::kLong);
+  auto ft_a = mb.flat_targets.accessor<int64_t, 1>();
+  auto gr_a = mb.grid_index.accessor<int64_t, 1>();
   mb.targets = at::zeros({S, R}, at::kLong);
   mb.mask = at::zeros({S, R}, at::kFloat);
   mb.adv = at::zeros({S, R}, at::kFloat);
@@ -318,8 +392,6 @@ MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, 
   mb.old_lp = at::zeros({S, R}, at::kFloat);
   mb.rollout_mask = at::zeros({S, R}, at::kFloat);
   auto rm_a = mb.rollout_mask.accessor<float, 2>();
-  auto in_a = mb.inputs.accessor<int64_t, 2>();
-  auto gi_a = mb.gather_idx.accessor<int64_t, 2>();
   auto tg_a = mb.targets.accessor<int64_t, 2>();
   auto mk_a = mb.mask.accessor<float, 2>();
   auto ad_a = mb.adv.accessor<float, 2>();
@@ -327,14 +399,23 @@ MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, 
   auto ol_a = mb.old_lp.accessor<float, 2>();
   const bool with_alpha = loglinear.proximal_version >= 0;
   if (with_alpha) mb.alpha = at::ones({S, R}, at::kFloat);
+  int64_t k = 0;  // flat index of the next response token
   for (int64_t s = 0; s < S; ++s) {
     const TrainSample& x = batch[start + s];
     const int64_t P = static_cast<int64_t>(x.prompt.size());
     const int64_t n = static_cast<int64_t>(x.response.size());
     mb.has_old = mb.has_old && x.old_logprobs.size() == x.response.size();
-    for (int64_t t = 0; t < P + n - 1; ++t) in_a[s][t] = t < P ? x.prompt[t] : x.response[t - P];
-    for (int64_t t = 0; t < n; ++t) {
-      gi_a[s][t] = P - 1 + t;
+    if (!packed) {
+      auto in_a = mb.inputs.accessor<int64_t, 2>();
+      for (int64_t t = 0; t < P + n - 1; ++t) in_a[s][t] = t < P ? x.prompt[t] : x.response[t - P];
+    }
+    for (int64_t t = 0; t < n; ++t, ++k) {
+      const int64_t position = P - 1 + t;  // in the sample's input sequence
+      li_a[k] = packed ? placed[static_cast<size_t>(s)].first * L +
+                             placed[static_cast<size_t>(s)].second + position
+                       : s * L + position;
+      ft_a[k] = x.response[t];
+      gr_a[k] = s * R + t;
       tg_a[s][t] = x.response[t];
       mk_a[s][t] = x.loss_mask.empty() ? 1.0f : x.loss_mask[t];
       ad_a[s][t] = x.advantage * mk_a[s][t];
@@ -352,8 +433,10 @@ MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, 
     }
   }
   if (!device.is_cpu()) {
-    for (at::Tensor* t : {&mb.inputs, &mb.gather_idx, &mb.targets, &mb.mask, &mb.adv,
-                          &mb.rollout_lp, &mb.old_lp, &mb.rollout_mask, &mb.alpha}) {
+    for (at::Tensor* t :
+         {&mb.inputs, &mb.padded_index, &mb.pack.tokens, &mb.pack.positions, &mb.pack.segments,
+          &mb.pack.logit_index, &mb.flat_targets, &mb.grid_index, &mb.targets, &mb.mask, &mb.adv,
+          &mb.rollout_lp, &mb.old_lp, &mb.rollout_mask, &mb.alpha}) {
       if (t->defined()) *t = t->to(device, /*non_blocking=*/false);
     }
   }
@@ -370,10 +453,23 @@ const model::Transformer& InDtype(const model::Transformer& model, at::ScalarTyp
   return **holder;
 }
 
-// Response-token logits [S, R, V] of a micro-batch.
+// Logits [N, V] of a micro-batch's response tokens, sample after sample.
 at::Tensor ResponseLogits(const model::Transformer& model, const MicroBatch& mb) {
+  if (mb.packed) return model.ForwardPacked(mb.pack);
   at::Tensor logits = model.Forward(mb.inputs);  // [S, L, V]
-  return logits.gather(1, mb.gather_idx.unsqueeze(-1).expand({mb.S, mb.R, logits.size(2)}));
+  return logits.view({-1, logits.size(2)}).index_select(0, mb.padded_index);
+}
+
+// Per-token values [N] (response tokens, sample after sample) laid out as [S, R], zero past each
+// sample's response. Differentiable in x.
+at::Tensor Grid(const at::Tensor& x, const MicroBatch& mb) {
+  return at::zeros({mb.S * mb.R}, x.options()).index_copy(0, mb.grid_index, x).view({mb.S, mb.R});
+}
+
+// Log-probs [S, R] of the response tokens under `model` at `temperature`.
+at::Tensor ResponseLogprobs(const model::Transformer& model, const MicroBatch& mb,
+                            double temperature) {
+  return Grid(ops::TokenLogprobs(ResponseLogits(model, mb), mb.flat_targets, temperature), mb);
 }
 
 // [S, 1] per-sequence weights that turn sum_t m x into x's share of the loss under p.agg, with
@@ -408,9 +504,8 @@ void PolicyTrainer::ComputeOldLogprobs(std::vector<TrainSample>* batch,
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, options.micro_batch_size));
   for (size_t start = 0; start < batch->size(); start += step) {
     const size_t end = std::min(batch->size(), start + step);
-    MicroBatch mb = BuildMicroBatch(*batch, start, end, model_->device());
-    at::Tensor logp =
-        ops::TokenLogprobs(ResponseLogits(model, mb), mb.targets, options.temperature).cpu();
+    MicroBatch mb = BuildMicroBatch(*batch, start, end, model_->device(), packing_);
+    at::Tensor logp = ResponseLogprobs(model, mb, options.temperature).cpu();
     auto a = logp.accessor<float, 2>();
     for (int64_t s = 0; s < mb.S; ++s) {
       TrainSample& x = (*batch)[start + s];
@@ -437,11 +532,9 @@ StatusOr<std::vector<double>> PolicyTrainer::SequenceKl(const std::vector<TrainS
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, micro_batch_size));
   for (size_t start = 0; start < batch.size(); start += step) {
     const size_t end = std::min(batch.size(), start + step);
-    MicroBatch mb = BuildMicroBatch(batch, start, end, model_->device());
-    const at::Tensor logp =
-        ops::TokenLogprobs(ResponseLogits(model, mb), mb.targets, temperature).to(at::kDouble);
-    const at::Tensor ref =
-        ops::TokenLogprobs(ResponseLogits(reference, mb), mb.targets, temperature).to(at::kDouble);
+    MicroBatch mb = BuildMicroBatch(batch, start, end, model_->device(), packing_);
+    const at::Tensor logp = ResponseLogprobs(model, mb, temperature).to(at::kDouble);
+    const at::Tensor ref = ResponseLogprobs(reference, mb, temperature).to(at::kDouble);
     // The loss kernel's estimators (kernels/reference/policy_loss_ref.h), per token.
     const at::Tensor d = (logp - ref).masked_fill(mb.mask == 0, 0.0);
     at::Tensor k;
@@ -675,13 +768,13 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
   for (size_t start = 0; start < batch.size(); start += step) {
     const size_t end = std::min(batch.size(), start + step);
     MicroBatch mb =
-        BuildMicroBatch(batch, start, end, model_->device(),
+        BuildMicroBatch(batch, start, end, model_->device(), packing_,
                         loglinear ? LogLinear{proximal_version, version_} : LogLinear{});
     // A cast copy per micro-batch: its graph goes with the micro-batch's backward.
     std::unique_ptr<model::Transformer> cast;
-    at::Tensor resp_logits = ResponseLogits(InDtype(*model_, compute_dtype_, &cast), mb);
+    at::Tensor resp_logits = ResponseLogits(InDtype(*model_, compute_dtype_, &cast), mb);  // [N, V]
     const double temp = objective == Objective::kSft ? 1.0 : options.temperature;
-    at::Tensor logp = ops::TokenLogprobs(resp_logits, mb.targets, temp);  // [S, R]
+    at::Tensor logp = Grid(ops::TokenLogprobs(resp_logits, mb.flat_targets, temp), mb);  // [S, R]
     // The entropy bonus needs the entropy with its graph; otherwise it is telemetry only.
     const bool bonus = objective == Objective::kPolicyGradient && options.entropy_coef > 0;
     at::Tensor entropy_with_grad;
@@ -689,16 +782,16 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
       at::Tensor z = resp_logits / (temp > 0 ? temp : 1.0);
       if (bonus) {
         at::Tensor lsm = at::log_softmax(z, -1);
-        entropy_with_grad = -(lsm.exp() * lsm).sum(-1);  // [S, R]
+        entropy_with_grad = Grid(-(lsm.exp() * lsm).sum(-1), mb);  // [S, R]
       }
       at::NoGradGuard ng;
       at::Tensor ent = entropy_with_grad.defined() ? entropy_with_grad.detach() : at::Tensor();
       if (!ent.defined()) {
         at::Tensor lsm = at::log_softmax(z.detach(), -1);
-        ent = -(lsm.exp() * lsm).sum(-1);
+        ent = Grid(-(lsm.exp() * lsm).sum(-1), mb);
       }
       entropy_sum += (ent * mb.mask).sum().item<double>();
-      at::Tensor argmax_ok = (z.detach().argmax(-1) == mb.targets).to(at::kFloat);
+      at::Tensor argmax_ok = Grid((z.detach().argmax(-1) == mb.flat_targets).to(at::kFloat), mb);
       correct += (argmax_ok * mb.mask).sum().item<double>();
     }
     // The last micro-batch's backward all-reduces gradient buckets as they complete.
@@ -737,7 +830,7 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
       if (options.loss.kl != kernels::KlKind::kNone) {
         if (reference_ == nullptr) return FailedPrecondition("the KL term has no reference policy");
         at::NoGradGuard ng;
-        ref_lp = ops::TokenLogprobs(ResponseLogits(ComputeReference(), mb), mb.targets, temp);
+        ref_lp = ResponseLogprobs(ComputeReference(), mb, temp);
       }
       // A registered loss replaces the kernel's policy term: the kernel then runs with zero
       // advantages, which leaves it the KL term and the behaviour-weight statistics.

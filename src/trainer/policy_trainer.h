@@ -105,6 +105,12 @@ struct DataParallelOptions {
 
 class GradReducer;
 
+// Sequence packing's layout: sequences of `lengths` tokens placed into rows of `width` (>= the
+// longest), first fit, longest first. Returns each sequence's (row, column); *rows gets the
+// number of rows used (at least 1).
+std::vector<std::pair<int64_t, int64_t>> PackFirstFit(const std::vector<int64_t>& lengths,
+                                                      int64_t width, int64_t* rows);
+
 class PolicyTrainer {
  public:
   PolicyTrainer(std::unique_ptr<model::Transformer> model, double lr, double weight_decay,
@@ -157,6 +163,13 @@ class PolicyTrainer {
   // are float32. float32 (the default) trains the weights directly.
   void SetComputeDtype(at::ScalarType dtype);
   at::ScalarType compute_dtype() const { return compute_dtype_; }
+  // Sequence packing (trainer.sequence_packing, on by default): a micro-batch's samples are
+  // packed end to end into rows as wide as its longest sample (first fit, longest first) with
+  // block-diagonal causal attention, and the LM head runs on response positions only. Off: one
+  // right-padded row per sample and logits at every position (the eager padded baseline). Both
+  // give the same log-probs up to floating-point summation order.
+  void SetSequencePacking(bool on) { packing_ = on; }
+  bool sequence_packing() const { return packing_; }
   int64_t version() const { return version_; }
 
   // AdamW state of one parameter. step 0 = the optimizer has not updated it yet (no moments).
@@ -205,6 +218,7 @@ class PolicyTrainer {
   // reference_ in compute_dtype_ when that differs (made on first use, dropped with reference_).
   std::unique_ptr<model::Transformer> reference_compute_;
   at::ScalarType compute_dtype_ = at::kFloat;
+  bool packing_ = true;
   const model::Transformer& ComputeReference();
   std::unique_ptr<Optimizer> optimizer_;
   int64_t version_ = 0;

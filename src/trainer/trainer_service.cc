@@ -49,6 +49,7 @@ TrainerService::TrainerService(const JobConfig& config, std::unique_ptr<model::T
   const StatusOr<at::ScalarType> dtype = model::ParseWeightDtype(config.model.dtype);
   dtype_ = dtype.ok() ? *dtype : at::kFloat;
   trainer_.SetComputeDtype(dtype_);
+  trainer_.SetSequencePacking(config.trainer.sequence_packing);
 }
 
 int64_t TrainerService::version() const {

@@ -1,0 +1,383 @@
+// `gyre bench train`: the trainer's policy-gradient step with sequence packing against the eager
+// padded baseline (one right-padded row per sample, logits at every position) on the same model
+// and batches in the same run, on an equal-length and a long-tail batch, with the achieved
+// FLOP/s as a fraction of a matmul peak measured at start.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/bench.h"
+#include "model/hf_model.h"
+#include "model/transformer.h"
+#include "model/weights.h"
+#include "trainer/policy_trainer.h"
+
+namespace gyre::cli {
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: gyre bench train [options] [--json FILE]\n"
+    "\n"
+    "Times the trainer's policy-gradient step (PolicyTrainer::Step: forward, loss, backward,\n"
+    "AdamW) two ways on the same model and batches, in the same run:\n"
+    "  padded   one right-padded row per sample, logits at every position (the eager padded\n"
+    "           libtorch baseline: trainer.sequence_packing: false)\n"
+    "  packed   samples packed end to end into rows as wide as the longest, block-diagonal\n"
+    "           causal attention, the LM head on response positions only (the default)\n"
+    "on two batches with the same number of response tokens:\n"
+    "  equal     every response as long as the long-tail batch's mean\n"
+    "  longtail  lognormal response lengths (as in gyre bench rollout)\n"
+    "Rounds alternate which mode goes first; each mode starts every round from the same weights\n"
+    "and takes one untimed warm-up step, then STEPS timed steps. Reports the median step time,\n"
+    "tokens/s (the tokens the model runs on: prompt + response - 1 per sample, padding\n"
+    "excluded), the tokens it computed (padding included), speedup = padded median / median, and "
+    "useful FLOP/s: 6 x\n"
+    "(parameters of the layers) x input tokens + 6 x (LM head parameters) x response tokens per\n"
+    "step (attention scores excluded), also as a fraction of the peak: the best of square\n"
+    "matmuls in the compute dtype on the same threads, measured at start. Both modes must make\n"
+    "the same updates up to float32 reordering: the mean difference of their weights at the end\n"
+    "of a round must stay under 1% of the mean distance the weights moved (checked).\n"
+    "\n"
+    "options (defaults in brackets):\n"
+    "  --model DIR          Hugging Face model directory; otherwise a random model of:\n"
+    "  --vocab V            vocabulary size [4096]\n"
+    "  --hidden H           hidden size (heads of 64) [256]\n"
+    "  --layers L           decoder layers [4]\n"
+    "  --batch B            samples per step [64]\n"
+    "  --prompt-len P       prompt tokens [32]\n"
+    "  --median-len L       median response length of the long-tail batch [48]\n"
+    "  --sigma S            lognormal sigma of the long-tail lengths [1.0]\n"
+    "  --max-len M          response length cap [512]\n"
+    "  --micro-batch M      samples per micro-batch; 0 = the whole batch [0]\n"
+    "  --dtype D            compute dtype: float32, bfloat16, float16 [float32]\n"
+    "  --steps N            timed steps per mode and round [3]\n"
+    "  --rounds R           rounds [2]\n"
+    "  --threads N          intra-op CPU threads; 0 = every core [0]\n"
+    "  --seed S             workload seed [1]\n"
+    "  --json FILE          also write the figures as JSON\n";
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Setup {
+  std::string model_dir, dtype = "float32";
+  int64_t vocab = 4096, hidden = 256, layers = 4, batch = 64, prompt_len = 32, max_len = 512;
+  int64_t micro = 0, steps = 3, rounds = 2, threads = 0, seed = 1;
+  double median = 48, sigma = 1.0;
+};
+
+model::ModelSpec Spec(const Setup& s) {
+  model::ModelSpec spec;
+  spec.vocab_size = s.vocab;
+  spec.hidden_size = s.hidden;
+  spec.num_layers = s.layers;
+  spec.num_heads = std::max<int64_t>(1, s.hidden / 64);
+  spec.num_kv_heads = spec.num_heads;
+  spec.head_dim = s.hidden / spec.num_heads;
+  spec.intermediate_size = s.hidden * 8 / 3;
+  spec.max_seq_len = s.prompt_len + s.max_len;
+  return spec;
+}
+
+// The best FLOP/s of square matmuls of `n` in `dtype` on this process's intra-op threads.
+double MatmulPeak(at::ScalarType dtype) {
+  double best = 0;
+  for (int64_t n : {512, 1024, 2048}) {
+    const at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
+    at::mm(a, b);  // warm-up
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      at::Tensor c = at::mm(a, b);
+      const double s = Since(t0);
+      if (s > 0) best = std::max(best, 2.0 * static_cast<double>(n * n * n) / s);
+    }
+  }
+  return best;
+}
+
+// A batch of `lengths.size()` samples with random tokens below `vocab` and alternating
+// advantages.
+std::vector<trainer::TrainSample> MakeBatch(const Setup& s, int64_t vocab,
+                                            const std::vector<int64_t>& lengths, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  std::vector<trainer::TrainSample> out(lengths.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    for (int64_t t = 0; t < s.prompt_len; ++t) out[i].prompt.push_back(token(rng));
+    for (int64_t t = 0; t < lengths[i]; ++t) out[i].response.push_back(token(rng));
+    out[i].advantage = i % 2 == 0 ? 1.0f : -1.0f;
+  }
+  return out;
+}
+
+at::Tensor Flat(const trainer::PolicyTrainer& t) {
+  std::vector<at::Tensor> parts;
+  for (const auto& [n, p] : t.model().NamedParameters()) parts.push_back(p.detach().flatten());
+  return at::cat(parts);
+}
+
+}  // namespace
+
+int RunBenchTrain(const std::vector<std::string>& args) {
+  Setup s;
+  std::string json_path;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (int rc = BenchOptionValue("train", kUsage, args, &i); rc >= 0) return rc;
+    const std::string& v = args[i];
+    bool ok = true;
+    if (a == "--json") {
+      json_path = v;
+    } else if (a == "--model") {
+      s.model_dir = v;
+    } else if (a == "--dtype") {
+      s.dtype = v;
+      ok = model::ParseWeightDtype(v).ok();
+    } else if (a == "--vocab") {
+      ok = ParseInt(v, 2, 1 << 20, &s.vocab);
+    } else if (a == "--hidden") {
+      ok = ParseInt(v, 1, 1 << 16, &s.hidden) && (s.hidden <= 64 || s.hidden % 64 == 0);
+    } else if (a == "--layers") {
+      ok = ParseInt(v, 1, 1024, &s.layers);
+    } else if (a == "--batch") {
+      ok = ParseInt(v, 1, 1 << 16, &s.batch);
+    } else if (a == "--prompt-len") {
+      ok = ParseInt(v, 1, 1 << 16, &s.prompt_len);
+    } else if (a == "--median-len") {
+      ok = ParseDouble(v, 1, 1 << 16, &s.median);
+    } else if (a == "--sigma") {
+      ok = ParseDouble(v, 0, 10, &s.sigma);
+    } else if (a == "--max-len") {
+      ok = ParseInt(v, 1, 1 << 16, &s.max_len);
+    } else if (a == "--micro-batch") {
+      ok = ParseInt(v, 0, 1 << 16, &s.micro);
+    } else if (a == "--steps") {
+      ok = ParseInt(v, 1, 1 << 20, &s.steps);
+    } else if (a == "--rounds") {
+      ok = ParseInt(v, 1, 1 << 20, &s.rounds);
+    } else if (a == "--threads") {
+      ok = ParseInt(v, 0, 1024, &s.threads);
+    } else if (a == "--seed") {
+      ok = ParseInt(v, 0, INT64_MAX, &s.seed);
+    } else {
+      std::fprintf(stderr, "gyre bench train: unknown argument '%s'\n\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "gyre bench train: bad value '%s' for %s (see --help)\n", v.c_str(),
+                   a.c_str());
+      return 2;
+    }
+  }
+  const int threads = s.threads > 0
+                          ? static_cast<int>(s.threads)
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(threads);
+  const at::ScalarType dtype = *model::ParseWeightDtype(s.dtype);
+
+  // One model; each mode trains a fresh copy of its weights.
+  std::unique_ptr<model::Transformer> base;
+  if (!s.model_dir.empty()) {
+    std::fprintf(stderr, "bench train: loading %s\n", s.model_dir.c_str());
+    auto loaded = model::LoadHfModel(s.model_dir);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "gyre bench train: %s\n", loaded.status().ToString().c_str());
+      return 1;
+    }
+    base = std::move(*loaded);
+  } else {
+    base = model::Transformer::Create(Spec(s), 7, 0.02);
+  }
+  const model::ModelSpec spec = base->spec();
+  if (s.prompt_len + s.max_len > spec.max_seq_len) {
+    std::fprintf(stderr,
+                 "gyre bench train: --prompt-len %lld + --max-len %lld exceeds the model's "
+                 "max_seq_len %lld\n",
+                 static_cast<long long>(s.prompt_len), static_cast<long long>(s.max_len),
+                 static_cast<long long>(spec.max_seq_len));
+    return 2;
+  }
+  std::vector<at::Tensor> start_weights;
+  for (const auto& [n, p] : base->NamedParameters()) start_weights.push_back(p.detach().clone());
+  auto fresh = [&]() {
+    auto m = model::Transformer::Create(spec, 7, -1.0);
+    auto params = m->NamedParameters();
+    at::NoGradGuard ng;
+    for (size_t i = 0; i < params.size(); ++i) params[i].second.copy_(start_weights[i]);
+    return m;
+  };
+
+  // The batches: lognormal lengths, and the same total at the mean length for every sample.
+  std::mt19937_64 rng(static_cast<uint64_t>(s.seed));
+  std::lognormal_distribution<double> length(std::log(s.median), s.sigma);
+  std::vector<int64_t> tail;
+  int64_t total = 0;
+  for (int64_t i = 0; i < s.batch; ++i) {
+    tail.push_back(std::clamp<int64_t>(std::llround(length(rng)), 1, s.max_len));
+    total += tail.back();
+  }
+  const int64_t mean = std::max<int64_t>(1, (total + s.batch / 2) / s.batch);
+  struct Workload {
+    const char* name;
+    std::vector<int64_t> lengths;
+  };
+  const std::vector<Workload> workloads = {{"equal", std::vector<int64_t>(s.batch, mean)},
+                                           {"longtail", tail}};
+
+  std::fprintf(stderr, "bench train: measuring the matmul peak (%s, %d threads)\n", s.dtype.c_str(),
+               threads);
+  const double peak = MatmulPeak(dtype);
+  // Parameters of the layers (every matmul a token passes through, norms aside) and of the LM
+  // head (the tied embedding counts once, as the head).
+  const int64_t head_params = spec.vocab_size * spec.hidden_size;
+  const int64_t layer_params = base->NumParameters() - head_params -
+                               (spec.tie_embeddings ? 0 : spec.vocab_size * spec.hidden_size);
+
+  BenchReport report("train");
+  report.SetContext("device", "cpu");
+  report.SetContext("threads", threads);
+  report.SetContext("dtype", s.dtype);
+  report.SetContext("model", s.model_dir.empty() ? "random" : s.model_dir);
+  report.SetContext("parameters", base->NumParameters());
+  report.SetContext("samples", s.batch);
+  report.SetContext("prompt_len", s.prompt_len);
+  report.SetContext("longtail_lengths",
+                    "lognormal(median " + std::to_string(static_cast<int64_t>(s.median)) +
+                        ", sigma " + std::to_string(s.sigma).substr(0, 4) + "), max " +
+                        std::to_string(*std::max_element(tail.begin(), tail.end())) + ", mean " +
+                        std::to_string(mean));
+  report.SetContext("micro_batch", s.micro);
+  report.SetContext("timed_steps", s.steps * s.rounds);
+  report.SetContext("matmul_peak_gflops", peak / 1e9);
+  bool same_weights = true;
+  double worst_diff = 0;
+  for (const Workload& w : workloads) {
+    const auto batch = MakeBatch(s, std::min<int64_t>(spec.vocab_size, 1 << 20), w.lengths,
+                                 static_cast<uint64_t>(s.seed) * 7919u + 17u);
+    int64_t input_tokens = 0, response_tokens = 0;
+    for (const auto& x : batch) {
+      const int64_t n = static_cast<int64_t>(x.prompt.size() + x.response.size()) - 1;
+      input_tokens += n;
+      response_tokens += static_cast<int64_t>(x.response.size());
+    }
+    // Tokens each mode computes, per micro-batch: padded, every sample as wide as the
+    // longest; packed, the rows of first fit, longest first, as the trainer packs.
+    int64_t packed_rows = 0, padded_rows = 0;
+    {
+      std::vector<int64_t> lens;
+      for (const auto& x : batch) {
+        lens.push_back(static_cast<int64_t>(x.prompt.size() + x.response.size()) - 1);
+      }
+      const int64_t micro = s.micro > 0 ? s.micro : s.batch;
+      for (size_t start = 0; start < lens.size(); start += static_cast<size_t>(micro)) {
+        const size_t end = std::min(lens.size(), start + static_cast<size_t>(micro));
+        std::vector<int64_t> part(lens.begin() + static_cast<int64_t>(start),
+                                  lens.begin() + static_cast<int64_t>(end));
+        const int64_t width = *std::max_element(part.begin(), part.end());
+        int64_t rows = 0;
+        trainer::PackFirstFit(part, width, &rows);
+        packed_rows += rows * width;
+        padded_rows += static_cast<int64_t>(part.size()) * width;
+      }
+    }
+    const double flops =
+        6.0 * static_cast<double>(layer_params) * static_cast<double>(input_tokens) +
+        6.0 * static_cast<double>(head_params) * static_cast<double>(response_tokens);
+    std::vector<double> times[2];  // padded, packed
+    for (int64_t round = 0; round < s.rounds; ++round) {
+      at::Tensor weights[2];
+      for (int k = 0; k < 2; ++k) {
+        const int mode = (round % 2 == 0) ? k : 1 - k;
+        trainer::PolicyTrainer t(fresh(), 1e-4, 0, 0.9, 0.999);
+        t.SetComputeDtype(dtype);
+        t.SetSequencePacking(mode == 1);
+        trainer::TrainOptions opts;
+        opts.micro_batch_size = s.micro > 0 ? s.micro : s.batch;
+        for (int64_t i = 0; i <= s.steps; ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          auto m = t.Step(batch, trainer::Objective::kPolicyGradient, 1e-4, opts);
+          if (!m.ok()) {
+            std::fprintf(stderr, "gyre bench train: %s\n", m.status().ToString().c_str());
+            return 1;
+          }
+          if (i > 0) times[mode].push_back(Since(t0));
+        }
+        weights[mode] = Flat(t);
+        std::fprintf(stderr, "bench train: %s round %lld %s: median %.4f s\n", w.name,
+                     static_cast<long long>(round), mode == 1 ? "packed" : "padded",
+                     Median(times[mode]));
+      }
+      // The same updates up to float32 reordering (AdamW's first steps are about lr * sign(g),
+      // so a weight whose tiny gradient flips sign may differ by 2 lr: compare means).
+      const at::Tensor start = at::cat([&] {
+        std::vector<at::Tensor> parts;
+        for (const at::Tensor& p : start_weights) parts.push_back(p.flatten());
+        return parts;
+      }());
+      const double moved = (weights[0] - start).abs().mean().item<double>();
+      const double diff = (weights[0] - weights[1]).abs().mean().item<double>() / moved;
+      worst_diff = std::max(worst_diff, diff);
+      same_weights = same_weights && moved > 0 && diff <= 0.01;
+    }
+    const double padded = Median(times[0]);
+    for (int mode = 0; mode < 2; ++mode) {
+      const double med = Median(times[mode]);
+      const int64_t computed = mode == 1 ? packed_rows : padded_rows;
+      report.AddRow({{"batch", w.name},
+                     {"mode", mode == 1 ? "packed" : "padded"},
+                     {"median_s", med},
+                     {"tokens_per_s", static_cast<double>(input_tokens) / med},
+                     {"computed_tokens", computed},
+                     {"real_tokens", input_tokens},
+                     {"speedup", padded / med},
+                     {"gflops", flops / med / 1e9},
+                     {"peak_fraction", peak > 0 ? flops / med / peak : 0.0}});
+    }
+  }
+  report.SetContext("update_disagreement", worst_diff);
+  report.PrintTable({{"batch", "batch"},
+                     {"mode", "mode"},
+                     {"median_s", "median s", 4},
+                     {"tokens_per_s", "tokens/s", 0},
+                     {"real_tokens", "real tokens"},
+                     {"computed_tokens", "computed"},
+                     {"speedup", "speedup", 2},
+                     {"gflops", "GFLOP/s", 2},
+                     {"peak_fraction", "of peak", 3}});
+  if (!json_path.empty()) {
+    Status st = report.WriteJson(json_path);
+    if (!st.ok()) {
+      std::fprintf(stderr, "gyre bench train: %s\n", st.ToString().c_str());
+      return 1;
+    }
+  }
+  if (!same_weights) {
+    std::fprintf(stderr,
+                 "gyre bench train: packed and padded steps made different updates (mean weight "
+                 "difference %g of the mean update)\n",
+                 worst_diff);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace gyre::cli

@@ -1,0 +1,78 @@
+// `gyre bench train` at a tiny size, as a real process: the JSON carries the promised fields,
+// speedups and throughputs follow from the medians, packing computes fewer tokens than padding
+// on the long-tail batch (and the same on the equal one), both modes make the same updates, and
+// bad options are usage errors.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "integration/run_util.h"
+
+namespace gyre {
+namespace {
+
+using testing::GyreProcess;
+
+TEST(BenchTrainTest, TinyRunWritesConsistentJson) {
+  const std::string dir = testing::MakeTempDir("bench_train");
+  const std::string json_path = dir + "/train.json";
+  GyreProcess p = GyreProcess::Start(
+      {"bench",   "train", "--vocab",      "64", "--hidden",     "32", "--layers",  "2",
+       "--batch", "12",    "--prompt-len", "4",  "--median-len", "6",  "--max-len", "40",
+       "--steps", "2",     "--rounds",     "2",  "--threads",    "1",  "--json",    json_path},
+      dir);
+  ASSERT_TRUE(p.Wait(180)) << p.Output();
+  ASSERT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 0) << p.Output();
+  EXPECT_NE(p.Output().find("of peak"), std::string::npos) << p.Output();  // the table
+  const auto j = nlohmann::json::parse(testing::ReadFile(json_path));
+  EXPECT_EQ(j["benchmark"], "train");
+  EXPECT_EQ(j["context"]["samples"], 12);
+  EXPECT_GT(j["context"]["matmul_peak_gflops"].get<double>(), 0);
+  EXPECT_LE(j["context"]["update_disagreement"].get<double>(), 0.01);
+  const auto& rows = j["results"];
+  ASSERT_EQ(rows.size(), 4u) << j.dump(2);
+  for (size_t b = 0; b < 2; ++b) {
+    const auto& padded = rows[2 * b];
+    const auto& packed = rows[2 * b + 1];
+    EXPECT_EQ(padded["batch"], b == 0 ? "equal" : "longtail");
+    EXPECT_EQ(padded["mode"], "padded");
+    EXPECT_EQ(packed["mode"], "packed");
+    EXPECT_EQ(padded["real_tokens"], packed["real_tokens"]);
+    const double base = padded["median_s"];
+    for (const auto* r : {&padded, &packed}) {
+      const double med = (*r)["median_s"];
+      ASSERT_GT(med, 0);
+      EXPECT_NEAR((*r)["speedup"].get<double>(), base / med, 1e-9);
+      EXPECT_NEAR((*r)["tokens_per_s"].get<double>(), (*r)["real_tokens"].get<double>() / med,
+                  1e-6 * (*r)["tokens_per_s"].get<double>());
+      EXPECT_GT((*r)["peak_fraction"].get<double>(), 0);
+      EXPECT_GE((*r)["computed_tokens"].get<int64_t>(), (*r)["real_tokens"].get<int64_t>());
+    }
+    if (b == 0) {
+      EXPECT_EQ(packed["computed_tokens"], padded["computed_tokens"]);
+      EXPECT_EQ(padded["computed_tokens"], padded["real_tokens"]);  // nothing to pad
+    } else {
+      EXPECT_LT(packed["computed_tokens"].get<int64_t>(), padded["computed_tokens"].get<int64_t>());
+    }
+  }
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+TEST(BenchTrainTest, BadOptionsAreUsageErrors) {
+  const std::string dir = testing::MakeTempDir("bench_train_bad");
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"bench", "train", "--batch", "0"},
+                                             {"bench", "train", "--dtype", "float64"},
+                                             {"bench", "train", "--hidden", "100"},
+                                             {"bench", "train", "--sigma", "11"},
+                                             {"bench", "train", "--colour", "blue"}}) {
+    GyreProcess p = GyreProcess::Start(args, dir);
+    ASSERT_TRUE(p.Wait(60));
+    EXPECT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 2) << p.Output();
+    EXPECT_NE(p.Output().find("gyre bench train"), std::string::npos) << p.Output();
+  }
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+}  // namespace
+}  // namespace gyre
