@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU host's check, as one script: configure and build Gyre against the host's CUDA-enabled
 # PyTorch (torch.utils.cmake_prefix_path) and the staged Debian packages, run the GPU tests
-# (ctest label gpu), `gyre bench kernels`, the CUDA IPC row of `gyre bench weight-sync` and the
-# rollout engine against HF generate (tools/gpu-rollout-vs-hf.sh), and copy logs and JSON to $OUT
-# (or ./gpu-out).
+# (ctest label gpu), `gyre bench kernels`, the CUDA IPC row of `gyre bench weight-sync`, the
+# rollout engine against HF generate (tools/gpu-rollout-vs-hf.sh), model.dtype parity with
+# transformers (tools/gpu-dtype-parity.py), the quickstart in float32 and bfloat16, and the
+# SmolLM2 job when its model is present, and copy logs and JSON to $OUT (or ./gpu-out).
 #
 # Preparation on a machine with Debian's registry, from the repository root:
 #   EXTRA_DEBS="libgloo-dev libsqlite3-dev libsqlite3-0" bash ../shared/device/stage-deps.sh
@@ -52,5 +53,28 @@ if [[ "$mode" != tests-only ]]; then
   bash tools/gpu-rollout-vs-hf.sh "$build" "$out/rollout-vs-hf" 128 >"$out/rollout-vs-hf.log" 2>&1 \
     || rc=1
   tail -8 "$out/rollout-vs-hf.log"
+  # model.dtype on the GPU: log-prob parity with transformers in float32 and bfloat16.
+  "${PYTHON:-python3}" tools/gpu-dtype-parity.py "$build/bin/gyre" "$out/dtype-parity" \
+    "$out/dtype-parity.json" 2>&1 | tee "$out/dtype-parity.log" || rc=1
+  # The quickstart on the GPU in bfloat16 beside float32, same run: wall time, accuracy, and the
+  # rollout-vs-trainer mismatch (metrics.jsonl).
+  for dtype in float32 bfloat16; do
+    "$build/bin/gyre" train configs/quickstart.yaml --set model.device=cuda \
+      --set model.dtype="$dtype" --set job.output_dir="$out/quickstart-$dtype" \
+      >"$out/quickstart-$dtype.log" 2>&1 || rc=1
+    echo "quickstart $dtype: $(tail -n 2 "$out/quickstart-$dtype.log" | head -n 1)"
+  done
+  # SmolLM2-135M-Instruct on the GPU, when its converted directory came along (runs/models is
+  # written by tools/smollm2-arith.sh; the model is too large to carry with the device tool).
+  if [[ -f runs/models/smollm2/config.json ]]; then
+    for dtype in float32 bfloat16; do
+      "$build/bin/gyre" train configs/smollm2-arith.yaml --set model.device=cuda \
+        --set model.dtype="$dtype" --set job.output_dir="$out/smollm2-$dtype" \
+        >"$out/smollm2-$dtype.log" 2>&1 || rc=1
+      echo "smollm2 $dtype: $(tail -n 2 "$out/smollm2-$dtype.log" | head -n 1)"
+    done
+  else
+    echo "smollm2: skipped, runs/models/smollm2 is not here (tools/smollm2-arith.sh writes it)"
+  fi
 fi
 exit $rc

@@ -199,9 +199,10 @@ struct TrainerSection {
   std::string warmup_optimizer_state = "keep";
   int checkpoint_every = 0;           // GRPO steps between resumable checkpoints; 0 = none
   int checkpoint_keep_last = 3;       // resumable checkpoints kept on disk
-  int torch_threads = 1;              // intra-op threads per worker process
+  int torch_threads = 1;              // intra-op threads per worker process; 0 = auto
   int grad_bucket_mb = 32;            // data parallel: gradient all-reduce bucket size
   bool overlap_grad_reduce = true;    // data parallel: all-reduce buckets during backward
+  bool sequence_packing = true;       // pack samples into rows (block-diagonal attention)
   double collective_timeout_s = 600;  // data parallel: deadline of each collective
 };
 

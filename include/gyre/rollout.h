@@ -48,10 +48,12 @@ struct SamplingOptions {
 // named as in a Hugging Face checkpoint ("model.layers.0.self_attn.q_proj.weight").
 struct TensorView {
   std::string name;
-  std::string dtype = "float32";  // the weight plane moves float32
+  // The rollout model's dtype (model.dtype: "float32", "bfloat16" or "float16"): versions travel
+  // in it, so a caller training in float32 for a bfloat16 rollout hands out bfloat16 copies.
+  std::string dtype = "float32";
   std::vector<int64_t> shape;
   const void* data = nullptr;  // contiguous, row-major
-  uint64_t bytes = 0;          // = 4 * product(shape) for float32
+  uint64_t bytes = 0;          // = 4 (float32) or 2 (bfloat16, float16) * product(shape)
   int device = -1;             // -1 = host memory, d >= 0 = CUDA device d
 };
 

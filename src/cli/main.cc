@@ -35,7 +35,7 @@ constexpr char kUsage[] =
     "      Write a random-init Hugging Face model directory (for tests and benchmarks).\n"
     "  gyre convert gguf FILE.gguf --out DIR\n"
     "      Convert a llama-architecture GGUF file into a Hugging Face model directory.\n"
-    "  gyre logprobs --model DIR [--ids \"ID ...\"] [--full] [--dtype DTYPE]\n"
+    "  gyre logprobs --model DIR [--ids \"ID ...\"] [--full] [--dtype DTYPE] [--device DEV]\n"
     "      Per-position next-token log-probs of a Hugging Face model directory, as JSON.\n"
     "  gyre ledger RUN_DIR [--sample ID | --prompts | --state STATE] [--json]\n"
     "      Where each training sample is, and which prompts were trained how often.\n"

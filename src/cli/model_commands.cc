@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "common/file_util.h"
+#include "kernels/device_info.h"
 #include "model/gguf_convert.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
@@ -27,9 +28,11 @@ namespace {
 
 constexpr char kLogprobsUsage[] =
     "usage: gyre logprobs --model DIR [--ids \"ID ID ...\"] [--full] [--dtype DTYPE]\n"
+    "                     [--device cpu|cuda]\n"
     "\n"
     "Loads a Hugging Face model directory (config.json + safetensors) in float32 (or --dtype:\n"
-    "bfloat16, float16, computing in it as a job with model.dtype does) and prints,\n"
+    "bfloat16, float16, computing in it as a job with model.dtype does) on the CPU (or --device\n"
+    "cuda: the first visible GPU) and prints,\n"
     "for each token sequence, one JSON line {\"ids\": [...], \"logprobs\": [...]} where\n"
     "logprobs[t] = log p(ids[t+1] | ids[0..t]). Sequences come from --ids or, without it, one\n"
     "JSON array of ids per line on stdin. --full adds \"full\": the log-softmax over the whole\n"
@@ -71,7 +74,7 @@ StatusOr<std::vector<int64_t>> ParseIds(const std::string& text, bool json_array
 }  // namespace
 
 int RunLogprobs(const std::vector<std::string>& args) {
-  std::string model_dir, ids_text, dtype_name = "float32";
+  std::string model_dir, ids_text, dtype_name = "float32", device_name = "cpu";
   bool full = false, have_ids = false;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--help" || args[i] == "-h") {
@@ -86,6 +89,8 @@ int RunLogprobs(const std::vector<std::string>& args) {
       full = true;
     } else if (args[i] == "--dtype" && i + 1 < args.size()) {
       dtype_name = args[++i];
+    } else if (args[i] == "--device" && i + 1 < args.size()) {
+      device_name = args[++i];
     } else {
       std::fprintf(stderr, "gyre logprobs: unexpected argument '%s' (see gyre logprobs --help)\n",
                    args[i].c_str());
@@ -101,11 +106,24 @@ int RunLogprobs(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gyre logprobs: --dtype: %s\n", dtype.status().message().c_str());
     return 2;
   }
+  if (device_name != "cpu" && device_name != "cuda") {
+    std::fprintf(stderr, "gyre logprobs: --device must be cpu or cuda, not '%s'\n",
+                 device_name.c_str());
+    return 2;
+  }
+  if (device_name == "cuda" && kernels::CudaDeviceCount() == 0) {
+    std::fprintf(stderr,
+                 "gyre logprobs: --device cuda, but no usable CUDA device is visible (no GPU or "
+                 "driver, CUDA_VISIBLE_DEVICES empty, or a build without CUDA)\n");
+    return 1;
+  }
+  const at::Device device = device_name == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   auto model = model::LoadHfModel(model_dir);
   if (!model.ok()) {
     std::fprintf(stderr, "gyre: %s\n", model.status().message().c_str());
     return 1;
   }
+  (*model)->To(device);
   (*model)->ToDtype(*dtype);
   const int64_t vocab = (*model)->spec().vocab_size;
   c10::InferenceMode guard;
@@ -130,8 +148,9 @@ int RunLogprobs(const std::vector<std::string>& args) {
       std::fprintf(stderr, "gyre logprobs: %s\n", s.message().c_str());
       return false;
     }
-    at::Tensor tokens = at::tensor(*ids).unsqueeze(0);
-    at::Tensor lsm = at::log_softmax((*model)->Forward(tokens)[0].to(at::kFloat), -1);  // [T, V]
+    at::Tensor tokens = at::tensor(*ids).unsqueeze(0).to(device);
+    at::Tensor lsm =
+        at::log_softmax((*model)->Forward(tokens)[0].to(at::kFloat), -1).cpu();  // [T, V]
     nlohmann::json out;
     out["ids"] = *ids;
     std::vector<double> lp;

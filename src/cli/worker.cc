@@ -1,8 +1,10 @@
 #include "cli/worker.h"
 
 #include <ATen/Parallel.h>
+#include <sched.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -52,6 +54,28 @@ StatusOr<at::Device> ResolveDevice(const JobConfig& cfg, v1::WorkerRole role, in
     }
   }
   return at::Device(at::kCUDA, static_cast<at::DeviceIndex>(gpu));
+}
+
+// trainer.torch_threads, or for 0 (auto) this process's share of the CPU cores it may run on
+// (its affinity mask, which taskset, cgroups and Slurm's cpusets narrow): local workers that
+// compute at the same time split them. Synchronously, rollout and training alternate, so the
+// rollout workers share the cores while generating and the trainers while training;
+// asynchronously both run at once and all workers share them. An external worker (started by
+// a launcher that gives it its own cores) takes all of its mask. At most 32: beyond that one
+// process's small matmuls gain nothing.
+int AutoTorchThreads(const JobConfig& cfg, v1::WorkerRole role) {
+  if (cfg.trainer.torch_threads > 0) return cfg.trainer.torch_threads;
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  int cores = 1;
+  if (::sched_getaffinity(0, sizeof(mask), &mask) == 0) cores = std::max(1, CPU_COUNT(&mask));
+  int sharing = 1;
+  if (cfg.cluster.mode != "external") {
+    const int rollouts = cfg.rollout.workers, trainers = cfg.trainer.workers;
+    sharing = cfg.rollout.async ? rollouts + trainers
+                                : (role == v1::WORKER_ROLE_ROLLOUT ? rollouts : trainers);
+  }
+  return std::clamp(cores / std::max(1, sharing), 1, 32);
 }
 
 constexpr char kWorkerUsage[] =
@@ -159,7 +183,8 @@ int RunWorker(const std::vector<std::string>& args) {
     return 1;
   }
   InitLogging(name + "-main", cfg->job.log_level);
-  at::set_num_threads(std::max(1, cfg->trainer.torch_threads));
+  const int threads = AutoTorchThreads(*cfg, wrole);
+  at::set_num_threads(threads);
   std::unique_ptr<model::Transformer> model;
   if (cfg->model.path.empty()) {
     model::CharTokenizer tokenizer;
@@ -195,8 +220,9 @@ int RunWorker(const std::vector<std::string>& args) {
   // A rollout worker runs the model in model.dtype; a trainer keeps float32 master weights and
   // computes in model.dtype (mixed precision).
   if (wrole == v1::WORKER_ROLE_ROLLOUT) model->ToDtype(*dtype);
-  GYRE_LOG_INFO("{}: model with {} parameters on {} in {}", session.worker_id(),
-                model->NumParameters(), device->str(),
+  GYRE_LOG_INFO("{}: model with {} parameters on {} ({} intra-op thread{}) in {}",
+                session.worker_id(), model->NumParameters(), device->str(), threads,
+                threads == 1 ? "" : "s",
                 wrole == v1::WORKER_ROLE_ROLLOUT || *dtype == at::kFloat
                     ? cfg->model.dtype
                     : "float32 (master weights), computing in " + cfg->model.dtype);

@@ -342,12 +342,15 @@ std::vector<Field> BuildTable() {
           "GRPO steps between resumable checkpoints; 0 = none, only the final model"),
       Num(GYRE_CONFIG_KEY(trainer.checkpoint_keep_last), Closed(1, kMaxSteps),
           "resumable checkpoints kept; older ones are deleted after a new one is in place"),
-      Num(GYRE_CONFIG_KEY(trainer.torch_threads), Closed(1, 1024),
-          "intra-op threads per worker process"),
+      Num(GYRE_CONFIG_KEY(trainer.torch_threads), Closed(0, 1024),
+          "intra-op threads per worker process; 0 = from the cores available"),
       Num(GYRE_CONFIG_KEY(trainer.grad_bucket_mb), Closed(1, 4096),
           "data-parallel gradient all-reduce bucket size in MiB"),
       Flag(GYRE_CONFIG_KEY(trainer.overlap_grad_reduce),
            "data parallel: all-reduce gradient buckets during the last micro-batch's backward"),
+      Flag(GYRE_CONFIG_KEY(trainer.sequence_packing),
+           "pack samples end to end into rows with block-diagonal causal attention (no pad "
+           "tokens computed); false: one right-padded row per sample"),
       Num(GYRE_CONFIG_KEY(trainer.collective_timeout_s), OpenLow(0, 86400),
           "deadline of each data-parallel collective in seconds"),
       // reward
