@@ -203,6 +203,7 @@ struct TrainerSection {
   int grad_bucket_mb = 32;            // data parallel: gradient all-reduce bucket size
   bool overlap_grad_reduce = true;    // data parallel: all-reduce buckets during backward
   bool sequence_packing = true;       // pack samples into rows (block-diagonal attention)
+  int logprob_chunk_tokens = 1024;    // packed: log-probs this many tokens at a time; 0 = all
   double collective_timeout_s = 600;  // data parallel: deadline of each collective
 };
 

@@ -39,6 +39,8 @@ constexpr char kBenchUsage[] =
     "  rollout       continuous batching + prefix sharing vs static batching (long-tail lengths)\n"
     "  train         the trainer's step with sequence packing vs padded rows, on equal-length\n"
     "                and long-tail batches, with the achieved fraction of the matmul peak\n"
+    "  memory        peak memory of a trainer step: padded, packed with materialised logits,\n"
+    "                packed with log-probs in chunks of tokens\n"
     "  dp-step       data-parallel step time, gradient all-reduce overlapped with backward vs\n"
     "                after it\n"
     "  e2e           whole GRPO jobs, synchronous vs asynchronous (k = 1, 2, 4), with real or\n"
@@ -118,6 +120,7 @@ int RunBench(const std::vector<std::string>& args) {
   if (sub == "rollout") return RunBenchRollout(rest);
   if (sub == "dp-step") return RunBenchDpStep(rest);
   if (sub == "train") return RunBenchTrain(rest);
+  if (sub == "memory") return RunBenchMemory(rest);
   if (sub == "e2e") return RunBenchE2e(rest);
   std::fprintf(stderr, "gyre bench: unknown subcommand '%s'\n\n%s", sub.c_str(), kBenchUsage);
   return 2;

@@ -74,6 +74,8 @@ int RunBenchRollout(const std::vector<std::string>& args);
 int RunBenchDpStep(const std::vector<std::string>& args);
 // gyre bench train: the trainer step with sequence packing vs padded rows (bench_train.cc).
 int RunBenchTrain(const std::vector<std::string>& args);
+// gyre bench memory: peak memory of a trainer step per configuration (bench_memory.cc).
+int RunBenchMemory(const std::vector<std::string>& args);
 int RunBenchE2e(const std::vector<std::string>& args);
 // `gyre sim-workers` (sim_workers.cc): simulated workers for `bench e2e --simulate`.
 int RunSimWorkers(const std::vector<std::string>& args);

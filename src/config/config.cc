@@ -351,6 +351,9 @@ std::vector<Field> BuildTable() {
       Flag(GYRE_CONFIG_KEY(trainer.sequence_packing),
            "pack samples end to end into rows with block-diagonal causal attention (no pad "
            "tokens computed); false: one right-padded row per sample"),
+      Num(GYRE_CONFIG_KEY(trainer.logprob_chunk_tokens), Closed(0, 1 << 24),
+          "packed micro-batches: log-probs and entropies this many tokens at a time, never "
+          "holding [tokens, vocabulary] logits; 0 = materialise the logits"),
       Num(GYRE_CONFIG_KEY(trainer.collective_timeout_s), OpenLow(0, 86400),
           "deadline of each data-parallel collective in seconds"),
       // reward

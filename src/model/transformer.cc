@@ -151,8 +151,10 @@ struct Transformer::Impl {
 
   // select: undefined, or int64 [N] flat indices into [B * T] of the positions whose logits are
   // returned ([N, V] instead of [B, T, V]); the final norm and LM head run on those only.
+  // hidden_only: return the final-normed hidden states, without the LM head.
   at::Tensor Run(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& mask,
-                 KvCache* cache, const at::Tensor& select = at::Tensor()) const {
+                 KvCache* cache, const at::Tensor& select = at::Tensor(),
+                 bool hidden_only = false) const {
     at::Tensor h = at::embedding(embed, tokens);
     auto [cos, sin] = Rope(positions);
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -164,6 +166,7 @@ struct Transformer::Impl {
     }
     if (select.defined()) h = h.reshape({-1, h.size(-1)}).index_select(0, select);
     h = RmsNorm(h, final_norm);
+    if (hidden_only) return h;
     return at::linear(h, spec.tie_embeddings ? embed : lm_head).to(at::kFloat);
   }
 
@@ -311,19 +314,32 @@ at::Tensor Transformer::Forward(const at::Tensor& tokens) const {
   return impl_->Run(tokens, positions, at::Tensor(), nullptr);
 }
 
-at::Tensor Transformer::ForwardPacked(const PackedBatch& batch) const {
+namespace {
+
+// mask[r, 0, q, k] = k <= q && segments[r, q] == segments[r, k]
+at::Tensor PackedMask(const PackedBatch& batch) {
   const int64_t rows = batch.tokens.size(0), width = batch.tokens.size(1);
   GYRE_CHECK(batch.positions.sizes() == batch.tokens.sizes() &&
              batch.segments.sizes() == batch.tokens.sizes() && batch.logit_index.dim() == 1)
       << "packed batch: tokens, positions and segments must be [rows, width], logit_index [N]";
-  // mask[r, 0, q, k] = k <= q && segments[r, q] == segments[r, k]
-  const auto lopts = batch.tokens.options().dtype(at::kLong);
-  const at::Tensor idx = at::arange(width, lopts);
+  const at::Tensor idx = at::arange(width, batch.tokens.options().dtype(at::kLong));
   const at::Tensor causal =
       (idx.view({1, width}) <= idx.view({width, 1})).view({1, 1, width, width});
   const at::Tensor same =
       batch.segments.view({rows, 1, width, 1}) == batch.segments.view({rows, 1, 1, width});
-  return impl_->Run(batch.tokens, batch.positions, causal & same, nullptr, batch.logit_index);
+  return causal & same;
+}
+
+}  // namespace
+
+at::Tensor Transformer::ForwardPacked(const PackedBatch& batch) const {
+  return impl_->Run(batch.tokens, batch.positions, PackedMask(batch), nullptr, batch.logit_index);
+}
+
+std::pair<at::Tensor, at::Tensor> Transformer::ForwardPackedHidden(const PackedBatch& batch) const {
+  at::Tensor h = impl_->Run(batch.tokens, batch.positions, PackedMask(batch), nullptr,
+                            batch.logit_index, /*hidden_only=*/true);
+  return {h, impl_->spec.tie_embeddings ? impl_->embed : impl_->lm_head};
 }
 
 KvCache Transformer::NewCache(int64_t batch, int64_t capacity) const {

@@ -107,6 +107,11 @@ class Transformer {
   // positions in batch.logit_index. Each sequence's logits equal those Forward gives it alone
   // (up to floating-point summation order). Differentiable, like Forward.
   at::Tensor ForwardPacked(const PackedBatch& batch) const;
+  // ForwardPacked up to the LM head: the final hidden states [N, H] (after the final norm, in
+  // the model's dtype) at batch.logit_index, and the LM head weight [V, H] (the embedding when
+  // tied), so that logits = hidden @ weight^T. For computing log-probs a chunk of tokens at a
+  // time (ops::ChunkedTokenStats) without holding [N, V] logits.
+  std::pair<at::Tensor, at::Tensor> ForwardPackedHidden(const PackedBatch& batch) const;
 
   // Allocates an empty cache for `batch` sequences of up to `capacity` positions.
   KvCache NewCache(int64_t batch, int64_t capacity) const;

@@ -28,6 +28,18 @@ StatusOr<SampleOutput> SampleRows(const at::Tensor& logits,
 // [B, T], differentiable with respect to logits.
 at::Tensor TokenLogprobs(const at::Tensor& logits, const at::Tensor& targets, double temperature);
 
+// Per-token statistics of `targets` [N] (int64) under logits = hidden [N, H] @ weight [V, H]^T
+// (in their dtype, read as float32) / temperature, computed `chunk_tokens` rows at a time so that
+// no [N, V] tensor is ever held: the backward recomputes each chunk's logits. logp and entropy
+// (float32 [N]) are differentiable with respect to hidden and weight; argmax_ok (float32 [N], 1
+// where the most likely token is the target) is not. Equal to log_softmax and the entropy of
+// the full logits up to floating-point summation order.
+struct TokenStats {
+  at::Tensor logp, entropy, argmax_ok;
+};
+TokenStats ChunkedTokenStats(const at::Tensor& hidden, const at::Tensor& weight,
+                             const at::Tensor& targets, double temperature, int64_t chunk_tokens);
+
 struct PolicyLossResult {
   kernels::PolicyLossStats stats;
   at::Tensor grad_logp;  // d loss / d logp, float32 [S, T]; feed to logp.backward(grad_logp)

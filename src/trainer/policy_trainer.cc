@@ -466,9 +466,47 @@ at::Tensor Grid(const at::Tensor& x, const MicroBatch& mb) {
   return at::zeros({mb.S * mb.R}, x.options()).index_copy(0, mb.grid_index, x).view({mb.S, mb.R});
 }
 
-// Log-probs [S, R] of the response tokens under `model` at `temperature`.
+// Per-token statistics [S, R] of the response tokens under `model` at `temperature`: log-probs
+// and entropies (differentiable) and whether the argmax is the target. Packed micro-batches with
+// chunk_tokens > 0 compute them from the LM head's input a chunk of tokens at a time
+// (ops::ChunkedTokenStats: no [N, V] logits held, forward or backward); otherwise from the
+// materialised logits [N, V]. need_entropy: the entropy is wanted with its graph (the entropy
+// bonus); otherwise it is computed without one.
+struct ResponseStats {
+  at::Tensor logp, entropy, argmax_ok;
+};
+ResponseStats ResponseTokenStats(const model::Transformer& model, const MicroBatch& mb,
+                                 double temperature, int64_t chunk_tokens, bool need_entropy) {
+  if (mb.packed && chunk_tokens > 0) {
+    auto [hidden, weight] = model.ForwardPackedHidden(mb.pack);
+    const ops::TokenStats st =
+        ops::ChunkedTokenStats(hidden, weight, mb.flat_targets, temperature, chunk_tokens);
+    return {Grid(st.logp, mb), Grid(need_entropy ? st.entropy : st.entropy.detach(), mb),
+            Grid(st.argmax_ok, mb)};
+  }
+  const at::Tensor logits = ResponseLogits(model, mb);  // [N, V]
+  ResponseStats out;
+  out.logp = Grid(ops::TokenLogprobs(logits, mb.flat_targets, temperature), mb);
+  const at::Tensor z = logits / (temperature > 0 ? temperature : 1.0);
+  if (need_entropy) {
+    const at::Tensor lsm = at::log_softmax(z, -1);
+    out.entropy = Grid(-(lsm.exp() * lsm).sum(-1), mb);
+  }
+  at::NoGradGuard ng;
+  if (!out.entropy.defined()) {
+    const at::Tensor lsm = at::log_softmax(z.detach(), -1);
+    out.entropy = Grid(-(lsm.exp() * lsm).sum(-1), mb);
+  }
+  out.argmax_ok = Grid((z.detach().argmax(-1) == mb.flat_targets).to(at::kFloat), mb);
+  return out;
+}
+
+// Log-probs [S, R] of the response tokens (no entropy graph).
 at::Tensor ResponseLogprobs(const model::Transformer& model, const MicroBatch& mb,
-                            double temperature) {
+                            double temperature, int64_t chunk_tokens) {
+  if (mb.packed && chunk_tokens > 0) {
+    return ResponseTokenStats(model, mb, temperature, chunk_tokens, false).logp;
+  }
   return Grid(ops::TokenLogprobs(ResponseLogits(model, mb), mb.flat_targets, temperature), mb);
 }
 
@@ -505,7 +543,7 @@ void PolicyTrainer::ComputeOldLogprobs(std::vector<TrainSample>* batch,
   for (size_t start = 0; start < batch->size(); start += step) {
     const size_t end = std::min(batch->size(), start + step);
     MicroBatch mb = BuildMicroBatch(*batch, start, end, model_->device(), packing_);
-    at::Tensor logp = ResponseLogprobs(model, mb, options.temperature).cpu();
+    at::Tensor logp = ResponseLogprobs(model, mb, options.temperature, chunk_tokens_).cpu();
     auto a = logp.accessor<float, 2>();
     for (int64_t s = 0; s < mb.S; ++s) {
       TrainSample& x = (*batch)[start + s];
@@ -533,8 +571,9 @@ StatusOr<std::vector<double>> PolicyTrainer::SequenceKl(const std::vector<TrainS
   for (size_t start = 0; start < batch.size(); start += step) {
     const size_t end = std::min(batch.size(), start + step);
     MicroBatch mb = BuildMicroBatch(batch, start, end, model_->device(), packing_);
-    const at::Tensor logp = ResponseLogprobs(model, mb, temperature).to(at::kDouble);
-    const at::Tensor ref = ResponseLogprobs(reference, mb, temperature).to(at::kDouble);
+    const at::Tensor logp = ResponseLogprobs(model, mb, temperature, chunk_tokens_).to(at::kDouble);
+    const at::Tensor ref =
+        ResponseLogprobs(reference, mb, temperature, chunk_tokens_).to(at::kDouble);
     // The loss kernel's estimators (kernels/reference/policy_loss_ref.h), per token.
     const at::Tensor d = (logp - ref).masked_fill(mb.mask == 0, 0.0);
     at::Tensor k;
@@ -772,27 +811,17 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
                         loglinear ? LogLinear{proximal_version, version_} : LogLinear{});
     // A cast copy per micro-batch: its graph goes with the micro-batch's backward.
     std::unique_ptr<model::Transformer> cast;
-    at::Tensor resp_logits = ResponseLogits(InDtype(*model_, compute_dtype_, &cast), mb);  // [N, V]
     const double temp = objective == Objective::kSft ? 1.0 : options.temperature;
-    at::Tensor logp = Grid(ops::TokenLogprobs(resp_logits, mb.flat_targets, temp), mb);  // [S, R]
     // The entropy bonus needs the entropy with its graph; otherwise it is telemetry only.
     const bool bonus = objective == Objective::kPolicyGradient && options.entropy_coef > 0;
-    at::Tensor entropy_with_grad;
+    const ResponseStats stats =
+        ResponseTokenStats(InDtype(*model_, compute_dtype_, &cast), mb, temp, chunk_tokens_, bonus);
+    at::Tensor logp = stats.logp;  // [S, R]
+    at::Tensor entropy_with_grad = bonus ? stats.entropy : at::Tensor();
     {
-      at::Tensor z = resp_logits / (temp > 0 ? temp : 1.0);
-      if (bonus) {
-        at::Tensor lsm = at::log_softmax(z, -1);
-        entropy_with_grad = Grid(-(lsm.exp() * lsm).sum(-1), mb);  // [S, R]
-      }
       at::NoGradGuard ng;
-      at::Tensor ent = entropy_with_grad.defined() ? entropy_with_grad.detach() : at::Tensor();
-      if (!ent.defined()) {
-        at::Tensor lsm = at::log_softmax(z.detach(), -1);
-        ent = Grid(-(lsm.exp() * lsm).sum(-1), mb);
-      }
-      entropy_sum += (ent * mb.mask).sum().item<double>();
-      at::Tensor argmax_ok = Grid((z.detach().argmax(-1) == mb.flat_targets).to(at::kFloat), mb);
-      correct += (argmax_ok * mb.mask).sum().item<double>();
+      entropy_sum += (stats.entropy.detach() * mb.mask).sum().item<double>();
+      correct += (stats.argmax_ok * mb.mask).sum().item<double>();
     }
     // The last micro-batch's backward all-reduces gradient buckets as they complete.
     const bool last = end == batch.size();
@@ -830,7 +859,7 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
       if (options.loss.kl != kernels::KlKind::kNone) {
         if (reference_ == nullptr) return FailedPrecondition("the KL term has no reference policy");
         at::NoGradGuard ng;
-        ref_lp = ResponseLogprobs(ComputeReference(), mb, temp);
+        ref_lp = ResponseLogprobs(ComputeReference(), mb, temp, chunk_tokens_);
       }
       // A registered loss replaces the kernel's policy term: the kernel then runs with zero
       // advantages, which leaves it the KL term and the behaviour-weight statistics.

@@ -170,6 +170,10 @@ class PolicyTrainer {
   // give the same log-probs up to floating-point summation order.
   void SetSequencePacking(bool on) { packing_ = on; }
   bool sequence_packing() const { return packing_; }
+  // trainer.logprob_chunk_tokens: packed micro-batches compute log-probs and entropies from the
+  // LM head's input this many tokens at a time (ops::ChunkedTokenStats), so no [tokens, V] logits
+  // tensor is held; 0 materialises the logits (the unchunked baseline).
+  void SetLogprobChunkTokens(int64_t n) { chunk_tokens_ = n; }
   int64_t version() const { return version_; }
 
   // AdamW state of one parameter. step 0 = the optimizer has not updated it yet (no moments).
@@ -219,6 +223,7 @@ class PolicyTrainer {
   std::unique_ptr<model::Transformer> reference_compute_;
   at::ScalarType compute_dtype_ = at::kFloat;
   bool packing_ = true;
+  int64_t chunk_tokens_ = 1024;
   const model::Transformer& ComputeReference();
   std::unique_ptr<Optimizer> optimizer_;
   int64_t version_ = 0;

@@ -50,6 +50,7 @@ TrainerService::TrainerService(const JobConfig& config, std::unique_ptr<model::T
   dtype_ = dtype.ok() ? *dtype : at::kFloat;
   trainer_.SetComputeDtype(dtype_);
   trainer_.SetSequencePacking(config.trainer.sequence_packing);
+  trainer_.SetLogprobChunkTokens(config.trainer.logprob_chunk_tokens);
 }
 
 int64_t TrainerService::version() const {

@@ -74,6 +74,57 @@ TEST(OpsTokenLogprobs, MatchesTheReferenceAndDifferentiates) {
   EXPECT_LT(logits.grad().sum(-1).abs().max().item<float>(), 1e-5);
 }
 
+// Chunked token statistics from the LM head's input equal those of the full logits: log-probs,
+// entropies and argmax hits, and the gradients of a loss using both log-probs and entropies with
+// respect to the hidden states and the head weight, for chunks of 1 token, a few tokens (the
+// last one short), all tokens and more. The reference is plain autograd through linear,
+// log_softmax and the entropy.
+TEST(OpsChunkedTokenStats, EqualFullLogitsAndTheirGradients) {
+  at::manual_seed(4);
+  const int64_t N = 11, H = 16, V = 40;
+  const at::Tensor hidden0 = at::randn({N, H});
+  const at::Tensor weight0 = at::randn({V, H}) * 0.5;
+  at::Tensor targets = at::randint(0, V, {N}, at::kLong);
+  targets[3] = at::linear(hidden0[3], weight0).argmax().item<int64_t>();  // one argmax hit
+  const at::Tensor g_lp = at::randn({N}), g_ent = at::randn({N});
+  for (double temperature : {1.0, 0.7}) {
+    at::Tensor h = hidden0.clone().set_requires_grad(true);
+    at::Tensor w = weight0.clone().set_requires_grad(true);
+    const at::Tensor z = at::linear(h, w) / temperature;
+    const at::Tensor lsm = at::log_softmax(z, -1);
+    const at::Tensor lp = lsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1);
+    const at::Tensor ent = -(lsm.exp() * lsm).sum(-1);
+    const at::Tensor ok = (z.argmax(-1) == targets).to(at::kFloat);
+    ((lp * g_lp).sum() + (ent * g_ent).sum()).backward();
+    const at::Tensor want_gh = h.grad().clone(), want_gw = w.grad().clone();
+    EXPECT_EQ(ok[3].item<float>(), 1.0f);
+    for (int64_t chunk : {int64_t{1}, int64_t{4}, N, int64_t{64}}) {
+      SCOPED_TRACE("temperature " + std::to_string(temperature) + " chunk " +
+                   std::to_string(chunk));
+      at::Tensor h2 = hidden0.clone().set_requires_grad(true);
+      at::Tensor w2 = weight0.clone().set_requires_grad(true);
+      const TokenStats st = ChunkedTokenStats(h2, w2, targets, temperature, chunk);
+      EXPECT_TRUE(at::allclose(st.logp, lp.detach(), 1e-5, 1e-5));
+      EXPECT_TRUE(at::allclose(st.entropy, ent.detach(), 1e-5, 1e-5));
+      EXPECT_TRUE(at::equal(st.argmax_ok, ok));
+      ((st.logp * g_lp).sum() + (st.entropy * g_ent).sum()).backward();
+      EXPECT_TRUE(at::allclose(h2.grad(), want_gh, 1e-4, 1e-5))
+          << (h2.grad() - want_gh).abs().max().item<float>();
+      EXPECT_TRUE(at::allclose(w2.grad(), want_gw, 1e-4, 1e-5))
+          << (w2.grad() - want_gw).abs().max().item<float>();
+    }
+  }
+  // Only log-probs in the loss: the entropy's gradient is absent, not zero-filled wrongly.
+  at::Tensor h3 = hidden0.clone().set_requires_grad(true);
+  at::Tensor w3 = weight0.clone().set_requires_grad(true);
+  ChunkedTokenStats(h3, w3, targets, 1.0, 3).logp.sum().backward();
+  at::Tensor h4 = hidden0.clone().set_requires_grad(true);
+  at::Tensor w4 = weight0.clone().set_requires_grad(true);
+  at::log_softmax(at::linear(h4, w4), -1).gather(-1, targets.unsqueeze(-1)).sum().backward();
+  EXPECT_TRUE(at::allclose(h3.grad(), h4.grad(), 1e-4, 1e-5));
+  EXPECT_TRUE(at::allclose(w3.grad(), w4.grad(), 1e-4, 1e-5));
+}
+
 TEST(OpsPolicyLoss, MatchesTheReferenceAndChecksShapes) {
   at::manual_seed(3);
   const int64_t S = 4, T = 6;

@@ -59,9 +59,10 @@ TEST(PolicyTrainerTest, MicroBatchingGivesTheSameUpdateAsOneBatch) {
   }
 }
 
-// Sequence packing (the default) and one right-padded row per sample give the same step: loss,
-// telemetry and update agree within float32 reordering, for both objectives, one or several
-// micro-batches, an entropy bonus, and mini-batches (whose old log-probs are recomputed).
+// Sequence packing (the default, log-probs in chunks of tokens or from materialised logits) and
+// one right-padded row per sample give the same step: loss, telemetry and update agree within
+// float32 reordering, for both objectives, one or several micro-batches, an entropy bonus, and
+// mini-batches (whose old log-probs are recomputed).
 // Responses of 1 to 13 tokens, so that the longest rows hold several short samples.
 TEST(PolicyTrainerTest, PackedRowsGiveTheSameStepAsPaddedRows) {
   std::vector<TrainSample> batch;
@@ -87,22 +88,29 @@ TEST(PolicyTrainerTest, PackedRowsGiveTheSameStepAsPaddedRows) {
         Case{Objective::kPolicyGradient, 4, 1, 0.01},
         Case{Objective::kPolicyGradient, 2, 3, 0.0}}) {
     SCOPED_TRACE("micro " + std::to_string(c.micro) + " minis " + std::to_string(c.minis));
+    // Packed with log-probs in chunks of 4 tokens (several per micro-batch), packed with
+    // materialised logits, and padded.
     PolicyTrainer packed(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+    PolicyTrainer unchunked(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
     PolicyTrainer padded(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
     EXPECT_TRUE(packed.sequence_packing());
+    packed.SetLogprobChunkTokens(4);
+    unchunked.SetLogprobChunkTokens(0);
     padded.SetSequencePacking(false);
     TrainOptions o = Options(c.micro);
     o.mini_batches = c.minis;
     o.entropy_coef = c.entropy;
-    auto a = packed.Step(batch, c.objective, 1e-2, o);
     auto b = padded.Step(batch, c.objective, 1e-2, o);
-    ASSERT_TRUE(a.ok()) << a.status();
     ASSERT_TRUE(b.ok()) << b.status();
-    for (const char* key : {"loss", "grad_norm", "entropy", "tokens"}) {
-      ASSERT_TRUE(a->count(key) && b->count(key)) << key;
-      EXPECT_NEAR((*a)[key], (*b)[key], 1e-6 + 1e-5 * std::abs((*b)[key])) << key;
+    for (PolicyTrainer* t : {&packed, &unchunked}) {
+      auto a = t->Step(batch, c.objective, 1e-2, o);
+      ASSERT_TRUE(a.ok()) << a.status();
+      for (const char* key : {"loss", "grad_norm", "entropy", "tokens", "token_accuracy"}) {
+        ASSERT_TRUE(a->count(key) && b->count(key)) << key;
+        EXPECT_NEAR((*a)[key], (*b)[key], 1e-6 + 1e-5 * std::abs((*b)[key])) << key;
+      }
+      EXPECT_TRUE(testing::AllClose(Flat(*t), Flat(padded), {1e-5, 1e-6, 1e-5}));
     }
-    EXPECT_TRUE(testing::AllClose(Flat(packed), Flat(padded), {1e-5, 1e-6, 1e-5}));
   }
 }
 

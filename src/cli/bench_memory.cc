@@ -1,0 +1,282 @@
+// `gyre bench memory`: peak memory of one trainer step per configuration (padded rows, packed
+// rows with materialised logits, packed rows with chunked log-probs), each measured in its own
+// child process so that no configuration inherits another's allocations.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <malloc.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/bench.h"
+#include "common/file_util.h"
+#include "model/transformer.h"
+#include "trainer/policy_trainer.h"
+
+extern char** environ;
+
+namespace gyre::cli {
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: gyre bench memory [options] [--json FILE]\n"
+    "\n"
+    "Peak memory of one trainer step (PolicyTrainer::Step, policy gradient: forward, loss,\n"
+    "backward, AdamW) on a random model with a large vocabulary, per configuration:\n"
+    "  padded     one right-padded row per sample, logits at every position\n"
+    "             (trainer.sequence_packing: false)\n"
+    "  unchunked  packed rows, logits of the response tokens materialised [tokens, V]\n"
+    "             (trainer.logprob_chunk_tokens: 0): the baseline\n"
+    "  chunked    packed rows, log-probs CHUNK tokens at a time (the default)\n"
+    "Each configuration runs in a child process: one warm-up step (AdamW allocates its\n"
+    "moments), then freed memory is returned to the system (malloc_trim) and the peak resident\n"
+    "memory is reset (/proc/self/clear_refs), and one more step\n"
+    "is taken. Reports the step's peak above the memory held before it (model, optimizer state,\n"
+    "batch), that memory, the step time, and the peak against the unchunked baseline's.\n"
+    "\n"
+    "options (defaults in brackets):\n"
+    "  --vocab V            vocabulary size [32768]\n"
+    "  --hidden H           hidden size (heads of 64) [256]\n"
+    "  --layers L           decoder layers [2]\n"
+    "  --batch B            samples per step [32]\n"
+    "  --prompt-len P       prompt tokens [32]\n"
+    "  --median-len L       median response length (lognormal, sigma 1) [64]\n"
+    "  --max-len M          response length cap [512]\n"
+    "  --chunk N            tokens per log-prob chunk of the chunked configuration [1024]\n"
+    "  --threads N          intra-op CPU threads [1]\n"
+    "  --json FILE          also write the figures as JSON\n";
+
+struct Setup {
+  int64_t vocab = 32768, hidden = 256, layers = 2, batch = 32, prompt_len = 32, median = 64;
+  int64_t max_len = 512, chunk = 1024, threads = 1;
+};
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A field of /proc/self/status in MiB ("VmRSS", "VmHWM"), or -1.
+double StatusMiB(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) {
+      std::istringstream rest(line.substr(field.size() + 1));
+      double kb = 0;
+      rest >> kb;
+      return kb / 1024.0;
+    }
+  }
+  return -1;
+}
+
+std::vector<std::string> SetupArgs(const Setup& s) {
+  return {"--vocab",      std::to_string(s.vocab),      "--hidden",     std::to_string(s.hidden),
+          "--layers",     std::to_string(s.layers),     "--batch",      std::to_string(s.batch),
+          "--prompt-len", std::to_string(s.prompt_len), "--median-len", std::to_string(s.median),
+          "--max-len",    std::to_string(s.max_len),    "--chunk",      std::to_string(s.chunk),
+          "--threads",    std::to_string(s.threads)};
+}
+
+// The child: builds the model and batch, takes a warm-up step, resets the peak, takes a step,
+// and writes {"baseline_mib", "peak_mib", "step_s", "tokens"} to `out_path`.
+int RunChild(const Setup& s, const std::string& config, const std::string& out_path) {
+  at::set_num_threads(static_cast<int>(s.threads));
+  model::ModelSpec spec;
+  spec.vocab_size = s.vocab;
+  spec.hidden_size = s.hidden;
+  spec.num_layers = s.layers;
+  spec.num_heads = std::max<int64_t>(1, s.hidden / 64);
+  spec.num_kv_heads = spec.num_heads;
+  spec.head_dim = s.hidden / spec.num_heads;
+  spec.intermediate_size = s.hidden * 8 / 3;
+  spec.max_seq_len = s.prompt_len + s.max_len;
+  trainer::PolicyTrainer t(model::Transformer::Create(spec, 7, 0.02), 1e-4, 0, 0.9, 0.999);
+  t.SetSequencePacking(config != "padded");
+  t.SetLogprobChunkTokens(config == "chunked" ? s.chunk : 0);
+  std::mt19937_64 rng(1);
+  std::lognormal_distribution<double> length(std::log(static_cast<double>(s.median)), 1.0);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(s.vocab - 1));
+  std::vector<trainer::TrainSample> batch(static_cast<size_t>(s.batch));
+  int64_t tokens = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int64_t n = std::clamp<int64_t>(std::llround(length(rng)), 1, s.max_len);
+    for (int64_t k = 0; k < s.prompt_len; ++k) batch[i].prompt.push_back(token(rng));
+    for (int64_t k = 0; k < n; ++k) batch[i].response.push_back(token(rng));
+    batch[i].advantage = i % 2 == 0 ? 1.0f : -1.0f;
+    tokens += n;
+  }
+  trainer::TrainOptions opts;
+  opts.micro_batch_size = s.batch;
+  auto warm = t.Step(batch, trainer::Objective::kPolicyGradient, 1e-4, opts);
+  if (!warm.ok()) {
+    std::fprintf(stderr, "gyre bench memory: %s\n", warm.status().ToString().c_str());
+    return 1;
+  }
+  // Freed memory of the warm-up step goes back to the system, so that the step below has to
+  // take what it needs again and its peak shows.
+  ::malloc_trim(0);
+  {
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";
+    if (!clear.good()) {
+      std::fprintf(stderr,
+                   "gyre bench memory: cannot reset the peak resident memory "
+                   "(/proc/self/clear_refs); this needs Linux 4.0 or later\n");
+      return 1;
+    }
+  }
+  const double baseline = StatusMiB("VmRSS");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto m = t.Step(batch, trainer::Objective::kPolicyGradient, 1e-4, opts);
+  const double step_s = Since(t0);
+  if (!m.ok()) {
+    std::fprintf(stderr, "gyre bench memory: %s\n", m.status().ToString().c_str());
+    return 1;
+  }
+  const double peak = StatusMiB("VmHWM");
+  nlohmann::json j = {{"baseline_mib", baseline},
+                      {"peak_mib", peak - baseline},
+                      {"step_s", step_s},
+                      {"response_tokens", tokens}};
+  Status w = WriteFileAtomic(out_path, j.dump() + "\n");
+  if (!w.ok()) {
+    std::fprintf(stderr, "gyre bench memory: %s\n", w.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+// Runs this binary as a child for `config`; returns its JSON or an error.
+StatusOr<nlohmann::json> Spawn(const Setup& s, const std::string& config, const std::string& dir) {
+  const std::string out_path = dir + "/" + config + ".json";
+  std::vector<std::string> args = {"gyre", "bench", "memory"};
+  for (const std::string& a : SetupArgs(s)) args.push_back(a);
+  args.insert(args.end(), {"--child", config, "--child-out", out_path});
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (int rc = ::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ);
+      rc != 0) {
+    return Internal("cannot start the child process: " + std::string(std::strerror(rc)));
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return Internal("the " + config + " child process failed (see its message above)");
+  }
+  GYRE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(out_path));
+  return nlohmann::json::parse(text);
+}
+
+}  // namespace
+
+int RunBenchMemory(const std::vector<std::string>& args) {
+  Setup s;
+  std::string json_path, child, child_out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (int rc = BenchOptionValue("memory", kUsage, args, &i); rc >= 0) return rc;
+    const std::string& v = args[i];
+    bool ok = true;
+    if (a == "--json") {
+      json_path = v;
+    } else if (a == "--child") {  // internal: one configuration
+      child = v;
+      ok = v == "padded" || v == "unchunked" || v == "chunked";
+    } else if (a == "--child-out") {
+      child_out = v;
+    } else if (a == "--vocab") {
+      ok = ParseInt(v, 2, 1 << 22, &s.vocab);
+    } else if (a == "--hidden") {
+      ok = ParseInt(v, 1, 1 << 16, &s.hidden) && (s.hidden <= 64 || s.hidden % 64 == 0);
+    } else if (a == "--layers") {
+      ok = ParseInt(v, 1, 1024, &s.layers);
+    } else if (a == "--batch") {
+      ok = ParseInt(v, 1, 1 << 16, &s.batch);
+    } else if (a == "--prompt-len") {
+      ok = ParseInt(v, 1, 1 << 16, &s.prompt_len);
+    } else if (a == "--median-len") {
+      ok = ParseInt(v, 1, 1 << 16, &s.median);
+    } else if (a == "--max-len") {
+      ok = ParseInt(v, 1, 1 << 16, &s.max_len);
+    } else if (a == "--chunk") {
+      ok = ParseInt(v, 1, 1 << 24, &s.chunk);
+    } else if (a == "--threads") {
+      ok = ParseInt(v, 1, 1024, &s.threads);
+    } else {
+      std::fprintf(stderr, "gyre bench memory: unknown argument '%s'\n\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "gyre bench memory: bad value '%s' for %s (see --help)\n", v.c_str(),
+                   a.c_str());
+      return 2;
+    }
+  }
+  if (!child.empty()) return RunChild(s, child, child_out);
+
+  char tmpl[] = "/tmp/gyre_bench_memory_XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) {
+    std::fprintf(stderr, "gyre bench memory: cannot create a temporary directory\n");
+    return 1;
+  }
+  const std::string dir = tmpl;
+  BenchReport report("memory");
+  report.SetContext("device", "cpu");
+  report.SetContext("vocab", s.vocab);
+  report.SetContext("hidden", s.hidden);
+  report.SetContext("layers", s.layers);
+  report.SetContext("samples", s.batch);
+  report.SetContext("prompt_len", s.prompt_len);
+  report.SetContext("chunk_tokens", s.chunk);
+  report.SetContext("threads", s.threads);
+  std::vector<nlohmann::json> rows;
+  for (const char* config : {"padded", "unchunked", "chunked"}) {
+    std::fprintf(stderr, "bench memory: %s\n", config);
+    auto r = Spawn(s, config, dir);
+    if (!r.ok()) {
+      std::fprintf(stderr, "gyre bench memory: %s\n", r.status().ToString().c_str());
+      (void)RemoveTree(dir);
+      return 1;
+    }
+    (*r)["config"] = config;
+    rows.push_back(*r);
+  }
+  (void)RemoveTree(dir);
+  const double base = rows[1]["peak_mib"].get<double>();
+  report.SetContext("response_tokens", rows[0]["response_tokens"]);
+  for (auto& r : rows) {
+    r["vs_unchunked"] = base > 0 ? r["peak_mib"].get<double>() / base : 0.0;
+    report.AddRow(r);
+  }
+  report.PrintTable({{"config", "config"},
+                     {"peak_mib", "step peak MiB", 1},
+                     {"vs_unchunked", "vs unchunked", 3},
+                     {"baseline_mib", "held before MiB", 1},
+                     {"step_s", "step s", 3}});
+  if (!json_path.empty()) {
+    Status w = report.WriteJson(json_path);
+    if (!w.ok()) {
+      std::fprintf(stderr, "gyre bench memory: %s\n", w.ToString().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace gyre::cli

@@ -1,0 +1,68 @@
+// `gyre bench memory` at a small size, as a real process: each configuration runs in its own
+// child, the JSON carries the promised fields, and computing log-probs in chunks of tokens takes
+// a step less memory than materialising the [tokens, vocabulary] logits, which takes less than
+// padded rows. Bad options are usage errors.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "integration/run_util.h"
+
+namespace gyre {
+namespace {
+
+using testing::GyreProcess;
+
+TEST(BenchMemoryTest, ChunkedLogprobsTakeLessMemoryThanMaterialisedLogits) {
+  const std::string dir = testing::MakeTempDir("bench_memory");
+  const std::string json_path = dir + "/memory.json";
+  // 32 samples of about 64 response tokens over a 16384-token vocabulary: the logits of one
+  // step are about 2,000 x 16,384 floats (128 MiB), a chunk of 256 tokens 16 MiB.
+  GyreProcess p =
+      GyreProcess::Start({"bench", "memory", "--vocab", "16384", "--hidden", "64", "--layers", "1",
+                          "--batch", "32", "--chunk", "256", "--json", json_path},
+                         dir);
+  ASSERT_TRUE(p.Wait(300)) << p.Output();
+  ASSERT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 0) << p.Output();
+  EXPECT_NE(p.Output().find("vs unchunked"), std::string::npos) << p.Output();  // the table
+  const auto j = nlohmann::json::parse(testing::ReadFile(json_path));
+  EXPECT_EQ(j["benchmark"], "memory");
+  EXPECT_EQ(j["context"]["chunk_tokens"], 256);
+  const auto& rows = j["results"];
+  ASSERT_EQ(rows.size(), 3u) << j.dump(2);
+  EXPECT_EQ(rows[0]["config"], "padded");
+  EXPECT_EQ(rows[1]["config"], "unchunked");
+  EXPECT_EQ(rows[2]["config"], "chunked");
+  for (const auto& r : rows) {
+    EXPECT_GT(r["baseline_mib"].get<double>(), 0) << r.dump();
+    EXPECT_GT(r["step_s"].get<double>(), 0) << r.dump();
+    EXPECT_NEAR(r["vs_unchunked"].get<double>(),
+                r["peak_mib"].get<double>() / rows[1]["peak_mib"].get<double>(), 1e-9);
+  }
+  const double padded = rows[0]["peak_mib"], unchunked = rows[1]["peak_mib"];
+  const double chunked = rows[2]["peak_mib"];
+  // The unchunked step holds several [tokens, V] float32 tensors (logits, log-softmax, their
+  // gradients): hundreds of MiB; chunked at most a few chunks' worth of them.
+  EXPECT_GT(unchunked, 200) << j.dump(2);
+  EXPECT_LT(chunked, 0.5 * unchunked) << j.dump(2);
+  EXPECT_GE(padded, unchunked) << j.dump(2);
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+TEST(BenchMemoryTest, BadOptionsAreUsageErrors) {
+  const std::string dir = testing::MakeTempDir("bench_memory_bad");
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"bench", "memory", "--chunk", "0"},
+                                             {"bench", "memory", "--hidden", "100"},
+                                             {"bench", "memory", "--child", "sideways"},
+                                             {"bench", "memory", "--colour", "blue"}}) {
+    GyreProcess p = GyreProcess::Start(args, dir);
+    ASSERT_TRUE(p.Wait(60));
+    EXPECT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 2) << p.Output();
+    EXPECT_NE(p.Output().find("gyre bench memory"), std::string::npos) << p.Output();
+  }
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
+}  // namespace
+}  // namespace gyre
