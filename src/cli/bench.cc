@@ -50,6 +50,19 @@ constexpr char kBenchUsage[] =
 
 }  // namespace
 
+model::ModelSpec SyntheticSpec(int64_t vocab, int64_t hidden, int64_t layers, int64_t max_seq_len) {
+  model::ModelSpec spec;
+  spec.vocab_size = vocab;
+  spec.hidden_size = hidden;
+  spec.num_layers = layers;
+  spec.num_heads = std::max<int64_t>(1, hidden / 64);
+  spec.num_kv_heads = spec.num_heads;
+  spec.head_dim = hidden / spec.num_heads;
+  spec.intermediate_size = hidden * 8 / 3;
+  spec.max_seq_len = max_seq_len;
+  return spec;
+}
+
 BenchReport::BenchReport(std::string benchmark) : benchmark_(std::move(benchmark)) {}
 
 void BenchReport::SetContext(const std::string& key, nlohmann::json value) {

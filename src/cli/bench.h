@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gyre/status.h"
+#include "model/model_spec.h"
 
 namespace gyre::cli {
 
@@ -51,6 +52,9 @@ class BenchReport {
 // -1 with *i moved to the value otherwise.
 bool ParseInt(const std::string& s, int64_t lo, int64_t hi, int64_t* out);
 bool ParseDouble(const std::string& s, double lo, double hi, double* out);
+// The random models of the training benchmarks: a Llama-layout decoder with heads of 64 (one
+// head when hidden <= 64), as many key/value heads, and an MLP of 8/3 x hidden.
+model::ModelSpec SyntheticSpec(int64_t vocab, int64_t hidden, int64_t layers, int64_t max_seq_len);
 int BenchOptionValue(const char* bench, const char* usage, const std::vector<std::string>& args,
                      size_t* i);
 

@@ -96,15 +96,8 @@ std::vector<std::string> SetupArgs(const Setup& s) {
 // and writes {"baseline_mib", "peak_mib", "step_s", "tokens"} to `out_path`.
 int RunChild(const Setup& s, const std::string& config, const std::string& out_path) {
   at::set_num_threads(static_cast<int>(s.threads));
-  model::ModelSpec spec;
-  spec.vocab_size = s.vocab;
-  spec.hidden_size = s.hidden;
-  spec.num_layers = s.layers;
-  spec.num_heads = std::max<int64_t>(1, s.hidden / 64);
-  spec.num_kv_heads = spec.num_heads;
-  spec.head_dim = s.hidden / spec.num_heads;
-  spec.intermediate_size = s.hidden * 8 / 3;
-  spec.max_seq_len = s.prompt_len + s.max_len;
+  const model::ModelSpec spec =
+      SyntheticSpec(s.vocab, s.hidden, s.layers, s.prompt_len + s.max_len);
   trainer::PolicyTrainer t(model::Transformer::Create(spec, 7, 0.02), 1e-4, 0, 0.9, 0.999);
   t.SetSequencePacking(config != "padded");
   t.SetLogprobChunkTokens(config == "chunked" ? s.chunk : 0);

@@ -86,16 +86,7 @@ struct Setup {
 };
 
 model::ModelSpec Spec(const Setup& s) {
-  model::ModelSpec spec;
-  spec.vocab_size = s.vocab;
-  spec.hidden_size = s.hidden;
-  spec.num_layers = s.layers;
-  spec.num_heads = std::max<int64_t>(1, s.hidden / 64);
-  spec.num_kv_heads = spec.num_heads;
-  spec.head_dim = s.hidden / spec.num_heads;
-  spec.intermediate_size = s.hidden * 8 / 3;
-  spec.max_seq_len = s.prompt_len + s.max_len;
-  return spec;
+  return SyntheticSpec(s.vocab, s.hidden, s.layers, s.prompt_len + s.max_len);
 }
 
 // The best FLOP/s of square matmuls of `n` in `dtype` on this process's intra-op threads.
