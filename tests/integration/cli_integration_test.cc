@@ -520,17 +520,22 @@ TEST(TrainTest, AsyncWeightUpdatesBetweenEngineStepsKeepTheBound) {
 }
 
 // rollout.work_stealing on real workers: a worker that runs out of work takes over samples still
-// generating on the other (Rollout.Preempt, then GenerateStream with resumed samples). Chunks
-// larger than everything admitted send it all to one worker and leave the other idle, so it
-// steals; every step still trains its full batch within the bound and the ledger counts each
-// sample once.
+// generating on the other (Rollout.Preempt, then GenerateStream with resumed samples). Every
+// admitted group goes out in one call (async_chunk_groups=64) to a worker that runs 4 sequences
+// at a time, so the other worker is idle while that call still has queued samples for many
+// engine steps, and it steals; every step still trains its full batch within the bound and the
+// ledger counts each sample once. (With the quickstart's 5-token answers in one full batch a
+// call took a few tens of milliseconds, and a loaded CI host once saw every call end before a
+// steal reached it.) The policy starts untrained, so answers run to max_new_tokens.
 TEST(TrainTest, AsyncJobWithWorkStealingTrainsEverySampleOnce) {
   const std::string dir = MakeTempDir("async_steal");
   auto args = SmallJob(dir, 6);
   args.insert(args.end(),
               {"--set", "rollout.async=true", "--set", "algorithm.max_staleness=1", "--set",
                "rollout.work_stealing=true", "--set", "rollout.async_chunk_groups=64", "--set",
-               "rollout.weight_updates=between_steps"});
+               "rollout.weight_updates=between_steps", "--set", "rollout.max_running=4",
+               "--set", "rollout.max_new_tokens=12", "--set", "model.max_seq_len=40", "--set",
+               "trainer.warmup_sft_steps=0"});
   auto p = GyreProcess::Start(args, dir);
   ASSERT_TRUE(p.Wait(240)) << p.Output();
   ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
