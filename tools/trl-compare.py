@@ -3,18 +3,20 @@
 
 1. Runs `gyre train configs/quickstart.yaml` for STEPS GRPO steps with one generation round per
    step (dynamic sampling off, so every step generates and trains exactly 64 prompts x 8
-   samples), and reads each step's wall time (step_time_s) from its metrics.jsonl.
+   samples), and reads each step's wall time (step_time_s) from its metrics.jsonl; once per
+   value of --gyre-threads (trainer.torch_threads: 1 is Gyre's default, 0 lets each phase use
+   every core, as TRL does).
 2. Loads the model that run ended with (its final/ directory is a Hugging Face directory) into
    TRL's GRPOTrainer with the same batch and hyperparameters: 64 prompts x 8 generations per
    step, max 5 new tokens, temperature 1, lr 5e-4, one optimizer step per batch, no KL term,
    the same task (sums of 1- and 2-digit numbers, prompt BOS "A+B=") and reward (1 for the exact
    answer), on the CPU with every core, and times each step (generation, reward, loss,
    backward and optimizer) with a callback.
-3. Prints both medians and the ratio, and writes them as JSON.
+3. Prints the medians and the ratios, and writes them as JSON.
 
 TRL is test-side only: `pip install trl` into the venv when it is missing (the script does it).
 
-usage: trl-compare.py GYRE_BINARY WORK_DIR [--steps N] [--json FILE]
+usage: trl-compare.py GYRE_BINARY WORK_DIR [--steps N] [--gyre-threads 1,0] [--json FILE]
 """
 import argparse
 import json
@@ -26,11 +28,12 @@ import sys
 import time
 
 
-def run_gyre(binary, work, steps):
-    out = os.path.join(work, "gyre")
+def run_gyre(binary, work, steps, threads):
+    out = os.path.join(work, f"gyre-threads{threads}")
     cmd = [binary, "train", "configs/quickstart.yaml",
            "--set", f"job.output_dir={out}",
            "--set", f"trainer.steps={steps}",
+           "--set", f"trainer.torch_threads={threads}",
            "--set", "algorithm.filter_zero_variance=false",
            "--set", "metrics.eval_every=0"]
     print("trl-compare: " + " ".join(cmd), file=sys.stderr, flush=True)
@@ -120,30 +123,34 @@ def main():
     p.add_argument("binary")
     p.add_argument("work")
     p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--gyre-threads", default="1,0",
+                   help="trainer.torch_threads values, one Gyre run each [1,0]")
     p.add_argument("--json")
     a = p.parse_args()
+    try:
+        gyre_threads = [int(t) for t in a.gyre_threads.split(",")]
+    except ValueError:
+        p.error("--gyre-threads takes comma-separated integers, e.g. 1,0")
+    if a.steps < 3:
+        p.error("--steps must be at least 3 (the first step of each run is left out)")
     os.makedirs(a.work, exist_ok=True)
     ensure_trl()
-    model_dir, grpo = run_gyre(a.binary, a.work, a.steps)
+    runs = [(t, *run_gyre(a.binary, a.work, a.steps, t)) for t in gyre_threads]
     threads = os.cpu_count() or 1
-    trl_times = run_trl(model_dir, a.work, a.steps, threads)
-    # The first step of each warms caches and allocators: left out of both medians.
-    gyre_s = statistics.median(r["step_time_s"] for r in grpo[1:])
-    gyre_train = statistics.median(r["train_s"] for r in grpo[1:])
-    gyre_gen = statistics.median(r["generate_s"] for r in grpo[1:])
+    trl_times = run_trl(runs[0][1], a.work, a.steps, threads)
+    # The first step of each warms caches and allocators: left out of every median.
     trl_s = statistics.median(trl_times[1:])
-    result = {
-        "steps": a.steps,
-        "samples_per_step": 512,
-        "gyre_step_s": gyre_s,
-        "gyre_generate_s": gyre_gen,
-        "gyre_train_s": gyre_train,
-        "trl_step_s": trl_s,
-        "trl_threads": threads,
-        "speedup": trl_s / gyre_s,
-    }
-    print(f"gyre step {gyre_s:.3f} s (generate {gyre_gen:.3f} s, train {gyre_train:.3f} s); "
-          f"TRL GRPOTrainer step {trl_s:.3f} s; Gyre is {trl_s / gyre_s:.2f}x faster")
+    result = {"steps": a.steps, "samples_per_step": 512, "trl_step_s": trl_s,
+              "trl_threads": threads, "gyre": []}
+    for t, _, grpo in runs:
+        gyre_s = statistics.median(r["step_time_s"] for r in grpo[1:])
+        gyre_train = statistics.median(r["train_s"] for r in grpo[1:])
+        gyre_gen = statistics.median(r["generate_s"] for r in grpo[1:])
+        result["gyre"].append({"torch_threads": t, "step_s": gyre_s, "generate_s": gyre_gen,
+                               "train_s": gyre_train, "speedup": trl_s / gyre_s})
+        print(f"gyre (trainer.torch_threads {t}) step {gyre_s:.3f} s (generate {gyre_gen:.3f} s, "
+              f"train {gyre_train:.3f} s): {trl_s / gyre_s:.2f}x faster than TRL")
+    print(f"TRL GRPOTrainer step {trl_s:.3f} s ({threads} threads)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -197,14 +197,15 @@ struct TrainerSection {
   // What the first GRPO step starts from after a warm-up: "keep" the warm-up's AdamW moments and
   // step counts, or "reset" them (a fresh optimizer, as a separate SFT run then RL run would).
   std::string warmup_optimizer_state = "keep";
-  int checkpoint_every = 0;           // GRPO steps between resumable checkpoints; 0 = none
-  int checkpoint_keep_last = 3;       // resumable checkpoints kept on disk
-  int torch_threads = 1;              // intra-op threads per worker process; 0 = auto
-  int grad_bucket_mb = 32;            // data parallel: gradient all-reduce bucket size
-  bool overlap_grad_reduce = true;    // data parallel: all-reduce buckets during backward
-  bool sequence_packing = true;       // pack samples into rows (block-diagonal attention)
-  int logprob_chunk_tokens = 1024;    // packed: log-probs this many tokens at a time; 0 = all
-  double collective_timeout_s = 600;  // data parallel: deadline of each collective
+  int checkpoint_every = 0;               // GRPO steps between resumable checkpoints; 0 = none
+  int checkpoint_keep_last = 3;           // resumable checkpoints kept on disk
+  int torch_threads = 1;                  // intra-op threads per worker process; 0 = auto
+  int grad_bucket_mb = 32;                // data parallel: gradient all-reduce bucket size
+  bool overlap_grad_reduce = true;        // data parallel: all-reduce buckets during backward
+  bool sequence_packing = true;           // pack samples into rows (block-diagonal attention)
+  int logprob_chunk_tokens = 1024;        // packed: log-probs this many tokens at a time; 0 = all
+  bool activation_checkpointing = false;  // keep layer inputs only; recompute in the backward
+  double collective_timeout_s = 600;      // data parallel: deadline of each collective
 };
 
 struct RewardSection {

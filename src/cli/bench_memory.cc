@@ -1,6 +1,7 @@
 // `gyre bench memory`: peak memory of one trainer step per configuration (padded rows, packed
-// rows with materialised logits, packed rows with chunked log-probs), each measured in its own
-// child process so that no configuration inherits another's allocations.
+// rows with materialised logits, packed rows with chunked log-probs, and those with activation
+// checkpointing), each measured in its own child process so that no configuration inherits
+// another's allocations.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -42,11 +43,14 @@ constexpr char kUsage[] =
     "  unchunked  packed rows, logits of the response tokens materialised [tokens, V]\n"
     "             (trainer.logprob_chunk_tokens: 0): the baseline\n"
     "  chunked    packed rows, log-probs CHUNK tokens at a time (the default)\n"
+    "  checkpointed  chunked, and each decoder layer recomputed in the backward\n"
+    "             (trainer.activation_checkpointing: true)\n"
     "Each configuration runs in a child process: one warm-up step (AdamW allocates its\n"
     "moments), then freed memory is returned to the system (malloc_trim) and the peak resident\n"
     "memory is reset (/proc/self/clear_refs), and one more step\n"
     "is taken. Reports the step's peak above the memory held before it (model, optimizer state,\n"
-    "batch), that memory, the step time, and the peak against the unchunked baseline's.\n"
+    "batch), that memory, the step time, and the peak against the unchunked baseline's (when\n"
+    "it is among the configurations run).\n"
     "\n"
     "options (defaults in brackets):\n"
     "  --vocab V            vocabulary size [32768]\n"
@@ -56,8 +60,10 @@ constexpr char kUsage[] =
     "  --prompt-len P       prompt tokens [32]\n"
     "  --median-len L       median response length (lognormal, sigma 1) [64]\n"
     "  --max-len M          response length cap [512]\n"
-    "  --chunk N            tokens per log-prob chunk of the chunked configuration [1024]\n"
+    "  --chunk N            tokens per log-prob chunk (chunked, checkpointed) [1024]\n"
     "  --threads N          intra-op CPU threads [1]\n"
+    "  --configs A,B,...    the configurations to run, in this order\n"
+    "                       [padded,unchunked,chunked,checkpointed]\n"
     "  --json FILE          also write the figures as JSON\n";
 
 struct Setup {
@@ -100,7 +106,9 @@ int RunChild(const Setup& s, const std::string& config, const std::string& out_p
       SyntheticSpec(s.vocab, s.hidden, s.layers, s.prompt_len + s.max_len);
   trainer::PolicyTrainer t(model::Transformer::Create(spec, 7, 0.02), 1e-4, 0, 0.9, 0.999);
   t.SetSequencePacking(config != "padded");
-  t.SetLogprobChunkTokens(config == "chunked" ? s.chunk : 0);
+  const bool checkpointed = config == "checkpointed";
+  t.SetLogprobChunkTokens(config == "chunked" || checkpointed ? s.chunk : 0);
+  t.SetActivationCheckpointing(checkpointed);
   std::mt19937_64 rng(1);
   std::lognormal_distribution<double> length(std::log(static_cast<double>(s.median)), 1.0);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(s.vocab - 1));
@@ -181,6 +189,11 @@ StatusOr<nlohmann::json> Spawn(const Setup& s, const std::string& config, const 
 int RunBenchMemory(const std::vector<std::string>& args) {
   Setup s;
   std::string json_path, child, child_out;
+  const std::vector<std::string> known = {"padded", "unchunked", "chunked", "checkpointed"};
+  std::vector<std::string> configs = known;
+  auto is_known = [&](const std::string& c) {
+    return std::find(known.begin(), known.end(), c) != known.end();
+  };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (int rc = BenchOptionValue("memory", kUsage, args, &i); rc >= 0) return rc;
@@ -190,7 +203,15 @@ int RunBenchMemory(const std::vector<std::string>& args) {
       json_path = v;
     } else if (a == "--child") {  // internal: one configuration
       child = v;
-      ok = v == "padded" || v == "unchunked" || v == "chunked";
+      ok = is_known(v);
+    } else if (a == "--configs") {
+      configs.clear();
+      std::stringstream list(v);
+      for (std::string c; std::getline(list, c, ',');) {
+        ok = ok && is_known(c) && std::find(configs.begin(), configs.end(), c) == configs.end();
+        configs.push_back(c);
+      }
+      ok = ok && !configs.empty();
     } else if (a == "--child-out") {
       child_out = v;
     } else if (a == "--vocab") {
@@ -239,8 +260,8 @@ int RunBenchMemory(const std::vector<std::string>& args) {
   report.SetContext("chunk_tokens", s.chunk);
   report.SetContext("threads", s.threads);
   std::vector<nlohmann::json> rows;
-  for (const char* config : {"padded", "unchunked", "chunked"}) {
-    std::fprintf(stderr, "bench memory: %s\n", config);
+  for (const std::string& config : configs) {
+    std::fprintf(stderr, "bench memory: %s\n", config.c_str());
     auto r = Spawn(s, config, dir);
     if (!r.ok()) {
       std::fprintf(stderr, "gyre bench memory: %s\n", r.status().ToString().c_str());
@@ -251,17 +272,20 @@ int RunBenchMemory(const std::vector<std::string>& args) {
     rows.push_back(*r);
   }
   (void)RemoveTree(dir);
-  const double base = rows[1]["peak_mib"].get<double>();
+  double base = 0;  // the unchunked baseline's peak, when it ran
+  for (const auto& r : rows) {
+    if (r["config"] == "unchunked") base = r["peak_mib"].get<double>();
+  }
   report.SetContext("response_tokens", rows[0]["response_tokens"]);
   for (auto& r : rows) {
-    r["vs_unchunked"] = base > 0 ? r["peak_mib"].get<double>() / base : 0.0;
+    if (base > 0) r["vs_unchunked"] = r["peak_mib"].get<double>() / base;
     report.AddRow(r);
   }
-  report.PrintTable({{"config", "config"},
-                     {"peak_mib", "step peak MiB", 1},
-                     {"vs_unchunked", "vs unchunked", 3},
-                     {"baseline_mib", "held before MiB", 1},
-                     {"step_s", "step s", 3}});
+  std::vector<BenchColumn> columns = {{"config", "config"}, {"peak_mib", "step peak MiB", 1}};
+  if (base > 0) columns.push_back({"vs_unchunked", "vs unchunked", 3});
+  columns.push_back({"baseline_mib", "held before MiB", 1});
+  columns.push_back({"step_s", "step s", 3});
+  report.PrintTable(columns);
   if (!json_path.empty()) {
     Status w = report.WriteJson(json_path);
     if (!w.ok()) {

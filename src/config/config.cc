@@ -354,6 +354,9 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(trainer.logprob_chunk_tokens), Closed(0, 1 << 24),
           "packed micro-batches: log-probs and entropies this many tokens at a time, never "
           "holding [tokens, vocabulary] logits; 0 = materialise the logits"),
+      Flag(GYRE_CONFIG_KEY(trainer.activation_checkpointing),
+           "keep only each decoder layer's input during the training forward and recompute the "
+           "layer in the backward: less activation memory for about one more forward"),
       Num(GYRE_CONFIG_KEY(trainer.collective_timeout_s), OpenLow(0, 86400),
           "deadline of each data-parallel collective in seconds"),
       // reward

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -62,8 +64,9 @@ struct Transformer::Impl {
   at::Tensor embed;
   std::vector<Layer> layers;
   at::Tensor final_norm;
-  at::Tensor lm_head;   // undefined when tied
-  at::Tensor inv_freq;  // [head_dim / 2], float32
+  at::Tensor lm_head;              // undefined when tied
+  at::Tensor inv_freq;             // [head_dim / 2], float32
+  bool checkpoint_layers = false;  // SetActivationCheckpointing
 
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w) const {
     // HF numerics: normalise in float32, then scale by the weight.
@@ -149,6 +152,22 @@ struct Transformer::Impl {
     return at::linear(out, l.o_proj);
   }
 
+  // One decoder layer: h [B, T, H] -> h [B, T, H].
+  at::Tensor DecoderLayer(const Layer& l, const at::Tensor& h_in, const at::Tensor& cos,
+                          const at::Tensor& sin, const at::Tensor& mask, KvCache* cache,
+                          int layer_index) const {
+    at::Tensor h =
+        h_in + Attention(l, RmsNorm(h_in, l.input_norm), cos, sin, mask, cache, layer_index);
+    at::Tensor y = RmsNorm(h, l.post_norm);
+    return h +
+           at::linear(at::silu(at::linear(y, l.gate_proj)) * at::linear(y, l.up_proj), l.down_proj);
+  }
+
+  // DecoderLayer(layers[index]) through LayerCheckpoint (defined below Impl).
+  static at::Tensor CheckpointedLayer(const std::shared_ptr<const Impl>& self, size_t index,
+                                      const at::Tensor& h, const at::Tensor& cos,
+                                      const at::Tensor& sin, const at::Tensor& mask);
+
   // select: undefined, or int64 [N] flat indices into [B * T] of the positions whose logits are
   // returned ([N, V] instead of [B, T, V]); the final norm and LM head run on those only.
   // hidden_only: return the final-normed hidden states, without the LM head.
@@ -157,12 +176,15 @@ struct Transformer::Impl {
                  bool hidden_only = false) const {
     at::Tensor h = at::embedding(embed, tokens);
     auto [cos, sin] = Rope(positions);
+    const bool checkpoint = checkpoint_layers && cache == nullptr && at::GradMode::is_enabled();
+    std::shared_ptr<const Impl> self;  // what the checkpointed layers recompute with
+    if (checkpoint) self = std::make_shared<const Impl>(*this);
     for (size_t i = 0; i < layers.size(); ++i) {
-      const Layer& l = layers[i];
-      h = h + Attention(l, RmsNorm(h, l.input_norm), cos, sin, mask, cache, static_cast<int>(i));
-      at::Tensor y = RmsNorm(h, l.post_norm);
-      h = h +
-          at::linear(at::silu(at::linear(y, l.gate_proj)) * at::linear(y, l.up_proj), l.down_proj);
+      if (checkpoint) {
+        h = CheckpointedLayer(self, i, h, cos, sin, mask);
+      } else {
+        h = DecoderLayer(layers[i], h, cos, sin, mask, cache, static_cast<int>(i));
+      }
     }
     if (select.defined()) h = h.reshape({-1, h.size(-1)}).index_select(0, select);
     h = RmsNorm(h, final_norm);
@@ -256,6 +278,90 @@ struct Transformer::Impl {
     return h;
   }
 };
+
+namespace {
+
+// What a checkpointed layer needs to run again in the backward: the model (a shared shell of
+// tensor handles, so it outlives the Transformer if it must), the layer, and its RoPE and mask.
+struct LayerRecompute : torch::CustomClassHolder {
+  std::shared_ptr<const Transformer::Impl> model;
+  size_t index = 0;
+  at::Tensor cos, sin, mask;
+  std::vector<at::Tensor> params;  // the layer's defined parameters, in LayerParams order
+
+  at::Tensor Run(const at::Tensor& h) const {
+    return model->DecoderLayer(model->layers[index], h, cos, sin, mask, nullptr,
+                               static_cast<int>(index));
+  }
+};
+
+std::vector<at::Tensor> LayerParams(const Layer& l) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor* t :
+       {&l.input_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.q_bias, &l.k_bias, &l.v_bias,
+        &l.q_norm, &l.k_norm, &l.post_norm, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+    if (t->defined()) out.push_back(*t);
+  }
+  return out;
+}
+
+// Activation checkpointing of one decoder layer: the forward runs without a graph and keeps
+// only the layer's input; the backward runs the layer again with a graph and differentiates it
+// into the input and the layer's parameters (which are inputs of this function, so their
+// gradients take the usual path: AccumulateGrad and its hooks, or a cast's backward to float32
+// master weights).
+class LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h,
+                            const c10::intrusive_ptr<LayerRecompute>& layer,
+                            at::TensorList params) {
+    ctx->save_for_backward({h});
+    ctx->saved_data["layer"] = at::IValue::make_capsule(layer);
+    return layer->Run(h);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor h = ctx->get_saved_variables()[0];
+    const auto layer =
+        c10::static_intrusive_pointer_cast<LayerRecompute>(ctx->saved_data["layer"].toCapsule());
+    at::AutoGradMode grad_on(true);
+    const at::Tensor input = h.detach().requires_grad_(true);
+    const at::Tensor out = layer->Run(input);
+    std::vector<at::Tensor> wrt = {input};
+    std::vector<size_t> slot;  // wrt[k + 1] is params[slot[k]]
+    for (size_t k = 0; k < layer->params.size(); ++k) {
+      if (layer->params[k].requires_grad()) {
+        wrt.push_back(layer->params[k]);
+        slot.push_back(k);
+      }
+    }
+    const auto g = torch::autograd::grad({out}, wrt, {grads[0]}, /*retain_graph=*/false,
+                                         /*create_graph=*/false, /*allow_unused=*/true);
+    // One gradient per input of forward: h, the layer (none), then each parameter.
+    torch::autograd::variable_list result(2 + layer->params.size());
+    result[0] = g[0];
+    for (size_t k = 0; k < slot.size(); ++k) result[2 + slot[k]] = g[k + 1];
+    return result;
+  }
+};
+
+}  // namespace
+
+at::Tensor Transformer::Impl::CheckpointedLayer(const std::shared_ptr<const Impl>& self,
+                                                size_t index, const at::Tensor& h,
+                                                const at::Tensor& cos, const at::Tensor& sin,
+                                                const at::Tensor& mask) {
+  auto layer = c10::make_intrusive<LayerRecompute>();
+  layer->model = self;
+  layer->index = index;
+  layer->cos = cos;
+  layer->sin = sin;
+  layer->mask = mask;
+  layer->params = LayerParams(self->layers[index]);
+  const std::vector<at::Tensor> params = layer->params;
+  return LayerCheckpoint::apply(h, layer, at::TensorList(params));
+}
 
 Transformer::Transformer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Transformer::~Transformer() = default;
@@ -503,6 +609,9 @@ std::unique_ptr<Transformer> Transformer::CastOf(const Transformer& src, at::Sca
   }
   return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
 }
+
+void Transformer::SetActivationCheckpointing(bool on) { impl_->checkpoint_layers = on; }
+bool Transformer::activation_checkpointing() const { return impl_->checkpoint_layers; }
 
 at::Device Transformer::device() const { return impl_->embed.device(); }
 at::ScalarType Transformer::dtype() const { return impl_->embed.scalar_type(); }

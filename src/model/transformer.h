@@ -113,6 +113,14 @@ class Transformer {
   // time (ops::ChunkedTokenStats) without holding [N, V] logits.
   std::pair<at::Tensor, at::Tensor> ForwardPackedHidden(const PackedBatch& batch) const;
 
+  // Activation checkpointing (trainer.activation_checkpointing): forwards with autograd on keep
+  // only each decoder layer's input, and the backward runs each layer again to differentiate
+  // it, so activation memory is one hidden state per layer instead of every intermediate, for
+  // about one more forward of compute. Same values and gradients as without. Cast copies
+  // (CastOf) inherit the setting. Generation (no autograd, or a KV cache) is unaffected.
+  void SetActivationCheckpointing(bool on);
+  bool activation_checkpointing() const;
+
   // Allocates an empty cache for `batch` sequences of up to `capacity` positions.
   KvCache NewCache(int64_t batch, int64_t capacity) const;
 
@@ -159,8 +167,9 @@ class Transformer {
   NamedTensors NamedParameters() const;
   int64_t NumParameters() const;
 
+  struct Impl;  // opaque (named here for transformer.cc's own helpers)
+
  private:
-  struct Impl;
   explicit Transformer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

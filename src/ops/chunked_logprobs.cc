@@ -25,17 +25,19 @@ class ChunkedStatsFunction : public torch::autograd::Function<ChunkedStatsFuncti
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& hidden, const at::Tensor& weight,
                                                 const at::Tensor& targets, double temperature,
-                                                int64_t chunk) {
+                                                int64_t chunk, bool logp_only) {
     const int64_t N = hidden.size(0);
     const auto fopts = hidden.options().dtype(at::kFloat);
-    at::Tensor logp = at::empty({N}, fopts), entropy = at::empty({N}, fopts);
-    at::Tensor ok = at::empty({N}, fopts);
+    const int64_t stats = logp_only ? 0 : N;  // entropy and argmax_ok rows
+    at::Tensor logp = at::empty({N}, fopts), entropy = at::empty({stats}, fopts);
+    at::Tensor ok = at::empty({stats}, fopts);
     for (int64_t s = 0; s < N; s += chunk) {
       const int64_t n = std::min(chunk, N - s);
       const at::Tensor z = ChunkLogits(hidden.narrow(0, s, n), weight, temperature);
       const at::Tensor lsm = at::log_softmax(z, -1);
       const at::Tensor y = targets.narrow(0, s, n);
       logp.narrow(0, s, n).copy_(lsm.gather(-1, y.unsqueeze(-1)).squeeze(-1));
+      if (logp_only) continue;
       entropy.narrow(0, s, n).copy_(-(lsm.exp() * lsm).sum(-1));
       ok.narrow(0, s, n).copy_((z.argmax(-1) == y).to(at::kFloat));
     }
@@ -71,7 +73,7 @@ class ChunkedStatsFunction : public torch::autograd::Function<ChunkedStatsFuncti
         dz = dz - g * p;
         dz.scatter_add_(-1, targets.narrow(0, s, n).unsqueeze(-1), g);
       }
-      if (g_ent.defined()) {
+      if (g_ent.defined() && entropy.numel() > 0) {
         const at::Tensor g = g_ent.narrow(0, s, n).unsqueeze(-1);
         dz = dz - g * p * (lsm + entropy.narrow(0, s, n).unsqueeze(-1));
       }
@@ -80,20 +82,22 @@ class ChunkedStatsFunction : public torch::autograd::Function<ChunkedStatsFuncti
       grad_h.narrow(0, s, n).copy_(at::mm(dzc, weight));
       grad_w.add_(at::mm(dzc.t(), h).to(at::kFloat));
     }
-    return {grad_h, grad_w.to(weight.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_h,      grad_w.to(weight.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
 }  // namespace
 
 TokenStats ChunkedTokenStats(const at::Tensor& hidden, const at::Tensor& weight,
-                             const at::Tensor& targets, double temperature, int64_t chunk_tokens) {
+                             const at::Tensor& targets, double temperature, int64_t chunk_tokens,
+                             bool logp_only) {
   TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1) &&
                   targets.dim() == 1 && targets.size(0) == hidden.size(0),
               "ChunkedTokenStats: hidden [N, H], weight [V, H] and targets [N] expected");
   const double t = temperature > 0 ? temperature : 1.0;
   auto out = ChunkedStatsFunction::apply(hidden, weight, targets.to(at::kLong), t,
-                                         std::max<int64_t>(1, chunk_tokens));
+                                         std::max<int64_t>(1, chunk_tokens), logp_only);
   return {out[0], out[1], out[2]};
 }
 

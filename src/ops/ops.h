@@ -33,12 +33,15 @@ at::Tensor TokenLogprobs(const at::Tensor& logits, const at::Tensor& targets, do
 // no [N, V] tensor is ever held: the backward recomputes each chunk's logits. logp and entropy
 // (float32 [N]) are differentiable with respect to hidden and weight; argmax_ok (float32 [N], 1
 // where the most likely token is the target) is not. Equal to log_softmax and the entropy of
-// the full logits up to floating-point summation order.
+// the full logits up to floating-point summation order. logp_only: only logp is computed (for
+// callers that want log-probs alone: old log-probs, the reference policy), and entropy and
+// argmax_ok are empty ([0]).
 struct TokenStats {
   at::Tensor logp, entropy, argmax_ok;
 };
 TokenStats ChunkedTokenStats(const at::Tensor& hidden, const at::Tensor& weight,
-                             const at::Tensor& targets, double temperature, int64_t chunk_tokens);
+                             const at::Tensor& targets, double temperature, int64_t chunk_tokens,
+                             bool logp_only = false);
 
 struct PolicyLossResult {
   kernels::PolicyLossStats stats;

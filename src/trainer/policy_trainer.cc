@@ -37,6 +37,10 @@ PolicyTrainer::PolicyTrainer(std::unique_ptr<model::Transformer> model, double l
 
 PolicyTrainer::~PolicyTrainer() = default;
 
+void PolicyTrainer::SetActivationCheckpointing(bool on) { model_->SetActivationCheckpointing(on); }
+
+bool PolicyTrainer::activation_checkpointing() const { return model_->activation_checkpointing(); }
+
 void PolicyTrainer::SetComputeDtype(at::ScalarType dtype) {
   compute_dtype_ = dtype;
   reference_compute_.reset();
@@ -505,7 +509,11 @@ ResponseStats ResponseTokenStats(const model::Transformer& model, const MicroBat
 at::Tensor ResponseLogprobs(const model::Transformer& model, const MicroBatch& mb,
                             double temperature, int64_t chunk_tokens) {
   if (mb.packed && chunk_tokens > 0) {
-    return ResponseTokenStats(model, mb, temperature, chunk_tokens, false).logp;
+    auto [hidden, weight] = model.ForwardPackedHidden(mb.pack);
+    return Grid(ops::ChunkedTokenStats(hidden, weight, mb.flat_targets, temperature, chunk_tokens,
+                                       /*logp_only=*/true)
+                    .logp,
+                mb);
   }
   return Grid(ops::TokenLogprobs(ResponseLogits(model, mb), mb.flat_targets, temperature), mb);
 }

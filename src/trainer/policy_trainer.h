@@ -174,6 +174,11 @@ class PolicyTrainer {
   // LM head's input this many tokens at a time (ops::ChunkedTokenStats), so no [tokens, V] logits
   // tensor is held; 0 materialises the logits (the unchunked baseline).
   void SetLogprobChunkTokens(int64_t n) { chunk_tokens_ = n; }
+  // trainer.activation_checkpointing: the training forward keeps only each decoder layer's input
+  // and the backward recomputes the layer (model::Transformer::SetActivationCheckpointing): the
+  // same update, activation memory one hidden state per layer, about one more forward of work.
+  void SetActivationCheckpointing(bool on);
+  bool activation_checkpointing() const;
   int64_t version() const { return version_; }
 
   // AdamW state of one parameter. step 0 = the optimizer has not updated it yet (no moments).

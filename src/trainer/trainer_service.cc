@@ -51,6 +51,7 @@ TrainerService::TrainerService(const JobConfig& config, std::unique_ptr<model::T
   trainer_.SetComputeDtype(dtype_);
   trainer_.SetSequencePacking(config.trainer.sequence_packing);
   trainer_.SetLogprobChunkTokens(config.trainer.logprob_chunk_tokens);
+  trainer_.SetActivationCheckpointing(config.trainer.activation_checkpointing);
 }
 
 int64_t TrainerService::version() const {

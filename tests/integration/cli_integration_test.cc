@@ -533,8 +533,8 @@ TEST(TrainTest, AsyncJobWithWorkStealingTrainsEverySampleOnce) {
   args.insert(args.end(),
               {"--set", "rollout.async=true", "--set", "algorithm.max_staleness=1", "--set",
                "rollout.work_stealing=true", "--set", "rollout.async_chunk_groups=64", "--set",
-               "rollout.weight_updates=between_steps", "--set", "rollout.max_running=4",
-               "--set", "rollout.max_new_tokens=12", "--set", "model.max_seq_len=40", "--set",
+               "rollout.weight_updates=between_steps", "--set", "rollout.max_running=4", "--set",
+               "rollout.max_new_tokens=12", "--set", "model.max_seq_len=40", "--set",
                "trainer.warmup_sft_steps=0"});
   auto p = GyreProcess::Start(args, dir);
   ASSERT_TRUE(p.Wait(240)) << p.Output();

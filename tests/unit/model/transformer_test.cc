@@ -3,8 +3,13 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
 
 #include "testing/tensor_compare.h"
 #include "testing/tiny_model.h"
@@ -147,6 +152,77 @@ TEST_P(TransformerTest, PackedForwardEqualsEachSequenceAlone) {
   for (size_t i = 0; i < g_packed.size(); ++i) {
     EXPECT_TRUE(AllClose(g_packed[i], g_alone[i], kReordered)) << names[i].first;
   }
+}
+
+// The autograd graph's nodes reachable from `root`, by name.
+std::map<std::string, int> GraphNodes(const at::Tensor& root) {
+  std::map<std::string, int> names;
+  std::set<const torch::autograd::Node*> seen;
+  std::vector<std::shared_ptr<torch::autograd::Node>> todo = {root.grad_fn()};
+  while (!todo.empty()) {
+    auto n = todo.back();
+    todo.pop_back();
+    if (n == nullptr || !seen.insert(n.get()).second) continue;
+    ++names[n->name()];
+    for (const auto& e : n->next_edges()) todo.push_back(e.function);
+  }
+  return names;
+}
+
+// trainer.activation_checkpointing: the same logits and gradients as without, on a packed batch
+// (block-diagonal mask) and on a plain causal forward, while the graph holds one checkpoint node
+// per decoder layer in place of the layers' own operations.
+TEST_P(TransformerTest, CheckpointedLayersGiveTheSameValuesAndGradients) {
+  auto [tied, bias, qk_norm, qwen3_like] = GetParam();
+  auto model = Transformer::Create(TinySpec(tied, bias, qk_norm, qwen3_like), 9, 0.2);
+  PackedBatch b;
+  b.tokens = at::tensor(std::vector<int64_t>{5, 9, 2, 30, 3, 17, 6, 1}).view({2, 4});
+  b.positions = at::tensor(std::vector<int64_t>{0, 1, 2, 3, 0, 1, 2, 0}).view({2, 4});
+  b.segments = at::tensor(std::vector<int64_t>{0, 0, 0, 0, 1, 1, 1, 2}).view({2, 4});
+  b.logit_index = at::tensor(std::vector<int64_t>{1, 2, 3, 5, 6, 7});
+  const at::Tensor w = at::linspace(-1.0, 1.0, 37);
+  const at::Tensor plain_tokens =
+      at::tensor(std::vector<int64_t>{4, 8, 15, 16, 23, 36}).view({2, 3});
+  struct Run {
+    at::Tensor packed, plain;
+    std::vector<at::Tensor> grads;
+    std::map<std::string, int> nodes;
+  };
+  auto run = [&](bool checkpoint) {
+    model->SetActivationCheckpointing(checkpoint);
+    EXPECT_EQ(model->activation_checkpointing(), checkpoint);
+    for (auto& [n, p] : model->NamedParameters()) p.mutable_grad() = at::Tensor();
+    Run r;
+    r.packed = model->ForwardPacked(b);
+    r.plain = model->Forward(plain_tokens);
+    const at::Tensor loss = (r.packed * w).logsumexp(-1).sum() + (r.plain * w).logsumexp(-1).sum();
+    r.nodes = GraphNodes(loss);
+    loss.backward();
+    for (auto& [n, p] : model->NamedParameters()) r.grads.push_back(p.grad().clone());
+    return r;
+  };
+  const Run plain = run(false), ckpt = run(true);
+  int checkpoints = 0, total_plain = 0, total_ckpt = 0;
+  for (const auto& [name, count] : ckpt.nodes) {
+    if (name.find("LayerCheckpoint") != std::string::npos) checkpoints += count;
+    total_ckpt += count;
+  }
+  for (const auto& [name, count] : plain.nodes) {
+    EXPECT_EQ(name.find("LayerCheckpoint"), std::string::npos) << name;
+    total_plain += count;
+  }
+  EXPECT_EQ(checkpoints, 2 * 2) << "2 forwards of 2 layers";
+  EXPECT_LT(total_ckpt * 2, total_plain) << "the layers' own operations stay out of the graph";
+  EXPECT_TRUE(AllClose(ckpt.packed.detach(), plain.packed.detach(), kReordered));
+  EXPECT_TRUE(AllClose(ckpt.plain.detach(), plain.plain.detach(), kReordered));
+  const auto names = model->NamedParameters();
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_GT(plain.grads[i].abs().sum().item<float>(), 0.0f) << names[i].first;
+    EXPECT_TRUE(AllClose(ckpt.grads[i], plain.grads[i], kReordered)) << names[i].first;
+  }
+  // Without autograd (old log-probs, generation) nothing is checkpointed.
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(AllClose(model->ForwardPacked(b), plain.packed.detach(), kReordered));
 }
 
 // The fixed-shape decode forward (what a CUDA graph captures) computes the same logits as
@@ -312,6 +388,29 @@ TEST(TransformerDtypeTest, CastCopyDifferentiatesIntoTheFloat32Master) {
     EXPECT_EQ(g.scalar_type(), at::kFloat) << pm[i].first;
     EXPECT_TRUE(at::equal(g, ph[i].second.grad().to(at::kFloat))) << pm[i].first;
     EXPECT_GT(g.abs().sum().item<float>(), 0.0f) << pm[i].first;
+  }
+}
+
+// Checkpointing a bfloat16 cast copy: the recomputed layers differentiate into the float32
+// master weights exactly as without checkpointing.
+TEST(TransformerDtypeTest, CheckpointedCastCopyGivesTheSameMasterGradients) {
+  auto master = Transformer::Create(TinySpec(false, true, true), 6, 0.1);
+  const at::Tensor tokens = at::tensor(std::vector<int64_t>{1, 2, 3, 4, 9, 12}).view({2, 3});
+  auto grads = [&](bool checkpoint) {
+    master->SetActivationCheckpointing(checkpoint);
+    for (auto& [n, p] : master->NamedParameters()) p.mutable_grad() = at::Tensor();
+    auto cast = Transformer::CastOf(*master, at::kBFloat16);
+    EXPECT_EQ(cast->activation_checkpointing(), checkpoint);
+    cast->Forward(tokens).logsumexp(-1).sum().backward();
+    std::vector<at::Tensor> g;
+    for (auto& [n, p] : master->NamedParameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  const auto plain = grads(false), ckpt = grads(true);
+  const auto names = master->NamedParameters();
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ(ckpt[i].scalar_type(), at::kFloat) << names[i].first;
+    EXPECT_TRUE(at::equal(ckpt[i], plain[i])) << names[i].first;
   }
 }
 

@@ -123,6 +123,16 @@ TEST(OpsChunkedTokenStats, EqualFullLogitsAndTheirGradients) {
   at::log_softmax(at::linear(h4, w4), -1).gather(-1, targets.unsqueeze(-1)).sum().backward();
   EXPECT_TRUE(at::allclose(h3.grad(), h4.grad(), 1e-4, 1e-5));
   EXPECT_TRUE(at::allclose(w3.grad(), w4.grad(), 1e-4, 1e-5));
+  // logp_only: the same log-probs and gradient, no entropies or argmax computed.
+  at::Tensor h5 = hidden0.clone().set_requires_grad(true);
+  at::Tensor w5 = weight0.clone().set_requires_grad(true);
+  const TokenStats only = ChunkedTokenStats(h5, w5, targets, 1.0, 3, /*logp_only=*/true);
+  EXPECT_EQ(only.entropy.numel(), 0);
+  EXPECT_EQ(only.argmax_ok.numel(), 0);
+  EXPECT_TRUE(at::equal(only.logp, ChunkedTokenStats(h3, w3, targets, 1.0, 3).logp));
+  only.logp.sum().backward();
+  EXPECT_TRUE(at::equal(h5.grad(), h3.grad()));
+  EXPECT_TRUE(at::equal(w5.grad(), w3.grad()));
 }
 
 TEST(OpsPolicyLoss, MatchesTheReferenceAndChecksShapes) {

@@ -63,6 +63,7 @@ struct RunSetup {
   int64_t bucket_bytes = 32 << 20;
   bool overlap = true;
   int64_t micro_batch_size = 2;
+  bool checkpointing = false;  // trainer.activation_checkpointing
 };
 
 // Two steps (one policy-gradient with `minis` mini-batches, one SFT) on `ranks` ranks.
@@ -82,6 +83,7 @@ RunResult TrainRanks(const RunSetup& setup) {
     futures.push_back(std::async(std::launch::async, [&, r] {
       RunResult out;
       PolicyTrainer t(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0.01, 0.9, 0.999);
+      t.SetActivationCheckpointing(setup.checkpointing);
       std::unique_ptr<comm::Communicator> group;
       if (ranks > 1) {
         comm::GlooOptions o;
@@ -185,6 +187,30 @@ TEST(DataParallelTrainerTest, OverlapOnAndOffGiveTheSameUpdate) {
               << k << " at step " << s << ", micro " << micro << " minis " << minis;
         }
       }
+    }
+  }
+}
+
+// Activation checkpointing under data parallelism: the recomputed layers' gradients reach the
+// overlapped all-reduce through the same accumulate-grad hooks, so 2 ranks with checkpointing
+// make the update of 2 ranks without, and of one rank with.
+TEST(DataParallelTrainerTest, ActivationCheckpointingGivesTheSameUpdate) {
+  RunSetup setup{2, 1};
+  setup.bucket_bytes = 4096;
+  const RunResult plain = TrainRanks(setup);
+  setup.checkpointing = true;
+  const RunResult ckpt = TrainRanks(setup);
+  RunSetup single{1, 1};
+  single.checkpointing = true;
+  const RunResult one = TrainRanks(single);
+  EXPECT_TRUE(testing::AllClose(ckpt.params, plain.params, {1e-6, 1e-8, 1e-6}));
+  EXPECT_TRUE(testing::AllClose(ckpt.params, one.params, {1e-5, 1e-6, 1e-5}));
+  ASSERT_EQ(ckpt.metrics.size(), plain.metrics.size());
+  for (size_t s = 0; s < plain.metrics.size(); ++s) {
+    for (const char* k : {"loss", "grad_norm", "tokens"}) {
+      EXPECT_NEAR(ckpt.metrics[s].at(k), plain.metrics[s].at(k),
+                  1e-6 * (1 + std::abs(plain.metrics[s].at(k))))
+          << k << " at step " << s;
     }
   }
 }

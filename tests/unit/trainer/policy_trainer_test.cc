@@ -59,11 +59,11 @@ TEST(PolicyTrainerTest, MicroBatchingGivesTheSameUpdateAsOneBatch) {
   }
 }
 
-// Sequence packing (the default, log-probs in chunks of tokens or from materialised logits) and
-// one right-padded row per sample give the same step: loss, telemetry and update agree within
-// float32 reordering, for both objectives, one or several micro-batches, an entropy bonus, and
-// mini-batches (whose old log-probs are recomputed).
-// Responses of 1 to 13 tokens, so that the longest rows hold several short samples.
+// Sequence packing (the default, log-probs in chunks of tokens or from materialised logits, with
+// or without activation checkpointing) and one right-padded row per sample give the same step:
+// loss, telemetry and update agree within float32 reordering, for both objectives, one or several
+// micro-batches, an entropy bonus, and mini-batches (whose old log-probs are recomputed). Responses
+// of 1 to 13 tokens, so that the longest rows hold several short samples.
 TEST(PolicyTrainerTest, PackedRowsGiveTheSameStepAsPaddedRows) {
   std::vector<TrainSample> batch;
   for (int i = 0; i < 9; ++i) {
@@ -89,20 +89,24 @@ TEST(PolicyTrainerTest, PackedRowsGiveTheSameStepAsPaddedRows) {
         Case{Objective::kPolicyGradient, 2, 3, 0.0}}) {
     SCOPED_TRACE("micro " + std::to_string(c.micro) + " minis " + std::to_string(c.minis));
     // Packed with log-probs in chunks of 4 tokens (several per micro-batch), packed with
-    // materialised logits, and padded.
+    // materialised logits, packed with activation checkpointing, and padded.
     PolicyTrainer packed(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
     PolicyTrainer unchunked(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+    PolicyTrainer checkpointed(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
     PolicyTrainer padded(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
     EXPECT_TRUE(packed.sequence_packing());
+    EXPECT_FALSE(packed.activation_checkpointing());
     packed.SetLogprobChunkTokens(4);
     unchunked.SetLogprobChunkTokens(0);
+    checkpointed.SetActivationCheckpointing(true);
+    EXPECT_TRUE(checkpointed.activation_checkpointing());
     padded.SetSequencePacking(false);
     TrainOptions o = Options(c.micro);
     o.mini_batches = c.minis;
     o.entropy_coef = c.entropy;
     auto b = padded.Step(batch, c.objective, 1e-2, o);
     ASSERT_TRUE(b.ok()) << b.status();
-    for (PolicyTrainer* t : {&packed, &unchunked}) {
+    for (PolicyTrainer* t : {&packed, &unchunked, &checkpointed}) {
       auto a = t->Step(batch, c.objective, 1e-2, o);
       ASSERT_TRUE(a.ok()) << a.status();
       for (const char* key : {"loss", "grad_norm", "entropy", "tokens", "token_accuracy"}) {
