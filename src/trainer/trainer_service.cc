@@ -179,8 +179,13 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
     opts.loss.kl_coef = static_cast<float>(a.kl_coef);
     const Objective obj =
         req->objective() == v1::OBJECTIVE_SFT ? Objective::kSft : Objective::kPolicyGradient;
+    const auto t0 = std::chrono::steady_clock::now();
     auto metrics = trainer_.Step(batch, obj, req->lr(), opts);
     if (!metrics.ok()) return rpc::ToGrpc(metrics.status());
+    // The step's own time (forward, backward, all-reduces, AdamW): the rest of the controller's
+    // train phase is the request, the response and the controller's bookkeeping.
+    (*metrics)["step_compute_s"] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     resp->set_policy_version(trainer_.version());
     for (const auto& [k, v] : *metrics) (*resp->mutable_metrics())[k] = v;
     return grpc::Status::OK;
