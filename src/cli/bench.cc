@@ -1,6 +1,9 @@
 #include "cli/bench.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <utility>
@@ -8,6 +11,25 @@
 #include "common/file_util.h"
 
 namespace gyre::cli {
+
+double MatmulPeakFlops(const std::string& dtype_name) {
+  const at::ScalarType dtype = dtype_name == "bfloat16"  ? at::kBFloat16
+                               : dtype_name == "float16" ? at::kHalf
+                                                         : at::kFloat;
+  double best = 0;
+  for (int64_t n : {512, 1024, 2048}) {
+    const at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
+    at::mm(a, b);  // warm-up
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      at::Tensor c = at::mm(a, b);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (s > 0) best = std::max(best, 2.0 * static_cast<double>(n * n * n) / s);
+    }
+  }
+  return best;
+}
+
 namespace {
 
 std::string FormatCell(const nlohmann::json& v, int decimals) {

@@ -62,6 +62,11 @@ int BenchOptionValue(const char* bench, const char* usage, const std::vector<std
 // (0 ok, 1 failure, 2 usage error).
 int RunBenchKernels(const std::vector<std::string>& args);
 
+// The best FLOP/s of square matmuls (512, 1024, 2048) in `dtype` ("float32", "bfloat16" or
+// "float16") on the CPU, on this process's intra-op threads: the compute ceiling the CPU
+// benchmarks report fractions of.
+double MatmulPeakFlops(const std::string& dtype);
+
 // Peak memory bandwidth of the current CUDA device in GB/s (memory clock x bus width x 2);
 // 0 on the CPU or in a build without CUDA (bench_kernels.cc).
 double PeakBandwidthGBs(bool cuda);

@@ -16,7 +16,6 @@
 #include "kernels/device_info.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
-#include "rollout/engine.h"
 #include "rollout/rollout_engine.h"
 
 namespace gyre::cli {
@@ -26,22 +25,23 @@ namespace {
 constexpr char kUsage[] =
     "usage: gyre bench rollout --model DIR [options] [--json FILE]\n"
     "\n"
-    "Generates one batch of prompt groups four ways on the same model and workload, with the\n"
-    "same sampling (ops::SampleRows) and seeds:\n"
-    "  static             fixed batches of R samples (rollout::Engine): a batch is prefilled\n"
-    "                     together and decoded until its longest sample ends, finished rows\n"
-    "                     included; the next batch starts after it (the baseline)\n"
-    "  static_compacting  the paged engine admitting only into an empty batch: finished\n"
-    "                     samples leave the batch, but nothing joins until all have finished\n"
-    "  continuous         the paged engine with continuous batching, no prefix sharing\n"
+    "Generates one batch of prompt groups three ways with the paged engine, on the same model\n"
+    "and workload, with the same sampling (ops::SampleRows) and seeds:\n"
+    "  static             static scheduling: samples are admitted only into an empty batch;\n"
+    "                     finished samples leave it, but nothing joins until all have\n"
+    "                     finished (the baseline)\n"
+    "  continuous         continuous batching, no prefix sharing\n"
     "  continuous+prefix  continuous batching with group prefix sharing (the default)\n"
     "Response lengths follow a long-tail (lognormal)\n"
     "distribution: sample i of the workload stops after exactly its drawn length. Reports\n"
     "generated tokens/s, the time to finish the group batch, KV-cache utilisation (positions\n"
-    "of live samples over the KV memory reserved: the pool, or a fixed batch's cache) and the\n"
+    "of live samples over the KV pool) and the\n"
     "share of time spent with the batch under half full (lost to the longest sequences);\n"
-    "`speedup` is tokens/s over static's in the same run, `vs compacting` over\n"
-    "static_compacting's. On a GPU each row also reports hbm_roofline_fraction: the\n"
+    "`speedup` is tokens/s over static's in the same run. On the CPU each row also reports\n"
+    "matmul_ceiling_fraction: tokens/s over the ceiling that the matmuls allow, the best\n"
+    "FLOP/s of square float matmuls on the same threads (measured at start) over 2 x the\n"
+    "parameters each token passes through (every layer and the LM head; attention scores\n"
+    "excluded). On a GPU each row reports hbm_roofline_fraction instead: the\n"
     "least memory traffic the generation needs (the weights once per engine step, every\n"
     "sampled token's context keys and values once), over its time, over the device's peak\n"
     "bandwidth.\n"
@@ -117,70 +117,6 @@ StatusOr<Measured> RunMode(const model::Transformer& model, const rollout::Engin
             [](const rollout::SampleResult& a, const rollout::SampleResult& b) {
               return a.id != b.id ? a.id < b.id : a.index < b.index;
             });
-  return m;
-}
-
-// Static batching with a fixed batch (rollout::Engine): each batch of `batch` samples is
-// prefilled together and decoded until its longest sample ends; rows of finished samples stay
-// in the batch. Its schedule follows from the lengths alone, so the utilisation and tail figures
-// are computed from them: every step of a batch costs the same.
-StatusOr<Measured> RunFixedBatch(const model::Transformer& model, int64_t batch, int64_t prompt_len,
-                                 const std::vector<rollout::Request>& requests) {
-  std::vector<rollout::GenerationRequest> flat;
-  for (const auto& r : requests) {
-    for (int32_t i = 0; i < r.n; ++i) {
-      rollout::GenerationRequest g;
-      g.prompt = r.prompt;
-      g.seed = r.seed + static_cast<uint64_t>(i);
-      g.temperature = r.sampling.temperature;
-      g.max_new_tokens = r.sample_max_new_tokens[i];
-      flat.push_back(std::move(g));
-    }
-  }
-  rollout::Engine engine(&model, batch);
-  Measured m;
-  const auto t0 = std::chrono::steady_clock::now();
-  GYRE_ASSIGN_OR_RETURN(auto out, engine.Generate(flat));
-  m.seconds = Since(t0);
-  int64_t steps = 0, tail_steps = 0;
-  double util_sum = 0;
-  for (size_t start = 0; start < flat.size(); start += batch) {
-    const size_t end = std::min(flat.size(), start + static_cast<size_t>(batch));
-    int64_t longest = 0;
-    for (size_t i = start; i < end; ++i) {
-      longest = std::max<int64_t>(longest, static_cast<int64_t>(out[i].tokens.size()));
-    }
-    const double reserved = static_cast<double>(end - start) * (prompt_len + longest);
-    for (int64_t t = 1; t <= longest; ++t) {
-      int64_t live = 0;
-      double used = 0;
-      for (size_t i = start; i < end; ++i) {
-        const int64_t len = static_cast<int64_t>(out[i].tokens.size());
-        live += len >= t;
-        if (len >= t) used += static_cast<double>(prompt_len + t);
-      }
-      tail_steps += 2 * live < batch;
-      util_sum += used / reserved;
-      m.kv_util_peak = std::max(m.kv_util_peak, used / reserved);
-      ++steps;
-    }
-  }
-  m.stats.steps = steps;
-  m.stats.prefill_tokens = static_cast<int64_t>(flat.size()) * prompt_len;
-  m.kv_util_mean = steps ? util_sum / static_cast<double>(steps) : 0.0;
-  m.tail_share = steps ? static_cast<double>(tail_steps) / static_cast<double>(steps) : 0.0;
-  size_t k = 0;
-  for (const auto& r : requests) {
-    for (int32_t i = 0; i < r.n; ++i, ++k) {
-      rollout::SampleResult s;
-      s.id = r.id;
-      s.index = i;
-      s.response.tokens = out[k].tokens;
-      m.generated += static_cast<int64_t>(out[k].tokens.size());
-      m.results.push_back(std::move(s));
-    }
-  }
-  m.stats.generated_tokens = m.generated;
   return m;
 }
 
@@ -342,7 +278,6 @@ int RunBenchRollout(const std::vector<std::string>& args) {
 
   const std::vector<Mode> modes = {
       {"static", rollout::Scheduling::kStatic, false},
-      {"static_compacting", rollout::Scheduling::kStatic, false},
       {"continuous", rollout::Scheduling::kContinuous, false},
       {"continuous+prefix", rollout::Scheduling::kContinuous, true},
   };
@@ -352,6 +287,24 @@ int RunBenchRollout(const std::vector<std::string>& args) {
   report.SetContext("cuda_graphs", cuda && cuda_graphs != 0);
   const double peak_gbs = PeakBandwidthGBs(cuda);
   if (cuda) report.SetContext("peak_bandwidth_gb_s", peak_gbs);
+  // CPU: the decode ceiling the matmuls allow. A generated token passes through every matmul
+  // parameter once (2 FLOP each): the layers and the LM head, not the input embedding lookup
+  // (with tied embeddings the embedding is the LM head and counts once).
+  double ceiling_tps = 0;
+  const int64_t matmul_params =
+      (*model)->NumParameters() - (spec.tie_embeddings ? 0 : spec.vocab_size * spec.hidden_size);
+  if (!cuda) {
+    std::fprintf(stderr, "bench rollout: measuring the matmul peak (%lld threads)\n",
+                 static_cast<long long>(threads));
+    const at::ScalarType type = (*model)->dtype();
+    const double peak = MatmulPeakFlops(type == at::kBFloat16 ? "bfloat16"
+                                        : type == at::kHalf   ? "float16"
+                                                              : "float32");
+    ceiling_tps = peak / (2.0 * static_cast<double>(matmul_params));
+    report.SetContext("matmul_peak_gflops", peak / 1e9);
+    report.SetContext("matmul_params", matmul_params);
+    report.SetContext("ceiling_tokens_per_s", ceiling_tps);
+  }
   report.SetContext("parameters", (*model)->NumParameters());
   report.SetContext("threads", threads);
   report.SetContext("groups", groups);
@@ -370,8 +323,7 @@ int RunBenchRollout(const std::vector<std::string>& args) {
   std::vector<Measured> measured;
   for (const Mode& mode : modes) {
     std::fprintf(stderr, "bench rollout: %s ...\n", mode.name);
-    auto m = &mode == &modes[0] ? RunFixedBatch(**model, max_running, prompt_len, requests)
-                                : RunMode(**model, config, mode, requests);
+    auto m = RunMode(**model, config, mode, requests);
     if (!m.ok()) {
       std::fprintf(stderr, "gyre bench rollout: %s: %s\n", mode.name,
                    m.status().ToString().c_str());
@@ -388,7 +340,6 @@ int RunBenchRollout(const std::vector<std::string>& args) {
   }
   const double kv_per_token = static_cast<double>((*model)->KvBytesPerToken());
   const double base_tps = static_cast<double>(base.generated) / base.seconds;
-  const double compacting_tps = static_cast<double>(measured[1].generated) / measured[1].seconds;
   for (size_t k = 0; k < modes.size(); ++k) {
     const Measured& m = measured[k];
     const double tps = static_cast<double>(m.generated) / m.seconds;
@@ -406,13 +357,15 @@ int RunBenchRollout(const std::vector<std::string>& args) {
     }
     const nlohmann::json roofline =
         peak_gbs > 0 ? nlohmann::json(traffic / m.seconds / (peak_gbs * 1e9)) : nlohmann::json();
+    const nlohmann::json ceiling =
+        ceiling_tps > 0 ? nlohmann::json(tps / ceiling_tps) : nlohmann::json();
     report.AddRow({{"mode", modes[k].name},
                    {"hbm_roofline_fraction", roofline},
+                   {"matmul_ceiling_fraction", ceiling},
                    {"graph_steps", m.stats.graph_steps},
                    {"tokens_per_s", tps},
                    {"batch_time_s", m.seconds},
                    {"speedup", tps / base_tps},
-                   {"speedup_vs_static_compacting", tps / compacting_tps},
                    {"batch_time_speedup", base.seconds / m.seconds},
                    {"kv_util_mean", m.kv_util_mean},
                    {"kv_util_peak", m.kv_util_peak},
@@ -431,7 +384,6 @@ int RunBenchRollout(const std::vector<std::string>& args) {
   report.PrintTable({{"mode", "mode"},
                      {"tokens_per_s", "tokens/s", 1},
                      {"speedup", "speedup", 2},
-                     {"speedup_vs_static_compacting", "vs compacting", 2},
                      {"batch_time_s", "batch s", 2},
                      {"kv_util_mean", "kv util", 3},
                      {"kv_util_peak", "kv peak", 3},
@@ -439,6 +391,7 @@ int RunBenchRollout(const std::vector<std::string>& args) {
                      {"prefill_tokens", "prefill tok"},
                      {"steps", "steps"},
                      {"preemptions", "preempt"},
+                     {"matmul_ceiling_fraction", "of ceiling", 3},
                      {"hbm_roofline_fraction", "roofline", 3}});
   if (!json_path.empty()) {
     Status s = report.WriteJson(json_path);

@@ -89,22 +89,6 @@ model::ModelSpec Spec(const Setup& s) {
   return SyntheticSpec(s.vocab, s.hidden, s.layers, s.prompt_len + s.max_len);
 }
 
-// The best FLOP/s of square matmuls of `n` in `dtype` on this process's intra-op threads.
-double MatmulPeak(at::ScalarType dtype) {
-  double best = 0;
-  for (int64_t n : {512, 1024, 2048}) {
-    const at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
-    at::mm(a, b);  // warm-up
-    for (int rep = 0; rep < 3; ++rep) {
-      const auto t0 = std::chrono::steady_clock::now();
-      at::Tensor c = at::mm(a, b);
-      const double s = Since(t0);
-      if (s > 0) best = std::max(best, 2.0 * static_cast<double>(n * n * n) / s);
-    }
-  }
-  return best;
-}
-
 // A batch of `lengths.size()` samples with random tokens below `vocab` and alternating
 // advantages.
 std::vector<trainer::TrainSample> MakeBatch(const Setup& s, int64_t vocab,
@@ -236,7 +220,7 @@ int RunBenchTrain(const std::vector<std::string>& args) {
 
   std::fprintf(stderr, "bench train: measuring the matmul peak (%s, %d threads)\n", s.dtype.c_str(),
                threads);
-  const double peak = MatmulPeak(dtype);
+  const double peak = MatmulPeakFlops(s.dtype);
   // Parameters of the layers (every matmul a token passes through, norms aside) and of the LM
   // head (the tied embedding counts once, as the head).
   const int64_t head_params = spec.vocab_size * spec.hidden_size;

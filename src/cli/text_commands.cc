@@ -18,7 +18,7 @@
 #include "model/chat_template.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
-#include "rollout/engine.h"
+#include "rollout/rollout_engine.h"
 
 namespace gyre::cli {
 
@@ -150,9 +150,10 @@ int RunTokenize(const std::vector<std::string>& args) {
 
 int RunGenerate(const std::vector<std::string>& args) {
   std::string dir, prompt;
-  rollout::GenerationRequest req;
-  req.temperature = 0.0f;
-  req.max_new_tokens = 64;
+  rollout::Request req;
+  rollout::SamplingOptions& sampling = req.sampling;
+  sampling.temperature = 0.0f;
+  sampling.max_new_tokens = 64;
   bool benchmark = false;
   std::string chat;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -166,15 +167,15 @@ int RunGenerate(const std::vector<std::string>& args) {
     } else if (a == "--prompt" && has_value) {
       prompt = args[++i];
     } else if (a == "--max-new-tokens" && has_value) {
-      req.max_new_tokens = std::atoi(args[++i].c_str());
+      sampling.max_new_tokens = std::atoi(args[++i].c_str());
     } else if (a == "--temperature" && has_value) {
-      req.temperature = std::strtof(args[++i].c_str(), nullptr);
+      sampling.temperature = std::strtof(args[++i].c_str(), nullptr);
     } else if (a == "--top-k" && has_value) {
-      req.top_k = std::atoi(args[++i].c_str());
+      sampling.top_k = std::atoi(args[++i].c_str());
     } else if (a == "--top-p" && has_value) {
-      req.top_p = std::strtof(args[++i].c_str(), nullptr);
+      sampling.top_p = std::strtof(args[++i].c_str(), nullptr);
     } else if (a == "--min-p" && has_value) {
-      req.min_p = std::strtof(args[++i].c_str(), nullptr);
+      sampling.min_p = std::strtof(args[++i].c_str(), nullptr);
     } else if (a == "--seed" && has_value) {
       req.seed = std::strtoull(args[++i].c_str(), nullptr, 10);
     } else if (a == "--chat" && has_value) {
@@ -190,8 +191,8 @@ int RunGenerate(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gyre generate: --model DIR and --prompt TEXT are required\n");
     return 2;
   }
-  if (req.max_new_tokens < 1 || req.temperature < 0 || req.top_p <= 0 || req.top_p > 1 ||
-      req.min_p < 0 || req.min_p > 1) {
+  if (sampling.max_new_tokens < 1 || sampling.temperature < 0 || sampling.top_p <= 0 ||
+      sampling.top_p > 1 || sampling.min_p < 0 || sampling.min_p > 1) {
     std::fprintf(stderr,
                  "gyre generate: need --max-new-tokens >= 1, --temperature >= 0, --top-p in "
                  "(0, 1], --min-p in [0, 1]\n");
@@ -231,14 +232,27 @@ int RunGenerate(const std::vector<std::string>& args) {
     return 1;
   }
   req.prompt = *ids;
-  req.stop_token_ids = EosIds(dir);
-  rollout::Engine engine(model->get(), 1);
+  sampling.stop_token_ids = EosIds(dir);
+  // The paged engine with one sequence and a KV pool that holds it whole.
+  rollout::EngineConfig config;
+  config.max_running = 1;
+  config.num_blocks =
+      (static_cast<int64_t>(req.prompt.size()) + sampling.max_new_tokens + config.block_size - 1) /
+          config.block_size +
+      1;
+  config.max_step_tokens = std::max<int64_t>(config.max_step_tokens, req.prompt.size());
+  auto engine = rollout::RolloutEngine::Create(model->get(), config);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "gyre generate: %s\n", engine.status().message().c_str());
+    return 1;
+  }
   model::BpeTokenizer::StreamDecoder stream(**tok, /*skip_special=*/true);
-  const auto t0 = std::chrono::steady_clock::now();
-  auto out = engine.Generate({req}, [&](size_t, int32_t token) {
+  (*engine)->SetTokenCallback([&](uint64_t, int32_t, int32_t token) {
     std::fputs(stream.Push(token).c_str(), stdout);
     std::fflush(stdout);
   });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto out = (*engine)->Generate({req});
   const double gen_s = Since(t0);
   if (!out.ok()) {
     std::fprintf(stderr, "\ngyre generate: %s\n", out.status().message().c_str());
@@ -246,7 +260,8 @@ int RunGenerate(const std::vector<std::string>& args) {
   }
   std::fputs(stream.Flush().c_str(), stdout);
   std::fputs("\n", stdout);
-  const auto& r = (*out)[0];
+  const rollout::Response& r = (*out)[0].response;
+  const rollout::Finish finish = (*out)[0].finish;
   const double tok_s = static_cast<double>(r.tokens.size()) / gen_s;
   uint64_t bytes = 0;
   for (const auto& [name, t] : (*model)->NamedParameters()) bytes += t.numel() * 4;
@@ -254,7 +269,7 @@ int RunGenerate(const std::vector<std::string>& args) {
                "[%zu prompt tokens, %zu generated (%s) in %.3f s: %.1f tokens/s; model loaded in "
                "%.3f s]\n",
                req.prompt.size(), r.tokens.size(),
-               r.finish == rollout::Finish::kStop ? "stop" : "length", gen_s, tok_s, load_s);
+               finish == rollout::Finish::kStop ? "stop" : "length", gen_s, tok_s, load_s);
   if (!benchmark) return 0;
   // The naive baseline: a full forward over the whole sequence for every new token, greedy,
   // as many tokens as the engine produced.
@@ -266,7 +281,7 @@ int RunGenerate(const std::vector<std::string>& args) {
     at::Tensor logits = (*model)->Forward(at::tensor(seq).unsqueeze(0));
     const int64_t next = logits[0][static_cast<int64_t>(seq.size()) - 1].argmax().item<int64_t>();
     naive_tokens.push_back(static_cast<int32_t>(next));
-    seq.push_back(req.temperature == 0 ? next : r.tokens[i]);
+    seq.push_back(sampling.temperature == 0 ? next : r.tokens[i]);
   }
   const double naive_s = Since(tn);
   const double naive_tok_s = static_cast<double>(r.tokens.size()) / naive_s;
@@ -274,7 +289,7 @@ int RunGenerate(const std::vector<std::string>& args) {
                "benchmark: engine %.1f tokens/s, naive full-forward loop %.1f tokens/s, speedup "
                "%.2fx%s\n",
                tok_s, naive_tok_s, tok_s / naive_tok_s,
-               req.temperature == 0
+               sampling.temperature == 0
                    ? (naive_tokens == r.tokens ? " (greedy tokens identical)"
                                                : " (WARNING: greedy tokens differ)")
                    : "");

@@ -574,6 +574,7 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
       s->response.versions.push_back(version_);
       ++row;
       ++stats_.generated_tokens;
+      if (on_token_) on_token_(s->req->id, s->index, s->response.tokens.back());
       if (CheckStop(s)) finished_seqs.push_back(s);
       continue;
     }
@@ -599,6 +600,7 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
       c->order = s->order;
       c->kv_version = s->kv_version;
       ++stats_.generated_tokens;
+      if (on_token_) on_token_(c->req->id, c->index, c->response.tokens.back());
       if (CheckStop(c.get())) finished_seqs.push_back(c.get());
       children.push_back(std::move(c));
     }

@@ -22,7 +22,9 @@
 // and either keeps the KV of unfinished sequences (computed by the old version) or recomputes it.
 //
 // Static batching (the benchmark baseline) is the same engine with admission only when the batch
-// is empty. Not thread-safe: one thread drives an engine and the model it uses.
+// is empty. `gyre generate`, the rollout workers, the library's fleet and the benchmarks all
+// generate through this engine. Not thread-safe: one thread drives an engine and the model it
+// uses.
 
 #include <cstdint>
 #include <deque>
@@ -36,9 +38,11 @@
 #include "model/transformer.h"
 #include "rollout/block_allocator.h"
 #include "rollout/decode_graphs.h"
-#include "rollout/engine.h"
 
 namespace gyre::rollout {
+
+// Why a response ended: a stop token or string, its length limit, or taken out unfinished.
+enum class Finish { kStop, kLength, kAbort };
 
 enum class Scheduling { kContinuous, kStatic };
 enum class WeightUpdateKv { kKeep, kRecompute };
@@ -139,6 +143,11 @@ class RolloutEngine {
   using Decoder = std::function<std::string(const std::vector<int32_t>&)>;
   void SetDecoder(Decoder decoder) { decoder_ = std::move(decoder); }
 
+  // Called on the stepping thread for every token sampled, as it is sampled (request id, sample
+  // index, token): for streaming output. Tokens of a resumed response are not repeated.
+  using TokenCallback = std::function<void(uint64_t id, int32_t index, int32_t token)>;
+  void SetTokenCallback(TokenCallback on_token) { on_token_ = std::move(on_token); }
+
   // Queues requests. All are validated first; on any error nothing is queued.
   Status Add(const std::vector<Request>& requests);
 
@@ -227,6 +236,7 @@ class RolloutEngine {
   std::string graph_error_;  // why graphs were turned off mid-run (empty while they work)
   BlockAllocator allocator_;
   Decoder decoder_;
+  TokenCallback on_token_;
   int64_t version_ = 0;
   uint64_t next_order_ = 0;
   std::deque<std::unique_ptr<Seq>> waiting_;

@@ -1159,10 +1159,15 @@ TEST(BenchTest, RolloutWritesTheTableAndJson) {
        {"groups", "group_size", "max_running", "kv_blocks", "response_len_mean"}) {
     EXPECT_TRUE(j["context"].contains(key)) << key;
   }
-  ASSERT_EQ(j["results"].size(), 4u);
-  const std::vector<std::string> modes = {"static", "static_compacting", "continuous",
-                                          "continuous+prefix"};
-  for (size_t i = 0; i < 4; ++i) {
+  ASSERT_EQ(j["results"].size(), 3u);
+  const std::vector<std::string> modes = {"static", "continuous", "continuous+prefix"};
+  const double ceiling = j["context"]["ceiling_tokens_per_s"].get<double>();
+  EXPECT_GT(j["context"]["matmul_peak_gflops"].get<double>(), 0.1);
+  EXPECT_NEAR(ceiling,
+              j["context"]["matmul_peak_gflops"].get<double>() * 1e9 /
+                  (2.0 * j["context"]["matmul_params"].get<double>()),
+              1e-9 * ceiling);
+  for (size_t i = 0; i < 3; ++i) {
     const auto& r = j["results"][i];
     EXPECT_EQ(r["mode"], modes[i]);
     for (const char* key : {"tokens_per_s", "batch_time_s", "speedup", "kv_util_mean",
@@ -1174,19 +1179,21 @@ TEST(BenchTest, RolloutWritesTheTableAndJson) {
     EXPECT_LE(r["kv_util_peak"].get<double>(), 1.0);
     // Every sample stops at its drawn length, whatever the scheduling.
     EXPECT_EQ(r["generated_tokens"], j["results"][0]["generated_tokens"]);
-    // Same seeds and lengths: every mode samples the same tokens as the fixed batch.
+    // Same seeds and lengths: every mode samples the same tokens as static scheduling.
     EXPECT_EQ(r["samples_same_as_static"], r["samples"]) << modes[i];
     EXPECT_EQ(r["samples"], 6 * 4);
     // Speedups are over static's tokens/s in the same run.
     EXPECT_NEAR(r["speedup"].get<double>(),
                 r["tokens_per_s"].get<double>() / j["results"][0]["tokens_per_s"].get<double>(),
                 1e-9 * r["speedup"].get<double>());
-    EXPECT_NEAR(r["speedup_vs_static_compacting"].get<double>(),
-                r["tokens_per_s"].get<double>() / j["results"][1]["tokens_per_s"].get<double>(),
-                1e-9 * r["speedup"].get<double>());
+    // The CPU row's fraction of the matmul ceiling: tokens/s over the ceiling's.
+    EXPECT_NEAR(r["matmul_ceiling_fraction"].get<double>(),
+                r["tokens_per_s"].get<double>() / ceiling,
+                1e-9 * r["matmul_ceiling_fraction"].get<double>());
+    EXPECT_TRUE(r["hbm_roofline_fraction"].is_null());
   }
   // Prefix sharing prefills each of the 6 prompts once instead of 4 times.
-  EXPECT_EQ(j["results"][3]["prefill_tokens"], 6 * 8);
+  EXPECT_EQ(j["results"][2]["prefill_tokens"], 6 * 8);
   EXPECT_EQ(j["results"][1]["prefill_tokens"], 6 * 4 * 8);
 
   p = GyreProcess::Start({"bench", "rollout", "--groups", "0"}, dir + "/b");

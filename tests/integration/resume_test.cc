@@ -131,9 +131,9 @@ void ExpectEveryPromptTrainedOnceAsIn(const std::string& run_a, const std::strin
 
 // A metrics line without its wall-clock fields.
 nlohmann::json Deterministic(nlohmann::json j) {
-  for (const char* k :
-       {"tokens_per_s", "step_time_s", "generate_s", "train_s", "publish_s", "seconds",
-        "wall_seconds", "rollout_busy_s", "rollout_idle_fraction", "rollout_step_idle_fraction"}) {
+  for (const char* k : {"tokens_per_s", "step_time_s", "generate_s", "train_s", "publish_s",
+                        "step_compute_s", "seconds", "wall_seconds", "rollout_busy_s",
+                        "rollout_idle_fraction", "rollout_step_idle_fraction"}) {
     j.erase(k);
   }
   return j;

@@ -11,7 +11,6 @@
 #include "kernels/device_info.h"
 #include "model/transformer.h"
 #include "ops/ops.h"
-#include "rollout/engine.h"
 #include "rollout/rollout_engine.h"
 #include "testing/tiny_model.h"
 #include "trainer/policy_trainer.h"
@@ -109,17 +108,29 @@ TEST_F(OpsGpuTest, ModelEngineAndTrainerOnTheGpuMatchTheCpu) {
     EXPECT_TRUE(at::allclose(gpu_model->Forward(tokens.cuda()).cpu(), cpu_model->Forward(tokens),
                              1e-4, 1e-4));
   }
-  rollout::Engine cpu_engine(cpu_model.get(), 8), gpu_engine(gpu_model.get(), 8);
-  std::vector<rollout::GenerationRequest> reqs(4);
+  // Static scheduling of the paged engine, eager on the GPU (the graph test is below).
+  rollout::EngineConfig fixed;
+  fixed.block_size = 4;
+  fixed.num_blocks = 64;
+  fixed.max_running = 8;
+  fixed.scheduling = rollout::Scheduling::kStatic;
+  fixed.cuda_graphs = false;
+  auto cpu_engine = rollout::RolloutEngine::Create(cpu_model.get(), fixed);
+  auto gpu_engine = rollout::RolloutEngine::Create(gpu_model.get(), fixed);
+  ASSERT_TRUE(cpu_engine.ok() && gpu_engine.ok());
+  std::vector<rollout::Request> reqs(4);
   for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].id = i;
     reqs[i].prompt = {1, static_cast<int32_t>(5 + i), 9};
-    reqs[i].temperature = 0;  // greedy: deterministic on both devices
-    reqs[i].max_new_tokens = 12;
+    reqs[i].sampling.temperature = 0;  // greedy: deterministic on both devices
+    reqs[i].sampling.max_new_tokens = 12;
   }
-  auto a = cpu_engine.Generate(reqs);
-  auto b = gpu_engine.Generate(reqs);
+  auto a = (*cpu_engine)->Generate(reqs);
+  auto b = (*gpu_engine)->Generate(reqs);
   ASSERT_TRUE(a.ok() && b.ok());
-  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ((*a)[i].tokens, (*b)[i].tokens) << i;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ((*a)[i].response.tokens, (*b)[i].response.tokens) << i;
+  }
 
   trainer::PolicyTrainer cpu_t(std::move(cpu_model), 1e-2, 0, 0.9, 0.999);
   trainer::PolicyTrainer gpu_t(std::move(gpu_model), 1e-2, 0, 0.9, 0.999);

@@ -83,14 +83,18 @@ TEST_F(WeightSyncTest, BucketedTransferLoadsExactWeightsAndReturnsReceipt) {
   auto reference = model::Transformer::Create(Spec(), 77, 0.1);
   std::vector<int32_t> want;
   {
-    rollout::Engine engine(reference.get(), 1);
-    rollout::GenerationRequest g;
+    rollout::EngineConfig config;
+    config.block_size = 4;
+    config.num_blocks = 8;
+    auto engine = rollout::RolloutEngine::Create(reference.get(), config);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    rollout::Request g;
     g.prompt = {1, 5, 9, 12};
-    g.temperature = 0;
-    g.max_new_tokens = 6;
-    auto out = engine.Generate({g});
+    g.sampling.temperature = 0;
+    g.sampling.max_new_tokens = 6;
+    auto out = (*engine)->Generate({g});
     ASSERT_TRUE(out.ok());
-    want = (*out)[0].tokens;
+    want = (*out)[0].response.tokens;
   }
   EXPECT_EQ(Generate(), want);
   EXPECT_EQ(version_seen_, 3);
