@@ -202,6 +202,9 @@ struct TrainerSection {
   int torch_threads = 1;                  // intra-op threads per worker process; 0 = auto
   int grad_bucket_mb = 32;                // data parallel: gradient all-reduce bucket size
   bool overlap_grad_reduce = true;        // data parallel: all-reduce buckets during backward
+  // Data parallel: which state each rank keeps only its slice of: "none", "optimizer" (ZeRO-1:
+  // the AdamW moments) or "gradients" (ZeRO-2: moments and gradients, reduce-scattered).
+  std::string shard = "none";
   bool sequence_packing = true;           // pack samples into rows (block-diagonal attention)
   int logprob_chunk_tokens = 1024;        // packed: log-probs this many tokens at a time; 0 = all
   bool activation_checkpointing = false;  // keep layer inputs only; recompute in the backward

@@ -1,6 +1,8 @@
 // `gyre bench dp-step`: the time of one data-parallel optimizer step with the gradient
 // all-reduce overlapped with backward (trainer.overlap_grad_reduce: true) against the blocking
-// all-reduce after backward (false), in the same run, plus the all-reduce alone for scale.
+// all-reduce after backward (false), in the same run, plus the all-reduce alone for scale, and
+// with sharded optimizer state (trainer.shard: optimizer, gradients) with the state each rank
+// holds.
 //
 // The ranks are threads of this process, each with its own PolicyTrainer and Gloo group member
 // on loopback, so the figures include Gloo's TCP path but not a real network. Rounds alternate
@@ -37,16 +39,23 @@ constexpr char kUsage[] =
     "\n"
     "Times data-parallel optimizer steps (PolicyTrainer::Step, policy gradient, on a synthetic\n"
     "batch) on RANKS trainer ranks: threads of this process, each with its own Gloo group member\n"
-    "on loopback and its own intra-op threads. Three rows, measured in the same run:\n"
+    "on loopback and its own intra-op threads. Five rows, measured in the same run:\n"
     "  allreduce-only  the bucketed gradient all-reduce alone (zero gradients, no forward or\n"
     "                  backward): the communication a step has to hide\n"
     "  blocking        trainer.overlap_grad_reduce: false, every bucket after backward (baseline)\n"
     "  overlapped      trainer.overlap_grad_reduce: true, buckets during the last micro-batch's\n"
     "                  backward\n"
-    "Each round runs the modes in turn (alternating which goes first), each from the same seed:\n"
+    "  zero1           trainer.shard: optimizer (overlapped): each rank keeps 1/RANKS of the\n"
+    "                  AdamW moments, updates that slice and all-gathers the weights\n"
+    "  zero2           trainer.shard: gradients: gradients reduce-scattered after backward, each\n"
+    "                  rank keeps 1/RANKS of the moments and of the gradients\n"
+    "Each round runs the modes in turn (rotating which goes first), each from the same seed:\n"
     "one untimed warm-up step, then STEPS timed steps. Reports the median and minimum seconds\n"
-    "per step on rank 0 over all rounds; speedup = blocking median / median. Both trainer modes\n"
-    "must end every round with identical weights (checked).\n"
+    "per step on rank 0 over all rounds; speedup = blocking median / median; state_mib and\n"
+    "grad_mib = the AdamW moments and the gradients rank 0 holds between steps (its largest\n"
+    "slice when sharded), measured from its tensors; max_weight_diff = the largest difference of\n"
+    "the final weights from the overlapped row's (sharded rows sum in another order). Blocking\n"
+    "and overlapped must end every round with identical weights (checked).\n"
     "\n"
     "options (defaults in brackets):\n"
     "  --ranks N            data-parallel ranks [2]\n"
@@ -99,9 +108,10 @@ at::Tensor Flat(const trainer::PolicyTrainer& t) {
 struct RankRun {
   std::vector<double> step_s;  // timed steps
   at::Tensor weights;          // at the end (trainer modes)
+  double state_mib = 0, grad_mib = 0;  // held after the last step (trainer modes)
 };
 
-enum class Mode { kAllReduceOnly, kBlocking, kOverlapped };
+enum class Mode { kAllReduceOnly, kBlocking, kOverlapped, kZero1, kZero2 };
 const char* ModeName(Mode m) {
   switch (m) {
     case Mode::kAllReduceOnly:
@@ -110,6 +120,10 @@ const char* ModeName(Mode m) {
       return "blocking";
     case Mode::kOverlapped:
       return "overlapped";
+    case Mode::kZero1:
+      return "zero1";
+    case Mode::kZero2:
+      return "zero2";
   }
   return "?";
 }
@@ -145,8 +159,11 @@ StatusOr<RankRun> RunRank(const Setup& s, Mode mode, const std::string& store,
   trainer::DataParallelOptions dp;
   dp.bucket_bytes = s.bucket_mb << 20;
   dp.timeout_s = 600;
-  dp.overlap_grad_reduce = mode == Mode::kOverlapped;
-  t.SetDataParallel(comm.get(), dp);
+  dp.overlap_grad_reduce = mode != Mode::kBlocking;
+  GYRE_RETURN_IF_ERROR(t.SetSharding(mode == Mode::kZero1   ? trainer::Shard::kOptimizer
+                                     : mode == Mode::kZero2 ? trainer::Shard::kGradients
+                                                            : trainer::Shard::kNone));
+  GYRE_RETURN_IF_ERROR(t.SetDataParallel(comm.get(), dp));
   trainer::TrainOptions opts;
   opts.micro_batch_size = (s.batch + s.micro_batches - 1) / s.micro_batches;
   opts.mini_batches = s.mini_batches;
@@ -156,8 +173,9 @@ StatusOr<RankRun> RunRank(const Setup& s, Mode mode, const std::string& store,
     auto m = t.Step(batch, trainer::Objective::kPolicyGradient, 1e-4, opts);
     if (!m.ok()) return m.status();
     if (i > 0) out.step_s.push_back(Since(t0));
+    out.state_mib = m->at("optimizer_state_mib");
+    out.grad_mib = m->at("gradient_mib");
   }
-  t.SetDataParallel(nullptr, {});
   out.weights = Flat(t);
   return out;
 }
@@ -223,13 +241,18 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gyre bench dp-step: %s\n", store.status().ToString().c_str());
     return 1;
   }
-  const std::vector<Mode> modes = {Mode::kAllReduceOnly, Mode::kBlocking, Mode::kOverlapped};
+  const std::vector<Mode> modes = {Mode::kAllReduceOnly, Mode::kBlocking, Mode::kOverlapped,
+                                   Mode::kZero1, Mode::kZero2};
   std::vector<std::vector<double>> times(modes.size());
+  std::vector<double> state_mib(modes.size()), grad_mib(modes.size()), weight_diff(modes.size());
   bool same_weights = true;
   for (int64_t round = 0; round < s.rounds; ++round) {
-    std::vector<size_t> order = {0, 1, 2};
-    if (round % 2 == 1) std::swap(order[1], order[2]);
-    at::Tensor weights[3];
+    // The all-reduce alone first; the trainer modes in an order rotated each round.
+    std::vector<size_t> order = {0};
+    for (size_t k = 0; k + 1 < modes.size(); ++k) {
+      order.push_back(1 + (k + static_cast<size_t>(round)) % (modes.size() - 1));
+    }
+    std::vector<at::Tensor> weights(modes.size());
     for (size_t k : order) {
       const std::string group = "bench-dp-" + std::to_string(round) + "-" + ModeName(modes[k]);
       std::vector<std::future<StatusOr<RankRun>>> ranks;
@@ -247,11 +270,17 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
         if (r > 0) continue;
         times[k].insert(times[k].end(), run->step_s.begin(), run->step_s.end());
         weights[k] = run->weights;
+        state_mib[k] = run->state_mib;
+        grad_mib[k] = run->grad_mib;
       }
       std::fprintf(stderr, "bench dp-step: round %lld %s: median %.4f s\n",
                    static_cast<long long>(round), ModeName(modes[k]), Median(times[k]));
     }
     same_weights = same_weights && at::equal(weights[1], weights[2]);
+    for (size_t k = 3; k < modes.size(); ++k) {
+      weight_diff[k] = std::max(weight_diff[k],
+                                (weights[k] - weights[2]).abs().max().item<double>());
+    }
   }
   int64_t params = 0, buckets = 0;
   {
@@ -284,12 +313,20 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
                    {"min_s", *std::min_element(times[k].begin(), times[k].end())},
                    {"speedup", modes[k] == Mode::kAllReduceOnly ? nlohmann::json()
                                                                 : nlohmann::json(base / med)},
+                   {"state_mib", modes[k] == Mode::kAllReduceOnly ? nlohmann::json()
+                                                                  : nlohmann::json(state_mib[k])},
+                   {"grad_mib", modes[k] == Mode::kAllReduceOnly ? nlohmann::json()
+                                                                 : nlohmann::json(grad_mib[k])},
+                   {"max_weight_diff", k >= 3 ? nlohmann::json(weight_diff[k]) : nlohmann::json()},
                    {"steps", static_cast<int64_t>(times[k].size())}});
   }
   report.PrintTable({{"mode", "mode"},
                      {"median_s", "median s", 4},
                      {"min_s", "min s", 4},
                      {"speedup", "speedup", 3},
+                     {"state_mib", "state MiB", 2},
+                     {"grad_mib", "grad MiB", 2},
+                     {"max_weight_diff", "max w diff", 2},
                      {"steps", "steps"}});
   if (!json_path.empty()) {
     Status w = report.WriteJson(json_path);

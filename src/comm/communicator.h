@@ -1,6 +1,6 @@
 #pragma once
 // Communicator: a fixed group of `size` processes, each with a rank, that run collectives
-// together (broadcast, sum all-reduce, barrier). Implementations: Gloo over TCP on CPU memory
+// together (broadcast, sum all-reduce, sum reduce-scatter, all-gather, barrier). Implementations: Gloo over TCP on CPU memory
 // (gloo_communicator.h) and NCCL on GPU memory (nccl_communicator.h). The weight plane
 // (weight_broadcast.h) and the data-parallel trainer (trainer/policy_trainer.h,
 // trainer/grad_reducer.h) use this interface only.
@@ -51,6 +51,16 @@ class Communicator {
   virtual Status Broadcast(void* data, size_t bytes, int root, Deadline deadline) = 0;
   // In place: every rank ends with the element-wise sum over ranks of `count` elements.
   virtual Status AllReduceSum(void* data, size_t count, DataType type, Deadline deadline) = 0;
+  // `input` holds size() * `count` elements; rank r ends with the element-wise sum over ranks of
+  // input elements [r * count, (r + 1) * count) in `output` (`count` elements, not overlapping
+  // `input`). The sharded trainer's gradient reduction (ZeRO-2).
+  virtual Status ReduceScatterSum(const void* input, void* output, size_t count, DataType type,
+                                  Deadline deadline) = 0;
+  // Every rank ends with rank r's `count` elements of `input` at output[r * count] (`output`
+  // holds size() * `count` elements and does not overlap `input`). The sharded trainer's
+  // exchange of updated weight slices.
+  virtual Status AllGather(const void* input, void* output, size_t count, DataType type,
+                           Deadline deadline) = 0;
   // Returns once every rank has entered the barrier.
   virtual Status Barrier(Deadline deadline) = 0;
 

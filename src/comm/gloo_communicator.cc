@@ -28,6 +28,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -165,6 +166,34 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  Status ReduceScatterSum(const void* input, void* output, size_t count, DataType type,
+                          Deadline deadline) override {
+    if (count == 0) return Status::Ok();
+    return Run("reduce-scatter", deadline, [&](std::chrono::milliseconds timeout) {
+      const auto opts = at::TensorOptions(ToScalarType(type));
+      at::Tensor in = at::from_blob(const_cast<void*>(input),
+                                    {static_cast<int64_t>(count) * size_}, opts);
+      at::Tensor out = at::from_blob(output, {static_cast<int64_t>(count)}, opts);
+      c10d::ReduceScatterOptions o;
+      o.reduceOp = c10d::ReduceOp::SUM;
+      o.timeout = timeout;
+      return pg_->_reduce_scatter_base(out, in, o);
+    });
+  }
+
+  Status AllGather(const void* input, void* output, size_t count, DataType type,
+                   Deadline deadline) override {
+    if (count == 0) return Status::Ok();
+    return Run("all-gather", deadline, [&](std::chrono::milliseconds timeout) {
+      const auto opts = at::TensorOptions(ToScalarType(type));
+      at::Tensor in = at::from_blob(const_cast<void*>(input), {static_cast<int64_t>(count)}, opts);
+      at::Tensor out = at::from_blob(output, {static_cast<int64_t>(count) * size_}, opts);
+      c10d::AllgatherOptions o;
+      o.timeout = timeout;
+      return pg_->_allgather_base(out, in, o);
+    });
+  }
+
   Status Barrier(Deadline deadline) override {
     return Run("barrier", deadline, [&](std::chrono::milliseconds timeout) {
       c10d::BarrierOptions o;
@@ -196,11 +225,30 @@ class GlooCommunicator final : public Communicator {
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = start(ToMillis(left));
-      work->getFuture()->addCallback([completion](c10::ivalue::Future&) {
+      auto signal = [completion] {
         std::lock_guard<std::mutex> l(completion->mu);
         completion->done = true;
         completion->cv.notify_all();
-      });
+      };
+      c10::intrusive_ptr<c10::ivalue::Future> future;
+      try {
+        future = work->getFuture();
+      } catch (const std::exception&) {
+        // Some of ProcessGroupGloo's work kinds (reduce-scatter in libtorch 2.11) have no
+        // future: a helper thread waits instead. Gloo ends the work by its own timeout (the
+        // deadline) at the latest, so the thread always finishes; it owns what it touches.
+      }
+      if (future) {
+        future->addCallback([signal](c10::ivalue::Future&) { signal(); });
+      } else {
+        std::thread([work, signal] {
+          try {
+            work->wait();
+          } catch (...) {  // the failure is read from the work below
+          }
+          signal();
+        }).detach();
+      }
     } catch (const std::exception& e) {
       aborted_.store(true);
       return Unavailable(std::string("gloo ") + what + " failed to start: " + e.what());

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace gyre::comm {
 namespace {
@@ -111,6 +112,42 @@ class NcclCommunicator final : public Communicator {
     }
     return Run("all-reduce", deadline,
                [&] { return ncclAllReduce(data, data, count, t, ncclSum, comm_, stream_); });
+  }
+
+  // Device memory goes to NCCL directly. Host memory is staged through the device like the other
+  // collectives (one staging buffer holds input and output: the input first, the output after
+  // it), which suits tests and small groups; the sharded trainer passes device tensors.
+  Status ReduceScatterSum(const void* input, void* output, size_t count, DataType type,
+                          Deadline deadline) override {
+    GYRE_ASSIGN_OR_RETURN(ncclDataType_t t, ToNccl(type));
+    if (count == 0) return Status::Ok();
+    cudaSetDevice(device_);
+    const size_t elem = DataTypeSize(type);
+    if (!IsDeviceMemory(input) || !IsDeviceMemory(output)) {
+      return RunStagedPair("reduce-scatter", deadline, input, count * size_ * elem, output,
+                           count * elem, [&](const void* in, void* out) {
+                             return ncclReduceScatter(in, out, count, t, ncclSum, comm_, stream_);
+                           });
+    }
+    return Run("reduce-scatter", deadline, [&] {
+      return ncclReduceScatter(input, output, count, t, ncclSum, comm_, stream_);
+    });
+  }
+
+  Status AllGather(const void* input, void* output, size_t count, DataType type,
+                   Deadline deadline) override {
+    GYRE_ASSIGN_OR_RETURN(ncclDataType_t t, ToNccl(type));
+    if (count == 0) return Status::Ok();
+    cudaSetDevice(device_);
+    const size_t elem = DataTypeSize(type);
+    if (!IsDeviceMemory(input) || !IsDeviceMemory(output)) {
+      return RunStagedPair("all-gather", deadline, input, count * elem, output,
+                           count * size_ * elem, [&](const void* in, void* out) {
+                             return ncclAllGather(in, out, count, t, comm_, stream_);
+                           });
+    }
+    return Run("all-gather",
+               deadline, [&] { return ncclAllGather(input, output, count, t, comm_, stream_); });
   }
 
   // NCCL has no barrier: a one-element all-reduce on a scratch buffer serves as one.
@@ -236,6 +273,22 @@ class NcclCommunicator final : public Communicator {
       return status;
     }
     std::memcpy(host, pinned_, bytes);
+    return Status::Ok();
+  }
+
+  // A collective from `in_bytes` at host `input` to `out_bytes` at host `output`, through one
+  // staging buffer of in_bytes + out_bytes (input first): copied in, run, copied back.
+  template <typename EnqueueFn>
+  Status RunStagedPair(const char* what, Deadline deadline, const void* input, size_t in_bytes,
+                       void* output, size_t out_bytes, EnqueueFn enqueue) {
+    std::vector<char> joined(in_bytes + out_bytes);
+    std::memcpy(joined.data(), input, in_bytes);
+    GYRE_RETURN_IF_ERROR(RunStaged(what, deadline, joined.data(), joined.size(), true,
+                                   [&](void* dev) {
+                                     char* base = static_cast<char*>(dev);
+                                     return enqueue(base, base + in_bytes);
+                                   }));
+    std::memcpy(output, joined.data() + in_bytes, out_bytes);
     return Status::Ok();
   }
 

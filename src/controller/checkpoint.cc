@@ -36,6 +36,10 @@ bool ResultNeutral(const std::string& key) {
       "trainer.checkpoint_keep_last",
       "trainer.collective_timeout_s",
       "trainer.overlap_grad_reduce",  // same buckets, same order: the same sums
+      // The same global mini-batches and update up to summation order: a checkpoint loads onto
+      // any number of trainers, sharded or not (trainer/trainer_state.h reshards the moments).
+      "trainer.workers",
+      "trainer.shard",
       "metrics.file",
   };
   return kKeys.count(key) > 0 || key.rfind("cluster.", 0) == 0;

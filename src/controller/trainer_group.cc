@@ -131,15 +131,38 @@ StatusOr<std::vector<double>> TrainerGroup::SequenceKl(const std::vector<v1::Sam
 }
 
 StatusOr<int64_t> TrainerGroup::SaveState(const std::string& directory) {
-  Worker* w = pool_->Trainers().front();
+  // Unsharded, trainer-0 holds the whole state. Sharded (trainer.shard), every trainer writes its
+  // slice of the optimizer state into the same directory, at the same time; the checkpoint is
+  // complete once all of them returned.
+  std::vector<Worker*> trainers = pool_->Trainers();
+  if (cfg_.trainer.shard == "none") trainers.resize(1);
   v1::SaveStateRequest req;
   req.set_directory(directory);
-  v1::SaveStateResponse resp;
-  GYRE_RETURN_IF_ERROR(pool_->AfterRpcFailure(
-      w, pool_->Invoke(w->id, cfg_.cluster.rpc_timeout_s, [&](const rpc::Call& c) {
-        return w->trainer->SaveState(c, req, &resp).WithContext("save trainer state " + directory);
-      })));
-  return resp.policy_version();
+  std::vector<v1::SaveStateResponse> resps(trainers.size());
+  std::vector<std::future<Status>> calls;
+  for (size_t r = 0; r < trainers.size(); ++r) {
+    calls.push_back(std::async(std::launch::async, [this, &trainers, &req, &resps, &directory, r] {
+      Worker* w = trainers[r];
+      return pool_->Invoke(w->id, cfg_.cluster.rpc_timeout_s, [&](const rpc::Call& c) {
+        return w->trainer->SaveState(c, req, &resps[r])
+            .WithContext("save trainer state " + directory + " on " + w->id);
+      });
+    }));
+  }
+  Status first_error;
+  for (size_t r = 0; r < trainers.size(); ++r) {
+    Status s = pool_->AfterRpcFailure(trainers[r], calls[r].get());
+    if (!s.ok() && first_error.ok()) first_error = s;
+  }
+  GYRE_RETURN_IF_ERROR(first_error);
+  for (size_t r = 1; r < trainers.size(); ++r) {
+    if (resps[r].policy_version() != resps[0].policy_version()) {
+      return Internal("data-parallel trainers saved different policy versions: " +
+                      std::to_string(resps[0].policy_version()) + " and " +
+                      std::to_string(resps[r].policy_version()));
+    }
+  }
+  return resps[0].policy_version();
 }
 
 StatusOr<int64_t> TrainerGroup::LoadState(const std::string& directory) {

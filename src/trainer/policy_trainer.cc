@@ -24,6 +24,7 @@ struct PolicyTrainer::Snapshot {
   // buffers are then stale and unused).
   std::vector<at::Tensor> weights, exp_avg, exp_avg_sq;
   std::vector<int64_t> steps;
+  ShardedAdamW::State sharded;  // a sharded trainer's optimizer slice (the vectors above unused)
 };
 
 PolicyTrainer::PolicyTrainer(std::unique_ptr<model::Transformer> model, double lr,
@@ -33,6 +34,54 @@ PolicyTrainer::PolicyTrainer(std::unique_ptr<model::Transformer> model, double l
   torch::optim::AdamWOptions opts(lr);
   opts.weight_decay(weight_decay).betas({beta1, beta2});
   optimizer_->adamw = std::make_unique<torch::optim::AdamW>(optimizer_->params, opts);
+  hyper_.weight_decay = weight_decay;
+  hyper_.beta1 = beta1;
+  hyper_.beta2 = beta2;
+  hyper_.eps = opts.eps();
+}
+
+Status PolicyTrainer::SetSharding(Shard mode) {
+  if (mode == sharding()) return Status::Ok();
+  const bool has_state = sharded_ != nullptr ? sharded_->has_state()
+                                             : !optimizer_->adamw->state().empty();
+  if (has_state) {
+    return FailedPrecondition(std::string("trainer.shard cannot change to '") + ShardName(mode) +
+                              "' once the optimizer has state");
+  }
+  sharded_.reset();
+  if (mode != Shard::kNone) {
+    for (const auto& p : optimizer_->params) {
+      if (p.scalar_type() != at::kFloat || !p.is_contiguous()) {
+        return FailedPrecondition("trainer.shard needs contiguous float32 weights");
+      }
+    }
+    sharded_ = std::make_unique<ShardedAdamW>(optimizer_->params, mode, hyper_, dp_rank(),
+                                              dp_size());
+  }
+  // ZeRO-2 reduce-scatters instead of all-reducing: rebuild the reducer for the new mode.
+  if (dp_ != nullptr) {
+    DataParallelOptions dp = dp_options_;
+    return SetDataParallel(dp_, dp);
+  }
+  return Status::Ok();
+}
+
+Shard PolicyTrainer::sharding() const { return sharded_ ? sharded_->mode() : Shard::kNone; }
+
+void PolicyTrainer::BeginGradients() {
+  if (sharded_) {
+    sharded_->BeginStep();
+  } else {
+    optimizer_->adamw->zero_grad();
+  }
+}
+
+void PolicyTrainer::DropGradients() {
+  if (sharded_) {
+    sharded_->ReleaseGradients();
+  } else {
+    optimizer_->adamw->zero_grad();
+  }
 }
 
 PolicyTrainer::~PolicyTrainer() = default;
@@ -113,8 +162,38 @@ std::vector<PolicyTrainer::ParamState> PolicyTrainer::OptimizerState() const {
   return out;
 }
 
+Status PolicyTrainer::CheckWeights(const std::vector<at::Tensor>& weights) const {
+  const model::NamedTensors params = model_->NamedParameters();
+  if (weights.size() != params.size()) {
+    return InvalidArgument("expected " + std::to_string(params.size()) + " weights, got " +
+                           std::to_string(weights.size()));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, p] = params[i];
+    const at::Tensor& w = weights[i];
+    if (!w.defined() || w.scalar_type() != p.scalar_type() || w.sizes() != p.sizes()) {
+      return InvalidArgument("weight '" + name + "' does not match the model's shape and dtype");
+    }
+  }
+  return Status::Ok();
+}
+
+Status PolicyTrainer::RestoreShardedState(const std::vector<at::Tensor>& weights,
+                                          const ShardedAdamW::State& state, int64_t version) {
+  if (!sharded_) return FailedPrecondition("RestoreShardedState on an unsharded trainer");
+  GYRE_RETURN_IF_ERROR(CheckWeights(weights));
+  if (version < 0) return InvalidArgument("negative policy version " + std::to_string(version));
+  GYRE_RETURN_IF_ERROR(sharded_->Set(state));  // checks first, then commits
+  at::NoGradGuard no_grad;
+  const model::NamedTensors params = model_->NamedParameters();
+  for (size_t i = 0; i < params.size(); ++i) params[i].second.detach().copy_(weights[i]);
+  version_ = version;
+  return Status::Ok();
+}
+
 Status PolicyTrainer::RestoreState(const std::vector<at::Tensor>& weights,
                                    const std::vector<ParamState>& state, int64_t version) {
+  if (sharded_) return FailedPrecondition("RestoreState on a sharded trainer");
   const model::NamedTensors params = model_->NamedParameters();
   if (weights.size() != params.size() || state.size() != params.size()) {
     return InvalidArgument("expected state for " + std::to_string(params.size()) +
@@ -180,6 +259,11 @@ void PolicyTrainer::TakeSnapshot() {
   snap.exp_avg.resize(n);
   snap.exp_avg_sq.resize(n);
   snap.steps.assign(n, 0);
+  if (sharded_) {
+    for (size_t i = 0; i < n; ++i) CopyInto(optimizer_->params[i].detach(), &snap.weights[i]);
+    snap.sharded = sharded_->Get();
+    return;
+  }
   const auto& state = optimizer_->adamw->state();
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor& p = optimizer_->params[i];
@@ -197,7 +281,16 @@ void PolicyTrainer::RestoreSnapshot() {
   GYRE_CHECK(snapshot_ != nullptr) << "no snapshot to restore";
   at::NoGradGuard no_grad;
   const Snapshot& snap = *snapshot_;
-  optimizer_->adamw->zero_grad();
+  DropGradients();
+  if (sharded_) {
+    for (size_t i = 0; i < optimizer_->params.size(); ++i) {
+      optimizer_->params[i].detach().copy_(snap.weights[i]);
+    }
+    const Status restored = sharded_->Set(snap.sharded);  // taken from the same layout
+    GYRE_CHECK(restored.ok()) << restored.message();
+    version_ = snap.version;
+    return;
+  }
   auto& state = optimizer_->adamw->state();
   for (size_t i = 0; i < optimizer_->params.size(); ++i) {
     at::Tensor& p = optimizer_->params[i];
@@ -604,16 +697,34 @@ StatusOr<std::vector<double>> PolicyTrainer::SequenceKl(const std::vector<TrainS
   return out;
 }
 
-void PolicyTrainer::SetDataParallel(comm::Communicator* comm, const DataParallelOptions& options) {
+Status PolicyTrainer::SetDataParallel(comm::Communicator* comm,
+                                      const DataParallelOptions& options) {
+  const int rank = comm != nullptr ? comm->rank() : 0;
+  const int ranks = comm != nullptr ? comm->size() : 1;
+  if (sharded_ && (sharded_->layout().rank != rank || sharded_->layout().ranks != ranks)) {
+    if (sharded_->has_state()) {
+      return FailedPrecondition(
+          "this trainer holds rank " + std::to_string(sharded_->layout().rank) + " of " +
+          std::to_string(sharded_->layout().ranks) +
+          "'s slice of the optimizer state, which cannot move to rank " + std::to_string(rank) +
+          " of " + std::to_string(ranks) +
+          ": save a checkpoint and load it into the new group (loading reshards it)");
+    }
+    sharded_ = std::make_unique<ShardedAdamW>(optimizer_->params, sharded_->mode(), hyper_, rank,
+                                              ranks);
+  }
   reducer_.reset();  // removes its hooks before a new reducer installs its own
   dp_ = comm;
+  dp_options_ = options;
   dp_timeout_s_ = options.timeout_s;
-  if (dp_ == nullptr || dp_->size() == 1) return;
+  // ZeRO-2 reduce-scatters the gradients itself (sharded_adamw.h).
+  if (dp_ == nullptr || dp_->size() == 1 || sharding() == Shard::kGradients) return Status::Ok();
   std::vector<std::string> names;
   for (const auto& [name, t] : model_->NamedParameters()) names.push_back(name);
   reducer_ = std::make_unique<GradReducer>(optimizer_->params, std::move(names), dp_,
                                            std::max<int64_t>(options.bucket_bytes, 1024),
                                            options.timeout_s, options.overlap_grad_reduce);
+  return Status::Ok();
 }
 
 Status PolicyTrainer::AllReduce(double* values, size_t count) {
@@ -689,7 +800,13 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
       if (!committed) trainer->RestoreSnapshot();
     }
   } rollback{this};
-  if (options.reset_optimizer_state) optimizer_->adamw->state().clear();
+  if (options.reset_optimizer_state) {
+    if (sharded_) {
+      sharded_->Reset();
+    } else {
+      optimizer_->adamw->state().clear();
+    }
+  }
   if (minis == 1 && !m2po) {
     auto metrics = OptimizerStep(batch, objective, lr, options, proximal_version);
     rollback.committed = metrics.ok();
@@ -791,7 +908,7 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     }
   }
 
-  optimizer_->adamw->zero_grad();
+  BeginGradients();
   // If backward throws after the reducer was armed, wait for its communication thread before
   // the exception leaves the step (it must not touch the communicator or gradients after that).
   struct CancelOnExit {
@@ -937,18 +1054,32 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
         reducer_->overlap() ? "data-parallel gradient all-reduce (overlapped with backward)"
                             : "data-parallel gradient all-reduce"));
   }
+  // Sharded: this rank's slice of the summed gradient, and its part of the squared norm.
+  double shard_sq = 0;
+  if (sharded_) {
+    Status reduced = sharded_->ReduceGradients(dp_, dp_timeout_s_);
+    if (!reduced.ok()) {
+      DropGradients();
+      return reduced.WithContext("data-parallel gradient reduce-scatter");
+    }
+    shard_sq = sharded_->LocalSquaredNorm();
+  }
   {
     // sums[5] counts the ranks that took part. Gloo can complete a collective without a peer
     // that closed its connections (docs/weight-sync.md); a short count means the summed
     // gradients above lack that rank's part, so the update must not be applied.
-    double sums[15] = {loss_sum, clip_sum, kl_sum,     entropy_sum,     correct,
-                       1.0,      mm[0],    mm[1],      mm[2],           mm[3],
-                       mm[4],    mm[5],    weight_sum, corr_masked_sum, ref_kl_sum};
-    GYRE_RETURN_IF_ERROR(AllReduce(sums, 15).WithContext("data-parallel metrics"));
+    double sums[16] = {loss_sum, clip_sum,   kl_sum,          entropy_sum, correct, 1.0,
+                       mm[0],    mm[1],      mm[2],           mm[3],       mm[4],   mm[5],
+                       weight_sum, corr_masked_sum, ref_kl_sum, shard_sq};
+    if (Status s = AllReduce(sums, 16); !s.ok()) {
+      DropGradients();
+      return s.WithContext("data-parallel metrics");
+    }
     if (Status all = CheckAllRanksTookPart(sums[5]); !all.ok()) {
-      optimizer_->adamw->zero_grad();
+      DropGradients();
       return all;
     }
+    shard_sq = sums[15];
     loss_sum = sums[0];
     clip_sum = sums[1];
     kl_sum = sums[2];
@@ -960,32 +1091,66 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     ref_kl_sum = sums[14];
   }
   // Global gradient-norm clipping, then AdamW.
-  double sq = 0;
-  for (const auto& p : optimizer_->params) {
-    if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
+  double sq = shard_sq;
+  if (!sharded_) {
+    for (const auto& p : optimizer_->params) {
+      if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
+    }
   }
   const double grad_norm = std::sqrt(sq);
   if (!std::isfinite(grad_norm)) {
-    optimizer_->adamw->zero_grad();
+    DropGradients();
     return Internal("non-finite gradient norm; the step was skipped");
   }
-  if (options.grad_clip > 0 && grad_norm > options.grad_clip) {
-    at::NoGradGuard ng;
-    const double scale = options.grad_clip / (grad_norm + 1e-6);
-    for (auto& p : optimizer_->params) {
-      if (p.grad().defined()) p.grad().mul_(scale);
+  const bool clip = options.grad_clip > 0 && grad_norm > options.grad_clip;
+  const double scale = clip ? options.grad_clip / (grad_norm + 1e-6) : 1.0;
+  if (sharded_) {
+    if (clip) sharded_->ScaleGradients(scale);
+    sharded_->Update(lr);
+    // Every rank updated its slice; the exchange must reach every rank, or the weights would
+    // differ between ranks. A failure here leaves this rank's slice updated and the rest old,
+    // so the step is not all or nothing: the group is aborted (communicator.h) and the job
+    // resumes from its last checkpoint.
+    GYRE_RETURN_IF_ERROR(sharded_->GatherWeights(dp_, dp_timeout_s_)
+                             .WithContext("sharded optimizer: the updated weights could not be "
+                                          "exchanged, so this trainer's weights are partly "
+                                          "updated; resume from the last checkpoint"));
+  } else {
+    if (clip) {
+      at::NoGradGuard ng;
+      for (auto& p : optimizer_->params) {
+        if (p.grad().defined()) p.grad().mul_(scale);
+      }
     }
+    for (auto& group : optimizer_->adamw->param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    }
+    optimizer_->adamw->step();
   }
-  for (auto& group : optimizer_->adamw->param_groups()) {
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-  }
-  optimizer_->adamw->step();
   ++version_;
   std::map<std::string, double> m;
   m["loss"] = loss_sum;
   m["grad_norm"] = grad_norm;
   m["lr"] = lr;  // what this AdamW step applied (the controller's schedule reaches here)
   m["tokens"] = total_tokens;
+  {
+    // What this rank holds between steps (sharded_adamw.h): moments, and gradients.
+    int64_t opt_bytes = 0, grad_bytes = 0;
+    if (sharded_) {
+      opt_bytes = sharded_->optimizer_state_bytes();
+      grad_bytes = sharded_->gradient_bytes();
+    } else {
+      for (const auto& p : optimizer_->params) {
+        if (p.grad().defined()) grad_bytes += p.grad().nbytes();
+      }
+      for (const auto& [key, st] : optimizer_->adamw->state()) {
+        const auto& a = static_cast<const torch::optim::AdamWParamState&>(*st);
+        opt_bytes += a.exp_avg().nbytes() + a.exp_avg_sq().nbytes();
+      }
+    }
+    m["optimizer_state_mib"] = static_cast<double>(opt_bytes) / (1 << 20);
+    m["gradient_mib"] = static_cast<double>(grad_bytes) / (1 << 20);
+  }
   m["entropy"] = entropy_sum / total_tokens;
   m["token_accuracy"] = correct / total_tokens;
   if (objective == Objective::kPolicyGradient) {

@@ -46,6 +46,7 @@
 #include "gyre/status.h"
 #include "kernels/reference/policy_loss_ref.h"
 #include "model/transformer.h"
+#include "trainer/sharded_adamw.h"
 
 namespace gyre::trainer {
 
@@ -139,8 +140,24 @@ class PolicyTrainer {
 
   // Joins a data-parallel group: from now on every Step all-reduces over `comm` (not owned; it
   // must outlive the trainer's use of it, or the next SetDataParallel call), as `options` say.
-  // nullptr returns to single-process training.
-  void SetDataParallel(comm::Communicator* comm, const DataParallelOptions& options);
+  // nullptr returns to single-process training. A sharded trainer (SetSharding) takes its slice
+  // of the optimizer state for its rank; that needs the state to be empty or the group to be the
+  // same size with the same rank (FailedPrecondition otherwise: the other slices live on other
+  // ranks; save a checkpoint and load it into the new group, which reshards it).
+  Status SetDataParallel(comm::Communicator* comm, const DataParallelOptions& options);
+
+  // trainer.shard: kOptimizer (ZeRO-1) keeps only this rank's slice of the AdamW moments;
+  // kGradients (ZeRO-2) also reduce-scatters the gradients and keeps only their slice between
+  // steps (sharded_adamw.h). The update equals the unsharded one up to summation order. Only
+  // before the first optimizer step (FailedPrecondition otherwise).
+  Status SetSharding(Shard mode);
+  Shard sharding() const;
+  // The sharded optimizer; null when not sharded.
+  const ShardedAdamW* sharded() const { return sharded_.get(); }
+  // Restores a sharded trainer's state: the weights (as RestoreState), this rank's optimizer
+  // slice and the version; all or nothing.
+  Status RestoreShardedState(const std::vector<at::Tensor>& weights,
+                             const ShardedAdamW::State& state, int64_t version);
 
   const model::Transformer& model() const { return *model_; }
 
@@ -187,7 +204,8 @@ class PolicyTrainer {
     at::Tensor exp_avg;     // float32, the parameter's shape; undefined when step is 0
     at::Tensor exp_avg_sq;  // likewise
   };
-  // Per parameter, in model().NamedParameters() order; the tensors are copies.
+  // Per parameter, in model().NamedParameters() order; the tensors are copies. Unsharded
+  // trainers only (sharded(): its Get()).
   std::vector<ParamState> OptimizerState() const;
   // Replaces the weights (one tensor per parameter, in NamedParameters() order), the optimizer
   // state and the policy version, all or nothing: on a count, shape or dtype mismatch nothing
@@ -195,6 +213,9 @@ class PolicyTrainer {
   // bit for bit as if never interrupted (the AdamW hyperparameters come from the constructor).
   Status RestoreState(const std::vector<at::Tensor>& weights, const std::vector<ParamState>& state,
                       int64_t version);
+  // Data parallel: this trainer's rank and the group's size (0 and 1 without a group).
+  int dp_rank() const { return dp_ != nullptr ? dp_->rank() : 0; }
+  int dp_size() const { return dp_ != nullptr ? dp_->size() : 1; }
 
  private:
   Status Validate(const std::vector<TrainSample>& batch, Objective objective,
@@ -222,6 +243,12 @@ class PolicyTrainer {
   void TakeSnapshot();
   void RestoreSnapshot();
   struct Optimizer;
+  // The step's gradients: dropped (unsharded, kOptimizer) or zeroed views of the flat buffer
+  // (kGradients).
+  void BeginGradients();
+  void DropGradients();
+  // Checks shared by RestoreState and RestoreShardedState.
+  Status CheckWeights(const std::vector<at::Tensor>& weights) const;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<model::Transformer> reference_;  // the KL term's frozen policy
   // reference_ in compute_dtype_ when that differs (made on first use, dropped with reference_).
@@ -231,9 +258,12 @@ class PolicyTrainer {
   int64_t chunk_tokens_ = 1024;
   const model::Transformer& ComputeReference();
   std::unique_ptr<Optimizer> optimizer_;
+  ShardedAdamW::Hyper hyper_;
+  std::unique_ptr<ShardedAdamW> sharded_;  // trainer.shard other than none
   int64_t version_ = 0;
   comm::Communicator* dp_ = nullptr;
   double dp_timeout_s_ = 600;
+  DataParallelOptions dp_options_;
   std::unique_ptr<GradReducer> reducer_;  // data parallel with more than one rank only
   std::unique_ptr<Snapshot> snapshot_;    // after the first step with mini_batches > 1
 };

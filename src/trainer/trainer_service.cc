@@ -7,6 +7,7 @@
 
 #include "comm/weight_broadcast.h"
 #include "comm/weight_sync.h"
+#include "common/check.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "kernels/reference/policy_loss_ref.h"
@@ -52,6 +53,10 @@ TrainerService::TrainerService(const JobConfig& config, std::unique_ptr<model::T
   trainer_.SetSequencePacking(config.trainer.sequence_packing);
   trainer_.SetLogprobChunkTokens(config.trainer.logprob_chunk_tokens);
   trainer_.SetActivationCheckpointing(config.trainer.activation_checkpointing);
+  // Validated configuration, fresh trainer with float32 master weights: cannot fail.
+  const StatusOr<Shard> shard = ParseShard(config.trainer.shard);
+  const Status sharded = shard.ok() ? trainer_.SetSharding(*shard) : shard.status();
+  GYRE_CHECK(sharded.ok()) << sharded.message();
 }
 
 int64_t TrainerService::version() const {
@@ -96,13 +101,17 @@ grpc::Status TrainerService::JoinGroup(grpc::ServerContext* ctx, const v1::JoinG
     auto group = comm::CreateGlooCommunicator(opts);
     if (!group.ok()) return rpc::ToGrpc(group.status().WithContext("join data-parallel group"));
     std::lock_guard<std::mutex> lock(mu_);
-    trainer_.SetDataParallel(nullptr, {});
+    if (Status s = trainer_.SetDataParallel(nullptr, {}); !s.ok()) {
+      return rpc::ToGrpc(s.WithContext("join data-parallel group"));
+    }
     group_ = std::move(*group);
     DataParallelOptions dp;
     dp.bucket_bytes = static_cast<int64_t>(config_.trainer.grad_bucket_mb) << 20;
     dp.timeout_s = config_.trainer.collective_timeout_s;
     dp.overlap_grad_reduce = config_.trainer.overlap_grad_reduce;
-    trainer_.SetDataParallel(group_.get(), dp);
+    if (Status s = trainer_.SetDataParallel(group_.get(), dp); !s.ok()) {
+      return rpc::ToGrpc(s.WithContext("join data-parallel group"));
+    }
     GYRE_LOG_INFO("joined data-parallel group {} as rank {} of {}", req->group(), req->rank(),
                   req->size());
     return grpc::Status::OK;

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -19,7 +21,10 @@ namespace gyre::trainer {
 namespace {
 
 constexpr char kFormat[] = "gyre.trainer_state";
+// 1: optimizer.safetensors holds every parameter's moments. 2: the moments are sharded, one file
+// per rank of the group that wrote them (trainer.shard).
 constexpr int kFormatVersion = 1;
+constexpr int kShardedFormatVersion = 2;
 constexpr char kStateFile[] = "trainer_state.json";
 constexpr char kOptimizerFile[] = "optimizer.safetensors";
 constexpr char kReferenceFile[] = "reference.safetensors";
@@ -92,6 +97,69 @@ StatusOr<at::Tensor> ReadTensor(const model::SafetensorsFile& file, const std::s
   return view.clone();
 }
 
+// "optimizer-rank-00001-of-00004.safetensors": rank r's slice of the flat moment vectors.
+std::string ShardFileName(int rank, int ranks) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "optimizer-rank-%05d-of-%05d.safetensors", rank, ranks);
+  return buf;
+}
+
+// The moments of the flat parameter elements [begin, end) (sharded_adamw.h's flat order), from
+// either format: `shards` > 0 ranks' slice files of a sharded state, or (shards == 0) the
+// per-parameter optimizer.safetensors. A parameter whose step is 0 has zero moments.
+StatusOr<std::pair<at::Tensor, at::Tensor>> ReadMomentRange(
+    const std::string& dir, const model::NamedTensors& params, const std::vector<int64_t>& steps,
+    int shards, int64_t begin, int64_t end) {
+  at::Tensor m = at::zeros({end - begin}, at::kFloat);
+  at::Tensor v = at::zeros({end - begin}, at::kFloat);
+  int64_t total = 0;
+  for (const auto& [name, p] : params) total += p.numel();
+  if (shards > 0) {
+    const int64_t chunk = (total + shards - 1) / shards;
+    for (int r = 0; r < shards; ++r) {
+      const int64_t lo = std::min(total, chunk * r), hi = std::min(total, chunk * (r + 1));
+      const int64_t a = std::max(lo, begin), b = std::min(hi, end);
+      if (a >= b) continue;
+      const std::string path = dir + "/" + ShardFileName(r, shards);
+      GYRE_ASSIGN_OR_RETURN(auto file, model::SafetensorsFile::Open(path));
+      if (file->entries().size() != 2) {
+        return InvalidArgument(path + ": has " + std::to_string(file->entries().size()) +
+                               " tensors, expected exp_avg and exp_avg_sq");
+      }
+      GYRE_ASSIGN_OR_RETURN(at::Tensor fm, ReadTensor(*file, "exp_avg", {hi - lo}));
+      GYRE_ASSIGN_OR_RETURN(at::Tensor fv, ReadTensor(*file, "exp_avg_sq", {hi - lo}));
+      m.narrow(0, a - begin, b - a).copy_(fm.narrow(0, a - lo, b - a));
+      v.narrow(0, a - begin, b - a).copy_(fv.narrow(0, a - lo, b - a));
+    }
+    return std::make_pair(m, v);
+  }
+  const std::string path = dir + "/" + kOptimizerFile;
+  GYRE_ASSIGN_OR_RETURN(auto file, model::SafetensorsFile::Open(path));
+  size_t expected = 0;
+  int64_t offset = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, p] = params[i];
+    const int64_t lo = offset, hi = offset + p.numel();
+    offset = hi;
+    if (steps[i] == 0) continue;
+    expected += 2;
+    // Every listed tensor is checked, also outside the range, so that a damaged file fails on
+    // every rank alike.
+    GYRE_ASSIGN_OR_RETURN(at::Tensor fm, ReadTensor(*file, "exp_avg/" + name, p.sizes().vec()));
+    GYRE_ASSIGN_OR_RETURN(at::Tensor fv, ReadTensor(*file, "exp_avg_sq/" + name, p.sizes().vec()));
+    const int64_t a = std::max(lo, begin), b = std::min(hi, end);
+    if (a >= b) continue;
+    m.narrow(0, a - begin, b - a).copy_(fm.reshape({-1}).narrow(0, a - lo, b - a));
+    v.narrow(0, a - begin, b - a).copy_(fv.reshape({-1}).narrow(0, a - lo, b - a));
+  }
+  if (file->entries().size() != expected) {
+    return InvalidArgument(path + ": has " + std::to_string(file->entries().size()) +
+                           " tensors, expected " + std::to_string(expected) +
+                           " (two per parameter with a non-zero step in " + kStateFile + ")");
+  }
+  return std::make_pair(m, v);
+}
+
 }  // namespace
 
 Status WriteModelDirectory(const std::string& dir, const model::Transformer& model,
@@ -120,21 +188,40 @@ Status WriteModelDirectory(const std::string& dir, const model::Transformer& mod
 
 Status SaveTrainerState(const std::string& dir, const PolicyTrainer& trainer,
                         const std::string& model_path) {
+  const ShardedAdamW* sharded = trainer.sharded();
+  // Without sharding rank 0 holds everything; with it, every rank writes its slice and rank 0
+  // the rest.
+  if (trainer.dp_rank() != 0 && sharded == nullptr) return Status::Ok();
   GYRE_RETURN_IF_ERROR(MakeDirs(dir));
-  GYRE_RETURN_IF_ERROR(WriteModelDirectory(dir, trainer.model(), model_path));
   const model::NamedTensors params = trainer.model().NamedParameters();
-  const std::vector<PolicyTrainer::ParamState> opt = trainer.OptimizerState();
-  model::NamedTensors moments;
   nlohmann::json entries = nlohmann::json::array();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const auto& [name, p] = params[i];
-    entries.push_back({{"name", name}, {"shape", p.sizes().vec()}, {"step", opt[i].step}});
-    if (opt[i].step > 0) {
-      moments.emplace_back("exp_avg/" + name, opt[i].exp_avg);
-      moments.emplace_back("exp_avg_sq/" + name, opt[i].exp_avg_sq);
+  if (sharded != nullptr) {
+    const ShardedAdamW::State st = sharded->Get();
+    const ShardLayout& l = sharded->layout();
+    GYRE_RETURN_IF_ERROR(model::SaveSafetensors(
+        dir + "/" + ShardFileName(l.rank, l.ranks),
+        {{"exp_avg", st.exp_avg}, {"exp_avg_sq", st.exp_avg_sq}}));
+    if (l.rank != 0) return SyncDirectory(dir);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto& [name, p] = params[i];
+      entries.push_back({{"name", name}, {"shape", p.sizes().vec()}, {"step", st.steps[i]}});
     }
+    const std::string stale = dir + "/" + kOptimizerFile;
+    if (PathExists(stale)) GYRE_RETURN_IF_ERROR(RemoveTree(stale));
+  } else {
+    const std::vector<PolicyTrainer::ParamState> opt = trainer.OptimizerState();
+    model::NamedTensors moments;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto& [name, p] = params[i];
+      entries.push_back({{"name", name}, {"shape", p.sizes().vec()}, {"step", opt[i].step}});
+      if (opt[i].step > 0) {
+        moments.emplace_back("exp_avg/" + name, opt[i].exp_avg);
+        moments.emplace_back("exp_avg_sq/" + name, opt[i].exp_avg_sq);
+      }
+    }
+    GYRE_RETURN_IF_ERROR(model::SaveSafetensors(dir + "/" + kOptimizerFile, moments));
   }
-  GYRE_RETURN_IF_ERROR(model::SaveSafetensors(dir + "/" + kOptimizerFile, moments));
+  GYRE_RETURN_IF_ERROR(WriteModelDirectory(dir, trainer.model(), model_path));
   // The KL term's frozen reference policy, once there is one; a stale file of an earlier save
   // into this directory must not come back with a state that has none.
   const std::string ref_path = dir + "/" + kReferenceFile;
@@ -145,12 +232,17 @@ Status SaveTrainerState(const std::string& dir, const PolicyTrainer& trainer,
     GYRE_RETURN_IF_ERROR(RemoveTree(ref_path));
   }
   const std::vector<uint8_t> rng = CpuRngState();
-  nlohmann::json state = {{"format", kFormat},
-                          {"format_version", kFormatVersion},
-                          {"policy_version", trainer.version()},
-                          {"params", entries},
-                          {"reference", has_reference},
-                          {"rng", {{"torch_cpu", ToHex(rng.data(), rng.size())}}}};
+  nlohmann::json state = {
+      {"format", kFormat},
+      {"format_version", sharded != nullptr ? kShardedFormatVersion : kFormatVersion},
+      {"policy_version", trainer.version()},
+      {"params", entries},
+      {"reference", has_reference},
+      {"rng", {{"torch_cpu", ToHex(rng.data(), rng.size())}}}};
+  if (sharded != nullptr) {
+    state["optimizer_shards"] = {{"ranks", sharded->layout().ranks},
+                                 {"elements", sharded->layout().total}};
+  }
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kStateFile, state.dump(1) + "\n"));
   return SyncDirectory(dir);
 }
@@ -172,9 +264,28 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
     return bad(std::string("not a trainer state (expected \"format\": \"") + kFormat + "\")");
   }
   if (!state["format_version"].is_number_integer() ||
-      state["format_version"].get<int>() != kFormatVersion) {
+      (state["format_version"].get<int>() != kFormatVersion &&
+       state["format_version"].get<int>() != kShardedFormatVersion)) {
     return bad("unsupported format_version " + state["format_version"].dump() +
-               " (this build reads " + std::to_string(kFormatVersion) + ")");
+               " (this build reads " + std::to_string(kFormatVersion) + " and " +
+               std::to_string(kShardedFormatVersion) + ")");
+  }
+  // Format 2: the moments are in one file per rank of the group that saved them.
+  int shards = 0;
+  if (state["format_version"].get<int>() == kShardedFormatVersion) {
+    const auto& o = state["optimizer_shards"];
+    if (!o.is_object() || !o["ranks"].is_number_integer() || o["ranks"].get<int64_t>() < 1 ||
+        o["ranks"].get<int64_t>() > 65536 || !o["elements"].is_number_integer()) {
+      return bad("format_version 2 needs \"optimizer_shards\": {\"ranks\": N >= 1, "
+                 "\"elements\": E}");
+    }
+    shards = o["ranks"].get<int>();
+    int64_t total = 0;
+    for (const auto& [name, p] : trainer->model().NamedParameters()) total += p.numel();
+    if (o["elements"].get<int64_t>() != total) {
+      return bad("optimizer_shards.elements is " + o["elements"].dump() + ", the model has " +
+                 std::to_string(total) + " parameter elements");
+    }
   }
   if (!state["policy_version"].is_number_integer() || state["policy_version"].get<int64_t>() < 0) {
     return bad("policy_version must be a non-negative integer");
@@ -250,26 +361,37 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
                            " tensors, the model has " + std::to_string(params.size()));
   }
 
-  // The AdamW moments of every parameter with a non-zero step, and nothing else.
-  const std::string opt_path = dir + "/" + kOptimizerFile;
-  GYRE_ASSIGN_OR_RETURN(auto opt_file, model::SafetensorsFile::Open(opt_path));
+  // The AdamW moments, in whichever layout they were saved, for this trainer's layout: its
+  // rank's slice when sharded (possibly over another number of ranks than the saving group's),
+  // every parameter's otherwise.
+  std::vector<int64_t> steps;
+  for (const auto& [name, p] : params) steps.push_back(entries[name].step);
+  const ShardedAdamW* sharded = trainer->sharded();
   std::vector<PolicyTrainer::ParamState> opt;
-  size_t expected_moments = 0;
-  for (const auto& [name, p] : params) {
-    PolicyTrainer::ParamState ps;
-    ps.step = entries[name].step;
-    if (ps.step > 0) {
-      GYRE_ASSIGN_OR_RETURN(ps.exp_avg, ReadTensor(*opt_file, "exp_avg/" + name, p.sizes().vec()));
-      GYRE_ASSIGN_OR_RETURN(ps.exp_avg_sq,
-                            ReadTensor(*opt_file, "exp_avg_sq/" + name, p.sizes().vec()));
-      expected_moments += 2;
+  ShardedAdamW::State sharded_state;
+  if (sharded != nullptr) {
+    GYRE_ASSIGN_OR_RETURN(auto range, ReadMomentRange(dir, params, steps, shards,
+                                                      sharded->layout().begin,
+                                                      sharded->layout().end));
+    sharded_state.steps = steps;
+    sharded_state.exp_avg = std::move(range.first);
+    sharded_state.exp_avg_sq = std::move(range.second);
+  } else {
+    int64_t total = 0;
+    for (const auto& [name, p] : params) total += p.numel();
+    GYRE_ASSIGN_OR_RETURN(auto all, ReadMomentRange(dir, params, steps, shards, 0, total));
+    int64_t offset = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& p = params[i].second;
+      PolicyTrainer::ParamState ps;
+      ps.step = steps[i];
+      if (ps.step > 0) {
+        ps.exp_avg = all.first.narrow(0, offset, p.numel()).view(p.sizes()).clone();
+        ps.exp_avg_sq = all.second.narrow(0, offset, p.numel()).view(p.sizes()).clone();
+      }
+      offset += p.numel();
+      opt.push_back(std::move(ps));
     }
-    opt.push_back(std::move(ps));
-  }
-  if (opt_file->entries().size() != expected_moments) {
-    return InvalidArgument(opt_path + ": has " + std::to_string(opt_file->entries().size()) +
-                           " tensors, expected " + std::to_string(expected_moments) +
-                           " (two per parameter with a non-zero step in " + kStateFile + ")");
   }
 
   // The reference policy: state files before it existed have no "reference" key (none).
@@ -292,7 +414,12 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
   }
 
   // All checked: commit.
-  GYRE_RETURN_IF_ERROR(trainer->RestoreState(weights, opt, version).WithContext(dir));
+  if (sharded != nullptr) {
+    GYRE_RETURN_IF_ERROR(
+        trainer->RestoreShardedState(weights, sharded_state, version).WithContext(dir));
+  } else {
+    GYRE_RETURN_IF_ERROR(trainer->RestoreState(weights, opt, version).WithContext(dir));
+  }
   if (has_reference) {
     GYRE_RETURN_IF_ERROR(trainer->RestoreReference(reference).WithContext(dir));
   } else {

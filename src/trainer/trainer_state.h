@@ -5,12 +5,18 @@
 //   model.safetensors       the weights, float32 (with config.json and, for a Hugging Face model,
 //                           its tokenizer files: the directory loads like any HF model)
 //   optimizer.safetensors   AdamW moments "exp_avg/<param>" and "exp_avg_sq/<param>", float32,
-//                           for every parameter the optimizer has updated
+//                           for every parameter the optimizer has updated (format_version 1)
+//   optimizer-rank-R-of-N.safetensors
+//                           instead, for a sharded trainer (trainer.shard; format_version 2):
+//                           rank R's slice "exp_avg" and "exp_avg_sq" of the flat moment vectors
+//                           (sharded_adamw.h), written by that rank; trainer_state.json's
+//                           "optimizer_shards" gives N and the element count
 //   trainer_state.json      format and version, policy version, each parameter's name, shape and
 //                           AdamW step count, and the RNG states (torch's default CPU generator)
 //
 // With these, a trainer built from the same job config continues bit for bit as the one that
-// wrote them. Not thread-safe: the caller serialises access to the trainer (TrainerService's
+// wrote them. Either layout loads into a sharded or an unsharded trainer, on any number of ranks:
+// each rank reads the part of the moments its layout owns (resharding). Not thread-safe: the caller serialises access to the trainer (TrainerService's
 // mutex).
 
 #include <string>
@@ -28,7 +34,10 @@ Status WriteModelDirectory(const std::string& dir, const model::Transformer& mod
                            const std::string& model_path);
 
 // Writes `trainer`'s state into `dir` (created if missing; files of the same names replaced),
-// then fsyncs the files and the directory. `model_path` is the job's model.path: a Hugging Face
+// then fsyncs the files and the directory. Data parallel: rank 0 writes everything but the
+// other ranks' moment slices; a sharded trainer's other ranks write their slice only (every
+// rank must be called, and the checkpoint is complete once all returned); an unsharded
+// trainer's other ranks write nothing. `model_path` is the job's model.path: a Hugging Face
 // model's config.json and tokenizer files are copied next to the weights.
 Status SaveTrainerState(const std::string& dir, const PolicyTrainer& trainer,
                         const std::string& model_path);

@@ -30,11 +30,24 @@ TEST(BenchDpStepTest, TinyRunWritesConsistentJson) {
   EXPECT_EQ(j["context"]["same_weights"], true);
   EXPECT_GE(j["context"]["buckets"].get<int>(), 1);
   const auto& rows = j["results"];
-  ASSERT_EQ(rows.size(), 3u) << j.dump(2);
+  ASSERT_EQ(rows.size(), 5u) << j.dump(2);
   EXPECT_EQ(rows[0]["mode"], "allreduce-only");
   EXPECT_TRUE(rows[0]["speedup"].is_null());
   EXPECT_EQ(rows[1]["mode"], "blocking");
   EXPECT_EQ(rows[2]["mode"], "overlapped");
+  EXPECT_EQ(rows[3]["mode"], "zero1");
+  EXPECT_EQ(rows[4]["mode"], "zero2");
+  // Two ranks: each sharded row holds half the moments (up to one element of padding), ZeRO-2
+  // also half the gradients; the weights agree with the unsharded ones up to rounding.
+  const double full_state = rows[2]["state_mib"];
+  const double full_grad = rows[2]["grad_mib"];
+  ASSERT_GT(full_state, 0);
+  EXPECT_NEAR(full_grad * 2, full_state, 1e-9);  // two moments per gradient
+  for (int k : {3, 4}) {
+    EXPECT_NEAR(rows[k]["state_mib"].get<double>(), full_state / 2, 1e-5) << rows[k].dump();
+    EXPECT_LT(rows[k]["max_weight_diff"].get<double>(), 1e-5) << rows[k].dump();
+  }
+  EXPECT_NEAR(rows[4]["grad_mib"].get<double>(), full_grad / 2, 1e-5) << rows[4].dump();
   const double baseline = rows[1]["median_s"];
   for (const auto& r : rows) {
     EXPECT_EQ(r["steps"], 4) << r.dump();

@@ -1,6 +1,7 @@
 // Data-parallel trainers end to end: the same job with trainer.workers = 1 and = 2 (real worker
 // processes, a Gloo group over loopback) ends with the same model up to floating-point
-// summation order, and the two ranks really ran.
+// summation order, and the two ranks really ran; so does a job with sharded optimizer state
+// (trainer.shard) whose checkpoint resumes onto another number of trainers.
 
 #include <gtest/gtest.h>
 
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/file_util.h"
 #include "integration/run_util.h"
 
 namespace gyre::testing {
@@ -54,6 +56,66 @@ std::vector<nlohmann::json> GrpoMetrics(const std::string& path) {
     if (j["phase"] == "grpo") out.push_back(j);
   }
   return out;
+}
+
+std::vector<std::string> With(std::vector<std::string> args, const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// The 8 log-probs of the unsharded single-trainer run of Job(), computed once.
+const std::vector<double>& OneTrainerLogprobs() {
+  static const std::vector<double> lps = [] {
+    const std::string dir = MakeTempDir("dp1-reference");
+    auto p = GyreProcess::Start(Job(dir, 1), dir);
+    EXPECT_TRUE(p.Wait(240)) << p.Output();
+    EXPECT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+    return Logprobs(dir + "/t/final", dir);
+  }();
+  return lps;
+}
+
+void ExpectSameModel(const std::vector<double>& got, const std::vector<double>& want) {
+  ASSERT_EQ(want.size(), 8u);
+  ASSERT_EQ(got.size(), want.size());
+  // Ranks sum gradients in another order over 10 optimizer steps: rounding that grows with the
+  // steps, relative to the log-prob's size.
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 2e-4 + 2e-4 * std::fabs(want[i])) << i;
+  }
+}
+
+// trainer.shard=gradients (ZeRO-2) on 2 trainers, checkpointed after the first GRPO step and
+// resumed on 3 trainers with trainer.shard=optimizer (ZeRO-1): the moments are resharded from
+// 2 slices to 3 and the job ends with the single unsharded trainer's model.
+TEST(DataParallelTest, ShardedJobResumesOntoThreeTrainersAndMatchesOne) {
+  const std::string dir = MakeTempDir("dp-shard");
+  auto a = GyreProcess::Start(With(Job(dir, 2), {"--set", "trainer.shard=gradients", "--set",
+                                                 "trainer.steps=1", "--set",
+                                                 "trainer.checkpoint_every=1"}),
+                              dir);
+  ASSERT_TRUE(a.Wait(240)) << a.Output();
+  ASSERT_EQ(WEXITSTATUS(a.wait_status), 0) << a.Output();
+  const std::string ckpt = dir + "/t/checkpoints/step-000001/trainer";
+  EXPECT_TRUE(PathExists(ckpt + "/optimizer-rank-00000-of-00002.safetensors")) << ckpt;
+  EXPECT_TRUE(PathExists(ckpt + "/optimizer-rank-00001-of-00002.safetensors")) << ckpt;
+  const auto first = GrpoMetrics(dir + "/t/metrics.jsonl");
+  ASSERT_EQ(first.size(), 1u);
+  // Rank 0's slice of the moments: half of the unsharded optimizer's (2 floats per weight).
+  EXPECT_GT(first[0]["optimizer_state_mib"].get<double>(), 0);
+  auto b = GyreProcess::Start(With(Job(dir, 3), {"--resume", "--set", "trainer.shard=optimizer",
+                                                 "--set", "trainer.checkpoint_every=1"}),
+                              MakeTempDir("dp-shard-resume"));
+  ASSERT_TRUE(b.Wait(240)) << b.Output();
+  ASSERT_EQ(WEXITSTATUS(b.wait_status), 0) << b.Output();
+  EXPECT_NE(ReadFile(dir + "/t/logs/trainer-2.log").find("joined data-parallel group"),
+            std::string::npos);
+  const auto all = GrpoMetrics(dir + "/t/metrics.jsonl");
+  ASSERT_EQ(all.size(), 2u);
+  // Each of 3 ranks holds a third of the moments, 2 of them held a half.
+  EXPECT_NEAR(all[1]["optimizer_state_mib"].get<double>() * 3,
+              first[0]["optimizer_state_mib"].get<double>() * 2, 1e-3);
+  ExpectSameModel(Logprobs(dir + "/t/final", dir), OneTrainerLogprobs());
 }
 
 TEST(DataParallelTest, TwoTrainerRanksMatchOne) {

@@ -39,6 +39,14 @@ class FakeCommunicator final : public comm::Communicator {
 
   Status Broadcast(void*, size_t, int, comm::Deadline) override { return Status::Ok(); }
   Status Barrier(comm::Deadline) override { return Status::Ok(); }
+  // The gradient-reduction tests that use this fake run unsharded; the sharded trainer's
+  // collectives are tested over real Gloo groups.
+  Status ReduceScatterSum(const void*, void*, size_t, comm::DataType, comm::Deadline) override {
+    return FailedPrecondition("FakeCommunicator has no reduce-scatter");
+  }
+  Status AllGather(const void*, void*, size_t, comm::DataType, comm::Deadline) override {
+    return FailedPrecondition("FakeCommunicator has no all-gather");
+  }
   void Abort() override {
     std::lock_guard<std::mutex> lock(mu_);
     aborted_ = true;

@@ -112,6 +112,32 @@ TEST_F(GlooTest, BroadcastAllReduceAndBarrierAcrossThreeRanks) {
   });
 }
 
+TEST_F(GlooTest, ReduceScatterAndAllGatherAcrossThreeRanks) {
+  RunRanks("scatter-gather", 3, [](int rank, Communicator* c) {
+    // Reduce-scatter: rank r's input element i is (r + 1) * i + r; rank r receives elements
+    // [r * count, (r + 1) * count) summed over ranks: 6 * i + 3.
+    const size_t count = 1001;
+    std::vector<float> in(3 * count), out(count, -1.0f);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>((rank + 1) * i + rank);
+    const Status rs =
+        c->ReduceScatterSum(in.data(), out.data(), count, DataType::kFloat32, DeadlineAfter(20));
+    ASSERT_TRUE(rs.ok()) << rs;
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(out[i], static_cast<float>(6 * (rank * count + i) + 3)) << "rank " << rank;
+    }
+    // All-gather: slot r of every rank's output holds rank r's input.
+    std::vector<double> mine(5), all(15, -1.0);
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = 10.0 * rank + static_cast<double>(i);
+    const Status ag =
+        c->AllGather(mine.data(), all.data(), mine.size(), DataType::kFloat64, DeadlineAfter(20));
+    ASSERT_TRUE(ag.ok()) << ag;
+    for (int r = 0; r < 3; ++r) {
+      for (size_t i = 0; i < 5; ++i) EXPECT_EQ(all[r * 5 + i], 10.0 * r + static_cast<double>(i));
+    }
+    EXPECT_FALSE(c->aborted());
+  });
+}
+
 // Many groups in one process whose ranks start their first collectives at the same moment
 // (the data-parallel bench and in-process tests do this). libtorch 2.11's flight recorder adds
 // each new group to a map outside its lock there, which corrupted the map one run in ~20 (a

@@ -11,6 +11,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstdio>
+#include <cstring>
 #include <future>
 #include <map>
 #include <memory>
@@ -20,11 +22,15 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "comm/gloo_communicator.h"
+#include "common/file_util.h"
 #include "controller/sharding.h"
 #include "testing/tensor_compare.h"
 #include "testing/tiny_model.h"
 #include "trainer/policy_trainer.h"
+#include "trainer/trainer_state.h"
 
 namespace gyre::trainer {
 namespace {
@@ -64,6 +70,7 @@ struct RunSetup {
   bool overlap = true;
   int64_t micro_batch_size = 2;
   bool checkpointing = false;  // trainer.activation_checkpointing
+  Shard shard = Shard::kNone;   // trainer.shard
 };
 
 // Two steps (one policy-gradient with `minis` mini-batches, one SFT) on `ranks` ranks.
@@ -84,6 +91,7 @@ RunResult TrainRanks(const RunSetup& setup) {
       RunResult out;
       PolicyTrainer t(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0.01, 0.9, 0.999);
       t.SetActivationCheckpointing(setup.checkpointing);
+      EXPECT_TRUE(t.SetSharding(setup.shard).ok());
       std::unique_ptr<comm::Communicator> group;
       if (ranks > 1) {
         comm::GlooOptions o;
@@ -99,7 +107,7 @@ RunResult TrainRanks(const RunSetup& setup) {
         dp.bucket_bytes = setup.bucket_bytes;
         dp.timeout_s = 60;
         dp.overlap_grad_reduce = setup.overlap;
-        t.SetDataParallel(group.get(), dp);
+        EXPECT_TRUE(t.SetDataParallel(group.get(), dp).ok());
       }
       for (auto objective : {Objective::kPolicyGradient, Objective::kSft}) {
         const int m = objective == Objective::kSft ? 1 : setup.minis;
@@ -229,6 +237,14 @@ class BrokenLinkCommunicator final : public comm::Communicator {
   Status Broadcast(void* data, size_t bytes, int root, comm::Deadline deadline) override {
     return inner_->Broadcast(data, bytes, root, deadline);
   }
+  Status ReduceScatterSum(const void* in, void* out, size_t count, comm::DataType type,
+                          comm::Deadline deadline) override {
+    return inner_->ReduceScatterSum(in, out, count, type, deadline);
+  }
+  Status AllGather(const void* in, void* out, size_t count, comm::DataType type,
+                   comm::Deadline deadline) override {
+    return inner_->AllGather(in, out, count, type, deadline);
+  }
   Status Barrier(comm::Deadline deadline) override { return inner_->Barrier(deadline); }
   void Abort() override { inner_->Abort(); }
   Status AllReduceSum(void* data, size_t count, comm::DataType type,
@@ -283,7 +299,7 @@ TEST(DataParallelTrainerTest, CommunicatorFailureInOverlappedReduceFailsTheStep)
       dp.bucket_bytes = 4096;  // many buckets
       dp.timeout_s = kTimeoutS;
       dp.overlap_grad_reduce = true;
-      t.SetDataParallel(&group, dp);
+      EXPECT_TRUE(t.SetDataParallel(&group, dp).ok());
       std::vector<TrainSample> shard = Batch();
       shard.resize(5 + r);
       TrainOptions opts;
@@ -299,11 +315,11 @@ TEST(DataParallelTrainerTest, CommunicatorFailureInOverlappedReduceFailsTheStep)
       // Keep rank 1's Gloo member alive until rank 0 is done, so that rank 0 really waits for its
       // deadline rather than seeing the connection close.
       if (r == 0) {
-        t.SetDataParallel(nullptr, {});
+        EXPECT_TRUE(t.SetDataParallel(nullptr, {}).ok());
         rank0_done_promise.set_value();
       } else {
         rank0_done.wait();
-        t.SetDataParallel(nullptr, {});
+        EXPECT_TRUE(t.SetDataParallel(nullptr, {}).ok());
       }
       return m.status();
     }));
@@ -343,19 +359,39 @@ class LonelyCommunicator final : public comm::Communicator {
   Status AllReduceSum(void*, size_t, comm::DataType, comm::Deadline) override {
     return Status::Ok();
   }
+  Status ReduceScatterSum(const void* in, void* out, size_t count, comm::DataType type,
+                          comm::Deadline) override {
+    return OwnSlice(in, out, count, type);
+  }
+  Status AllGather(const void* in, void* out, size_t count, comm::DataType type,
+                   comm::Deadline) override {
+    std::memcpy(out, in, count * comm::DataTypeSize(type));  // rank 0's slice; the rest stale
+    return Status::Ok();
+  }
   Status Barrier(comm::Deadline) override { return Status::Ok(); }
   void Abort() override {}
+  // Reduce-scatter "completing" without the peer: rank 0's own slice of its input.
+  static Status OwnSlice(const void* in, void* out, size_t count, comm::DataType type) {
+    std::memcpy(out, in, count * comm::DataTypeSize(type));
+    return Status::Ok();
+  }
 };
 
 TEST(DataParallelTrainerTest, AStepWhoseCollectivesMissedARankIsNotApplied) {
-  for (bool overlap : {false, true}) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool overlap = variant % 2 == 1;
+    // Variants 2 and 3: sharded (ZeRO-1 overlapped, ZeRO-2), whose reduce-scatter also
+    // "completes" without the peer.
+    const Shard shard = variant < 2 ? Shard::kNone
+                                    : (variant == 2 ? Shard::kOptimizer : Shard::kGradients);
     PolicyTrainer t(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+    ASSERT_TRUE(t.SetSharding(shard).ok());
     LonelyCommunicator group;
     DataParallelOptions dp;
     dp.bucket_bytes = 4096;
     dp.timeout_s = 5;
     dp.overlap_grad_reduce = overlap;
-    t.SetDataParallel(&group, dp);
+    EXPECT_TRUE(t.SetDataParallel(&group, dp).ok());
     const auto before = Flat(t);
     TrainOptions opts;
     opts.micro_batch_size = 2;
@@ -366,8 +402,89 @@ TEST(DataParallelTrainerTest, AStepWhoseCollectivesMissedARankIsNotApplied) {
         << m.status();
     EXPECT_TRUE(at::equal(before, Flat(t)));
     EXPECT_EQ(t.version(), 0);
-    t.SetDataParallel(nullptr, {});
+    if (t.sharded() != nullptr) {
+      EXPECT_FALSE(t.sharded()->has_state());
+      EXPECT_EQ(t.sharded()->Get().exp_avg.abs().sum().item<float>(), 0.0f);
+    }
+    EXPECT_TRUE(t.SetDataParallel(nullptr, {}).ok());
   }
+}
+
+// trainer.shard: ZeRO-1 (optimizer) and ZeRO-2 (gradients) on 1, 2 and 4 ranks take the update
+// of one unsharded trainer, with one mini-batch and with three (the rollback snapshot then holds
+// the sharded state too).
+TEST(DataParallelTrainerTest, ShardedOptimizerOnOneTwoAndFourRanksMatchesUnsharded) {
+  for (int minis : {1, 3}) {
+    const RunResult plain = TrainRanks({1, minis});
+    for (Shard shard : {Shard::kOptimizer, Shard::kGradients}) {
+      for (int ranks : {1, 2, 4}) {
+        RunSetup setup{ranks, minis};
+        setup.bucket_bytes = 4096;
+        setup.shard = shard;
+        const RunResult sharded = TrainRanks(setup);
+        ASSERT_EQ(sharded.metrics.size(), plain.metrics.size());
+        // One rank: the same arithmetic on slices as torch::optim::AdamW on whole tensors.
+        const testing::Tolerance tol =
+            ranks == 1 ? testing::Tolerance{1e-7, 1e-9, 1e-7} : testing::Tolerance{1e-5, 1e-6, 1e-5};
+        EXPECT_TRUE(testing::AllClose(sharded.params, plain.params, tol))
+            << ShardName(shard) << " ranks " << ranks << " minis " << minis;
+        for (size_t s = 0; s < plain.metrics.size(); ++s) {
+          for (const char* k : {"loss", "grad_norm", "tokens"}) {
+            EXPECT_NEAR(sharded.metrics[s].at(k), plain.metrics[s].at(k),
+                        1e-4 * (1 + std::abs(plain.metrics[s].at(k))))
+                << k << " at step " << s << ", " << ShardName(shard) << " on " << ranks;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The sharded state per rank: the moments are a 1/N slice (ZeRO-1 and 2) and so are the
+// gradients held between steps (ZeRO-2), measured from the tensors the trainer holds.
+TEST(DataParallelTrainerTest, ShardedStatePerRankFallsAsOneOverN) {
+  int64_t total = 0;
+  for (const auto& [n, p] :
+       model::Transformer::Create(Spec(), 3, 0.1)->NamedParameters()) {
+    total += p.numel();
+  }
+  const double mib = 1 << 20;
+  for (Shard shard : {Shard::kNone, Shard::kOptimizer, Shard::kGradients}) {
+    for (int ranks : {1, 2, 4}) {
+      if (shard == Shard::kNone && ranks > 1) continue;
+      RunSetup setup{ranks, 1};
+      setup.shard = shard;
+      const RunResult r = TrainRanks(setup);
+      ASSERT_FALSE(r.metrics.empty());
+      const int64_t chunk = (total + ranks - 1) / ranks;
+      const double moments = r.metrics.back().at("optimizer_state_mib") * mib;
+      const double grads = r.metrics.back().at("gradient_mib") * mib;
+      // Rank 0 holds a full chunk.
+      EXPECT_NEAR(moments, 2.0 * 4 * (shard == Shard::kNone ? total : chunk), 0.5)
+          << ShardName(shard) << " on " << ranks;
+      const double expect_grads = shard == Shard::kGradients ? 4.0 * chunk
+                                  : shard == Shard::kOptimizer ? 4.0 * (total + chunk)
+                                                               : 4.0 * total;
+      EXPECT_NEAR(grads, expect_grads, 0.5) << ShardName(shard) << " on " << ranks;
+    }
+  }
+}
+
+// A sharded trainer's slice cannot move to another rank or group size: the error says to go
+// through a checkpoint.
+TEST(DataParallelTrainerTest, ShardedStateDoesNotSilentlyMoveToAnotherGroup) {
+  PolicyTrainer t(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+  ASSERT_TRUE(t.SetSharding(Shard::kOptimizer).ok());
+  TrainOptions opts;
+  ASSERT_TRUE(t.Step(Batch(), Objective::kPolicyGradient, 1e-2, opts).ok());
+  LonelyCommunicator group;  // rank 0 of 2
+  const Status moved = t.SetDataParallel(&group, {});
+  EXPECT_EQ(moved.code(), StatusCode::kFailedPrecondition) << moved;
+  EXPECT_NE(moved.message().find("checkpoint"), std::string::npos) << moved;
+  const Status changed = t.SetSharding(Shard::kGradients);
+  EXPECT_EQ(changed.code(), StatusCode::kFailedPrecondition) << changed;
+  EXPECT_EQ(t.sharding(), Shard::kOptimizer);
+  EXPECT_EQ(t.sharded()->layout().ranks, 1);
 }
 
 TEST(DataParallelTrainerTest, BadShardOnOneRankFailsEveryRankWithoutHanging) {
@@ -386,7 +503,7 @@ TEST(DataParallelTrainerTest, BadShardOnOneRankFailsEveryRankWithoutHanging) {
       DataParallelOptions dp;
       dp.bucket_bytes = 1 << 20;
       dp.timeout_s = 30;
-      t.SetDataParallel(group.get(), dp);
+      EXPECT_TRUE(t.SetDataParallel(group.get(), dp).ok());
       std::vector<TrainSample> shard = Batch();
       if (r == 1) shard[0].response.push_back(999);  // out of the vocabulary
       TrainOptions opts;
@@ -450,6 +567,24 @@ class LeavingCommunicator final : public comm::Communicator {
   }
   Status Barrier(comm::Deadline deadline) override {
     return left_ ? Status::Ok() : inner_->Barrier(deadline);
+  }
+  Status ReduceScatterSum(const void* in, void* out, size_t count, comm::DataType type,
+                          comm::Deadline deadline) override {
+    if (left_) {
+      const size_t bytes = count * comm::DataTypeSize(type);
+      std::memcpy(out, static_cast<const char*>(in) + bytes * inner_->rank(), bytes);
+      return Status::Ok();
+    }
+    return inner_->ReduceScatterSum(in, out, count, type, deadline);
+  }
+  Status AllGather(const void* in, void* out, size_t count, comm::DataType type,
+                   comm::Deadline deadline) override {
+    if (left_) {
+      const size_t bytes = count * comm::DataTypeSize(type);
+      std::memcpy(static_cast<char*>(out) + bytes * inner_->rank(), in, bytes);
+      return Status::Ok();
+    }
+    return inner_->AllGather(in, out, count, type, deadline);
   }
   void Abort() override { inner_->Abort(); }
   Status AllReduceSum(void* data, size_t count, comm::DataType type,
@@ -574,7 +709,7 @@ std::vector<TrainerState> RunPlan(const FaultSetup& setup, const std::vector<boo
           DataParallelOptions dp;
           dp.bucket_bytes = 4096;
           dp.timeout_s = 60;
-          t.SetDataParallel(group.get(), dp);
+          EXPECT_TRUE(t.SetDataParallel(group.get(), dp).ok());
         }
         std::vector<TrainSample> batch = Batch();
         // The last sample is in the last mini-batch. Its gradient's square overflows float32, so
@@ -625,7 +760,7 @@ std::vector<TrainerState> RunPlan(const FaultSetup& setup, const std::vector<boo
           ExpectSameState(StateOf(t), before, where);
         }
         barrier.Wait();  // every rank's group stays up until all ranks have finished the step
-        t.SetDataParallel(nullptr, {});
+        EXPECT_TRUE(t.SetDataParallel(nullptr, {}).ok());
       }
       return StateOf(t);
     }));
@@ -695,7 +830,7 @@ TEST(DataParallelTrainerTest, AMissingRankIsNoticedInAMiniBatchWithNothingToTrai
       DataParallelOptions dp;
       dp.bucket_bytes = 4096;
       dp.timeout_s = 60;
-      t.SetDataParallel(&group, dp);
+      EXPECT_TRUE(t.SetDataParallel(&group, dp).ok());
       const std::vector<TrainSample> batch = Batch();
       std::vector<TrainSample> shard(batch.begin() + 5 * r, batch.begin() + 5 * r + 6);
       if (r == 0) {
@@ -711,10 +846,139 @@ TEST(DataParallelTrainerTest, AMissingRankIsNoticedInAMiniBatchWithNothingToTrai
           << where << ": " << m.status();
       ExpectSameState(StateOf(t), before, where);
       barrier.Wait();
-      t.SetDataParallel(nullptr, {});
+      EXPECT_TRUE(t.SetDataParallel(nullptr, {}).ok());
     }));
   }
   for (auto& f : futures) f.get();
+}
+
+}  // namespace
+}  // namespace gyre::trainer
+
+namespace gyre::trainer {
+namespace {
+
+// One phase of a resharding run: `ranks` trainers (sharded as `shard`) load `load_dir` (unless
+// empty), take one policy-gradient step of Batch() with mini-batches `minis` on their shards,
+// and save into `save_dir` (unless empty), every rank writing its part. Returns rank 0's
+// weights (every rank's are checked equal).
+at::Tensor ReshardPhase(int ranks, Shard shard, const std::string& load_dir,
+                        const std::string& save_dir, int minis) {
+  std::unique_ptr<comm::StoreServer> store;
+  if (ranks > 1) {
+    auto s = comm::StoreServer::Start("127.0.0.1");
+    EXPECT_TRUE(s.ok()) << s.status().message();
+    store = std::move(*s);
+  }
+  const std::vector<TrainSample> batch = Batch();
+  std::vector<int64_t> tokens;
+  for (const auto& s : batch) tokens.push_back(s.prompt.size() + s.response.size());
+  static std::atomic<int> groups{0};
+  const std::string group_name = "reshard-" + std::to_string(++groups);
+  std::vector<std::future<at::Tensor>> futures;
+  for (int r = 0; r < ranks; ++r) {
+    futures.push_back(std::async(std::launch::async, [&, r]() -> at::Tensor {
+      PolicyTrainer t(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0.01, 0.9, 0.999);
+      EXPECT_TRUE(t.SetSharding(shard).ok());
+      std::unique_ptr<comm::Communicator> group;
+      if (ranks > 1) {
+        comm::GlooOptions o;
+        o.store_address = store->address();
+        o.group = group_name;
+        o.rank = r;
+        o.size = ranks;
+        auto g = comm::CreateGlooCommunicator(o);
+        EXPECT_TRUE(g.ok()) << g.status().message();
+        if (!g.ok()) return at::Tensor();
+        group = std::move(*g);
+        DataParallelOptions dp;
+        dp.bucket_bytes = 4096;
+        dp.timeout_s = 60;
+        EXPECT_TRUE(t.SetDataParallel(group.get(), dp).ok());
+      }
+      if (!load_dir.empty()) {
+        const Status loaded = LoadTrainerState(load_dir, &t);
+        EXPECT_TRUE(loaded.ok()) << loaded;
+      }
+      TrainOptions opts;
+      opts.micro_batch_size = 2;
+      opts.grad_clip = 0.5;
+      opts.mini_batches = minis;
+      std::vector<TrainSample> shard_batch = batch;
+      if (ranks > 1) {
+        const auto shards = controller::ShardBatch(tokens, ranks, minis);
+        shard_batch.clear();
+        for (size_t i : shards.samples[r]) shard_batch.push_back(batch[i]);
+        opts.mini_batch_sizes.assign(shards.mini_batch_sizes[r].begin(),
+                                     shards.mini_batch_sizes[r].end());
+      }
+      auto m = t.Step(shard_batch, Objective::kPolicyGradient, 1e-2, opts);
+      EXPECT_TRUE(m.ok()) << m.status().message();
+      if (!save_dir.empty()) {
+        const Status saved = SaveTrainerState(save_dir, t, "");
+        EXPECT_TRUE(saved.ok()) << saved;
+      }
+      return Flat(t);
+    }));
+  }
+  std::vector<at::Tensor> params;
+  for (auto& f : futures) params.push_back(f.get());
+  for (int r = 1; r < ranks; ++r) EXPECT_TRUE(at::equal(params[r], params[0]));
+  return params[0];
+}
+
+// Checkpoints of sharded optimizer state resume onto another number of ranks and another
+// sharding (or none), and an unsharded checkpoint onto a sharded group: the resumed step makes
+// the update an uninterrupted single trainer makes.
+TEST(DataParallelTrainerTest, ShardedCheckpointsResumeOntoADifferentNumberOfRanks) {
+  const std::string root = TempDirectory() + "/gyre_reshard_" + std::to_string(::getpid());
+  ASSERT_TRUE(RemoveTree(root).ok());
+  // The uninterrupted run: two steps (the second with three mini-batches, so it reads the
+  // moments of the first and updates them three times).
+  const std::string plain_dir = root + "/plain";
+  ReshardPhase(1, Shard::kNone, "", plain_dir, 1);
+  const at::Tensor want = ReshardPhase(1, Shard::kNone, plain_dir, "", 3);
+  struct Case {
+    int save_ranks;
+    Shard save_shard;
+    int load_ranks;
+    Shard load_shard;
+  };
+  const std::vector<Case> cases = {
+      {2, Shard::kGradients, 4, Shard::kOptimizer},
+      {4, Shard::kOptimizer, 1, Shard::kNone},
+      {1, Shard::kNone, 2, Shard::kGradients},
+      {3, Shard::kGradients, 2, Shard::kGradients},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    const std::string dir = root + "/case" + std::to_string(++n);
+    ReshardPhase(c.save_ranks, c.save_shard, "", dir, 1);
+    // A sharded save wrote one slice file per rank.
+    for (int r = 0; r < c.save_ranks && c.save_shard != Shard::kNone; ++r) {
+      char name[64];
+      std::snprintf(name, sizeof(name), "/optimizer-rank-%05d-of-%05d.safetensors", r,
+                    c.save_ranks);
+      EXPECT_TRUE(PathExists(dir + name)) << dir + name;
+    }
+    EXPECT_EQ(PathExists(dir + "/optimizer.safetensors"), c.save_shard == Shard::kNone);
+    const at::Tensor got = ReshardPhase(c.load_ranks, c.load_shard, dir, "", 3);
+    EXPECT_TRUE(testing::AllClose(got, want, {1e-5, 1e-6, 1e-5}))
+        << c.save_ranks << " ranks " << ShardName(c.save_shard) << " -> " << c.load_ranks
+        << " ranks " << ShardName(c.load_shard);
+  }
+  // A missing slice file fails the load with its name, on the rank that needs it.
+  const std::string broken = root + "/case1";
+  ASSERT_TRUE(RemoveTree(broken + "/optimizer-rank-00001-of-00002.safetensors").ok());
+  PolicyTrainer t(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0.01, 0.9, 0.999);
+  ASSERT_TRUE(t.SetSharding(Shard::kOptimizer).ok());
+  const at::Tensor before = Flat(t);
+  const Status s = LoadTrainerState(broken, &t);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("optimizer-rank-00001-of-00002"), std::string::npos) << s;
+  EXPECT_TRUE(at::equal(before, Flat(t)));  // nothing changed
+  EXPECT_EQ(t.version(), 0);
+  ASSERT_TRUE(RemoveTree(root).ok());
 }
 
 }  // namespace
