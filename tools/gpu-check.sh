@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU host's check, as one script: configure and build Gyre against the host's CUDA-enabled
 # PyTorch (torch.utils.cmake_prefix_path) and the staged Debian packages, run the GPU tests
-# (ctest label gpu), `gyre bench kernels`, the CUDA IPC row of `gyre bench weight-sync`, the
+# (ctest label gpu; among them the sharded optimizer over a one-rank NCCL group,
+# sharded_gpu_test, and NCCL's reduce-scatter and all-gather), `gyre bench kernels`, the CUDA IPC row of `gyre bench weight-sync`, the
 # rollout engine against HF generate (tools/gpu-rollout-vs-hf.sh), model.dtype parity with
 # transformers (tools/gpu-dtype-parity.py), the quickstart in float32 and bfloat16, and the
 # SmolLM2 job when its model is present, and copy logs and JSON to $OUT (or ./gpu-out).

@@ -103,7 +103,8 @@ void ShardedAdamW::BeginStep() {
 
 Status ShardedAdamW::ReduceGradients(comm::Communicator* comm, double timeout_s) {
   at::NoGradGuard no_grad;
-  const bool group = comm != nullptr && comm->size() > 1;
+  // A group of one still runs its collectives: a single GPU trainer exercises the NCCL path.
+  const bool group = comm != nullptr;
   if (mode_ == Shard::kOptimizer) {
     grad_.zero_();
     ForEachSegment([&](size_t i, int64_t poff, int64_t soff, int64_t len) {
@@ -166,7 +167,7 @@ void ShardedAdamW::Update(double lr) {
 }
 
 Status ShardedAdamW::GatherWeights(comm::Communicator* comm, double timeout_s) {
-  if (comm == nullptr || comm->size() == 1) return Status::Ok();  // updated in place
+  if (comm == nullptr) return Status::Ok();  // one process: updated in place
   at::NoGradGuard no_grad;
   at::Tensor mine = CommBuffer(layout_.chunk, comm).zero_();
   ForEachSegment([&](size_t i, int64_t poff, int64_t soff, int64_t len) {

@@ -5,6 +5,7 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
+#include "comm/nccl_communicator.h"
 #include "comm/weight_broadcast.h"
 #include "comm/weight_sync.h"
 #include "common/check.h"
@@ -82,6 +83,40 @@ grpc::Status TrainerService::HostGroupStore(grpc::ServerContext* ctx,
   });
 }
 
+StatusOr<std::unique_ptr<comm::Communicator>> TrainerService::FormGroup(
+    const v1::JoinGroupRequest& req, double timeout_s) {
+  // Trainers on GPUs form an NCCL group: the sharded optimizer's reduce-scatter and all-gather
+  // then run on device memory (the gradient all-reduce buckets are host memory, staged). Rank 0
+  // makes the NCCL id and hands it over through the group's store. On the CPU, or in a build
+  // without NCCL, the group is Gloo.
+  const at::Device device = trainer_.model().device();
+  if (device.is_cuda() && comm::NcclCompiled()) {
+    const std::string key = req.group() + "/nccl_id";
+    std::string id;
+    if (req.rank() == 0) {
+      GYRE_ASSIGN_OR_RETURN(id, comm::NewNcclUniqueId());
+      GYRE_RETURN_IF_ERROR(comm::StoreSet(req.store_address(), key, id, timeout_s));
+    } else {
+      GYRE_ASSIGN_OR_RETURN(id, comm::StoreGet(req.store_address(), key, timeout_s));
+    }
+    comm::NcclOptions opts;
+    opts.unique_id = id;
+    opts.rank = req.rank();
+    opts.size = req.size();
+    opts.device = device.index() < 0 ? 0 : device.index();
+    opts.connect_timeout_s = timeout_s;
+    return comm::CreateNcclCommunicator(opts);
+  }
+  comm::GlooOptions opts;
+  opts.store_address = req.store_address();
+  opts.group = req.group();
+  opts.rank = req.rank();
+  opts.size = req.size();
+  opts.bind_host = config_.cluster.bind_host;
+  opts.connect_timeout_s = timeout_s;
+  return comm::CreateGlooCommunicator(opts);
+}
+
 grpc::Status TrainerService::JoinGroup(grpc::ServerContext* ctx, const v1::JoinGroupRequest* req,
                                        v1::JoinGroupResponse* resp) {
   return rpc::Guarded("JoinGroup", [&]() -> grpc::Status {
@@ -90,15 +125,9 @@ grpc::Status TrainerService::JoinGroup(grpc::ServerContext* ctx, const v1::JoinG
                           "JoinGroup: rank " + std::to_string(req->rank()) + " of size " +
                               std::to_string(req->size()) + " is not a valid rank");
     }
-    comm::GlooOptions opts;
-    opts.store_address = req->store_address();
-    opts.group = req->group();
-    opts.rank = req->rank();
-    opts.size = req->size();
-    opts.bind_host = config_.cluster.bind_host;
-    opts.connect_timeout_s = req->timeout_s() > 0 ? req->timeout_s() : 60;
+    const double timeout_s = req->timeout_s() > 0 ? req->timeout_s() : 60;
     // Forming the group blocks until every rank joined: not under mu_.
-    auto group = comm::CreateGlooCommunicator(opts);
+    auto group = FormGroup(*req, timeout_s);
     if (!group.ok()) return rpc::ToGrpc(group.status().WithContext("join data-parallel group"));
     std::lock_guard<std::mutex> lock(mu_);
     if (Status s = trainer_.SetDataParallel(nullptr, {}); !s.ok()) {
@@ -112,8 +141,9 @@ grpc::Status TrainerService::JoinGroup(grpc::ServerContext* ctx, const v1::JoinG
     if (Status s = trainer_.SetDataParallel(group_.get(), dp); !s.ok()) {
       return rpc::ToGrpc(s.WithContext("join data-parallel group"));
     }
-    GYRE_LOG_INFO("joined data-parallel group {} as rank {} of {}", req->group(), req->rank(),
-                  req->size());
+    GYRE_LOG_INFO("joined data-parallel group {} as rank {} of {} ({}, trainer.shard: {})",
+                  req->group(), req->rank(), req->size(), group_->backend(),
+                  ShardName(trainer_.sharding()));
     return grpc::Status::OK;
   });
 }

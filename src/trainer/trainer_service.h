@@ -60,6 +60,11 @@ class TrainerService final : public v1::Trainer::Service {
  private:
   // nccl and cuda_ipc: the current version into the sender's staging buffer (under mu_).
   Status FlattenToDevice(double timeout, comm::DevicePayload* payload);
+  // JoinGroup's group: NCCL for a model on a GPU (in a build with NCCL), Gloo otherwise. Blocks
+  // until every rank joined or `timeout_s` passed; reads only the model's device (fixed), so it
+  // runs without mu_.
+  StatusOr<std::unique_ptr<comm::Communicator>> FormGroup(const v1::JoinGroupRequest& req,
+                                                          double timeout_s);
 
   JobConfig config_;
   at::ScalarType dtype_ = at::kFloat;  // model.dtype: compute and published weights

@@ -76,6 +76,48 @@ TEST(NcclTest, OneRankCollectivesAbortAndDeadline) {
   cudaFree(dev);
 }
 
+TEST(NcclTest, OneRankReduceScatterAndAllGatherOnDeviceAndHostMemory) {
+  GYRE_REQUIRE_GPU();
+  auto id = NewNcclUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  NcclOptions o;
+  o.unique_id = *id;
+  auto c = CreateNcclCommunicator(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const size_t n = 1000;
+  std::vector<float> host(n);
+  for (size_t i = 0; i < n; ++i) host[i] = 0.5f * static_cast<float>(i);
+  float* in = nullptr;
+  float* out = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&in), n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&out), n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(in, host.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(out, 0, n * 4), cudaSuccess);
+  // One rank: the reduce-scatter and the all-gather both copy the input.
+  Status s = (*c)->ReduceScatterSum(in, out, n, DataType::kFloat32, DeadlineAfter(30));
+  ASSERT_TRUE(s.ok()) << s;
+  std::vector<float> back(n);
+  ASSERT_EQ(cudaMemcpy(back.data(), out, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, host);
+  ASSERT_EQ(cudaMemset(out, 0, n * 4), cudaSuccess);
+  s = (*c)->AllGather(in, out, n, DataType::kFloat32, DeadlineAfter(30));
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(cudaMemcpy(back.data(), out, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, host);
+  // Host memory is staged through the device.
+  std::vector<float> host_out(n, -1.0f);
+  s = (*c)->ReduceScatterSum(host.data(), host_out.data(), n, DataType::kFloat32,
+                             DeadlineAfter(30));
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(host_out, host);
+  std::fill(host_out.begin(), host_out.end(), -1.0f);
+  s = (*c)->AllGather(host.data(), host_out.data(), n, DataType::kFloat32, DeadlineAfter(30));
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(host_out, host);
+  cudaFree(in);
+  cudaFree(out);
+}
+
 // Child half of the IPC test: runs only when the parent test starts this binary with
 // GYRE_IPC_HANDLE_FILE set. Maps the parent's buffer, copies it (timed), checks the bytes.
 TEST(CudaIpcTest, ChildMapsAndCopies) {
