@@ -197,11 +197,11 @@ struct TrainerSection {
   // What the first GRPO step starts from after a warm-up: "keep" the warm-up's AdamW moments and
   // step counts, or "reset" them (a fresh optimizer, as a separate SFT run then RL run would).
   std::string warmup_optimizer_state = "keep";
-  int checkpoint_every = 0;               // GRPO steps between resumable checkpoints; 0 = none
-  int checkpoint_keep_last = 3;           // resumable checkpoints kept on disk
-  int torch_threads = 1;                  // intra-op threads per worker process; 0 = auto
-  int grad_bucket_mb = 32;                // data parallel: gradient all-reduce bucket size
-  bool overlap_grad_reduce = true;        // data parallel: all-reduce buckets during backward
+  int checkpoint_every = 0;         // GRPO steps between resumable checkpoints; 0 = none
+  int checkpoint_keep_last = 3;     // resumable checkpoints kept on disk
+  int torch_threads = 1;            // intra-op threads per worker process; 0 = auto
+  int grad_bucket_mb = 32;          // data parallel: gradient all-reduce bucket size
+  bool overlap_grad_reduce = true;  // data parallel: all-reduce buckets during backward
   // Data parallel: which state each rank keeps only its slice of: "none", "optimizer" (ZeRO-1:
   // the AdamW moments) or "gradients" (ZeRO-2: moments and gradients, reduce-scattered).
   std::string shard = "none";

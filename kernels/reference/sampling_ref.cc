@@ -76,15 +76,21 @@ RowResult SampleRow(const float* logits, int64_t vocab, const SamplingRowParams&
   }
 
   const float temperature = params.temperature;
-  const double exp_sum = ExpSum(logits, vocab, max_logit, temperature);
   std::vector<float>& p = *probs;
   std::vector<uint8_t>& kept = *keep;
   p.resize(vocab);
   kept.resize(vocab);
+  // One exponential per logit: p holds expf(d_i) first (summed in double, ascending id order,
+  // exactly as ExpSum), then the probabilities. The decode loop's largest CPU cost after the
+  // forward on a large vocabulary, so the exponentials are not computed twice.
+  double exp_sum = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    p[i] = std::exp(ShiftedLogit(logits[i], max_logit, temperature));
+    exp_sum += static_cast<double>(p[i]);
+  }
   float p_max = 0.0f;
   for (int64_t i = 0; i < vocab; ++i) {
-    const double e = std::exp(ShiftedLogit(logits[i], max_logit, temperature));
-    p[i] = static_cast<float>(e / exp_sum);
+    p[i] = static_cast<float>(static_cast<double>(p[i]) / exp_sum);
     kept[i] = p[i] > 0.0f;
     p_max = std::max(p_max, p[i]);
   }

@@ -106,8 +106,8 @@ at::Tensor Flat(const trainer::PolicyTrainer& t) {
 }
 
 struct RankRun {
-  std::vector<double> step_s;  // timed steps
-  at::Tensor weights;          // at the end (trainer modes)
+  std::vector<double> step_s;          // timed steps
+  at::Tensor weights;                  // at the end (trainer modes)
   double state_mib = 0, grad_mib = 0;  // held after the last step (trainer modes)
 };
 
@@ -278,8 +278,8 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
     }
     same_weights = same_weights && at::equal(weights[1], weights[2]);
     for (size_t k = 3; k < modes.size(); ++k) {
-      weight_diff[k] = std::max(weight_diff[k],
-                                (weights[k] - weights[2]).abs().max().item<double>());
+      weight_diff[k] =
+          std::max(weight_diff[k], (weights[k] - weights[2]).abs().max().item<double>());
     }
   }
   int64_t params = 0, buckets = 0;

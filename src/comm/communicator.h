@@ -1,8 +1,8 @@
 #pragma once
 // Communicator: a fixed group of `size` processes, each with a rank, that run collectives
-// together (broadcast, sum all-reduce, sum reduce-scatter, all-gather, barrier). Implementations: Gloo over TCP on CPU memory
-// (gloo_communicator.h) and NCCL on GPU memory (nccl_communicator.h). The weight plane
-// (weight_broadcast.h) and the data-parallel trainer (trainer/policy_trainer.h,
+// together (broadcast, sum all-reduce, sum reduce-scatter, all-gather, barrier). Implementations:
+// Gloo over TCP on CPU memory (gloo_communicator.h) and NCCL on GPU memory (nccl_communicator.h).
+// The weight plane (weight_broadcast.h) and the data-parallel trainer (trainer/policy_trainer.h,
 // trainer/grad_reducer.h) use this interface only.
 //
 // Every call takes an absolute deadline. A call that cannot finish by then fails with

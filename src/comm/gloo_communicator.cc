@@ -171,8 +171,8 @@ class GlooCommunicator final : public Communicator {
     if (count == 0) return Status::Ok();
     return Run("reduce-scatter", deadline, [&](std::chrono::milliseconds timeout) {
       const auto opts = at::TensorOptions(ToScalarType(type));
-      at::Tensor in = at::from_blob(const_cast<void*>(input),
-                                    {static_cast<int64_t>(count) * size_}, opts);
+      at::Tensor in =
+          at::from_blob(const_cast<void*>(input), {static_cast<int64_t>(count) * size_}, opts);
       at::Tensor out = at::from_blob(output, {static_cast<int64_t>(count)}, opts);
       c10d::ReduceScatterOptions o;
       o.reduceOp = c10d::ReduceOp::SUM;

@@ -129,9 +129,8 @@ class NcclCommunicator final : public Communicator {
                              return ncclReduceScatter(in, out, count, t, ncclSum, comm_, stream_);
                            });
     }
-    return Run("reduce-scatter", deadline, [&] {
-      return ncclReduceScatter(input, output, count, t, ncclSum, comm_, stream_);
-    });
+    return Run("reduce-scatter", deadline,
+               [&] { return ncclReduceScatter(input, output, count, t, ncclSum, comm_, stream_); });
   }
 
   Status AllGather(const void* input, void* output, size_t count, DataType type,
@@ -146,8 +145,8 @@ class NcclCommunicator final : public Communicator {
                              return ncclAllGather(in, out, count, t, comm_, stream_);
                            });
     }
-    return Run("all-gather",
-               deadline, [&] { return ncclAllGather(input, output, count, t, comm_, stream_); });
+    return Run("all-gather", deadline,
+               [&] { return ncclAllGather(input, output, count, t, comm_, stream_); });
   }
 
   // NCCL has no barrier: a one-element all-reduce on a scratch buffer serves as one.
@@ -283,11 +282,11 @@ class NcclCommunicator final : public Communicator {
                        void* output, size_t out_bytes, EnqueueFn enqueue) {
     std::vector<char> joined(in_bytes + out_bytes);
     std::memcpy(joined.data(), input, in_bytes);
-    GYRE_RETURN_IF_ERROR(RunStaged(what, deadline, joined.data(), joined.size(), true,
-                                   [&](void* dev) {
-                                     char* base = static_cast<char*>(dev);
-                                     return enqueue(base, base + in_bytes);
-                                   }));
+    GYRE_RETURN_IF_ERROR(
+        RunStaged(what, deadline, joined.data(), joined.size(), true, [&](void* dev) {
+          char* base = static_cast<char*>(dev);
+          return enqueue(base, base + in_bytes);
+        }));
     std::memcpy(output, joined.data() + in_bytes, out_bytes);
     return Status::Ok();
   }

@@ -1,6 +1,7 @@
 #include "ops/ops.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <cstring>
 #include <string>
@@ -205,8 +206,15 @@ StatusOr<SampleOutput> SampleRows(const at::Tensor& logits,
   out.tokens.resize(B);
   out.logprobs.resize(B);
   out.kept_mass.resize(B);
-  kernels::SampleRowsRef(l.data_ptr<float>(), B, V, params.data(), out.tokens.data(),
-                         out.logprobs.data(), out.kept_mass.data());
+  // Rows are independent: split them over the intra-op threads (each row's result is the same
+  // whichever thread draws it).
+  const float* base = l.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(V, 1));
+  at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
+    kernels::SampleRowsRef(base + begin * V, end - begin, V, params.data() + begin,
+                           out.tokens.data() + begin, out.logprobs.data() + begin,
+                           out.kept_mass.data() + begin);
+  });
   return out;
 }
 

@@ -42,8 +42,8 @@ PolicyTrainer::PolicyTrainer(std::unique_ptr<model::Transformer> model, double l
 
 Status PolicyTrainer::SetSharding(Shard mode) {
   if (mode == sharding()) return Status::Ok();
-  const bool has_state = sharded_ != nullptr ? sharded_->has_state()
-                                             : !optimizer_->adamw->state().empty();
+  const bool has_state =
+      sharded_ != nullptr ? sharded_->has_state() : !optimizer_->adamw->state().empty();
   if (has_state) {
     return FailedPrecondition(std::string("trainer.shard cannot change to '") + ShardName(mode) +
                               "' once the optimizer has state");
@@ -55,8 +55,8 @@ Status PolicyTrainer::SetSharding(Shard mode) {
         return FailedPrecondition("trainer.shard needs contiguous float32 weights");
       }
     }
-    sharded_ = std::make_unique<ShardedAdamW>(optimizer_->params, mode, hyper_, dp_rank(),
-                                              dp_size());
+    sharded_ =
+        std::make_unique<ShardedAdamW>(optimizer_->params, mode, hyper_, dp_rank(), dp_size());
   }
   // ZeRO-2 reduce-scatters instead of all-reducing: rebuild the reducer for the new mode.
   if (dp_ != nullptr) {
@@ -710,8 +710,8 @@ Status PolicyTrainer::SetDataParallel(comm::Communicator* comm,
           " of " + std::to_string(ranks) +
           ": save a checkpoint and load it into the new group (loading reshards it)");
     }
-    sharded_ = std::make_unique<ShardedAdamW>(optimizer_->params, sharded_->mode(), hyper_, rank,
-                                              ranks);
+    sharded_ =
+        std::make_unique<ShardedAdamW>(optimizer_->params, sharded_->mode(), hyper_, rank, ranks);
   }
   reducer_.reset();  // removes its hooks before a new reducer installs its own
   dp_ = comm;
@@ -1068,8 +1068,8 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     // sums[5] counts the ranks that took part. Gloo can complete a collective without a peer
     // that closed its connections (docs/weight-sync.md); a short count means the summed
     // gradients above lack that rank's part, so the update must not be applied.
-    double sums[16] = {loss_sum, clip_sum,   kl_sum,          entropy_sum, correct, 1.0,
-                       mm[0],    mm[1],      mm[2],           mm[3],       mm[4],   mm[5],
+    double sums[16] = {loss_sum,   clip_sum,        kl_sum,     entropy_sum, correct, 1.0,
+                       mm[0],      mm[1],           mm[2],      mm[3],       mm[4],   mm[5],
                        weight_sum, corr_masked_sum, ref_kl_sum, shard_sq};
     if (Status s = AllReduce(sums, 16); !s.ok()) {
       DropGradients();

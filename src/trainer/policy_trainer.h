@@ -29,7 +29,9 @@
 // (three tensors per parameter, kept between steps on the parameter's device) and restores the
 // copy on any failure of any mini-batch. Every rank sees a failure in the same mini-batch (a
 // short rank count, a failed collective, or a non-finite norm of the same summed gradient), so
-// every rank rolls back (docs/distributed.md).
+// every rank rolls back (docs/distributed.md). One exception: with trainer.shard, a failure of the
+// all-gather that follows the update leaves this rank's slice updated and the rest not; the
+// group is aborted by then and the error says to resume from the last checkpoint.
 //
 // Not thread-safe: one caller at a time (the trainer service serialises calls). With overlapped
 // gradient reduction the trainer owns one extra thread, which uses the communicator only inside

@@ -174,11 +174,11 @@ Status ShardedAdamW::GatherWeights(comm::Communicator* comm, double timeout_s) {
     mine.narrow(0, soff, len).copy_(params_[i].detach().view({-1}).narrow(0, poff, len));
   });
   at::Tensor all = CommBuffer(layout_.chunk * layout_.ranks, comm);
-  GYRE_RETURN_IF_ERROR(comm->AllGather(mine.data_ptr<float>(), all.data_ptr<float>(),
-                                       static_cast<size_t>(layout_.chunk),
-                                       comm::DataType::kFloat32, comm::DeadlineAfter(timeout_s))
-                           .WithContext("all-gather of " + std::to_string(layout_.total) +
-                                        " updated weights"));
+  GYRE_RETURN_IF_ERROR(
+      comm->AllGather(mine.data_ptr<float>(), all.data_ptr<float>(),
+                      static_cast<size_t>(layout_.chunk), comm::DataType::kFloat32,
+                      comm::DeadlineAfter(timeout_s))
+          .WithContext("all-gather of " + std::to_string(layout_.total) + " updated weights"));
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i];
     p.detach().view({-1}).copy_(all.narrow(0, offsets_[i], p.numel()));
@@ -220,8 +220,8 @@ Status ShardedAdamW::Set(const State& state) {
         t->size(0) != layout_.size()) {
       return InvalidArgument("sharded optimizer moments must be float32 vectors of " +
                              std::to_string(layout_.size()) + " elements (rank " +
-                             std::to_string(layout_.rank) + " of " +
-                             std::to_string(layout_.ranks) + ")");
+                             std::to_string(layout_.rank) + " of " + std::to_string(layout_.ranks) +
+                             ")");
     }
   }
   at::NoGradGuard no_grad;

@@ -107,9 +107,11 @@ std::string ShardFileName(int rank, int ranks) {
 // The moments of the flat parameter elements [begin, end) (sharded_adamw.h's flat order), from
 // either format: `shards` > 0 ranks' slice files of a sharded state, or (shards == 0) the
 // per-parameter optimizer.safetensors. A parameter whose step is 0 has zero moments.
-StatusOr<std::pair<at::Tensor, at::Tensor>> ReadMomentRange(
-    const std::string& dir, const model::NamedTensors& params, const std::vector<int64_t>& steps,
-    int shards, int64_t begin, int64_t end) {
+StatusOr<std::pair<at::Tensor, at::Tensor>> ReadMomentRange(const std::string& dir,
+                                                            const model::NamedTensors& params,
+                                                            const std::vector<int64_t>& steps,
+                                                            int shards, int64_t begin,
+                                                            int64_t end) {
   at::Tensor m = at::zeros({end - begin}, at::kFloat);
   at::Tensor v = at::zeros({end - begin}, at::kFloat);
   int64_t total = 0;
@@ -198,9 +200,9 @@ Status SaveTrainerState(const std::string& dir, const PolicyTrainer& trainer,
   if (sharded != nullptr) {
     const ShardedAdamW::State st = sharded->Get();
     const ShardLayout& l = sharded->layout();
-    GYRE_RETURN_IF_ERROR(model::SaveSafetensors(
-        dir + "/" + ShardFileName(l.rank, l.ranks),
-        {{"exp_avg", st.exp_avg}, {"exp_avg_sq", st.exp_avg_sq}}));
+    GYRE_RETURN_IF_ERROR(
+        model::SaveSafetensors(dir + "/" + ShardFileName(l.rank, l.ranks),
+                               {{"exp_avg", st.exp_avg}, {"exp_avg_sq", st.exp_avg_sq}}));
     if (l.rank != 0) return SyncDirectory(dir);
     for (size_t i = 0; i < params.size(); ++i) {
       const auto& [name, p] = params[i];
@@ -276,8 +278,9 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
     const auto& o = state["optimizer_shards"];
     if (!o.is_object() || !o["ranks"].is_number_integer() || o["ranks"].get<int64_t>() < 1 ||
         o["ranks"].get<int64_t>() > 65536 || !o["elements"].is_number_integer()) {
-      return bad("format_version 2 needs \"optimizer_shards\": {\"ranks\": N >= 1, "
-                 "\"elements\": E}");
+      return bad(
+          "format_version 2 needs \"optimizer_shards\": {\"ranks\": N >= 1, "
+          "\"elements\": E}");
     }
     shards = o["ranks"].get<int>();
     int64_t total = 0;
@@ -370,9 +373,9 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
   std::vector<PolicyTrainer::ParamState> opt;
   ShardedAdamW::State sharded_state;
   if (sharded != nullptr) {
-    GYRE_ASSIGN_OR_RETURN(auto range, ReadMomentRange(dir, params, steps, shards,
-                                                      sharded->layout().begin,
-                                                      sharded->layout().end));
+    GYRE_ASSIGN_OR_RETURN(auto range,
+                          ReadMomentRange(dir, params, steps, shards, sharded->layout().begin,
+                                          sharded->layout().end));
     sharded_state.steps = steps;
     sharded_state.exp_avg = std::move(range.first);
     sharded_state.exp_avg_sq = std::move(range.second);

@@ -16,8 +16,8 @@
 //
 // With these, a trainer built from the same job config continues bit for bit as the one that
 // wrote them. Either layout loads into a sharded or an unsharded trainer, on any number of ranks:
-// each rank reads the part of the moments its layout owns (resharding). Not thread-safe: the caller serialises access to the trainer (TrainerService's
-// mutex).
+// each rank reads the part of the moments its layout owns (resharding). Not thread-safe: the caller
+// serialises access to the trainer (TrainerService's mutex).
 
 #include <string>
 

@@ -90,10 +90,10 @@ void ExpectSameModel(const std::vector<double>& got, const std::vector<double>& 
 // 2 slices to 3 and the job ends with the single unsharded trainer's model.
 TEST(DataParallelTest, ShardedJobResumesOntoThreeTrainersAndMatchesOne) {
   const std::string dir = MakeTempDir("dp-shard");
-  auto a = GyreProcess::Start(With(Job(dir, 2), {"--set", "trainer.shard=gradients", "--set",
-                                                 "trainer.steps=1", "--set",
-                                                 "trainer.checkpoint_every=1"}),
-                              dir);
+  auto a = GyreProcess::Start(
+      With(Job(dir, 2), {"--set", "trainer.shard=gradients", "--set", "trainer.steps=1", "--set",
+                         "trainer.checkpoint_every=1"}),
+      dir);
   ASSERT_TRUE(a.Wait(240)) << a.Output();
   ASSERT_EQ(WEXITSTATUS(a.wait_status), 0) << a.Output();
   const std::string ckpt = dir + "/t/checkpoints/step-000001/trainer";

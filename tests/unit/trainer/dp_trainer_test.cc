@@ -5,13 +5,14 @@
 // in any mini-batch, changes nothing on any rank.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <map>
@@ -21,8 +22,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <unistd.h>
 
 #include "comm/gloo_communicator.h"
 #include "common/file_util.h"
@@ -70,7 +69,7 @@ struct RunSetup {
   bool overlap = true;
   int64_t micro_batch_size = 2;
   bool checkpointing = false;  // trainer.activation_checkpointing
-  Shard shard = Shard::kNone;   // trainer.shard
+  Shard shard = Shard::kNone;  // trainer.shard
 };
 
 // Two steps (one policy-gradient with `minis` mini-batches, one SFT) on `ranks` ranks.
@@ -382,8 +381,8 @@ TEST(DataParallelTrainerTest, AStepWhoseCollectivesMissedARankIsNotApplied) {
     const bool overlap = variant % 2 == 1;
     // Variants 2 and 3: sharded (ZeRO-1 overlapped, ZeRO-2), whose reduce-scatter also
     // "completes" without the peer.
-    const Shard shard = variant < 2 ? Shard::kNone
-                                    : (variant == 2 ? Shard::kOptimizer : Shard::kGradients);
+    const Shard shard =
+        variant < 2 ? Shard::kNone : (variant == 2 ? Shard::kOptimizer : Shard::kGradients);
     PolicyTrainer t(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
     ASSERT_TRUE(t.SetSharding(shard).ok());
     LonelyCommunicator group;
@@ -424,8 +423,8 @@ TEST(DataParallelTrainerTest, ShardedOptimizerOnOneTwoAndFourRanksMatchesUnshard
         const RunResult sharded = TrainRanks(setup);
         ASSERT_EQ(sharded.metrics.size(), plain.metrics.size());
         // One rank: the same arithmetic on slices as torch::optim::AdamW on whole tensors.
-        const testing::Tolerance tol =
-            ranks == 1 ? testing::Tolerance{1e-7, 1e-9, 1e-7} : testing::Tolerance{1e-5, 1e-6, 1e-5};
+        const testing::Tolerance tol = ranks == 1 ? testing::Tolerance{1e-7, 1e-9, 1e-7}
+                                                  : testing::Tolerance{1e-5, 1e-6, 1e-5};
         EXPECT_TRUE(testing::AllClose(sharded.params, plain.params, tol))
             << ShardName(shard) << " ranks " << ranks << " minis " << minis;
         for (size_t s = 0; s < plain.metrics.size(); ++s) {
@@ -444,8 +443,7 @@ TEST(DataParallelTrainerTest, ShardedOptimizerOnOneTwoAndFourRanksMatchesUnshard
 // gradients held between steps (ZeRO-2), measured from the tensors the trainer holds.
 TEST(DataParallelTrainerTest, ShardedStatePerRankFallsAsOneOverN) {
   int64_t total = 0;
-  for (const auto& [n, p] :
-       model::Transformer::Create(Spec(), 3, 0.1)->NamedParameters()) {
+  for (const auto& [n, p] : model::Transformer::Create(Spec(), 3, 0.1)->NamedParameters()) {
     total += p.numel();
   }
   const double mib = 1 << 20;
@@ -462,7 +460,7 @@ TEST(DataParallelTrainerTest, ShardedStatePerRankFallsAsOneOverN) {
       // Rank 0 holds a full chunk.
       EXPECT_NEAR(moments, 2.0 * 4 * (shard == Shard::kNone ? total : chunk), 0.5)
           << ShardName(shard) << " on " << ranks;
-      const double expect_grads = shard == Shard::kGradients ? 4.0 * chunk
+      const double expect_grads = shard == Shard::kGradients   ? 4.0 * chunk
                                   : shard == Shard::kOptimizer ? 4.0 * (total + chunk)
                                                                : 4.0 * total;
       EXPECT_NEAR(grads, expect_grads, 0.5) << ShardName(shard) << " on " << ranks;
