@@ -31,6 +31,14 @@ bool HaveGpu() {
 #define GYRE_REQUIRE_GPU() \
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device"
 
+// A one-rank NCCL group on GPU 0.
+StatusOr<std::unique_ptr<Communicator>> OneRankNccl() {
+  GYRE_ASSIGN_OR_RETURN(std::string id, NewNcclUniqueId());
+  NcclOptions o;
+  o.unique_id = id;
+  return CreateNcclCommunicator(o);
+}
+
 TEST(NcclTest, MalformedOptionsAreRejectedWithoutTouchingTheGpu) {
   NcclOptions o;
   o.unique_id = "short";
@@ -78,11 +86,7 @@ TEST(NcclTest, OneRankCollectivesAbortAndDeadline) {
 
 TEST(NcclTest, OneRankReduceScatterAndAllGatherOnDeviceAndHostMemory) {
   GYRE_REQUIRE_GPU();
-  auto id = NewNcclUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  NcclOptions o;
-  o.unique_id = *id;
-  auto c = CreateNcclCommunicator(o);
+  auto c = OneRankNccl();
   ASSERT_TRUE(c.ok()) << c.status();
   const size_t n = 1000;
   std::vector<float> host(n);
@@ -216,11 +220,7 @@ TEST(DeviceWeightsTest, CopiesAndGpuChecksumsEqualTheHostCrc32) {
 
 TEST(NcclTest, HostMemoryIsStagedAndADevicePayloadPublishesOnOneRank) {
   GYRE_REQUIRE_GPU();
-  auto id = NewNcclUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  NcclOptions o;
-  o.unique_id = *id;
-  auto c = CreateNcclCommunicator(o);
+  auto c = OneRankNccl();
   ASSERT_TRUE(c.ok()) << c.status();
   // Host memory (the weight plane's headers and acknowledgements) goes through the device.
   std::vector<float> host = {1.5f, -2.0f, 3.25f};

@@ -51,6 +51,21 @@ std::vector<TrainSample> Batch() {
   return b;
 }
 
+// Rank r's part of `batch` for `minis` global mini-batches, as the controller shards it, with
+// its mini-batch sizes in opts->mini_batch_sizes; one rank gets the whole batch.
+std::vector<TrainSample> RankShard(const std::vector<TrainSample>& batch, int ranks, int r,
+                                   int minis, TrainOptions* opts) {
+  if (ranks == 1) return batch;
+  std::vector<int64_t> tokens;
+  for (const auto& s : batch) tokens.push_back(s.prompt.size() + s.response.size());
+  const auto shards = controller::ShardBatch(tokens, ranks, minis);
+  std::vector<TrainSample> out;
+  for (size_t i : shards.samples[r]) out.push_back(batch[i]);
+  opts->mini_batch_sizes.assign(shards.mini_batch_sizes[r].begin(),
+                                shards.mini_batch_sizes[r].end());
+  return out;
+}
+
 at::Tensor Flat(const PolicyTrainer& t) {
   std::vector<at::Tensor> parts;
   for (const auto& [n, p] : t.model().NamedParameters()) parts.push_back(p.detach().flatten());
@@ -82,8 +97,6 @@ RunResult TrainRanks(const RunSetup& setup) {
     store = std::move(*s);
   }
   const std::vector<TrainSample> batch = Batch();
-  std::vector<int64_t> tokens;
-  for (const auto& s : batch) tokens.push_back(s.prompt.size() + s.response.size());
   std::vector<std::future<RunResult>> futures;
   for (int r = 0; r < ranks; ++r) {
     futures.push_back(std::async(std::launch::async, [&, r] {
@@ -114,14 +127,7 @@ RunResult TrainRanks(const RunSetup& setup) {
         opts.micro_batch_size = setup.micro_batch_size;
         opts.grad_clip = 0.5;  // the clip must use the global norm
         opts.mini_batches = m;
-        std::vector<TrainSample> shard = batch;
-        if (ranks > 1) {
-          const auto shards = controller::ShardBatch(tokens, ranks, m);
-          shard.clear();
-          for (size_t i : shards.samples[r]) shard.push_back(batch[i]);
-          opts.mini_batch_sizes.assign(shards.mini_batch_sizes[r].begin(),
-                                       shards.mini_batch_sizes[r].end());
-        }
+        const std::vector<TrainSample> shard = RankShard(batch, ranks, r, m, &opts);
         auto metrics = t.Step(shard, objective, 1e-2, opts);
         EXPECT_TRUE(metrics.ok()) << metrics.status().message();
         if (metrics.ok()) out.metrics.push_back(*metrics);
@@ -678,8 +684,6 @@ std::vector<TrainerState> RunPlan(const FaultSetup& setup, const std::vector<boo
     if (!s.ok()) return {};
     store = std::move(*s);
   }
-  std::vector<int64_t> tokens;
-  for (const auto& s : Batch()) tokens.push_back(s.prompt.size() + s.response.size());
   StepBarrier barrier(ranks);
   std::vector<std::future<TrainerState>> futures;
   for (int r = 0; r < ranks; ++r) {
@@ -717,14 +721,7 @@ std::vector<TrainerState> RunPlan(const FaultSetup& setup, const std::vector<boo
         opts.micro_batch_size = 2;
         opts.grad_clip = 0.5;
         opts.mini_batches = minis;
-        std::vector<TrainSample> shard = batch;
-        if (ranks > 1) {
-          const auto shards = controller::ShardBatch(tokens, ranks, minis);
-          shard.clear();
-          for (size_t i : shards.samples[r]) shard.push_back(batch[i]);
-          opts.mini_batch_sizes.assign(shards.mini_batch_sizes[r].begin(),
-                                       shards.mini_batch_sizes[r].end());
-        }
+        const std::vector<TrainSample> shard = RankShard(batch, ranks, r, minis, &opts);
         const TrainerState before = StateOf(t);
         auto m = t.Step(shard, Objective::kPolicyGradient, 1e-2, opts);
         if (!faulty) {
@@ -869,8 +866,6 @@ at::Tensor ReshardPhase(int ranks, Shard shard, const std::string& load_dir,
     store = std::move(*s);
   }
   const std::vector<TrainSample> batch = Batch();
-  std::vector<int64_t> tokens;
-  for (const auto& s : batch) tokens.push_back(s.prompt.size() + s.response.size());
   static std::atomic<int> groups{0};
   const std::string group_name = "reshard-" + std::to_string(++groups);
   std::vector<std::future<at::Tensor>> futures;
@@ -902,14 +897,7 @@ at::Tensor ReshardPhase(int ranks, Shard shard, const std::string& load_dir,
       opts.micro_batch_size = 2;
       opts.grad_clip = 0.5;
       opts.mini_batches = minis;
-      std::vector<TrainSample> shard_batch = batch;
-      if (ranks > 1) {
-        const auto shards = controller::ShardBatch(tokens, ranks, minis);
-        shard_batch.clear();
-        for (size_t i : shards.samples[r]) shard_batch.push_back(batch[i]);
-        opts.mini_batch_sizes.assign(shards.mini_batch_sizes[r].begin(),
-                                     shards.mini_batch_sizes[r].end());
-      }
+      const std::vector<TrainSample> shard_batch = RankShard(batch, ranks, r, minis, &opts);
       auto m = t.Step(shard_batch, Objective::kPolicyGradient, 1e-2, opts);
       EXPECT_TRUE(m.ok()) << m.status().message();
       if (!save_dir.empty()) {
