@@ -108,9 +108,14 @@ struct Transformer::Impl {
   // dozen rows, MKL spends a large part of a y = x W^T call copying the weight W into its packed
   // layout, on every call. Computing y^T = W x^T makes W the streamed operand and packs only the
   // small x^T: 1.2-2.5x faster per matmul at 64 rows on SmolLM2's shapes (docs/rollout.md).
-  // Small weights (the tiny test models) keep at::linear: their calls are per-op overhead.
+  // Small weights (the tiny test models) keep at::linear: their calls are per-op overhead. So do
+  // calls of fewer than 16 rows: from 12 rows up MKL computes every output of W x^T with the same
+  // sums as the trainer's at::linear over a whole packed batch (bit for bit on this project's
+  // hosts), below that it picks other kernels; at::linear keeps the rollout-vs-trainer log-prob
+  // gap of float32 at zero there as before (docs/models.md).
   static bool WeightsLeft(const at::Tensor& x, const at::Tensor& w) {
-    return x.is_cpu() && w.numel() >= (int64_t{1} << 16);
+    return x.is_cpu() && w.numel() >= (int64_t{1} << 16) && x.dim() >= 1 &&
+           x.numel() >= 16 * x.size(-1);
   }
   // at::linear(x, w, b) for x [..., in], through W x^T when WeightsLeft.
   static at::Tensor InferLinear(const at::Tensor& x, const at::Tensor& w,
