@@ -201,14 +201,12 @@ Status PolicyTrainer::RestoreState(const std::vector<at::Tensor>& weights,
                            std::to_string(state.size()) + " optimizer entries");
   }
   if (version < 0) return InvalidArgument("negative policy version " + std::to_string(version));
+  GYRE_RETURN_IF_ERROR(CheckWeights(weights));
   auto same = [](const at::Tensor& t, const at::Tensor& like) {
     return t.defined() && t.scalar_type() == like.scalar_type() && t.sizes() == like.sizes();
   };
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& [name, p] = params[i];
-    if (!same(weights[i], p)) {
-      return InvalidArgument("weight '" + name + "' does not match the model's shape and dtype");
-    }
     const ParamState& ps = state[i];
     if (ps.step < 0) return InvalidArgument("optimizer step of '" + name + "' is negative");
     if (ps.step > 0 && (!same(ps.exp_avg, p) || !same(ps.exp_avg_sq, p))) {
