@@ -144,7 +144,10 @@ std::vector<std::string> ControllerService::ExpireSilent() {
   std::vector<std::string> out;
   const auto now = std::chrono::steady_clock::now();
   for (auto& [id, w] : workers_) {
-    if (!w.alive || !w.registered) continue;
+    // A worker heartbeats once it has initialised (loaded its model, built its engine); until
+    // then cluster.register_timeout_s bounds it (WorkerPool), not the heartbeat timeout: loading
+    // a real model on a busy host can take longer than that.
+    if (!w.alive || !w.registered || !w.ready) continue;
     if (std::chrono::duration<double>(now - w.last_heartbeat).count() > timeout_s_) {
       w.alive = false;
       w.death = "missed heartbeats for more than " + std::to_string(timeout_s_) + " s";

@@ -55,7 +55,8 @@ class ControllerService final : public v1::Controller::Service {
   // Waits until every expected worker is ready (registered and heartbeating) or one died or
   // `timeout_s` passed.
   bool WaitAllRegistered(double timeout_s, const std::function<bool()>& abort);
-  // Workers whose heartbeats stopped for longer than the timeout (marks them dead).
+  // Workers whose heartbeats stopped for longer than the timeout (marks them dead). A worker
+  // that registered but has not sent its first heartbeat (still initialising) is not expired.
   std::vector<std::string> ExpireSilent();
   // A fatal error a worker reported, or "".
   std::string fatal_report() const;

@@ -11,8 +11,10 @@
 #include <chrono>
 #include <fstream>
 #include <future>
+#include <thread>
 
 #include "common/file_util.h"
+#include "controller/controller_service.h"
 #include "fakes/fake_job.h"
 
 namespace gyre::controller {
@@ -203,6 +205,32 @@ TEST(WorkerPoolTest, NoRestartsLeftMeansTheWorkerStaysDead) {
   ASSERT_TRUE(job.pool->Revive(0, [](Worker*) { return Status::Ok(); }).ok());
   EXPECT_EQ(job.pool->Get("rollout-1")->pid, -pid);  // not respawned
   EXPECT_EQ(job.pool->AliveRollouts().size(), 1u);
+}
+
+// A worker that registered and is still initialising (loading its model: no heartbeat yet) is
+// not declared dead by the heartbeat timeout; register_timeout_s bounds it instead. Once it has
+// heartbeated, silence longer than the timeout does expire it.
+TEST(ControllerServiceTest, AWorkerStillInitialisingIsNotExpiredByTheHeartbeatTimeout) {
+  ControllerService service("job: {}\n", 0.05, 0.2);
+  service.Expect("rollout-0", v1::WORKER_ROLE_ROLLOUT, 0, 0);
+  v1::RegisterRequest reg;
+  reg.set_role(v1::WORKER_ROLE_ROLLOUT);
+  reg.set_index(0);
+  reg.set_address("127.0.0.1:1");
+  v1::RegisterResponse reg_resp;
+  grpc::ServerContext ctx;
+  ASSERT_TRUE(service.Register(&ctx, &reg, &reg_resp).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_TRUE(service.ExpireSilent().empty());
+  EXPECT_TRUE(service.Snapshot().at(0).alive);
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id("rollout-0");
+  v1::HeartbeatResponse hb_resp;
+  ASSERT_TRUE(service.Heartbeat(&ctx, &hb, &hb_resp).ok());
+  EXPECT_TRUE(service.Snapshot().at(0).ready);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_EQ(service.ExpireSilent(), std::vector<std::string>{"rollout-0"});
+  EXPECT_FALSE(service.Snapshot().at(0).alive);
 }
 
 }  // namespace
