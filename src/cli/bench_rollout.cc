@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli/bench.h"
+#include "cli/worker.h"
 #include "kernels/device_info.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
@@ -184,6 +185,7 @@ int RunBenchRollout(const std::vector<std::string>& args) {
     return 2;
   }
   at::set_num_threads(static_cast<int>(threads));
+  TuneAllocatorForRepeatedSteps();  // as the rollout workers run the engine
   std::fprintf(stderr, "bench rollout: loading %s\n", dir.c_str());
   auto model = model::LoadHfModel(dir);
   if (!model.ok()) {

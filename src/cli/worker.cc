@@ -94,6 +94,8 @@ constexpr char kWorkerUsage[] =
 std::atomic<int> g_signal{0};
 void OnSignal(int sig) { g_signal.store(sig); }  // async-signal-safe: the main loop reacts
 
+}  // namespace
+
 // A worker repeats steps of the same shapes, whose tensors glibc's malloc would otherwise give
 // back to the kernel when freed (the top of the heap beyond 128 KiB, and chunks it decided to
 // mmap) and fault in again, zeroed, on the next step: measured on the quickstart (alternating
@@ -107,8 +109,6 @@ void TuneAllocatorForRepeatedSteps() {
   ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
   ::mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
 }
-
-}  // namespace
 
 int RunWorker(const std::vector<std::string>& args) {
   std::string role, controller, bind_host = "127.0.0.1";

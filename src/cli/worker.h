@@ -13,4 +13,10 @@ namespace gyre::cli {
 // argv without the program name and the "worker" word. Returns the process exit code.
 int RunWorker(const std::vector<std::string>& args);
 
+// Keeps freed memory in the process for reuse (mallopt: no trimming, mmap only for chunks of 32
+// MiB and more) instead of glibc's default of giving large blocks back and faulting them in,
+// zeroed, on the next step. Worker processes call it at start; so do the benchmarks that time
+// repeated steps of a worker's engine (gyre bench rollout). GYRE_MALLOC_DEFAULTS=1 opts out.
+void TuneAllocatorForRepeatedSteps();
+
 }  // namespace gyre::cli

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -17,6 +19,8 @@
 #include "kernels/sampling.cuh"
 #include "kernels/token_logprobs.cuh"
 #endif
+
+#include "kernels/philox.h"
 
 namespace gyre::ops {
 
@@ -186,6 +190,84 @@ StatusOr<PolicyLossResult> PolicyLossCuda(const at::Tensor& lp, const at::Tensor
 
 }  // namespace
 
+namespace {
+
+// Rows that sample from the full distribution: temperature > 0 and finite, no top-k, top-p or
+// min-p. SamplePlainRows draws those whose logits are finite.
+std::vector<int64_t> PlainSamplingRows(int64_t vocab,
+                                       const std::vector<kernels::SamplingRowParams>& params) {
+  std::vector<int64_t> rows;
+  for (size_t r = 0; r < params.size(); ++r) {
+    const kernels::SamplingRowParams& p = params[r];
+    if (p.temperature > 0.0f && std::isfinite(p.temperature) &&
+        (p.top_k <= 0 || p.top_k >= vocab) && p.top_p >= 1.0f && !(p.min_p > 0.0f)) {
+      rows.push_back(static_cast<int64_t>(r));
+    }
+  }
+  return rows;
+}
+
+// The CPU sampler's fast path for PlainSamplingRows: the same draw as kernels::SampleRowsRef
+// (DESIGN.md "Sampling"), with the exponentials and their sums computed by ATen's vectorised,
+// multithreaded kernels instead of one scalar expf per logit. With m the row's largest logit,
+// e_i = exp((logit_i - m) / T) and S = sum e_i in double, the token is the first i whose running
+// sum of e (in double, ascending id order) exceeds u * S for the row's Philox draw u (the
+// reference's running sum of e_i / S against u * sum_i e_i / S), else the last token with
+// e_i > 0; the log-prob is (logit - m) / T - log S and the kept mass 1 (nothing is truncated).
+// Against the reference only the exponentials' last bits and the summation order differ. -inf
+// logits are never drawn (e = 0), as in the reference; a row with a NaN or +inf logit (its
+// maximum is not finite) is left to the reference. Marks the rows it drew in *done. The
+// exponentials go into a buffer each thread keeps, so no [rows, V] tensor is allocated per step.
+void SamplePlainRows(const at::Tensor& l, const std::vector<kernels::SamplingRowParams>& params,
+                     const std::vector<int64_t>& rows, SampleOutput* out,
+                     std::vector<uint8_t>* done) {
+  const int64_t n = static_cast<int64_t>(rows.size()), V = l.size(1);
+  const at::Tensor x = n == l.size(0) ? l : l.index_select(0, at::tensor(rows, at::kLong));
+  std::vector<float> temps(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) temps[i] = params[static_cast<size_t>(rows[i])].temperature;
+  const at::Tensor max = at::amax(x, 1, /*keepdim=*/true);  // NaN when the row has one
+  thread_local at::Tensor e;
+  if (!e.defined()) e = at::empty({0}, at::kFloat);
+  e.resize_({n, V});
+  at::sub_out(e, x, max);
+  e.div_(at::from_blob(temps.data(), {n, 1}, at::kFloat));
+  e.exp_();
+  const at::Tensor sums = e.sum(1, /*keepdim=*/false, at::kDouble);
+  const float* ep = e.data_ptr<float>();
+  const float* xp = x.data_ptr<float>();
+  const float* mp = max.data_ptr<float>();
+  const double* sp = sums.data_ptr<double>();
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(V, 1));
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (!std::isfinite(mp[i])) continue;
+      const int64_t r = rows[static_cast<size_t>(i)];
+      const kernels::SamplingRowParams& p = params[static_cast<size_t>(r)];
+      const float* row = ep + i * V;
+      const double target = static_cast<double>(kernels::PhiloxUniform(p.seed, p.position)) * sp[i];
+      int64_t token = -1, last = 0;
+      double running = 0.0;
+      for (int64_t k = 0; k < V; ++k) {
+        if (!(row[k] > 0.0f)) continue;
+        last = k;
+        running += static_cast<double>(row[k]);
+        if (running > target) {
+          token = k;
+          break;
+        }
+      }
+      if (token < 0) token = last;
+      const float shifted = (xp[i * V + token] - mp[i]) / p.temperature;
+      out->tokens[r] = static_cast<int32_t>(token);
+      out->logprobs[r] = static_cast<float>(static_cast<double>(shifted) - std::log(sp[i]));
+      out->kept_mass[r] = 1.0f;
+      (*done)[static_cast<size_t>(r)] = 1;
+    }
+  });
+}
+
+}  // namespace
+
 StatusOr<SampleOutput> SampleRows(const at::Tensor& logits,
                                   const std::vector<kernels::SamplingRowParams>& params) {
   GYRE_RETURN_IF_ERROR(RequireDefined(logits, "logits"));
@@ -210,10 +292,15 @@ StatusOr<SampleOutput> SampleRows(const at::Tensor& logits,
   // whichever thread draws it).
   const float* base = l.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(V, 1));
+  std::vector<uint8_t> done(static_cast<size_t>(B), 0);
+  const std::vector<int64_t> plain = PlainSamplingRows(V, params);
+  if (!plain.empty()) SamplePlainRows(l, params, plain, &out, &done);
   at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
-    kernels::SampleRowsRef(base + begin * V, end - begin, V, params.data() + begin,
-                           out.tokens.data() + begin, out.logprobs.data() + begin,
-                           out.kept_mass.data() + begin);
+    for (int64_t r = begin; r < end; ++r) {
+      if (done[static_cast<size_t>(r)]) continue;
+      kernels::SampleRowsRef(base + r * V, 1, V, params.data() + r, out.tokens.data() + r,
+                             out.logprobs.data() + r, out.kept_mass.data() + r);
+    }
   });
   return out;
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "kernels/reference/policy_loss_ref.h"
@@ -37,9 +38,58 @@ TEST(OpsSampleRows, MatchesTheReferenceForFloatAndBf16) {
     kernels::SampleRowsRef(f.data_ptr<float>(), B, V, params.data(), tokens.data(), lp.data(),
                            kept.data());
     EXPECT_EQ(got->tokens, tokens);
-    EXPECT_EQ(got->logprobs, lp);
-    EXPECT_EQ(got->kept_mass, kept);
+    for (int64_t r = 0; r < B; ++r) {
+      // Rows without truncation take the vectorised path (exponentials and sums in another
+      // order: float rounding); truncated and greedy rows are the reference itself.
+      const bool plain = params[r].temperature > 0 && params[r].top_k == 0 &&
+                         params[r].top_p >= 1 && params[r].min_p == 0;
+      const float tol = plain ? 2e-6f * (1 + std::abs(lp[r])) : 0.0f;
+      EXPECT_NEAR(got->logprobs[r], lp[r], tol) << "row " << r;
+      EXPECT_NEAR(got->kept_mass[r], kept[r], plain ? 1e-6f : 0.0f) << "row " << r;
+    }
   }
+}
+
+// The vectorised path for rows without truncation (a large vocabulary, 64 rows, several
+// temperatures and seeds, one row with -inf logits and one with a NaN, which the reference
+// draws): the same tokens as kernels::SampleRowsRef, log-probs within float rounding, kept mass
+// 1. Draws land all over the distribution (peaked and flat rows), so a wrong running sum or
+// target moves tokens.
+TEST(OpsSampleRows, FullDistributionRowsMatchTheReferenceOnALargeVocabulary) {
+  at::manual_seed(3);
+  const int64_t B = 64, V = 49152;
+  int64_t drawn = 0, not_argmax = 0;
+  for (float scale : {0.5f, 4.0f}) {
+    for (float temperature : {0.7f, 1.0f, 1.3f}) {
+      at::Tensor logits = at::randn({B, V}) * scale;
+      logits[5][17] = -std::numeric_limits<float>::infinity();
+      logits[9][3] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<kernels::SamplingRowParams> params(B);
+      for (int64_t r = 0; r < B; ++r) {
+        params[r] = {temperature,
+                     0,
+                     1.0f,
+                     0.0f,
+                     static_cast<uint64_t>(1000 * scale + r),
+                     static_cast<uint64_t>(r * 31)};
+      }
+      auto got = SampleRows(logits, params);
+      ASSERT_TRUE(got.ok()) << got.status().message();
+      std::vector<int32_t> tokens(B);
+      std::vector<float> lp(B), kept(B);
+      kernels::SampleRowsRef(logits.data_ptr<float>(), B, V, params.data(), tokens.data(),
+                             lp.data(), kept.data());
+      const at::Tensor argmax = logits.nan_to_num(-1e30).argmax(1);
+      for (int64_t r = 0; r < B; ++r) {
+        ASSERT_EQ(got->tokens[r], tokens[r]) << "row " << r;
+        EXPECT_NEAR(got->logprobs[r], lp[r], 2e-6f * (1 + std::abs(lp[r]))) << "row " << r;
+        EXPECT_NEAR(got->kept_mass[r], kept[r], 1e-6f) << "row " << r;
+        ++drawn;
+        not_argmax += tokens[r] != argmax[r].item<int64_t>();
+      }
+    }
+  }
+  EXPECT_GT(not_argmax, drawn / 2);  // real draws, not the mode
 }
 
 TEST(OpsSampleRows, RefusesBadInput) {
