@@ -205,7 +205,9 @@ struct TrainerSection {
   // Data parallel: which state each rank keeps only its slice of: "none", "optimizer" (ZeRO-1:
   // the AdamW moments) or "gradients" (ZeRO-2: moments and gradients, reduce-scattered).
   std::string shard = "none";
-  bool sequence_packing = true;           // pack samples into rows (block-diagonal attention)
+  bool sequence_packing = true;  // pack samples into rows (block-diagonal attention)
+  // Packed: samples with the same prompt share one copy of it ("auto", "on", "off").
+  std::string prompt_sharing = "auto";
   int logprob_chunk_tokens = 1024;        // packed: log-probs this many tokens at a time; 0 = all
   bool activation_checkpointing = false;  // keep layer inputs only; recompute in the backward
   double collective_timeout_s = 600;      // data parallel: deadline of each collective

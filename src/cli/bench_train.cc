@@ -31,24 +31,28 @@ constexpr char kUsage[] =
     "usage: gyre bench train [options] [--json FILE]\n"
     "\n"
     "Times the trainer's policy-gradient step (PolicyTrainer::Step: forward, loss, backward,\n"
-    "AdamW) two ways on the same model and batches, in the same run:\n"
+    "AdamW) three ways on the same model and batches, in the same run:\n"
     "  padded   one right-padded row per sample, logits at every position (the eager padded\n"
     "           libtorch baseline: trainer.sequence_packing: false)\n"
     "  packed   samples packed end to end into rows as wide as the longest, block-diagonal\n"
-    "           causal attention, the LM head on response positions only (the default)\n"
-    "on two batches with the same number of response tokens:\n"
+    "           causal attention, the LM head on response positions only\n"
+    "           (trainer.prompt_sharing: off)\n"
+    "  shared   packed, and the samples of a group (same prompt) share one copy of the prompt\n"
+    "           when that is estimated cheaper (trainer.prompt_sharing: auto; the default)\n"
+    "on two batches with the same number of response tokens, in groups of GROUP samples with\n"
+    "the same prompt (as GRPO batches are):\n"
     "  equal     every response as long as the long-tail batch's mean\n"
     "  longtail  lognormal response lengths (as in gyre bench rollout)\n"
-    "Rounds alternate which mode goes first; each mode starts every round from the same weights\n"
+    "Rounds rotate which mode goes first; each mode starts every round from the same weights\n"
     "and takes one untimed warm-up step, then STEPS timed steps. Reports the median step time,\n"
-    "tokens/s (the tokens the model runs on: prompt + response - 1 per sample, padding\n"
-    "excluded), the tokens it computed (padding included), speedup = padded median / median, and "
-    "useful FLOP/s: 6 x\n"
-    "(parameters of the layers) x input tokens + 6 x (LM head parameters) x response tokens per\n"
-    "step (attention scores excluded), also as a fraction of the peak: the best of square\n"
-    "matmuls in the compute dtype on the same threads, measured at start. Both modes must make\n"
-    "the same updates up to float32 reordering: the mean difference of their weights at the end\n"
-    "of a round must stay under 1% of the mean distance the weights moved (checked).\n"
+    "tokens/s (the samples' input tokens, prompt + response - 1 each, per second), the\n"
+    "positions the model computed (padding included, as the trainer reports them), speedup =\n"
+    "padded median / median, and achieved FLOP/s: 6 x (parameters of the layers) x positions\n"
+    "computed that are not padding + 6 x (LM head parameters) x response tokens per step\n"
+    "(attention scores excluded), also as a fraction of the peak: the best of square matmuls in\n"
+    "the compute dtype on the same threads, measured at start. Every mode must make the padded\n"
+    "baseline's update up to float32 reordering: the mean difference of their weights at the\n"
+    "end of a round must stay under 1% of the mean distance the weights moved (checked).\n"
     "\n"
     "options (defaults in brackets):\n"
     "  --model DIR          Hugging Face model directory; otherwise a random model of:\n"
@@ -56,6 +60,7 @@ constexpr char kUsage[] =
     "  --hidden H           hidden size (heads of 64) [256]\n"
     "  --layers L           decoder layers [4]\n"
     "  --batch B            samples per step [64]\n"
+    "  --group G            samples per prompt (consecutive samples share it) [8]\n"
     "  --prompt-len P       prompt tokens [32]\n"
     "  --median-len L       median response length of the long-tail batch [48]\n"
     "  --sigma S            lognormal sigma of the long-tail lengths [1.0]\n"
@@ -80,7 +85,8 @@ double Median(std::vector<double> v) {
 
 struct Setup {
   std::string model_dir, dtype = "float32";
-  int64_t vocab = 4096, hidden = 256, layers = 4, batch = 64, prompt_len = 32, max_len = 512;
+  int64_t vocab = 4096, hidden = 256, layers = 4, batch = 64, group = 8, prompt_len = 32;
+  int64_t max_len = 512;
   int64_t micro = 0, steps = 3, rounds = 2, threads = 0, seed = 1;
   double median = 48, sigma = 1.0;
 };
@@ -90,14 +96,18 @@ model::ModelSpec Spec(const Setup& s) {
 }
 
 // A batch of `lengths.size()` samples with random tokens below `vocab` and alternating
-// advantages.
+// advantages; groups of s.group consecutive samples have the same prompt.
 std::vector<trainer::TrainSample> MakeBatch(const Setup& s, int64_t vocab,
                                             const std::vector<int64_t>& lengths, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
   std::vector<trainer::TrainSample> out(lengths.size());
   for (size_t i = 0; i < out.size(); ++i) {
-    for (int64_t t = 0; t < s.prompt_len; ++t) out[i].prompt.push_back(token(rng));
+    if (i % static_cast<size_t>(s.group) != 0) {
+      out[i].prompt = out[i - 1].prompt;
+    } else {
+      for (int64_t t = 0; t < s.prompt_len; ++t) out[i].prompt.push_back(token(rng));
+    }
     for (int64_t t = 0; t < lengths[i]; ++t) out[i].response.push_back(token(rng));
     out[i].advantage = i % 2 == 0 ? 1.0f : -1.0f;
   }
@@ -135,6 +145,8 @@ int RunBenchTrain(const std::vector<std::string>& args) {
       ok = ParseInt(v, 1, 1024, &s.layers);
     } else if (a == "--batch") {
       ok = ParseInt(v, 1, 1 << 16, &s.batch);
+    } else if (a == "--group") {
+      ok = ParseInt(v, 1, 1 << 16, &s.group);
     } else if (a == "--prompt-len") {
       ok = ParseInt(v, 1, 1 << 16, &s.prompt_len);
     } else if (a == "--median-len") {
@@ -234,6 +246,7 @@ int RunBenchTrain(const std::vector<std::string>& args) {
   report.SetContext("model", s.model_dir.empty() ? "random" : s.model_dir);
   report.SetContext("parameters", base->NumParameters());
   report.SetContext("samples", s.batch);
+  report.SetContext("group", s.group);
   report.SetContext("prompt_len", s.prompt_len);
   report.SetContext("longtail_lengths",
                     "lognormal(median " + std::to_string(static_cast<int64_t>(s.median)) +
@@ -250,41 +263,22 @@ int RunBenchTrain(const std::vector<std::string>& args) {
                                  static_cast<uint64_t>(s.seed) * 7919u + 17u);
     int64_t input_tokens = 0, response_tokens = 0;
     for (const auto& x : batch) {
-      const int64_t n = static_cast<int64_t>(x.prompt.size() + x.response.size()) - 1;
-      input_tokens += n;
+      input_tokens += static_cast<int64_t>(x.prompt.size() + x.response.size()) - 1;
       response_tokens += static_cast<int64_t>(x.response.size());
     }
-    // Tokens each mode computes, per micro-batch: padded, every sample as wide as the
-    // longest; packed, the rows of first fit, longest first, as the trainer packs.
-    int64_t packed_rows = 0, padded_rows = 0;
-    {
-      std::vector<int64_t> lens;
-      for (const auto& x : batch) {
-        lens.push_back(static_cast<int64_t>(x.prompt.size() + x.response.size()) - 1);
-      }
-      const int64_t micro = s.micro > 0 ? s.micro : s.batch;
-      for (size_t start = 0; start < lens.size(); start += static_cast<size_t>(micro)) {
-        const size_t end = std::min(lens.size(), start + static_cast<size_t>(micro));
-        std::vector<int64_t> part(lens.begin() + static_cast<int64_t>(start),
-                                  lens.begin() + static_cast<int64_t>(end));
-        const int64_t width = *std::max_element(part.begin(), part.end());
-        int64_t rows = 0;
-        trainer::PackFirstFit(part, width, &rows);
-        packed_rows += rows * width;
-        padded_rows += static_cast<int64_t>(part.size()) * width;
-      }
-    }
-    const double flops =
-        6.0 * static_cast<double>(layer_params) * static_cast<double>(input_tokens) +
-        6.0 * static_cast<double>(head_params) * static_cast<double>(response_tokens);
-    std::vector<double> times[2];  // padded, packed
+    constexpr int kModes = 3;
+    constexpr const char* kNames[kModes] = {"padded", "packed", "shared"};
+    std::vector<double> times[kModes];
+    double computed[kModes] = {0, 0, 0}, useful[kModes] = {0, 0, 0};  // per step
     for (int64_t round = 0; round < s.rounds; ++round) {
-      at::Tensor weights[2];
-      for (int k = 0; k < 2; ++k) {
-        const int mode = (round % 2 == 0) ? k : 1 - k;
+      at::Tensor weights[kModes];
+      for (int k = 0; k < kModes; ++k) {
+        const int mode = static_cast<int>((k + round) % kModes);
         trainer::PolicyTrainer t(fresh(), 1e-4, 0, 0.9, 0.999);
         t.SetComputeDtype(dtype);
-        t.SetSequencePacking(mode == 1);
+        t.SetSequencePacking(mode != 0);
+        t.SetPromptSharing(mode == 2 ? trainer::PromptSharing::kAuto
+                                     : trainer::PromptSharing::kOff);
         trainer::TrainOptions opts;
         opts.micro_batch_size = s.micro > 0 ? s.micro : s.batch;
         for (int64_t i = 0; i <= s.steps; ++i) {
@@ -295,11 +289,12 @@ int RunBenchTrain(const std::vector<std::string>& args) {
             return 1;
           }
           if (i > 0) times[mode].push_back(Since(t0));
+          computed[mode] = (*m)["computed_tokens"];
+          useful[mode] = (*m)["computed_tokens"] - (*m)["pad_tokens"];
         }
         weights[mode] = Flat(t);
         std::fprintf(stderr, "bench train: %s round %lld %s: median %.4f s\n", w.name,
-                     static_cast<long long>(round), mode == 1 ? "packed" : "padded",
-                     Median(times[mode]));
+                     static_cast<long long>(round), kNames[mode], Median(times[mode]));
       }
       // The same updates up to float32 reordering (AdamW's first steps are about lr * sign(g),
       // so a weight whose tiny gradient flips sign may differ by 2 lr: compare means).
@@ -309,19 +304,23 @@ int RunBenchTrain(const std::vector<std::string>& args) {
         return parts;
       }());
       const double moved = (weights[0] - start).abs().mean().item<double>();
-      const double diff = (weights[0] - weights[1]).abs().mean().item<double>() / moved;
-      worst_diff = std::max(worst_diff, diff);
-      same_weights = same_weights && moved > 0 && diff <= 0.01;
+      for (int mode = 1; mode < kModes; ++mode) {
+        const double diff = (weights[0] - weights[mode]).abs().mean().item<double>() / moved;
+        worst_diff = std::max(worst_diff, diff);
+        same_weights = same_weights && moved > 0 && diff <= 0.01;
+      }
     }
     const double padded = Median(times[0]);
-    for (int mode = 0; mode < 2; ++mode) {
+    for (int mode = 0; mode < kModes; ++mode) {
       const double med = Median(times[mode]);
-      const int64_t computed = mode == 1 ? packed_rows : padded_rows;
+      const double flops =
+          6.0 * static_cast<double>(layer_params) * useful[mode] +
+          6.0 * static_cast<double>(head_params) * static_cast<double>(response_tokens);
       report.AddRow({{"batch", w.name},
-                     {"mode", mode == 1 ? "packed" : "padded"},
+                     {"mode", kNames[mode]},
                      {"median_s", med},
                      {"tokens_per_s", static_cast<double>(input_tokens) / med},
-                     {"computed_tokens", computed},
+                     {"computed_tokens", static_cast<int64_t>(computed[mode])},
                      {"real_tokens", input_tokens},
                      {"speedup", padded / med},
                      {"gflops", flops / med / 1e9},
@@ -347,8 +346,8 @@ int RunBenchTrain(const std::vector<std::string>& args) {
   }
   if (!same_weights) {
     std::fprintf(stderr,
-                 "gyre bench train: packed and padded steps made different updates (mean weight "
-                 "difference %g of the mean update)\n",
+                 "gyre bench train: the modes made different updates (mean weight difference "
+                 "%g of the mean update)\n",
                  worst_diff);
     return 1;
   }

@@ -355,6 +355,10 @@ std::vector<Field> BuildTable() {
       Flag(GYRE_CONFIG_KEY(trainer.sequence_packing),
            "pack samples end to end into rows with block-diagonal causal attention (no pad "
            "tokens computed); false: one right-padded row per sample"),
+      Choice(GYRE_CONFIG_KEY(trainer.prompt_sharing), {"auto", "on", "off"},
+             "with sequence_packing: samples with the same prompt (a GRPO group) share one copy "
+             "of it in a row, each response attending to it, so the prompt is computed once per "
+             "group; auto = when the estimated forward cost is lower that way"),
       Num(GYRE_CONFIG_KEY(trainer.logprob_chunk_tokens), Closed(0, 1 << 24),
           "packed micro-batches: log-probs and entropies this many tokens at a time, never "
           "holding [tokens, vocabulary] logits; 0 = materialise the logits"),

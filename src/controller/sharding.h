@@ -22,6 +22,13 @@ struct DpShards {
 // by longest-processing-time greedy: samples by decreasing tokens (ties: lower index first) each
 // go to the rank with the fewest tokens so far (ties: lower rank). Deterministic. A rank may get
 // nothing when a mini-batch has fewer samples than ranks. Requires ranks >= 1, minis >= 1.
-DpShards ShardBatch(const std::vector<int64_t>& tokens, int ranks, int minis);
+//
+// groups (optional, one key per sample): samples with the same key (a GRPO group: the same
+// prompt) stay together, so that a trainer sharing prompts (trainer.prompt_sharing) computes
+// each prompt once. Within a mini-batch the greedy then places whole groups, by decreasing total
+// tokens, as long as the mini-batch has at least two groups per rank; with fewer, groups would
+// leave ranks idle or unbalanced, and samples are placed one by one as without keys.
+DpShards ShardBatch(const std::vector<int64_t>& tokens, int ranks, int minis,
+                    const std::vector<uint64_t>& groups = {});
 
 }  // namespace gyre::controller

@@ -69,11 +69,16 @@ StatusOr<std::map<std::string, double>> TrainerGroup::Train(const std::vector<v1
     // Token-balanced shards of the same global mini-batches a single trainer would take.
     std::vector<int64_t> tokens;
     for (const auto& s : samples) tokens.push_back(s.prompt_ids_size() + s.response_ids_size());
+    // A trainer that shares prompts computes a group's prompt once if it holds the whole group.
+    std::vector<uint64_t> groups;
+    if (cfg_.trainer.sequence_packing && cfg_.trainer.prompt_sharing != "off") {
+      for (const auto& s : samples) groups.push_back(s.group_id());
+    }
     const int minis =
         opts.objective == v1::OBJECTIVE_SFT
             ? 1
             : std::max(1, std::min(cfg_.trainer.mini_batches, static_cast<int>(samples.size())));
-    const DpShards shards = ShardBatch(tokens, ranks, minis);
+    const DpShards shards = ShardBatch(tokens, ranks, minis, groups);
     for (int r = 0; r < ranks; ++r) {
       for (size_t i : shards.samples[r]) *reqs[r].add_samples() = samples[i];
       for (int32_t n : shards.mini_batch_sizes[r]) reqs[r].add_mini_batch_sizes(n);

@@ -459,18 +459,22 @@ at::Tensor Transformer::Forward(const at::Tensor& tokens) const {
 
 namespace {
 
-// mask[r, 0, q, k] = k <= q && segments[r, q] == segments[r, k]
+// mask[r, 0, q, k] = k <= q && (segments[r, k] == segments[r, q] || segments[r, k] == trunks[r, q])
 at::Tensor PackedMask(const PackedBatch& batch) {
   const int64_t rows = batch.tokens.size(0), width = batch.tokens.size(1);
   GYRE_CHECK(batch.positions.sizes() == batch.tokens.sizes() &&
-             batch.segments.sizes() == batch.tokens.sizes() && batch.logit_index.dim() == 1)
-      << "packed batch: tokens, positions and segments must be [rows, width], logit_index [N]";
+             batch.segments.sizes() == batch.tokens.sizes() &&
+             (!batch.trunks.defined() || batch.trunks.sizes() == batch.tokens.sizes()) &&
+             batch.logit_index.dim() == 1)
+      << "packed batch: tokens, positions, segments and trunks must be [rows, width], "
+         "logit_index [N]";
   const at::Tensor idx = at::arange(width, batch.tokens.options().dtype(at::kLong));
   const at::Tensor causal =
       (idx.view({1, width}) <= idx.view({width, 1})).view({1, 1, width, width});
-  const at::Tensor same =
-      batch.segments.view({rows, 1, width, 1}) == batch.segments.view({rows, 1, 1, width});
-  return causal & same;
+  const at::Tensor keys = batch.segments.view({rows, 1, 1, width});
+  at::Tensor visible = batch.segments.view({rows, 1, width, 1}) == keys;
+  if (batch.trunks.defined()) visible = visible | (batch.trunks.view({rows, 1, width, 1}) == keys);
+  return causal & visible;
 }
 
 }  // namespace

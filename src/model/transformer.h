@@ -75,10 +75,19 @@ struct DecodeBatch {
 // c of row r belongs to (padding at a row's end is a segment of its own); a token attends to the
 // earlier tokens of its own segment only (block-diagonal causal attention), and its RoPE
 // position is its index in its own sequence.
+//
+// Shared prompts (optional `trunks`): samples with the same prompt (a GRPO group) may share one
+// copy of it. The prompt is then a segment of its own, followed in the same row by each sample's
+// response tokens as further segments, positioned after the prompt; trunks[r, c] names the
+// segment a token may attend to besides its own (the shared prompt for a response token, the
+// token's own segment otherwise). So a token at column q attends to column k iff k <= q and
+// segments[k] is segments[q] or trunks[q]: each sample sees exactly its own prompt and response,
+// as when it is laid out alone.
 struct PackedBatch {
   at::Tensor tokens;     // int64 [rows, width]
   at::Tensor positions;  // int64 [rows, width]
   at::Tensor segments;   // int64 [rows, width]
+  at::Tensor trunks;     // int64 [rows, width], or undefined (= segments: nothing shared)
   // int64 [N]: flat indices (row * width + column) of the positions whose next-token logits are
   // wanted, in the order returned. The LM head runs on these positions only.
   at::Tensor logit_index;

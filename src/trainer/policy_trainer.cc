@@ -413,6 +413,8 @@ struct MicroBatch {
   // Padded: inputs[s] is (prompt + response)[:-1] right-padded to L, and padded_index [N] the
   // flat index s * L + prompt_len - 1 + t of each response token's predicting position.
   at::Tensor inputs, padded_index;
+  // Positions the model runs on, and how many of them are padding.
+  int64_t computed = 0, pad = 0;
 };
 
 // Which log-linear weights BuildMicroBatch fills in (none unless proximal_version >= 0).
@@ -421,40 +423,194 @@ struct LogLinear {
   int64_t current_version = -1;
 };
 
-// Packs the micro-batch's sequences (input lengths len[s] = prompt + response - 1) into rows of
-// `width` = the longest (PackFirstFit). Fills mb->pack and returns, per sample, its (row,
-// column) start.
-std::vector<std::pair<int64_t, int64_t>> PackRows(const std::vector<TrainSample>& batch,
-                                                  size_t start, const std::vector<int64_t>& len,
-                                                  int64_t width, MicroBatch* mb) {
+// How BuildMicroBatch lays out a micro-batch: packed or padded, and with packing whether samples
+// that share a prompt share one copy of it (PromptSharing). lin and att estimate the forward's
+// cost per token computed (the decoder layers' weights) and per attention score computed.
+struct Layout {
+  bool packed = true;
+  PromptSharing sharing = PromptSharing::kAuto;
+  double lin = 1.0, att = 0.0;
+};
+
+Layout LayoutFor(const model::ModelSpec& m, bool packed, PromptSharing sharing) {
+  Layout l;
+  l.packed = packed;
+  l.sharing = sharing;
+  const double q = static_cast<double>(m.num_heads * m.head_dim);
+  const double kv = static_cast<double>(m.num_kv_heads * m.head_dim);
+  const double h = static_cast<double>(m.hidden_size);
+  const double layers = static_cast<double>(m.num_layers);
+  l.lin = 2.0 * layers * (h * (2.0 * q + 2.0 * kv) + 3.0 * h * m.intermediate_size);
+  l.att = 4.0 * layers * q;  // q.k and the weighted sum of v
+  return l;
+}
+
+// Where sample s of a packed micro-batch sits: its row, the column of its prompt's last token
+// (which predicts response token 0) and the column of its response token 0 as an input (which
+// predicts token 1; the tokens after it follow).
+struct Placement {
+  int64_t row = 0, prompt_last = 0, response = 0;
+};
+
+// A unit PackFirstFit places: one sample, or (shared prompt) a group of samples with the same
+// prompt laid out as the prompt once followed by each member's response[:-1].
+struct PackUnit {
+  std::vector<int64_t> members;  // local sample indices
+  bool shared = false;
+  int64_t length = 0;
+};
+
+// The units of samples [start, start + S) of `batch`, input lengths len[s] = prompt + response
+// - 1. share: samples with the same non-empty prompt form shared units (of two or more).
+std::vector<PackUnit> PackUnits(const std::vector<TrainSample>& batch, size_t start,
+                                const std::vector<int64_t>& len, bool share) {
   const int64_t S = static_cast<int64_t>(len.size());
-  int64_t rows = 0;
-  const std::vector<std::pair<int64_t, int64_t>> at = PackFirstFit(len, width, &rows);
+  std::vector<PackUnit> units;
+  std::map<std::vector<int32_t>, size_t> by_prompt;  // prompt -> index into units
+  for (int64_t s = 0; s < S; ++s) {
+    const TrainSample& x = batch[start + static_cast<size_t>(s)];
+    if (share && !x.prompt.empty()) {
+      auto [it, added] = by_prompt.emplace(x.prompt, units.size());
+      if (!added) {
+        units[it->second].members.push_back(s);
+        continue;
+      }
+    }
+    units.push_back({{s}, false, len[static_cast<size_t>(s)]});
+  }
+  for (PackUnit& u : units) {
+    if (u.members.size() < 2) continue;
+    u.shared = true;
+    u.length = static_cast<int64_t>(batch[start + static_cast<size_t>(u.members[0])].prompt.size());
+    for (int64_t s : u.members) {
+      u.length += std::max<int64_t>(
+          0, static_cast<int64_t>(batch[start + static_cast<size_t>(s)].response.size()) - 1);
+    }
+  }
+  return units;
+}
+
+// The lengths of `units` and the width of their rows (the longest, at least 1).
+std::vector<int64_t> UnitLengths(const std::vector<PackUnit>& units, int64_t* width) {
+  std::vector<int64_t> lengths;
+  *width = 1;
+  for (const PackUnit& u : units) {
+    lengths.push_back(u.length);
+    *width = std::max(*width, u.length);
+  }
+  return lengths;
+}
+
+// The estimated forward cost and the attention scores held of packing `units` (PackFirstFit
+// into rows as wide as the longest).
+struct PackCost {
+  double flops = 0, scores = 0;
+};
+PackCost CostOf(const std::vector<PackUnit>& units, const Layout& layout) {
+  int64_t width = 1, rows = 0;
+  PackFirstFit(UnitLengths(units, &width), width, &rows);
+  const double w = static_cast<double>(width), r = static_cast<double>(rows);
+  return {r * w * layout.lin + r * w * w * layout.att, r * w * w};
+}
+
+// Packs the micro-batch's samples [start, start + len.size()) (input lengths len[s] = prompt +
+// response - 1) into rows as wide as the longest unit (PackFirstFit), sharing prompts as
+// `layout` says. Fills mb->pack and returns where each sample sits.
+std::vector<Placement> PackRows(const std::vector<TrainSample>& batch, size_t start,
+                                const std::vector<int64_t>& len, const Layout& layout,
+                                MicroBatch* mb) {
+  const int64_t S = static_cast<int64_t>(len.size());
+  std::vector<PackUnit> units = PackUnits(batch, start, len, layout.sharing != PromptSharing::kOff);
+  auto any_shared = [&units] {
+    return std::any_of(units.begin(), units.end(), [](const PackUnit& u) { return u.shared; });
+  };
+  if (layout.sharing == PromptSharing::kAuto && any_shared()) {
+    // Group by group: while sharing every group still shared costs more than sharing none,
+    // the widest shared unit (the one whose attention costs most) goes back to one unit per
+    // sample. Short answers to a shared prompt stay shared, long ones get their own rows.
+    const PackCost alone = CostOf(PackUnits(batch, start, len, false), layout);
+    for (;;) {
+      const PackCost cost = CostOf(units, layout);
+      if (cost.flops < alone.flops && cost.scores <= 2.0 * alone.scores) break;
+      size_t widest = units.size();
+      for (size_t u = 0; u < units.size(); ++u) {
+        if (units[u].shared && (widest == units.size() || units[u].length > units[widest].length)) {
+          widest = u;
+        }
+      }
+      if (widest == units.size()) break;  // none left shared: the plain layout
+      const std::vector<int64_t> members = units[widest].members;
+      units.erase(units.begin() + static_cast<std::ptrdiff_t>(widest));
+      for (int64_t s : members) units.push_back({{s}, false, len[static_cast<size_t>(s)]});
+    }
+  }
+  int64_t width = 1, rows = 0;
+  const std::vector<int64_t> lengths = UnitLengths(units, &width);
+  const bool shares = any_shared();
+  const std::vector<std::pair<int64_t, int64_t>> at = PackFirstFit(lengths, width, &rows);
+  mb->computed = rows * width;
+  mb->pad = mb->computed;
+  for (int64_t n : lengths) mb->pad -= n;
   mb->pack.tokens = at::zeros({rows, width}, at::kLong);
   mb->pack.positions = at::zeros({rows, width}, at::kLong);
-  // Padding at a row's end is segment S (its own); sample s is segment s.
+  // Padding at a row's end is segment S (its own); sample s is segment s; the shared prompt of
+  // unit u is segment S + 1 + u.
   mb->pack.segments = at::full({rows, width}, S, at::kLong);
+  if (shares) mb->pack.trunks = at::full({rows, width}, S, at::kLong);
   auto tk = mb->pack.tokens.accessor<int64_t, 2>();
   auto ps = mb->pack.positions.accessor<int64_t, 2>();
   auto sg = mb->pack.segments.accessor<int64_t, 2>();
-  for (int64_t s = 0; s < S; ++s) {
-    const TrainSample& x = batch[start + static_cast<size_t>(s)];
-    const int64_t P = static_cast<int64_t>(x.prompt.size());
-    const auto [row, col] = at[static_cast<size_t>(s)];
-    for (int64_t t = 0; t < len[static_cast<size_t>(s)]; ++t) {
-      tk[row][col + t] = t < P ? x.prompt[t] : x.response[t - P];
-      ps[row][col + t] = t;
-      sg[row][col + t] = s;
+  // Without shared units trunks stays undefined (a dummy accessor is never written).
+  const at::Tensor trunks = shares ? mb->pack.trunks : at::zeros({1, 1}, at::kLong);
+  auto tr = trunks.accessor<int64_t, 2>();
+  std::vector<Placement> placed(static_cast<size_t>(S));
+  for (size_t u = 0; u < units.size(); ++u) {
+    const PackUnit& unit = units[u];
+    const int64_t row = at[u].first;
+    int64_t col = at[u].second;
+    if (!unit.shared) {
+      const int64_t s = unit.members[0];
+      const TrainSample& x = batch[start + static_cast<size_t>(s)];
+      const int64_t P = static_cast<int64_t>(x.prompt.size());
+      for (int64_t t = 0; t < len[static_cast<size_t>(s)]; ++t) {
+        tk[row][col + t] = t < P ? x.prompt[t] : x.response[t - P];
+        ps[row][col + t] = t;
+        sg[row][col + t] = s;
+        if (shares) tr[row][col + t] = s;
+      }
+      placed[static_cast<size_t>(s)] = {row, col + P - 1, col + P};
+      continue;
+    }
+    const int64_t trunk = S + 1 + static_cast<int64_t>(u);
+    const std::vector<int32_t>& prompt = batch[start + static_cast<size_t>(unit.members[0])].prompt;
+    const int64_t P = static_cast<int64_t>(prompt.size());
+    for (int64_t t = 0; t < P; ++t, ++col) {
+      tk[row][col] = prompt[t];
+      ps[row][col] = t;
+      sg[row][col] = trunk;
+      tr[row][col] = trunk;
+    }
+    for (int64_t s : unit.members) {
+      const TrainSample& x = batch[start + static_cast<size_t>(s)];
+      placed[static_cast<size_t>(s)] = {row, at[u].second + P - 1, col};
+      for (size_t t = 0; t + 1 < x.response.size(); ++t, ++col) {
+        tk[row][col] = x.response[t];
+        ps[row][col] = P + static_cast<int64_t>(t);
+        sg[row][col] = s;
+        tr[row][col] = trunk;
+      }
     }
   }
-  return at;
+  return placed;
 }
 
 // Built on the CPU, then moved to `device` (the model's) in one go.
 MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, size_t end,
-                           const at::Device& device, bool packed, const LogLinear& loglinear = {}) {
+                           const at::Device& device, const Layout& layout,
+                           const LogLinear& loglinear = {}) {
   MicroBatch mb;
   mb.S = static_cast<int64_t>(end - start);
+  const bool packed = layout.packed;
   mb.packed = packed;
   int64_t L = 0, N = 0;
   std::vector<int64_t> len;
@@ -466,13 +622,18 @@ MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, 
     N += static_cast<int64_t>(batch[i].response.size());
   }
   const int64_t S = mb.S, R = mb.R;
-  std::vector<std::pair<int64_t, int64_t>> placed;
+  std::vector<Placement> placed;
+  int64_t width = 0;
   if (packed) {
-    placed = PackRows(batch, start, len, std::max<int64_t>(1, L), &mb);
+    placed = PackRows(batch, start, len, layout, &mb);
+    width = mb.pack.tokens.size(1);
     mb.pack.logit_index = at::zeros({N}, at::kLong);
   } else {
     mb.inputs = at::zeros({S, L}, at::kLong);
     mb.padded_index = at::zeros({N}, at::kLong);
+    mb.computed = S * L;
+    mb.pad = mb.computed;
+    for (int64_t n : len) mb.pad -= n;
   }
   at::Tensor& logit_rows = packed ? mb.pack.logit_index : mb.padded_index;
   auto li_a = logit_rows.accessor<int64_t, 1>();
@@ -505,10 +666,12 @@ MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, 
       for (int64_t t = 0; t < P + n - 1; ++t) in_a[s][t] = t < P ? x.prompt[t] : x.response[t - P];
     }
     for (int64_t t = 0; t < n; ++t, ++k) {
-      const int64_t position = P - 1 + t;  // in the sample's input sequence
-      li_a[k] = packed ? placed[static_cast<size_t>(s)].first * L +
-                             placed[static_cast<size_t>(s)].second + position
-                       : s * L + position;
+      if (packed) {
+        const Placement& p = placed[static_cast<size_t>(s)];
+        li_a[k] = p.row * width + (t == 0 ? p.prompt_last : p.response + t - 1);
+      } else {
+        li_a[k] = s * L + P - 1 + t;  // the predicting position in the sample's input sequence
+      }
       ft_a[k] = x.response[t];
       gr_a[k] = s * R + t;
       tg_a[s][t] = x.response[t];
@@ -530,8 +693,8 @@ MicroBatch BuildMicroBatch(const std::vector<TrainSample>& batch, size_t start, 
   if (!device.is_cpu()) {
     for (at::Tensor* t :
          {&mb.inputs, &mb.padded_index, &mb.pack.tokens, &mb.pack.positions, &mb.pack.segments,
-          &mb.pack.logit_index, &mb.flat_targets, &mb.grid_index, &mb.targets, &mb.mask, &mb.adv,
-          &mb.rollout_lp, &mb.old_lp, &mb.rollout_mask, &mb.alpha}) {
+          &mb.pack.trunks, &mb.pack.logit_index, &mb.flat_targets, &mb.grid_index, &mb.targets,
+          &mb.mask, &mb.adv, &mb.rollout_lp, &mb.old_lp, &mb.rollout_mask, &mb.alpha}) {
       if (t->defined()) *t = t->to(device, /*non_blocking=*/false);
     }
   }
@@ -641,7 +804,8 @@ void PolicyTrainer::ComputeOldLogprobs(std::vector<TrainSample>* batch,
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, options.micro_batch_size));
   for (size_t start = 0; start < batch->size(); start += step) {
     const size_t end = std::min(batch->size(), start + step);
-    MicroBatch mb = BuildMicroBatch(*batch, start, end, model_->device(), packing_);
+    MicroBatch mb = BuildMicroBatch(*batch, start, end, model_->device(),
+                                    LayoutFor(model_->spec(), packing_, sharing_));
     at::Tensor logp = ResponseLogprobs(model, mb, options.temperature, chunk_tokens_).cpu();
     auto a = logp.accessor<float, 2>();
     for (int64_t s = 0; s < mb.S; ++s) {
@@ -669,7 +833,8 @@ StatusOr<std::vector<double>> PolicyTrainer::SequenceKl(const std::vector<TrainS
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, micro_batch_size));
   for (size_t start = 0; start < batch.size(); start += step) {
     const size_t end = std::min(batch.size(), start + step);
-    MicroBatch mb = BuildMicroBatch(batch, start, end, model_->device(), packing_);
+    MicroBatch mb = BuildMicroBatch(batch, start, end, model_->device(),
+                                    LayoutFor(model_->spec(), packing_, sharing_));
     const at::Tensor logp = ResponseLogprobs(model, mb, temperature, chunk_tokens_).to(at::kDouble);
     const at::Tensor ref =
         ResponseLogprobs(reference, mb, temperature, chunk_tokens_).to(at::kDouble);
@@ -832,7 +997,9 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
           "mini-batch " + std::to_string(m + 1) + " of " + std::to_string(minis) +
           (m > 0 ? " (the step's earlier mini-batches were rolled back)" : ""));
     }
-    for (const auto& [k, v] : *metrics) sum[k] += (k == "tokens") ? v : v / minis;
+    for (const auto& [k, v] : *metrics) {
+      sum[k] += (k == "tokens" || k == "computed_tokens" || k == "pad_tokens") ? v : v / minis;
+    }
   }
   rollback.committed = true;
   sum["mini_batches"] = static_cast<double>(minis);
@@ -926,12 +1093,15 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
   // micro-batch).
   double mm[6] = {0, 0, 0, 0, 0, 0};
   at::Tensor mm_acc;
+  int64_t computed = 0, pad = 0;  // this rank's positions run through the model
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, options.micro_batch_size));
   for (size_t start = 0; start < batch.size(); start += step) {
     const size_t end = std::min(batch.size(), start + step);
-    MicroBatch mb =
-        BuildMicroBatch(batch, start, end, model_->device(), packing_,
-                        loglinear ? LogLinear{proximal_version, version_} : LogLinear{});
+    MicroBatch mb = BuildMicroBatch(
+        batch, start, end, model_->device(), LayoutFor(model_->spec(), packing_, sharing_),
+        loglinear ? LogLinear{proximal_version, version_} : LogLinear{});
+    computed += mb.computed;
+    pad += mb.pad;
     // A cast copy per micro-batch: its graph goes with the micro-batch's backward.
     std::unique_ptr<model::Transformer> cast;
     const double temp = objective == Objective::kSft ? 1.0 : options.temperature;
@@ -1052,6 +1222,8 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
         reducer_->overlap() ? "data-parallel gradient all-reduce (overlapped with backward)"
                             : "data-parallel gradient all-reduce"));
   }
+  // Positions the group's training forwards ran on, padding among them (summed over ranks below).
+  double computed_sum = static_cast<double>(computed), pad_sum = static_cast<double>(pad);
   // Sharded: this rank's slice of the summed gradient, and its part of the squared norm.
   double shard_sq = 0;
   if (sharded_) {
@@ -1066,10 +1238,25 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     // sums[5] counts the ranks that took part. Gloo can complete a collective without a peer
     // that closed its connections (docs/weight-sync.md); a short count means the summed
     // gradients above lack that rank's part, so the update must not be applied.
-    double sums[16] = {loss_sum,   clip_sum,        kl_sum,     entropy_sum, correct, 1.0,
-                       mm[0],      mm[1],           mm[2],      mm[3],       mm[4],   mm[5],
-                       weight_sum, corr_masked_sum, ref_kl_sum, shard_sq};
-    if (Status s = AllReduce(sums, 16); !s.ok()) {
+    double sums[18] = {loss_sum,
+                       clip_sum,
+                       kl_sum,
+                       entropy_sum,
+                       correct,
+                       1.0,
+                       mm[0],
+                       mm[1],
+                       mm[2],
+                       mm[3],
+                       mm[4],
+                       mm[5],
+                       weight_sum,
+                       corr_masked_sum,
+                       ref_kl_sum,
+                       shard_sq,
+                       static_cast<double>(computed),
+                       static_cast<double>(pad)};
+    if (Status s = AllReduce(sums, 18); !s.ok()) {
       DropGradients();
       return s.WithContext("data-parallel metrics");
     }
@@ -1078,6 +1265,8 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
       return all;
     }
     shard_sq = sums[15];
+    computed_sum = sums[16];
+    pad_sum = sums[17];
     loss_sum = sums[0];
     clip_sum = sums[1];
     kl_sum = sums[2];
@@ -1131,6 +1320,8 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
   m["grad_norm"] = grad_norm;
   m["lr"] = lr;  // what this AdamW step applied (the controller's schedule reaches here)
   m["tokens"] = total_tokens;
+  m["computed_tokens"] = computed_sum;
+  m["pad_tokens"] = pad_sum;
   {
     // What this rank holds between steps (sharded_adamw.h): moments, and gradients.
     int64_t opt_bytes = 0, grad_bytes = 0;

@@ -108,6 +108,14 @@ struct DataParallelOptions {
 
 class GradReducer;
 
+// trainer.prompt_sharing: whether a packed micro-batch lays out the samples that share a prompt
+// (a GRPO group) as one copy of the prompt followed by each sample's response (PackedBatch's
+// trunks), so the prompt's tokens are computed once per group instead of once per sample.
+// kAuto shares when an estimate of the forward's cost (linear layers per token computed,
+// attention per score computed) is lower that way and the attention scores held grow at most
+// 2x; kOn whenever a micro-batch has two samples with the same prompt; kOff never.
+enum class PromptSharing { kAuto, kOn, kOff };
+
 // Sequence packing's layout: sequences of `lengths` tokens placed into rows of `width` (>= the
 // longest), first fit, longest first. Returns each sequence's (row, column); *rows gets the
 // number of rows used (at least 1).
@@ -189,6 +197,10 @@ class PolicyTrainer {
   // give the same log-probs up to floating-point summation order.
   void SetSequencePacking(bool on) { packing_ = on; }
   bool sequence_packing() const { return packing_; }
+  // With sequence packing: shared prompts (PromptSharing; kAuto by default). Same log-probs and
+  // gradients up to floating-point summation order.
+  void SetPromptSharing(PromptSharing mode) { sharing_ = mode; }
+  PromptSharing prompt_sharing() const { return sharing_; }
   // trainer.logprob_chunk_tokens: packed micro-batches compute log-probs and entropies from the
   // LM head's input this many tokens at a time (ops::ChunkedTokenStats), so no [tokens, V] logits
   // tensor is held; 0 materialises the logits (the unchunked baseline).
@@ -257,6 +269,7 @@ class PolicyTrainer {
   std::unique_ptr<model::Transformer> reference_compute_;
   at::ScalarType compute_dtype_ = at::kFloat;
   bool packing_ = true;
+  PromptSharing sharing_ = PromptSharing::kAuto;
   int64_t chunk_tokens_ = 1024;
   const model::Transformer& ComputeReference();
   std::unique_ptr<Optimizer> optimizer_;

@@ -52,6 +52,9 @@ TrainerService::TrainerService(const JobConfig& config, std::unique_ptr<model::T
   dtype_ = dtype.ok() ? *dtype : at::kFloat;
   trainer_.SetComputeDtype(dtype_);
   trainer_.SetSequencePacking(config.trainer.sequence_packing);
+  trainer_.SetPromptSharing(config.trainer.prompt_sharing == "on"    ? PromptSharing::kOn
+                            : config.trainer.prompt_sharing == "off" ? PromptSharing::kOff
+                                                                     : PromptSharing::kAuto);
   trainer_.SetLogprobChunkTokens(config.trainer.logprob_chunk_tokens);
   trainer_.SetActivationCheckpointing(config.trainer.activation_checkpointing);
   // Validated configuration, fresh trainer with float32 master weights: cannot fail.

@@ -203,7 +203,11 @@ Status SaveTrainerState(const std::string& dir, const PolicyTrainer& trainer,
     GYRE_RETURN_IF_ERROR(
         model::SaveSafetensors(dir + "/" + ShardFileName(l.rank, l.ranks),
                                {{"exp_avg", st.exp_avg}, {"exp_avg_sq", st.exp_avg_sq}}));
-    if (l.rank != 0) return SyncDirectory(dir);
+    if (l.rank != 0) {
+      // Only this rank's file: rank 0 writes (and syncs) the rest of the directory.
+      GYRE_RETURN_IF_ERROR(SyncPath(dir + "/" + ShardFileName(l.rank, l.ranks)));
+      return SyncPath(dir);
+    }
     for (size_t i = 0; i < params.size(); ++i) {
       const auto& [name, p] = params[i];
       entries.push_back({{"name", name}, {"shape", p.sizes().vec()}, {"step", st.steps[i]}});

@@ -6,6 +6,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
 
 #include "gyre/torch.h"
 #include "testing/tensor_compare.h"
@@ -59,6 +63,44 @@ TEST(PolicyTrainerTest, MicroBatchingGivesTheSameUpdateAsOneBatch) {
   }
 }
 
+// Sample i of the layout tests: `prompt`, a response of `length` tokens, behaviour log-probs,
+// and an advantage that varies with i.
+TrainSample LayoutSample(std::vector<int32_t> prompt, int64_t length, int i) {
+  TrainSample s;
+  s.prompt = std::move(prompt);
+  s.response.resize(static_cast<size_t>(length));
+  for (size_t t = 0; t < s.response.size(); ++t) {
+    s.response[t] = static_cast<int32_t>((7 * i + 3 * t) % 24);
+  }
+  s.rollout_logprobs.assign(s.response.size(), -2.0f);
+  s.advantage = (i % 2 == 0 ? 1.0f : -0.5f) * (1 + i % 4);
+  return s;
+}
+
+// A step configuration of the layout tests.
+struct LayoutCase {
+  Objective objective;
+  int64_t micro, minis;
+  double entropy;
+  TrainOptions Options() const {
+    TrainOptions o = trainer::Options(micro);
+    o.mini_batches = minis;
+    o.entropy_coef = entropy;
+    return o;
+  }
+};
+
+// Two layouts of the same step: the same loss and telemetry, and the same update, up to float32
+// reordering.
+void ExpectSameStep(const std::map<std::string, double>& a, const std::map<std::string, double>& b,
+                    const PolicyTrainer& ta, const PolicyTrainer& tb) {
+  for (const char* key : {"loss", "grad_norm", "entropy", "tokens", "token_accuracy"}) {
+    ASSERT_TRUE(a.count(key) && b.count(key)) << key;
+    EXPECT_NEAR(a.at(key), b.at(key), 1e-6 + 1e-5 * std::abs(b.at(key))) << key;
+  }
+  EXPECT_TRUE(testing::AllClose(Flat(ta), Flat(tb), {1e-5, 1e-6, 1e-5}));
+}
+
 // Sequence packing (the default, log-probs in chunks of tokens or from materialised logits, with
 // or without activation checkpointing) and one right-padded row per sample give the same step:
 // loss, telemetry and update agree within float32 reordering, for both objectives, one or several
@@ -67,26 +109,16 @@ TEST(PolicyTrainerTest, MicroBatchingGivesTheSameUpdateAsOneBatch) {
 TEST(PolicyTrainerTest, PackedRowsGiveTheSameStepAsPaddedRows) {
   std::vector<TrainSample> batch;
   for (int i = 0; i < 9; ++i) {
-    TrainSample s;
-    s.prompt = {1, static_cast<int32_t>(3 + i % 4), 5, static_cast<int32_t>(2 + i % 3)};
-    s.response.resize(static_cast<size_t>(1 + (i * 5) % 13));
-    for (size_t t = 0; t < s.response.size(); ++t)
-      s.response[t] = static_cast<int32_t>((7 * i + 3 * t) % 24);
-    s.rollout_logprobs.assign(s.response.size(), -2.0f);
-    s.advantage = (i % 2 == 0 ? 1.0f : -0.5f) * (1 + i % 4);
-    batch.push_back(s);
+    batch.push_back(
+        LayoutSample({1, static_cast<int32_t>(3 + i % 4), 5, static_cast<int32_t>(2 + i % 3)},
+                     1 + (i * 5) % 13, i));
   }
   batch[4].loss_mask.assign(batch[4].response.size(), 1.0f);
   batch[4].loss_mask[1] = 0.0f;
-  struct Case {
-    Objective objective;
-    int64_t micro, minis;
-    double entropy;
-  };
-  for (const Case c :
-       {Case{Objective::kPolicyGradient, 64, 1, 0.0}, Case{Objective::kSft, 3, 1, 0.0},
-        Case{Objective::kPolicyGradient, 4, 1, 0.01},
-        Case{Objective::kPolicyGradient, 2, 3, 0.0}}) {
+  for (const LayoutCase c :
+       {LayoutCase{Objective::kPolicyGradient, 64, 1, 0.0}, LayoutCase{Objective::kSft, 3, 1, 0.0},
+        LayoutCase{Objective::kPolicyGradient, 4, 1, 0.01},
+        LayoutCase{Objective::kPolicyGradient, 2, 3, 0.0}}) {
     SCOPED_TRACE("micro " + std::to_string(c.micro) + " minis " + std::to_string(c.minis));
     // Packed with log-probs in chunks of 4 tokens (several per micro-batch), packed with
     // materialised logits, packed with activation checkpointing, and padded.
@@ -101,20 +133,113 @@ TEST(PolicyTrainerTest, PackedRowsGiveTheSameStepAsPaddedRows) {
     checkpointed.SetActivationCheckpointing(true);
     EXPECT_TRUE(checkpointed.activation_checkpointing());
     padded.SetSequencePacking(false);
-    TrainOptions o = Options(c.micro);
-    o.mini_batches = c.minis;
-    o.entropy_coef = c.entropy;
+    const TrainOptions o = c.Options();
     auto b = padded.Step(batch, c.objective, 1e-2, o);
     ASSERT_TRUE(b.ok()) << b.status();
     for (PolicyTrainer* t : {&packed, &unchunked, &checkpointed}) {
       auto a = t->Step(batch, c.objective, 1e-2, o);
       ASSERT_TRUE(a.ok()) << a.status();
-      for (const char* key : {"loss", "grad_norm", "entropy", "tokens", "token_accuracy"}) {
-        ASSERT_TRUE(a->count(key) && b->count(key)) << key;
-        EXPECT_NEAR((*a)[key], (*b)[key], 1e-6 + 1e-5 * std::abs((*b)[key])) << key;
-      }
-      EXPECT_TRUE(testing::AllClose(Flat(*t), Flat(padded), {1e-5, 1e-6, 1e-5}));
+      ExpectSameStep(*a, *b, *t, padded);
     }
+  }
+}
+
+// Shared prompts (trainer.prompt_sharing): samples with the same prompt, in groups of 1 to 4
+// spread over the batch (so micro-batches cut through groups), with responses of 1 token (no
+// input of their own) to 9, give the same step laid out as one prompt copy per group as padded
+// or packed without sharing: loss, telemetry and update within float32 reordering, for both
+// objectives, chunked and unchunked log-probs, activation checkpointing, and mini-batches.
+TEST(PolicyTrainerTest, SharedPromptsGiveTheSameStepAsUnsharedRows) {
+  std::vector<TrainSample> batch;
+  for (int i = 0; i < 14; ++i) {
+    const int group = i % 5 == 4 ? 4 : i % 4;  // groups 0-3, and samples 4 and 9 (group 4)
+    std::vector<int32_t> prompt = {1, static_cast<int32_t>(3 + group), 5,
+                                   static_cast<int32_t>(2 + group % 3)};
+    if (group == 2) prompt.push_back(11);
+    batch.push_back(LayoutSample(prompt, 1 + (i * 5) % 9, i));
+  }
+  batch[5].loss_mask.assign(batch[5].response.size(), 1.0f);
+  batch[5].loss_mask[1] = 0.0f;
+  for (const LayoutCase c :
+       {LayoutCase{Objective::kPolicyGradient, 64, 1, 0.0}, LayoutCase{Objective::kSft, 8, 1, 0.0},
+        LayoutCase{Objective::kPolicyGradient, 6, 1, 0.01},
+        LayoutCase{Objective::kPolicyGradient, 7, 2, 0.0}}) {
+    SCOPED_TRACE("micro " + std::to_string(c.micro) + " minis " + std::to_string(c.minis));
+    PolicyTrainer padded(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+    PolicyTrainer unshared(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+    PolicyTrainer shared(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+    PolicyTrainer unchunked(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+    PolicyTrainer checkpointed(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+    EXPECT_EQ(shared.prompt_sharing(), PromptSharing::kAuto);
+    padded.SetSequencePacking(false);
+    unshared.SetPromptSharing(PromptSharing::kOff);
+    for (PolicyTrainer* t : {&shared, &unchunked, &checkpointed}) {
+      t->SetPromptSharing(PromptSharing::kOn);
+    }
+    shared.SetLogprobChunkTokens(3);
+    unchunked.SetLogprobChunkTokens(0);
+    checkpointed.SetActivationCheckpointing(true);
+    const TrainOptions o = c.Options();
+    auto b = padded.Step(batch, c.objective, 1e-2, o);
+    ASSERT_TRUE(b.ok()) << b.status();
+    std::map<PolicyTrainer*, double> computed;  // positions computed that are not padding
+    for (PolicyTrainer* t : {&unshared, &shared, &unchunked, &checkpointed}) {
+      auto a = t->Step(batch, c.objective, 1e-2, o);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ExpectSameStep(*a, *b, *t, padded);
+      computed[t] = (*a)["computed_tokens"] - (*a)["pad_tokens"];
+    }
+    // The model ran on fewer positions when sharing: each group's prompt once, per micro-batch.
+    double unique = 0;
+    const size_t step = static_cast<size_t>(c.micro);  // also the mini-batch size (7 of 14)
+    for (size_t start = 0; start < batch.size(); start += step) {
+      std::set<std::vector<int32_t>> seen;
+      for (size_t i = start; i < std::min(batch.size(), start + step); ++i) {
+        if (seen.insert(batch[i].prompt).second)
+          unique += static_cast<double>(batch[i].prompt.size());
+        unique += static_cast<double>(batch[i].response.size()) - 1;
+      }
+    }
+    EXPECT_EQ(computed[&shared], unique);
+    EXPECT_EQ(computed[&unshared], (*b)["computed_tokens"] - (*b)["pad_tokens"]);
+    EXPECT_LT(computed[&shared], computed[&unshared]);
+  }
+}
+
+// trainer.prompt_sharing: auto decides group by group. A group of short answers to a long
+// prompt is shared (one 14-token unit instead of four 11-token rows), while sharing a group of
+// long answers to a short prompt would make one 78-token unit whose attention costs more than
+// the two prompt tokens it saves, so those keep their own rows. Positions computed, padding
+// aside: 92 all shared, 128 none, 98 for auto; each the same update as padded.
+TEST(PolicyTrainerTest, AutoPromptSharingDecidesGroupByGroup) {
+  std::vector<TrainSample> batch;
+  for (int i = 0; i < 8; ++i) {
+    TrainSample s;
+    const bool short_answers = i % 2 == 0;  // the two groups interleaved
+    s.prompt = short_answers ? std::vector<int32_t>{1, 3, 5, 7, 9, 11, 13, 15, 17, 19}
+                             : std::vector<int32_t>{2, 4};
+    s.response.resize(short_answers ? 2 : 20);
+    for (size_t t = 0; t < s.response.size(); ++t) {
+      s.response[t] = static_cast<int32_t>((5 * i + 3 * t) % 24);
+    }
+    s.rollout_logprobs.assign(s.response.size(), -2.0f);
+    s.advantage = i % 4 < 2 ? 1.0f : -1.0f;
+    batch.push_back(s);
+  }
+  PolicyTrainer padded(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+  padded.SetSequencePacking(false);
+  auto b = padded.Step(batch, Objective::kPolicyGradient, 1e-2, Options(64));
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (auto [mode, useful] :
+       {std::pair{PromptSharing::kOn, 92.0}, std::pair{PromptSharing::kOff, 128.0},
+        std::pair{PromptSharing::kAuto, 98.0}}) {
+    PolicyTrainer t(model::Transformer::Create(Spec(), 3, 0.1), 1e-2, 0, 0.9, 0.999);
+    t.SetPromptSharing(mode);
+    auto a = t.Step(batch, Objective::kPolicyGradient, 1e-2, Options(64));
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ((*a)["computed_tokens"] - (*a)["pad_tokens"], useful) << static_cast<int>(mode);
+    EXPECT_NEAR((*a)["loss"], (*b)["loss"], 1e-6 + 1e-5 * std::abs((*b)["loss"]));
+    EXPECT_TRUE(testing::AllClose(Flat(t), Flat(padded), {1e-5, 1e-6, 1e-5}));
   }
 }
 
