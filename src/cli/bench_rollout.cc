@@ -26,13 +26,15 @@ namespace {
 constexpr char kUsage[] =
     "usage: gyre bench rollout --model DIR [options] [--json FILE]\n"
     "\n"
-    "Generates one batch of prompt groups three ways with the paged engine, on the same model\n"
-    "and workload, with the same sampling (ops::SampleRows) and seeds:\n"
+    "Generates one batch of prompt groups several ways with the paged engine, on the same\n"
+    "model and workload, with the same sampling (ops::SampleRows) and seeds:\n"
     "  static             static scheduling: samples are admitted only into an empty batch;\n"
     "                     finished samples leave it, but nothing joins until all have\n"
     "                     finished (the baseline)\n"
     "  continuous         continuous batching, no prefix sharing\n"
     "  continuous+prefix  continuous batching with group prefix sharing (the default)\n"
+    "  continuous+prefix/aten  (CPU, float32) the same through the forward's general path of\n"
+    "                     ATen ops instead of its fused CPU kernels (model/cpu_decode.h)\n"
     "Response lengths follow a long-tail (lognormal)\n"
     "distribution: sample i of the workload stops after exactly its drawn length. Reports\n"
     "generated tokens/s, the time to finish the group batch, KV-cache utilisation (positions\n"
@@ -74,6 +76,7 @@ struct Mode {
   const char* name;
   rollout::Scheduling scheduling;
   bool prefix_sharing;
+  bool aten_forward = false;  // the forward's general ATen path instead of the fused CPU kernels
 };
 
 struct Measured {
@@ -278,11 +281,16 @@ int RunBenchRollout(const std::vector<std::string>& args) {
     }
   }
 
-  const std::vector<Mode> modes = {
+  std::vector<Mode> modes = {
       {"static", rollout::Scheduling::kStatic, false},
       {"continuous", rollout::Scheduling::kContinuous, false},
       {"continuous+prefix", rollout::Scheduling::kContinuous, true},
   };
+  // On the CPU in float32 the forward runs the fused kernels (model/cpu_decode.h); the same
+  // mode through the general path of ATen ops is their baseline.
+  if (!cuda && (*model)->dtype() == at::kFloat) {
+    modes.push_back({"continuous+prefix/aten", rollout::Scheduling::kContinuous, true, true});
+  }
   BenchReport report("rollout");
   report.SetContext("model", dir);
   report.SetContext("device", cuda ? "cuda:0" : "cpu");
@@ -325,6 +333,7 @@ int RunBenchRollout(const std::vector<std::string>& args) {
   std::vector<Measured> measured;
   for (const Mode& mode : modes) {
     std::fprintf(stderr, "bench rollout: %s ...\n", mode.name);
+    (*model)->SetFeatureMajorDecode(!mode.aten_forward);
     auto m = RunMode(**model, config, mode, requests);
     if (!m.ok()) {
       std::fprintf(stderr, "gyre bench rollout: %s: %s\n", mode.name,

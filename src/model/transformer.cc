@@ -10,6 +10,7 @@
 #include <map>
 
 #include "common/check.h"
+#include "model/cpu_decode.h"
 
 namespace gyre::model {
 
@@ -64,9 +65,10 @@ struct Transformer::Impl {
   at::Tensor embed;
   std::vector<Layer> layers;
   at::Tensor final_norm;
-  at::Tensor lm_head;              // undefined when tied
-  at::Tensor inv_freq;             // [head_dim / 2], float32
-  bool checkpoint_layers = false;  // SetActivationCheckpointing
+  at::Tensor lm_head;                // undefined when tied
+  at::Tensor inv_freq;               // [head_dim / 2], float32
+  bool checkpoint_layers = false;    // SetActivationCheckpointing
+  bool feature_major_decode = true;  // SetFeatureMajorDecode
 
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w) const {
     // HF numerics: normalise in float32, then scale by the weight.
@@ -236,18 +238,16 @@ struct Transformer::Impl {
     at::Tensor rows;    // int64 [D]: their rows among the N new tokens
     at::Tensor tables;  // int64 [D, blocks]
     at::Tensor mask;    // bool [D, 1, 1, blocks * block_size]: position < context length
+    at::Tensor lens;    // int64 [D] context lengths on the host, or undefined (then SDPA)
   };
 
-  // Paged attention for the flattened batch: x [1, N, H]. Each bucket of decoding sequences
-  // (one new token each) shares one attention call over its gathered blocks; each prefill chunk
-  // gets its own call.
+  // Paged attention for the flattened batch x [1, N, H]: projections, the new keys and values
+  // into the cache, AttendPaged, the output projection.
   at::Tensor PagedAttention(const Layer& l, const at::Tensor& x, const at::Tensor& cos,
                             const at::Tensor& sin, const PagedBatch& b,
                             const std::vector<DecodeBucket>& buckets, PagedKvCache* cache,
                             int layer_index) const {
-    const int64_t N = x.size(1);
-    const int64_t nh = spec.num_heads, nkv = spec.num_kv_heads, hd = spec.head_dim;
-    const int64_t bs = cache->block_size;
+    const int64_t nkv = spec.num_kv_heads, hd = spec.head_dim;
     auto [q4, k4, v4] = Project(l, x, cos, sin, /*infer=*/true);
     at::Tensor q = q4.squeeze(0).transpose(0, 1);  // [N, nh, hd]
     at::Tensor k = k4.squeeze(0).transpose(0, 1);  // [N, nkv, hd]
@@ -256,8 +256,46 @@ struct Transformer::Impl {
     const at::Tensor& v_blocks = cache->v[layer_index];
     k_blocks.view({-1, nkv, hd}).index_copy_(0, b.slots, k.contiguous());
     v_blocks.view({-1, nkv, hd}).index_copy_(0, b.slots, v.contiguous());
-    at::Tensor out = at::empty({N, nh * hd}, x.options());
+    return InferLinear(AttendPaged(q, b, buckets, *cache, layer_index).unsqueeze(0), l.o_proj);
+  }
+
+  // Attention of the N new queries q [N, nh, hd] (their keys and values already in the cache)
+  // -> [N, nh * hd]: each bucket of decoding sequences in one call, each prefill chunk in its own.
+  at::Tensor AttendPaged(const at::Tensor& q, const PagedBatch& b,
+                         const std::vector<DecodeBucket>& buckets, const PagedKvCache& cache,
+                         int layer_index) const {
+    const int64_t N = q.size(0);
+    const int64_t nh = spec.num_heads, nkv = spec.num_kv_heads, hd = spec.head_dim;
+    const int64_t bs = cache.block_size;
+    const at::Tensor& k_blocks = cache.k[layer_index];  // [num_blocks, bs, nkv, hd]
+    const at::Tensor& v_blocks = cache.v[layer_index];
+    at::Tensor out = at::empty({N, nh * hd}, q.options());
+    const bool direct = q.is_cpu() && q.scalar_type() == at::kFloat && k_blocks.is_contiguous() &&
+                        v_blocks.is_contiguous();
+    at::Tensor q_rows;  // [N, nh * hd] contiguous, for the direct kernel
+    if (direct) q_rows = q.reshape({N, nh * hd}).contiguous();
     for (const DecodeBucket& d : buckets) {
+      if (direct && d.lens.defined()) {
+        // Straight from the cache blocks, no gather (cpu_decode.h).
+        PagedDecodeAttentionArgs a;
+        a.rows = d.rows.data_ptr<int64_t>();
+        a.q = q_rows.data_ptr<float>();
+        a.q_row_stride = nh * hd;
+        a.k_blocks = k_blocks.data_ptr<float>();
+        a.v_blocks = v_blocks.data_ptr<float>();
+        a.tables = d.tables.data_ptr<int64_t>();
+        a.table_stride = d.tables.size(1);
+        a.lens = d.lens.data_ptr<int64_t>();
+        a.out = out.data_ptr<float>();
+        a.num_seqs = d.rows.size(0);
+        a.num_heads = nh;
+        a.kv_heads = nkv;
+        a.head_dim = hd;
+        a.block_size = bs;
+        a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+        PagedDecodeAttention(a);
+        continue;
+      }
       const int64_t D = d.tables.size(0), S = d.tables.size(1) * bs;
       at::Tensor flat = d.tables.reshape({-1});
       at::Tensor kd = k_blocks.index_select(0, flat).view({D, S, nkv, hd}).transpose(1, 2);
@@ -297,7 +335,108 @@ struct Transformer::Impl {
       }
       start += T;
     }
-    return InferLinear(out.unsqueeze(0), l.o_proj);
+    return out;
+  }
+
+  // PagedLayers for float32 CPU batches of at least kFeatureMajorRows rows (FeatureMajor).
+  // Activations stay feature-major, h^T [H, N], so every matmul computes W x^T with the weight
+  // as the streamed operand and no transposes (see InferLinear), and the norms, biases, q/k
+  // norms, RoPE, cache writes and decode attention are the kernels of cpu_decode.h: about a
+  // dozen calls per layer instead of some fifty small ATen ops. Returns h^T [H, N].
+  static constexpr int64_t kFeatureMajorRows = 16;  // the 16-row rule of InferLinear
+  bool FeatureMajor(const at::Tensor& tokens) const {
+    return feature_major_decode && embed.is_cpu() && embed.scalar_type() == at::kFloat &&
+           tokens.numel() >= kFeatureMajorRows && !layers.empty() &&
+           layers[0].gate_proj.numel() >= (int64_t{1} << 16);
+  }
+  at::Tensor PagedLayersFeatureMajor(const PagedBatch& b, const std::vector<DecodeBucket>& buckets,
+                                     PagedKvCache* cache) const {
+    const int64_t N = b.tokens.numel(), H = spec.hidden_size;
+    const int64_t nh = spec.num_heads, nkv = spec.num_kv_heads, hd = spec.head_dim;
+    const int64_t fq = nh * hd, fkv = nkv * hd;
+    auto opts = embed.options();
+    at::Tensor h = at::embedding(embed, b.tokens).t().contiguous();  // [H, N]
+    auto [cos, sin] = Rope(b.positions.view({1, N}));                // [1, 1, N, hd]
+    cos = cos.contiguous();
+    sin = sin.contiguous();
+    at::Tensor slots = b.slots.contiguous();
+    at::Tensor x = at::empty({H, N}, opts);
+    at::Tensor qkv = at::empty({fq + 2 * fkv, N}, opts);
+    at::Tensor q_rows = at::empty({N, nh, hd}, opts);
+    at::Tensor a_mlp;
+    auto ptr = [](const at::Tensor& t) -> float* {
+      if (!t.defined()) return nullptr;
+      GYRE_CHECK(t.is_contiguous()) << "a norm or bias weight is not contiguous";
+      return t.data_ptr<float>();
+    };
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const Layer& l = layers[i];
+      RmsNormColumns(h.data_ptr<float>(), ptr(l.input_norm), H, N, spec.rms_norm_eps,
+                     x.data_ptr<float>());
+      at::Tensor q_t = qkv.narrow(0, 0, fq), k_t = qkv.narrow(0, fq, fkv);
+      at::Tensor v_t = qkv.narrow(0, fq + fkv, fkv);
+      at::mm_out(q_t, l.q_proj, x);
+      at::mm_out(k_t, l.k_proj, x);
+      at::mm_out(v_t, l.v_proj, x);
+      const at::Tensor& k_cache = cache->k[i];
+      const at::Tensor& v_cache = cache->v[i];
+      GYRE_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous()) << "paged cache not dense";
+      RopeStoreArgs r;
+      r.qkv = qkv.data_ptr<float>();
+      r.cols = N;
+      r.num_heads = nh;
+      r.kv_heads = nkv;
+      r.head_dim = hd;
+      r.q_bias = ptr(l.q_bias);
+      r.k_bias = ptr(l.k_bias);
+      r.v_bias = ptr(l.v_bias);
+      if (spec.qk_norm) {
+        r.q_norm = ptr(l.q_norm);
+        r.k_norm = ptr(l.k_norm);
+      }
+      r.eps = spec.rms_norm_eps;
+      r.cos = cos.data_ptr<float>();
+      r.sin = sin.data_ptr<float>();
+      r.slots = slots.data_ptr<int64_t>();
+      r.q_out = q_rows.data_ptr<float>();
+      r.k_cache = k_cache.data_ptr<float>();
+      r.v_cache = v_cache.data_ptr<float>();
+      RopeStore(r);
+      at::Tensor attn_t =
+          AttendPaged(q_rows, b, buckets, *cache, static_cast<int>(i)).t().contiguous();
+      h.addmm_(l.o_proj, attn_t);  // h += W_o attn^T
+      RmsNormColumns(h.data_ptr<float>(), ptr(l.post_norm), H, N, spec.rms_norm_eps,
+                     x.data_ptr<float>());
+      at::Tensor gate = at::mm(l.gate_proj, x);
+      at::silu_(gate).mul_(at::mm(l.up_proj, x));
+      h.addmm_(l.down_proj, gate);  // h += W_down (silu(W_gate x) * W_up x)
+    }
+    return h;
+  }
+
+  // Final norm and LM head for feature-major hidden states h^T [H, N]: logits [rows, V] of the
+  // selected columns (all of them when `rows` is undefined), in float32.
+  at::Tensor LogitsFeatureMajor(const at::Tensor& h, const at::Tensor& rows) const {
+    at::Tensor sel = rows.defined() ? h.index_select(1, rows) : h;
+    const int64_t H = sel.size(0), R = sel.size(1);
+    at::Tensor x = at::empty({H, R}, sel.options());
+    RmsNormColumns(sel.data_ptr<float>(), final_norm.data_ptr<float>(), H, R, spec.rms_norm_eps,
+                   x.data_ptr<float>());
+    // The LM head in slices of the vocabulary: one call over a large head (SmolLM2: 49152 x 576)
+    // spends much of its time repacking the weight; slices that fit the cache run about 1.2x
+    // faster, and each slice's transpose into the [rows, V] result is read while still cached.
+    const at::Tensor& head = spec.tie_embeddings ? embed : lm_head;
+    const int64_t V = head.size(0);
+    constexpr int64_t kSlice = 2048;
+    at::Tensor logits = at::empty({R, V}, sel.options());
+    at::Tensor part = at::empty({std::min(kSlice, V), R}, sel.options());
+    for (int64_t v0 = 0; v0 < V; v0 += kSlice) {
+      const int64_t n = std::min(kSlice, V - v0);
+      at::Tensor p = part.narrow(0, 0, n);
+      at::mm_out(p, head.narrow(0, v0, n), x);
+      logits.narrow(1, v0, n).copy_(p.t());
+    }
+    return logits;
   }
 
   // Embedding and every decoder layer over the flattened batch: hidden states [1, N, H].
@@ -589,11 +728,17 @@ at::Tensor Transformer::ForwardPaged(const PagedBatch& b, PagedKvCache* cache) c
                    .narrow(1, 0, max_blocks)
                    .contiguous();
     const int64_t S = max_blocks * bs;
-    d.mask = (at::arange(S, lopts).view({1, S}) < at::tensor(lens, lopts).view({D, 1}))
-                 .view({D, 1, 1, S});
+    d.lens = at::tensor(lens, lopts);
+    d.mask = (at::arange(S, lopts).view({1, S}) < d.lens.view({D, 1})).view({D, 1, 1, S});
     buckets.push_back(std::move(d));
   }
   const Impl& m = *impl_;
+  if (m.FeatureMajor(b.tokens)) {
+    at::Tensor h = m.PagedLayersFeatureMajor(b, buckets, cache);
+    const bool all_rows = static_cast<int64_t>(b.logit_rows.size()) == N &&
+                          std::is_sorted(b.logit_rows.begin(), b.logit_rows.end());
+    return m.LogitsFeatureMajor(h, all_rows ? at::Tensor() : at::tensor(b.logit_rows, lopts));
+  }
   at::Tensor h = m.PagedLayers(b, buckets, cache);
   at::Tensor rows = h.squeeze(0).index_select(0, at::tensor(b.logit_rows, lopts));
   rows = m.RmsNorm(rows, m.final_norm);
@@ -652,6 +797,7 @@ std::unique_ptr<Transformer> Transformer::CastOf(const Transformer& src, at::Sca
 }
 
 void Transformer::SetActivationCheckpointing(bool on) { impl_->checkpoint_layers = on; }
+void Transformer::SetFeatureMajorDecode(bool on) { impl_->feature_major_decode = on; }
 bool Transformer::activation_checkpointing() const { return impl_->checkpoint_layers; }
 
 at::Device Transformer::device() const { return impl_->embed.device(); }

@@ -130,6 +130,11 @@ class Transformer {
   void SetActivationCheckpointing(bool on);
   bool activation_checkpointing() const;
 
+  // ForwardPaged of float32 CPU batches of at least 16 rows runs feature-major with the fused
+  // kernels of model/cpu_decode.h (on by default). Off: the general path of ATen ops, which
+  // computes the same values up to float rounding (tests and benchmarks compare the two).
+  void SetFeatureMajorDecode(bool on);
+
   // Allocates an empty cache for `batch` sequences of up to `capacity` positions.
   KvCache NewCache(int64_t batch, int64_t capacity) const;
 

@@ -1159,15 +1159,17 @@ TEST(BenchTest, RolloutWritesTheTableAndJson) {
        {"groups", "group_size", "max_running", "kv_blocks", "response_len_mean"}) {
     EXPECT_TRUE(j["context"].contains(key)) << key;
   }
-  ASSERT_EQ(j["results"].size(), 3u);
-  const std::vector<std::string> modes = {"static", "continuous", "continuous+prefix"};
+  // On the CPU in float32, a fourth row: continuous+prefix through the forward's ATen path.
+  ASSERT_EQ(j["results"].size(), 4u);
+  const std::vector<std::string> modes = {"static", "continuous", "continuous+prefix",
+                                          "continuous+prefix/aten"};
   const double ceiling = j["context"]["ceiling_tokens_per_s"].get<double>();
   EXPECT_GT(j["context"]["matmul_peak_gflops"].get<double>(), 0.1);
   EXPECT_NEAR(ceiling,
               j["context"]["matmul_peak_gflops"].get<double>() * 1e9 /
                   (2.0 * j["context"]["matmul_params"].get<double>()),
               1e-9 * ceiling);
-  for (size_t i = 0; i < 3; ++i) {
+  for (size_t i = 0; i < modes.size(); ++i) {
     const auto& r = j["results"][i];
     EXPECT_EQ(r["mode"], modes[i]);
     for (const char* key : {"tokens_per_s", "batch_time_s", "speedup", "kv_util_mean",
@@ -1194,6 +1196,7 @@ TEST(BenchTest, RolloutWritesTheTableAndJson) {
   }
   // Prefix sharing prefills each of the 6 prompts once instead of 4 times.
   EXPECT_EQ(j["results"][2]["prefill_tokens"], 6 * 8);
+  EXPECT_EQ(j["results"][3]["prefill_tokens"], 6 * 8);
   EXPECT_EQ(j["results"][1]["prefill_tokens"], 6 * 4 * 8);
 
   p = GyreProcess::Start({"bench", "rollout", "--groups", "0"}, dir + "/b");

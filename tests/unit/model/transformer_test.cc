@@ -300,6 +300,87 @@ TEST_P(TransformerTest, FixedShapeDecodeEqualsPagedDecode) {
   }
 }
 
+// The feature-major CPU forward (float32, >= 16 rows, the fused kernels of cpu_decode.h)
+// computes what the general path of ATen ops computes, up to float rounding: logits and cache
+// contents, over a prefill of 18 sequences, a decode step of all of them (contexts in
+// several length buckets), and a mixed step of decodes, a new prefill chunk and a subset of
+// logit rows.
+TEST_P(TransformerTest, FeatureMajorPagedForwardEqualsTheGeneralPath) {
+  auto [tied, bias, qk_norm, qwen3_like] = GetParam();
+  ModelSpec spec = testing::TinySpec(300, 256, 2, 4, 2, 512, 64);  // gate_proj >= 64K weights
+  spec.tie_embeddings = tied;
+  spec.attention_bias = bias;
+  spec.qk_norm = qk_norm;
+  if (qwen3_like) {
+    spec.head_dim = 48;
+    spec.rope_type = "llama3";
+    spec.rope_factor = 8;
+    spec.rope_original_max_position = 4;
+  }
+  auto model = Transformer::Create(spec, 5, 0.0625);
+  if (bias) {  // non-zero biases, so that a bias the kernels dropped shows
+    c10::InferenceMode guard;
+    for (auto& [name, t] : model->NamedParameters()) {
+      if (name.find("bias") != std::string::npos) t.uniform_(-0.5, 0.5);
+    }
+  }
+  c10::InferenceMode guard;
+  const int64_t bs = 4, per_seq = 5, num_seqs = 19;
+  PagedKvCache fused = model->NewPagedCache(num_seqs * per_seq, bs);
+  PagedKvCache general = model->NewPagedCache(num_seqs * per_seq, bs);
+  std::vector<int64_t> length(num_seqs, 0);
+  auto table = [&](int64_t s, int64_t b) { return s * per_seq + (per_seq - 1 - b); };  // reversed
+  // One step: (sequence, number of new tokens) in row order; logits of `logit_rows`.
+  auto step = [&](const std::vector<std::pair<int64_t, int64_t>>& work,
+                  std::vector<int64_t> logit_rows) {
+    PagedBatch b;
+    std::vector<int64_t> toks, pos, slots, tables;
+    for (const auto& [s, n] : work) {
+      for (int64_t p = length[s]; p < length[s] + n; ++p) {
+        toks.push_back((s * 31 + p * 7) % 300);
+        pos.push_back(p);
+        slots.push_back(table(s, p / bs) * bs + p % bs);
+      }
+      length[s] += n;
+      b.query_lens.push_back(n);
+      b.context_lens.push_back(length[s]);
+      for (int64_t k = 0; k < per_seq; ++k) tables.push_back(table(s, k));
+    }
+    b.tokens = at::tensor(toks, at::kLong);
+    b.positions = at::tensor(pos, at::kLong);
+    b.slots = at::tensor(slots, at::kLong);
+    b.block_tables =
+        at::tensor(tables, at::kLong).view({static_cast<int64_t>(work.size()), per_seq});
+    b.logit_rows = std::move(logit_rows);
+    model->SetFeatureMajorDecode(true);
+    at::Tensor got = model->ForwardPaged(b, &fused);
+    model->SetFeatureMajorDecode(false);
+    at::Tensor want = model->ForwardPaged(b, &general);
+    EXPECT_TRUE(AllClose(got, want, kReordered));
+    for (size_t l = 0; l < fused.k.size(); ++l) {
+      EXPECT_TRUE(AllClose(fused.k[l], general.k[l], kReordered)) << "layer " << l << " keys";
+      EXPECT_TRUE(AllClose(fused.v[l], general.v[l], kReordered)) << "layer " << l << " values";
+    }
+  };
+  std::vector<std::pair<int64_t, int64_t>> prefill, decode;
+  std::vector<int64_t> last_rows, all_rows;
+  int64_t rows = 0;
+  for (int64_t s = 0; s < num_seqs - 1; ++s) {
+    const int64_t n = 1 + (s * 5) % 9;  // 1 .. 9 tokens
+    prefill.emplace_back(s, n);
+    rows += n;
+    last_rows.push_back(rows - 1);
+    decode.emplace_back(s, 1);
+    all_rows.push_back(s);
+  }
+  step(prefill, last_rows);
+  step(decode, all_rows);
+  // Mixed: decodes around a new sequence's 6-token prefill chunk; some rows' logits.
+  std::vector<std::pair<int64_t, int64_t>> mixed = decode;
+  mixed.insert(mixed.begin() + 3, {num_seqs - 1, 6});
+  step(mixed, {0, 8, 2, 20, 23});
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, TransformerTest,
                          ::testing::Values(std::make_tuple(true, false, false, false),
                                            std::make_tuple(false, true, false, false),
