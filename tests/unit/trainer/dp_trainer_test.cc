@@ -428,8 +428,11 @@ TEST(DataParallelTrainerTest, ShardedOptimizerOnOneTwoAndFourRanksMatchesUnshard
         setup.shard = shard;
         const RunResult sharded = TrainRanks(setup);
         ASSERT_EQ(sharded.metrics.size(), plain.metrics.size());
-        // One rank: the same arithmetic on slices as torch::optim::AdamW on whole tensors.
-        const testing::Tolerance tol = ranks == 1 ? testing::Tolerance{1e-7, 1e-9, 1e-7}
+        // One rank: the same arithmetic on slices as torch::optim::AdamW on whole tensors. With
+        // AVX-512 kernels a slice boundary moves which elements take the vector body and which
+        // the tail: measured 1.8e-7 after the steps on values up to 1.02 (0 with AVX2). A step
+        // size off by 0.1% moves the weights by about 1e-5.
+        const testing::Tolerance tol = ranks == 1 ? testing::Tolerance{1e-6, 1e-8, 1e-6}
                                                   : testing::Tolerance{1e-5, 1e-6, 1e-5};
         EXPECT_TRUE(testing::AllClose(sharded.params, plain.params, tol))
             << ShardName(shard) << " ranks " << ranks << " minis " << minis;
