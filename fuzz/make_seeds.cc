@@ -101,6 +101,17 @@ void ChatSeeds() {
        "[{\"role\": \"user\", \"content\": \"caf\\u00e9 \\ud83d\\udc4d \\n\\t<|im_end|>\"}]");
 }
 
+void ToolCallSeeds() {
+  Seed("tool_calls", "hermes.txt",
+       "Let me check.\n<tool_call>\n{\"name\": \"calculator\", \"arguments\": "
+       "{\"expression\": \"12*7\"}}\n</tool_call>");
+  Seed("tool_calls", "hermes_bad.txt",
+       "<tool_call>{\"name\": 3}</tool_call><tool_call>{\"name\": \"f\", \"arguments\": "
+       "\"{\\\"a\\\": 1}\"}</tool_call><tool_call>{");
+  Seed("tool_calls", "llama3.txt",
+       "<|python_tag|>{\"name\": \"calculator\", \"parameters\": {\"expression\": \"2+2\"}}");
+}
+
 void JsonlSeeds() {
   Seed("jsonl", "addition.jsonl",
        "{\"prompt\": \"12+30=\", \"answer\": \"42\"}\n\n{\"prompt\": \"7+8=\", \"answer\": "
@@ -368,6 +379,7 @@ int main(int argc, char** argv) {
   const std::string scratch = gyre::fuzz::ScratchDir("make_seeds");
   gyre::fuzz::JobConfigSeeds();
   gyre::fuzz::ChatSeeds();
+  gyre::fuzz::ToolCallSeeds();
   gyre::fuzz::GgufSeeds();
   gyre::fuzz::JsonlSeeds();
   gyre::fuzz::SafetensorsSeeds(scratch);
