@@ -363,7 +363,6 @@ struct Transformer::Impl {
     at::Tensor x = at::empty({H, N}, opts);
     at::Tensor qkv = at::empty({fq + 2 * fkv, N}, opts);
     at::Tensor q_rows = at::empty({N, nh, hd}, opts);
-    at::Tensor a_mlp;
     auto ptr = [](const at::Tensor& t) -> float* {
       if (!t.defined()) return nullptr;
       GYRE_CHECK(t.is_contiguous()) << "a norm or bias weight is not contiguous";

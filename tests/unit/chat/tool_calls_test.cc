@@ -7,6 +7,14 @@
 namespace gyre::model {
 namespace {
 
+// A reply without calls: no calls, no errors, its trimmed text as the content.
+void ExpectPlainText(const std::string& reply, ToolCallFormat format, const std::string& content) {
+  ParsedToolCalls p = ParseToolCalls(reply, format);
+  EXPECT_TRUE(p.calls.empty()) << reply;
+  EXPECT_TRUE(p.errors.empty()) << reply;
+  EXPECT_EQ(p.content, content);
+}
+
 TEST(ToolCallsTest, HermesCallsAndTheContentAroundThem) {
   const std::string reply =
       "Let me compute that.\n<tool_call>\n{\"name\": \"calculator\", \"arguments\": "
@@ -22,10 +30,7 @@ TEST(ToolCallsTest, HermesCallsAndTheContentAroundThem) {
   EXPECT_EQ(p.calls[1].arguments, "{\"key\":3}");
   EXPECT_EQ(p.content, "Let me compute that.\n\n done");
 
-  ParsedToolCalls plain = ParseToolCalls("  The answer is 84.  ", ToolCallFormat::kHermes);
-  EXPECT_TRUE(plain.calls.empty());
-  EXPECT_TRUE(plain.errors.empty());
-  EXPECT_EQ(plain.content, "The answer is 84.");
+  ExpectPlainText("  The answer is 84.  ", ToolCallFormat::kHermes, "The answer is 84.");
 
   ParsedToolCalls no_args =
       ParseToolCalls("<tool_call>{\"name\": \"now\"}</tool_call>", ToolCallFormat::kHermes);
@@ -85,10 +90,7 @@ TEST(ToolCallsTest, Llama3ReplyThatIsOneJsonObject) {
   EXPECT_EQ(p.calls[0].arguments, "{\"expression\":\"2+2\"}");
   EXPECT_EQ(p.content, "");
 
-  ParsedToolCalls text = ParseToolCalls("The answer is {4}.", ToolCallFormat::kLlama3);
-  EXPECT_TRUE(text.calls.empty());
-  EXPECT_TRUE(text.errors.empty());
-  EXPECT_EQ(text.content, "The answer is {4}.");
+  ExpectPlainText("The answer is {4}.", ToolCallFormat::kLlama3, "The answer is {4}.");
 
   ParsedToolCalls bad =
       ParseToolCalls("{\"name\": \"calculator\", \"parameters\": {", ToolCallFormat::kLlama3);
