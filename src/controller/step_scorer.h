@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "controller/rollout_scheduler.h"
@@ -35,6 +36,9 @@ struct StepScores {
   std::vector<float> rewards;        // of kept, in order
   std::vector<int32_t> group_sizes;  // kept samples per kept group, in order
   int reward_errors = 0, stale = 0, correct = 0, scored = 0, filtered_groups = 0;
+  // reward.on_failure: zero: failed rewards counted as 0; drop_group: samples left out because
+  // another sample of their group failed.
+  int reward_zeroed = 0, reward_group_drops = 0;
   double reward_sum = 0;  // over every scored sample (filtered groups included), after shaping
   int overlong = 0;       // scored samples the overlong penalty reached
   // algorithm.advantage: median: the pivot samples SetAdvantages left out (ids), else empty.
@@ -60,9 +64,20 @@ class StepScorer {
   Status Score(const std::vector<GroupJob>& jobs, std::vector<v1::Sample>* samples, int step,
                int64_t version, SampleLedger* ledger, StepScores* out) const;
 
+  // reward.on_failure (drop_sample, drop_group or zero) and reward.retries. Defaults:
+  // drop_sample, no retries.
+  void SetFailurePolicy(const std::string& on_failure, int retries) {
+    on_failure_ = on_failure;
+    retries_ = retries;
+  }
+
   // The reward of `sample` for `problem` (its response decoded). An error, whose message says
   // why, when the reward fails or is not finite: the sample must not count as 0.
   StatusOr<double> Reward(const Problem& problem, const v1::Sample& sample) const;
+  // Reward() of several samples in one RewardFn::ScoreBatch call (a reward service scores them
+  // in parallel requests); failed ones are scored again up to reward.retries times.
+  std::vector<StatusOr<double>> Rewards(const std::vector<const Problem*>& problems,
+                                        const std::vector<const v1::Sample*>& samples) const;
   // Reward() for a decision before scoring (a sampling policy's first round): a reward that
   // succeeds is kept by sample id, and Score() uses it instead of calling the reward again.
   StatusOr<double> PeekReward(const Problem& problem, const v1::Sample& sample) const;
@@ -77,11 +92,13 @@ class StepScorer {
   const AlgorithmSection algorithm_;
   const int group_size_;
   const model::TextTokenizer* tokenizer_;
-  // The kept reward, if PeekReward computed it (and forgets it), else Reward().
-  StatusOr<double> CachedReward(const Problem& problem, const v1::Sample& sample) const;
+
+  RewardInput Input(const Problem& problem, const v1::Sample& sample) const;
 
   RewardFn* reward_;
   const int max_new_tokens_;
+  std::string on_failure_ = "drop_sample";
+  int retries_ = 0;
   mutable std::map<uint64_t, double> cache_;  // PeekReward's rewards until Score uses them
 };
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "agent/service_reward.h"
 #include "common/strings.h"
 #include "model/chat_template.h"
 
@@ -333,8 +334,28 @@ StatusOr<std::shared_ptr<RewardFn>> ChooseReward(const RewardSection& reward,
         " but a custom RewardFn was given in RunOptions::reward; set reward.type: custom to "
         "use it, or leave RunOptions::reward empty for the built-in reward");
   }
+  if (reward.type == "service") return std::shared_ptr<RewardFn>();  // StartRewardService
   if (reward.type == "math") return std::shared_ptr<RewardFn>(std::make_shared<MathReward>());
   return std::shared_ptr<RewardFn>(std::make_shared<ExactMatchReward>());
+}
+
+StatusOr<std::shared_ptr<RewardFn>> StartRewardService(const RewardSection& reward,
+                                                       const std::string& log_path) {
+  agent::ServiceOptions o;
+  o.kind = agent::ServiceKind::kReward;
+  o.what = "reward";
+  o.address = reward.address;
+  o.command = reward.command;
+  o.log_path = log_path;
+  o.ready_timeout_s = reward.ready_timeout_s;
+  o.max_restarts = reward.max_restarts;
+  GYRE_ASSIGN_OR_RETURN(auto service, agent::ServiceSupervisor::Start(o));
+  agent::RewardServiceOptions r;
+  r.timeout_s = reward.timeout_s;
+  r.item_timeout_s = reward.item_timeout_s;
+  r.batch_size = reward.batch_size;
+  r.concurrency = reward.concurrency;
+  return std::shared_ptr<RewardFn>(std::make_shared<agent::ServiceReward>(std::move(service), r));
 }
 
 }  // namespace gyre::controller

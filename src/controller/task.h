@@ -88,8 +88,14 @@ std::string NormaliseNumber(const std::string& text);
 std::string FinalNumber(const std::string& response);
 
 // The job's reward: the built-in verifier, or `custom` (RunOptions::reward) when reward.type is
-// custom. Setting one without the other is an error that says which to change.
+// custom. Setting one without the other is an error that says which to change. For reward.type
+// service it returns null: the caller starts the service (StartRewardService) once the run
+// directory for its log exists.
 StatusOr<std::shared_ptr<RewardFn>> ChooseReward(const RewardSection& reward,
                                                  std::shared_ptr<RewardFn> custom);
+// reward.type: service: starts (or connects to) the reward server and returns the RewardFn that
+// scores through it (agent/service_reward.h). A started server logs to `log_path`.
+StatusOr<std::shared_ptr<RewardFn>> StartRewardService(const RewardSection& reward,
+                                                       const std::string& log_path);
 
 }  // namespace gyre::controller

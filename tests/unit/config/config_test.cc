@@ -341,6 +341,18 @@ TEST(ConfigValidate, CrossFieldErrorPointsAtAnInvolvedKey) {
   EXPECT_EQ(ParseError("algorithm:\n  kl_in: reward\n"),
             "jobs/x.yaml:2:3: algorithm.kl_in: reward needs a KL estimator: set algorithm.kl to "
             "k1, k2 or k3");
+  EXPECT_EQ(ParseError("reward:\n  type: service\n"),
+            "jobs/x.yaml:2:3: reward.type: service needs exactly one of reward.address (a running "
+            "reward server, host:port) and reward.command (a server for Gyre to start)");
+  EXPECT_EQ(ParseError("reward:\n  type: service\n  address: h:1\n  command: [x]\n"),
+            "jobs/x.yaml:2:3: reward.type: service needs exactly one of reward.address (a running "
+            "reward server, host:port) and reward.command (a server for Gyre to start)");
+  EXPECT_EQ(ParseError("reward:\n  command: [python3, r.py]\n"),
+            "jobs/x.yaml:2:3: reward.command is set but reward.type is builtin: set "
+            "reward.type: service");
+  EXPECT_EQ(ParseError("reward:\n  on_failure: skip\n"),
+            "jobs/x.yaml:2:15: reward.on_failure: 'skip' is not one of drop_sample, drop_group, "
+            "zero");
   EXPECT_EQ(ParseError("algorithm:\n  policy_loss: gspoo\n"),
             "jobs/x.yaml:2:16: algorithm.policy_loss: 'gspoo' is not one of ppo, gspo, cispo, "
             "sao; did you mean 'gspo'?");

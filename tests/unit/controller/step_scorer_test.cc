@@ -145,6 +145,73 @@ TEST_F(StepScorerTest, LeavesOutWhatCannotTrainAndScoresTheRest) {
   }
 }
 
+// reward.on_failure and reward.retries, through one batch per step (RewardFn::ScoreBatch).
+TEST_F(StepScorerTest, FailurePoliciesAndRetriesOfFailedRewards) {
+  // Fails "boom" every time and "flaky" on its first attempt; counts batches and item ids.
+  class Batching final : public RewardFn {
+   public:
+    StatusOr<double> Score(const RewardInput&) override { return Internal("batches only"); }
+    std::vector<StatusOr<double>> ScoreBatch(const std::vector<RewardInput>& in) override {
+      ++batches;
+      std::vector<StatusOr<double>> out;
+      for (const RewardInput& i : in) {
+        ids.push_back(i.id);
+        if (i.response == "boom" || (i.response == "flaky" && flaky_seen++ == 0)) {
+          out.push_back(DeadlineExceeded("item timed out"));
+        } else {
+          out.push_back(i.response == i.answer ? 1.0 : 0.0);
+        }
+      }
+      return out;
+    }
+    int batches = 0, flaky_seen = 0;
+    std::vector<std::string> ids;
+  };
+  AlgorithmSection algo;
+  algo.advantage = "grpo";
+  SampleState st;
+  {  // drop_group: the group with a failure leaves whole; one batch for the step.
+    Batching reward;
+    StepScorer scorer(algo, 3, tokenizer_.get(), &reward);
+    scorer.SetFailurePolicy("drop_group", 0);
+    const std::vector<GroupJob> jobs = {Group(0, "1"), Group(1, "2")};
+    std::vector<v1::Sample> samples = {Sample(0, 0, "1", 5),  Sample(1, 0, "boom", 5),
+                                       Sample(2, 0, "3", 5),  Sample(10, 1, "2", 5),
+                                       Sample(11, 1, "0", 5), Sample(12, 1, "2", 5)};
+    StepScores out;
+    ASSERT_TRUE(scorer.Score(jobs, &samples, 1, 5, ledger_.get(), &out).ok());
+    EXPECT_EQ(reward.batches, 1);
+    EXPECT_EQ(reward.ids,
+              (std::vector<std::string>{"g0/s0", "g0/s1", "g0/s2", "g1/s10", "g1/s11", "g1/s12"}));
+    EXPECT_EQ(out.reward_errors, 1);
+    EXPECT_EQ(out.reward_group_drops, 2);
+    EXPECT_EQ(out.group_sizes, (std::vector<int32_t>{3}));
+    EXPECT_NE(LastReason(0, &st).find("of its group (reward.on_failure: drop_group)"),
+              std::string::npos);
+    EXPECT_EQ(st, SampleState::kDropped);
+    EXPECT_NE(LastReason(1, &st).find("item timed out"), std::string::npos);
+  }
+  {  // zero with one retry: "flaky" succeeds the second time, "boom" counts as 0 with a flag.
+    Batching reward;
+    StepScorer scorer(algo, 3, tokenizer_.get(), &reward);
+    scorer.SetFailurePolicy("zero", 1);
+    const std::vector<GroupJob> jobs = {Group(5, "flaky")};
+    std::vector<v1::Sample> samples = {Sample(50, 5, "flaky", 5), Sample(51, 5, "boom", 5),
+                                       Sample(52, 5, "x", 5)};
+    StepScores out;
+    ASSERT_TRUE(scorer.Score(jobs, &samples, 1, 5, ledger_.get(), &out).ok());
+    EXPECT_EQ(reward.batches, 2);  // the step's batch, then the two failures again
+    EXPECT_EQ(reward.ids,
+              (std::vector<std::string>{"g5/s50", "g5/s51", "g5/s52", "g5/s50", "g5/s51"}));
+    EXPECT_EQ(out.reward_errors, 1);
+    EXPECT_EQ(out.reward_zeroed, 1);
+    ASSERT_EQ(out.kept.size(), 3u);
+    EXPECT_EQ(out.rewards, (std::vector<float>{1, 0, 0}));
+    EXPECT_EQ(out.kept[0].reward_status(), v1::REWARD_STATUS_OK);
+    EXPECT_EQ(out.kept[1].reward_status(), v1::REWARD_STATUS_ERROR);
+  }
+}
+
 // Without filtering, a group whose rewards are equal is kept with zero advantages, and counted.
 TEST_F(StepScorerTest, ZeroVarianceGroupsTrainWithZeroAdvantageUnlessFiltered) {
   AlgorithmSection algo;
