@@ -175,6 +175,11 @@ Status RolloutEngine::Validate(const Request& r, size_t i) const {
                              " tokens, the limit is " + std::to_string(limit));
     }
   }
+  if (r.stop_scan_from < 0 || static_cast<size_t>(r.stop_scan_from) > res.tokens.size()) {
+    return InvalidArgument(where + "stop_scan_from " + std::to_string(r.stop_scan_from) +
+                           " is outside the resumed response's " +
+                           std::to_string(res.tokens.size()) + " tokens");
+  }
   if (!sp.stop_strings.empty()) {
     if (!decoder_) {
       return InvalidArgument(where + "stop strings need a tokenizer decoder, and none is set");
@@ -300,6 +305,22 @@ bool RolloutEngine::PreemptOne(const Seq* keep) {
   return true;
 }
 
+void RolloutEngine::Park(Seq* s) {
+  if (s->computed <= 0) {
+    ReleaseBlocks(s);
+    return;
+  }
+  Parked p;
+  p.seed = s->seed;
+  p.tokens = s->tokens;
+  p.computed = s->computed;
+  p.kv_version = s->kv_version;
+  p.blocks = std::move(s->blocks);
+  s->blocks.clear();
+  s->computed = 0;
+  parked_.push_back(std::move(p));
+}
+
 bool RolloutEngine::AdoptParked(Seq* s) {
   for (auto it = parked_.begin(); it != parked_.end(); ++it) {
     if (it->seed != s->seed || it->computed > s->len() ||
@@ -360,7 +381,9 @@ bool RolloutEngine::CheckStop(Seq* s) {
     size_t longest = 0;
     for (const auto& str : sp.stop_strings) longest = std::max(longest, str.size());
     const size_t n = s->response.tokens.size();
-    const size_t w = std::min(n, longest + 8);
+    // Tokens before stop_scan_from were inserted (an environment's observation): never scanned.
+    const size_t from = std::min(n, static_cast<size_t>(std::max(0, s->req->stop_scan_from)));
+    const size_t w = std::min(n - from, longest + 8);
     const std::string text =
         decoder_(std::vector<int32_t>(s->response.tokens.end() - w, s->response.tokens.end()));
     for (const auto& str : sp.stop_strings) {
@@ -631,7 +654,11 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
       }
       CountGroupDone(*s);
       done.push_back(MakeResult(s.get(), true));
-      ReleaseBlocks(s.get());
+      if (s->req->park_on_finish) {
+        Park(s.get());  // a continuation (the next turn) adopts it
+      } else {
+        ReleaseBlocks(s.get());
+      }
       ++stats_.finished_samples;
     }
     running_ = std::move(next);
@@ -665,16 +692,7 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Run(int64_t target_groups) {
       AppendForkResults(*s, &out);
       return;
     }
-    if (s->computed > 0) {
-      Parked p;
-      p.seed = s->seed;
-      p.tokens = s->tokens;
-      p.computed = s->computed;
-      p.kv_version = s->kv_version;
-      p.blocks = std::move(s->blocks);
-      s->blocks.clear();
-      parked_.push_back(std::move(p));
-    }
+    Park(s.get());
     out.push_back(MakeResult(s.get(), false));
   };
   for (auto& s : running_) retire(s);

@@ -93,8 +93,16 @@ struct Request {
   SamplingOptions sampling;
   // Optional per-sample response limits (size n, each in [1, sampling.max_new_tokens]).
   std::vector<int32_t> sample_max_new_tokens;
-  // n == 1 only: continue this partial response (its tokens are not generated again).
+  // n == 1 only: continue this partial response (its tokens are not generated again). Its
+  // tokens need not all be the model's: a multi-turn continuation appends what an environment
+  // returned (log-prob 0), and the engine treats them as context.
   Response resume;
+  // Keep the sample's KV parked when it finishes (as Run() does for unfinished ones), so that a
+  // continuation whose tokens extend this sample's (same seed) computes only the new tokens.
+  bool park_on_finish = false;
+  // Stop strings are searched in response tokens from this index on: a continuation sets it to
+  // the length of its resumed response, so text inserted by an environment never stops it.
+  int32_t stop_scan_from = 0;
 };
 
 struct SampleResult {
@@ -214,6 +222,8 @@ class RolloutEngine {
   Status Validate(const Request& r, size_t index) const;
   bool TryAdmit(Seq* s);
   bool AdoptParked(Seq* s);
+  // Moves s's computed KV to the parked list (frees its blocks when nothing is computed).
+  void Park(Seq* s);
   bool EnsureWritable(Seq* s, int64_t first, int64_t count);
   int64_t BlocksNeeded(const Seq& s, int64_t first, int64_t count) const;
   bool PreemptOne(const Seq* keep);

@@ -503,6 +503,10 @@ TEST(RolloutEngineTest, BadInputIsRejectedAndChangesNothing) {
   auto done = Req({1}, 0, 1.0f, 2);
   done.resume = {{1, 2}, {0, 0}, {1, 1}, {0, 0}};
   expect_error(done, "already has 2 tokens");
+  auto scan = Req({1}, 0, 1.0f, 4);
+  scan.resume = {{1, 2}, {0, 0}, {1, 1}, {0, 0}};
+  scan.stop_scan_from = 3;
+  expect_error(scan, "stop_scan_from 3 is outside the resumed response's 2 tokens");
   auto limits = Req({1}, 0, 1.0f, 4, 2);
   limits.sample_max_new_tokens = {3};
   expect_error(limits, "sample_max_new_tokens has 1 entries");
@@ -515,6 +519,72 @@ TEST(RolloutEngineTest, BadInputIsRejectedAndChangesNothing) {
   EXPECT_EQ(BlocksForBudget(*model, 10, 16).status().code(), StatusCode::kInvalidArgument);
   // 2 layers * 2 kv heads * 8 dims * 2 (k, v) * 4 bytes = 256 bytes per position.
   EXPECT_EQ(*BlocksForBudget(*model, 256 * 16 * 5 + 100, 16), 5);
+}
+
+// Multi-turn groundwork: a finished turn parks its KV (park_on_finish); the next turn resumes
+// with the turn's tokens plus tokens an environment inserted, computes only what is new, and
+// samples exactly what an engine without the parked KV samples. Inserted text never triggers a
+// stop string (stop_scan_from).
+TEST(RolloutEngineTest, AContinuationAfterInsertedTokensReusesTheFinishedTurnsKv) {
+  auto model = model::Transformer::Create(Spec(), 23, 0.4);
+  auto decode = [](const std::vector<int32_t>& ids) {
+    std::string s;
+    for (int32_t t : ids) s.push_back(static_cast<char>('a' + t));
+    return s;
+  };
+  const std::vector<int32_t> prompt = {4, 9, 2, 7, 7, 1, 3};
+  const std::vector<int32_t> inserted = {5, 11, 6};  // decodes to "flg"
+  auto turn2_of = [&](const SampleResult& turn1) {
+    Request r = Req(prompt, turn1.seed, 0.0f, 24);
+    r.resume = turn1.response;
+    for (int32_t t : inserted) {
+      r.resume.tokens.push_back(t);
+      r.resume.logprobs.push_back(0.0f);
+      r.resume.kept_mass.push_back(1.0f);
+      r.resume.versions.push_back(0);
+    }
+    r.stop_scan_from = static_cast<int32_t>(turn1.response.tokens.size() + inserted.size());
+    r.sampling.stop_strings = {"lg"};  // inside the inserted tokens only
+    r.park_on_finish = true;
+    return r;
+  };
+  std::vector<SampleResult> turn2;
+  for (bool reuse : {true, false}) {
+    auto engine = MakeEngine(model.get(), SmallConfig());
+    engine->SetDecoder(decode);
+    Request r1 = Req(prompt, 77, 0.0f, 6);
+    r1.park_on_finish = true;
+    auto turn1 = engine->Generate({r1});
+    ASSERT_TRUE(turn1.ok()) << turn1.status();
+    ASSERT_EQ((*turn1)[0].response.tokens.size(), 6u);
+    EXPECT_EQ(engine->parked_sequences(), 1);
+    if (!reuse) engine->ClearParked();
+    engine->ResetStats();
+    auto got = engine->Generate({turn2_of((*turn1)[0])});
+    ASSERT_TRUE(got.ok()) << got.status();
+    const int64_t context = static_cast<int64_t>(prompt.size() + 6 + inserted.size());
+    if (reuse) {
+      // The turn's context up to its last sampled token came from the parked KV.
+      EXPECT_EQ(engine->stats().parked_reused_tokens, static_cast<int64_t>(prompt.size()) + 5);
+      EXPECT_EQ(engine->stats().prefill_tokens, 1 + static_cast<int64_t>(inserted.size()));
+    } else {
+      EXPECT_EQ(engine->stats().parked_reused_tokens, 0);
+      EXPECT_EQ(engine->stats().prefill_tokens, context);
+    }
+    EXPECT_EQ(engine->parked_sequences(), 1) << "turn 2 is parked for a turn 3";
+    turn2.push_back((*got)[0]);
+  }
+  // Same tokens with and without the parked KV; the inserted tokens stay in place.
+  EXPECT_EQ(turn2[0].response.tokens, turn2[1].response.tokens);
+  ASSERT_EQ(turn2[0].response.tokens.size(), 24u) << "the inserted \"lg\" stopped nothing";
+  EXPECT_EQ(std::vector<int32_t>(turn2[0].response.tokens.begin() + 6,
+                                 turn2[0].response.tokens.begin() + 9),
+            inserted);
+  for (size_t t = 9; t < 24; ++t) {
+    EXPECT_NEAR(turn2[0].response.logprobs[t], turn2[1].response.logprobs[t],
+                1e-5 * (1 + std::abs(turn2[1].response.logprobs[t])))
+        << t;
+  }
 }
 
 // Partial rollouts: stop at a target number of finished groups, hand back the rest, swap the
