@@ -101,6 +101,41 @@ void ChatSeeds() {
        "[{\"role\": \"user\", \"content\": \"caf\\u00e9 \\ud83d\\udc4d \\n\\t<|im_end|>\"}]");
 }
 
+// Chat templates for fuzz_jinja: SmolLM2's (Apache-2.0) and Gyre-written ones covering the
+// constructs the Qwen templates use (namespace, reversed slices, string methods, tojson, tools).
+void JinjaSeeds() {
+  Seed("jinja", "smollm2.jinja",
+       "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+       "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+       "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+       "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+       "{{ '<|im_start|>assistant\n' }}{% endif %}");
+  Seed("jinja", "tools.jinja",
+       "{%- if tools %}\n    {{- '<tools>' }}\n    {%- for tool in tools %}\n"
+       "        {{- '\n' + (tool | tojson) }}\n    {%- endfor %}\n{%- endif %}\n"
+       "{%- set ns = namespace(last=messages|length - 1) %}\n"
+       "{%- for m in messages[::-1] %}\n"
+       "    {%- if ns.last == messages|length - 1 and m.role == 'user' and not "
+       "m.content.startswith('<tool_response>') %}{% set ns.last = (messages|length - 1) - "
+       "loop.index0 %}{% endif %}\n{%- endfor %}\n"
+       "{%- for m in messages %}\n"
+       "    {%- if m.role == 'assistant' and '</think>' in m.content %}\n"
+       "        {{- m.content.split('</think>')[-1].lstrip('\n') }}\n"
+       "    {%- elif m.tool_calls is defined %}\n"
+       "        {%- for c in m.tool_calls %}{{ c.function.name }}{{ c.function.arguments | "
+       "tojson(indent=2) }}{% endfor %}\n"
+       "    {%- else %}{{ m.role | upper ~ ': ' ~ m.content | trim }}{% endif %}\n"
+       "{%- endfor %}\n"
+       "{%- if add_generation_prompt and enable_thinking is defined and enable_thinking is false "
+       "%}<think>\n\n</think>{% endif %}");
+  Seed("jinja", "expressions.jinja",
+       "{% macro f(x, y='d') %}{{ x ~ y }}{% endmacro %}{{ f(1) }}{{ [1, 2.5, none, 'a'][1:] }}"
+       "{{ {'k': [true]} }}{{ 7 // 2 ** 2 % 3 }}{{ 'a' if n > 2 else 'b' }}"
+       "{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content') | join('|') "
+       "}}{% for k, v in messages[0].items() if k != 'x' %}{{ loop.index }}{{ k }}{% else %}-"
+       "{% endfor %}{% set s %}{{ raise_exception('boom') if n < 0 }}{% endset %}{{ s }}");
+}
+
 void ToolCallSeeds() {
   Seed("tool_calls", "hermes.txt",
        "Let me check.\n<tool_call>\n{\"name\": \"calculator\", \"arguments\": "
@@ -380,6 +415,7 @@ int main(int argc, char** argv) {
   gyre::fuzz::JobConfigSeeds();
   gyre::fuzz::ChatSeeds();
   gyre::fuzz::ToolCallSeeds();
+  gyre::fuzz::JinjaSeeds();
   gyre::fuzz::GgufSeeds();
   gyre::fuzz::JsonlSeeds();
   gyre::fuzz::SafetensorsSeeds(scratch);
