@@ -1,0 +1,266 @@
+// Multi-turn episodes against a real environment server process (tests/unit/agent/
+// test_servers.py, written with the Python SDK): a tiny random model with the character
+// tokenizer, a Gyre-written chat template rendered by model::ChatTemplate, the paged engine.
+
+#include "rollout/episode_runner.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "agent/service_supervisor.h"
+#include "model/jinja.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+#include "testing/tiny_model.h"
+
+namespace gyre::rollout {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One line per message, no newlines (the character tokenizer has printable ASCII only).
+constexpr char kTemplate[] =
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'user' -%}U:{{ m.content }}|"
+    "{%- elif m.role == 'tool' -%}T:{{ m.content }}|"
+    "{%- elif m.role == 'assistant' -%}A:{{ m.content }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}A:{%- endif -%}";
+
+class EpisodeRunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::string(GYRE_SDK_PATH).empty()) {
+      GTEST_SKIP() << GYRE_PYTHON << " has no grpcio/grpcio-tools (tools/install-deps.sh)";
+    }
+    char tmpl[] = "/tmp/gyre-episodes-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    agent::ServiceOptions o;
+    o.command = {"/usr/bin/env", std::string("PYTHONPATH=") + GYRE_SDK_PATH,
+                 GYRE_PYTHON,    std::string(GYRE_SOURCE_DIR) + "/tests/unit/agent/test_servers.py",
+                 "turns",        "--port",
+                 "{port}"};
+    o.log_path = dir_ + "/env.log";
+    o.ready_timeout_s = 30;
+    auto sup = agent::ServiceSupervisor::Start(o);
+    ASSERT_TRUE(sup.ok()) << sup.status();
+    service_ = std::move(*sup);
+    model_ = model::Transformer::Create(testing::TinySpec(98, 32, 2, 4, 2, 48, 512), 31, 0.5);
+    EngineConfig c;
+    c.block_size = 8;
+    c.num_blocks = 512;
+    c.max_running = 16;
+    c.cuda_graphs = false;
+    auto e = RolloutEngine::Create(model_.get(), c);
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = std::move(*e);
+    auto t = model::ChatTemplate::Parse(kTemplate);
+    ASSERT_TRUE(t.ok()) << t.status();
+    template_ = std::make_unique<model::ChatTemplate>(std::move(*t));
+  }
+  void TearDown() override {
+    service_.reset();
+    if (!dir_.empty()) std::system(("rm -rf " + dir_).c_str());
+  }
+
+  EpisodeRunner Runner(agent::EnvClient* env, EpisodeOptions o) {
+    auto render = [this](const std::string& messages, const std::string& tools,
+                         bool gen) -> StatusOr<std::string> {
+      GYRE_ASSIGN_OR_RETURN(std::string ctx,
+                            model::MakeChatTemplateContext(messages, tools, gen, ""));
+      return template_->Render(ctx);
+    };
+    auto encode = [this](const std::string& text) { return chars_.Encode(text); };
+    auto decode = [this](const std::vector<int32_t>& ids) { return chars_.Decode(ids); };
+    return EpisodeRunner(engine_.get(), env, render, encode, decode, o);
+  }
+  static EpisodeOptions Options() {
+    EpisodeOptions o;
+    o.sampling.temperature = 1.0f;
+    o.sampling.max_new_tokens = 400;
+    // A turn ends at any digit: a few tokens per turn from a random model.
+    for (char c = '0'; c <= '9'; ++c) o.sampling.stop_token_ids.push_back(3 + (c - ' '));
+    o.max_turns = 8;
+    o.episode_timeout_s = 60;
+    return o;
+  }
+  static std::vector<Episode> Episodes(const std::vector<nlohmann::json>& tasks) {
+    std::vector<Episode> eps;
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      Episode e;
+      e.id = 100 + i;
+      e.group = i / 2;
+      e.seed = 1000 * (i + 1);
+      e.task_json = tasks[i].dump();
+      eps.push_back(e);
+    }
+    return eps;
+  }
+
+  std::string dir_;
+  std::unique_ptr<agent::ServiceSupervisor> service_;
+  std::unique_ptr<model::Transformer> model_;
+  std::unique_ptr<RolloutEngine> engine_;
+  std::unique_ptr<model::ChatTemplate> template_;
+  model::CharTokenizer chars_;
+};
+
+TEST_F(EpisodeRunnerTest, TurnsKeepTheModelsTokensAndInsertTheEnvironmentsWithMaskZero) {
+  agent::EnvClient env(service_.get(), agent::EnvTimeouts{});
+  // Every token the engine samples, per episode, in order.
+  std::map<uint64_t, std::vector<int32_t>> sampled;
+  engine_->SetTokenCallback(
+      [&](uint64_t id, int32_t, int32_t token) { sampled[id].push_back(token); });
+  auto eps = Episodes({{{"prompt", "add 2 and 3"}, {"turns", 3}},
+                       {{"prompt", "add 2 and 3"}, {"turns", 3}},
+                       {{"prompt", "x"}, {"turns", 1}},
+                       {{"prompt", "long one"}, {"turns", 5}}});
+  auto got = Runner(&env, Options()).Run(eps);
+  ASSERT_TRUE(got.ok()) << got.status();
+  int64_t inserted_total = 0, continuations = 0, prompts = 0;
+  for (size_t i = 0; i < got->size(); ++i) {
+    const Episode& e = (*got)[i];
+    const int want_turns = nlohmann::json::parse(e.task_json)["turns"];
+    SCOPED_TRACE("episode " + std::to_string(i));
+    ASSERT_TRUE(e.terminated) << e.status;
+    EXPECT_FALSE(e.truncated);
+    EXPECT_EQ(e.status, "");
+    ASSERT_EQ(static_cast<int>(e.turns.size()), want_turns);
+    EXPECT_NEAR(e.reward, 1.0 + 0.1 * (want_turns - 1), 1e-9);
+    // The prompt is the template's rendering of the opening message.
+    const std::string task_prompt = nlohmann::json::parse(e.task_json)["prompt"];
+    EXPECT_EQ(*chars_.Encode("U:" + task_prompt + "|A:"), e.prompt);
+    prompts += static_cast<int64_t>(e.prompt.size());
+    // The prefix property, turn by turn: the model's tokens exactly as sampled, then exactly
+    // what the template puts between turns for the observation, with loss mask 0.
+    ASSERT_EQ(e.loss_mask.size(), e.response.tokens.size());
+    std::vector<int32_t> model_tokens;
+    int64_t at = 0;
+    for (size_t k = 0; k < e.turns.size(); ++k) {
+      const TurnRecord& t = e.turns[k];
+      EXPECT_EQ(t.begin, at);
+      EXPECT_LT(t.begin, t.end);
+      for (int64_t p = t.begin; p < t.end; ++p) {
+        EXPECT_EQ(e.loss_mask[p], 1.0f);
+        model_tokens.push_back(e.response.tokens[p]);
+      }
+      const std::vector<int32_t> obs(e.response.tokens.begin() + t.end,
+                                     e.response.tokens.begin() + t.observation_end);
+      if (k + 1 < e.turns.size()) {
+        EXPECT_EQ(chars_.Decode(obs), "T:obs" + std::to_string(k) + "|A:");
+        ++continuations;
+        inserted_total += static_cast<int64_t>(obs.size());
+      } else {
+        EXPECT_TRUE(obs.empty());
+      }
+      for (int64_t p = t.end; p < t.observation_end; ++p) {
+        EXPECT_EQ(e.loss_mask[p], 0.0f);
+        EXPECT_EQ(e.response.logprobs[p], 0.0f);
+      }
+      at = t.observation_end;
+    }
+    EXPECT_EQ(at, static_cast<int64_t>(e.response.tokens.size()));
+    EXPECT_EQ(model_tokens, sampled[i]) << "the trajectory holds exactly the sampled tokens";
+  }
+  // Each continuation computed only its new tokens (the turn's last token and the inserted
+  // ones); the rest of the context came from the parked KV.
+  EXPECT_EQ(engine_->stats().prefill_tokens, prompts + inserted_total + continuations);
+  EXPECT_GT(engine_->stats().parked_reused_tokens, 0);
+  EXPECT_EQ(engine_->parked_sequences(), 0);
+  EXPECT_EQ(engine_->allocator().used_blocks(), 0);
+}
+
+TEST_F(EpisodeRunnerTest, OtherEpisodesDecodeWhileOneWaitsForItsEnvironment) {
+  agent::EnvClient env(service_.get(), agent::EnvTimeouts{});
+  // When each token was sampled, per episode.
+  std::map<uint64_t, std::vector<Clock::time_point>> when;
+  engine_->SetTokenCallback(
+      [&](uint64_t id, int32_t, int32_t) { when[id].push_back(Clock::now()); });
+  auto eps = Episodes({{{"prompt", "slow"}, {"turns", 2}, {"sleep", 3.0}},
+                       {{"prompt", "fast"}, {"turns", 6}},
+                       {{"prompt", "fast"}, {"turns", 6}}});
+  auto got = Runner(&env, Options()).Run(eps);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (const Episode& e : *got) EXPECT_TRUE(e.terminated) << e.status;
+  // The slow episode's second turn starts after its environment's 3 s step; both fast episodes
+  // ran all six turns (five environment steps each) before that.
+  const Episode& slow = (*got)[0];
+  ASSERT_EQ(slow.turns.size(), 2u);
+  const size_t first_turn_tokens = static_cast<size_t>(slow.turns[0].end - slow.turns[0].begin);
+  ASSERT_GT(when[0].size(), first_turn_tokens);
+  const Clock::time_point resumed = when[0][first_turn_tokens];
+  EXPECT_GE(std::chrono::duration<double>(resumed - when[0][first_turn_tokens - 1]).count(), 2.9);
+  for (uint64_t id : {1, 2}) {
+    EXPECT_EQ((*got)[id].turns.size(), 6u);
+    EXPECT_LT(when[id].back(), resumed) << "fast episode " << id << " waited for the slow one";
+  }
+}
+
+TEST_F(EpisodeRunnerTest, LimitsEndEpisodesTruncatedWithTheReason) {
+  agent::EnvClient env(service_.get(), agent::EnvTimeouts{});
+  EpisodeOptions o = Options();
+  o.max_turns = 2;
+  auto got = Runner(&env, o).Run(Episodes({{{"prompt", "p"}, {"turns", 5}}}));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE((*got)[0].truncated);
+  EXPECT_EQ((*got)[0].status, "turn limit (max_turns 2)");
+  EXPECT_EQ((*got)[0].turns.size(), 2u);
+
+  o = Options();
+  o.sampling.stop_token_ids = {2};  // EOS only: the random model runs into the token limit
+  o.sampling.max_new_tokens = 12;
+  got = Runner(&env, o).Run(Episodes({{{"prompt", "p"}, {"turns", 5}}}));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE((*got)[0].truncated);
+  EXPECT_EQ((*got)[0].status, "token limit (max_new_tokens 12)");
+
+  o = Options();
+  o.episode_timeout_s = 0.5;
+  got = Runner(&env, o).Run(Episodes({{{"prompt", "p"}, {"turns", 5}, {"sleep", 1.0}}}));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE((*got)[0].truncated);
+  EXPECT_EQ((*got)[0].status, "episode timeout (0.5 s)");
+
+  // A Reset the environment refuses (no "prompt" in the task) fails only that episode.
+  got = Runner(&env, Options()).Run(Episodes({{{"turns", 1}}, {{"prompt", "ok"}, {"turns", 1}}}));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE((*got)[0].failed);
+  EXPECT_NE((*got)[0].status.find("reset failed"), std::string::npos) << (*got)[0].status;
+  EXPECT_TRUE((*got)[1].terminated);
+}
+
+TEST_F(EpisodeRunnerTest, AKilledEnvironmentTruncatesItsEpisodesAndTheNextRunWorks) {
+  agent::EnvClient env(service_.get(), agent::EnvTimeouts{});
+  const pid_t pid = service_->pid();
+  std::thread killer([pid] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    ::kill(pid, SIGKILL);
+  });
+  auto got = Runner(&env, Options())
+                 .Run(Episodes({{{"prompt", "a"}, {"turns", 4}, {"sleep", 0.6}},
+                                {{"prompt", "b"}, {"turns", 4}, {"sleep", 0.6}}}));
+  killer.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (const Episode& e : *got) {
+    EXPECT_TRUE(e.truncated);
+    EXPECT_NE(e.status.find("environment:"), std::string::npos) << e.status;
+    EXPECT_FALSE(e.turns.empty());
+  }
+  ASSERT_TRUE(service_->AwaitServing().ok());
+  EXPECT_EQ(service_->restarts(), 1);
+  got = Runner(&env, Options()).Run(Episodes({{{"prompt", "c"}, {"turns", 2}}}));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE((*got)[0].terminated) << (*got)[0].status;
+}
+
+}  // namespace
+}  // namespace gyre::rollout
