@@ -1,6 +1,7 @@
 #pragma once
 // Small string helpers shared by the modules.
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,5 +21,8 @@ std::string NearestWord(std::string_view word, const std::vector<std::string>& c
 
 // "1.5 GiB", "12 KiB", "512 B".
 std::string HumanBytes(double bytes);
+
+// Appends the UTF-8 encoding of `code_point` (at most U+10FFFF) to *out.
+void AppendUtf8(uint32_t code_point, std::string* out);
 
 }  // namespace gyre

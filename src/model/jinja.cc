@@ -32,6 +32,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/strings.h"
+
 namespace gyre::model {
 namespace {
 
@@ -102,24 +104,6 @@ char32_t Decode(const std::string& cp) {
   char32_t v = cp.size() == 2 ? (b0 & 0x1F) : cp.size() == 3 ? (b0 & 0x0F) : (b0 & 0x07);
   for (size_t i = 1; i < cp.size(); ++i) v = (v << 6) | (static_cast<unsigned char>(cp[i]) & 0x3F);
   return v;
-}
-
-void AppendUtf8(std::string* out, uint32_t cp) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 // Python's str.isspace() for one code point.
@@ -804,15 +788,15 @@ class Lexer {
         case '\n':
           break;  // line continuation
         case 'x':
-          AppendUtf8(&value, hex(2));
+          AppendUtf8(hex(2), &value);
           break;
         case 'u':
-          AppendUtf8(&value, hex(4));
+          AppendUtf8(hex(4), &value);
           break;
         case 'U': {
           const uint32_t cp = hex(8);
           if (cp > 0x10FFFF) FailAt(t->line, t->col, "\\U escape past U+10FFFF");
-          AppendUtf8(&value, cp);
+          AppendUtf8(cp, &value);
           break;
         }
         default:
@@ -821,7 +805,7 @@ class Lexer {
             for (int k = 0; k < 2 && i < src_.size() && src_[i] >= '0' && src_[i] <= '7'; ++k) {
               v = v * 8 + (src_[i++] - '0');
             }
-            AppendUtf8(&value, v);
+            AppendUtf8(v, &value);
           } else if (n == 'N') {
             FailAt(t->line, t->col, "unsupported \\N{...} escape in a string literal");
           } else {

@@ -23,6 +23,24 @@ inline std::string Escaped(const std::string& s) {
   return out;
 }
 
+// Control characters escaped and each newline shown as \n then kept, so a failing comparison
+// of rendered text shows where the lines differ.
+inline std::string Visible(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c == '\n') {
+      out += "\\n\n";
+    } else if (c < 0x20 || c == 0x7F) {
+      char b[8];
+      std::snprintf(b, sizeof(b), "\\x%02X", c);
+      out += b;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 // "[1,2,3]".
 inline std::string Ids(const std::vector<int32_t>& ids) {
   std::string out = "[";

@@ -9,13 +9,13 @@ import json
 import sys
 import threading
 import time
-from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 import grpc
 
 from . import env_pb2, env_pb2_grpc
+from ._serve import run_server
 
 
 @dataclass
@@ -205,16 +205,9 @@ def serve_env(factory: Callable[[], Env], port: int = 0, host: str = "127.0.0.1"
     Prints "gyre_env: serving NAME on HOST:PORT" once it listens (port 0 picks a free one).
     """
     env_name = name or getattr(factory, "name", None) or "env"
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max(1, max_concurrency)),
-                         maximum_concurrent_rpcs=4 * max(1, max_concurrency))
-    env_pb2_grpc.add_EnvServicer_to_server(_EnvServicer(factory, env_name, max_concurrency),
-                                           server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise SystemExit(f"gyre_env: cannot listen on {host}:{port}")
-    server.start()
-    print(f"gyre_env: serving {env_name} on {host}:{bound}", flush=True)
-    server.wait_for_termination()
+    servicer = _EnvServicer(factory, env_name, max_concurrency)
+    run_server(lambda server: env_pb2_grpc.add_EnvServicer_to_server(servicer, server), env_name,
+               host, port, max_concurrency)
 
 
 def main(factory: Callable[[], Env], argv: Optional[List[str]] = None) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import grpc
 
 from . import env_pb2, env_pb2_grpc
+from ._serve import run_server
 
 
 @dataclass
@@ -99,15 +100,9 @@ def serve_reward(fn: ScoreFn, port: int = 0, host: str = "127.0.0.1", max_concur
                  item_timeout_s: float = 30.0, name: Optional[str] = None) -> None:
     """Serves `fn` until killed; prints "gyre_env: serving NAME on HOST:PORT" once it listens."""
     reward_name = name or getattr(fn, "__name__", None) or "reward"
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max(1, max_concurrency)))
-    env_pb2_grpc.add_RewardServicer_to_server(
-        _RewardServicer(fn, reward_name, max_concurrency, item_timeout_s), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise SystemExit(f"gyre_env: cannot listen on {host}:{port}")
-    server.start()
-    print(f"gyre_env: serving {reward_name} on {host}:{bound}", flush=True)
-    server.wait_for_termination()
+    servicer = _RewardServicer(fn, reward_name, max_concurrency, item_timeout_s)
+    run_server(lambda server: env_pb2_grpc.add_RewardServicer_to_server(servicer, server),
+               reward_name, host, port, max_concurrency)
 
 
 def main(fn: ScoreFn, argv: Optional[List[str]] = None) -> None:

@@ -12,28 +12,14 @@
 #include <sstream>
 
 #include "model/chat_template.h"
+#include "testing/text_format.h"
 
 namespace gyre::model {
 namespace {
 
-using json = nlohmann::json;
+using testing::Visible;
 
-// Control characters escaped, so a failing comparison shows where the newlines differ.
-std::string Visible(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c == '\n') {
-      out += "\\n\n";
-    } else if (c < 0x20 || c == 0x7F) {
-      char b[8];
-      snprintf(b, sizeof(b), "\\x%02X", c);
-      out += b;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
+using json = nlohmann::json;
 
 TEST(ChatGoldenTest, RendersWhatTransformersRendered) {
   const std::string path = std::string(GYRE_SOURCE_DIR) + "/tests/unit/chat/hf_chat_golden.json";

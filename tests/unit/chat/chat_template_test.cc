@@ -22,8 +22,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "testing/text_format.h"
+
 namespace gyre::model {
 namespace {
+
+using testing::Visible;
 
 using json = nlohmann::json;
 
@@ -208,23 +212,6 @@ Reference MakeReference() {
 const Reference& GetReference() {
   static const auto* const kReference = new Reference(MakeReference());
   return *kReference;
-}
-
-// Control characters escaped, so a failing comparison shows where the newlines differ.
-std::string Visible(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c == '\n') {
-      out += "\\n\n";  // keep the line structure readable too
-    } else if (c < 0x20 || c == 0x7F) {
-      char b[8];
-      snprintf(b, sizeof(b), "\\x%02X", c);
-      out += b;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
 }
 
 std::string VariantName(const Variant& v) {

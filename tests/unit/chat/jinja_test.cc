@@ -16,27 +16,14 @@
 #include <sstream>
 
 #include "model/chat_template.h"
+#include "testing/text_format.h"
 
 namespace gyre::model {
 namespace {
 
-using Json = nlohmann::ordered_json;
+using testing::Visible;
 
-std::string Visible(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c == '\n') {
-      out += "\\n\n";
-    } else if (c < 0x20 || c == 0x7F) {
-      char b[8];
-      snprintf(b, sizeof(b), "\\x%02X", c);
-      out += b;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
+using Json = nlohmann::ordered_json;
 
 const Json& Golden() {
   static const Json golden = [] {
