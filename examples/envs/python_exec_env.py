@@ -2,10 +2,12 @@
 """A Python code-execution tool environment for Gyre, sandboxed with bubblewrap (docs/agents.md).
 
 The model calls the `python` tool with a program; the program runs in a bubblewrap sandbox
-(Debian package `bubblewrap`): no network (every namespace unshared), the host's root read-only,
-a private writable /tmp, CPU-time and memory limits, and it is killed when its wall-clock budget
-ends. Its stdout and stderr (cut to 2,000 characters) come back as the tool message. The episode
-ends with a reply that calls no tool: reward 1 if its final number equals the task's answer.
+(Debian package `bubblewrap`): no network (every namespace unshared), only the system
+directories and this Python's installation visible and read-only, no environment variables but
+PATH and HOME, a private writable /tmp, CPU-time and memory limits, and it is killed when its
+wall-clock budget ends. Its stdout and stderr (cut to 2,000 characters) come back as the tool
+message. The episode ends with a reply that calls no tool: reward 1 if its final number equals
+the task's answer.
 Task records: {"prompt": "...", "answer": "42"}. Run: python3 python_exec_env.py --port 50101
 """
 import os
@@ -36,9 +38,16 @@ def run_sandboxed(code: str, wall_s: float = WALL_SECONDS) -> str:
     # and exec is unsafe in a threaded server (gRPC's), and crashed the child now and then.
     # CPU time: SIGXCPU at the soft limit, SIGKILL a second later.
     argv = [prlimit, f"--cpu={CPU_SECONDS}:{CPU_SECONDS + 1}", f"--as={MEMORY_BYTES}",
-            f"--fsize={16 << 20}", bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--tmpfs", "/tmp", "--chdir", "/tmp", "--unshare-all", "--die-with-parent",
-            "--new-session", "--", sys.executable, "-I", "-c", code]
+            f"--fsize={16 << 20}", bwrap]
+    # Only the system directories and this Python's installation are visible, read-only (not
+    # /root, /home or the server's working directory); a private /tmp is the only writable place.
+    for path in ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc",
+                 sys.base_prefix, sys.prefix]:
+        argv += ["--ro-bind-try", path, path]
+    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--chdir", "/tmp",
+             "--unshare-all", "--die-with-parent", "--new-session",
+             "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
+             "--", sys.executable, "-I", "-c", code]
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -76,7 +85,7 @@ class PythonExec(gyre_env.Env):
             },
         },
     }]
-    max_steps = 6
+    max_steps = 8
 
     def reset(self, task, seed):
         self.answer = str(task["answer"])

@@ -241,15 +241,22 @@ TEST_F(AgentServicesTest, SandboxedPythonRunsCodeWithoutNetworkOrWritableRoot) {
   EXPECT_NE(step.observation().messages(0).content().find("Read-only file system"),
             std::string::npos)
       << step.observation().messages(0).content();
+  // Neither the server's files nor its environment variables (PYTHONPATH here) are visible.
+  ASSERT_TRUE(env.Step(Call("p1", 3, "python",
+                            {{"code", std::string("import os\nprint(os.path.exists('") +
+                                          GYRE_SOURCE_DIR + "'), 'PYTHONPATH' in os.environ)"}}),
+                       &step)
+                  .ok());
+  EXPECT_EQ(step.observation().messages(0).content(), "False False\n");
   const auto t0 = Clock::now();
-  ASSERT_TRUE(env.Step(Call("p1", 3, "python", {{"code", "while True: pass"}}), &step).ok());
+  ASSERT_TRUE(env.Step(Call("p1", 4, "python", {{"code", "while True: pass"}}), &step).ok());
   EXPECT_NE(step.observation().messages(0).content().find("CPU-time limit"), std::string::npos)
       << step.observation().messages(0).content();
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 15.0);
-  ASSERT_TRUE(env.Step(Call("p1", 4, "python", {{"code", "x = bytearray(1 << 30)"}}), &step).ok());
+  ASSERT_TRUE(env.Step(Call("p1", 5, "python", {{"code", "x = bytearray(1 << 30)"}}), &step).ok());
   EXPECT_NE(step.observation().messages(0).content().find("MemoryError"), std::string::npos)
       << step.observation().messages(0).content();
-  ASSERT_TRUE(env.Step(Say("p1", 5, "The answer is 42."), &step).ok());
+  ASSERT_TRUE(env.Step(Say("p1", 6, "The answer is 42."), &step).ok());
   EXPECT_TRUE(step.terminated());
   EXPECT_EQ(step.reward(), 1.0);
 }
