@@ -41,8 +41,9 @@ Status EnvClient::Reset(const v1::ResetRequest& req, v1::ResetResponse* resp,
 }
 
 Status EnvClient::Step(const v1::StepRequest& req, v1::StepResponse* resp,
-                       rpc::Cancellation* cancel) {
-  return Call("Step", timeouts_.step_s, req, resp, cancel, &v1::Env::Stub::Step);
+                       rpc::Cancellation* cancel, double timeout_s) {
+  return Call("Step", timeout_s > 0 ? timeout_s : timeouts_.step_s, req, resp, cancel,
+              &v1::Env::Stub::Step);
 }
 
 void EnvClient::Close(const std::string& session_id, const std::string& reason) {

@@ -28,13 +28,16 @@ class EnvClient {
   EnvClient(ServiceSupervisor* service, EnvTimeouts timeouts)
       : service_(service), timeouts_(timeouts) {}
 
-  // `cancel` (may be null) ends a call early with kAborted.
+  // `cancel` (may be null) ends a call early with kAborted. Step's `timeout_s`, when > 0,
+  // replaces EnvTimeouts::step_s for this call (an episode's remaining time).
   Status Reset(const v1::ResetRequest& req, v1::ResetResponse* resp,
                rpc::Cancellation* cancel = nullptr);
   Status Step(const v1::StepRequest& req, v1::StepResponse* resp,
-              rpc::Cancellation* cancel = nullptr);
+              rpc::Cancellation* cancel = nullptr, double timeout_s = 0);
   // Best effort: a failed Close is logged, not returned (the server drops expired sessions).
   void Close(const std::string& session_id, const std::string& reason);
+
+  const EnvTimeouts& timeouts() const { return timeouts_; }
 
  private:
   template <typename Req, typename Resp, typename Method>

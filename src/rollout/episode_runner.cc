@@ -25,8 +25,10 @@ struct State {
   Clock::time_point deadline;
   int64_t turn_begin = 0;  // response index where the current model turn began
   bool done = false;
-  // The environment call in flight, if any.
+  // The environment call in flight, if any, and its cancellation.
   std::future<Status> call;
+  std::unique_ptr<rpc::Cancellation> cancel = std::make_unique<rpc::Cancellation>();
+  bool step_cut_by_deadline = false;  // the call's deadline was the episode's
   std::unique_ptr<v1::StepRequest> step_req;
   std::unique_ptr<v1::StepResponse> step_resp;
 };
@@ -160,13 +162,24 @@ StatusOr<std::vector<Episode>> EpisodeRunner::Run(std::vector<Episode> episodes)
     st.step_resp = std::make_unique<v1::StepResponse>();
     const v1::StepRequest* rq = st.step_req.get();
     v1::StepResponse* rs = st.step_resp.get();
-    st.call = std::async(std::launch::async, [this, rq, rs] { return env_->Step(*rq, rs); });
+    rpc::Cancellation* cancel = st.cancel.get();
+    // The step may take what is left of the episode's time, and no more.
+    const double left = std::chrono::duration<double>(st.deadline - Clock::now()).count();
+    const double step_s = env_->timeouts().step_s;
+    st.step_cut_by_deadline = left < step_s;
+    const double timeout = std::max(0.001, std::min(left, step_s));
+    st.call = std::async(std::launch::async, [this, rq, rs, cancel, timeout] {
+      return env_->Step(*rq, rs, cancel, timeout);
+    });
   };
 
   // The environment answered: append its observation and continue, or end the episode.
   auto observe = [&](State& st) {
     Status s = st.call.get();
     Episode& ep = *st.ep;
+    if (s.code() == StatusCode::kDeadlineExceeded && st.step_cut_by_deadline) {
+      return finish(st, false, fmt::format("episode timeout ({:g} s)", options_.episode_timeout_s));
+    }
     if (!s.ok()) return finish(st, false, "environment: " + s.ToString());
     const v1::StepResponse& r = *st.step_resp;
     ep.reward += r.reward();
@@ -261,7 +274,10 @@ StatusOr<std::vector<Episode>> EpisodeRunner::Run(std::vector<Episode> episodes)
         engine_->DropAll();
         engine_->ClearParked();
         for (State& st : states) {
-          if (st.call.valid()) st.call.wait();
+          if (st.call.valid()) {
+            st.cancel->Cancel();  // environment calls in flight end now
+            st.call.wait();
+          }
           if (!st.done) close(st.session, "cancelled");
         }
         return finished.status();

@@ -223,10 +223,13 @@ TEST_F(EpisodeRunnerTest, LimitsEndEpisodesTruncatedWithTheReason) {
   EXPECT_TRUE((*got)[0].truncated);
   EXPECT_EQ((*got)[0].status, "token limit (max_new_tokens 12)");
 
+  // The episode's time bounds its environment step too: a 5 s step is cut at 0.5 s.
   o = Options();
   o.episode_timeout_s = 0.5;
-  got = Runner(&env, o).Run(Episodes({{{"prompt", "p"}, {"turns", 5}, {"sleep", 1.0}}}));
+  const auto t0 = Clock::now();
+  got = Runner(&env, o).Run(Episodes({{{"prompt", "p"}, {"turns", 5}, {"sleep", 5.0}}}));
   ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 2.0);
   EXPECT_TRUE((*got)[0].truncated);
   EXPECT_EQ((*got)[0].status, "episode timeout (0.5 s)");
 
