@@ -142,6 +142,9 @@ class _EnvServicer(env_pb2_grpc.EnvServicer):
             context.abort(grpc.StatusCode.NOT_FOUND,
                           f"Step: no session {request.session_id} (never reset, closed or expired)")
         with s.lock:
+            if s.reset_response is None:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"Step: session {request.session_id} has not been reset")
             if request.step_index == s.last_index and s.last_response is not None:
                 return s.last_response  # a retry of the step already applied
             if request.step_index != s.last_index + 1:
