@@ -5,11 +5,15 @@ Task records carry a question and its numeric answer, e.g.
     {"prompt": "What is 347 * 29?", "answer": "10063"}
 The model may call the `calculate` tool (the result comes back as a tool message) and ends the
 episode with a reply that calls no tool: reward 1 if that reply's final number equals the answer,
-else 0. Run: python3 calculator_env.py --port 50100
+else 0. Run: python3 calculator_env.py --port 50100 [--step-delay SECONDS]
+(--step-delay makes every step wait, like a slow tool: tests use it to kill the server while
+episodes wait for it.)
 """
+import argparse
 import ast
 import operator
 import re
+import time
 
 import gyre_env
 
@@ -70,6 +74,7 @@ class Calculator(gyre_env.Env):
         },
     }]
     max_steps = 6
+    step_delay = 0.0
 
     def reset(self, task, seed):
         self.answer = str(task["answer"])
@@ -77,6 +82,8 @@ class Calculator(gyre_env.Env):
         return [{"role": "user", "content": task["prompt"]}]
 
     def step(self, action):
+        if self.step_delay > 0:
+            time.sleep(self.step_delay)
         self.steps += 1
         if action.tool_call_error:
             return self._observe([{"role": "tool", "name": "calculate",
@@ -106,4 +113,8 @@ class Calculator(gyre_env.Env):
 
 
 if __name__ == "__main__":
-    gyre_env.env_main(Calculator)
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--step-delay", type=float, default=0.0)
+    known, rest = own.parse_known_args()
+    Calculator.step_delay = known.step_delay
+    gyre_env.env_main(Calculator, rest)

@@ -214,8 +214,8 @@ struct TrainerSection {
 };
 
 struct RewardSection {
-  // builtin (the task's verifier), math, service (a reward server) or custom (a library user's
-  // RewardFn).
+  // builtin (the task's verifier), math, service (a reward server), env (the environment's
+  // episode reward) or custom (a library user's RewardFn).
   std::string type = "builtin";
   // type service: exactly one of a running server's address and a command Gyre starts.
   std::string address;
@@ -230,6 +230,28 @@ struct RewardSection {
   // drop_sample, drop_group or zero (counted as 0 and reported).
   std::string on_failure = "drop_sample";
   int retries = 0;  // times failed items are scored again before on_failure applies
+};
+
+// Multi-turn episodes against an environment server (docs/agents.md): set exactly one of
+// address and command to turn them on. Each training group's n samples are then episodes of its
+// problem's task; the prompt is the environment's opening, rendered with chat_template.
+struct EnvSection {
+  std::string address;               // host:port of a running environment server
+  std::vector<std::string> command;  // or a command Gyre starts ({port}, {host})
+  int max_restarts = 5;
+  double ready_timeout_s = 60;
+  int concurrency = 16;         // environment calls in flight per rollout worker
+  double reset_timeout_s = 30;  // deadline of one Reset
+  double step_timeout_s = 60;   // deadline of one Step (never past the episode's deadline)
+  double close_timeout_s = 10;
+  int retries = 2;    // resends of a call after UNAVAILABLE
+  int max_turns = 8;  // model turns per episode
+  double episode_timeout_s = 300;
+  std::string tool_format = "hermes";  // hermes or llama3
+  // A Jinja chat template file; empty = the model's own (model.path).
+  std::string chat_template;
+  std::string template_kwargs;   // extra template variables, a JSON object ("" = none)
+  std::string end_of_turn_text;  // the stop token's text in the template ("<|im_end|>")
 };
 
 struct ClusterSection {
@@ -270,6 +292,7 @@ struct JobConfig {
   AlgorithmSection algorithm;
   TrainerSection trainer;
   RewardSection reward;
+  EnvSection env;
   ClusterSection cluster;
   MetricsSection metrics;
 };

@@ -251,7 +251,8 @@ int RunWorker(const std::vector<std::string>& args) {
     auto engine_config = rollout::EngineConfigFromJob(cfg->rollout, *model);
     // Stop strings need the job's tokenizer to turn response tokens into text.
     std::shared_ptr<model::TextTokenizer> tokenizer;
-    if (engine_config.ok() && !cfg->rollout.stop_strings.empty()) {
+    const bool env = !cfg->env.address.empty() || !cfg->env.command.empty();
+    if (engine_config.ok() && (!cfg->rollout.stop_strings.empty() || env)) {
       auto made = model::MakeTextTokenizer(cfg->model);
       if (!made.ok()) {
         engine_config = made.status();
@@ -274,6 +275,15 @@ int RunWorker(const std::vector<std::string>& args) {
       return 1;
     }
     rollout_service = std::move(*made_service);
+    if (env) {
+      auto setup = rollout::EpisodeSetupFromJob(*cfg, tokenizer);
+      if (!setup.ok()) {
+        session.ReportFatal("cannot run environment episodes: " + setup.status().ToString());
+        std::fprintf(stderr, "gyre worker: %s\n", setup.status().ToString().c_str());
+        return 1;
+      }
+      rollout_service->EnableEpisodes(std::move(*setup));
+    }
     service = rollout_service.get();
     version = [&] { return rollout_service->version(); };
   } else {

@@ -368,9 +368,10 @@ std::vector<Field> BuildTable() {
       Num(GYRE_CONFIG_KEY(trainer.collective_timeout_s), OpenLow(0, 86400),
           "deadline of each data-parallel collective in seconds"),
       // reward
-      Choice(GYRE_CONFIG_KEY(reward.type), {"builtin", "math", "service", "custom"},
+      Choice(GYRE_CONFIG_KEY(reward.type), {"builtin", "math", "service", "env", "custom"},
              "builtin = the task's verifier; math = the final number equals the answer; "
-             "service = a reward server (docs/agents.md); custom = a library user's RewardFn"),
+             "service = a reward server (docs/agents.md); env = the sum of the environment's "
+             "step rewards (an env job); custom = a library user's RewardFn"),
       Text(GYRE_CONFIG_KEY(reward.address), kAnyText,
            "type service: host:port of a running reward server (or set reward.command)"),
       TextList(GYRE_CONFIG_KEY(reward.command),
@@ -393,6 +394,40 @@ std::vector<Field> BuildTable() {
              "(reported as reward_zeroed)"),
       Num(GYRE_CONFIG_KEY(reward.retries), Closed(0, 100),
           "times failed rewards are computed again before reward.on_failure applies"),
+      // env
+      Text(GYRE_CONFIG_KEY(env.address), kAnyText,
+           "host:port of a running environment server (or set env.command); either turns "
+           "multi-turn episodes on"),
+      TextList(GYRE_CONFIG_KEY(env.command),
+               "the command that serves the environment, started and restarted by Gyre; {port} "
+               "in an argument becomes the port to listen on"),
+      Num(GYRE_CONFIG_KEY(env.max_restarts), Closed(0, 1000),
+          "times a started environment server that died is restarted"),
+      Num(GYRE_CONFIG_KEY(env.ready_timeout_s), OpenLow(0, kDay),
+          "seconds from a start until the environment server must answer"),
+      Num(GYRE_CONFIG_KEY(env.concurrency), Closed(1, 4096),
+          "environment calls in flight per rollout worker"),
+      Num(GYRE_CONFIG_KEY(env.reset_timeout_s), OpenLow(0, kDay),
+          "deadline of one Reset in seconds"),
+      Num(GYRE_CONFIG_KEY(env.step_timeout_s), OpenLow(0, kDay),
+          "deadline of one Step in seconds (never past the episode's deadline)"),
+      Num(GYRE_CONFIG_KEY(env.close_timeout_s), OpenLow(0, kDay),
+          "deadline of one Close in seconds"),
+      Num(GYRE_CONFIG_KEY(env.retries), Closed(0, 100),
+          "times a call is sent again after the server was unavailable"),
+      Num(GYRE_CONFIG_KEY(env.max_turns), Closed(1, 1000), "model turns per episode"),
+      Num(GYRE_CONFIG_KEY(env.episode_timeout_s), OpenLow(0, kDay),
+          "wall time per episode in seconds, from its Reset"),
+      Choice(GYRE_CONFIG_KEY(env.tool_format), {"hermes", "llama3"},
+             "how the model writes tool calls: hermes = <tool_call>{json}</tool_call> (Qwen, "
+             "SmolLM2); llama3 = the reply is one JSON object"),
+      Text(GYRE_CONFIG_KEY(env.chat_template), kAnyText,
+           "a Jinja chat template file for episodes; empty = the model's own (model.path)"),
+      Text(GYRE_CONFIG_KEY(env.template_kwargs), kAnyText,
+           "extra chat template variables as a JSON object, e.g. {\"enable_thinking\": false}"),
+      Text(GYRE_CONFIG_KEY(env.end_of_turn_text), kAnyText,
+           "the text the template writes where the model's stop token ends a turn (e.g. "
+           "<|im_end|>); empty when the stop token has no text"),
       // cluster
       Choice(GYRE_CONFIG_KEY(cluster.mode), {"local", "external"},
              "local = the controller spawns its workers; external = workers connect to it"),
@@ -1112,6 +1147,34 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
                    "reward." + std::string(c.reward.address.empty() ? "command" : "address") +
                        " is set but reward.type is " + c.reward.type +
                        ": set reward.type: service"};
+  }
+  const bool env = !c.env.address.empty() || !c.env.command.empty();
+  if (!c.env.address.empty() && !c.env.command.empty()) {
+    return Problem{{"env.address", "env.command"},
+                   "set one of env.address (a running environment server) and env.command (a "
+                   "server for Gyre to start), not both"};
+  }
+  if (c.reward.type == "env" && !env) {
+    return Problem{{"reward.type", "env.command", "env.address"},
+                   "reward.type: env scores episodes by their environment's rewards: set "
+                   "env.command or env.address"};
+  }
+  if (env && (c.rollout.async || c.rollout.partial_rollouts)) {
+    return Problem{{c.rollout.async ? "rollout.async" : "rollout.partial_rollouts", "env.command",
+                    "env.address"},
+                   "environment episodes (env.command or env.address) run with synchronous "
+                   "rollout: turn rollout.async and rollout.partial_rollouts off"};
+  }
+  if (env && c.rollout.budget.policy != "uniform") {
+    return Problem{{"rollout.budget.policy", "env.command", "env.address"},
+                   "environment episodes (env.command or env.address) need "
+                   "rollout.budget.policy: uniform"};
+  }
+  if (env && c.env.chat_template.empty() && c.model.path.empty()) {
+    return Problem{{"env.chat_template", "env.command", "env.address"},
+                   "environment episodes render the environment's messages with a chat template, "
+                   "and the built-in model has none: set env.chat_template to a Jinja file (e.g. "
+                   "configs/templates/tiny_tools.jinja)"};
   }
   if (c.algorithm.kl_in == "reward" && c.algorithm.kl == "none") {
     return Problem{

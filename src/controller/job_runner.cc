@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "agent/service_supervisor.h"
 #include "algorithm/lr_schedule.h"
 #include "algorithm/sampling_policy.h"
 #include "comm/gloo_communicator.h"
@@ -31,6 +32,7 @@
 #include "controller/trainer_group.h"
 #include "controller/weight_publisher.h"
 #include "controller/worker_pool.h"
+#include "model/episode_chat.h"
 #include "model/hf_config.h"
 #include "model/text_tokenizer.h"
 #include "rpc/rpc_util.h"
@@ -132,6 +134,7 @@ class JobRunner {
   uint64_t next_eval_group_id_ = kEvalGroupIdBase;
   JobResult result_;
   bool torn_down_ = false;
+  std::unique_ptr<agent::ServiceSupervisor> env_service_;  // env.address or env.command
   std::string resume_dir_;        // the checkpoint being resumed from, if any
   ControllerState resume_state_;  // its controller part, read by PrepareResume
   int first_step_ = 1;            // the first GRPO step this process runs
@@ -155,6 +158,14 @@ Status JobRunner::Setup() {
   GYRE_ASSIGN_OR_RETURN(ProblemSource src, ProblemSource::Create(cfg_.data, cfg_.job.seed));
   problems_ = std::make_unique<ProblemSource>(std::move(src));
   prompts_ = std::make_unique<PromptEncoder>(cfg_, tokenizer_.get());
+  if (prompts_->episodes()) {
+    // The template is loaded here too (the rollout workers render with it): a bad one fails the
+    // job before any process starts, and the warm-up renders its demonstrations with it.
+    auto chat =
+        model::EpisodeChat::Load(cfg_.env.chat_template, cfg_.model.path, cfg_.env.template_kwargs);
+    if (!chat.ok()) return chat.status().WithContext("env.chat_template");
+    prompts_->SetEpisodeChat(chat->AsFunction());
+  }
   // Every prompt, training and evaluation, must encode and fit before any process starts: a bad
   // record found when drawn could be hours in.
   GYRE_RETURN_IF_ERROR(prompts_->CheckAll(*problems_));
@@ -163,6 +174,19 @@ Status JobRunner::Setup() {
   GYRE_RETURN_IF_ERROR(MakeDirs(run_dir_ + "/logs").WithContext("run directory"));
   if (reward_ == nullptr) {  // reward.type: service
     GYRE_ASSIGN_OR_RETURN(reward_, StartRewardService(cfg_.reward, run_dir_ + "/logs/reward.log"));
+  }
+  if (prompts_->episodes()) {
+    agent::ServiceOptions o;
+    o.kind = agent::ServiceKind::kEnv;
+    o.what = "environment";
+    o.address = cfg_.env.address;
+    o.command = cfg_.env.command;
+    o.log_path = run_dir_ + "/logs/env.log";
+    o.ready_timeout_s = cfg_.env.ready_timeout_s;
+    o.max_restarts = cfg_.env.max_restarts;
+    GYRE_ASSIGN_OR_RETURN(env_service_, agent::ServiceSupervisor::Start(o));
+    GYRE_LOG_INFO("environment server '{}' at {}", env_service_->description().name(),
+                  env_service_->address());
   }
   result_.run_dir = run_dir_;
   const std::string yaml = config::DumpJobConfig(cfg_);
@@ -208,6 +232,10 @@ Status JobRunner::Setup() {
   scorer_ = std::make_unique<StepScorer>(cfg_.algorithm, cfg_.rollout.group_size, tokenizer_.get(),
                                          reward_.get(), cfg_.rollout.max_new_tokens);
   scorer_->SetFailurePolicy(cfg_.reward.on_failure, cfg_.reward.retries);
+  if (env_service_) {
+    scheduler_->SetEnvAddress([env = env_service_.get()] { return env->address(); });
+    scorer_->SetEpisodes(cfg_.reward.type == "env");
+  }
   policy_ = algorithm::MakeSamplingPolicy(cfg_, reward_->correct_threshold());
   GYRE_RETURN_IF_ERROR(pool_->Start());
   GYRE_RETURN_IF_ERROR(pool_->WaitRegistered());

@@ -1,5 +1,6 @@
 #include "controller/prompts.h"
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "common/hash.h"
@@ -27,6 +28,9 @@ StatusOr<std::vector<int32_t>> PromptEncoder::Encode(const Problem& problem) con
 }
 
 Status PromptEncoder::CheckAll(const ProblemSource& problems) const {
+  // An episode's prompt is the environment's opening, known only once it has reset; the engine
+  // refuses one that does not fit, and the episode fails with that reason.
+  if (episodes()) return Status::Ok();
   auto check = [&](const Problem& p, const char* kind) -> Status {
     const std::string where =
         p.where.empty() ? std::string(kind) + " prompt '" + p.prompt + "'" : p.where;
@@ -64,8 +68,12 @@ StatusOr<GroupJob> PromptEncoder::Group(const Problem& problem, uint64_t group_i
   GroupJob j;
   j.problem = problem;
   j.group.set_group_id(group_id);
-  GYRE_ASSIGN_OR_RETURN(auto ids, Encode(problem));
-  j.group.mutable_prompt_ids()->Add(ids.begin(), ids.end());
+  if (episodes()) {
+    j.group.set_task_json(TaskJson(problem));
+  } else {
+    GYRE_ASSIGN_OR_RETURN(auto ids, Encode(problem));
+    j.group.mutable_prompt_ids()->Add(ids.begin(), ids.end());
+  }
   j.group.set_n(n);
   j.group.set_first_sample_id(first_sample_id);
   j.group.set_seed(seed);
@@ -91,7 +99,46 @@ StatusOr<GroupJob> PromptEncoder::EvalGroup(const Problem& problem, uint64_t gro
   return Group(problem, group_id, 1, 0, 0);
 }
 
+StatusOr<v1::Sample> PromptEncoder::DemonstrationSample(const Problem& problem) const {
+  const std::string where = problem.where.empty() ? "a generated problem" : problem.where;
+  const nlohmann::json record =
+      problem.record.empty() ? nlohmann::json() : nlohmann::json::parse(problem.record);
+  if (!record.is_object() || !record.contains("demonstration")) {
+    return InvalidArgument(where +
+                           ": the supervised warm-up of an environment job needs a "
+                           "\"demonstration\" (a list of chat messages) in every record (or set "
+                           "trainer.warmup_sft_steps: 0)");
+  }
+  if (!episode_render_) return FailedPrecondition("the environment's chat template is not loaded");
+  std::string tools;
+  if (record.contains("tools")) tools = record["tools"].dump();
+  auto demo = model::RenderDemonstration(episode_render_, record["demonstration"].dump(), tools,
+                                         cfg_.env.end_of_turn_text);
+  if (!demo.ok()) return InvalidArgument(where + ": " + demo.status().message());
+  GYRE_ASSIGN_OR_RETURN(auto prompt, tokenizer_->Encode(demo->prompt));
+  if (auto bos = tokenizer_->bos_id()) prompt.insert(prompt.begin(), *bos);
+  v1::Sample s;
+  s.mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
+  for (const model::DemoPiece& piece : demo->pieces) {
+    auto ids = tokenizer_->Encode(piece.text);
+    if (!ids.ok()) return InvalidArgument(where + ": " + ids.status().message());
+    if (piece.model) ids->push_back(tokenizer_->stop_ids().front());
+    for (int32_t id : *ids) {
+      s.add_response_ids(id);
+      s.add_loss_mask(piece.model ? 1.0f : 0.0f);
+    }
+  }
+  const int64_t len = s.prompt_ids_size() + s.response_ids_size();
+  if (len > cfg_.model.max_seq_len) {
+    return InvalidArgument(where + ": the demonstration takes " + std::to_string(len) +
+                           " tokens, more than model.max_seq_len " +
+                           std::to_string(cfg_.model.max_seq_len));
+  }
+  return s;
+}
+
 StatusOr<v1::Sample> PromptEncoder::SftSample(const Problem& problem) const {
+  if (episodes()) return DemonstrationSample(problem);
   if (problem.answer.empty()) {
     return InvalidArgument("supervised warm-up needs answers; prompt '" + problem.prompt +
                            "' has none (set trainer.warmup_sft_steps: 0)");

@@ -14,6 +14,7 @@
 #include "gyre/config.h"
 #include "gyre/status.h"
 #include "gyre/v1/gyre.pb.h"
+#include "model/episode_chat.h"
 #include "model/text_tokenizer.h"
 
 namespace gyre::controller {
@@ -42,8 +43,16 @@ class PromptEncoder {
   StatusOr<GroupJob> TrainingGroup(const Problem& problem, uint64_t group_id, int n) const;
   // An evaluation group of `problem`: one sample, seed 0 (evaluation samples greedily).
   StatusOr<GroupJob> EvalGroup(const Problem& problem, uint64_t group_id) const;
-  // A supervised warm-up sample: the prompt and the problem's answer, ended by a stop id.
+  // A supervised warm-up sample: the prompt and the problem's answer, ended by a stop id. In an
+  // environment job: the record's "demonstration" (a list of chat messages, optionally with
+  // "tools"), cut as an episode would be (model::RenderDemonstration): the model's turns, each
+  // ended by a stop id, train; the text between them is masked out.
   StatusOr<v1::Sample> SftSample(const Problem& problem) const;
+
+  // Environment jobs (env.address or env.command): groups carry the problem's task instead of
+  // prompt ids, and warm-up samples are rendered with `render` (env.chat_template).
+  void SetEpisodeChat(model::ChatRenderFn render) { episode_render_ = std::move(render); }
+  bool episodes() const { return !cfg_.env.address.empty() || !cfg_.env.command.empty(); }
 
   // Training rollouts: rollout.sampling, max_new_tokens, the stop ids and stop strings.
   v1::SamplingParams Training() const;
@@ -54,8 +63,11 @@ class PromptEncoder {
   StatusOr<GroupJob> Group(const Problem& problem, uint64_t group_id, int n,
                            uint64_t first_sample_id, uint64_t seed) const;
 
+  StatusOr<v1::Sample> DemonstrationSample(const Problem& problem) const;
+
   const JobConfig cfg_;
   const model::TextTokenizer* tokenizer_;
+  model::ChatRenderFn episode_render_;
 };
 
 }  // namespace gyre::controller

@@ -119,6 +119,7 @@ StatusOr<std::vector<v1::Sample>> RolloutScheduler::GenerateAll(const std::vecto
     std::vector<v1::GenerateRequest> reqs(alive.size());
     for (size_t a = 0; a < alive.size(); ++a) {
       *reqs[a].mutable_sampling() = sampling;
+      if (env_address_) reqs[a].set_env_address(env_address_());
       reqs[a].set_min_policy_version(min_version);
       for (size_t j : assign[a]) *reqs[a].add_groups() = jobs[j].group;
       GYRE_RETURN_IF_ERROR(RecordDispatch(sink, *alive[a], reqs[a]));

@@ -10,6 +10,7 @@
 // them.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -70,6 +71,10 @@ class RolloutScheduler {
                                                     int64_t min_version, GenerateStats* stats,
                                                     const LedgerSink* sink = nullptr);
 
+  // Environment jobs: GenerateAll's requests name the environment server at `address()` (asked
+  // at each dispatch: a restarted server listens elsewhere), and their groups run as episodes.
+  void SetEnvAddress(std::function<std::string()> address) { env_address_ = std::move(address); }
+
   // Groups in flight (partial rollouts), for checkpoints and back.
   size_t carried_groups() const { return partial_.size(); }
   std::vector<v1::CarriedGroup> SaveCarried() const;
@@ -99,6 +104,7 @@ class RolloutScheduler {
   };
   std::map<uint64_t, PartialGroup> partial_;  // by group id (oldest first)
   std::set<uint64_t> generating_;             // sample ids the ledger holds as generating
+  std::function<std::string()> env_address_;  // empty: no environment
 };
 
 }  // namespace gyre::controller

@@ -71,6 +71,11 @@ nlohmann::json StepMetrics(const StepRecord& r) {
     j["filtered_groups"] = sc.filtered_groups;
     j["generation_rounds"] = r.rounds;
   }
+  if (sc.episodes > 0) {
+    j["env_turns_mean"] = static_cast<double>(sc.env_turns) / sc.episodes;
+    j["env_terminated_fraction"] = static_cast<double>(sc.env_terminated) / sc.episodes;
+    j["env_failures"] = sc.env_failures;
+  }
   if (r.overlong_shaping) j["overlong_penalized"] = sc.overlong;
   if (r.median_pivots) j["median_pivots"] = static_cast<int64_t>(sc.pivot_ids.size());
   if (r.has_kl_reward) j["kl_reward"] = r.kl_reward;

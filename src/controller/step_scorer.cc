@@ -31,6 +31,12 @@ Status StepScorer::Score(const std::vector<GroupJob>& jobs, std::vector<v1::Samp
       }
       for (int i = 0; i < n; ++i, ++at) {
         const v1::Sample& s = (*samples)[at];
+        if (episodes_) {
+          ++out->episodes;
+          out->env_turns += s.env_turns();
+          if (s.episode_status().empty()) ++out->env_terminated;
+          if (s.reward_status() == v1::REWARD_STATUS_ERROR) ++out->env_failures;
+        }
         // Staleness: (trainer version now) - (oldest version among its tokens).
         int64_t oldest = version;
         for (int64_t v : s.versions()) oldest = std::min(oldest, v);
@@ -96,7 +102,8 @@ Status StepScorer::Score(const std::vector<GroupJob>& jobs, std::vector<v1::Samp
         if (out->reward_errors <= 3) {
           GYRE_LOG_WARN("reward failed for sample {}: {}", s.sample_id(), why);
         }
-        if (on_failure_ == "zero") {
+        // A failed episode may have no tokens at all: there is nothing to train with a 0.
+        if (on_failure_ == "zero" && s.response_ids_size() > 0) {
           ++out->reward_zeroed;
           zeroed = true;
           r = 0.0;
@@ -182,8 +189,17 @@ std::vector<StatusOr<double>> StepScorer::Rewards(
     const std::vector<const Problem*>& problems,
     const std::vector<const v1::Sample*>& samples) const {
   std::vector<StatusOr<double>> out(samples.size(), StatusOr<double>(Internal("not scored")));
-  std::vector<size_t> todo(samples.size());
-  for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
+  std::vector<size_t> todo;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const v1::Sample& s = *samples[i];
+    if (episodes_ && s.reward_status() == v1::REWARD_STATUS_ERROR) {
+      out[i] = Internal("the episode's environment failed: " + s.episode_status());
+    } else if (episodes_ && env_reward_) {
+      out[i] = static_cast<double>(s.reward());
+    } else {
+      todo.push_back(i);
+    }
+  }
   for (int attempt = 0; attempt <= retries_ && !todo.empty(); ++attempt) {
     std::vector<RewardInput> inputs;
     for (size_t i : todo) inputs.push_back(Input(*problems[i], *samples[i]));

@@ -39,6 +39,9 @@ struct StepScores {
   // reward.on_failure: zero: failed rewards counted as 0; drop_group: samples left out because
   // another sample of their group failed.
   int reward_zeroed = 0, reward_group_drops = 0;
+  // Environment jobs, over every episode of the step: model turns, episodes the environment
+  // ended (terminated) and episodes whose environment failed.
+  int episodes = 0, env_turns = 0, env_terminated = 0, env_failures = 0;
   double reward_sum = 0;  // over every scored sample (filtered groups included), after shaping
   int overlong = 0;       // scored samples the overlong penalty reached
   // algorithm.advantage: median: the pivot samples SetAdvantages left out (ids), else empty.
@@ -71,6 +74,13 @@ class StepScorer {
     retries_ = retries;
   }
 
+  // Environment jobs: a sample whose episode failed (reward_status ERROR from the rollout
+  // worker) is a failed reward whatever reward.type says; with `env_reward` (reward.type: env)
+  // the others' rewards are the environment's (Sample.reward), not the RewardFn's.
+  void SetEpisodes(bool env_reward) {
+    episodes_ = true;
+    env_reward_ = env_reward;
+  }
   // The reward of `sample` for `problem` (its response decoded). An error, whose message says
   // why, when the reward fails or is not finite: the sample must not count as 0.
   StatusOr<double> Reward(const Problem& problem, const v1::Sample& sample) const;
@@ -99,6 +109,7 @@ class StepScorer {
   const int max_new_tokens_;
   std::string on_failure_ = "drop_sample";
   int retries_ = 0;
+  bool episodes_ = false, env_reward_ = false;
   mutable std::map<uint64_t, double> cache_;  // PeekReward's rewards until Score uses them
 };
 

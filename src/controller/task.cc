@@ -39,14 +39,19 @@ StatusOr<std::vector<Problem>> LoadJsonl(const std::string& path) {
       auto messages = model::ParseMessagesJson(j["prompt"].dump());
       if (!messages.ok())
         return InvalidArgument(where + ": prompt: " + messages.status().message());
-      out.push_back({j["prompt"].dump(), j.value("answer", std::string()), true, where});
+      out.push_back({j["prompt"].dump(), j.value("answer", std::string()), true, where, j.dump()});
     } else {
-      out.push_back(
-          {j["prompt"].get<std::string>(), j.value("answer", std::string()), false, where});
+      out.push_back({j["prompt"].get<std::string>(), j.value("answer", std::string()), false, where,
+                     j.dump()});
     }
   }
   if (out.empty()) return InvalidArgument(path + ": dataset has no records");
   return out;
+}
+
+std::string TaskJson(const Problem& problem) {
+  if (!problem.record.empty()) return problem.record;
+  return nlohmann::json{{"prompt", problem.prompt}, {"answer", problem.answer}}.dump();
 }
 
 namespace {
@@ -136,7 +141,7 @@ std::vector<Problem> ProblemSource::LongestPrompts() const {
     const int64_t b = t.op == '*' ? 9 : big;
     out.push_back(
         {Fill(t, WordNames()[name].first, WordNames()[name].second, WordThings()[thing], big, b),
-         std::to_string(Apply(t.op, big, b)), false, ""});
+         std::to_string(Apply(t.op, big, b)), false, "", ""});
   }
   return out;
 }
@@ -162,7 +167,7 @@ Problem ProblemSource::Draw(std::mt19937_64* rng) const {
         t.op == '*' ? std::uniform_int_distribution<int64_t>(2, 9)(*rng) : operand(len(*rng));
     if (t.op == '-' && b > a) std::swap(a, b);
     return {Fill(t, who.first, who.second, thing, a, b), std::to_string(Apply(t.op, a, b)), false,
-            ""};
+            "", ""};
   }
   if (data_.task == "copy") {
     // Long-tail answer lengths: lognormal with median min_digits (sigma 0.75), clamped to
@@ -174,7 +179,7 @@ Problem ProblemSource::Draw(std::mt19937_64* rng) const {
     std::uniform_int_distribution<int> digit(0, 9);
     std::string s;
     for (int i = 0; i < d; ++i) s += static_cast<char>('0' + digit(*rng));
-    return {"c" + s + "=", s, false, ""};
+    return {"c" + s + "=", s, false, "", ""};
   }
   auto operand = [&]() {
     std::uniform_int_distribution<int> len(data_.min_digits, data_.max_digits);
@@ -187,7 +192,7 @@ Problem ProblemSource::Draw(std::mt19937_64* rng) const {
     return v(*rng);
   };
   int64_t a = operand(), b = operand();
-  return {std::to_string(a) + "+" + std::to_string(b) + "=", std::to_string(a + b), false, ""};
+  return {std::to_string(a) + "+" + std::to_string(b) + "=", std::to_string(a + b), false, "", ""};
 }
 
 StatusOr<ProblemSource> ProblemSource::Create(const DataSection& data, uint64_t seed) {
@@ -335,6 +340,17 @@ StatusOr<std::shared_ptr<RewardFn>> ChooseReward(const RewardSection& reward,
         "use it, or leave RunOptions::reward empty for the built-in reward");
   }
   if (reward.type == "service") return std::shared_ptr<RewardFn>();  // StartRewardService
+  if (reward.type == "env") {
+    // The scorer takes each episode's reward from its sample (StepScorer::SetEpisodes); this
+    // RewardFn only answers correct_threshold.
+    class EnvironmentReward final : public RewardFn {
+     public:
+      StatusOr<double> Score(const RewardInput&) override {
+        return FailedPrecondition("reward.type env: rewards come from the environment's episodes");
+      }
+    };
+    return std::shared_ptr<RewardFn>(std::make_shared<EnvironmentReward>());
+  }
   if (reward.type == "math") return std::shared_ptr<RewardFn>(std::make_shared<MathReward>());
   return std::shared_ptr<RewardFn>(std::make_shared<ExactMatchReward>());
 }

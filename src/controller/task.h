@@ -29,7 +29,12 @@ struct Problem {
   std::string answer;
   bool is_messages = false;  // the dataset gave the prompt as a list of chat messages
   std::string where;         // "file:line" of a dataset record; empty for generated problems
+  std::string record;        // the dataset record as JSON; empty for generated problems
 };
+
+// The task an environment episode of `problem` gets (ResetRequest.task_json): the dataset record
+// as it was written, or {"prompt", "answer"} for a generated problem.
+std::string TaskJson(const Problem& problem);
 
 // Reads a JSONL file of {"prompt": str or [{"role", "content"}, ...], "answer": str}.
 // Errors name the file and line.

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <deque>
+#include <functional>
 #include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -62,8 +64,10 @@ StatusOr<std::vector<Episode>> EpisodeRunner::Run(std::vector<Episode> episodes)
     closes.push_back(
         std::async(std::launch::async, [this, session, reason] { env_->Close(session, reason); }));
   };
-  auto finish = [&](State& st, bool terminated, const std::string& why) {
+  // env_error: the environment (or rendering its messages) failed, not a limit.
+  auto finish = [&](State& st, bool terminated, const std::string& why, bool env_error = false) {
     st.done = true;
+    st.ep->env_error = env_error;
     st.ep->terminated = terminated;
     st.ep->truncated = !terminated;
     st.ep->status = why;
@@ -111,6 +115,7 @@ StatusOr<std::vector<Episode>> EpisodeRunner::Run(std::vector<Episode> episodes)
         const Status err = !s.ok() ? s : prompt.status().WithContext("rendering the prompt");
         st.done = true;
         st.ep->failed = true;
+        st.ep->env_error = true;
         st.ep->truncated = true;
         st.ep->status = "reset failed: " + err.ToString();
         close(st.session, "cancelled");
@@ -138,8 +143,21 @@ StatusOr<std::vector<Episode>> EpisodeRunner::Run(std::vector<Episode> episodes)
     }
   }
 
+  // Steps wait here while env_concurrency calls are in flight (a server refuses calls past its
+  // own limit).
+  std::deque<State*> waiting_steps;
+  int in_flight = 0;
   // A turn ended: send it to the environment.
-  auto start_step = [&](State& st) {
+  std::function<void(State&)> start_step;
+  auto queue_step = [&](State& st) {
+    if (in_flight < static_cast<int>(wave)) {
+      start_step(st);
+    } else {
+      waiting_steps.push_back(&st);
+    }
+  };
+  start_step = [&](State& st) {
+    ++in_flight;
     const std::vector<int32_t> turn(st.ep->response.tokens.begin() + st.turn_begin,
                                     st.ep->response.tokens.end());
     const std::string text = decode_(turn);
@@ -176,11 +194,17 @@ StatusOr<std::vector<Episode>> EpisodeRunner::Run(std::vector<Episode> episodes)
   // The environment answered: append its observation and continue, or end the episode.
   auto observe = [&](State& st) {
     Status s = st.call.get();
+    --in_flight;
+    if (!waiting_steps.empty()) {
+      State* next = waiting_steps.front();
+      waiting_steps.pop_front();
+      start_step(*next);
+    }
     Episode& ep = *st.ep;
     if (s.code() == StatusCode::kDeadlineExceeded && st.step_cut_by_deadline) {
       return finish(st, false, fmt::format("episode timeout ({:g} s)", options_.episode_timeout_s));
     }
-    if (!s.ok()) return finish(st, false, "environment: " + s.ToString());
+    if (!s.ok()) return finish(st, false, "environment: " + s.ToString(), true);
     const v1::StepResponse& r = *st.step_resp;
     ep.reward += r.reward();
     ep.turns.back().reward = r.reward();
@@ -196,34 +220,20 @@ StatusOr<std::vector<Episode>> EpisodeRunner::Run(std::vector<Episode> episodes)
     if (!r.observation().token_ids().empty()) {
       inserted.assign(r.observation().token_ids().begin(), r.observation().token_ids().end());
     } else {
-      // What the template writes after the model's turn and before the next one: render the
-      // conversation up to the turn and with the observation, and take the difference.
+      // What the template writes after the model's turn and before the next one.
       json before = st.messages;
       before.push_back({{"role", "assistant"}, {"content", sentinel}});
-      json after = before;
-      for (auto& m : MessagesJson(r.observation())) after.push_back(std::move(m));
-      auto c1 = render_(before.dump(), st.tools_json, false);
-      auto c2 = render_(after.dump(), st.tools_json, true);
-      if (!c1.ok() || !c2.ok()) {
-        return finish(
-            st, false,
-            "rendering the observation: " + (!c1.ok() ? c1.status() : c2.status()).ToString());
+      const json observation = MessagesJson(r.observation());
+      auto text = model::TextBetweenTurns(render_, before.dump(), observation.dump(), st.tools_json,
+                                          sentinel, options_.end_of_turn_text);
+      if (!text.ok()) {
+        return finish(st, false, "rendering the observation: " + text.status().ToString(), true);
       }
-      const size_t at = c1->rfind(sentinel);
-      if (at == std::string::npos || c2->compare(0, c1->size(), *c1) != 0) {
-        return finish(st, false,
-                      "the chat template does not render the observation as a continuation of "
-                      "the conversation (a rendering with it does not start with the rendering "
-                      "without it)");
-      }
-      std::string tail = c1->substr(at + sentinel.size());  // the template's end of a turn
-      if (!options_.end_of_turn_text.empty() &&
-          tail.compare(0, options_.end_of_turn_text.size(), options_.end_of_turn_text) == 0) {
-        tail.erase(0, options_.end_of_turn_text.size());  // the model wrote it (stop token)
-      }
-      auto ids = encode_(tail + c2->substr(c1->size()));
+      json after = std::move(before);
+      for (const json& m : observation) after.push_back(m);
+      auto ids = encode_(*text);
       if (!ids.ok())
-        return finish(st, false, "encoding the observation: " + ids.status().ToString());
+        return finish(st, false, "encoding the observation: " + ids.status().ToString(), true);
       inserted = std::move(*ids);
       st.messages = std::move(after);
     }
@@ -296,7 +306,7 @@ StatusOr<std::vector<Episode>> EpisodeRunner::Run(std::vector<Episode> episodes)
         } else if (Clock::now() > st.deadline) {
           finish(st, false, fmt::format("episode timeout ({:g} s)", options_.episode_timeout_s));
         } else {
-          start_step(st);
+          queue_step(st);
         }
       }
       progressed = true;

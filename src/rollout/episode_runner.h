@@ -27,6 +27,7 @@
 
 #include "agent/env_client.h"
 #include "gyre/status.h"
+#include "model/episode_chat.h"
 #include "model/tool_calls.h"
 #include "rollout/rollout_engine.h"
 
@@ -48,8 +49,7 @@ struct EpisodeOptions {
 };
 
 // messages (JSON array), tools (JSON array or ""), add_generation_prompt -> the template's text.
-using RenderFn = std::function<StatusOr<std::string>(
-    const std::string& messages_json, const std::string& tools_json, bool add_generation_prompt)>;
+using RenderFn = model::ChatRenderFn;
 using EncodeFn = std::function<StatusOr<std::vector<int32_t>>(const std::string& text)>;
 using DecodeFn = std::function<std::string(const std::vector<int32_t>& ids)>;
 
@@ -76,6 +76,10 @@ struct Episode {
   bool truncated = false;   // anything else ended it (see status)
   std::string status;       // why it was truncated ("" when terminated)
   bool failed = false;      // no usable trajectory (the Reset failed)
+  // The episode ended because its environment failed (an error, a deadline, a dead server) or
+  // its messages could not be rendered, rather than by the task or a limit: its reward is not
+  // the task's.
+  bool env_error = false;
 };
 
 class EpisodeRunner {

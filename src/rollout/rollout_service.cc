@@ -62,6 +62,30 @@ StatusOr<EngineConfig> EngineConfigFromJob(const RolloutSection& rollout,
   return c;
 }
 
+StatusOr<EpisodeSetup> EpisodeSetupFromJob(const JobConfig& cfg,
+                                           std::shared_ptr<const model::TextTokenizer> tokenizer) {
+  const EnvSection& env = cfg.env;
+  auto chat = model::EpisodeChat::Load(env.chat_template, cfg.model.path, env.template_kwargs);
+  if (!chat.ok()) return chat.status().WithContext("env.chat_template");
+  GYRE_ASSIGN_OR_RETURN(model::ToolCallFormat format, model::ParseToolCallFormat(env.tool_format));
+  EpisodeSetup s;
+  s.render = chat->AsFunction();
+  s.encode = [tokenizer](const std::string& text) { return tokenizer->Encode(text); };
+  s.decode = [tokenizer](const std::vector<int32_t>& ids) { return tokenizer->Decode(ids); };
+  s.options.max_turns = env.max_turns;
+  s.options.episode_timeout_s = env.episode_timeout_s;
+  s.options.env_concurrency = env.concurrency;
+  s.options.tool_format = format;
+  s.options.end_of_turn_text = env.end_of_turn_text;
+  s.options.bos_id = tokenizer->bos_id() ? *tokenizer->bos_id() : -1;
+  s.timeouts.reset_s = env.reset_timeout_s;
+  s.timeouts.step_s = env.step_timeout_s;
+  s.timeouts.close_s = env.close_timeout_s;
+  s.timeouts.retries = env.retries;
+  s.ready_timeout_s = env.ready_timeout_s;
+  return s;
+}
+
 RolloutService::RolloutService(std::unique_ptr<model::Transformer> model,
                                std::function<void(const std::string&)> on_stop)
     : model_(std::move(model)), on_stop_(std::move(on_stop)) {}
@@ -188,6 +212,12 @@ grpc::Status RolloutService::Generate(grpc::ServerContext* ctx, const v1::Genera
     std::unique_lock<std::shared_mutex> generation(generate_mu_);
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t version = version_.load();
+    if (!req->env_address().empty()) {
+      grpc::Status s = RunEpisodes(*req, version, resp);
+      resp->set_seconds(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      return s;
+    }
     grpc::Status started = StartGeneration(*req, version, 0);
     if (!started.ok()) return started;
     auto results = engine_->Run(req->target_finished_groups());
@@ -213,6 +243,123 @@ grpc::Status RolloutService::Generate(grpc::ServerContext* ctx, const v1::Genera
     resp->set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return grpc::Status::OK;
   });
+}
+
+grpc::Status RolloutService::RunEpisodes(const v1::GenerateRequest& req, int64_t version,
+                                         v1::GenerateResponse* resp) {
+  if (!episodes_) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this rollout worker runs no environment episodes (its job has no env "
+                        "section)");
+  }
+  if (req.target_finished_groups() != 0 || req.resume_size() != 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "environment episodes run to their end: no target_finished_groups or "
+                        "resume with env_address");
+  }
+  if (version < req.min_policy_version()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this worker holds policy version " + std::to_string(version) +
+                            ", the request needs at least " +
+                            std::to_string(req.min_policy_version()));
+  }
+  if (env_address_ != req.env_address() || !env_client_) {
+    env_client_.reset();
+    env_service_.reset();
+    agent::ServiceOptions o;
+    o.kind = agent::ServiceKind::kEnv;
+    o.what = "environment";
+    o.address = req.env_address();
+    o.ready_timeout_s = episodes_->ready_timeout_s;
+    auto started = agent::ServiceSupervisor::Start(o);
+    if (!started.ok()) {
+      // Not this worker's failure: every episode of the request fails, and the job's
+      // reward.on_failure decides what that means.
+      GYRE_LOG_WARN("environment server at {} unreachable: {}", req.env_address(),
+                    started.status().ToString());
+      for (const v1::PromptGroup& g : req.groups()) {
+        for (int i = 0; i < g.n(); ++i) {
+          v1::Sample* s = resp->add_samples();
+          s->set_sample_id(g.first_sample_id() + static_cast<uint64_t>(i));
+          s->set_group_id(g.group_id());
+          s->set_seed(g.seed() + static_cast<uint64_t>(i));
+          s->set_finish_reason(v1::FINISH_REASON_ABORT);
+          s->set_reward_status(v1::REWARD_STATUS_ERROR);
+          s->set_episode_status("reset failed: environment server unreachable: " +
+                                started.status().ToString());
+        }
+      }
+      resp->set_policy_version(version);
+      return grpc::Status::OK;
+    }
+    env_service_ = std::move(*started);
+    env_client_ = std::make_unique<agent::EnvClient>(env_service_.get(), episodes_->timeouts);
+    env_address_ = req.env_address();
+    GYRE_LOG_INFO("environment server at {}", env_address_);
+  }
+  const auto& sp = req.sampling();
+  EpisodeOptions options = episodes_->options;
+  SamplingOptions& so = options.sampling;
+  so.temperature = sp.temperature();
+  so.top_k = sp.top_k();
+  so.top_p = sp.top_p() > 0 ? sp.top_p() : 1.0f;
+  so.min_p = sp.min_p();
+  so.max_new_tokens = sp.max_new_tokens();
+  so.stop_token_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
+  so.stop_strings.assign(sp.stop_strings().begin(), sp.stop_strings().end());
+  std::vector<Episode> episodes;
+  std::vector<uint64_t> sample_ids;
+  for (const v1::PromptGroup& g : req.groups()) {
+    if (g.n() < 1 || g.n() > 65535) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "a group holds 1 to 65535 episodes, not " + std::to_string(g.n()));
+    }
+    for (int i = 0; i < g.n(); ++i) {
+      Episode e;
+      e.id = (g.group_id() << 16) | static_cast<uint64_t>(i);  // group ids are unique in a job
+      e.group = g.group_id();
+      e.seed = g.seed() + static_cast<uint64_t>(i);
+      e.task_json = g.task_json();
+      episodes.push_back(std::move(e));
+      sample_ids.push_back(g.first_sample_id() + static_cast<uint64_t>(i));
+    }
+  }
+  engine_->set_version(version);
+  engine_->ResetStats();
+  reported_ = EngineStats{};
+  EpisodeRunner runner(engine_.get(), env_client_.get(), episodes_->render, episodes_->encode,
+                       episodes_->decode, options);
+  auto done = runner.Run(std::move(episodes));
+  if (!done.ok()) return rpc::ToGrpc(done.status());
+  for (size_t k = 0; k < done->size(); ++k) {
+    const Episode& e = (*done)[k];
+    v1::Sample* s = resp->add_samples();
+    s->set_sample_id(sample_ids[k]);
+    s->set_group_id(e.group);
+    s->mutable_prompt_ids()->Add(e.prompt.begin(), e.prompt.end());
+    const Response& r = e.response;
+    s->mutable_response_ids()->Add(r.tokens.begin(), r.tokens.end());
+    s->mutable_logprobs()->Add(r.logprobs.begin(), r.logprobs.end());
+    s->mutable_kept_mass()->Add(r.kept_mass.begin(), r.kept_mass.end());
+    s->mutable_versions()->Add(r.versions.begin(), r.versions.end());
+    s->mutable_loss_mask()->Add(e.loss_mask.begin(), e.loss_mask.end());
+    s->set_seed(e.seed);
+    s->set_kv_version(version);
+    // Terminated by the environment = finished; anything else is a cut-off episode.
+    s->set_finish_reason(e.terminated ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
+    s->set_reward(static_cast<float>(e.reward));
+    s->set_reward_status(e.env_error ? v1::REWARD_STATUS_ERROR : v1::REWARD_STATUS_OK);
+    s->set_episode_status(e.status);
+    s->set_env_turns(static_cast<int32_t>(e.turns.size()));
+  }
+  const EngineStats& st = engine_->stats();
+  resp->set_policy_version(version);
+  resp->set_generated_tokens(st.generated_tokens);
+  resp->set_prefill_tokens(st.prefill_tokens);
+  resp->set_prefix_shared_tokens(st.prefix_shared_tokens);
+  resp->set_parked_reused_tokens(st.parked_reused_tokens);
+  resp->set_preemptions(st.preemptions);
+  return grpc::Status::OK;
 }
 
 struct RolloutService::Stream {
@@ -332,6 +479,10 @@ grpc::Status RolloutService::GenerateStream(grpc::ServerContext* ctx,
                                             const v1::GenerateRequest* req,
                                             grpc::ServerWriter<v1::GenerateResponse>* writer) {
   return rpc::Guarded("GenerateStream", [&]() -> grpc::Status {
+    if (!req->env_address().empty()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "environment episodes run through Generate, not GenerateStream");
+    }
     if (req->target_finished_groups() != 0) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "GenerateStream does not stop at a target (target_finished_groups); "

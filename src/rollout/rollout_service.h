@@ -18,6 +18,8 @@
 #include <shared_mutex>
 #include <string>
 
+#include "agent/env_client.h"
+#include "agent/service_supervisor.h"
 #include "comm/communicator.h"
 #include "comm/cuda_ipc.h"
 #include "comm/device_weights.h"
@@ -25,7 +27,9 @@
 #include "comm/weight_sync.h"
 #include "gyre/config.h"
 #include "gyre/v1/gyre.grpc.pb.h"
+#include "model/text_tokenizer.h"
 #include "model/transformer.h"
+#include "rollout/episode_runner.h"
 #include "rollout/rollout_engine.h"
 
 namespace gyre::rollout {
@@ -35,6 +39,23 @@ namespace gyre::rollout {
 // on CPU), capped at what 2 * max_running samples of max_seq_len positions can use.
 StatusOr<EngineConfig> EngineConfigFromJob(const RolloutSection& rollout,
                                            const model::Transformer& model);
+
+// What a rollout worker needs to run environment episodes (the job's env section): the chat
+// template, the tokenizer, the episode limits and the environment call deadlines.
+struct EpisodeSetup {
+  RenderFn render;
+  EncodeFn encode;
+  DecodeFn decode;
+  EpisodeOptions options;  // options.sampling comes from each request
+  agent::EnvTimeouts timeouts;
+  double ready_timeout_s = 60;  // for an environment address the worker has not used yet
+};
+
+// The episode setup of a job with an env section: env.chat_template (or the model's own),
+// env.template_kwargs, the limits and deadlines of env.*, and `tokenizer` (kept alive by the
+// returned functions). Errors say which setting to change.
+StatusOr<EpisodeSetup> EpisodeSetupFromJob(const JobConfig& cfg,
+                                           std::shared_ptr<const model::TextTokenizer> tokenizer);
 
 class RolloutService final : public v1::Rollout::Service {
  public:
@@ -67,7 +88,16 @@ class RolloutService final : public v1::Rollout::Service {
 
   int64_t version() const { return version_.load(); }
 
+  // Turns on environment episodes: a Generate request with env_address runs each group's n
+  // samples as episodes of its task_json (episode_runner.h). Call before serving.
+  void EnableEpisodes(EpisodeSetup setup) {
+    episodes_ = std::make_unique<EpisodeSetup>(std::move(setup));
+  }
+
  private:
+  // Generate with env_address, under mu_: the request's episodes, as samples in request order.
+  grpc::Status RunEpisodes(const v1::GenerateRequest& req, int64_t version,
+                           v1::GenerateResponse* resp);
   // cuda_ipc: copies the version out of the trainer's mapped buffer into device_buffer_ and
   // checks every bucket against the trainer's checksums. Under weights_mu_.
   StatusOr<comm::Receipt> ReceiveCudaIpc(const v1::ReceiveWeightsRequest& req, int device,
@@ -123,6 +153,12 @@ class RolloutService final : public v1::Rollout::Service {
   std::unique_ptr<comm::DeviceBuffer> device_buffer_;
   std::unique_ptr<comm::CudaIpcMapping> ipc_mapping_;
   std::string ipc_handle_;
+  // Environment episodes (EnableEpisodes), and the client of the environment address in use;
+  // a request naming another address (the server was restarted elsewhere) replaces it. Under mu_.
+  std::unique_ptr<EpisodeSetup> episodes_;
+  std::string env_address_;
+  std::unique_ptr<agent::ServiceSupervisor> env_service_;
+  std::unique_ptr<agent::EnvClient> env_client_;
 };
 
 }  // namespace gyre::rollout

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "model/jinja.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
+#include "rollout/rollout_service.h"
 #include "testing/tiny_model.h"
 
 namespace gyre::rollout {
@@ -263,6 +265,103 @@ TEST_F(EpisodeRunnerTest, AKilledEnvironmentTruncatesItsEpisodesAndTheNextRunWor
   got = Runner(&env, Options()).Run(Episodes({{{"prompt", "c"}, {"turns", 2}}}));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE((*got)[0].terminated) << (*got)[0].status;
+}
+
+// The rollout worker's side (RolloutService::Generate with env_address): the samples it returns,
+// which the controller passes to the trainer unchanged, hold exactly the episodes' prompt,
+// tokens, masks and log-probs, as EpisodeRunner on the same weights and seeds produces them.
+TEST_F(EpisodeRunnerTest, GenerateReturnsTheEpisodesAsSamplesTokenForToken) {
+  auto model = model::Transformer::Create(testing::TinySpec(98, 32, 2, 4, 2, 48, 512), 31, 0.5);
+  EngineConfig c;
+  c.block_size = 8;
+  c.num_blocks = 512;
+  c.max_running = 16;
+  c.cuda_graphs = false;
+  auto made = RolloutService::Create(std::move(model), c, nullptr, nullptr);
+  ASSERT_TRUE(made.ok()) << made.status();
+  auto render = [this](const std::string& messages, const std::string& tools,
+                       bool gen) -> StatusOr<std::string> {
+    GYRE_ASSIGN_OR_RETURN(std::string ctx,
+                          model::MakeChatTemplateContext(messages, tools, gen, ""));
+    return template_->Render(ctx);
+  };
+  EpisodeSetup setup;
+  setup.render = render;
+  setup.encode = [this](const std::string& text) { return chars_.Encode(text); };
+  setup.decode = [this](const std::vector<int32_t>& ids) { return chars_.Decode(ids); };
+  setup.options = Options();
+  (*made)->EnableEpisodes(setup);
+
+  v1::GenerateRequest req;
+  req.set_env_address(service_->address());
+  req.set_min_policy_version(-1);
+  const EpisodeOptions o = Options();
+  req.mutable_sampling()->set_temperature(o.sampling.temperature);
+  req.mutable_sampling()->set_max_new_tokens(o.sampling.max_new_tokens);
+  for (int32_t id : o.sampling.stop_token_ids) req.mutable_sampling()->add_stop_token_ids(id);
+  const std::vector<nlohmann::json> tasks = {{{"prompt", "p"}, {"turns", 3}},
+                                             {{"prompt", "q"}, {"turns", 2}}};
+  for (size_t g = 0; g < tasks.size(); ++g) {
+    v1::PromptGroup* pg = req.add_groups();
+    pg->set_group_id(7 + g);
+    pg->set_n(2);
+    pg->set_first_sample_id(100 * (g + 1));
+    pg->set_seed(5000 * (g + 1));
+    pg->set_task_json(tasks[g].dump());
+  }
+  grpc::ServerContext ctx;
+  v1::GenerateResponse resp;
+  grpc::Status s = (*made)->Generate(&ctx, &req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(resp.samples_size(), 4);
+
+  std::vector<Episode> want_in;
+  for (size_t g = 0; g < tasks.size(); ++g) {
+    for (int i = 0; i < 2; ++i) {
+      Episode e;
+      e.id = 900 + want_in.size();
+      e.group = 7 + g;
+      e.seed = 5000 * (g + 1) + static_cast<uint64_t>(i);
+      e.task_json = tasks[g].dump();
+      want_in.push_back(e);
+    }
+  }
+  agent::EnvClient env(service_.get(), agent::EnvTimeouts{});
+  auto want = Runner(&env, Options()).Run(want_in);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (int k = 0; k < 4; ++k) {
+    SCOPED_TRACE("sample " + std::to_string(k));
+    const v1::Sample& got = resp.samples(k);
+    const Episode& e = (*want)[static_cast<size_t>(k)];
+    ASSERT_TRUE(e.terminated) << e.status;
+    EXPECT_EQ(got.sample_id(), 100 * (k / 2 + 1) + k % 2);
+    EXPECT_EQ(got.group_id(), 7u + k / 2);
+    EXPECT_EQ(std::vector<int32_t>(got.prompt_ids().begin(), got.prompt_ids().end()), e.prompt);
+    EXPECT_EQ(std::vector<int32_t>(got.response_ids().begin(), got.response_ids().end()),
+              e.response.tokens);
+    EXPECT_EQ(std::vector<float>(got.loss_mask().begin(), got.loss_mask().end()), e.loss_mask);
+    // Log-probs agree to float rounding (the two engines batch the episodes differently).
+    ASSERT_EQ(got.logprobs_size(), static_cast<int>(e.response.logprobs.size()));
+    for (int t = 0; t < got.logprobs_size(); ++t) {
+      const float w = e.response.logprobs[static_cast<size_t>(t)];
+      EXPECT_NEAR(got.logprobs(t), w, 1e-4f * std::max(1.0f, std::fabs(w))) << "token " << t;
+    }
+    EXPECT_EQ(got.env_turns(), static_cast<int>(e.turns.size()));
+    EXPECT_EQ(got.episode_status(), "");
+    EXPECT_EQ(got.finish_reason(), v1::FINISH_REASON_STOP);
+    EXPECT_EQ(got.reward_status(), v1::REWARD_STATUS_OK);
+    EXPECT_NEAR(got.reward(), e.reward, 1e-6);
+  }
+  EXPECT_GT(resp.generated_tokens(), 0);
+
+  // A worker without an environment setup, or a request that mixes in partial rollouts, is
+  // refused with the reason.
+  v1::GenerateRequest partial = req;
+  partial.set_target_finished_groups(1);
+  v1::GenerateResponse r2;
+  grpc::ServerContext ctx2;
+  EXPECT_EQ((*made)->Generate(&ctx2, &partial, &r2).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 }  // namespace
