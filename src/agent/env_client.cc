@@ -3,6 +3,10 @@
 #include <fmt/format.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "common/logging.h"
 #include "gyre/v1/env.grpc.pb.h"
 #include "rpc/rpc_util.h"
@@ -13,10 +17,16 @@ template <typename Req, typename Resp, typename Method>
 Status EnvClient::Call(const char* name, double timeout_s, const Req& req, Resp* resp,
                        rpc::Cancellation* cancel, Method method) {
   const std::string what = fmt::format("env {} (session {})", name, req.session_id());
+  const auto start = std::chrono::steady_clock::now();
+  auto left = [&] {
+    return timeout_s -
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  int busy = 0;  // answers of a server at its concurrency limit so far
   for (int attempt = 0;; ++attempt) {
     auto stub = v1::Env::NewStub(service_->channel());
     grpc::ClientContext ctx;
-    rpc::SetDeadline(&ctx, timeout_s);
+    rpc::SetDeadline(&ctx, std::max(0.001, left()));
     if (cancel != nullptr) cancel->SetHook([&ctx] { ctx.TryCancel(); });
     grpc::Status s = ((*stub).*method)(&ctx, req, resp);
     if (cancel != nullptr) cancel->ClearHook();
@@ -26,6 +36,18 @@ Status EnvClient::Call(const char* name, double timeout_s, const Req& req, Resp*
     }
     if (s.error_code() == grpc::StatusCode::CANCELLED && cancel != nullptr && cancel->cancelled()) {
       return Aborted(what + ": cancelled");
+    }
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      // The server is at its concurrency limit and did not start the call: ask again after a
+      // growing pause, within the call's deadline.
+      const double pause = std::min(0.2, 0.01 * static_cast<double>(1 << std::min(busy++, 5)));
+      if (left() > pause) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(pause));
+        --attempt;
+        continue;
+      }
+      return DeadlineExceeded(fmt::format(
+          "{}: the server stayed at its concurrency limit for {:g} s", what, timeout_s));
     }
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE || attempt >= timeouts_.retries) {
       return rpc::FromGrpc(s, what);

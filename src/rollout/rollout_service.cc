@@ -105,6 +105,18 @@ StatusOr<std::unique_ptr<RolloutService>> RolloutService::Create(
 
 namespace {
 
+SamplingOptions SamplingFromRequest(const v1::SamplingParams& sp) {
+  SamplingOptions so;
+  so.temperature = sp.temperature();
+  so.top_k = sp.top_k();
+  so.top_p = sp.top_p() > 0 ? sp.top_p() : 1.0f;
+  so.min_p = sp.min_p();
+  so.max_new_tokens = sp.max_new_tokens();
+  so.stop_token_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
+  so.stop_strings.assign(sp.stop_strings().begin(), sp.stop_strings().end());
+  return so;
+}
+
 void FillSample(const SampleResult& r, uint64_t sample_id, uint64_t group_id,
                 const google::protobuf::RepeatedField<int32_t>& prompt, v1::Sample* s) {
   s->set_sample_id(sample_id);
@@ -140,15 +152,7 @@ grpc::Status RolloutService::StartGeneration(const v1::GenerateRequest& req, int
   if (req.target_finished_groups() < 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "target_finished_groups must be >= 0");
   }
-  const auto& sp = req.sampling();
-  SamplingOptions so;
-  so.temperature = sp.temperature();
-  so.top_k = sp.top_k();
-  so.top_p = sp.top_p() > 0 ? sp.top_p() : 1.0f;
-  so.min_p = sp.min_p();
-  so.max_new_tokens = sp.max_new_tokens();
-  so.stop_token_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
-  so.stop_strings.assign(sp.stop_strings().begin(), sp.stop_strings().end());
+  const SamplingOptions so = SamplingFromRequest(req.sampling());
   std::vector<Request> requests;
   const int G = req.groups_size();
   for (int k = 0; k < G; ++k) {
@@ -297,16 +301,8 @@ grpc::Status RolloutService::RunEpisodes(const v1::GenerateRequest& req, int64_t
     env_address_ = req.env_address();
     GYRE_LOG_INFO("environment server at {}", env_address_);
   }
-  const auto& sp = req.sampling();
   EpisodeOptions options = episodes_->options;
-  SamplingOptions& so = options.sampling;
-  so.temperature = sp.temperature();
-  so.top_k = sp.top_k();
-  so.top_p = sp.top_p() > 0 ? sp.top_p() : 1.0f;
-  so.min_p = sp.min_p();
-  so.max_new_tokens = sp.max_new_tokens();
-  so.stop_token_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
-  so.stop_strings.assign(sp.stop_strings().begin(), sp.stop_strings().end());
+  options.sampling = SamplingFromRequest(req.sampling());
   std::vector<Episode> episodes;
   std::vector<uint64_t> sample_ids;
   for (const v1::PromptGroup& g : req.groups()) {

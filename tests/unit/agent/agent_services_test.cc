@@ -215,6 +215,31 @@ TEST_F(AgentServicesTest, AStepPastItsDeadlineIsDeadlineExceeded) {
   EXPECT_EQ(step.observation().messages(0).content(), "hello");
 }
 
+// A server at its concurrency limit refuses calls (RESOURCE_EXHAUSTED) without starting them:
+// the client asks again within the call's deadline, so every step is served.
+TEST_F(AgentServicesTest, CallsPastTheServersConcurrencyLimitWaitTheirTurn) {
+  auto sup = ServiceSupervisor::Start(Script(ServiceKind::kEnv, "tests/unit/agent/test_servers.py",
+                                             {"env", "--max-concurrency", "1"}));
+  ASSERT_TRUE(sup.ok()) << sup.status();
+  EnvClient env(sup->get(), EnvTimeouts{});
+  constexpr int kSessions = 10;  // the server takes 4 calls at once (1 worker, 4 queued)
+  for (int i = 0; i < kSessions; ++i) {
+    v1::ResetResponse reset;
+    ASSERT_TRUE(
+        env.Reset(Reset("c" + std::to_string(i), nlohmann::json::object(), i), &reset).ok());
+  }
+  std::vector<std::thread> threads;
+  std::vector<Status> got(kSessions);
+  for (int i = 0; i < kSessions; ++i) {
+    threads.emplace_back([&, i] {
+      v1::StepResponse step;
+      got[i] = env.Step(Say("c" + std::to_string(i), 0, "sleep:0.2"), &step);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kSessions; ++i) EXPECT_TRUE(got[i].ok()) << "session " << i << ": " << got[i];
+}
+
 TEST_F(AgentServicesTest, SandboxedPythonRunsCodeWithoutNetworkOrWritableRoot) {
   auto sup =
       ServiceSupervisor::Start(Script(ServiceKind::kEnv, "examples/envs/python_exec_env.py"));

@@ -350,6 +350,19 @@ TEST(ConfigValidate, CrossFieldErrorPointsAtAnInvolvedKey) {
   EXPECT_EQ(ParseError("reward:\n  command: [python3, r.py]\n"),
             "jobs/x.yaml:2:3: reward.command is set but reward.type is builtin: set "
             "reward.type: service");
+  EXPECT_EQ(ParseError("env:\n  address: h:1\n  command: [x]\n"),
+            "jobs/x.yaml:2:3: set one of env.address (a running environment server) and "
+            "env.command (a server for Gyre to start), not both");
+  EXPECT_EQ(ParseError("reward:\n  type: env\n"),
+            "jobs/x.yaml:2:3: reward.type: env scores episodes by their environment's rewards: "
+            "set env.command or env.address");
+  EXPECT_EQ(ParseError("env:\n  address: h:1\n  chat_template: t.jinja\nrollout:\n  async: true\n"),
+            "jobs/x.yaml:5:3: environment episodes (env.command or env.address) run with "
+            "synchronous rollout: turn rollout.async and rollout.partial_rollouts off");
+  EXPECT_EQ(ParseError("env:\n  command: [python3, e.py]\n"),
+            "jobs/x.yaml:2:3: environment episodes render the environment's messages with a chat "
+            "template, and the built-in model has none: set env.chat_template to a Jinja file "
+            "(e.g. configs/templates/tiny_tools.jinja)");
   EXPECT_EQ(ParseError("reward:\n  on_failure: skip\n"),
             "jobs/x.yaml:2:15: reward.on_failure: 'skip' is not one of drop_sample, drop_group, "
             "zero");
