@@ -344,7 +344,10 @@ grpc::Status RolloutService::RunEpisodes(const v1::GenerateRequest& req, int64_t
     // Terminated by the environment = finished; anything else is a cut-off episode.
     s->set_finish_reason(e.terminated ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
     s->set_reward(static_cast<float>(e.reward));
-    s->set_reward_status(e.env_error ? v1::REWARD_STATUS_ERROR : v1::REWARD_STATUS_OK);
+    // A failed environment, or an episode without a trajectory (its prompt was refused), has no
+    // reward of the task's: the job's reward.on_failure decides.
+    s->set_reward_status(e.env_error || e.failed ? v1::REWARD_STATUS_ERROR
+                                                 : v1::REWARD_STATUS_OK);
     s->set_episode_status(e.status);
     s->set_env_turns(static_cast<int32_t>(e.turns.size()));
   }
