@@ -346,8 +346,7 @@ grpc::Status RolloutService::RunEpisodes(const v1::GenerateRequest& req, int64_t
     s->set_reward(static_cast<float>(e.reward));
     // A failed environment, or an episode without a trajectory (its prompt was refused), has no
     // reward of the task's: the job's reward.on_failure decides.
-    s->set_reward_status(e.env_error || e.failed ? v1::REWARD_STATUS_ERROR
-                                                 : v1::REWARD_STATUS_OK);
+    s->set_reward_status(e.env_error || e.failed ? v1::REWARD_STATUS_ERROR : v1::REWARD_STATUS_OK);
     s->set_episode_status(e.status);
     s->set_env_turns(static_cast<int32_t>(e.turns.size()));
   }
