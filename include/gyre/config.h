@@ -252,6 +252,8 @@ struct EnvSection {
   std::string chat_template;
   std::string template_kwargs;   // extra template variables, a JSON object ("" = none)
   std::string end_of_turn_text;  // the stop token's text in the template ("<|im_end|>")
+
+  bool enabled() const { return !address.empty() || !command.empty(); }
 };
 
 struct ClusterSection {

@@ -251,7 +251,7 @@ int RunWorker(const std::vector<std::string>& args) {
     auto engine_config = rollout::EngineConfigFromJob(cfg->rollout, *model);
     // Stop strings need the job's tokenizer to turn response tokens into text.
     std::shared_ptr<model::TextTokenizer> tokenizer;
-    const bool env = !cfg->env.address.empty() || !cfg->env.command.empty();
+    const bool env = cfg->env.enabled();
     if (engine_config.ok() && (!cfg->rollout.stop_strings.empty() || env)) {
       auto made = model::MakeTextTokenizer(cfg->model);
       if (!made.ok()) {

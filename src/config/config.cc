@@ -1148,7 +1148,7 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
                        " is set but reward.type is " + c.reward.type +
                        ": set reward.type: service"};
   }
-  const bool env = !c.env.address.empty() || !c.env.command.empty();
+  const bool env = c.env.enabled();
   if (!c.env.address.empty() && !c.env.command.empty()) {
     return Problem{{"env.address", "env.command"},
                    "set one of env.address (a running environment server) and env.command (a "

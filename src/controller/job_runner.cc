@@ -176,15 +176,7 @@ Status JobRunner::Setup() {
     GYRE_ASSIGN_OR_RETURN(reward_, StartRewardService(cfg_.reward, run_dir_ + "/logs/reward.log"));
   }
   if (prompts_->episodes()) {
-    agent::ServiceOptions o;
-    o.kind = agent::ServiceKind::kEnv;
-    o.what = "environment";
-    o.address = cfg_.env.address;
-    o.command = cfg_.env.command;
-    o.log_path = run_dir_ + "/logs/env.log";
-    o.ready_timeout_s = cfg_.env.ready_timeout_s;
-    o.max_restarts = cfg_.env.max_restarts;
-    GYRE_ASSIGN_OR_RETURN(env_service_, agent::ServiceSupervisor::Start(o));
+    GYRE_ASSIGN_OR_RETURN(env_service_, StartEnvService(cfg_.env, run_dir_ + "/logs/env.log"));
     GYRE_LOG_INFO("environment server '{}' at {}", env_service_->description().name(),
                   env_service_->address());
   }

@@ -52,7 +52,7 @@ class PromptEncoder {
   // Environment jobs (env.address or env.command): groups carry the problem's task instead of
   // prompt ids, and warm-up samples are rendered with `render` (env.chat_template).
   void SetEpisodeChat(model::ChatRenderFn render) { episode_render_ = std::move(render); }
-  bool episodes() const { return !cfg_.env.address.empty() || !cfg_.env.command.empty(); }
+  bool episodes() const { return cfg_.env.enabled(); }
 
   // Training rollouts: rollout.sampling, max_new_tokens, the stop ids and stop strings.
   v1::SamplingParams Training() const;

@@ -355,17 +355,36 @@ StatusOr<std::shared_ptr<RewardFn>> ChooseReward(const RewardSection& reward,
   return std::shared_ptr<RewardFn>(std::make_shared<ExactMatchReward>());
 }
 
+namespace {
+
+// A supervised server of a job section (reward or env): the same settings in both.
+template <typename Section>
+StatusOr<std::unique_ptr<agent::ServiceSupervisor>> StartService(agent::ServiceKind kind,
+                                                                 const std::string& what,
+                                                                 const Section& section,
+                                                                 const std::string& log_path) {
+  agent::ServiceOptions o;
+  o.kind = kind;
+  o.what = what;
+  o.address = section.address;
+  o.command = section.command;
+  o.log_path = log_path;
+  o.ready_timeout_s = section.ready_timeout_s;
+  o.max_restarts = section.max_restarts;
+  return agent::ServiceSupervisor::Start(o);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<agent::ServiceSupervisor>> StartEnvService(const EnvSection& env,
+                                                                    const std::string& log_path) {
+  return StartService(agent::ServiceKind::kEnv, "environment", env, log_path);
+}
+
 StatusOr<std::shared_ptr<RewardFn>> StartRewardService(const RewardSection& reward,
                                                        const std::string& log_path) {
-  agent::ServiceOptions o;
-  o.kind = agent::ServiceKind::kReward;
-  o.what = "reward";
-  o.address = reward.address;
-  o.command = reward.command;
-  o.log_path = log_path;
-  o.ready_timeout_s = reward.ready_timeout_s;
-  o.max_restarts = reward.max_restarts;
-  GYRE_ASSIGN_OR_RETURN(auto service, agent::ServiceSupervisor::Start(o));
+  GYRE_ASSIGN_OR_RETURN(auto service,
+                        StartService(agent::ServiceKind::kReward, "reward", reward, log_path));
   agent::RewardServiceOptions r;
   r.timeout_s = reward.timeout_s;
   r.item_timeout_s = reward.item_timeout_s;

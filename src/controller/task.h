@@ -22,6 +22,10 @@
 #include "gyre/reward.h"
 #include "gyre/status.h"
 
+namespace gyre::agent {
+class ServiceSupervisor;
+}  // namespace gyre::agent
+
 namespace gyre::controller {
 
 struct Problem {
@@ -98,6 +102,10 @@ std::string FinalNumber(const std::string& response);
 // directory for its log exists.
 StatusOr<std::shared_ptr<RewardFn>> ChooseReward(const RewardSection& reward,
                                                  std::shared_ptr<RewardFn> custom);
+// env.address or env.command: starts (or connects to) the environment server; a started server
+// logs to `log_path`.
+StatusOr<std::unique_ptr<agent::ServiceSupervisor>> StartEnvService(const EnvSection& env,
+                                                                    const std::string& log_path);
 // reward.type: service: starts (or connects to) the reward server and returns the RewardFn that
 // scores through it (agent/service_reward.h). A started server logs to `log_path`.
 StatusOr<std::shared_ptr<RewardFn>> StartRewardService(const RewardSection& reward,

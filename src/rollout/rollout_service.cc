@@ -117,17 +117,31 @@ SamplingOptions SamplingFromRequest(const v1::SamplingParams& sp) {
   return so;
 }
 
+// A response's tokens, behaviour log-probs, kept mass and versions into `s`.
+void AddResponse(const Response& res, v1::Sample* s) {
+  s->mutable_response_ids()->Add(res.tokens.begin(), res.tokens.end());
+  s->mutable_logprobs()->Add(res.logprobs.begin(), res.logprobs.end());
+  s->mutable_kept_mass()->Add(res.kept_mass.begin(), res.kept_mass.end());
+  s->mutable_versions()->Add(res.versions.begin(), res.versions.end());
+}
+
+// The engine's counters since its last ResetStats, and the version, into `resp`.
+void SetCounters(const EngineStats& st, int64_t version, v1::GenerateResponse* resp) {
+  resp->set_policy_version(version);
+  resp->set_generated_tokens(st.generated_tokens);
+  resp->set_prefill_tokens(st.prefill_tokens);
+  resp->set_prefix_shared_tokens(st.prefix_shared_tokens);
+  resp->set_parked_reused_tokens(st.parked_reused_tokens);
+  resp->set_preemptions(st.preemptions);
+}
+
 void FillSample(const SampleResult& r, uint64_t sample_id, uint64_t group_id,
                 const google::protobuf::RepeatedField<int32_t>& prompt, v1::Sample* s) {
   s->set_sample_id(sample_id);
   s->set_group_id(group_id);
   *s->mutable_prompt_ids() = prompt;
-  const Response& res = r.response;
-  s->mutable_response_ids()->Add(res.tokens.begin(), res.tokens.end());
-  s->mutable_logprobs()->Add(res.logprobs.begin(), res.logprobs.end());
-  s->mutable_kept_mass()->Add(res.kept_mass.begin(), res.kept_mass.end());
-  s->mutable_versions()->Add(res.versions.begin(), res.versions.end());
-  for (size_t t = 0; t < res.tokens.size(); ++t) s->add_loss_mask(1.0f);
+  AddResponse(r.response, s);
+  for (size_t t = 0; t < r.response.tokens.size(); ++t) s->add_loss_mask(1.0f);
   s->set_seed(r.seed);
   s->set_kv_version(r.kv_version);
   s->set_finish_reason(!r.finished                   ? v1::FINISH_REASON_ABORT
@@ -237,13 +251,7 @@ grpc::Status RolloutService::Generate(grpc::ServerContext* ctx, const v1::Genera
                     engine_->graph_error());
       graph_error_logged_ = true;
     }
-    const EngineStats& st = engine_->stats();
-    resp->set_policy_version(version);
-    resp->set_generated_tokens(st.generated_tokens);
-    resp->set_prefill_tokens(st.prefill_tokens);
-    resp->set_prefix_shared_tokens(st.prefix_shared_tokens);
-    resp->set_parked_reused_tokens(st.parked_reused_tokens);
-    resp->set_preemptions(st.preemptions);
+    SetCounters(engine_->stats(), version, resp);
     resp->set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return grpc::Status::OK;
   });
@@ -333,11 +341,7 @@ grpc::Status RolloutService::RunEpisodes(const v1::GenerateRequest& req, int64_t
     s->set_sample_id(sample_ids[k]);
     s->set_group_id(e.group);
     s->mutable_prompt_ids()->Add(e.prompt.begin(), e.prompt.end());
-    const Response& r = e.response;
-    s->mutable_response_ids()->Add(r.tokens.begin(), r.tokens.end());
-    s->mutable_logprobs()->Add(r.logprobs.begin(), r.logprobs.end());
-    s->mutable_kept_mass()->Add(r.kept_mass.begin(), r.kept_mass.end());
-    s->mutable_versions()->Add(r.versions.begin(), r.versions.end());
+    AddResponse(e.response, s);
     s->mutable_loss_mask()->Add(e.loss_mask.begin(), e.loss_mask.end());
     s->set_seed(e.seed);
     s->set_kv_version(version);
@@ -350,13 +354,7 @@ grpc::Status RolloutService::RunEpisodes(const v1::GenerateRequest& req, int64_t
     s->set_episode_status(e.status);
     s->set_env_turns(static_cast<int32_t>(e.turns.size()));
   }
-  const EngineStats& st = engine_->stats();
-  resp->set_policy_version(version);
-  resp->set_generated_tokens(st.generated_tokens);
-  resp->set_prefill_tokens(st.prefill_tokens);
-  resp->set_prefix_shared_tokens(st.prefix_shared_tokens);
-  resp->set_parked_reused_tokens(st.parked_reused_tokens);
-  resp->set_preemptions(st.preemptions);
+  SetCounters(engine_->stats(), version, resp);
   return grpc::Status::OK;
 }
 
