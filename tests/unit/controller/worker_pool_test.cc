@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <future>
 #include <thread>
@@ -24,11 +25,16 @@ using testing::FakeCluster;
 using testing::FakeJob;
 using testing::FakeJobConfig;
 
-// An executable that ignores its arguments and lives until killed.
+// An executable that ignores its arguments and lives until killed. ctest runs these tests as
+// parallel processes: each writes its own copy (named by pid) and renames it into place, so no
+// test ever execs a script another one is rewriting (an empty script exits at once).
 std::string SleeperBinary() {
-  const std::string path = ::testing::TempDir() + "/gyre_fake_worker.sh";
-  std::ofstream(path) << "#!/bin/sh\nexec sleep 600\n";
-  chmod(path.c_str(), 0755);
+  const std::string path =
+      ::testing::TempDir() + "/gyre_fake_worker." + std::to_string(getpid()) + ".sh";
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << "#!/bin/sh\nexec sleep 600\n";
+  chmod(tmp.c_str(), 0755);
+  std::rename(tmp.c_str(), path.c_str());
   return path;
 }
 
