@@ -36,6 +36,10 @@ find_package(nlohmann_json 3 REQUIRED)
 find_package(benchmark REQUIRED)
 find_package(ZLIB REQUIRED)
 pkg_check_modules(SQLITE3 REQUIRED IMPORTED_TARGET sqlite3)
+# /metrics and /health (src/observe): prometheus-cpp's registry and serializer, served by GNU
+# libmicrohttpd.
+find_package(prometheus-cpp CONFIG REQUIRED)
+pkg_check_modules(MICROHTTPD REQUIRED IMPORTED_TARGET libmicrohttpd)
 if(GYRE_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

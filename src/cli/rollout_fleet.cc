@@ -34,6 +34,7 @@
 #include "model/transformer.h"
 #include "model/weights.h"
 #include "rpc/rpc_util.h"
+#include "rpc/security.h"
 
 namespace gyre {
 
@@ -228,6 +229,7 @@ Status RolloutFleet::Impl::Open() {
                                ? opts_.logs_dir
                                : AbsolutePath(cfg_.job.output_dir + "/" + cfg_.job.name + "/logs");
   GYRE_RETURN_IF_ERROR(MakeDirs(logs).WithContext("rollout fleet logs"));
+  GYRE_RETURN_IF_ERROR(rpc::ConfigureJobSecurity(cfg_.cluster));
   service_ = std::make_unique<controller::ControllerService>(config::DumpJobConfig(cfg_),
                                                              cfg_.cluster.heartbeat_interval_s,
                                                              cfg_.cluster.heartbeat_timeout_s);
@@ -244,7 +246,12 @@ Status RolloutFleet::Impl::Open() {
                      : !cfg_.cluster.worker_binary.empty() ? cfg_.cluster.worker_binary
                                                            : SelfExecutable();
   po.logs_dir = logs;
-  po.print_progress = opts_.print_progress;
+  if (opts_.print_progress) {
+    po.print = [](const std::string& line) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    };
+  }
   po.interrupt_reason = [cancel = opts_.cancel] {
     return cancel && cancel->cancelled() ? "cancelled: " + cancel->reason() : std::string();
   };

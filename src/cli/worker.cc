@@ -24,6 +24,7 @@
 #include "model/weights.h"
 #include "rollout/rollout_service.h"
 #include "rpc/rpc_util.h"
+#include "rpc/security.h"
 #include "rpc/worker_session.h"
 #include "trainer/trainer_service.h"
 
@@ -84,12 +85,20 @@ int AutoTorchThreads(const JobConfig& cfg, v1::WorkerRole role) {
 constexpr char kWorkerUsage[] =
     "usage: gyre worker --role rollout|trainer --controller HOST:PORT [--index N]\n"
     "                   [--bind-host HOST] [--port N] [--register-timeout SECONDS]\n"
+    "                   [--tls-cert PEM --tls-key PEM --tls-ca PEM [--tls-server-name NAME]]\n"
+    "                   [--token-file FILE]\n"
     "\n"
     "Starts one worker process of a Gyre job. The worker serves gRPC on --bind-host:--port\n"
     "(default 127.0.0.1, any free port), registers with the controller as <role>-<index>,\n"
     "receives the job configuration from it, and runs until the controller stops it or\n"
     "cannot be reached for cluster.heartbeat_timeout_s. `gyre train` starts its workers this\n"
-    "way; on a cluster, a launcher starts them with the controller's address.\n";
+    "way; on a cluster, a launcher starts them with the controller's address.\n"
+    "\n"
+    "Security (docs/security.md): with --tls-cert/--tls-key/--tls-ca every gRPC channel and\n"
+    "server of the worker uses mutual TLS (the job's cluster.tls_* files, or this host's own\n"
+    "certificate from the same CA); --tls-server-name is the name the servers' certificates\n"
+    "carry (default gyre); --token-file names a file whose first line is the cluster token\n"
+    "(cluster.auth_token_file), sent on every call and checked on every call served.\n";
 
 std::atomic<int> g_signal{0};
 void OnSignal(int sig) { g_signal.store(sig); }  // async-signal-safe: the main loop reacts
@@ -114,6 +123,7 @@ int RunWorker(const std::vector<std::string>& args) {
   std::string role, controller, bind_host = "127.0.0.1";
   int index = 0, port = 0;
   double register_timeout = 60;
+  rpc::SecurityOptions security;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&](const char* flag) -> const std::string* {
@@ -145,6 +155,21 @@ int RunWorker(const std::vector<std::string>& args) {
     } else if (a == "--register-timeout") {
       if (!(v = value("--register-timeout"))) return 2;
       register_timeout = std::atof(v->c_str());
+    } else if (a == "--tls-cert") {
+      if (!(v = value("--tls-cert"))) return 2;
+      security.tls_cert = *v;
+    } else if (a == "--tls-key") {
+      if (!(v = value("--tls-key"))) return 2;
+      security.tls_key = *v;
+    } else if (a == "--tls-ca") {
+      if (!(v = value("--tls-ca"))) return 2;
+      security.tls_ca = *v;
+    } else if (a == "--tls-server-name") {
+      if (!(v = value("--tls-server-name"))) return 2;
+      security.server_name = *v;
+    } else if (a == "--token-file") {
+      if (!(v = value("--token-file"))) return 2;
+      security.token_file = *v;
     } else {
       std::fprintf(stderr, "gyre worker: unknown argument '%s' (see gyre worker --help)\n",
                    a.c_str());
@@ -161,6 +186,10 @@ int RunWorker(const std::vector<std::string>& args) {
   }
   const std::string name = role + "-" + std::to_string(index);
   InitLogging(name);
+  if (Status st = rpc::ConfigureSecurity(security); !st.ok()) {
+    std::fprintf(stderr, "gyre worker: %s\n", st.message().c_str());
+    return 2;
+  }
   const v1::WorkerRole wrole =
       role == "rollout" ? v1::WORKER_ROLE_ROLLOUT : v1::WORKER_ROLE_TRAINER;
   rpc::WorkerSession session(controller, wrole, index);

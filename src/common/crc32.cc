@@ -127,3 +127,59 @@ uint32_t Crc32(const void* data, size_t n, uint32_t crc) {
 }
 
 }  // namespace gyre
+
+namespace gyre {
+namespace {
+
+const uint32_t* CastagnoliTable() {
+  static const auto* table = [] {
+    static uint32_t t[256];
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  return table;
+}
+
+uint32_t UpdateCastagnoliTable(uint32_t r, const uint8_t* p, size_t n) {
+  const uint32_t* t = CastagnoliTable();
+  for (size_t i = 0; i < n; ++i) r = t[(r ^ p[i]) & 0xff] ^ (r >> 8);
+  return r;
+}
+
+#if defined(__x86_64__)
+// The crc32 instruction computes exactly the reflected Castagnoli register update.
+__attribute__((target("sse4.2"))) uint32_t UpdateCastagnoliSse42(uint32_t r, const uint8_t* p,
+                                                                 size_t n) {
+  uint64_t r64 = r;
+  while (n >= 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    r64 = _mm_crc32_u64(r64, v);
+    p += 8;
+    n -= 8;
+  }
+  r = static_cast<uint32_t>(r64);
+  while (n-- > 0) r = _mm_crc32_u8(r, *p++);
+  return r;
+}
+#endif
+
+}  // namespace
+
+uint32_t Crc32cPortable(const void* data, size_t n, uint32_t crc) {
+  return ~UpdateCastagnoliTable(~crc, static_cast<const uint8_t*>(data), n);
+}
+
+uint32_t Crc32c(const void* data, size_t n, uint32_t crc) {
+#if defined(__x86_64__)
+  static const bool have = __builtin_cpu_supports("sse4.2");
+  if (have) return ~UpdateCastagnoliSse42(~crc, static_cast<const uint8_t*>(data), n);
+#endif
+  return Crc32cPortable(data, n, crc);
+}
+
+}  // namespace gyre

@@ -18,4 +18,11 @@ uint32_t Crc32(const void* data, size_t n, uint32_t crc = 0);
 // The table-only implementation (a reference for tests).
 uint32_t Crc32Portable(const void* data, size_t n, uint32_t crc = 0);
 
+// CRC-32C (Castagnoli, reflected 0x82F63B78), the checksum of TFRecord files (TensorBoard event
+// files) among others: the SSE4.2 crc32 instruction where the CPU has it, a table elsewhere.
+// `crc` continues an earlier result as for Crc32.
+uint32_t Crc32c(const void* data, size_t n, uint32_t crc = 0);
+// The table-only implementation (a reference for tests).
+uint32_t Crc32cPortable(const void* data, size_t n, uint32_t crc = 0);
+
 }  // namespace gyre

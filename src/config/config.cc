@@ -459,10 +459,22 @@ std::vector<Field> BuildTable() {
           "times a dead rollout worker is respawned (local mode); 0 = never"),
       Text(GYRE_CONFIG_KEY(cluster.worker_binary), kAnyText,
            "worker executable; empty = this executable"),
+      Text(GYRE_CONFIG_KEY(cluster.tls_cert), kAnyText,
+           "PEM certificate of this process (mutual TLS on every gRPC channel)"),
+      Text(GYRE_CONFIG_KEY(cluster.tls_key), kAnyText, "PEM private key of cluster.tls_cert"),
+      Text(GYRE_CONFIG_KEY(cluster.tls_ca), kAnyText,
+           "PEM CA bundle that signed every process's certificate"),
+      Text(GYRE_CONFIG_KEY(cluster.tls_server_name), kNonEmpty,
+           "name (subject alternative name) every server certificate carries"),
+      Text(GYRE_CONFIG_KEY(cluster.auth_token_file), kAnyText,
+           "file whose first line is the shared token every call carries (needs TLS)"),
       // metrics
       Text(GYRE_CONFIG_KEY(metrics.file), kNonEmpty, "metrics JSONL, inside the run directory"),
       Num(GYRE_CONFIG_KEY(metrics.eval_every), Closed(0, kMaxSteps),
           "GRPO steps between held-out evals; 0 = before and after training only"),
+      Flag(GYRE_CONFIG_KEY(metrics.tensorboard), "TensorBoard event files in <run>/tensorboard/"),
+      Text(GYRE_CONFIG_KEY(metrics.endpoint), kAnyText,
+           "HOST:PORT serving /metrics and /health; empty = none"),
   };
 
   // Invariants that DumpJobConfig and the key lookup rely on.
@@ -1175,6 +1187,32 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
                    "environment episodes render the environment's messages with a chat template, "
                    "and the built-in model has none: set env.chat_template to a Jinja file (e.g. "
                    "configs/templates/tiny_tools.jinja)"};
+  }
+  {
+    const ClusterSection& k = c.cluster;
+    const int tls_set = !k.tls_cert.empty() + !k.tls_key.empty() + !k.tls_ca.empty();
+    if (tls_set != 0 && tls_set != 3) {
+      return Problem{{"cluster.tls_cert", "cluster.tls_key", "cluster.tls_ca"},
+                     "mutual TLS needs all three of cluster.tls_cert, cluster.tls_key and "
+                     "cluster.tls_ca (or none of them, for plaintext)"};
+    }
+    if (!k.auth_token_file.empty() && tls_set == 0) {
+      return Problem{{"cluster.auth_token_file", "cluster.tls_cert"},
+                     "cluster.auth_token_file needs TLS (a token sent in the clear can be read off "
+                     "the network): set cluster.tls_cert, cluster.tls_key and cluster.tls_ca too"};
+    }
+  }
+  if (!c.metrics.endpoint.empty()) {
+    const std::string& a = c.metrics.endpoint;
+    const size_t colon = a.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : a.substr(colon + 1);
+    if (colon == std::string::npos || colon == 0 || port.empty() || port.size() > 5 ||
+        port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) > 65535) {
+      return Problem{{"metrics.endpoint"},
+                     "metrics.endpoint '" + a +
+                         "' is not HOST:PORT with a port from 0 to 65535 (e.g. 127.0.0.1:9400; "
+                         "0.0.0.0:9400 listens on every interface)"};
+    }
   }
   if (c.algorithm.kl_in == "reward" && c.algorithm.kl == "none") {
     return Problem{

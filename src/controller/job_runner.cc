@@ -1,6 +1,7 @@
 #include "controller/job_runner.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -35,7 +36,11 @@
 #include "model/episode_chat.h"
 #include "model/hf_config.h"
 #include "model/text_tokenizer.h"
+#include "observe/metrics_endpoint.h"
+#include "observe/progress.h"
+#include "observe/run_metrics.h"
 #include "rpc/rpc_util.h"
+#include "rpc/security.h"
 
 namespace gyre::controller {
 
@@ -54,7 +59,7 @@ class JobRunner {
 
  private:
   Status Setup();
-  StatusOr<double> Evaluate(const std::string& tag);
+  StatusOr<double> Evaluate(const std::string& tag, int step);
   Status WarmUp();
   Status GrpoStep(int step);
   // rollout.async: a step's batch comes from the AsyncScheduler, generated ahead of training.
@@ -76,6 +81,7 @@ class JobRunner {
                     const GenerateStats& gen, double gen_s, int rounds, nlohmann::json extra,
                     const std::function<Status()>& publish);
   Status Publish() {
+    progress_->Status("sending policy v" + std::to_string(version_) + " to the rollout workers");
     GYRE_RETURN_IF_ERROR(publisher_->Publish(version_));
     published_ = version_;
     return Status::Ok();
@@ -99,6 +105,10 @@ class JobRunner {
   // The sample ledger (controller/sample_ledger.h) of the run.
   std::string LedgerPath() const { return RunDir() + "/ledger.db"; }
   Status OpenNewLedger();
+  Status StartEndpoint();
+  std::string TensorBoardDir() const {
+    return cfg_.metrics.tensorboard ? run_dir_ + "/tensorboard" : std::string();
+  }
   Status PrepareResume();
   Status Resume();
   Status SaveCheckpoint(int step, SteadyClock::time_point job_start);
@@ -110,8 +120,15 @@ class JobRunner {
   std::shared_ptr<RewardFn> reward_;
   std::unique_ptr<ProblemSource> problems_;
   std::string run_dir_;
-  std::ofstream metrics_;
+  std::unique_ptr<observe::Progress> progress_;  // the live status line / progress lines
+  double grpo_seconds_ = 0;                      // this process's GRPO steps (the ETA)
+  int grpo_steps_run_ = 0;
+  std::unique_ptr<observe::RunMetrics> metrics_;
+  bool metrics_failed_ = false;  // warned once
   std::unique_ptr<ControllerService> service_;
+  // metrics.endpoint; declared after service_, which its handlers read, so it stops first.
+  std::unique_ptr<observe::MetricsEndpoint> endpoint_;
+  std::atomic<int> last_step_{0};  // the last finished GRPO step (/health)
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::unique_ptr<comm::StoreServer> weight_store_;  // gloo/nccl weight transport's rendezvous
@@ -142,6 +159,8 @@ class JobRunner {
 };
 
 Status JobRunner::Setup() {
+  progress_ = std::make_unique<observe::Progress>(
+      observe::Progress::ChooseMode(opts_.print_progress, stdout), stdout);
   GYRE_ASSIGN_OR_RETURN(reward_, ChooseReward(cfg_.reward, opts_.reward));
   if (cfg_.data.chat_template != "none" && cfg_.model.path.empty()) {
     return InvalidArgument("data.chat_template: " + cfg_.data.chat_template +
@@ -190,16 +209,18 @@ Status JobRunner::Setup() {
     }
     GYRE_RETURN_IF_ERROR(OpenNewLedger());
     std::ofstream(run_dir_ + "/config.yaml") << yaml;
-    metrics_.open(run_dir_ + "/" + cfg_.metrics.file, std::ios::trunc);
-    if (!metrics_) return Unavailable("cannot write " + run_dir_ + "/" + cfg_.metrics.file);
+    GYRE_ASSIGN_OR_RETURN(metrics_, observe::RunMetrics::Create(run_dir_ + "/" + cfg_.metrics.file,
+                                                                TensorBoardDir()));
   }
 
+  GYRE_RETURN_IF_ERROR(rpc::ConfigureJobSecurity(cfg_.cluster));
   service_ = std::make_unique<ControllerService>(yaml, cfg_.cluster.heartbeat_interval_s,
                                                  cfg_.cluster.heartbeat_timeout_s);
   GYRE_ASSIGN_OR_RETURN(server_,
                         rpc::StartServer(cfg_.cluster.bind_host, cfg_.cluster.controller_port,
                                          {service_.get()}, &address_));
   GYRE_LOG_INFO("controller listening on {}; run directory {}", address_, run_dir_);
+  if (!cfg_.metrics.endpoint.empty()) GYRE_RETURN_IF_ERROR(StartEndpoint());
   if (cfg_.cluster.weight_transport == "gloo" || cfg_.cluster.weight_transport == "nccl") {
     GYRE_ASSIGN_OR_RETURN(weight_store_, comm::StoreServer::Start(cfg_.cluster.bind_host));
     GYRE_LOG_INFO("weight rendezvous store on {}", weight_store_->address());
@@ -210,7 +231,7 @@ Status JobRunner::Setup() {
                      : !cfg_.cluster.worker_binary.empty() ? cfg_.cluster.worker_binary
                                                            : SelfExecutable();
   po.logs_dir = run_dir_ + "/logs";
-  po.print_progress = opts_.print_progress;
+  po.print = [this](const std::string& line) { progress_->Print(line); };
   // The caller's token first (RunOptions::cancel), then a signal if RunJob installed handlers.
   po.interrupt_reason = [cancel = opts_.cancel, signals = opts_.install_signal_handlers] {
     if (cancel && cancel->cancelled()) return "cancelled: " + cancel->reason();
@@ -230,21 +251,24 @@ Status JobRunner::Setup() {
   }
   policy_ = algorithm::MakeSamplingPolicy(cfg_, reward_->correct_threshold());
   GYRE_RETURN_IF_ERROR(pool_->Start());
+  progress_->Status("starting " + std::to_string(cfg_.rollout.workers + cfg_.trainer.workers) +
+                    " workers (each loads the model)");
   GYRE_RETURN_IF_ERROR(pool_->WaitRegistered());
+  progress_->Status("forming the trainer group");
   return trainers_->Form();
 }
 
-StatusOr<double> JobRunner::Evaluate(const std::string& tag) {
+StatusOr<double> JobRunner::Evaluate(const std::string& tag, int step) {
+  progress_->Status("evaluating (" + tag + ")");
   // Evaluation has its own id space: drawing from the training sequence would make
   // metrics.eval_every or data.eval_size change the training run's ids and seeds.
   GYRE_ASSIGN_OR_RETURN(
       EvalOutcome e, EvaluateHeldOut(*problems_, *prompts_, *scorer_, reward_->correct_threshold(),
                                      scheduler_.get(), version_, &next_eval_group_id_, tag));
-  WriteMetrics(EvalMetrics(tag, e, version_));
-  if (opts_.print_progress) {
-    std::printf("%s\n", EvalProgressLine(tag, e, version_).c_str());
-    std::fflush(stdout);
-  }
+  nlohmann::json record = EvalMetrics(tag, e, version_);
+  record["step"] = step;  // the GRPO steps done before it (0 before RL)
+  WriteMetrics(record);
+  progress_->Print(EvalProgressLine(tag, e, version_));
   return e.accuracy;
 }
 
@@ -279,16 +303,19 @@ Status JobRunner::WarmUp() {
     double mean_acc = 0;
     for (double a : recent_acc) mean_acc += a / static_cast<double>(recent_acc.size());
     const bool reached = stop_at > 0 && recent_acc.size() == kWindow && mean_acc >= stop_at;
-    if (opts_.print_progress && (step % std::max(1, steps / 5) == 0 || step == steps || reached)) {
-      std::printf("warmup %4d/%d  loss %.4f  token-acc %.3f  %.1f s\n", step, steps, m["loss"],
-                  m["token_accuracy"], SecondsSince(t0));
-      std::fflush(stdout);
+    char line[160];
+    std::snprintf(line, sizeof(line), "warmup %4d/%d  loss %.4f  token-acc %.3f  %.1f s", step,
+                  steps, m["loss"], m["token_accuracy"], SecondsSince(t0));
+    if (step % std::max(1, steps / 5) == 0 || step == steps || reached) {
+      progress_->Print(line);
+    } else {
+      progress_->StepLine("", line);  // live mode only: the line's summary
     }
     if (reached) {
-      if (opts_.print_progress) {
-        std::printf("warmup stops at step %d: token accuracy %.3f (mean of %zu steps) >= %.3f\n",
+      std::snprintf(line, sizeof(line),
+                    "warmup stops at step %d: token accuracy %.3f (mean of %zu steps) >= %.3f",
                     step, mean_acc, kWindow, stop_at);
-      }
+      progress_->Print(line);
       break;
     }
   }
@@ -338,6 +365,7 @@ Status JobRunner::GrpoStep(int step) {
     GYRE_ASSIGN_OR_RETURN(std::vector<GroupJob> jobs,
                           DrawGroups(new_groups, step, policy_->FirstRound()));
     const auto tg = SteadyClock::now();
+    progress_->Status("step " + std::to_string(step) + " generating");
     GYRE_ASSIGN_OR_RETURN(
         auto samples,
         partial ? scheduler_->GeneratePartial(&jobs, want - usable, sampling, version_, &gen, &sink)
@@ -428,6 +456,7 @@ Status JobRunner::TopUpRound(int step, const v1::SamplingParams& sampling, const
 Status JobRunner::AsyncGrpoStep(int step) {
   const auto t0 = SteadyClock::now();
   // Admission: after step - 1 steps, at most (k + step) * prompts_per_step groups ever.
+  progress_->Status("step " + std::to_string(step) + " waiting for rollouts");
   GYRE_RETURN_IF_ERROR(async_->Admit(
       step - 1, [&](int64_t count) { return DrawGroups(static_cast<int>(count), step); }));
   GYRE_ASSIGN_OR_RETURN(std::vector<ReadyGroup> batch, async_->NextBatch(version_, step));
@@ -522,6 +551,7 @@ Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* s
     pg.temperature = temperature;
     pg.reset_optimizer = step == 1 && cfg_.trainer.warmup_sft_steps > 0 &&
                          cfg_.trainer.warmup_optimizer_state == "reset";
+    progress_->Status("step " + std::to_string(step) + " training");
     GYRE_ASSIGN_OR_RETURN(rec.train, Train(kept, pg));
     std::vector<uint64_t> kept_ids;
     for (const auto& k : kept) kept_ids.push_back(k.sample_id());
@@ -550,16 +580,59 @@ Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* s
   rec.extra = std::move(extra);
   result_.final_mean_reward = scores->reward_sum / std::max(1, scores->scored);
   WriteMetrics(StepMetrics(rec));
-  if (opts_.print_progress) {
-    std::printf("%s\n", StepProgressLine(rec).c_str());
-    std::fflush(stdout);
-  }
+  last_step_ = step;
+  grpo_seconds_ += rec.step_s;
+  ++grpo_steps_run_;
+  progress_->SetEta(
+      observe::FormatDuration(grpo_seconds_ / grpo_steps_run_ * (cfg_.trainer.steps - step)));
+  progress_->StepLine(StepProgressLine(rec), StepSummary(rec));
+  progress_->Status(step < cfg_.trainer.steps ? "" : "finishing");
   return Status::Ok();
 }
 
 void JobRunner::WriteMetrics(const nlohmann::json& j) {
-  metrics_ << j.dump() << "\n";
-  metrics_.flush();
+  Status st = metrics_->Write(j);
+  if (!st.ok() && !metrics_failed_) {
+    // The job goes on: its checkpoints and model matter more than its metrics.
+    GYRE_LOG_WARN("metrics: {} (the job continues; later failures are not reported)",
+                  st.ToString());
+    metrics_failed_ = true;
+  }
+}
+
+Status JobRunner::StartEndpoint() {
+  auto health = [this]() -> nlohmann::json {
+    nlohmann::json workers = nlohmann::json::object();
+    bool all_alive = true;
+    for (const WorkerInfo& w : service_->Snapshot()) {
+      workers[w.id] = !w.alive ? "dead" : w.ready ? "ready" : "starting";
+      all_alive = all_alive && w.alive;
+    }
+    return {{"status", all_alive ? "ok" : "degraded"},
+            {"job", cfg_.job.name},
+            {"step", last_step_.load()},
+            {"steps", cfg_.trainer.steps},
+            {"workers", workers}};
+  };
+  GYRE_ASSIGN_OR_RETURN(endpoint_, observe::MetricsEndpoint::Start(cfg_.metrics.endpoint, health));
+  endpoint_->SetRefresh([this](observe::MetricsEndpoint* ep) {
+    std::map<std::pair<std::string, std::string>, int> states;
+    for (const char* role : {"rollout", "trainer"}) {
+      for (const char* state : {"starting", "ready", "dead"}) states[{role, state}] = 0;
+    }
+    for (const WorkerInfo& w : service_->Snapshot()) {
+      const char* role = w.role == v1::WORKER_ROLE_TRAINER ? "trainer" : "rollout";
+      ++states[{role, !w.alive ? "dead" : w.ready ? "ready" : "starting"}];
+    }
+    for (const auto& [key, n] : states) {
+      ep->Set("gyre_workers", "Workers of each role in each state.", n,
+              {{"role", key.first}, {"state", key.second}});
+    }
+    ep->Set("gyre_steps_planned", "trainer.steps of the job.", cfg_.trainer.steps);
+  });
+  if (metrics_) metrics_->SetEndpoint(endpoint_.get());
+  GYRE_LOG_INFO("serving /metrics and /health on http://{}", endpoint_->address());
+  return Status::Ok();
 }
 
 StatusOr<JobResult> JobRunner::Run() {
@@ -571,7 +644,7 @@ StatusOr<JobResult> JobRunner::Run() {
   } else {
     GYRE_RETURN_IF_ERROR(Publish());
     GYRE_RETURN_IF_ERROR(WarmUp());
-    GYRE_ASSIGN_OR_RETURN(result_.accuracy_before_rl, Evaluate("before_rl"));
+    GYRE_ASSIGN_OR_RETURN(result_.accuracy_before_rl, Evaluate("before_rl", 0));
     if (cfg_.trainer.checkpoint_every > 0) GYRE_RETURN_IF_ERROR(SaveCheckpoint(0, t0));
   }
   if (cfg_.rollout.async) {
@@ -590,7 +663,7 @@ StatusOr<JobResult> JobRunner::Run() {
       // Evaluation needs the workers: rollout for later steps waits meanwhile.
       if (async_) GYRE_RETURN_IF_ERROR(async_->Pause());
       GYRE_RETURN_IF_ERROR(PublishIfBehind());
-      GYRE_RETURN_IF_ERROR(Evaluate("step_" + std::to_string(step)).status());
+      GYRE_RETURN_IF_ERROR(Evaluate("step_" + std::to_string(step), step).status());
       if (async_) async_->Resume(version_);
     }
     if (cfg_.trainer.checkpoint_every > 0 && step % cfg_.trainer.checkpoint_every == 0) {
@@ -604,8 +677,10 @@ StatusOr<JobResult> JobRunner::Run() {
   }
   if (async_) GYRE_RETURN_IF_ERROR(EndAsync());
   GYRE_RETURN_IF_ERROR(PublishIfBehind());
-  GYRE_ASSIGN_OR_RETURN(result_.accuracy_after_rl, Evaluate("after_rl"));
+  GYRE_ASSIGN_OR_RETURN(result_.accuracy_after_rl, Evaluate("after_rl", result_.grpo_steps));
+  progress_->Status("saving the final model");
   GYRE_RETURN_IF_ERROR(trainers_->SaveModel(run_dir_ + "/final"));
+  progress_->Clear();
   result_.policy_version = version_;
   result_.wall_seconds = wall_before_ + SecondsSince(t0);
   nlohmann::json summary = {{"accuracy_before_rl", result_.accuracy_before_rl},
@@ -684,8 +759,9 @@ Status JobRunner::Resume() {
   const std::string metrics_path = run_dir_ + "/" + cfg_.metrics.file;
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(run_dir_ + "/config.yaml", config::DumpJobConfig(cfg_)));
   GYRE_RETURN_IF_ERROR(WriteFileAtomic(metrics_path, st.metrics_jsonl));
-  metrics_.open(metrics_path, std::ios::app);
-  if (!metrics_) return Unavailable("cannot write " + metrics_path);
+  GYRE_ASSIGN_OR_RETURN(metrics_,
+                        observe::RunMetrics::Resume(metrics_path, TensorBoardDir(), first_step_));
+  if (endpoint_) metrics_->SetEndpoint(endpoint_.get());
   nlohmann::json resumed = {{"phase", "resume"},
                             {"step", st.grpo_step},
                             {"policy_version", version_},
@@ -697,18 +773,15 @@ Status JobRunner::Resume() {
   WriteMetrics(resumed);
   GYRE_LOG_INFO("resumed from {} at GRPO step {} (policy v{}, {} carried groups)", resume_dir_,
                 st.grpo_step, version_, st.carried_groups.size());
-  if (opts_.print_progress) {
-    std::printf("resumed from %s after GRPO step %d (policy v%lld)\n", resume_dir_.c_str(),
-                st.grpo_step, static_cast<long long>(version_));
-    if (cfg_.rollout.partial_rollouts) {
-      std::printf("continuing %zu carried partial-rollout group(s)\n",
-                  scheduler_->carried_groups());
-    }
-    if (cfg_.rollout.async) {
-      std::printf("continuing %zu admitted group(s) not yet trained (rollout.async)\n",
-                  st.carried_groups.size());
-    }
-    std::fflush(stdout);
+  progress_->Print("resumed from " + resume_dir_ + " after GRPO step " +
+                   std::to_string(st.grpo_step) + " (policy v" + std::to_string(version_) + ")");
+  if (cfg_.rollout.partial_rollouts) {
+    progress_->Print("continuing " + std::to_string(scheduler_->carried_groups()) +
+                     " carried partial-rollout group(s)");
+  }
+  if (cfg_.rollout.async) {
+    progress_->Print("continuing " + std::to_string(st.carried_groups.size()) +
+                     " admitted group(s) not yet trained (rollout.async)");
   }
   return Publish();
 }
@@ -716,6 +789,7 @@ Status JobRunner::Resume() {
 Status JobRunner::SaveCheckpoint(int step, SteadyClock::time_point job_start) {
   const auto t0 = SteadyClock::now();
   const std::string final_dir = run_dir_ + "/checkpoints/" + CheckpointName(step);
+  progress_->Status("saving checkpoint " + CheckpointName(step));
   const std::string tmp_dir = final_dir + ".tmp";
   GYRE_RETURN_IF_ERROR(RemoveTree(tmp_dir));
   GYRE_RETURN_IF_ERROR(MakeDirs(tmp_dir));

@@ -101,4 +101,11 @@ std::string StepProgressLine(const StepRecord& r) {
   return line;
 }
 
+std::string StepSummary(const StepRecord& r) {
+  char line[160];
+  std::snprintf(line, sizeof(line), "step %d/%d  reward %.3f  acc %.3f  %.0f tok/s", r.step,
+                r.steps, MeanReward(*r.scores), Accuracy(*r.scores), TokensPerSecond(r));
+  return line;
+}
+
 }  // namespace gyre::controller

@@ -42,5 +42,7 @@ struct StepRecord {
 nlohmann::json StepMetrics(const StepRecord& r);
 // The progress line: "step    3/40  reward 0.412  acc 0.400  ...", without a newline.
 std::string StepProgressLine(const StepRecord& r);
+// The live status line's summary of the step: "step 3/40  reward 0.412  acc 0.400  812 tok/s".
+std::string StepSummary(const StepRecord& r);
 
 }  // namespace gyre::controller

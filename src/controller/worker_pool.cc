@@ -6,6 +6,7 @@
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/subprocess.h"
+#include "rpc/security.h"
 
 namespace gyre::controller {
 
@@ -27,16 +28,19 @@ WorkerPool::Inflight::~Inflight() {
 }
 
 std::vector<std::string> WorkerPool::WorkerArgv(const std::string& role, int index) const {
-  return {opts_.worker_binary,
-          "worker",
-          "--role",
-          role,
-          "--index",
-          std::to_string(index),
-          "--controller",
-          opts_.controller_address,
-          "--bind-host",
-          cfg_.cluster.bind_host};
+  std::vector<std::string> argv = {opts_.worker_binary,
+                                   "worker",
+                                   "--role",
+                                   role,
+                                   "--index",
+                                   std::to_string(index),
+                                   "--controller",
+                                   opts_.controller_address,
+                                   "--bind-host",
+                                   cfg_.cluster.bind_host};
+  // The job's TLS files and token, so that the worker can dial the controller at all.
+  for (std::string& f : rpc::SecurityFlags()) argv.push_back(std::move(f));
+  return argv;
 }
 
 Status WorkerPool::Start() {
@@ -387,10 +391,9 @@ Status WorkerPool::CatchUp(Worker* w, int64_t version,
   ++restarts_caught_up_;
   GYRE_LOG_INFO("{} caught up to policy v{} in {:.2f} s ({:.1f} s after its restart)", w->id,
                 version, SecondsSince(t0), SecondsSince(restart_started_.at(w->id)));
-  if (opts_.print_progress) {
-    std::printf("%s restarted (pid %lld), caught up to policy v%lld\n", w->id.c_str(),
-                static_cast<long long>(info.pid), static_cast<long long>(version));
-    std::fflush(stdout);
+  if (opts_.print) {
+    opts_.print(w->id + " restarted (pid " + std::to_string(info.pid) + "), caught up to policy v" +
+                std::to_string(version));
   }
   return Status::Ok();
 }

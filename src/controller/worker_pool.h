@@ -48,7 +48,8 @@ struct WorkerPoolOptions {
   std::string worker_binary;       // local mode: the `gyre` executable to spawn
   std::string logs_dir;            // <logs_dir>/<id>.log
   rpc::ClientFactory clients = rpc::GrpcClientFactory();
-  bool print_progress = false;  // print restarts on stdout
+  // Prints a line about a restart for the user (the job's progress output); null = silent.
+  std::function<void(const std::string&)> print;
   // How long a failed call waits for the monitor to report the worker dead before the pool
   // decides on a live worker (a death then gets its pid and signal in the message).
   double death_grace_s = 2.0;

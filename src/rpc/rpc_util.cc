@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "rpc/security.h"
 
 namespace gyre::rpc {
 
@@ -30,6 +31,8 @@ Status FromGrpc(const grpc::Status& s) {
       code = StatusCode::kAlreadyExists;
       break;
     case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::UNAUTHENTICATED:  // refused credentials: fix the configuration
+    case grpc::StatusCode::PERMISSION_DENIED:
       code = StatusCode::kFailedPrecondition;
       break;
     case grpc::StatusCode::OUT_OF_RANGE:
@@ -110,7 +113,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   // Each worker gets its own TCP connection; no subchannel sharing between stubs of one process.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  AddChannelSecurityArgs(&args);
+  return grpc::CreateCustomChannel(address, ChannelCredentials(), args);
 }
 
 void SetDeadline(grpc::ClientContext* ctx, double seconds) {
@@ -127,8 +131,7 @@ StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& host, int
   // connections between them). Each server's port must be its own.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int selected = 0;
-  builder.AddListeningPort(host + ":" + std::to_string(port), grpc::InsecureServerCredentials(),
-                           &selected);
+  builder.AddListeningPort(host + ":" + std::to_string(port), ServerCredentials(), &selected);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   for (grpc::Service* s : services) builder.RegisterService(s);

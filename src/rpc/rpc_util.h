@@ -39,13 +39,15 @@ grpc::Status Guarded(const char* method, Body&& body) {
     return HandlerFailed(method, "unknown exception");
   }
 }
-// An insecure channel (loopback or a trusted cluster network) with Gyre's message limits.
+// A channel with Gyre's message limits and the process's transport security (rpc/security.h:
+// plaintext unless ConfigureSecurity set TLS and a token).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 
 // Sets a deadline `seconds` from now on `ctx`.
 void SetDeadline(grpc::ClientContext* ctx, double seconds);
 
-// Builds and starts a server on host:port (port 0 = pick a free one) with the given services.
+// Builds and starts a server on host:port (port 0 = pick a free one) with the given services and
+// the process's transport security (rpc/security.h).
 // On success *bound_address is "host:actual_port".
 StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& host, int port,
                                                     const std::vector<grpc::Service*>& services,

@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 
 #include "common/logging.h"
 #include "rpc/rpc_util.h"
+#include "rpc/security.h"
 
 namespace gyre::rpc {
 
@@ -16,6 +18,16 @@ WorkerSession::WorkerSession(std::string controller_address, v1::WorkerRole role
       stub_(v1::Controller::NewStub(MakeChannel(controller_address_))) {}
 
 WorkerSession::~WorkerSession() { Shutdown(); }
+
+namespace {
+
+std::string FormatSeconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g s", s);
+  return buf;
+}
+
+}  // namespace
 
 Status WorkerSession::Register(const std::string& own_address, double timeout_s) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
@@ -33,7 +45,8 @@ Status WorkerSession::Register(const std::string& own_address, double timeout_s)
     grpc::ClientContext ctx;
     SetDeadline(&ctx, 5.0);
     ctx.set_wait_for_ready(true);
-    last = FromGrpc(stub_->Register(&ctx, req, &resp), "register with " + controller_address_);
+    const grpc::Status gs = stub_->Register(&ctx, req, &resp);
+    last = FromGrpc(gs, "register with " + controller_address_);
     if (last.ok()) {
       worker_id_ = resp.worker_id();
       job_config_yaml_ = resp.job_config_yaml();
@@ -47,8 +60,11 @@ Status WorkerSession::Register(const std::string& own_address, double timeout_s)
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
+  // A TLS controller never completes a plaintext client's connection: say so if it may be that.
+  const std::string hint =
+      SecurityHint(grpc::Status(grpc::StatusCode::UNAVAILABLE, last.message()));
   return DeadlineExceeded("could not register with the controller at " + controller_address_ +
-                          " within " + std::to_string(timeout_s) + " s: " + last.message());
+                          " within " + FormatSeconds(timeout_s) + ": " + last.message() + hint);
 }
 
 void WorkerSession::StartHeartbeats(std::function<int64_t()> version) {

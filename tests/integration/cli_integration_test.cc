@@ -1006,6 +1006,100 @@ TEST(TrainTest, ExternalWorkersDialTheController) {
   }
 }
 
+// Mutual TLS and the cluster token (docs/security.md), with files from tools/make-certs.sh: a
+// local job whose controller passes them to its workers trains; in external mode a worker
+// without TLS, or with TLS but without the token, is refused with a message on both sides, and
+// the workers that have them run the job.
+std::string MakeCerts(const std::string& dir) {
+  const std::string certs = dir + "/certs";
+  const std::string cmd =
+      std::string(GYRE_SOURCE_DIR) + "/tools/make-certs.sh " + certs + " > /dev/null";
+  return std::system(cmd.c_str()) == 0 ? certs : "";
+}
+
+std::vector<std::string> SecureJob(const std::string& dir, const std::string& certs) {
+  auto args = SmallJob(dir, 2);
+  args.insert(args.end(), {"--set", "cluster.tls_cert=" + certs + "/node.pem", "--set",
+                           "cluster.tls_key=" + certs + "/node.key", "--set",
+                           "cluster.tls_ca=" + certs + "/ca.pem", "--set",
+                           "cluster.auth_token_file=" + certs + "/token"});
+  return args;
+}
+
+TEST(TrainTest, MutualTlsAndTheTokenOnEveryChannelOfALocalJob) {
+  const std::string dir = MakeTempDir("tls_local");
+  const std::string certs = MakeCerts(dir);
+  ASSERT_FALSE(certs.empty());
+  auto p = GyreProcess::Start(SecureJob(dir, certs), dir);
+  ASSERT_TRUE(p.Wait(180)) << p.Output();
+  const std::string out = p.Output();
+  ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << out;
+  EXPECT_NE(out.find("gRPC: mutual TLS"), std::string::npos) << out;
+  EXPECT_NE(out.find("step    2/2"), std::string::npos) << out;
+  EXPECT_EQ(out.find("refused"), std::string::npos) << out;
+}
+
+TEST(TrainTest, AWorkerWithoutTheCertificateOrTheTokenIsRefused) {
+  const std::string dir = MakeTempDir("tls_external");
+  const std::string certs = MakeCerts(dir);
+  ASSERT_FALSE(certs.empty());
+  auto port = rpc_port();
+  auto args = SecureJob(dir, certs);
+  args.insert(args.end(), {"--set", "cluster.mode=external", "--set",
+                           "cluster.controller_port=" + std::to_string(port)});
+  auto controller = GyreProcess::Start(args, dir);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  auto worker = [&](const std::string& sub, const std::string& role, int index,
+                    std::vector<std::string> extra) {
+    const std::string wdir = dir + "/" + sub;
+    EXPECT_TRUE(MakeDirs(wdir).ok());
+    std::vector<std::string> a = {"worker",       "--role", role, "--index", std::to_string(index),
+                                  "--controller", address};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return GyreProcess::Start(a, wdir);
+  };
+  // No TLS: its connection never completes; it gives up with a hint.
+  auto plain = worker("plain", "rollout", 0, {"--register-timeout", "4"});
+  ASSERT_TRUE(plain.Wait(60)) << plain.Output();
+  EXPECT_NE(WEXITSTATUS(plain.wait_status), 0);
+  EXPECT_NE(plain.Output().find("could not register with the controller"), std::string::npos)
+      << plain.Output();
+  EXPECT_NE(plain.Output().find("--tls-cert"), std::string::npos) << plain.Output();
+  // TLS but no token: refused at once.
+  const std::vector<std::string> tls = {"--tls-cert", certs + "/node.pem",
+                                        "--tls-key",  certs + "/node.key",
+                                        "--tls-ca",   certs + "/ca.pem"};
+  auto no_token = worker("no_token", "rollout", 0, tls);
+  ASSERT_TRUE(no_token.Wait(60)) << no_token.Output();
+  EXPECT_NE(WEXITSTATUS(no_token.wait_status), 0);
+  EXPECT_NE(no_token.Output().find("needs the cluster token: the call carried none"),
+            std::string::npos)
+      << no_token.Output();
+  std::string controller_out;
+  EXPECT_TRUE(controller
+                  .WaitForOutput(
+                      "refused a call to /gyre.v1.Controller/Register: the call carried no token",
+                      30, &controller_out)
+                  .size() > 0)
+      << controller_out;
+  EXPECT_NE(controller_out.find("tried to connect; it was refused"), std::string::npos)
+      << controller_out;
+  // The workers with everything run the job.
+  std::vector<std::string> full = tls;
+  full.insert(full.end(), {"--token-file", certs + "/token"});
+  std::vector<GyreProcess> workers;
+  workers.push_back(worker("t0", "trainer", 0, full));
+  workers.push_back(worker("r0", "rollout", 0, full));
+  workers.push_back(worker("r1", "rollout", 1, full));
+  ASSERT_TRUE(controller.Wait(180)) << controller.Output();
+  EXPECT_EQ(WEXITSTATUS(controller.wait_status), 0) << controller.Output();
+  EXPECT_NE(controller.Output().find("step    2/2"), std::string::npos) << controller.Output();
+  for (auto& w : workers) {
+    ASSERT_TRUE(w.Wait(30)) << w.Output();
+    EXPECT_EQ(WEXITSTATUS(w.wait_status), 0) << w.Output();
+  }
+}
+
 // cluster.mode: external: nothing is spawned, but a rollout worker that a launcher starts again
 // after it was declared dead registers with the same id and is caught up before it gets work.
 TEST(TrainTest, ExternalWorkerThatRegistersAgainIsCaughtUp) {

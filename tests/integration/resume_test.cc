@@ -3,7 +3,6 @@
 // same metrics as the same job run without interruption; also with partial rollouts, whose groups
 // in flight at the checkpoint must be carried through it.
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -31,28 +30,6 @@ std::vector<std::string> Job(const std::string& output_dir) {
 std::vector<std::string> With(std::vector<std::string> args, const std::vector<std::string>& more) {
   args.insert(args.end(), more.begin(), more.end());
   return args;
-}
-
-// Starts `gyre args...` as the leader of a new process group, which its workers join, so the
-// whole job can be killed at once like a crashed machine would stop it.
-pid_t StartGroupLeader(const std::vector<std::string>& args, const std::string& output_path) {
-  std::vector<std::string> argv = {GYRE_BINARY};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  const int fd = ::open(output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::dup2(fd, STDOUT_FILENO);
-    ::dup2(fd, STDERR_FILENO);
-    ::execv(cargv[0], cargv.data());
-    ::_exit(127);
-  }
-  ::close(fd);
-  ::setpgid(pid, pid);  // also from the parent, so the group exists before we signal it
-  return pid;
 }
 
 // Runs `gyre args...` as a process group (output in dir_b/gyre.out), waits up to `timeout_s` for

@@ -1,6 +1,7 @@
 #pragma once
 // Helpers for tests that run the `gyre` binary as a real process.
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -114,6 +115,29 @@ inline bool AllGone(const std::vector<pid_t>& pids, double timeout_s) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return false;
+}
+
+// Starts `gyre args...` as the leader of a new process group, which its workers join, so the
+// whole job can be killed at once like a crashed machine would stop it.
+inline pid_t StartGroupLeader(const std::vector<std::string>& args,
+                              const std::string& output_path) {
+  std::vector<std::string> argv = {GYRE_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  const int fd = ::open(output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::dup2(fd, STDOUT_FILENO);
+    ::dup2(fd, STDERR_FILENO);
+    ::execv(cargv[0], cargv.data());
+    ::_exit(127);
+  }
+  ::close(fd);
+  ::setpgid(pid, pid);  // also from the parent, so the group exists before we signal it
+  return pid;
 }
 
 }  // namespace gyre::testing
