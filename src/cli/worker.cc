@@ -25,6 +25,7 @@
 #include "rollout/rollout_service.h"
 #include "rpc/rpc_util.h"
 #include "rpc/security.h"
+#include "rpc/worker_discovery.h"
 #include "rpc/worker_session.h"
 #include "trainer/trainer_service.h"
 
@@ -83,8 +84,9 @@ int AutoTorchThreads(const JobConfig& cfg, v1::WorkerRole role) {
 }
 
 constexpr char kWorkerUsage[] =
-    "usage: gyre worker --role rollout|trainer --controller HOST:PORT [--index N]\n"
-    "                   [--bind-host HOST] [--port N] [--register-timeout SECONDS]\n"
+    "usage: gyre worker --role rollout|trainer [--controller HOST:PORT] [--index N]\n"
+    "                   [--bind-host HOST] [--advertise-host HOST] [--port N]\n"
+    "                   [--register-timeout SECONDS]\n"
     "                   [--tls-cert PEM --tls-key PEM --tls-ca PEM [--tls-server-name NAME]]\n"
     "                   [--token-file FILE]\n"
     "\n"
@@ -93,6 +95,14 @@ constexpr char kWorkerUsage[] =
     "receives the job configuration from it, and runs until the controller stops it or\n"
     "cannot be reached for cluster.heartbeat_timeout_s. `gyre train` starts its workers this\n"
     "way; on a cluster, a launcher starts them with the controller's address.\n"
+    "\n"
+    "Under a launcher (docs/cluster.md), what the flags leave unset comes from the environment:\n"
+    "  --controller      $GYRE_CONTROLLER\n"
+    "  --index           $GYRE_WORKER_INDEX, else $JOB_COMPLETION_INDEX (Kubernetes Indexed\n"
+    "                    Job), else $SLURM_PROCID (srun task rank), else 0\n"
+    "  --advertise-host  the address the controller and peers dial: $GYRE_ADVERTISE_HOST,\n"
+    "                    else --bind-host, or with --bind-host 0.0.0.0 this host's first\n"
+    "                    non-loopback IPv4 address\n"
     "\n"
     "Security (docs/security.md): with --tls-cert/--tls-key/--tls-ca every gRPC channel and\n"
     "server of the worker uses mutual TLS (the job's cluster.tls_* files, or this host's own\n"
@@ -120,8 +130,8 @@ void TuneAllocatorForRepeatedSteps() {
 }
 
 int RunWorker(const std::vector<std::string>& args) {
-  std::string role, controller, bind_host = "127.0.0.1";
-  int index = 0, port = 0;
+  std::string role, controller, bind_host = "127.0.0.1", advertise_host;
+  int index = -1, port = 0;
   double register_timeout = 60;
   rpc::SecurityOptions security;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -145,13 +155,27 @@ int RunWorker(const std::vector<std::string>& args) {
       controller = *v;
     } else if (a == "--index") {
       if (!(v = value("--index"))) return 2;
-      index = std::atoi(v->c_str());
+      auto parsed = rpc::ParseWorkerIndex(*v, "--index");
+      if (!parsed.ok()) {
+        std::fprintf(stderr, "gyre worker: %s\n", parsed.status().message().c_str());
+        return 2;
+      }
+      index = *parsed;
+    } else if (a == "--advertise-host") {
+      if (!(v = value("--advertise-host"))) return 2;
+      advertise_host = *v;
     } else if (a == "--bind-host") {
       if (!(v = value("--bind-host"))) return 2;
       bind_host = *v;
     } else if (a == "--port") {
       if (!(v = value("--port"))) return 2;
-      port = std::atoi(v->c_str());
+      if (v->empty() || v->size() > 5 || v->find_first_not_of("0123456789") != std::string::npos ||
+          std::stoi(*v) > 65535) {
+        std::fprintf(stderr, "gyre worker: --port '%s' is not a port number (0 to 65535)\n",
+                     v->c_str());
+        return 2;
+      }
+      port = std::stoi(*v);
     } else if (a == "--register-timeout") {
       if (!(v = value("--register-timeout"))) return 2;
       register_timeout = std::atof(v->c_str());
@@ -180,10 +204,14 @@ int RunWorker(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gyre worker: --role must be rollout or trainer\n");
     return 2;
   }
-  if (controller.empty()) {
-    std::fprintf(stderr, "gyre worker: --controller HOST:PORT is required\n");
+  auto placement = rpc::DiscoverPlacement(controller, index, bind_host, advertise_host,
+                                          rpc::ProcessEnvironment());
+  if (!placement.ok()) {
+    std::fprintf(stderr, "gyre worker: %s\n", placement.status().message().c_str());
     return 2;
   }
+  controller = placement->controller;
+  index = placement->index;
   const std::string name = role + "-" + std::to_string(index);
   InitLogging(name);
   if (Status st = rpc::ConfigureSecurity(security); !st.ok()) {
@@ -215,7 +243,10 @@ int RunWorker(const std::vector<std::string>& args) {
     }
     bound_port = *free_port;
   }
-  const std::string address = bind_host + ":" + std::to_string(bound_port);
+  // What the controller and the other workers dial (the bind address may be a wildcard).
+  const std::string address = placement->advertise_host + ":" + std::to_string(bound_port);
+  GYRE_LOG_INFO("{}: index from {}, controller {}, serving on {}:{} as {}", name,
+                placement->index_source, controller, bind_host, bound_port, address);
   Status s = session.Register(address, register_timeout);
   if (!s.ok()) {
     GYRE_LOG_ERROR("{}", s.ToString());

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "integration/run_util.h"
 #include "rpc/rpc_util.h"
@@ -1004,6 +1005,49 @@ TEST(TrainTest, ExternalWorkersDialTheController) {
     ASSERT_TRUE(w.Wait(30)) << "worker did not stop with its job: " << w.Output();
     EXPECT_EQ(WEXITSTATUS(w.wait_status), 0) << w.Output();
   }
+}
+
+// Workers as a cluster launcher starts them (docs/cluster.md): no --controller or --index, only
+// the environment (GYRE_CONTROLLER; the index from JOB_COMPLETION_INDEX as a Kubernetes Indexed
+// Job sets it, or SLURM_PROCID as srun does), listening on every interface and advertising this
+// host's routable address.
+TEST(TrainTest, LaunchedWorkersFindTheirPlaceFromTheEnvironment) {
+  const std::string dir = MakeTempDir("env_workers");
+  auto port = rpc_port();
+  auto args = SmallJob(dir, 2);
+  args.insert(args.end(), {"--set", "cluster.mode=external", "--set",
+                           "cluster.controller_port=" + std::to_string(port)});
+  auto controller = GyreProcess::Start(args, dir);
+  ::setenv("GYRE_CONTROLLER", ("127.0.0.1:" + std::to_string(port)).c_str(), 1);
+  std::vector<GyreProcess> workers;
+  const std::vector<std::tuple<std::string, const char*, const char*>> launched = {
+      {"trainer", "JOB_COMPLETION_INDEX", "0"},
+      {"rollout", "JOB_COMPLETION_INDEX", "1"},
+      {"rollout", "SLURM_PROCID", "0"}};
+  for (size_t i = 0; i < launched.size(); ++i) {
+    const auto& [role, var, value] = launched[i];
+    const std::string wdir = dir + "/w" + std::to_string(i);
+    ASSERT_TRUE(MakeDirs(wdir).ok());
+    ::setenv(var, value, 1);
+    workers.push_back(
+        GyreProcess::Start({"worker", "--role", role, "--bind-host", "0.0.0.0"}, wdir));
+    ::unsetenv(var);
+  }
+  ::unsetenv("GYRE_CONTROLLER");
+  ASSERT_TRUE(controller.Wait(180)) << controller.Output();
+  const std::string out = controller.Output();
+  EXPECT_EQ(WEXITSTATUS(controller.wait_status), 0) << out;
+  EXPECT_NE(out.find("step    2/2"), std::string::npos) << out;
+  // Registered under the advertised address, not the wildcard.
+  EXPECT_EQ(out.find("at 0.0.0.0:"), std::string::npos) << out;
+  for (auto& w : workers) {
+    ASSERT_TRUE(w.Wait(30)) << w.Output();
+    EXPECT_EQ(WEXITSTATUS(w.wait_status), 0) << w.Output();
+  }
+  EXPECT_NE(workers[1].Output().find("index from JOB_COMPLETION_INDEX"), std::string::npos)
+      << workers[1].Output();
+  EXPECT_NE(workers[2].Output().find("index from SLURM_PROCID"), std::string::npos)
+      << workers[2].Output();
 }
 
 // Mutual TLS and the cluster token (docs/security.md), with files from tools/make-certs.sh: a
