@@ -17,7 +17,8 @@
 # the venv too (its tests and examples run in CI); bubblewrap sandboxes the code-execution example.
 # prometheus-cpp (metrics, text format) and libmicrohttpd (HTTP) serve /metrics; the tests check scrapes with promtool (Debian
 # `prometheus`), read event files with pip `tensorboard`'s reader and screenshot `gyre report`'s
-# page with headless `chromium`.
+# page with headless `chromium`. slurm-wlm and munge run a real single-host Slurm cluster for
+# `gyre launch slurm`'s tests (tools/slurm-local.sh).
 set -euo pipefail
 
 TORCH_VERSION="${GYRE_TORCH_VERSION:-2.11.0}"
@@ -33,6 +34,7 @@ APT_PACKAGES=(
   clang libclang-rt-14-dev xz-utils
   bubblewrap
   prometheus-cpp-dev libmicrohttpd-dev prometheus chromium openssl
+  slurm-wlm munge
 )
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }

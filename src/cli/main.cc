@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli/bench.h"
+#include "cli/launch_command.h"
 #include "cli/ledger_command.h"
 #include "cli/model_commands.h"
 #include "cli/report_command.h"
@@ -24,6 +25,9 @@ constexpr char kUsage[] =
     "      the final model to job.output_dir/job.name. --resume continues an interrupted job\n"
     "      from the newest checkpoint in that directory (trainer.checkpoint_every > 0) and ends\n"
     "      exactly as an uninterrupted run would (docs/checkpoints.md).\n"
+    "  gyre launch slurm JOB.yaml [--set KEY=VALUE ...] [--dry-run] [sbatch options]\n"
+    "      Submit the job to Slurm as a heterogeneous job: controller, rollout and trainer\n"
+    "      groups (see gyre launch slurm --help; docs/cluster.md).\n"
     "  gyre validate JOB.yaml [--set KEY=VALUE ...] [--print]\n"
     "      Check a job file without running it; --print shows every field's effective value.\n"
     "  gyre worker --role rollout|trainer --controller HOST:PORT [--index N]\n"
@@ -139,6 +143,9 @@ static int Main(int argc, char** argv) {
   }
   if (cmd == "ledger") {
     return gyre::cli::RunLedger(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  if (cmd == "launch") {
+    return gyre::cli::RunLaunch(std::vector<std::string>(argv + 2, argv + argc));
   }
   if (cmd == "report") {
     return gyre::cli::RunReport(std::vector<std::string>(argv + 2, argv + argc));

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -129,6 +130,7 @@ class JobRunner {
   // metrics.endpoint; declared after service_, which its handlers read, so it stops first.
   std::unique_ptr<observe::MetricsEndpoint> endpoint_;
   std::atomic<int> last_step_{0};  // the last finished GRPO step (/health)
+  std::string slurm_job_id_;       // $SLURM_JOB_ID when the controller runs inside Slurm
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::unique_ptr<comm::StoreServer> weight_store_;  // gloo/nccl weight transport's rendezvous
@@ -220,6 +222,12 @@ Status JobRunner::Setup() {
                         rpc::StartServer(cfg_.cluster.bind_host, cfg_.cluster.controller_port,
                                          {service_.get()}, &address_));
   GYRE_LOG_INFO("controller listening on {}; run directory {}", address_, run_dir_);
+  // For launchers (gyre launch slurm's script): where this controller listens, once it does.
+  GYRE_RETURN_IF_ERROR(WriteFileAtomic(run_dir_ + "/controller.address", address_ + "\n"));
+  if (const char* slurm_job = std::getenv("SLURM_JOB_ID")) {
+    GYRE_LOG_INFO("running in Slurm job {} (scancel {} stops the whole job)", slurm_job, slurm_job);
+    slurm_job_id_ = slurm_job;
+  }
   if (!cfg_.metrics.endpoint.empty()) GYRE_RETURN_IF_ERROR(StartEndpoint());
   if (cfg_.cluster.weight_transport == "gloo" || cfg_.cluster.weight_transport == "nccl") {
     GYRE_ASSIGN_OR_RETURN(weight_store_, comm::StoreServer::Start(cfg_.cluster.bind_host));
@@ -612,6 +620,7 @@ Status JobRunner::StartEndpoint() {
             {"job", cfg_.job.name},
             {"step", last_step_.load()},
             {"steps", cfg_.trainer.steps},
+            {"slurm_job_id", slurm_job_id_},
             {"workers", workers}};
   };
   GYRE_ASSIGN_OR_RETURN(endpoint_, observe::MetricsEndpoint::Start(cfg_.metrics.endpoint, health));
@@ -690,6 +699,7 @@ StatusOr<JobResult> JobRunner::Run() {
                             {"final_mean_reward", result_.final_mean_reward},
                             {"worker_restarts", pool_->restarts_caught_up()},
                             {"wall_seconds", result_.wall_seconds}};
+  if (!slurm_job_id_.empty()) summary["slurm_job_id"] = slurm_job_id_;
   std::ofstream(run_dir_ + "/summary.json") << summary.dump(2) << "\n";
   WriteMetrics({{"phase", "summary"},
                 {"accuracy_before_rl", result_.accuracy_before_rl},
