@@ -1050,6 +1050,47 @@ TEST(TrainTest, LaunchedWorkersFindTheirPlaceFromTheEnvironment) {
       << workers[2].Output();
 }
 
+// `gyre launch slurm --dry-run` needs no Slurm: the job as it will run and the sbatch script,
+// with the job's worker counts, GPUs and security flags; bad input is a clear error.
+TEST(LaunchTest, SlurmDryRunWritesTheJobAndAHeterogeneousScript) {
+  const std::string dir = MakeTempDir("launch");
+  std::ofstream(dir + "/token") << "0123456789abcdef0123456789abcdef\n";
+  auto run = [&](const std::vector<std::string>& args) {
+    auto p = GyreProcess::Start(args, dir);
+    EXPECT_TRUE(p.Wait(60));
+    return std::make_pair(WEXITSTATUS(p.wait_status), p.Output());
+  };
+  auto [rc, out] = run({"launch", "slurm", kQuickstart, "--dry-run", "--set",
+                        "job.output_dir=" + dir, "--set", "rollout.workers=3", "--partition", "gpu",
+                        "--gpus-per-worker", "2", "--sbatch", "--qos=high"});
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("#SBATCH --ntasks=1 --cpus-per-task=2 --partition=gpu --qos=high\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("#SBATCH --ntasks=3 --cpus-per-task=2 --gpus-per-task=2 --partition=gpu"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("srun --het-group=2 --kill-on-bad-exit=0 \"$GYRE\" worker --role trainer"),
+            std::string::npos)
+      << out;
+  auto job = ReadFile(dir + "/quickstart/slurm/job.yaml");
+  EXPECT_NE(job.find("mode: \"external\""), std::string::npos) << job;
+  EXPECT_NE(job.find("bind_host: \"0.0.0.0\""), std::string::npos) << job;
+  // The script is valid bash.
+  EXPECT_EQ(std::system(("bash -n " + dir + "/quickstart/slurm/job.sbatch").c_str()), 0);
+  // Bad input: an unknown launcher, a bad number, a bad job; nothing is submitted.
+  std::tie(rc, out) = run({"launch", "pbs", kQuickstart});
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("unknown launcher 'pbs'"), std::string::npos) << out;
+  std::tie(rc, out) = run({"launch", "slurm", kQuickstart, "--gpus-per-worker", "two"});
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("--gpus-per-worker needs a whole number >= 0"), std::string::npos) << out;
+  std::tie(rc, out) = run({"launch", "slurm", kQuickstart, "--dry-run", "--set",
+                           "cluster.auth_token_file=" + dir + "/token"});
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("cluster.auth_token_file needs TLS"), std::string::npos) << out;
+}
+
 // Mutual TLS and the cluster token (docs/security.md), with files from tools/make-certs.sh: a
 // local job whose controller passes them to its workers trains; in external mode a worker
 // without TLS, or with TLS but without the token, is refused with a message on both sides, and
