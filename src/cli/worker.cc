@@ -260,6 +260,9 @@ int RunWorker(const std::vector<std::string>& args) {
     return 1;
   }
   InitLogging(name + "-main", cfg->job.log_level);
+  // cluster.bind_host is the controller's; in this process the address of this host is the one
+  // it advertises (the trainers' data-parallel store and Gloo devices listen on it).
+  cfg->cluster.bind_host = placement->advertise_host;
   const int threads = AutoTorchThreads(*cfg, wrole);
   at::set_num_threads(threads);
   TuneAllocatorForRepeatedSteps();

@@ -168,6 +168,8 @@ void WorkerPool::MonitorLoop() {
 }
 
 void WorkerPool::RecordDeath(const std::string& id, const std::string& how) {
+  // Said when it is known, not when the job thread next looks (it may be inside a step).
+  GYRE_LOG_WARN("{} declared dead: {}; its calls in flight are cancelled", id, how);
   std::lock_guard<std::mutex> lock(mu_);
   deaths_[id] = how;
   auto range = inflight_.equal_range(id);
