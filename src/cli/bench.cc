@@ -1,11 +1,15 @@
 #include "cli/bench.h"
 
 #include <ATen/ATen.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <thread>
 #include <utility>
 
 #include "common/file_util.h"
@@ -67,6 +71,9 @@ constexpr char kBenchUsage[] =
     "                after it\n"
     "  e2e           whole GRPO jobs, synchronous vs asynchronous (k = 1, 2, 4), with real or\n"
     "                simulated workers (--simulate: many nodes on one machine)\n"
+    "  compare A.json B.json [--threshold R]\n"
+    "                the metrics of B (a later run) that are worse than A's by more than R\n"
+    "                (relative, default 0.10); exit status 1 when there are any\n"
     "\n"
     "`gyre bench SUBCOMMAND --help` lists a subcommand's options.\n";
 
@@ -93,8 +100,65 @@ void BenchReport::SetContext(const std::string& key, nlohmann::json value) {
 
 void BenchReport::AddRow(nlohmann::json row) { rows_.push_back(std::move(row)); }
 
+void BenchReport::SetKeys(std::vector<std::string> keys) { keys_ = std::move(keys); }
+
+void BenchReport::SetMetric(const std::string& field, bool higher_is_better) {
+  metrics_[field] = higher_is_better ? "higher" : "lower";
+}
+
+namespace {
+std::vector<std::string>& CommandLine() {
+  static std::vector<std::string> args;
+  return args;
+}
+}  // namespace
+
+void SetBenchCommandLine(std::vector<std::string> args) { CommandLine() = std::move(args); }
+
+nlohmann::json BenchHost() {
+  nlohmann::json h = nlohmann::json::object();
+  char name[256] = {0};
+  ::gethostname(name, sizeof(name) - 1);
+  h["hostname"] = name;
+  std::string model, flags;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    auto value = [&] { return line.substr(line.find(':') + 2); };
+    if (model.empty() && line.rfind("model name", 0) == 0) model = value();
+    if (flags.empty() && line.rfind("flags", 0) == 0) flags = " " + value() + " ";
+  }
+  h["cpu"] = model;
+  h["cpus"] = std::thread::hardware_concurrency();
+  nlohmann::json simd = nlohmann::json::array();
+  for (const char* f : {"avx2", "avx512f", "avx512_bf16", "amx_tile"}) {
+    if (flags.find(std::string(" ") + f + " ") != std::string::npos) simd.push_back(f);
+  }
+  h["simd"] = simd;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    if (line.rfind("MemTotal:", 0) == 0) {
+      h["memory_gib"] = std::round(std::atof(line.c_str() + 9) / (1 << 20) * 10) / 10;
+    }
+  }
+  return h;
+}
+
 nlohmann::json BenchReport::ToJson() const {
-  return {{"benchmark", benchmark_}, {"context", context_}, {"results", rows_}};
+  char created[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::strftime(created, sizeof(created), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return {{"schema", "gyre-bench/1"},
+          {"benchmark", benchmark_},
+          {"gyre_version", GYRE_VERSION},
+          {"created", created},
+          {"host", BenchHost()},
+          {"options", CommandLine()},
+          {"keys", keys_},
+          {"metrics", metrics_},
+          {"context", context_},
+          {"results", rows_}};
 }
 
 void BenchReport::PrintTable(const std::vector<BenchColumn>& columns, std::FILE* out) const {
@@ -150,6 +214,8 @@ int RunBench(const std::vector<std::string>& args) {
     std::fputs(kBenchUsage, stdout);
     return 0;
   }
+  SetBenchCommandLine(std::vector<std::string>(args.begin(), args.end()));
+  if (sub == "compare") return RunBenchCompare(rest);
   if (sub == "kernels") return RunBenchKernels(rest);
   if (sub == "weight-sync") return RunBenchWeightSync(rest);
   if (sub == "rollout") return RunBenchRollout(rest);

@@ -1,7 +1,11 @@
 #pragma once
 // `gyre bench SUBCOMMAND`: every benchmark prints a readable table on stdout and, with
-// `--json FILE`, writes the same figures as JSON:
-//   {"benchmark": NAME, "context": {...}, "results": [{column: value, ...}, ...]}
+// `--json FILE`, writes the same figures as JSON in one schema (docs/benchmarks.md):
+//   {"schema": "gyre-bench/1", "benchmark": NAME, "gyre_version", "created", "host": {...},
+//    "options": [argv], "keys": [row identity fields], "metrics": {field: "higher"|"lower"},
+//    "context": {...}, "results": [{column: value, ...}, ...]}
+// Rows hold Gyre's figures and their same-run baselines side by side. `gyre bench compare`
+// matches rows of two such files by their keys and reports the metrics that got worse.
 // Each subcommand lives in its own bench_*.cc and fills a BenchReport.
 
 #include <cstdint>
@@ -31,6 +35,10 @@ class BenchReport {
   void SetContext(const std::string& key, nlohmann::json value);
   // A row: an object whose keys include the columns' keys (extra keys go to JSON only).
   void AddRow(nlohmann::json row);
+  // The fields that identify a row (e.g. kernel and batch), for comparisons between runs.
+  void SetKeys(std::vector<std::string> keys);
+  // A figure that comparisons check, and which way is better.
+  void SetMetric(const std::string& field, bool higher_is_better);
 
   const nlohmann::json& rows() const { return rows_; }
   nlohmann::json ToJson() const;
@@ -42,6 +50,8 @@ class BenchReport {
 
  private:
   std::string benchmark_;
+  std::vector<std::string> keys_;
+  nlohmann::json metrics_ = nlohmann::json::object();
   nlohmann::json context_ = nlohmann::json::object();
   nlohmann::json rows_ = nlohmann::json::array();
 };
@@ -57,6 +67,15 @@ bool ParseDouble(const std::string& s, double lo, double hi, double* out);
 model::ModelSpec SyntheticSpec(int64_t vocab, int64_t hidden, int64_t layers, int64_t max_seq_len);
 int BenchOptionValue(const char* bench, const char* usage, const std::vector<std::string>& args,
                      size_t* i);
+
+// The command line of the running subcommand ("gyre bench NAME ..."), kept in the JSON.
+void SetBenchCommandLine(std::vector<std::string> args);
+// This machine, as the JSON records it: host name, CPU model and count, memory, SIMD flags.
+nlohmann::json BenchHost();
+
+// gyre bench compare A.json B.json [--threshold R]: 0 when no metric of B is worse than A's by
+// more than R (relative, default 0.10), 1 when some are, 2 on bad input.
+int RunBenchCompare(const std::vector<std::string>& args);
 
 // The subcommands; each takes the arguments after its name and returns an exit status
 // (0 ok, 1 failure, 2 usage error).

@@ -291,6 +291,9 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
     buckets = static_cast<int64_t>(trainer::PlanGradBuckets(numels, s.bucket_mb << 20).size());
   }
   BenchReport report("dp-step");
+  report.SetKeys({"mode"});
+  report.SetMetric("median_s", false);
+  report.SetMetric("speedup", true);
   report.SetContext("device", "cpu");
   report.SetContext("ranks", s.ranks);
   report.SetContext("host_cores", static_cast<int64_t>(std::thread::hardware_concurrency()));

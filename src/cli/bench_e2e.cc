@@ -313,6 +313,10 @@ int RunBenchE2e(const std::vector<std::string>& args) {
   }
   o.out = AbsolutePath(o.out);
   BenchReport report("e2e");
+  report.SetKeys({"mode", "k"});
+  report.SetMetric("step_s", false);
+  report.SetMetric("samples_per_s", true);
+  report.SetMetric("speedup", true);
   report.SetContext("mode", o.simulate ? "simulated workers" : "real workers (" + o.config + ")");
   if (o.simulate) {
     report.SetContext("cluster", std::to_string(o.rollout_workers) + " rollout + " +

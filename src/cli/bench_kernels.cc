@@ -387,7 +387,10 @@ int RunBenchKernels(const std::vector<std::string>& args) {
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::ClearRegisteredBenchmarks();
 
-  BenchReport report("gyre bench kernels");
+  BenchReport report("kernels");
+  report.SetKeys({"kernel", "batch"});
+  report.SetMetric("gyre_us", false);
+  report.SetMetric("speedup", true);
   report.SetContext("device", cuda ? "cuda" : "cpu");
   if (cuda) report.SetContext("peak_bandwidth_gbs", peak_gbs);
   report.SetContext("vocab", o.vocab);

@@ -251,6 +251,9 @@ int RunBenchMemory(const std::vector<std::string>& args) {
   }
   const std::string dir = tmpl;
   BenchReport report("memory");
+  report.SetKeys({"config"});
+  report.SetMetric("peak_mib", false);
+  report.SetMetric("step_s", false);
   report.SetContext("device", "cpu");
   report.SetContext("vocab", s.vocab);
   report.SetContext("hidden", s.hidden);

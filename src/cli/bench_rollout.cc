@@ -292,6 +292,10 @@ int RunBenchRollout(const std::vector<std::string>& args) {
     modes.push_back({"continuous+prefix/aten", rollout::Scheduling::kContinuous, true, true});
   }
   BenchReport report("rollout");
+  report.SetKeys({"mode"});
+  report.SetMetric("tokens_per_s", true);
+  report.SetMetric("batch_time_s", false);
+  report.SetMetric("speedup", true);
   report.SetContext("model", dir);
   report.SetContext("device", cuda ? "cuda:0" : "cpu");
   report.SetContext("cuda_graphs", cuda && cuda_graphs != 0);

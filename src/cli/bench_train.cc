@@ -240,6 +240,10 @@ int RunBenchTrain(const std::vector<std::string>& args) {
                                (spec.tie_embeddings ? 0 : spec.vocab_size * spec.hidden_size);
 
   BenchReport report("train");
+  report.SetKeys({"batch", "mode"});
+  report.SetMetric("median_s", false);
+  report.SetMetric("tokens_per_s", true);
+  report.SetMetric("speedup", true);
   report.SetContext("device", "cpu");
   report.SetContext("threads", threads);
   report.SetContext("dtype", s.dtype);

@@ -520,6 +520,10 @@ int RunBenchWeightSync(const std::vector<std::string>& args) {
 
   // One row: a warm-up, then `reps` timed transfers, each its own policy version.
   BenchReport report("weight-sync");
+  report.SetKeys({"transport", "bucket_mb", "receivers"});
+  report.SetMetric("seconds", false);
+  report.SetMetric("gb_per_s", true);
+  report.SetMetric("speedup", true);
   report.SetContext("payload_bytes", size);
   report.SetContext("receivers", receivers);
   report.SetContext("reps", reps);

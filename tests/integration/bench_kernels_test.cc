@@ -21,7 +21,7 @@ TEST(BenchKernelsTest, WritesTableAndJsonForEveryKernel) {
   ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
   EXPECT_NE(p.Output().find("speedup"), std::string::npos);
   const auto doc = nlohmann::json::parse(ReadFile(json));
-  EXPECT_EQ(doc["benchmark"], "gyre bench kernels");
+  EXPECT_EQ(doc["benchmark"], "kernels");
   EXPECT_EQ(doc["context"]["device"], "cpu");
   EXPECT_EQ(doc["context"]["vocab"], 1031);
   std::set<std::string> seen;

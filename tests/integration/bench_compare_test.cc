@@ -1,0 +1,77 @@
+// Benchmark results in one schema, compared between runs: two real `gyre bench kernels` runs
+// write gyre-bench/1 JSON (version, host, options, keys, metrics, figures beside their
+// baselines); `gyre bench compare` matches their rows and passes them within a threshold, and
+// flags a figure made worse; mismatched or foreign files are usage errors.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "integration/run_util.h"
+
+namespace gyre::testing {
+namespace {
+
+std::pair<int, std::string> Gyre(const std::vector<std::string>& args, const std::string& dir) {
+  auto p = GyreProcess::Start(args, dir);
+  EXPECT_TRUE(p.Wait(180));
+  return {WEXITSTATUS(p.wait_status), p.Output()};
+}
+
+TEST(BenchCompareTest, OneSchemaAndRegressionsBeyondTheThreshold) {
+  const std::string dir = MakeTempDir("bench_compare");
+  const std::vector<std::string> run = {"bench",          "kernels", "--device",   "cpu",
+                                        "--vocab",        "1031",    "--batch",    "1,3",
+                                        "--response-len", "64",      "--min-time", "0.01"};
+  for (const char* name : {"a", "b"}) {
+    auto args = run;
+    args.insert(args.end(), {"--json", dir + "/" + name + ".json"});
+    auto [rc, out] = Gyre(args, dir);
+    ASSERT_EQ(rc, 0) << out;
+  }
+  const auto a = nlohmann::json::parse(ReadFile(dir + "/a.json"));
+  EXPECT_EQ(a["schema"], "gyre-bench/1");
+  EXPECT_EQ(a["benchmark"], "kernels");
+  EXPECT_FALSE(a["gyre_version"].get<std::string>().empty());
+  EXPECT_FALSE(a["host"]["cpu"].get<std::string>().empty()) << a["host"].dump();
+  EXPECT_GT(a["host"]["cpus"].get<int>(), 0);
+  EXPECT_EQ(a["options"][0], "kernels");
+  EXPECT_EQ(a["keys"], nlohmann::json::array({"kernel", "batch"}));
+  EXPECT_EQ(a["metrics"]["speedup"], "higher");
+  EXPECT_EQ(a["metrics"]["gyre_us"], "lower");
+  // Two runs of the same build on one machine: nothing is 100x worse.
+  auto [rc, out] =
+      Gyre({"bench", "compare", dir + "/a.json", dir + "/b.json", "--threshold", "100"}, dir);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("16 comparison(s), 0 regression(s)"), std::string::npos) << out;
+  // A later run whose sampling kernel at batch 3 got 3x slower.
+  auto b = nlohmann::json::parse(ReadFile(dir + "/b.json"));
+  for (auto& row : b["results"]) {
+    if (row["kernel"] == "sampling" && row["batch"] == 3) {
+      row["gyre_us"] = row["gyre_us"].get<double>() * 3;
+      row["speedup"] = row["speedup"].get<double>() / 3;
+    }
+  }
+  ASSERT_TRUE(WriteFileAtomic(dir + "/slower.json", b.dump()).ok());
+  std::tie(rc, out) =
+      Gyre({"bench", "compare", dir + "/a.json", dir + "/slower.json", "--threshold", "1"}, dir);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("kernel=sampling batch=3"), std::string::npos) << out;
+  EXPECT_NE(out.find("REGRESSION"), std::string::npos) << out;
+  EXPECT_NE(out.find("2 regression(s)"), std::string::npos) << out;
+  // Different benchmarks, and files that are not results.
+  auto other = nlohmann::json::parse(ReadFile(dir + "/a.json"));
+  other["benchmark"] = "train";
+  ASSERT_TRUE(WriteFileAtomic(dir + "/train.json", other.dump()).ok());
+  std::tie(rc, out) = Gyre({"bench", "compare", dir + "/a.json", dir + "/train.json"}, dir);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("compare like with like"), std::string::npos) << out;
+  ASSERT_TRUE(WriteFileAtomic(dir + "/old.json", "{\"benchmark\": \"kernels\"}").ok());
+  std::tie(rc, out) = Gyre({"bench", "compare", dir + "/a.json", dir + "/old.json"}, dir);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("is not a gyre bench result"), std::string::npos) << out;
+  (void)RemoveTree(dir);
+}
+
+}  // namespace
+}  // namespace gyre::testing
