@@ -34,17 +34,6 @@ std::vector<std::string> SmallJob(const std::string& dir, int steps) {
           "--set", kEveryGroupTrains};
 }
 
-std::vector<nlohmann::json> ReadMetrics(const std::string& path, const std::string& phase) {
-  std::vector<nlohmann::json> out;
-  std::istringstream in(ReadFile(path));
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["phase"] == phase) out.push_back(j);
-  }
-  return out;
-}
-
 // `gyre ledger` of the run in dir/t: `trained` samples trained, every other one dropped.
 void ExpectTrainedOnceOrDropped(const std::string& dir, int64_t trained) {
   ASSERT_TRUE(MakeDirs(dir + "/ledger").ok());
@@ -67,7 +56,7 @@ std::vector<nlohmann::json> TrainAndReadSteps(const std::vector<std::string>& ar
   EXPECT_TRUE(ended) << *output;
   EXPECT_EQ(WEXITSTATUS(p.wait_status), 0) << *output;
   if (!ended || WEXITSTATUS(p.wait_status) != 0) return {};
-  return ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  return MetricsRecords(dir + "/t/metrics.jsonl", "grpo");
 }
 
 TEST(CliTest, VersionHelpAndUsageErrors) {
@@ -166,7 +155,7 @@ TEST(TrainTest, TwoGrpoStepsWithRealWorkers) {
   EXPECT_NE(out.find("eval after_rl"), std::string::npos);
 
   const std::string run = dir + "/t";
-  auto steps = ReadMetrics(run + "/metrics.jsonl", "grpo");
+  auto steps = MetricsRecords(run + "/metrics.jsonl", "grpo");
   ASSERT_EQ(steps.size(), 2u);
   // 5 warm-up steps = versions 1..5; each GRPO step is one more optimizer step.
   EXPECT_EQ(steps[0]["policy_version"], 6);
@@ -174,7 +163,7 @@ TEST(TrainTest, TwoGrpoStepsWithRealWorkers) {
   EXPECT_EQ(steps[0]["samples"], 8 * 8);
   EXPECT_GT(steps[0]["generated_tokens"].get<int>(), 0);
   EXPECT_EQ(steps[0]["stale_dropped"], 0);
-  EXPECT_EQ(ReadMetrics(run + "/metrics.jsonl", "eval").size(), 2u);
+  EXPECT_EQ(MetricsRecords(run + "/metrics.jsonl", "eval").size(), 2u);
   EXPECT_TRUE(PathExists(run + "/final/model.safetensors"));
   EXPECT_TRUE(PathExists(run + "/final/config.json"));
   EXPECT_TRUE(PathExists(run + "/config.yaml"));
@@ -196,7 +185,7 @@ TEST(TrainTest, CosineLearningRateScheduleReachesTheOptimizer) {
   auto p = GyreProcess::Start(args, dir);
   ASSERT_TRUE(p.Wait(180)) << p.Output();
   ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
-  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  const auto steps = MetricsRecords(dir + "/t/metrics.jsonl", "grpo");
   ASSERT_EQ(steps.size(), 4u);
   // Warm-up: 1e-3 * 1/2, 1e-3; cosine over steps 3..4 (p = 1/2, 1): 7.5e-4, 5e-4. The rate
   // travels to the trainer as a float (TrainRequest), hence the relative tolerance.
@@ -205,7 +194,7 @@ TEST(TrainTest, CosineLearningRateScheduleReachesTheOptimizer) {
     EXPECT_NEAR(steps[i]["lr"].get<double>(), want[i], 1e-6 * want[i]) << steps[i].dump();
   }
   // The supervised warm-up keeps its own rate.
-  for (const auto& w : ReadMetrics(dir + "/t/metrics.jsonl", "warmup")) {
+  for (const auto& w : MetricsRecords(dir + "/t/metrics.jsonl", "warmup")) {
     EXPECT_NEAR(w["lr"].get<double>(), 2e-3, 2e-9) << w.dump();
   }
 }
@@ -222,8 +211,8 @@ TEST(TrainTest, EvaluationDoesNotChangeTheTrainingRun) {
     auto p = GyreProcess::Start(args, dir);
     ASSERT_TRUE(p.Wait(180)) << p.Output();
     ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
-    runs.push_back(ReadMetrics(dir + "/t/metrics.jsonl", "grpo"));
-    EXPECT_EQ(ReadMetrics(dir + "/t/metrics.jsonl", "eval").size(), every[0] == '0' ? 2u : 4u);
+    runs.push_back(MetricsRecords(dir + "/t/metrics.jsonl", "grpo"));
+    EXPECT_EQ(MetricsRecords(dir + "/t/metrics.jsonl", "eval").size(), every[0] == '0' ? 2u : 4u);
   }
   ASSERT_EQ(runs[0].size(), 3u);
   ASSERT_EQ(runs[1].size(), 3u);
@@ -262,7 +251,7 @@ TEST(TrainTest, RolloutWorkerDeathIsReportedAndTheJobContinues) {
   EXPECT_EQ(out.find("restarted (pid"), std::string::npos) << out;
   EXPECT_EQ(WorkerPids(out).size(), 3u) << out;
   EXPECT_FALSE(PathExists(dir + "/t/logs/rollout-1.log.1"));
-  auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  auto steps = MetricsRecords(dir + "/t/metrics.jsonl", "grpo");
   ASSERT_EQ(steps.size(), 60u);
   for (const auto& s : steps) EXPECT_EQ(s["samples"], 64) << s.dump();  // nothing lost
   EXPECT_EQ(nlohmann::json::parse(ReadFile(dir + "/t/summary.json"))["worker_restarts"], 0);
@@ -287,7 +276,7 @@ TEST(TrainTest, AsyncRolloutRunsAheadWithinTheStalenessBound) {
   auto p = GyreProcess::Start(args, dir);
   ASSERT_TRUE(p.Wait(240)) << p.Output();
   ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
-  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  const auto steps = MetricsRecords(dir + "/t/metrics.jsonl", "grpo");
   ASSERT_EQ(steps.size(), 6u);
   int64_t ahead = 0;
   for (const auto& s : steps) {
@@ -540,7 +529,7 @@ TEST(TrainTest, AsyncJobWithWorkStealingTrainsEverySampleOnce) {
   auto p = GyreProcess::Start(args, dir);
   ASSERT_TRUE(p.Wait(240)) << p.Output();
   ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
-  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  const auto steps = MetricsRecords(dir + "/t/metrics.jsonl", "grpo");
   ASSERT_EQ(steps.size(), 6u);
   int64_t stolen = 0;
   for (const auto& s : steps) {
@@ -567,7 +556,7 @@ void ExpectRepackingJobTrainsEverySampleOnce(const std::string& name, int k,
   auto p = GyreProcess::Start(args, dir);
   ASSERT_TRUE(p.Wait(240)) << p.Output();
   ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
-  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  const auto steps = MetricsRecords(dir + "/t/metrics.jsonl", "grpo");
   ASSERT_EQ(steps.size(), 6u);
   int64_t repacked = 0, trained = 0;
   for (const auto& s : steps) {
@@ -628,7 +617,7 @@ TEST(TrainTest, AsyncJobSurvivesAKilledRolloutWorker) {
       std::string::npos)
       << out;
   EXPECT_NE(out.find("rollout-1 restarted (pid"), std::string::npos) << out;
-  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  const auto steps = MetricsRecords(dir + "/t/metrics.jsonl", "grpo");
   ASSERT_EQ(steps.size(), 30u);
   for (const auto& s : steps) EXPECT_EQ(s["samples"], 64) << s.dump();
   EXPECT_TRUE(AllGone(WorkerPids(out), 10));
@@ -679,7 +668,7 @@ TEST(TrainTest, DynamicSamplingReplacesZeroVarianceGroups) {
   auto p = GyreProcess::Start(args, dir);
   ASSERT_TRUE(p.Wait(240)) << p.Output();
   ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
-  const auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  const auto steps = MetricsRecords(dir + "/t/metrics.jsonl", "grpo");
   ASSERT_EQ(steps.size(), 4u);
   int64_t filtered = 0, trained = 0;
   for (const auto& s : steps) {
@@ -744,7 +733,7 @@ void ExpectRestartedAndCaughtUp(const std::string& dir, const std::string& out, 
   EXPECT_EQ(log.find("received policy version", received + 1), std::string::npos)
       << "one catch-up publish, then regular ones at DEBUG: " << log;
   // Nothing lost, and the later steps had both workers again (the new one generated).
-  auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  auto steps = MetricsRecords(dir + "/t/metrics.jsonl", "grpo");
   ASSERT_EQ(steps.size(), static_cast<size_t>(steps_total));
   for (size_t i = 0; i < steps.size(); ++i) {
     EXPECT_EQ(steps[i]["samples"], 64) << steps[i].dump();
@@ -963,7 +952,7 @@ TEST(TrainTest, JsonlDatasetTrainsWithTheBuiltinVerifier) {
   const std::string out = p.Output();
   ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << out;
   EXPECT_NE(out.find("/5, greedy"), std::string::npos) << "eval set = the 5-line file: " << out;
-  EXPECT_EQ(ReadMetrics(dir + "/t/metrics.jsonl", "grpo").size(), 2u);
+  EXPECT_EQ(MetricsRecords(dir + "/t/metrics.jsonl", "grpo").size(), 2u);
 
   // A broken dataset is a one-line error naming file and line, before any worker starts.
   std::ofstream(dir + "/bad.jsonl") << "{\"prompt\": \"1+1=\"}\n{\"prompt\": 3}\n";
@@ -1229,7 +1218,7 @@ TEST(TrainTest, ExternalWorkerThatRegistersAgainIsCaughtUp) {
   ASSERT_NE(received, std::string::npos) << log;
   ASSERT_NE(generated, std::string::npos) << "the re-registered worker got no work: " << log;
   EXPECT_LT(received, generated) << log;
-  for (const auto& s : ReadMetrics(dir + "/t/metrics.jsonl", "grpo")) {
+  for (const auto& s : MetricsRecords(dir + "/t/metrics.jsonl", "grpo")) {
     EXPECT_EQ(s["samples"], 64) << s.dump();
   }
   EXPECT_EQ(nlohmann::json::parse(ReadFile(dir + "/t/summary.json"))["worker_restarts"], 1);
@@ -1291,7 +1280,7 @@ TEST(TrainTest, PartialRolloutsCarryUnfinishedGroupsAcrossSteps) {
   auto p = GyreProcess::Start(args, dir);
   ASSERT_TRUE(p.Wait(240)) << p.Output();
   ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
-  auto steps = ReadMetrics(dir + "/t/metrics.jsonl", "grpo");
+  auto steps = MetricsRecords(dir + "/t/metrics.jsonl", "grpo");
   ASSERT_EQ(steps.size(), 3u);
   int64_t resumed = 0, carried = 0;
   for (const auto& s : steps) {

@@ -17,16 +17,6 @@ namespace {
 
 const std::string kDir = std::string(GYRE_SOURCE_DIR) + "/deploy/k8s";
 
-std::string Shell(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while (p != nullptr && (n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  if (p != nullptr) ::pclose(p);
-  return out;
-}
-
 struct Manifests {
   std::map<std::string, std::vector<YAML::Node>> by_kind;
   std::vector<std::string> files;
@@ -114,7 +104,7 @@ TEST(DeployManifestsTest, EveryFileIsListedAndEveryObjectWellFormed) {
 
 TEST(DeployManifestsTest, TheWorkersFlagsAndVariablesAreOnesGyreWorkerAccepts) {
   Manifests m = Load();
-  const std::string help = Shell(std::string(GYRE_BINARY) + " worker --help");
+  const std::string help = RunShell(std::string(GYRE_BINARY) + " worker --help");
   ASSERT_NE(help.find("usage: gyre worker"), std::string::npos) << help;
   int workers = 0;
   for (const char* kind : {"StatefulSet", "Job"}) {
@@ -150,7 +140,7 @@ TEST(DeployManifestsTest, TheWorkersFlagsAndVariablesAreOnesGyreWorkerAccepts) {
           line += " '" + (cmd[i] == "600" ? std::string("1") : cmd[i]) + "'";
         }
         line = "GYRE_CONTROLLER=127.0.0.1:1 GYRE_ADVERTISE_HOST=127.0.0.1 " + line;
-        const std::string out = Shell("(" + line + ") 2>&1; echo exit=$?");
+        const std::string out = RunShell("(" + line + ") 2>&1; echo exit=$?");
         EXPECT_NE(out.find("exit=1"), std::string::npos) << line << "\n" << out;
         EXPECT_NE(out.find("could not register"), std::string::npos) << out;
       }
@@ -167,7 +157,7 @@ TEST(DeployManifestsTest, TheJobValidatesAndAgreesWithTheWorkloads) {
   const std::string dir = MakeTempDir("k8s");
   const std::string path = dir + "/job.yaml";
   ASSERT_TRUE(WriteFileAtomic(path, job_text).ok());
-  const std::string out = Shell(std::string(GYRE_BINARY) + " validate " + path);
+  const std::string out = RunShell(std::string(GYRE_BINARY) + " validate " + path);
   EXPECT_NE(out.find(": OK"), std::string::npos) << out;
   const YAML::Node job = YAML::Load(job_text);
   EXPECT_EQ(job["cluster"]["mode"].as<std::string>(), "external");
@@ -202,7 +192,7 @@ TEST(DeployManifestsTest, TheJobValidatesAndAgreesWithTheWorkloads) {
                         job["job"]["name"].as<std::string>()),
             std::string::npos)
       << script;
-  const std::string train_help = Shell(std::string(GYRE_BINARY) + " help");
+  const std::string train_help = RunShell(std::string(GYRE_BINARY) + " help");
   EXPECT_NE(train_help.find("--resume"), std::string::npos);
   (void)RemoveTree(dir);
 }

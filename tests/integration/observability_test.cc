@@ -33,29 +33,6 @@ std::vector<std::string> SmallJob(const std::string& output_dir, int steps) {
           "--set", kEveryGroupTrains};
 }
 
-std::string RunShell(const std::string& cmd, int* exit_code) {
-  std::string out;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return "popen failed";
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int status = ::pclose(p);
-  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
-
-std::vector<nlohmann::json> Records(const std::string& path, const std::string& phase) {
-  std::vector<nlohmann::json> out;
-  std::istringstream in(ReadFile(path));
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.value("phase", "") == phase) out.push_back(j);
-  }
-  return out;
-}
-
 // The value of an unlabelled sample `name` in a Prometheus scrape; NaN if absent.
 double Sample(const std::string& scrape, const std::string& name) {
   std::istringstream in(scrape);
@@ -123,7 +100,8 @@ TEST(ObservabilityTest, MetricsReachPrometheusAndTensorBoardThroughAKillAndAResu
   // resumed run redoes step 3, and TensorBoard must show each step once.
   const std::string metrics = run + "/metrics.jsonl";
   for (int i = 0; i < 3000; ++i) {
-    if (IsDirectory(run + "/checkpoints/step-000002") && Records(metrics, "grpo").size() >= 3)
+    if (IsDirectory(run + "/checkpoints/step-000002") &&
+        MetricsRecords(metrics, "grpo").size() >= 3)
       break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -143,7 +121,7 @@ TEST(ObservabilityTest, MetricsReachPrometheusAndTensorBoardThroughAKillAndAResu
   ASSERT_EQ(rc, 0) << read;
   const auto tb = nlohmann::json::parse(read.substr(read.rfind("\n{") + 1));
   // Every number of every GRPO record is a scalar at its step, each step exactly once.
-  const auto grpo = Records(metrics, "grpo");
+  const auto grpo = MetricsRecords(metrics, "grpo");
   ASSERT_EQ(grpo.size(), 4u);
   int compared = 0;
   for (const auto& [key, v] : grpo[0].items()) {
@@ -162,14 +140,14 @@ TEST(ObservabilityTest, MetricsReachPrometheusAndTensorBoardThroughAKillAndAResu
   ASSERT_TRUE(tb["grpo"].contains("staleness/0")) << read;
   const auto& eval = tb["grpo"]["eval/accuracy"];
   ASSERT_EQ(eval.size(), 3u) << eval.dump();  // before RL, after step 2, after step 4
-  const auto evals = Records(metrics, "eval");
+  const auto evals = MetricsRecords(metrics, "eval");
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(eval[i][0].get<int>(), static_cast<int>(2 * i));
     EXPECT_NEAR(eval[i][1].get<double>(), evals[i]["accuracy"].get<double>(), 1e-6);
   }
   ASSERT_EQ(tb["warmup"]["loss"].size(), 5u) << read;
   EXPECT_NEAR(tb["warmup"]["loss"][4][1].get<double>(),
-              Records(metrics, "warmup")[4]["loss"].get<double>(), 1e-5);
+              MetricsRecords(metrics, "warmup")[4]["loss"].get<double>(), 1e-5);
   (void)RemoveTree(dir);
 }
 

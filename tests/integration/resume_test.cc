@@ -49,17 +49,6 @@ std::string KillOnceCheckpointed(const std::vector<std::string>& args, const std
   return ReadFile(dir_b + "/gyre.out");
 }
 
-std::vector<nlohmann::json> Metrics(const std::string& path, const std::string& phase) {
-  std::vector<nlohmann::json> out;
-  std::istringstream in(ReadFile(path));
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["phase"] == phase) out.push_back(j);
-  }
-  return out;
-}
-
 // `gyre ledger args...` as JSON (the command must succeed).
 nlohmann::json Ledger(const std::vector<std::string>& args, const std::string& dir) {
   std::vector<std::string> all = {"ledger"};
@@ -141,7 +130,7 @@ TEST(ResumeTest, KilledJobResumesToTheUninterruptedResult) {
   EXPECT_EQ(workers.size(), 3u) << killed_output;
   EXPECT_TRUE(AllGone(workers, 10));
   ASSERT_FALSE(PathExists(run_b + "/final")) << "the job finished before it was killed";
-  const size_t steps_before_kill = Metrics(run_b + "/metrics.jsonl", "grpo").size();
+  const size_t steps_before_kill = MetricsRecords(run_b + "/metrics.jsonl", "grpo").size();
   EXPECT_LT(steps_before_kill, static_cast<size_t>(kSteps));
 
   // A setting that changes results is refused, and nothing in the run directory changes.
@@ -172,15 +161,15 @@ TEST(ResumeTest, KilledJobResumesToTheUninterruptedResult) {
   EXPECT_TRUE(final_a == ReadFile(run_b + "/final/model.safetensors"))
       << "resumed weights differ from the uninterrupted run's";
   for (const char* phase : {"warmup", "grpo", "eval"}) {
-    const auto ma = Metrics(run_a + "/metrics.jsonl", phase);
-    const auto mb = Metrics(run_b + "/metrics.jsonl", phase);
+    const auto ma = MetricsRecords(run_a + "/metrics.jsonl", phase);
+    const auto mb = MetricsRecords(run_b + "/metrics.jsonl", phase);
     ASSERT_EQ(ma.size(), mb.size()) << phase;
     for (size_t i = 0; i < ma.size(); ++i) {
       EXPECT_EQ(Deterministic(ma[i]), Deterministic(mb[i])) << phase << " line " << i;
     }
   }
-  EXPECT_EQ(Metrics(run_a + "/metrics.jsonl", "grpo").size(), static_cast<size_t>(kSteps));
-  EXPECT_EQ(Metrics(run_b + "/metrics.jsonl", "resume").size(), 1u);
+  EXPECT_EQ(MetricsRecords(run_a + "/metrics.jsonl", "grpo").size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(MetricsRecords(run_b + "/metrics.jsonl", "resume").size(), 1u);
   auto sa = nlohmann::json::parse(ReadFile(run_a + "/summary.json"));
   auto sb = nlohmann::json::parse(ReadFile(run_b + "/summary.json"));
   EXPECT_EQ(Deterministic(sa), Deterministic(sb));
@@ -213,13 +202,13 @@ TEST(ResumeTest, KilledPartialRolloutJobResumesItsCarriedGroupsExactly) {
   ASSERT_EQ(WEXITSTATUS(a.wait_status), 0) << a.Output();
   const std::string run_a = dir + "/a/t";
   int64_t carried_a = 0, resumed_a = 0;
-  for (const auto& m : Metrics(run_a + "/metrics.jsonl", "grpo")) {
+  for (const auto& m : MetricsRecords(run_a + "/metrics.jsonl", "grpo")) {
     carried_a += m["partial_carried_groups"].get<int64_t>();
     resumed_a += m["partial_resumed_samples"].get<int64_t>();
   }
   ASSERT_GT(carried_a, 0) << "no group was carried: the test does not exercise partial rollouts";
   ASSERT_GT(resumed_a, 0);
-  for (const auto& m : Metrics(run_a + "/metrics.jsonl", "grpo")) {
+  for (const auto& m : MetricsRecords(run_a + "/metrics.jsonl", "grpo")) {
     EXPECT_GT(m["mean_reward"].get<double>(), 0) << "a step without rewards leaves the weights "
                                                     "independent of its samples: "
                                                  << m.dump();
@@ -282,16 +271,16 @@ TEST(ResumeTest, KilledPartialRolloutJobResumesItsCarriedGroupsExactly) {
   EXPECT_TRUE(final_a == ReadFile(run_b + "/final/model.safetensors"))
       << "resumed weights differ from the uninterrupted run's";
   for (const char* phase : {"warmup", "grpo", "eval"}) {
-    const auto ma = Metrics(run_a + "/metrics.jsonl", phase);
-    const auto mb = Metrics(run_b + "/metrics.jsonl", phase);
+    const auto ma = MetricsRecords(run_a + "/metrics.jsonl", phase);
+    const auto mb = MetricsRecords(run_b + "/metrics.jsonl", phase);
     ASSERT_EQ(ma.size(), mb.size()) << phase;
     for (size_t i = 0; i < ma.size(); ++i) {
       EXPECT_EQ(Deterministic(ma[i]), Deterministic(mb[i])) << phase << " line " << i;
     }
   }
-  EXPECT_EQ(Metrics(run_b + "/metrics.jsonl", "grpo").size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(MetricsRecords(run_b + "/metrics.jsonl", "grpo").size(), static_cast<size_t>(kSteps));
   int64_t trained = 0;
-  for (const auto& m : Metrics(run_a + "/metrics.jsonl", "grpo"))
+  for (const auto& m : MetricsRecords(run_a + "/metrics.jsonl", "grpo"))
     trained += m["samples"].get<int64_t>();
   ExpectEveryPromptTrainedOnceAsIn(run_a, run_b, dir, trained);
   EXPECT_TRUE(AllGone(WorkerPids(out), 10));
@@ -332,7 +321,7 @@ TEST(ResumeTest, KilledAsyncJobResumesWithoutLosingOrRepeatingASample) {
       << out;
   EXPECT_NE(out.find("admitted group(s) not yet trained (rollout.async)"), std::string::npos)
       << out;
-  const auto steps = Metrics(run_b + "/metrics.jsonl", "grpo");
+  const auto steps = MetricsRecords(run_b + "/metrics.jsonl", "grpo");
   ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
   for (const auto& s : steps) {
     EXPECT_EQ(s["samples"], 64) << s.dump();

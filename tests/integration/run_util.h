@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -31,6 +33,36 @@ inline std::string ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// Runs `cmd` under /bin/sh with stderr joined to stdout; returns the output and sets *exit_code
+// (-1 when it did not exit normally).
+inline std::string RunShell(const std::string& cmd, int* exit_code = nullptr) {
+  std::string out;
+  FILE* p = ::popen(("(" + cmd + ") 2>&1").c_str(), "r");
+  if (p == nullptr) {
+    if (exit_code != nullptr) *exit_code = -1;
+    return "popen failed";
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = ::pclose(p);
+  if (exit_code != nullptr) *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+// The records of one phase ("grpo", "eval", ...) of a metrics.jsonl file.
+inline std::vector<nlohmann::json> MetricsRecords(const std::string& path,
+                                                  const std::string& phase) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(ReadFile(path));
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("phase", "") == phase) out.push_back(std::move(j));
+  }
+  return out;
 }
 
 inline std::string MakeTempDir(const std::string& tag) {

@@ -16,23 +16,12 @@ namespace {
 const std::string kQuickstart = std::string(GYRE_SOURCE_DIR) + "/configs/quickstart.yaml";
 const std::string kTool = std::string(GYRE_SOURCE_DIR) + "/tools/slurm-local.sh";
 
-std::string Shell(const std::string& cmd, int* rc = nullptr) {
-  std::string out;
-  FILE* p = ::popen(("(" + cmd + ") 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while (p != nullptr && (n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int status = p != nullptr ? ::pclose(p) : -1;
-  if (rc != nullptr) *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
-
 class SlurmTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new std::string(MakeTempDir("slurm"));
     int rc = 0;
-    const std::string out = Shell(kTool + " start " + *dir_ + "/cluster 3", &rc);
+    const std::string out = RunShell(kTool + " start " + *dir_ + "/cluster 3", &rc);
     if (rc != 0) {
       skip_ = new std::string(rc == 77 ? out : "tools/slurm-local.sh failed: " + out);
       return;
@@ -40,7 +29,7 @@ class SlurmTest : public ::testing::Test {
     ::setenv("SLURM_CONF", (*dir_ + "/cluster/slurm.conf").c_str(), 1);
   }
   static void TearDownTestSuite() {
-    Shell(kTool + " stop " + *dir_ + "/cluster");
+    RunShell(kTool + " stop " + *dir_ + "/cluster");
     (void)RemoveTree(*dir_);
   }
   void SetUp() override {
@@ -59,7 +48,7 @@ class SlurmTest : public ::testing::Test {
                       "/runs --set job.name=" + name;
     for (const auto& s : sets) cmd += " --set " + s;
     int rc = 0;
-    const std::string out = Shell(cmd, &rc);
+    const std::string out = RunShell(cmd, &rc);
     EXPECT_EQ(rc, 0) << out;
     const std::string key = "submitted Slurm job ";
     const size_t at = out.find(key);
@@ -70,7 +59,7 @@ class SlurmTest : public ::testing::Test {
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
     while (std::chrono::steady_clock::now() < deadline) {
-      if (Shell("squeue -h -j " + id).find(id) == std::string::npos) return true;
+      if (RunShell("squeue -h -j " + id).find(id) == std::string::npos) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
     return false;
@@ -91,8 +80,8 @@ class SlurmTest : public ::testing::Test {
   // Processes of run `name` still alive: its controller (whose command line names the run's
   // job file) and the workers that registered with it (by pid).
   static std::string Survivors(const std::string& name, const std::string& id) {
-    std::string alive =
-        Shell("pgrep -af '" + *dir_ + "/runs/" + name + "/slurm/job.yaml' | grep -v pgrep || true");
+    std::string alive = RunShell("pgrep -af '" + *dir_ + "/runs/" + name +
+                                 "/slurm/job.yaml' | grep -v pgrep || true");
     const std::string out = Output(name, id);
     const std::regex re("(rollout|trainer)-[0-9]+ registered: pid ([0-9]+)");
     for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
@@ -134,7 +123,7 @@ TEST_F(SlurmTest, ScancelStopsTheControllerAndEveryWorker) {
       Launch("cancelled", {"trainer.steps=100000", "trainer.warmup_sft_steps=5"});
   ASSERT_FALSE(id.empty());
   ASSERT_TRUE(WaitFor("cancelled", id, "step    2/100000", 300)) << Output("cancelled", id);
-  Shell("scancel " + id);
+  RunShell("scancel " + id);
   ASSERT_TRUE(Gone(id, 60)) << Output("cancelled", id);
   const std::string out = Output("cancelled", id);
   EXPECT_NE(out.find("interrupted by SIGTERM"), std::string::npos) << out;
