@@ -4,7 +4,9 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "common/crc32.h"
 #include "common/file_util.h"
@@ -107,7 +109,12 @@ Status EventFileWriter::AddScalars(int64_t step,
   for (const auto& [tag, value] : values) {
     auto* v = summary->add_value();
     v->set_tag(tag);
-    v->set_simple_value(static_cast<float>(value));
+    // Beyond float's range a cast is undefined; TensorBoard shows the infinity instead.
+    const double limit = std::numeric_limits<float>::max();
+    v->set_simple_value(std::isnan(value) ? std::numeric_limits<float>::quiet_NaN()
+                        : value > limit   ? std::numeric_limits<float>::infinity()
+                        : value < -limit  ? -std::numeric_limits<float>::infinity()
+                                          : static_cast<float>(value));
   }
   return WriteRecord(e.SerializeAsString());
 }

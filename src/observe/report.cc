@@ -45,6 +45,7 @@ std::string Num(double v, int digits = 4) {
 // Tick values covering [lo, hi] at a 1, 2 or 5 times a power of ten spacing, about `want` of them.
 std::vector<double> NiceTicks(double lo, double hi, int want) {
   const double span = hi - lo;
+  if (!std::isfinite(span) || !(span > 0)) return {lo, hi};
   const double raw = span / std::max(1, want);
   const double mag = std::pow(10.0, std::floor(std::log10(raw)));
   double step = mag;
@@ -55,10 +56,25 @@ std::vector<double> NiceTicks(double lo, double hi, int want) {
     }
   }
   std::vector<double> ticks;
-  for (double t = std::ceil(lo / step - 1e-9) * step; t <= hi + step * 1e-9; t += step) {
+  // By index, not by adding: with values far larger than their spread, t + step == t.
+  const double first = std::ceil(lo / step - 1e-9);
+  for (int i = 0; i < 4 * want + 4; ++i) {
+    const double t = (first + i) * step;
+    if (!std::isfinite(t) || t > hi + step * 1e-9) break;
     ticks.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
   }
   return ticks;
+}
+
+// A record's field when it has the expected type, else the default: metrics files are read
+// back, and a damaged one must not throw out of the report.
+std::string StrField(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+double NumField(const nlohmann::json& j, const char* key, double fallback) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : fallback;
 }
 
 }  // namespace
@@ -170,8 +186,8 @@ StatusOr<std::vector<Chart>> ChartsOfMetrics(const std::string& jsonl) {
     if (j.is_discarded() || !j.is_object()) {
       return DataLoss("metrics line " + std::to_string(line_no) + " is not a JSON object");
     }
-    const std::string phase = j.value("phase", "");
-    const double step = j.contains("step") && j["step"].is_number() ? j["step"].get<double>() : 0;
+    const std::string phase = StrField(j, "phase");
+    const double step = NumField(j, "step", 0);
     if (phase == "resume") {
       // The resumed run redoes the steps after its checkpoint: drop what came after it.
       for (auto* m : {&grpo}) {
@@ -190,7 +206,7 @@ StatusOr<std::vector<Chart>> ChartsOfMetrics(const std::string& jsonl) {
       double at = step;
       if (!j.contains("step")) {
         // Runs from before eval records carried their step: it is in the tag.
-        const std::string tag = j.value("tag", "");
+        const std::string tag = StrField(j, "tag");
         at = tag.rfind("step_", 0) == 0                          ? std::atof(tag.c_str() + 5)
              : tag == "after_rl" && !grpo["mean_reward"].empty() ? grpo["mean_reward"].back().first
                                                                  : 0.0;
@@ -207,12 +223,13 @@ StatusOr<std::vector<Chart>> ChartsOfMetrics(const std::string& jsonl) {
     }
     if (phase == "grpo") {
       // Derived: mean response length, mean staleness.
-      const double gen = j.value("generated_tokens", 0.0);
-      const double n = j.value("samples_generated", j.value("samples", 0.0));
+      const double gen = NumField(j, "generated_tokens", 0.0);
+      const double n = NumField(j, "samples_generated", NumField(j, "samples", 0.0));
       if (n > 0) grpo["response_tokens"].emplace_back(step, gen / n);
       if (j.contains("staleness") && j["staleness"].is_object() && !j["staleness"].empty()) {
         double sum = 0, count = 0;
         for (const auto& [st, c] : j["staleness"].items()) {
+          if (!c.is_number()) continue;
           sum += std::atof(st.c_str()) * c.get<double>();
           count += c.get<double>();
         }

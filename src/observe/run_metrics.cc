@@ -24,10 +24,16 @@ void Flatten(const std::string& prefix, const nlohmann::json& v,
 
 RecordScalars ScalarsOf(const nlohmann::json& record) {
   RecordScalars r;
-  const std::string phase = record.value("phase", "");
+  const auto phase_it = record.find("phase");
+  const std::string phase =
+      phase_it != record.end() && phase_it->is_string() ? phase_it->get<std::string>() : "";
   if (phase != "grpo" && phase != "warmup" && phase != "eval") return r;
   r.run = phase == "warmup" ? "warmup" : "grpo";
-  r.step = record.value("step", int64_t{0});
+  const auto step_it = record.find("step");
+  if (step_it != record.end() && step_it->is_number()) {
+    const double d = step_it->get<double>();
+    r.step = std::isfinite(d) && std::abs(d) < 9e18 ? static_cast<int64_t>(d) : 0;
+  }
   const std::string prefix = phase == "eval" ? "eval" : "";
   for (const auto& [k, v] : record.items()) {
     if (k == "phase" || k == "step" || k == "tag") continue;

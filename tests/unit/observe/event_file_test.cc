@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
+#include "observe/report.h"
 #include "observe/run_metrics.h"
 
 namespace gyre::observe {
@@ -182,6 +184,42 @@ TEST(RunMetricsTest, AnUnwritableDirectoryIsAClearError) {
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("cannot write /proc/gyre-no/metrics.jsonl"),
             std::string::npos);
+}
+
+}  // namespace
+}  // namespace gyre::observe
+
+namespace gyre::observe {
+namespace {
+
+// Found by fuzz_run_files: fields of the wrong type in a damaged metrics file ("phase": 2.5) made
+// the report throw; huge values made the float conversion undefined. Both are handled now.
+TEST(RunMetricsTest, WrongTypesAndHugeValuesInRecordsAreTolerated) {
+  const std::string jsonl =
+      "{\"phase\":2.5,\"step\":1}\n"
+      "{\"phase\":\"eval\",\"tag\":7,\"accuracy\":\"high\"}\n"
+      "{\"phase\":\"grpo\",\"step\":1e300,\"generated_tokens\":\"x\",\"samples\":[1],"
+      "\"staleness\":{\"0\":\"many\",\"1\":2},\"mean_reward\":1e308}\n"
+      "{\"phase\":\"grpo\",\"step\":2,\"mean_reward\":-1e308}\n";
+  auto charts = ChartsOfMetrics(jsonl);
+  ASSERT_TRUE(charts.ok()) << charts.status();
+  for (const auto& c : *charts) {
+    const std::string svg = RenderSvgChart(c);
+    EXPECT_NE(svg.find("</svg>"), std::string::npos) << c.title;
+  }
+  EXPECT_TRUE(ScalarsOf({{"phase", 2.5}}).run.empty());
+  EXPECT_EQ(ScalarsOf({{"phase", "grpo"}, {"step", 1e300}, {"x", 1}}).step, 0);
+  const std::string dir = ::testing::TempDir() + "/observe_huge_" + std::to_string(getpid());
+  (void)RemoveTree(dir);
+  auto w = EventFileWriter::Open(dir);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(w->AddScalars(1, {{"big", 1e308}, {"small", -1e308}}).ok());
+  ASSERT_TRUE(w->Flush().ok());
+  auto records = ReadEventFile(w->path());
+  ASSERT_TRUE(records.ok());
+  EXPECT_TRUE(std::isinf((*records)[1].scalars[0].second) && (*records)[1].scalars[0].second > 0);
+  EXPECT_TRUE(std::isinf((*records)[1].scalars[1].second) && (*records)[1].scalars[1].second < 0);
+  (void)RemoveTree(dir);
 }
 
 }  // namespace
