@@ -11,6 +11,7 @@
 
 #include "common/check.h"
 #include "model/cpu_decode.h"
+#include "model/cpu_gemm.h"
 
 namespace gyre::model {
 
@@ -363,6 +364,8 @@ struct Transformer::Impl {
     at::Tensor x = at::empty({H, N}, opts);
     at::Tensor qkv = at::empty({fq + 2 * fkv, N}, opts);
     at::Tensor q_rows = at::empty({N, nh, hd}, opts);
+    at::Tensor gate = at::empty({spec.intermediate_size, N}, opts);
+    at::Tensor up = at::empty({spec.intermediate_size, N}, opts);
     auto ptr = [](const at::Tensor& t) -> float* {
       if (!t.defined()) return nullptr;
       GYRE_CHECK(t.is_contiguous()) << "a norm or bias weight is not contiguous";
@@ -374,9 +377,9 @@ struct Transformer::Impl {
                      x.data_ptr<float>());
       at::Tensor q_t = qkv.narrow(0, 0, fq), k_t = qkv.narrow(0, fq, fkv);
       at::Tensor v_t = qkv.narrow(0, fq + fkv, fkv);
-      at::mm_out(q_t, l.q_proj, x);
-      at::mm_out(k_t, l.k_proj, x);
-      at::mm_out(v_t, l.v_proj, x);
+      LinearFeatureMajor(q_t, l.q_proj, x, false);
+      LinearFeatureMajor(k_t, l.k_proj, x, false);
+      LinearFeatureMajor(v_t, l.v_proj, x, false);
       const at::Tensor& k_cache = cache->k[i];
       const at::Tensor& v_cache = cache->v[i];
       GYRE_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous()) << "paged cache not dense";
@@ -403,14 +406,41 @@ struct Transformer::Impl {
       RopeStore(r);
       at::Tensor attn_t =
           AttendPaged(q_rows, b, buckets, *cache, static_cast<int>(i)).t().contiguous();
-      h.addmm_(l.o_proj, attn_t);  // h += W_o attn^T
+      LinearFeatureMajor(h, l.o_proj, attn_t, true);  // h += W_o attn^T
       RmsNormColumns(h.data_ptr<float>(), ptr(l.post_norm), H, N, spec.rms_norm_eps,
                      x.data_ptr<float>());
-      at::Tensor gate = at::mm(l.gate_proj, x);
-      at::silu_(gate).mul_(at::mm(l.up_proj, x));
-      h.addmm_(l.down_proj, gate);  // h += W_down (silu(W_gate x) * W_up x)
+      LinearFeatureMajor(gate, l.gate_proj, x, false);
+      LinearFeatureMajor(up, l.up_proj, x, false);
+      at::silu_(gate).mul_(up);
+      LinearFeatureMajor(h, l.down_proj, gate, true);  // h += W_down (silu(W_gate x) * W_up x)
     }
     return h;
+  }
+
+  // out (+)= w x for float32 feature-major operands (rows of w, x and out contiguous): the
+  // engine's decode matmul (cpu_gemm.h) where the CPU has one, ATen's mm otherwise.
+  static void LinearFeatureMajor(const at::Tensor& out, const at::Tensor& w, const at::Tensor& x,
+                                 bool accumulate) {
+    if (w.stride(1) == 1 && x.stride(1) == 1 && out.stride(1) == 1) {
+      CpuMatmulArgs a;
+      a.w = w.data_ptr<float>();
+      a.ldw = w.stride(0);
+      a.x = x.data_ptr<float>();
+      a.ldx = x.stride(0);
+      a.out = out.data_ptr<float>();
+      a.ldo = out.stride(0);
+      a.n = w.size(0);
+      a.k = w.size(1);
+      a.cols = x.size(1);
+      a.accumulate = accumulate;
+      if (CpuMatmul(a)) return;
+    }
+    at::Tensor o = out;  // addmm_/mm_out write through this alias of the caller's tensor
+    if (accumulate) {
+      o.addmm_(w, x);
+    } else {
+      at::mm_out(o, w, x);
+    }
   }
 
   // Final norm and LM head for feature-major hidden states h^T [H, N]: logits [rows, V] of the
@@ -421,13 +451,27 @@ struct Transformer::Impl {
     at::Tensor x = at::empty({H, R}, sel.options());
     RmsNormColumns(sel.data_ptr<float>(), final_norm.data_ptr<float>(), H, R, spec.rms_norm_eps,
                    x.data_ptr<float>());
-    // The LM head in slices of the vocabulary: one call over a large head (SmolLM2: 49152 x 576)
-    // spends much of its time repacking the weight; slices that fit the cache run about 1.2x
-    // faster, and each slice's transpose into the [rows, V] result is read while still cached.
     const at::Tensor& head = spec.tie_embeddings ? embed : lm_head;
     const int64_t V = head.size(0);
-    constexpr int64_t kSlice = 2048;
     at::Tensor logits = at::empty({R, V}, sel.options());
+    if (head.is_contiguous()) {  // the engine's kernel writes [rows, V] directly
+      CpuMatmulArgs a;
+      a.w = head.data_ptr<float>();
+      a.ldw = H;
+      a.x = x.data_ptr<float>();
+      a.ldx = R;
+      a.out = logits.data_ptr<float>();
+      a.ldo = V;
+      a.n = V;
+      a.k = H;
+      a.cols = R;
+      a.transpose_out = true;
+      if (CpuMatmul(a)) return logits;
+    }
+    // Otherwise ATen's mm, in slices of the vocabulary: one call over a large head (SmolLM2: 49152
+    // x 576) spends much of its time repacking the weight; slices that fit the cache run about 1.2x
+    // faster, and each slice's transpose into the [rows, V] result is read while still cached.
+    constexpr int64_t kSlice = 2048;
     at::Tensor part = at::empty({std::min(kSlice, V), R}, sel.options());
     for (int64_t v0 = 0; v0 < V; v0 += kSlice) {
       const int64_t n = std::min(kSlice, V - v0);
