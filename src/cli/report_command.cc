@@ -32,22 +32,6 @@ constexpr char kHelp[] =
     "\n"
     "Works on a run that is still going: it reads what metrics.jsonl holds now.\n";
 
-// The executable `name` as the shell would find it on PATH; empty if none.
-std::string FindInPath(const std::string& name) {
-  if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : "";
-  const char* path = std::getenv("PATH");
-  std::string dirs = path != nullptr ? path : "/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    const size_t end = std::min(dirs.find(':', start), dirs.size());
-    const std::string dir = dirs.substr(start, end - start);
-    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-    start = end + 1;
-  }
-  return "";
-}
-
 std::string FindChromium() {
   if (const char* env = std::getenv("GYRE_CHROMIUM")) return FindInPath(env);
   for (const char* name : {"chromium", "chromium-browser", "google-chrome", "chrome"}) {

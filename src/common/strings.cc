@@ -89,4 +89,20 @@ void AppendUtf8(uint32_t cp, std::string* out) {
   }
 }
 
+bool ParseHostPort(std::string_view address, std::string* host, int* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return false;
+  const std::string_view digits = address.substr(colon + 1);
+  if (digits.empty() || digits.size() > 5) return false;
+  int value = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return false;
+    value = value * 10 + (c - '0');
+  }
+  if (value > 65535) return false;
+  *host = std::string(address.substr(0, colon));
+  *port = value;
+  return true;
+}
+
 }  // namespace gyre

@@ -19,6 +19,10 @@ int EditDistance(std::string_view a, std::string_view b);
 // max(2, word.size() / 3) edits. Used for "did you mean" suggestions.
 std::string NearestWord(std::string_view word, const std::vector<std::string>& candidates);
 
+// Splits "HOST:PORT" at its last colon (so "[::1]:80" and "0.0.0.0:9400" work): true when the
+// host is not empty and the port is a decimal number from 0 to 65535.
+bool ParseHostPort(std::string_view address, std::string* host, int* port);
+
 // "1.5 GiB", "12 KiB", "512 B".
 std::string HumanBytes(double bytes);
 

@@ -29,6 +29,10 @@ int TerminateProcess(pid_t pid, double grace_s);
 // "exited with status 0", "killed by signal 9 (Killed)".
 std::string DescribeWaitStatus(int wait_status);
 
+// The executable `name` as a shell would find it: `name` itself when it has a slash, otherwise
+// the first executable file of that name in a $PATH directory; "" when there is none.
+std::string FindInPath(const std::string& name);
+
 // Absolute path of the running executable (/proc/self/exe).
 std::string SelfExecutable();
 

@@ -1204,10 +1204,9 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
   }
   if (!c.metrics.endpoint.empty()) {
     const std::string& a = c.metrics.endpoint;
-    const size_t colon = a.rfind(':');
-    const std::string port = colon == std::string::npos ? "" : a.substr(colon + 1);
-    if (colon == std::string::npos || colon == 0 || port.empty() || port.size() > 5 ||
-        port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) > 65535) {
+    std::string host;
+    int port = 0;
+    if (!ParseHostPort(a, &host, &port)) {
       return Problem{{"metrics.endpoint"},
                      "metrics.endpoint '" + a +
                          "' is not HOST:PORT with a port from 0 to 65535 (e.g. 127.0.0.1:9400; "

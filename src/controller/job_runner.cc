@@ -47,6 +47,11 @@ namespace gyre::controller {
 
 namespace {
 
+// The live status line while a GRPO step is in one of its phases: "step 12 training".
+std::string StepActivity(int64_t step, const char* what) {
+  return "step " + std::to_string(step) + " " + what;
+}
+
 // The job's story: set up, publish v0, warm up, evaluate, GRPO steps (generate, score, train,
 // publish), evaluate, save. The components do the work: WorkerPool (processes, health,
 // restarts), RolloutScheduler (dispatch), TrainerGroup (the train call), WeightPublisher
@@ -373,7 +378,7 @@ Status JobRunner::GrpoStep(int step) {
     GYRE_ASSIGN_OR_RETURN(std::vector<GroupJob> jobs,
                           DrawGroups(new_groups, step, policy_->FirstRound()));
     const auto tg = SteadyClock::now();
-    progress_->Status("step " + std::to_string(step) + " generating");
+    progress_->Status(StepActivity(step, "generating"));
     GYRE_ASSIGN_OR_RETURN(
         auto samples,
         partial ? scheduler_->GeneratePartial(&jobs, want - usable, sampling, version_, &gen, &sink)
@@ -464,7 +469,7 @@ Status JobRunner::TopUpRound(int step, const v1::SamplingParams& sampling, const
 Status JobRunner::AsyncGrpoStep(int step) {
   const auto t0 = SteadyClock::now();
   // Admission: after step - 1 steps, at most (k + step) * prompts_per_step groups ever.
-  progress_->Status("step " + std::to_string(step) + " waiting for rollouts");
+  progress_->Status(StepActivity(step, "waiting for rollouts"));
   GYRE_RETURN_IF_ERROR(async_->Admit(
       step - 1, [&](int64_t count) { return DrawGroups(static_cast<int>(count), step); }));
   GYRE_ASSIGN_OR_RETURN(std::vector<ReadyGroup> batch, async_->NextBatch(version_, step));
@@ -559,7 +564,7 @@ Status JobRunner::FinishStep(int step, SteadyClock::time_point t0, StepScores* s
     pg.temperature = temperature;
     pg.reset_optimizer = step == 1 && cfg_.trainer.warmup_sft_steps > 0 &&
                          cfg_.trainer.warmup_optimizer_state == "reset";
-    progress_->Status("step " + std::to_string(step) + " training");
+    progress_->Status(StepActivity(step, "training"));
     GYRE_ASSIGN_OR_RETURN(rec.train, Train(kept, pg));
     std::vector<uint64_t> kept_ids;
     for (const auto& k : kept) kept_ids.push_back(k.sample_id());

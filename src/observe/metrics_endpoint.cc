@@ -12,6 +12,8 @@
 
 #include <cstring>
 
+#include "common/strings.h"
+
 namespace gyre::observe {
 
 namespace {
@@ -43,19 +45,10 @@ MHD_Result HandleRequest(void* self, MHD_Connection* conn, const char* url, cons
 }  // namespace
 
 Status ParseListenAddress(const std::string& address, std::string* host, int* port) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+  if (!ParseHostPort(address, host, port)) {
     return InvalidArgument("listen address '" + address +
-                           "' is not HOST:PORT (e.g. 127.0.0.1:9400)");
+                           "' is not HOST:PORT with a port from 0 to 65535 (e.g. 127.0.0.1:9400)");
   }
-  *host = address.substr(0, colon);
-  const std::string p = address.substr(colon + 1);
-  if (p.find_first_not_of("0123456789") != std::string::npos || p.size() > 5 ||
-      std::stoi(p) > 65535) {
-    return InvalidArgument("listen address '" + address + "' is not HOST:PORT: port '" + p +
-                           "' is not a number from 0 to 65535");
-  }
-  *port = std::stoi(p);
   return Status::Ok();
 }
 
