@@ -34,9 +34,7 @@ double MatmulPeakFlops(const std::string& dtype_name) {
   return best;
 }
 
-namespace {
-
-std::string FormatCell(const nlohmann::json& v, int decimals) {
+std::string FormatBenchCell(const nlohmann::json& v, int decimals) {
   if (v.is_null()) return "-";
   if (v.is_string()) return v.get<std::string>();
   if (v.is_boolean()) return v.get<bool>() ? "yes" : "no";
@@ -50,6 +48,8 @@ std::string FormatCell(const nlohmann::json& v, int decimals) {
   }
   return v.dump();
 }
+
+namespace {
 
 constexpr char kBenchUsage[] =
     "usage: gyre bench SUBCOMMAND [options] [--json FILE]\n"
@@ -74,6 +74,9 @@ constexpr char kBenchUsage[] =
     "  compare A.json B.json [--threshold R]\n"
     "                the metrics of B (a later run) that are worse than A's by more than R\n"
     "                (relative, default 0.10); exit status 1 when there are any\n"
+    "  docs [--check] FILE.md...\n"
+    "                regenerates the benchmark tables in Markdown files from result files\n"
+    "                (the reference results are in bench/baselines/)\n"
     "\n"
     "`gyre bench SUBCOMMAND --help` lists a subcommand's options.\n";
 
@@ -144,6 +147,10 @@ nlohmann::json BenchHost() {
 }
 
 nlohmann::json BenchReport::ToJson() const {
+  nlohmann::json columns = nlohmann::json::array();
+  for (const auto& c : columns_) {
+    columns.push_back({{"key", c.key}, {"header", c.header}, {"decimals", c.decimals}});
+  }
   char created[32];
   const std::time_t now = std::time(nullptr);
   std::tm utc{};
@@ -158,13 +165,15 @@ nlohmann::json BenchReport::ToJson() const {
           {"keys", keys_},
           {"metrics", metrics_},
           {"context", context_},
+          {"columns", columns},
           {"results", rows_}};
 }
 
-void BenchReport::PrintTable(const std::vector<BenchColumn>& columns, std::FILE* out) const {
+void BenchReport::PrintTable(const std::vector<BenchColumn>& columns, std::FILE* out) {
+  columns_ = columns;
   std::fprintf(out, "%s\n", benchmark_.c_str());
   for (const auto& [key, value] : context_.items()) {
-    std::fprintf(out, "  %s: %s\n", key.c_str(), FormatCell(value, 3).c_str());
+    std::fprintf(out, "  %s: %s\n", key.c_str(), FormatBenchCell(value, 3).c_str());
   }
   std::vector<std::vector<std::string>> cells;
   std::vector<size_t> width(columns.size());
@@ -173,7 +182,7 @@ void BenchReport::PrintTable(const std::vector<BenchColumn>& columns, std::FILE*
     std::vector<std::string> line;
     for (size_t c = 0; c < columns.size(); ++c) {
       const auto it = row.find(columns[c].key);
-      line.push_back(it == row.end() ? "-" : FormatCell(*it, columns[c].decimals));
+      line.push_back(it == row.end() ? "-" : FormatBenchCell(*it, columns[c].decimals));
       width[c] = std::max(width[c], line.back().size());
     }
     cells.push_back(std::move(line));
@@ -216,6 +225,7 @@ int RunBench(const std::vector<std::string>& args) {
   }
   SetBenchCommandLine(std::vector<std::string>(args.begin(), args.end()));
   if (sub == "compare") return RunBenchCompare(rest);
+  if (sub == "docs") return RunBenchDocs(rest);
   if (sub == "kernels") return RunBenchKernels(rest);
   if (sub == "weight-sync") return RunBenchWeightSync(rest);
   if (sub == "rollout") return RunBenchRollout(rest);

@@ -43,8 +43,9 @@ class BenchReport {
   const nlohmann::json& rows() const { return rows_; }
   nlohmann::json ToJson() const;
 
-  // Aligned text table of `columns`; a missing field prints "-".
-  void PrintTable(const std::vector<BenchColumn>& columns, std::FILE* out = stdout) const;
+  // Aligned text table of `columns`; a missing field prints "-". The columns are also kept in
+  // the JSON ("columns"), so `gyre bench docs` renders the same table from the file.
+  void PrintTable(const std::vector<BenchColumn>& columns, std::FILE* out = stdout);
   // Writes ToJson() to `path` (atomically: temporary file, then rename).
   Status WriteJson(const std::string& path) const;
 
@@ -54,7 +55,12 @@ class BenchReport {
   nlohmann::json metrics_ = nlohmann::json::object();
   nlohmann::json context_ = nlohmann::json::object();
   nlohmann::json rows_ = nlohmann::json::array();
+  std::vector<BenchColumn> columns_;
 };
+
+// A table cell: integers as they are, floats with `decimals` decimals, booleans yes/no, null
+// and non-finite numbers "-".
+std::string FormatBenchCell(const nlohmann::json& value, int decimals);
 
 // Option parsing shared by the subcommands. ParseInt / ParseDouble: the whole of `s` is a number
 // in [lo, hi] (then stored in *out). BenchOptionValue: args[*i] is an option that takes a value;
@@ -76,6 +82,11 @@ nlohmann::json BenchHost();
 // gyre bench compare A.json B.json [--threshold R]: 0 when no metric of B is worse than A's by
 // more than R (relative, default 0.10), 1 when some are, 2 on bad input.
 int RunBenchCompare(const std::vector<std::string>& args);
+
+// gyre bench docs [--check] FILE.md...: regenerates the tables between
+// <!-- gyre-bench: RESULT.json --> and <!-- /gyre-bench --> from the result files
+// (bench_docs.cc). 0 done / up to date, 1 stale blocks with --check, 2 bad input.
+int RunBenchDocs(const std::vector<std::string>& args);
 
 // The subcommands; each takes the arguments after its name and returns an exit status
 // (0 ok, 1 failure, 2 usage error).

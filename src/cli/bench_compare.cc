@@ -110,6 +110,19 @@ int RunBenchCompare(const std::vector<std::string>& args) {
         "speedups against same-run baselines are\n",
         cpu_a.c_str(), cpu_b.c_str());
   }
+  // Each file's rows must be told apart by the keys, or rows would be matched arbitrarily.
+  for (size_t f = 0; f < 2; ++f) {
+    std::map<std::string, int> seen;
+    for (const auto& row : (f == 0 ? *a : *b)["results"]) {
+      if (++seen[RowId(row, keys)] == 2) {
+        std::fprintf(stderr,
+                     "gyre bench compare: %s has two rows with %s: its keys do not identify a "
+                     "row\n",
+                     files[f].c_str(), RowId(row, keys).c_str());
+        return 2;
+      }
+    }
+  }
   std::map<std::string, const nlohmann::json*> rows_a;
   for (const auto& row : (*a)["results"]) rows_a[RowId(row, keys)] = &row;
   int regressions = 0, compared = 0, unmatched = 0;

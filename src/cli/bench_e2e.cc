@@ -313,7 +313,7 @@ int RunBenchE2e(const std::vector<std::string>& args) {
   }
   o.out = AbsolutePath(o.out);
   BenchReport report("e2e");
-  report.SetKeys({"mode", "k"});
+  report.SetKeys({"mode", "k", "weight_updates"});
   report.SetMetric("step_s", false);
   report.SetMetric("samples_per_s", true);
   report.SetMetric("speedup", true);

@@ -76,6 +76,15 @@ TEST(BenchCompareTest, OneSchemaAndRegressionsBeyondTheThreshold) {
   std::tie(rc, out) = Gyre({"bench", "compare", dir + "/a.json", dir + "/train.json"}, dir);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("compare like with like"), std::string::npos) << out;
+  // Rows that the keys do not tell apart (e2e once keyed its rows by mode and k only, and its
+  // lockstep and between_steps runs were matched with each other).
+  auto twice = nlohmann::json::parse(ReadFile(dir + "/a.json"));
+  twice["results"].push_back(twice["results"][0]);
+  ASSERT_TRUE(WriteFileAtomic(dir + "/twice.json", twice.dump()).ok());
+  std::tie(rc, out) = Gyre({"bench", "compare", dir + "/a.json", dir + "/twice.json"}, dir);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("twice.json has two rows with kernel=sampling batch=1"), std::string::npos)
+      << out;
   ASSERT_TRUE(WriteFileAtomic(dir + "/old.json", "{\"benchmark\": \"kernels\"}").ok());
   std::tie(rc, out) = Gyre({"bench", "compare", dir + "/a.json", dir + "/old.json"}, dir);
   EXPECT_EQ(rc, 2);

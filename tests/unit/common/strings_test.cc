@@ -27,5 +27,23 @@ TEST(StringsTest, SplitTrimAndBytes) {
   EXPECT_EQ(HumanBytes(1.5 * 1024 * 1024 * 1024), "1.50 GiB");
 }
 
+TEST(StringsTest, HostAndPort) {
+  std::string host;
+  int port = -1;
+  EXPECT_TRUE(ParseHostPort("127.0.0.1:9400", &host, &port));
+  EXPECT_EQ(host, "127.0.0.1");
+  EXPECT_EQ(port, 9400);
+  EXPECT_TRUE(ParseHostPort("[::1]:0", &host, &port));  // the last colon splits
+  EXPECT_EQ(host, "[::1]");
+  EXPECT_EQ(port, 0);
+  EXPECT_TRUE(ParseHostPort("node-3:65535", &host, &port));
+  host = "unchanged";
+  for (const char* bad : {"9400", ":9400", "host:", "host:65536", "host:94a0", "host:123456",
+                          "host:-1", "host: 80"}) {
+    EXPECT_FALSE(ParseHostPort(bad, &host, &port)) << bad;
+  }
+  EXPECT_EQ(host, "unchanged");  // nothing is written for a bad address
+}
+
 }  // namespace
 }  // namespace gyre
