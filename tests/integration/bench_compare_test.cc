@@ -12,16 +12,6 @@
 namespace gyre::testing {
 namespace {
 
-// Runs gyre in a directory of its own (SpawnProcess appends to the output file it is given).
-std::pair<int, std::string> Gyre(const std::vector<std::string>& args, const std::string& dir) {
-  static int calls = 0;
-  const std::string own = dir + "/call" + std::to_string(++calls);
-  EXPECT_TRUE(MakeDirs(own).ok());
-  auto p = GyreProcess::Start(args, own);
-  EXPECT_TRUE(p.Wait(180));
-  return {WEXITSTATUS(p.wait_status), p.Output()};
-}
-
 TEST(BenchCompareTest, OneSchemaAndRegressionsBeyondTheThreshold) {
   const std::string dir = MakeTempDir("bench_compare");
   const std::vector<std::string> run = {"bench",          "kernels", "--device",   "cpu",
@@ -30,7 +20,7 @@ TEST(BenchCompareTest, OneSchemaAndRegressionsBeyondTheThreshold) {
   for (const char* name : {"a", "b"}) {
     auto args = run;
     args.insert(args.end(), {"--json", dir + "/" + name + ".json"});
-    auto [rc, out] = Gyre(args, dir);
+    auto [rc, out] = RunGyre(args, dir);
     ASSERT_EQ(rc, 0) << out;
   }
   const auto a = nlohmann::json::parse(ReadFile(dir + "/a.json"));
@@ -45,7 +35,7 @@ TEST(BenchCompareTest, OneSchemaAndRegressionsBeyondTheThreshold) {
   EXPECT_EQ(a["metrics"]["gyre_us"], "lower");
   // Two runs of the same build: every row and metric is matched (their verdicts depend on the
   // machine's noise, so only that the comparison ran is checked here).
-  auto [rc, out] = Gyre({"bench", "compare", dir + "/a.json", dir + "/b.json"}, dir);
+  auto [rc, out] = RunGyre({"bench", "compare", dir + "/a.json", dir + "/b.json"}, dir);
   EXPECT_TRUE(rc == 0 || rc == 1) << out;
   EXPECT_NE(out.find("16 comparison(s)"), std::string::npos) << out;
   // A later run equal to A except that the sampling kernel at batch 3 got 3x slower: exactly
@@ -58,22 +48,22 @@ TEST(BenchCompareTest, OneSchemaAndRegressionsBeyondTheThreshold) {
     }
   }
   ASSERT_TRUE(WriteFileAtomic(dir + "/slower.json", b.dump()).ok());
-  std::tie(rc, out) =
-      Gyre({"bench", "compare", dir + "/a.json", dir + "/slower.json", "--threshold", "0.5"}, dir);
+  std::tie(rc, out) = RunGyre(
+      {"bench", "compare", dir + "/a.json", dir + "/slower.json", "--threshold", "0.5"}, dir);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("kernel=sampling batch=3"), std::string::npos) << out;
   EXPECT_NE(out.find("+200.0%  REGRESSION"), std::string::npos) << out;
   EXPECT_NE(out.find("-66.7%  REGRESSION"), std::string::npos) << out;
   EXPECT_NE(out.find("16 comparison(s), 2 regression(s)"), std::string::npos) << out;
   // The same file against itself: nothing.
-  std::tie(rc, out) = Gyre({"bench", "compare", dir + "/a.json", dir + "/a.json"}, dir);
+  std::tie(rc, out) = RunGyre({"bench", "compare", dir + "/a.json", dir + "/a.json"}, dir);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("16 comparison(s), 0 regression(s)"), std::string::npos) << out;
   // Different benchmarks, and files that are not results.
   auto other = nlohmann::json::parse(ReadFile(dir + "/a.json"));
   other["benchmark"] = "train";
   ASSERT_TRUE(WriteFileAtomic(dir + "/train.json", other.dump()).ok());
-  std::tie(rc, out) = Gyre({"bench", "compare", dir + "/a.json", dir + "/train.json"}, dir);
+  std::tie(rc, out) = RunGyre({"bench", "compare", dir + "/a.json", dir + "/train.json"}, dir);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("compare like with like"), std::string::npos) << out;
   // Rows that the keys do not tell apart (e2e once keyed its rows by mode and k only, and its
@@ -81,12 +71,12 @@ TEST(BenchCompareTest, OneSchemaAndRegressionsBeyondTheThreshold) {
   auto twice = nlohmann::json::parse(ReadFile(dir + "/a.json"));
   twice["results"].push_back(twice["results"][0]);
   ASSERT_TRUE(WriteFileAtomic(dir + "/twice.json", twice.dump()).ok());
-  std::tie(rc, out) = Gyre({"bench", "compare", dir + "/a.json", dir + "/twice.json"}, dir);
+  std::tie(rc, out) = RunGyre({"bench", "compare", dir + "/a.json", dir + "/twice.json"}, dir);
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("twice.json has two rows with kernel=sampling batch=1"), std::string::npos)
       << out;
   ASSERT_TRUE(WriteFileAtomic(dir + "/old.json", "{\"benchmark\": \"kernels\"}").ok());
-  std::tie(rc, out) = Gyre({"bench", "compare", dir + "/a.json", dir + "/old.json"}, dir);
+  std::tie(rc, out) = RunGyre({"bench", "compare", dir + "/a.json", dir + "/old.json"}, dir);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("is not a gyre bench result"), std::string::npos) << out;
   (void)RemoveTree(dir);

@@ -16,15 +16,6 @@ namespace {
 
 const std::string kSource = GYRE_SOURCE_DIR;
 
-std::pair<int, std::string> Gyre(const std::vector<std::string>& args, const std::string& dir) {
-  static int calls = 0;
-  const std::string own = dir + "/call" + std::to_string(++calls);
-  EXPECT_TRUE(MakeDirs(own).ok());
-  auto p = GyreProcess::Start(args, own);
-  EXPECT_TRUE(p.Wait(180));
-  return {WEXITSTATUS(p.wait_status), p.Output()};
-}
-
 std::vector<std::string> Markdown() {
   std::vector<std::string> files = {kSource + "/README.md"};
   auto docs = ListDirectory(kSource + "/docs");
@@ -64,7 +55,7 @@ TEST(BenchDocsTest, EveryReferenceResultIsValidAndTheDocsShowItsFigures) {
     EXPECT_FALSE(j["columns"].empty()) << "written by a gyre that records its table's columns";
     EXPECT_FALSE(j["metrics"].empty());
     // Usable as the A side of a comparison.
-    auto [rc, out] = Gyre({"bench", "compare", path, path}, dir);
+    auto [rc, out] = RunGyre({"bench", "compare", path, path}, dir);
     EXPECT_EQ(rc, 0) << out;
     EXPECT_NE(out.find(" 0 regression(s)"), std::string::npos) << out;
     // Cited by a generated block somewhere in the docs.
@@ -73,7 +64,7 @@ TEST(BenchDocsTest, EveryReferenceResultIsValidAndTheDocsShowItsFigures) {
   }
   std::vector<std::string> args = {"bench", "docs", "--check"};
   for (const auto& md : Markdown()) args.push_back(md);
-  auto [rc, out] = Gyre(args, dir);
+  auto [rc, out] = RunGyre(args, dir);
   EXPECT_EQ(rc, 0) << "a doc's table differs from its result file (tools/bench-baselines.sh "
                       "regenerates them):\n"
                    << out;
@@ -83,9 +74,10 @@ TEST(BenchDocsTest, EveryReferenceResultIsValidAndTheDocsShowItsFigures) {
 
 TEST(BenchDocsTest, RegeneratesStaleBlocksAndRefusesBadOnesWithoutWriting) {
   const std::string dir = MakeTempDir("bench_docs");
-  auto [rc, out] = Gyre({"bench", "kernels", "--device", "cpu", "--vocab", "1031", "--batch", "1,3",
-                         "--response-len", "64", "--min-time", "0.01", "--json", dir + "/k.json"},
-                        dir);
+  auto [rc, out] =
+      RunGyre({"bench", "kernels", "--device", "cpu", "--vocab", "1031", "--batch", "1,3",
+               "--response-len", "64", "--min-time", "0.01", "--json", dir + "/k.json"},
+              dir);
   ASSERT_EQ(rc, 0) << out;
   const auto k = nlohmann::json::parse(ReadFile(dir + "/k.json"));
   ASSERT_FALSE(k["columns"].empty());
@@ -97,12 +89,12 @@ TEST(BenchDocsTest, RegeneratesStaleBlocksAndRefusesBadOnesWithoutWriting) {
       "`<!-- /gyre-bench -->`.\n";
   ASSERT_TRUE(WriteFileAtomic(md, stale).ok());
 
-  std::tie(rc, out) = Gyre({"bench", "docs", "--check", md}, dir);
+  std::tie(rc, out) = RunGyre({"bench", "docs", "--check", md}, dir);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("doc.md:4: k.json"), std::string::npos) << out;
   EXPECT_EQ(ReadFile(md), stale) << "--check writes nothing";
 
-  std::tie(rc, out) = Gyre({"bench", "docs", md}, dir);
+  std::tie(rc, out) = RunGyre({"bench", "docs", md}, dir);
   EXPECT_EQ(rc, 0) << out;
   const std::string doc = ReadFile(md);
   EXPECT_EQ(doc.find("| old | table |"), std::string::npos) << doc;
@@ -131,7 +123,7 @@ TEST(BenchDocsTest, RegeneratesStaleBlocksAndRefusesBadOnesWithoutWriting) {
       std::string::npos)
       << doc;
   EXPECT_NE(doc.find(std::string(" ") + speedup + " |"), std::string::npos) << speedup << doc;
-  std::tie(rc, out) = Gyre({"bench", "docs", "--check", md}, dir);
+  std::tie(rc, out) = RunGyre({"bench", "docs", "--check", md}, dir);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("1 block(s) in 1 file(s), 0 stale"), std::string::npos) << out;
 
@@ -139,7 +131,7 @@ TEST(BenchDocsTest, RegeneratesStaleBlocksAndRefusesBadOnesWithoutWriting) {
   ASSERT_TRUE(WriteFileAtomic(
                   md, "<!-- gyre-bench: k.json columns=kernel,speedup -->\n<!-- /gyre-bench -->\n")
                   .ok());
-  std::tie(rc, out) = Gyre({"bench", "docs", md}, dir);
+  std::tie(rc, out) = RunGyre({"bench", "docs", md}, dir);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(ReadFile(md).find("\n| kernel | speedup |\n|---|---:|\n"), std::string::npos)
       << ReadFile(md);
@@ -156,13 +148,13 @@ TEST(BenchDocsTest, RegeneratesStaleBlocksAndRefusesBadOnesWithoutWriting) {
   for (const auto& [text, message] : bad) {
     SCOPED_TRACE(text);
     ASSERT_TRUE(WriteFileAtomic(md, text).ok());
-    std::tie(rc, out) = Gyre({"bench", "docs", md}, dir);
+    std::tie(rc, out) = RunGyre({"bench", "docs", md}, dir);
     EXPECT_EQ(rc, 2) << out;
     EXPECT_NE(out.find(message), std::string::npos) << out;
     EXPECT_NE(out.find("nothing written"), std::string::npos) << out;
     EXPECT_EQ(ReadFile(md), text);
   }
-  std::tie(rc, out) = Gyre({"bench", "docs"}, dir);
+  std::tie(rc, out) = RunGyre({"bench", "docs"}, dir);
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("usage: gyre bench docs"), std::string::npos) << out;
   (void)RemoveTree(dir);

@@ -117,6 +117,19 @@ struct GyreProcess {
   }
 };
 
+// Runs `gyre args...` to completion (killed after `timeout_s`) with its output in a fresh
+// subdirectory of `dir` (SpawnProcess appends to the file it is given, so calls never share
+// one); returns the exit status and the output.
+inline std::pair<int, std::string> RunGyre(const std::vector<std::string>& args,
+                                           const std::string& dir, double timeout_s = 180) {
+  static int calls = 0;
+  const std::string own = dir + "/call" + std::to_string(++calls);
+  if (!MakeDirs(own).ok()) std::abort();
+  auto p = GyreProcess::Start(args, own);
+  const bool finished = p.Wait(timeout_s);
+  return {finished ? WEXITSTATUS(p.wait_status) : -1, p.Output()};
+}
+
 // True if `pid` still exists as a live (non-zombie) process.
 inline bool ProcessAlive(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
