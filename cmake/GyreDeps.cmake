@@ -107,16 +107,21 @@ target_include_directories(gyre_libtorch SYSTEM INTERFACE "${_gyre_torch_view}"
                            "${_gyre_torch_view}/torch/csrc/api/include")
 
 # gyre_openmp: for the sources that call at::parallel_for. It is a header template that runs on
-# ATen's intra-op threads only in a translation unit compiled with OpenMP; without -fopenmp it
-# silently runs on the calling thread. Linked against the OpenMP runtime libtorch ships
-# (lib/libgomp.so.1), so the process has one OpenMP thread pool; the compiler's own libgomp
-# where the wheel has none.
+# ATen's intra-op threads only in a translation unit compiled with OpenMP; without it the loop
+# silently runs on the calling thread. With GCC (the project's compiler) those sources compile
+# with -fopenmp and link the OpenMP runtime libtorch ships (lib/libgomp.so.1), so the process has
+# one OpenMP thread pool (the compiler's own libgomp where the wheel has none). Clang's OpenMP
+# code calls LLVM's runtime (libomp), a second pool, so clang builds (the libFuzzer targets) keep
+# these loops serial.
 add_library(gyre_openmp INTERFACE)
-find_library(GYRE_TORCH_GOMP NAMES libgomp.so.1 PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH)
-if(GYRE_TORCH_GOMP)
-  target_compile_options(gyre_openmp INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-fopenmp>)
-  target_link_libraries(gyre_openmp INTERFACE "${GYRE_TORCH_GOMP}")
-else()
-  find_package(OpenMP REQUIRED COMPONENTS CXX)
-  target_link_libraries(gyre_openmp INTERFACE OpenMP::OpenMP_CXX)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  find_library(GYRE_TORCH_GOMP NAMES libgomp.so.1 PATHS "${TORCH_INSTALL_PREFIX}/lib"
+               NO_DEFAULT_PATH)
+  if(GYRE_TORCH_GOMP)
+    target_compile_options(gyre_openmp INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-fopenmp>)
+    target_link_libraries(gyre_openmp INTERFACE "${GYRE_TORCH_GOMP}")
+  else()
+    find_package(OpenMP REQUIRED COMPONENTS CXX)
+    target_link_libraries(gyre_openmp INTERFACE OpenMP::OpenMP_CXX)
+  endif()
 endif()
