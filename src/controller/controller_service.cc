@@ -22,6 +22,11 @@ void ControllerService::Expect(const std::string& id, v1::WorkerRole role, int i
   w.last_heartbeat = std::chrono::steady_clock::now();
 }
 
+void ControllerService::ExpectNoMore() {
+  std::lock_guard<std::mutex> lock(mu_);
+  all_expected_ = true;
+}
+
 void ControllerService::ExpectAgain(const std::string& id, int64_t spawned_pid) {
   std::lock_guard<std::mutex> lock(mu_);
   WorkerInfo& w = workers_.at(id);
@@ -48,6 +53,11 @@ grpc::Status ControllerService::Register(grpc::ServerContext* ctx, const v1::Reg
     const std::string id = std::string(role) + "-" + std::to_string(req->index());
     std::lock_guard<std::mutex> lock(mu_);
     auto it = workers_.find(id);
+    if (it == workers_.end() && !all_expected_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "register: the controller is still setting up the job's workers; " + id +
+                              " will be retried");
+    }
     if (it == workers_.end()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "register: this job has no worker " + id +

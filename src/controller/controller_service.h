@@ -38,6 +38,12 @@ class ControllerService final : public v1::Controller::Service {
   // Declares the workers the job expects; Register accepts only these.
   void Expect(const std::string& id, v1::WorkerRole role, int index, int64_t spawned_pid);
 
+  // Every worker of the job has been declared (Expect). Until then a Register for an id not yet
+  // declared is answered UNAVAILABLE, which the worker retries: an external worker may dial as
+  // soon as the controller listens, before the job's worker list is complete. After it, such a
+  // Register is refused (INVALID_ARGUMENT: wrong --index or role).
+  void ExpectNoMore();
+
   // A dead worker is expected again (local mode: respawned as `spawned_pid`): it must register
   // and heartbeat anew before it counts as ready.
   void ExpectAgain(const std::string& id, int64_t spawned_pid);
@@ -69,6 +75,7 @@ class ControllerService final : public v1::Controller::Service {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, WorkerInfo> workers_;  // guarded by mu_
+  bool all_expected_ = false;                  // guarded by mu_
   std::string fatal_report_;                   // guarded by mu_
   bool stop_all_ = false;                      // guarded by mu_
 };

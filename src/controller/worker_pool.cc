@@ -70,6 +70,7 @@ Status WorkerPool::Start() {
   for (int i = 0; s.ok() && i < cfg_.rollout.workers; ++i) {
     s = add(v1::WORKER_ROLE_ROLLOUT, "rollout", i);
   }
+  if (s.ok()) service_->ExpectNoMore();
   // Started even after a failed spawn, so the children already running are watched and reaped.
   monitor_ = std::thread([this] {
     NameThisThread("gyre-monitor");

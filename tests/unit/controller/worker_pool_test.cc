@@ -239,5 +239,29 @@ TEST(ControllerServiceTest, AWorkerStillInitialisingIsNotExpiredByTheHeartbeatTi
   EXPECT_FALSE(service.Snapshot().at(0).alive);
 }
 
+// An external worker can dial before the controller has listed the job's workers (netns_test
+// once lost rollout-1 that way: refused as unknown, it exited). Until the list is complete an
+// unknown worker is told to retry; after it, it is refused.
+TEST(ControllerServiceTest, AnUnknownWorkerRetriesUntilTheJobsWorkersAreListed) {
+  ControllerService service("job: {}\n", 0.05, 0.2);
+  v1::RegisterRequest reg;
+  reg.set_role(v1::WORKER_ROLE_ROLLOUT);
+  reg.set_index(1);
+  reg.set_address("127.0.0.1:1");
+  v1::RegisterResponse resp;
+  grpc::ServerContext ctx;
+  service.Expect("rollout-0", v1::WORKER_ROLE_ROLLOUT, 0, 0);
+  EXPECT_EQ(service.Register(&ctx, &reg, &resp).error_code(), grpc::StatusCode::UNAVAILABLE);
+  service.Expect("rollout-1", v1::WORKER_ROLE_ROLLOUT, 1, 0);
+  service.ExpectNoMore();
+  EXPECT_TRUE(service.Register(&ctx, &reg, &resp).ok());
+  EXPECT_EQ(resp.worker_id(), "rollout-1");
+  reg.set_index(2);
+  const grpc::Status refused = service.Register(&ctx, &reg, &resp);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("this job has no worker rollout-2"), std::string::npos)
+      << refused.error_message();
+}
+
 }  // namespace
 }  // namespace gyre::controller
