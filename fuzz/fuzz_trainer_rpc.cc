@@ -3,7 +3,7 @@
 // sequence of records (fuzz_util.h RecordReader); each payload is parsed with ParseFromString as
 // the request and handed to the handler.
 //
-// Record tags (mod 9):
+// Record tags (mod 10):
 //   0 TrainStep: a real optimizer step. Requests of more than 16 samples or 1024 token ids are
 //     skipped (valid, just slow).
 //   1 PublishWeights: requests that would connect to rollout workers are kept from the network:
@@ -18,6 +18,7 @@
 //   7 HostGroupStore (binds an OS-chosen loopback port).
 //   8 SequenceKl: forwards of the policy and (frozen at the first call) reference policy; the
 //     same sample budget as TrainStep.
+//   9 AbortWeightTransfer (its effect is on a later publish, which tag 1 runs).
 // The trainer-state reader itself gets arbitrary files from fuzz_trainer_state.
 
 #include <google/protobuf/stubs/logging.h>
@@ -82,7 +83,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return true;
   };
   for (int n = 0; n < 32 && records.Next(&tag, &payload); ++n) {
-    switch (tag % 9) {
+    switch (tag % 10) {
       case 0:
         CallHandler<v1::TrainStepRequest, v1::TrainStepResponse>(
             &service, &TrainerService::TrainStep, payload,
@@ -122,6 +123,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 7:
         CallHandler<v1::HostGroupStoreRequest, v1::HostGroupStoreResponse>(
             &service, &TrainerService::HostGroupStore, payload);
+        break;
+      case 9:
+        CallHandler<v1::AbortWeightTransferRequest, v1::AbortWeightTransferResponse>(
+            &service, &TrainerService::AbortWeightTransfer, payload);
         break;
       default:
         CallHandler<v1::SequenceKlRequest, v1::SequenceKlResponse>(

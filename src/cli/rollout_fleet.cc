@@ -265,6 +265,9 @@ Status RolloutFleet::Impl::Open() {
     return device_transport_ ? sender_.PublishDevice(req, device_payload_, resp)
                              : sender_.PublishHost(req, host_payload_, resp);
   };
+  local.abort = [this](uint64_t publish_id, const std::vector<std::string>& ids) {
+    sender_.AbortReceivers(publish_id, ids);
+  };
   publisher_ = std::make_unique<controller::WeightPublisher>(
       pool_cfg, pool_.get(), store_ ? store_->address() : std::string(), std::move(local));
   scheduler_ = std::make_unique<controller::RolloutScheduler>(pool_cfg, pool_.get());

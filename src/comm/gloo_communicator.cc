@@ -9,7 +9,8 @@
 //
 // Deadlines: each collective carries the time left as its Gloo timeout (so Gloo itself gives up
 // at the deadline), and the caller waits on the work's future with a condition variable that
-// also wakes on Abort().
+// also wakes on Abort(). A broadcast within a pair (the weight groups) is a send and a receive
+// instead, whose wait Abort() ends inside Gloo itself (RunPointToPoint).
 
 #include "comm/gloo_communicator.h"
 
@@ -144,6 +145,10 @@ class GlooCommunicator final : public Communicator {
                              std::to_string(size_));
     }
     if (bytes == 0) return Status::Ok();
+    if (size_ == 2) {
+      // A pair (every weight group): a send and a receive, which Abort() can end inside Gloo.
+      return RunPointToPoint(rank_ == root, data, bytes, 1 - rank_, deadline);
+    }
     return Run("broadcast", deadline, [&](std::chrono::milliseconds timeout) {
       std::vector<at::Tensor> tensors = {
           at::from_blob(data, {static_cast<int64_t>(bytes)}, at::TensorOptions(at::kByte))};
@@ -209,9 +214,67 @@ class GlooCommunicator final : public Communicator {
       std::lock_guard<std::mutex> l(inflight_->mu);
       inflight_->cv.notify_all();
     }
+    if (inflight_p2p_) inflight_p2p_->abort();  // ends Gloo's wait for the send or receive
   }
 
  private:
+  // A broadcast within a pair as one send (root) or receive, waited for on this thread. Unlike a
+  // collective, whose operation goes on inside Gloo after an Abort() until its own timeout, the
+  // work's abort() ends Gloo's wait, and dropping the work destroys Gloo's buffer, which waits
+  // for any transfer touching `data` to finish. So when this returns, for any reason, Gloo no
+  // longer reads or writes `data`: the caller may free it, even after an abort (a weight
+  // transfer to a receiver declared dead).
+  Status RunPointToPoint(bool send, void* data, size_t bytes, int peer, Deadline deadline) {
+    const std::string what = send ? "send" : "receive";
+    if (aborted_.load()) return Aborted("gloo " + what + ": communicator aborted");
+    const double left = SecondsLeft(deadline);
+    if (left <= 0) {
+      aborted_.store(true);
+      return DeadlineExceeded("gloo " + what + ": deadline passed before the call");
+    }
+    std::vector<at::Tensor> tensors = {
+        at::from_blob(data, {static_cast<int64_t>(bytes)}, at::TensorOptions(at::kByte))};
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = send ? pg_->send(tensors, peer, 0) : pg_->recv(tensors, peer, 0);
+    } catch (const std::exception& e) {
+      aborted_.store(true);
+      return Unavailable("gloo " + what + " failed to start: " + FirstLine(e.what()));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      inflight_p2p_ = work;
+      // An Abort() between the check above and here found nothing to end: end it now.
+      if (aborted_.load()) work->abort();
+    }
+    bool completed = false;
+    std::string failure;
+    try {
+      completed = work->wait(ToMillis(left));
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      inflight_p2p_.reset();
+    }
+    work.reset();  // the only reference: Gloo's buffer goes, after any transfer still using it
+    if (!failure.empty()) {
+      aborted_.store(true);
+      // Gloo's own timeout is the time left in whole milliseconds: it may fire a moment early.
+      if (SecondsLeft(deadline) <= 0 || failure.find("Timed out") != std::string::npos) {
+        return DeadlineExceeded("gloo " + what +
+                                " did not finish within its deadline: " + FirstLine(failure));
+      }
+      return Unavailable("gloo " + what + " failed: " + FirstLine(failure));
+    }
+    if (!completed) {  // abort() ended the wait
+      aborted_.store(true);
+      return Aborted("gloo " + what + " aborted");
+    }
+    return Status::Ok();
+  }
+
   // Starts one collective with `start(timeout)` and waits for it until `deadline` or Abort().
   template <typename StartFn>
   Status Run(const char* what, Deadline deadline, StartFn start) {
@@ -297,8 +360,9 @@ class GlooCommunicator final : public Communicator {
   const int size_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   std::atomic<bool> aborted_{false};
-  std::mutex mu_;                         // guards inflight_
-  std::shared_ptr<Completion> inflight_;  // the call waiting now, for Abort()
+  std::mutex mu_;                                // guards inflight_ and inflight_p2p_
+  std::shared_ptr<Completion> inflight_;         // the collective waiting now, for Abort()
+  c10::intrusive_ptr<c10d::Work> inflight_p2p_;  // the send or receive waiting now
 };
 
 namespace {

@@ -1,5 +1,7 @@
 #include "comm/weight_sender.h"
 
+#include <algorithm>
+#include <chrono>
 #include <future>
 #include <utility>
 #include <vector>
@@ -38,9 +40,73 @@ Status WeightSender::PublishHost(const v1::PublishWeightsRequest& req, const Wei
   if (transport != "grpc") {
     return InvalidArgument(transport + " sends from device memory, not from a host payload");
   }
+  // One cancellation per receiver, so that AbortReceivers can end that stream alone.
+  std::vector<std::unique_ptr<rpc::Cancellation>> owned;
+  std::vector<rpc::Cancellation*> cancels;
+  BeginPublish(req.publish_id());
+  for (const std::string& id : req.rollout_ids()) {
+    owned.push_back(std::make_unique<rpc::Cancellation>());
+    cancels.push_back(owned.back().get());
+    Track(id, owned.back().get());
+  }
   SendToEach(payload, req.rollout_addresses(), req.rollout_ids(), BucketBytes(req),
-             TimeoutSeconds(req), resp);
+             TimeoutSeconds(req), resp, &cancels);
+  EndPublish();
   return Status::Ok();
+}
+
+int WeightSender::AbortReceivers(uint64_t publish_id, const std::vector<std::string>& rollout_ids) {
+  if (publish_id == 0) return 0;
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  int ended = 0;
+  for (const std::string& id : rollout_ids) {
+    abort_requests_.insert({publish_id, id});
+    if (publish_id != publishing_) continue;
+    if (auto g = live_groups_.find(id); g != live_groups_.end()) {
+      g->second->Abort();
+      ++ended;
+    } else if (auto st = live_streams_.find(id); st != live_streams_.end()) {
+      st->second->Cancel();
+      ++ended;
+    }
+  }
+  return ended;
+}
+
+void WeightSender::BeginPublish(uint64_t publish_id) {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  publishing_ = publish_id;
+  live_groups_.clear();
+  live_streams_.clear();
+  // Only requests for this publish can still apply (one may arrive before the publish does).
+  for (auto it = abort_requests_.begin(); it != abort_requests_.end();) {
+    it = it->first == publish_id && publish_id != 0 ? std::next(it) : abort_requests_.erase(it);
+  }
+}
+
+void WeightSender::EndPublish() {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  publishing_ = 0;
+  live_groups_.clear();
+  live_streams_.clear();
+  abort_requests_.clear();
+}
+
+bool WeightSender::AbortRequested(const std::string& rollout_id) {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  return abort_requests_.count({publishing_, rollout_id}) > 0;
+}
+
+void WeightSender::Track(const std::string& rollout_id, Communicator* group) {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  live_groups_[rollout_id] = group;
+  if (abort_requests_.count({publishing_, rollout_id})) group->Abort();
+}
+
+void WeightSender::Track(const std::string& rollout_id, rpc::Cancellation* stream) {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  live_streams_[rollout_id] = stream;
+  if (abort_requests_.count({publishing_, rollout_id})) stream->Cancel();
 }
 
 Status WeightSender::PublishDevice(const v1::PublishWeightsRequest& req,
@@ -87,6 +153,7 @@ Status WeightSender::PublishToGroups(const v1::PublishWeightsRequest& req,
   const double timeout = TimeoutSeconds(req);
   const Deadline deadline = DeadlineAfter(timeout);
   const int n = req.groups_size();
+  BeginPublish(req.publish_id());
   // Groups not named any more belong to receivers that are gone.
   std::map<std::string, std::unique_ptr<Communicator>> keep;
   for (int i = 0; i < n; ++i) {
@@ -94,6 +161,13 @@ Status WeightSender::PublishToGroups(const v1::PublishWeightsRequest& req,
     if (it != groups_.end() && !it->second->aborted()) keep[it->first] = std::move(it->second);
   }
   groups_ = std::move(keep);
+  // Groups given up on while forming, once their attempt has ended.
+  abandoned_.erase(std::remove_if(abandoned_.begin(), abandoned_.end(),
+                                  [](const auto& f) {
+                                    return f.wait_for(std::chrono::seconds(0)) ==
+                                           std::future_status::ready;
+                                  }),
+                   abandoned_.end());
   // Form the missing groups concurrently: each waits for its receiver to join.
   std::vector<Status> formed(n);
   std::vector<std::future<StatusOr<std::unique_ptr<Communicator>>>> joining(n);
@@ -133,6 +207,18 @@ Status WeightSender::PublishToGroups(const v1::PublishWeightsRequest& req,
   std::vector<int> index;  // groups[k] serves receiver index[k]
   for (int i = 0; i < n; ++i) {
     if (joining[i].valid()) {
+      // Waits for the receiver to join, unless its transfer is ended first (AbortReceivers).
+      bool ready = false;
+      while (!(ready = joining[i].wait_for(std::chrono::milliseconds(50)) ==
+                       std::future_status::ready) &&
+             !AbortRequested(req.rollout_ids(i))) {
+      }
+      if (!ready) {
+        formed[i] =
+            Aborted("the transfer to " + req.rollout_ids(i) + " was ended while its group formed");
+        abandoned_.push_back(std::move(joining[i]));  // it ends by its connect timeout
+        continue;
+      }
       auto c = joining[i].get();
       if (!c.ok()) {
         formed[i] = c.status();
@@ -142,11 +228,13 @@ Status WeightSender::PublishToGroups(const v1::PublishWeightsRequest& req,
     }
     groups.push_back(groups_.at(req.groups(i)).get());
     index.push_back(i);
+    Track(req.rollout_ids(i), groups.back());
   }
   const int64_t bucket = BucketBytes(req);
   auto results = device_payload != nullptr
                      ? PublishDeviceToEach(groups, *device_payload, bucket, deadline)
                      : PublishToEach(groups, *host_payload, bucket, deadline);
+  EndPublish();  // before a failed group below is destroyed
   std::vector<const FanoutResult*> by_receiver(n, nullptr);
   for (size_t k = 0; k < results.size(); ++k) by_receiver[index[k]] = &results[k];
   for (int i = 0; i < n; ++i) {

@@ -12,12 +12,22 @@
 // is dropped; the controller names a new one to re-sync that receiver) and one device staging
 // buffer with its CUDA IPC handle (exported again whenever the buffer is reallocated).
 //
-// Thread contract: not thread-safe; the owner runs one call at a time.
+// A transfer to one receiver can be ended early (AbortReceivers): the controller does so when
+// that receiver fails or is declared dead, so that a publish does not wait for the deadline of
+// a host that is gone.
+//
+// Thread contract: the owner runs one publish at a time; AbortReceivers may be called from any
+// thread, also while a publish runs.
 
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/device_weights.h"
@@ -50,11 +60,34 @@ class WeightSender {
   // needed. kFailedPrecondition without CUDA.
   StatusOr<void*> StagingBuffer(uint64_t bytes, int device);
 
+  // Ends the transfers of publish `publish_id` (PublishWeightsRequest.publish_id) to each of
+  // `rollout_ids`: the receiver's group is aborted (gloo, nccl) or its stream cancelled (grpc),
+  // so the publish returns without waiting for that receiver's deadline, with its result an
+  // error. A request that arrives before the publish reaches that receiver takes effect when it
+  // does; one for a publish that has ended does nothing. Returns how many transfers it ended
+  // at once (the rest are remembered for the publish). publish_id 0 (unset) matches nothing.
+  int AbortReceivers(uint64_t publish_id, const std::vector<std::string>& rollout_ids);
+
  private:
   Status PublishToGroups(const v1::PublishWeightsRequest& req, const WeightPayload* host_payload,
                          const DevicePayload* device_payload, v1::PublishWeightsResponse* resp);
+  // The publish in progress, as AbortReceivers sees it.
+  void BeginPublish(uint64_t publish_id);
+  void EndPublish();
+  // A receiver's transfer has started: ended at once when it was asked for already.
+  void Track(const std::string& rollout_id, Communicator* group);
+  void Track(const std::string& rollout_id, rpc::Cancellation* stream);
+  bool AbortRequested(const std::string& rollout_id);
 
   std::map<std::string, std::unique_ptr<Communicator>> groups_;  // by group name
+  // Groups still forming when their receiver's transfer was ended; dropped once formed or failed.
+  std::vector<std::future<StatusOr<std::unique_ptr<Communicator>>>> abandoned_;
+
+  std::mutex abort_mu_;      // guards the four members below
+  uint64_t publishing_ = 0;  // the publish_id in progress; 0 between publishes
+  std::map<std::string, Communicator*> live_groups_;           // rollout id -> its group
+  std::map<std::string, rpc::Cancellation*> live_streams_;     // rollout id -> its grpc stream
+  std::set<std::pair<uint64_t, std::string>> abort_requests_;  // (publish_id, rollout id)
   std::unique_ptr<DeviceBuffer> staging_;
   std::string ipc_handle_;
 };

@@ -36,7 +36,8 @@ std::vector<model::TensorEntry> ManifestFromProto(
 }
 
 StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightPayload& payload,
-                                 int64_t bucket_bytes, double timeout_s, int corrupt_bucket) {
+                                 int64_t bucket_bytes, double timeout_s, int corrupt_bucket,
+                                 rpc::Cancellation* cancel) {
   if (bucket_bytes <= 0) return InvalidArgument("bucket_bytes must be positive");
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t total = payload.bytes.size();
@@ -44,6 +45,14 @@ StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightP
       static_cast<uint32_t>(std::max<uint64_t>(1, (total + bucket_bytes - 1) / bucket_bytes));
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, timeout_s);
+  // Cleared before ctx goes out of scope, on every path.
+  struct HookGuard {
+    rpc::Cancellation* cancel;
+    ~HookGuard() {
+      if (cancel) cancel->ClearHook();
+    }
+  } hook{cancel};
+  if (cancel) cancel->SetHook([&ctx] { ctx.TryCancel(); });
   v1::WeightReceipt receipt;
   auto writer = stub->LoadWeights(&ctx, &receipt);
   SendResult result;
@@ -189,12 +198,16 @@ Status ReceiveWeights(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
 void SendToEach(const WeightPayload& payload,
                 const google::protobuf::RepeatedPtrField<std::string>& addresses,
                 const google::protobuf::RepeatedPtrField<std::string>& ids, int64_t bucket_bytes,
-                double timeout_s, v1::PublishWeightsResponse* resp) {
+                double timeout_s, v1::PublishWeightsResponse* resp,
+                const std::vector<rpc::Cancellation*>* cancels) {
   std::vector<std::future<StatusOr<SendResult>>> futures;
-  for (const std::string& address : addresses) {
-    futures.push_back(std::async(std::launch::async, [&payload, address, bucket_bytes, timeout_s] {
+  for (int i = 0; i < addresses.size(); ++i) {
+    rpc::Cancellation* cancel =
+        cancels != nullptr && static_cast<size_t>(i) < cancels->size() ? (*cancels)[i] : nullptr;
+    futures.push_back(std::async(std::launch::async, [&payload, address = addresses.Get(i),
+                                                      bucket_bytes, timeout_s, cancel] {
       auto stub = v1::Rollout::NewStub(rpc::MakeChannel(address));
-      return SendWeights(stub.get(), payload, bucket_bytes, timeout_s);
+      return SendWeights(stub.get(), payload, bucket_bytes, timeout_s, -1, cancel);
     }));
   }
   for (int i = 0; i < addresses.size(); ++i) {

@@ -18,6 +18,7 @@
 #include "gyre/status.h"
 #include "gyre/v1/gyre.grpc.pb.h"
 #include "model/weights.h"
+#include "rpc/clients.h"
 
 namespace gyre::comm {
 
@@ -40,17 +41,21 @@ std::vector<model::TensorEntry> ManifestFromProto(
     const google::protobuf::RepeatedPtrField<v1::TensorSpec>& specs);
 
 // Streams `payload` to one rollout worker within `timeout_s`. `corrupt_bucket` >= 0 flips a byte
-// of that bucket after its checksum is computed (fault injection for tests).
+// of that bucket after its checksum is computed (fault injection for tests). `cancel` (optional)
+// ends the stream at once when cancelled, before or during the transfer.
 StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightPayload& payload,
-                                 int64_t bucket_bytes, double timeout_s, int corrupt_bucket = -1);
+                                 int64_t bucket_bytes, double timeout_s, int corrupt_bucket = -1,
+                                 rpc::Cancellation* cancel = nullptr);
 
 // Streams `payload` to every one of `addresses` at once (SendWeights each) and appends one
 // PublishResult per address to `resp`, in order, named by `ids`: the receipt and the checksums
 // sent, or the error. Used by a trainer's grpc publish and by a rollout worker's relay.
+// `cancels`, when given, holds one cancellation per address (see SendWeights).
 void SendToEach(const WeightPayload& payload,
                 const google::protobuf::RepeatedPtrField<std::string>& addresses,
                 const google::protobuf::RepeatedPtrField<std::string>& ids, int64_t bucket_bytes,
-                double timeout_s, v1::PublishWeightsResponse* resp);
+                double timeout_s, v1::PublishWeightsResponse* resp,
+                const std::vector<rpc::Cancellation*>* cancels = nullptr);
 
 // Reads a full transfer from `reader` into `payload` (its byte vector is reused) and verifies
 // every bucket's CRC-32 and that the buckets cover the payload contiguously, in order; fills

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "common/clock.h"
 #include "common/logging.h"
@@ -16,6 +19,76 @@ namespace gyre::controller {
 namespace {
 
 std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
+// Watches the receivers of a publish while the source sends: a receiver that is declared dead,
+// or whose own receive call failed (Failed), is handed to `abort` once, from this watch's thread,
+// so that the source stops waiting for it. Stop() (or the destructor) joins the thread.
+class TransferWatch {
+ public:
+  using AbortFn = std::function<void(const std::vector<std::string>& ids, const std::string& why)>;
+
+  TransferWatch(WorkerPool* pool, const std::vector<Worker*>& receivers, AbortFn abort)
+      : pool_(pool),
+        abort_(std::move(abort)),
+        failures_(receivers.size()),
+        ended_(receivers.size(), false) {
+    for (const Worker* w : receivers) ids_.push_back(w->id);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~TransferWatch() { Stop(); }
+  TransferWatch(const TransferWatch&) = delete;
+  TransferWatch& operator=(const TransferWatch&) = delete;
+
+  // Receiver `i`'s receive call failed with `why`. Any thread.
+  void Failed(size_t i, const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failures_[i] = why;
+    cv_.notify_all();
+  }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      cv_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+      if (stop_) break;
+      std::vector<std::string> ids;
+      std::string why;
+      for (size_t i = 0; i < ids_.size(); ++i) {
+        if (ended_[i]) continue;
+        std::string reason = failures_[i];
+        if (reason.empty() && pool_->IsDead(ids_[i])) reason = "declared dead";
+        if (reason.empty()) continue;
+        ended_[i] = true;
+        ids.push_back(ids_[i]);
+        why += (why.empty() ? "" : "; ") + ids_[i] + ": " + reason;
+      }
+      if (ids.empty()) continue;
+      lock.unlock();
+      abort_(ids, why);
+      lock.lock();
+    }
+  }
+
+  WorkerPool* pool_;
+  AbortFn abort_;
+  std::vector<std::string> ids_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> failures_;  // guarded by mu_
+  std::vector<bool> ended_;            // watch thread only
+  bool stop_ = false;                  // guarded by mu_
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -38,6 +111,26 @@ Status WeightPublisher::SendFromSource(const v1::PublishWeightsRequest& req, dou
   return pool_->Invoke(t->id, timeout_s, [&](const rpc::Call& c) {
     return t->trainer->PublishWeights(c, req, resp).WithContext(what);
   });
+}
+
+void WeightPublisher::AbortAtSource(uint64_t publish_id, const std::vector<std::string>& ids,
+                                    const std::string& why) {
+  GYRE_LOG_INFO("ending the weight transfer of publish {} to {}", publish_id, why);
+  if (local_.send) {
+    if (local_.abort) local_.abort(publish_id, ids);
+    return;
+  }
+  v1::AbortWeightTransferRequest req;
+  req.set_publish_id(publish_id);
+  for (const std::string& id : ids) req.add_rollout_ids(id);
+  req.set_reason(why);
+  v1::AbortWeightTransferResponse resp;
+  Worker* t = trainer();
+  const Status s = pool_->Invoke(t->id, 10, [&](const rpc::Call& c) {
+    return t->trainer->AbortWeightTransfer(c, req, &resp);
+  });
+  // Without it the transfer still ends, at its deadline.
+  if (!s.ok()) GYRE_LOG_WARN("could not end the weight transfer to {}: {}", why, s.ToString());
 }
 
 Status WeightPublisher::SettleSource(const Status& s) {
@@ -108,13 +201,22 @@ Status WeightPublisher::PublishGrpc(int64_t version, const std::vector<Worker*>&
   req.set_version(version);
   req.set_timeout_s(cfg_.cluster.weight_sync_timeout_s);
   req.set_bucket_bytes(cfg_.cluster.weight_bucket_bytes);
+  req.set_publish_id(++publish_ids_);
   for (size_t i = 0; i < direct; ++i) {
     req.add_rollout_addresses(rollouts[i]->address);
     req.add_rollout_ids(rollouts[i]->id);
   }
   v1::PublishWeightsResponse resp;
-  GYRE_RETURN_IF_ERROR(
-      SettleSource(SendFromSource(req, cfg_.cluster.weight_sync_timeout_s + 10, &resp)));
+  Status source_status;
+  {
+    TransferWatch watch(
+        pool_, std::vector<Worker*>(rollouts.begin(), rollouts.begin() + direct),
+        [this, id = req.publish_id()](const std::vector<std::string>& ids, const std::string& why) {
+          AbortAtSource(id, ids, why);
+        });
+    source_status = SendFromSource(req, cfg_.cluster.weight_sync_timeout_s + 10, &resp);
+  }
+  GYRE_RETURN_IF_ERROR(SettleSource(source_status));
   std::vector<Worker*> holders;
   google::protobuf::RepeatedField<uint32_t> sent;  // the trainer's checksums of this version
   for (const auto& r : resp.results()) {
@@ -286,6 +388,7 @@ Status WeightPublisher::PublishGroups(int64_t version, const std::vector<Worker*
   req.set_transport(transport);
   req.set_store_address(store_address_);
   req.set_bind_host(SourceHost());
+  req.set_publish_id(++publish_ids_);
   // Each rollout worker is asked to receive at the same time as the trainer publishes.
   std::vector<v1::ReceiveWeightsRequest> receive(rollouts.size());
   for (size_t i = 0; i < rollouts.size(); ++i) {
@@ -300,18 +403,26 @@ Status WeightPublisher::PublishGroups(int64_t version, const std::vector<Worker*
     receive[i].set_timeout_s(timeout);
     receive[i].set_bind_host(HostOf(w->address));
   }
+  // A receiver that fails or dies has its transfer ended on the trainer at once.
+  TransferWatch watch(
+      pool_, rollouts,
+      [this, id = req.publish_id()](const std::vector<std::string>& ids, const std::string& why) {
+        AbortAtSource(id, ids, why);
+      });
   // The receivers' cancellations, so that a failed publish ends them at once.
   std::vector<std::unique_ptr<rpc::Cancellation>> cancels(rollouts.size());
   std::vector<v1::WeightReceipt> receipts(rollouts.size());
   std::vector<std::future<Status>> pending;
   for (size_t i = 0; i < rollouts.size(); ++i) {
     cancels[i] = std::make_unique<rpc::Cancellation>();
-    pending.push_back(std::async(
-        std::launch::async, [this, w = rollouts[i], &receive, &receipts, &cancels, i, timeout] {
-          return pool_->Invoke(w->id, timeout + 10, cancels[i].get(), [&](const rpc::Call& c) {
-            return w->rollout->ReceiveWeights(c, receive[i], &receipts[i]);
-          });
-        }));
+    pending.push_back(std::async(std::launch::async, [this, w = rollouts[i], &receive, &receipts,
+                                                      &cancels, &watch, i, timeout] {
+      Status s = pool_->Invoke(w->id, timeout + 10, cancels[i].get(), [&](const rpc::Call& c) {
+        return w->rollout->ReceiveWeights(c, receive[i], &receipts[i]);
+      });
+      if (!s.ok()) watch.Failed(i, s.ToString());
+      return s;
+    }));
   }
   v1::PublishWeightsResponse resp;
   const Status source_status = SendFromSource(req, timeout + 10, &resp);
@@ -320,6 +431,7 @@ Status WeightPublisher::PublishGroups(int64_t version, const std::vector<Worker*
   }
   std::vector<Status> results;
   for (auto& f : pending) results.push_back(f.get());
+  watch.Stop();
   GYRE_RETURN_IF_ERROR(SettleSource(source_status));
   std::map<std::string, const v1::PublishResult*> sent;
   for (const auto& pr : resp.results()) sent[pr.rollout_id()] = &pr;

@@ -11,7 +11,10 @@
 //   cuda_ipc  the trainer fills its GPU buffer; every rollout worker copies from it through a
 //             CUDA IPC handle.
 // A worker whose transfer fails is left to the monitor when it died, otherwise stopped and
-// dropped (WorkerPool::AfterWorkFailure); the others keep the version.
+// dropped (WorkerPool::AfterWorkFailure); the others keep the version. While the trainer sends
+// (grpc and gloo/nccl), a receiver that is declared dead or whose receive call fails has its
+// transfer ended on the trainer at once (Trainer.AbortWeightTransfer), so that the publish does
+// not wait for cluster.weight_sync_timeout_s on a host that is gone.
 //
 // Threads: job thread only. Its calls fan out to helper threads that it joins before returning.
 
@@ -30,6 +33,9 @@ namespace gyre::controller {
 // PublishWeights RPC would (comm::WeightSender), and `host` is the address its gloo device binds.
 struct LocalWeightSource {
   std::function<Status(const v1::PublishWeightsRequest&, v1::PublishWeightsResponse*)> send;
+  // Ends the transfers of publish `publish_id` to these receivers (WeightSender::AbortReceivers);
+  // called from another thread while `send` runs.
+  std::function<void(uint64_t publish_id, const std::vector<std::string>& rollout_ids)> abort;
   std::string host = "127.0.0.1";
 };
 
@@ -80,6 +86,9 @@ class WeightPublisher {
                         v1::PublishWeightsResponse* resp);
   // The error handling of a failed SendFromSource (a trainer's death is named by the monitor).
   Status SettleSource(const Status& s);
+  // Ends the source's transfers of publish `publish_id` to `ids` (see the top of this file).
+  void AbortAtSource(uint64_t publish_id, const std::vector<std::string>& ids,
+                     const std::string& why);
   std::string SourceHost();
 
   const JobConfig cfg_;
@@ -90,6 +99,7 @@ class WeightPublisher {
   // the next full publish forms fresh groups with every worker (the trainer keeps only the
   // groups a publish names).
   int weight_epoch_ = 0;
+  uint64_t publish_ids_ = 0;  // the last PublishWeightsRequest.publish_id
   double last_seconds_ = 0;
   std::map<std::string, Outcome> last_outcomes_;  // by worker id
   int last_relay_rounds_ = 0;

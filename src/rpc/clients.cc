@@ -115,6 +115,11 @@ class GrpcTrainerClient final : public TrainerClient {
     return Unary(call,
                  [&](grpc::ClientContext* ctx) { return stub_->PublishWeights(ctx, req, resp); });
   }
+  Status AbortWeightTransfer(const Call& call, const v1::AbortWeightTransferRequest& req,
+                             v1::AbortWeightTransferResponse* resp) override {
+    return Unary(
+        call, [&](grpc::ClientContext* ctx) { return stub_->AbortWeightTransfer(ctx, req, resp); });
+  }
   Status Save(const Call& call, const v1::SaveRequest& req, v1::SaveResponse* resp) override {
     return Unary(call, [&](grpc::ClientContext* ctx) { return stub_->Save(ctx, req, resp); });
   }

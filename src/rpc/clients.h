@@ -85,6 +85,8 @@ class TrainerClient {
                             v1::SequenceKlResponse* resp) = 0;
   virtual Status PublishWeights(const Call& call, const v1::PublishWeightsRequest& req,
                                 v1::PublishWeightsResponse* resp) = 0;
+  virtual Status AbortWeightTransfer(const Call& call, const v1::AbortWeightTransferRequest& req,
+                                     v1::AbortWeightTransferResponse* resp) = 0;
   virtual Status Save(const Call& call, const v1::SaveRequest& req, v1::SaveResponse* resp) = 0;
   virtual Status SaveState(const Call& call, const v1::SaveStateRequest& req,
                            v1::SaveStateResponse* resp) = 0;

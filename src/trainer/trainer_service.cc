@@ -272,6 +272,21 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
   });
 }
 
+grpc::Status TrainerService::AbortWeightTransfer(grpc::ServerContext* ctx,
+                                                 const v1::AbortWeightTransferRequest* req,
+                                                 v1::AbortWeightTransferResponse* resp) {
+  return rpc::Guarded("AbortWeightTransfer", [&]() -> grpc::Status {
+    const std::vector<std::string> ids(req->rollout_ids().begin(), req->rollout_ids().end());
+    const int ended = sender_.AbortReceivers(req->publish_id(), ids);
+    std::string names;
+    for (const std::string& id : ids) names += (names.empty() ? "" : ", ") + id;
+    GYRE_LOG_WARN("ending the weight transfer to {} ({} in flight): {}", names, ended,
+                  req->reason().empty() ? "asked by the controller" : req->reason());
+    resp->set_ended(ended);
+    return grpc::Status::OK;
+  });
+}
+
 Status TrainerService::FlattenToDevice(double timeout, comm::DevicePayload* payload) {
   std::lock_guard<std::mutex> lock(mu_);
   const at::Device device = trainer_.model().device();

@@ -44,6 +44,11 @@ class TrainerService final : public v1::Trainer::Service {
                           v1::SequenceKlResponse* resp) override;
   grpc::Status PublishWeights(grpc::ServerContext* ctx, const v1::PublishWeightsRequest* req,
                               v1::PublishWeightsResponse* resp) override;
+  // Ends a publish's transfers to receivers that failed or died (WeightSender::AbortReceivers);
+  // runs beside the PublishWeights call it ends.
+  grpc::Status AbortWeightTransfer(grpc::ServerContext* ctx,
+                                   const v1::AbortWeightTransferRequest* req,
+                                   v1::AbortWeightTransferResponse* resp) override;
   grpc::Status Save(grpc::ServerContext* ctx, const v1::SaveRequest* req,
                     v1::SaveResponse* resp) override;
   // The full resumable state into / from a directory the controller names (trainer_state.h).
@@ -77,7 +82,7 @@ class TrainerService final : public v1::Trainer::Service {
   // The sending side of publishes: its weight groups and device staging buffer are kept between
   // versions. weights_mu_ serialises publishes.
   std::mutex weights_mu_;
-  comm::WeightSender sender_;  // guarded by weights_mu_
+  comm::WeightSender sender_;  // guarded by weights_mu_, but for AbortReceivers (any thread)
 };
 
 }  // namespace gyre::trainer

@@ -346,6 +346,8 @@ class FakeTrainer final : public rpc::TrainerClient {
   std::function<Status(const v1::TrainStepRequest&, v1::TrainStepResponse*)> on_train_step;
   std::function<Status(const v1::PublishWeightsRequest&, v1::PublishWeightsResponse*)> on_publish;
   std::function<Status(const v1::JoinGroupRequest&)> on_join;
+  std::function<Status(const v1::AbortWeightTransferRequest&, v1::AbortWeightTransferResponse*)>
+      on_abort;
   std::atomic<double> train_delay_s{0};
   std::atomic<double> publish_delay_s{0};
   std::atomic<int64_t> saved_version{0};  // what SaveState and LoadState report
@@ -383,6 +385,12 @@ class FakeTrainer final : public rpc::TrainerClient {
     AddFakeResults(req.rollout_ids(), req.version(), kFakeCrcs, resp);
     return Status::Ok();
   }
+  Status AbortWeightTransfer(const rpc::Call&, const v1::AbortWeightTransferRequest& req,
+                             v1::AbortWeightTransferResponse* resp) override {
+    abort_calls_.Add(req);
+    if (on_abort) return on_abort(req, resp);
+    return Status::Ok();
+  }
   Status Save(const rpc::Call&, const v1::SaveRequest& req, v1::SaveResponse* resp) override {
     resp->set_path(req.directory());
     resp->set_policy_version(saved_version.load());
@@ -403,9 +411,11 @@ class FakeTrainer final : public rpc::TrainerClient {
   std::vector<v1::TrainStepRequest> train_calls() const { return train_calls_.Get(); }
   std::vector<v1::PublishWeightsRequest> publish_calls() const { return publish_calls_.Get(); }
   std::vector<v1::JoinGroupRequest> join_calls() const { return join_calls_.Get(); }
+  std::vector<v1::AbortWeightTransferRequest> abort_calls() const { return abort_calls_.Get(); }
 
  private:
   CallLog<v1::TrainStepRequest> train_calls_;
+  CallLog<v1::AbortWeightTransferRequest> abort_calls_;
   CallLog<v1::PublishWeightsRequest> publish_calls_;
   CallLog<v1::JoinGroupRequest> join_calls_;
 };
@@ -462,6 +472,10 @@ class ForwardingTrainer final : public rpc::TrainerClient {
   Status PublishWeights(const rpc::Call& c, const v1::PublishWeightsRequest& req,
                         v1::PublishWeightsResponse* resp) override {
     return f_->PublishWeights(c, req, resp);
+  }
+  Status AbortWeightTransfer(const rpc::Call& c, const v1::AbortWeightTransferRequest& req,
+                             v1::AbortWeightTransferResponse* resp) override {
+    return f_->AbortWeightTransfer(c, req, resp);
   }
   Status Save(const rpc::Call& c, const v1::SaveRequest& req, v1::SaveResponse* resp) override {
     return f_->Save(c, req, resp);

@@ -99,9 +99,9 @@ class NetnsTest : public ::testing::Test {
 
 TEST_F(NetnsTest, AJobAcrossHostsTrainsAndSurvivesALinkGoingDown) {
   constexpr double kHeartbeatTimeout = 3;
-  // A weight transfer in flight to the cut-off host waits at most this long before the trainer
-  // gives up on that receiver (the other receivers have theirs by then).
-  constexpr double kWeightSyncTimeout = 5;
+  // A weight transfer in flight to the cut-off host is ended when the host is declared dead,
+  // not at this deadline (the job's default), which the test would otherwise run into.
+  constexpr double kWeightSyncTimeout = 60;
   const std::string controller = Addr(0) + ":7000";
   const pid_t ctl =
       Start("c", {"train", kQuickstart,
@@ -146,9 +146,17 @@ TEST_F(NetnsTest, AJobAcrossHostsTrainsAndSurvivesALinkGoingDown) {
   std::printf("rollout-1's link down: declared dead after %.1f s (heartbeat timeout %.0f s)\n",
               detected, kHeartbeatTimeout);
   EXPECT_LE(detected, kHeartbeatTimeout + 2.5);
-  ASSERT_TRUE(
-      WaitForText("controller", "continuing with 1 rollout worker(s)", kWeightSyncTimeout + 30))
+  ASSERT_TRUE(WaitForText("controller", "continuing with 1 rollout worker(s)", 20))
       << Log("controller");
+  const double continued =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count();
+  const std::string at_death = Log("controller");
+  const bool transfer_ended =
+      at_death.find("ending the weight transfer of publish") != std::string::npos;
+  std::printf("the job continued with 1 rollout worker %.1f s after the cut (%s)\n", continued,
+              transfer_ended ? "a weight transfer to it was in flight and was ended"
+                             : "no weight transfer to it was in flight");
+  EXPECT_LT(continued, kWeightSyncTimeout / 2);
   // The cut-off worker notices it cannot reach the controller and stops by itself.
   int st = 0;
   ASSERT_TRUE(WaitExit(r1, 30, &st)) << Log("r1");

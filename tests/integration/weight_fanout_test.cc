@@ -2,8 +2,11 @@
 // receiver: a receiver killed during a publish is detected at once, the publish completes for the
 // other within its deadline, and a restarted receiver (a new group) catches up to the current
 // version. The receivers are this test binary, re-executed with GYRE_FANOUT_* set.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include <chrono>
@@ -11,9 +14,12 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "comm/gloo_communicator.h"
 #include "comm/weight_broadcast.h"
+#include "comm/weight_sender.h"
 #include "common/file_util.h"
 #include "common/subprocess.h"
 
@@ -185,6 +191,124 @@ TEST_F(WeightFanoutTest, KilledReceiverFailsAloneAndARestartedOneCatchesUp) {
             (std::vector<std::string>{ReceiptLine(v1[1].result), ReceiptLine(v2[1].result)}));
   EXPECT_EQ(Receipts("a-2"), std::vector<std::string>{ReceiptLine(catch_up[0].result)});
   EXPECT_NE(v1[1].result.bucket_crc32[0], v2[1].result.bucket_crc32[0]);
+}
+
+// WeightSender::AbortReceivers, which the controller calls when a receiver fails or is declared
+// dead mid-publish: the transfer to a receiver that stopped taking part (alive and connected, as
+// a host whose link went down) ends at once and alone, long before the deadline; a request for
+// a publish that has ended does nothing; one that arrives before the publish reaches its
+// receiver (a group still forming, whose receiver never joins) takes effect when it does.
+TEST_F(WeightFanoutTest, AbortReceiversEndsOneReceiversTransferAtOnce) {
+  StartReceiver("a", /*stall_at=*/2);
+  StartReceiver("b", -1);
+  WeightSender sender;
+  auto publish = [&](uint64_t publish_id, int64_t version, double timeout_s,
+                     const std::vector<std::pair<std::string, std::string>>& receivers) {
+    v1::PublishWeightsRequest req;
+    req.set_version(version);
+    req.set_transport("gloo");
+    req.set_store_address(store_->address());
+    req.set_bind_host("127.0.0.1");
+    req.set_timeout_s(timeout_s);
+    req.set_bucket_bytes(1 << 20);
+    req.set_publish_id(publish_id);
+    for (const auto& [id, group] : receivers) {
+      req.add_rollout_ids(id);
+      req.add_rollout_addresses("127.0.0.1:1");  // unused by gloo
+      req.add_groups(group);
+    }
+    payload_.version = version;
+    v1::PublishWeightsResponse resp;
+    EXPECT_TRUE(sender.PublishHost(req, payload_, &resp).ok());
+    return resp;
+  };
+  auto v1 = publish(1, 1, 30, {{"ra", "a"}, {"rb", "b"}});
+  ASSERT_EQ(v1.results_size(), 2);
+  ASSERT_TRUE(v1.results(0).ok()) << v1.results(0).error();
+  ASSERT_TRUE(v1.results(1).ok()) << v1.results(1).error();
+
+  // Publish 2: receiver a stops taking part; the controller ends its transfer after 0.5 s.
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    EXPECT_EQ(sender.AbortReceivers(2, {"ra"}), 1);
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  auto v2 = publish(2, 2, 30, {{"ra", "a"}, {"rb", "b"}});
+  double took = Since(t0);
+  aborter.join();
+  ASSERT_EQ(v2.results_size(), 2);
+  EXPECT_FALSE(v2.results(0).ok());
+  EXPECT_NE(v2.results(0).error().find("aborted"), std::string::npos) << v2.results(0).error();
+  EXPECT_TRUE(v2.results(1).ok()) << v2.results(1).error();
+  EXPECT_LT(took, 10.0);  // against a 30 s deadline
+
+  // A late request for publish 2 does not touch publish 3.
+  EXPECT_EQ(sender.AbortReceivers(2, {"rb"}), 0);
+  auto v3 = publish(3, 3, 30, {{"rb", "b"}});
+  ASSERT_EQ(v3.results_size(), 1);
+  EXPECT_TRUE(v3.results(0).ok()) << v3.results(0).error();
+
+  // Publish 4 names a fresh group for a's successor, which never joins; its transfer was ended
+  // before the publish began.
+  EXPECT_EQ(sender.AbortReceivers(4, {"ra2"}), 0);
+  t0 = std::chrono::steady_clock::now();
+  auto v4 = publish(4, 4, 5, {{"ra2", "a-2"}, {"rb", "b"}});
+  took = Since(t0);
+  ASSERT_EQ(v4.results_size(), 2);
+  EXPECT_FALSE(v4.results(0).ok());
+  EXPECT_NE(v4.results(0).error().find("ended while its group formed"), std::string::npos)
+      << v4.results(0).error();
+  EXPECT_TRUE(v4.results(1).ok()) << v4.results(1).error();
+  EXPECT_LT(took, 3.0);  // the group's connect timeout is 5 s
+  // b verified every version it was sent (it writes each receipt after acknowledging it); a
+  // only the first.
+  const auto w0 = std::chrono::steady_clock::now();
+  while (Receipts("b").size() < 4 && Since(w0) < 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const auto b = Receipts("b");
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(b[i].substr(0, 2), std::to_string(i + 1) + " ");
+  const auto a = Receipts("a");
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].substr(0, 2), "1 ");
+}
+
+// The same for a grpc stream: a receiver that accepts the connection but never answers (its
+// process hung) has its stream cancelled at once.
+TEST_F(WeightFanoutTest, AbortReceiversCancelsAGrpcStreamToASilentReceiver) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);  // the kernel accepts; nobody speaks HTTP/2
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  v1::PublishWeightsRequest req;
+  req.set_version(1);
+  req.set_timeout_s(30);
+  req.set_publish_id(9);
+  req.add_rollout_ids("silent");
+  req.add_rollout_addresses("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)));
+  WeightSender sender;
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    EXPECT_EQ(sender.AbortReceivers(9, {"silent"}), 1);
+  });
+  payload_.version = 1;
+  v1::PublishWeightsResponse resp;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(sender.PublishHost(req, payload_, &resp).ok());
+  const double took = Since(t0);
+  aborter.join();
+  ::close(fd);
+  ASSERT_EQ(resp.results_size(), 1);
+  EXPECT_FALSE(resp.results(0).ok());
+  EXPECT_NE(resp.results(0).error().find("CANCELLED"), std::string::npos)
+      << resp.results(0).error();
+  EXPECT_LT(took, 10.0);  // against a 30 s deadline
 }
 
 }  // namespace

@@ -233,6 +233,50 @@ TEST_F(GlooTest, AbortFromAnotherThreadEndsAWaitingCall) {
   });
 }
 
+// Within a pair, a broadcast is a send and a receive whose wait Abort() ends inside Gloo: the
+// sender of a payload far larger than the socket buffers, to a peer that never receives (a host
+// that is gone), returns promptly, after which Gloo no longer reads the payload, so it may be
+// freed while the peer is still connected.
+TEST_F(GlooTest, AbortEndsAPairsSendAndReleasesThePayload) {
+  std::atomic<bool> sender_done{false};
+  RunRanks("abort-send", 2, [&](int rank, Communicator* c) {
+    if (rank == 1) {
+      while (!sender_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // stays connected
+      return;
+    }
+    auto payload = std::make_unique<std::vector<uint8_t>>(size_t{96} << 20, 7);
+    std::thread aborter([c] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      c->Abort();
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = c->Broadcast(payload->data(), payload->size(), 0, DeadlineAfter(30));
+    const double took = Elapsed(t0);
+    aborter.join();
+    EXPECT_EQ(s.code(), StatusCode::kAborted) << s;
+    EXPECT_LT(took, 5.0);  // Abort at 0.3 s, far before the 30 s deadline
+    EXPECT_TRUE(c->aborted());
+    payload.reset();  // freed while the peer is still connected
+    uint8_t more[16] = {};
+    EXPECT_EQ(c->Broadcast(more, sizeof(more), 0, DeadlineAfter(5)).code(), StatusCode::kAborted);
+    sender_done = true;
+  });
+}
+
+// A pair's broadcast carries the root's bytes, both ways round, with several in a row.
+TEST_F(GlooTest, PairBroadcastsInEitherDirectionArriveInOrder) {
+  RunRanks("pair", 2, [](int rank, Communicator* c) {
+    for (int round = 0; round < 4; ++round) {
+      const int root = round % 2;
+      std::vector<int32_t> data(1000 + round, rank == root ? 100 * round + root : -1);
+      ASSERT_TRUE(
+          c->Broadcast(data.data(), data.size() * sizeof(int32_t), root, DeadlineAfter(20)).ok());
+      for (int32_t v : data) ASSERT_EQ(v, 100 * round + root) << "round " << round;
+    }
+  });
+}
+
 // A peer that leaves (its process group destroyed, connections closed cleanly) never makes the
 // survivor hang. Note what Gloo does here: the survivor's collectives may complete at once as if
 // the peer had taken part (seen with libtorch 2.11: broadcast, barrier, and a sum all-reduce that

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 
 #include "fakes/fake_job.h"
 
@@ -219,6 +221,88 @@ TEST(WeightPublisherTest, AFailedGroupPublishCancelsTheWaitingReceivers) {
   Status s = pub.Publish(1);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
   EXPECT_EQ(s.message(), "publish weights v1: store unreachable");
+}
+
+// A receiver that goes silent while the trainer sends it a version (a host gone mid-transfer) is
+// declared dead, and its transfer is ended on the trainer at once (AbortWeightTransfer naming
+// this publish): the publish returns long before weight_sync_timeout_s, and the other receiver
+// holds the version. The fake trainer sends until it is told, as a real one blocks on the
+// receiver's socket.
+void ExpectADeadReceiversTransferIsEndedAtOnce(const std::string& transport) {
+  SCOPED_TRACE(transport);
+  JobConfig cfg = FakeJobConfig(2, 1);
+  cfg.cluster.weight_transport = transport;
+  cfg.cluster.heartbeat_timeout_s = 1;
+  cfg.cluster.weight_sync_timeout_s = 40;
+  FakeJob job(cfg);
+  ASSERT_TRUE(job.Start().ok());
+  job.cluster.rollout[0]->on_receive = [](const v1::ReceiveWeightsRequest&,
+                                          v1::WeightReceipt* receipt) {
+    receipt->set_version(1);
+    for (uint32_t c : testing::kFakeCrcs) receipt->add_bucket_crc32(c);
+    return Status::Ok();
+  };
+  job.cluster.rollout[1]->receive_delay_s = 60;  // its receive call hangs (until cancelled)
+  std::mutex mu;
+  std::condition_variable cv;
+  bool ended = false;
+  auto& trainer = *job.cluster.trainer[0];
+  trainer.on_abort = [&](const v1::AbortWeightTransferRequest&, v1::AbortWeightTransferResponse*) {
+    std::lock_guard<std::mutex> lock(mu);
+    ended = true;
+    cv.notify_all();
+    return Status::Ok();
+  };
+  trainer.on_publish = [&](const v1::PublishWeightsRequest& req, v1::PublishWeightsResponse* resp) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(30), [&] { return ended; });
+    for (uint32_t c : testing::kFakeCrcs) resp->add_bucket_crc32(c);
+    testing::AddFakeResults(req.rollout_ids(), req.version(), testing::kFakeCrcs, resp);
+    resp->mutable_results(1)->set_ok(false);
+    resp->mutable_results(1)->set_error("gloo send aborted");
+    return Status::Ok();
+  };
+  WeightPublisher pub(job.cfg, job.pool.get(), transport == "gloo" ? "127.0.0.1:9" : "");
+  job.Silence("rollout-1");
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = pub.Publish(1);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_LT(took, 15.0);  // detection takes about the 1 s heartbeat timeout
+  EXPECT_EQ(job.pool->Get("rollout-0")->version, 1);
+  EXPECT_TRUE(job.pool->IsDead("rollout-1"));
+  const auto aborts = trainer.abort_calls();
+  ASSERT_EQ(aborts.size(), 1u);
+  const auto pubs = trainer.publish_calls();
+  ASSERT_EQ(pubs.size(), 1u);
+  EXPECT_NE(pubs[0].publish_id(), 0u);
+  EXPECT_EQ(aborts[0].publish_id(), pubs[0].publish_id());
+  ASSERT_EQ(aborts[0].rollout_ids_size(), 1);
+  EXPECT_EQ(aborts[0].rollout_ids(0), "rollout-1");
+  EXPECT_NE(aborts[0].reason().find("rollout-1"), std::string::npos) << aborts[0].reason();
+  EXPECT_EQ(pub.last_outcomes().at("rollout-1").error, "gloo send aborted");
+}
+
+TEST(WeightPublisherTest, AReceiverDeclaredDeadMidTransferHasItsTransferEndedOnTheTrainer) {
+  ExpectADeadReceiversTransferIsEndedAtOnce("gloo");
+  ExpectADeadReceiversTransferIsEndedAtOnce("grpc");
+}
+
+// Publishes are numbered, so that an abort can only ever end the publish it was meant for.
+TEST(WeightPublisherTest, EveryPublishHasItsOwnId) {
+  JobConfig cfg = FakeJobConfig(2, 1);
+  FakeJob job(cfg);
+  ASSERT_TRUE(job.Start().ok());
+  WeightPublisher pub(job.cfg, job.pool.get(), "");
+  ASSERT_TRUE(pub.Publish(1).ok());
+  ASSERT_TRUE(pub.CatchUp(job.pool->Get("rollout-1"), 1).ok());
+  ASSERT_TRUE(pub.Publish(2).ok());
+  const auto pubs = job.cluster.trainer[0]->publish_calls();
+  ASSERT_EQ(pubs.size(), 3u);
+  EXPECT_EQ(pubs[0].publish_id(), 1u);
+  EXPECT_EQ(pubs[1].publish_id(), 2u);
+  EXPECT_EQ(pubs[2].publish_id(), 3u);
+  EXPECT_TRUE(job.cluster.trainer[0]->abort_calls().empty());
 }
 
 }  // namespace
