@@ -65,8 +65,8 @@ class TransferWatch {
       std::string why;
       for (size_t i = 0; i < ids_.size(); ++i) {
         if (ended_[i]) continue;
-        std::string reason = failures_[i];
-        if (reason.empty() && pool_->IsDead(ids_[i])) reason = "declared dead";
+        // A dead worker's receive call fails too (cancelled): name the death, not the symptom.
+        const std::string reason = pool_->IsDead(ids_[i]) ? "declared dead" : failures_[i];
         if (reason.empty()) continue;
         ended_[i] = true;
         ids.push_back(ids_[i]);
