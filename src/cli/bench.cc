@@ -34,6 +34,12 @@ double MatmulPeakFlops(const std::string& dtype_name) {
   return best;
 }
 
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
 std::string FormatBenchCell(const nlohmann::json& v, int decimals) {
   if (v.is_null()) return "-";
   if (v.is_string()) return v.get<std::string>();

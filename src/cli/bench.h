@@ -58,6 +58,9 @@ class BenchReport {
   std::vector<BenchColumn> columns_;
 };
 
+// The median of `values` (the mean of the middle two for an even count); `values` not empty.
+double Median(std::vector<double> values);
+
 // A table cell: integers as they are, floats with `decimals` decimals, booleans yes/no, null
 // and non-finite numbers "-".
 std::string FormatBenchCell(const nlohmann::json& value, int decimals);

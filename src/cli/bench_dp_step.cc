@@ -26,6 +26,7 @@
 
 #include "cli/bench.h"
 #include "comm/gloo_communicator.h"
+#include "common/clock.h"
 #include "model/transformer.h"
 #include "trainer/grad_reducer.h"
 #include "trainer/policy_trainer.h"
@@ -71,10 +72,6 @@ constexpr char kUsage[] =
     "  --rounds R           rounds [3]\n"
     "  --threads N          intra-op CPU threads per rank [1]\n"
     "  --json FILE          also write the figures as JSON\n";
-
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 struct Setup {
   int64_t ranks = 2, vocab = 4096, hidden = 256, layers = 4, batch = 8, seq_len = 64;
@@ -152,7 +149,7 @@ StatusOr<RankRun> RunRank(const Setup& s, Mode mode, const std::string& store,
     for (int64_t i = 0; i <= s.steps; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       GYRE_RETURN_IF_ERROR(reducer.Finish());
-      if (i > 0) out.step_s.push_back(Since(t0));
+      if (i > 0) out.step_s.push_back(SecondsSince(t0));
     }
     return out;
   }
@@ -172,18 +169,12 @@ StatusOr<RankRun> RunRank(const Setup& s, Mode mode, const std::string& store,
     const auto t0 = std::chrono::steady_clock::now();
     auto m = t.Step(batch, trainer::Objective::kPolicyGradient, 1e-4, opts);
     if (!m.ok()) return m.status();
-    if (i > 0) out.step_s.push_back(Since(t0));
+    if (i > 0) out.step_s.push_back(SecondsSince(t0));
     out.state_mib = m->at("optimizer_state_mib");
     out.grad_mib = m->at("gradient_mib");
   }
   out.weights = Flat(t);
   return out;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 }  // namespace

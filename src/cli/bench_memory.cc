@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cli/bench.h"
+#include "common/clock.h"
 #include "common/file_util.h"
 #include "model/transformer.h"
 #include "trainer/policy_trainer.h"
@@ -70,10 +71,6 @@ struct Setup {
   int64_t vocab = 32768, hidden = 256, layers = 2, batch = 32, prompt_len = 32, median = 64;
   int64_t max_len = 512, chunk = 1024, threads = 1;
 };
-
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // A field of /proc/self/status in MiB ("VmRSS", "VmHWM"), or -1.
 double StatusMiB(const std::string& field) {
@@ -144,7 +141,7 @@ int RunChild(const Setup& s, const std::string& config, const std::string& out_p
   const double baseline = StatusMiB("VmRSS");
   const auto t0 = std::chrono::steady_clock::now();
   auto m = t.Step(batch, trainer::Objective::kPolicyGradient, 1e-4, opts);
-  const double step_s = Since(t0);
+  const double step_s = SecondsSince(t0);
   if (!m.ok()) {
     std::fprintf(stderr, "gyre bench memory: %s\n", m.status().ToString().c_str());
     return 1;

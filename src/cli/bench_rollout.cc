@@ -14,6 +14,7 @@
 
 #include "cli/bench.h"
 #include "cli/worker.h"
+#include "common/clock.h"
 #include "kernels/device_info.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
@@ -68,10 +69,6 @@ constexpr char kUsage[] =
     "  --cuda-graphs 0|1      on a GPU, replay decode steps as CUDA graphs [1]\n"
     "  --json FILE            also write the figures as JSON\n";
 
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 struct Mode {
   const char* name;
   rollout::Scheduling scheduling;
@@ -103,14 +100,14 @@ StatusOr<Measured> RunMode(const model::Transformer& model, const rollout::Engin
     const auto ts = std::chrono::steady_clock::now();
     const int64_t slots = engine->running_slots();
     GYRE_ASSIGN_OR_RETURN(auto done, engine->Step());
-    const double dt = Since(ts);
+    const double dt = SecondsSince(ts);
     // A step counts as lost to the tail when the batch it ran was under half full.
     if (2 * std::max(slots, engine->running_slots()) < config.max_running) tail_s += dt;
     util_sum += static_cast<double>(engine->allocator().used_blocks()) /
                 static_cast<double>(config.num_blocks);
     for (auto& r : done) m.results.push_back(std::move(r));
   }
-  m.seconds = Since(t0);
+  m.seconds = SecondsSince(t0);
   m.stats = engine->stats();
   m.generated = m.stats.generated_tokens;
   m.kv_util_mean = m.stats.steps ? util_sum / static_cast<double>(m.stats.steps) : 0.0;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cli/bench.h"
+#include "common/clock.h"
 #include "model/hf_model.h"
 #include "model/transformer.h"
 #include "model/weights.h"
@@ -72,16 +73,6 @@ constexpr char kUsage[] =
     "  --threads N          intra-op CPU threads; 0 = every core [0]\n"
     "  --seed S             workload seed [1]\n"
     "  --json FILE          also write the figures as JSON\n";
-
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 struct Setup {
   std::string model_dir, dtype = "float32";
@@ -292,7 +283,7 @@ int RunBenchTrain(const std::vector<std::string>& args) {
             std::fprintf(stderr, "gyre bench train: %s\n", m.status().ToString().c_str());
             return 1;
           }
-          if (i > 0) times[mode].push_back(Since(t0));
+          if (i > 0) times[mode].push_back(SecondsSince(t0));
           computed[mode] = (*m)["computed_tokens"];
           useful[mode] = (*m)["computed_tokens"] - (*m)["pad_tokens"];
         }

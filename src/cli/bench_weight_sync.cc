@@ -266,12 +266,6 @@ struct Receivers {
   std::vector<std::unique_ptr<v1::Rollout::Stub>> stubs;
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // A colocated update over CUDA IPC, as a job does it: the sender copies its "parameters" into the
 // exported buffer (device to device), checksums every bucket on the GPU, and every receiver copies
 // the buffer into its own device memory and checks it. Returns the first error.

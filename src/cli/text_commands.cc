@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "cli/model_commands.h"
+#include "common/clock.h"
 #include "common/file_util.h"
 #include "model/bpe_tokenizer.h"
 #include "model/chat_template.h"
@@ -51,10 +52,6 @@ StatusOr<std::unique_ptr<model::BpeTokenizer>> OpenTokenizer(const std::string& 
 }
 
 std::string IdsJson(const std::vector<int32_t>& ids) { return nlohmann::json(ids).dump(); }
-
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // eos_token_id in config.json: an integer or a list of them.
 std::vector<int32_t> EosIds(const std::string& dir) {
@@ -204,7 +201,7 @@ int RunGenerate(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gyre: %s\n", model.status().message().c_str());
     return 1;
   }
-  const double load_s = Since(t_load);
+  const double load_s = SecondsSince(t_load);
   auto tok = OpenTokenizer(dir);
   if (!tok.ok()) {
     std::fprintf(stderr, "gyre: %s\n", tok.status().message().c_str());
@@ -253,7 +250,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   });
   const auto t0 = std::chrono::steady_clock::now();
   auto out = (*engine)->Generate({req});
-  const double gen_s = Since(t0);
+  const double gen_s = SecondsSince(t0);
   if (!out.ok()) {
     std::fprintf(stderr, "\ngyre generate: %s\n", out.status().message().c_str());
     return 1;
@@ -283,7 +280,7 @@ int RunGenerate(const std::vector<std::string>& args) {
     naive_tokens.push_back(static_cast<int32_t>(next));
     seq.push_back(sampling.temperature == 0 ? next : r.tokens[i]);
   }
-  const double naive_s = Since(tn);
+  const double naive_s = SecondsSince(tn);
   const double naive_tok_s = static_cast<double>(r.tokens.size()) / naive_s;
   std::fprintf(stderr,
                "benchmark: engine %.1f tokens/s, naive full-forward loop %.1f tokens/s, speedup "
