@@ -34,6 +34,8 @@ find_package(spdlog REQUIRED)
 find_package(yaml-cpp REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(benchmark REQUIRED)
+# CLI11 (Debian libcli11-dev): every command's options, --help with defaults (src/cli, src/bench).
+find_package(CLI11 CONFIG REQUIRED)
 find_package(ZLIB REQUIRED)
 pkg_check_modules(SQLITE3 REQUIRED IMPORTED_TARGET sqlite3)
 # /metrics and /health (src/observe): prometheus-cpp's registry and serializer, served by GNU

@@ -28,7 +28,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git clang-format python3 python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   libpcre2-dev libutf8proc-dev
   libgloo-dev libsqlite3-dev
   clang libclang-rt-14-dev xz-utils

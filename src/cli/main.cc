@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/bench.h"
+#include "bench/bench.h"
 #include "cli/launch_command.h"
 #include "cli/ledger_command.h"
 #include "cli/model_commands.h"
@@ -136,10 +136,10 @@ static int Main(int argc, char** argv) {
     return gyre::cli::RunInitModel(std::vector<std::string>(argv + 2, argv + argc));
   }
   if (cmd == "bench") {
-    return gyre::cli::RunBench(std::vector<std::string>(argv + 2, argv + argc));
+    return gyre::bench::RunBench(std::vector<std::string>(argv + 2, argv + argc));
   }
   if (cmd == "sim-workers") {
-    return gyre::cli::RunSimWorkers(std::vector<std::string>(argv + 2, argv + argc));
+    return gyre::bench::RunSimWorkers(std::vector<std::string>(argv + 2, argv + argc));
   }
   if (cmd == "ledger") {
     return gyre::cli::RunLedger(std::vector<std::string>(argv + 2, argv + argc));

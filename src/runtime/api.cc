@@ -4,7 +4,7 @@
 #include <cstring>
 #include <exception>
 
-#include "cli/worker.h"
+#include "runtime/worker.h"
 #include "common/logging.h"
 #include "config/config.h"
 #include "controller/job_runner.h"
@@ -33,7 +33,7 @@ bool MaybeRunWorker(int argc, char** argv, int* exit_code) {
   std::vector<std::string> args(argv + 2, argv + argc);
   InstallTerminateHandler("gyre worker");
   try {
-    *exit_code = cli::RunWorker(args);
+    *exit_code = runtime::RunWorker(args);
   } catch (const std::exception& e) {  // the worker's module edge: one line in its log
     std::fprintf(stderr, "gyre worker: fatal: %s\n", FirstLine(e.what()).c_str());
     *exit_code = 1;

@@ -1,4 +1,4 @@
-#include "cli/worker.h"
+#include "runtime/worker.h"
 
 #include <ATen/Parallel.h>
 #include <malloc.h>
@@ -29,7 +29,7 @@
 #include "rpc/worker_session.h"
 #include "trainer/trainer_service.h"
 
-namespace gyre::cli {
+namespace gyre::runtime {
 
 namespace {
 
@@ -372,4 +372,4 @@ int RunWorker(const std::vector<std::string>& args) {
   return 0;
 }
 
-}  // namespace gyre::cli
+}  // namespace gyre::runtime

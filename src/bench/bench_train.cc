@@ -17,14 +17,14 @@
 #include <thread>
 #include <vector>
 
-#include "cli/bench.h"
+#include "bench/bench.h"
 #include "common/clock.h"
 #include "model/hf_model.h"
 #include "model/transformer.h"
 #include "model/weights.h"
 #include "trainer/policy_trainer.h"
 
-namespace gyre::cli {
+namespace gyre::bench {
 
 namespace {
 
@@ -349,4 +349,4 @@ int RunBenchTrain(const std::vector<std::string>& args) {
   return 0;
 }
 
-}  // namespace gyre::cli
+}  // namespace gyre::bench

@@ -15,12 +15,12 @@
 #include <thread>
 #include <vector>
 
-#include "cli/bench.h"
+#include "bench/bench.h"
 #include "common/logging.h"
 #include "rpc/rpc_util.h"
 #include "rpc/worker_session.h"
 
-namespace gyre::cli {
+namespace gyre::bench {
 namespace {
 
 std::atomic<int> g_sim_signal{0};
@@ -167,4 +167,4 @@ int RunSimWorkers(const std::vector<std::string>& args) {
   return 0;
 }
 
-}  // namespace gyre::cli
+}  // namespace gyre::bench

@@ -20,7 +20,7 @@
 #include <mutex>
 #include <thread>
 
-#include "cli/bench.h"
+#include "bench/bench.h"
 #include "comm/cuda_ipc.h"
 #include "comm/device_weights.h"
 #include "comm/gloo_communicator.h"
@@ -31,7 +31,7 @@
 #include "kernels/device_info.h"
 #include "rpc/rpc_util.h"
 
-namespace gyre::cli {
+namespace gyre::bench {
 namespace {
 
 constexpr char kUsage[] =
@@ -589,4 +589,4 @@ int RunBenchWeightSync(const std::vector<std::string>& args) {
   return 0;
 }
 
-}  // namespace gyre::cli
+}  // namespace gyre::bench

@@ -12,15 +12,15 @@
 #include <string>
 #include <vector>
 
-#include "cli/bench.h"
-#include "cli/worker.h"
+#include "bench/bench.h"
+#include "runtime/worker.h"
 #include "common/clock.h"
 #include "kernels/device_info.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
 #include "rollout/rollout_engine.h"
 
-namespace gyre::cli {
+namespace gyre::bench {
 
 namespace {
 
@@ -185,7 +185,7 @@ int RunBenchRollout(const std::vector<std::string>& args) {
     return 2;
   }
   at::set_num_threads(static_cast<int>(threads));
-  TuneAllocatorForRepeatedSteps();  // as the rollout workers run the engine
+  runtime::TuneAllocatorForRepeatedSteps();  // as the rollout workers run the engine
   std::fprintf(stderr, "bench rollout: loading %s\n", dir.c_str());
   auto model = model::LoadHfModel(dir);
   if (!model.ok()) {
@@ -415,4 +415,4 @@ int RunBenchRollout(const std::vector<std::string>& args) {
   return 0;
 }
 
-}  // namespace gyre::cli
+}  // namespace gyre::bench

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/bench.h"
+#include "bench/bench.h"
 #include "common/clock.h"
 #include "common/file_util.h"
 #include "model/transformer.h"
@@ -30,7 +30,7 @@
 
 extern char** environ;
 
-namespace gyre::cli {
+namespace gyre::bench {
 
 namespace {
 
@@ -296,4 +296,4 @@ int RunBenchMemory(const std::vector<std::string>& args) {
   return 0;
 }
 
-}  // namespace gyre::cli
+}  // namespace gyre::bench

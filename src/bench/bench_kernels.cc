@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/bench.h"
+#include "bench/bench.h"
 #include "common/strings.h"
 #include "kernels/device_info.h"
 #include "kernels/reference/advantages_ref.h"
@@ -31,7 +31,7 @@
 #include "kernels/advantages.cuh"
 #endif
 
-namespace gyre::cli {
+namespace gyre::bench {
 namespace {
 
 constexpr char kUsage[] =
@@ -470,4 +470,4 @@ double PeakBandwidthGBs(bool cuda) {
   return 0;
 }
 
-}  // namespace gyre::cli
+}  // namespace gyre::bench

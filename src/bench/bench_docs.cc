@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "cli/bench.h"
+#include "bench/bench.h"
 #include "common/file_util.h"
 #include "common/strings.h"
 
-namespace gyre::cli {
+namespace gyre::bench {
 
 namespace {
 
@@ -295,4 +295,4 @@ int RunBenchDocs(const std::vector<std::string>& args) {
   return 0;
 }
 
-}  // namespace gyre::cli
+}  // namespace gyre::bench

@@ -1,4 +1,4 @@
-#include "cli/bench.h"
+#include "bench/bench.h"
 
 #include <ATen/ATen.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 
 #include "common/file_util.h"
 
-namespace gyre::cli {
+namespace gyre::bench {
 
 double MatmulPeakFlops(const std::string& dtype_name) {
   const at::ScalarType dtype = dtype_name == "bfloat16"  ? at::kBFloat16
@@ -275,4 +275,4 @@ int BenchOptionValue(const char* bench, const char* usage, const std::vector<std
   return -1;
 }
 
-}  // namespace gyre::cli
+}  // namespace gyre::bench

@@ -6,10 +6,10 @@
 #include <map>
 #include <string>
 
-#include "cli/bench.h"
+#include "bench/bench.h"
 #include "common/file_util.h"
 
-namespace gyre::cli {
+namespace gyre::bench {
 
 namespace {
 
@@ -165,4 +165,4 @@ int RunBenchCompare(const std::vector<std::string>& args) {
   return regressions > 0 ? 1 : 0;
 }
 
-}  // namespace gyre::cli
+}  // namespace gyre::bench

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace gyre::cli {
+namespace gyre::runtime {
 
 // argv without the program name and the "worker" word. Returns the process exit code.
 int RunWorker(const std::vector<std::string>& args);
@@ -19,4 +19,4 @@ int RunWorker(const std::vector<std::string>& args);
 // repeated steps of a worker's engine (gyre bench rollout). GYRE_MALLOC_DEFAULTS=1 opts out.
 void TuneAllocatorForRepeatedSteps();
 
-}  // namespace gyre::cli
+}  // namespace gyre::runtime

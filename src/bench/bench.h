@@ -17,7 +17,7 @@
 #include "gyre/status.h"
 #include "model/model_spec.h"
 
-namespace gyre::cli {
+namespace gyre::bench {
 
 // One table column: the JSON key of the row field, the header shown, and the number of
 // decimals used for a floating-point value (JSON keeps full precision).
@@ -125,4 +125,4 @@ int RunSimWorkers(const std::vector<std::string>& args);
 // gyre bench SUBCOMMAND ...: dispatch and help.
 int RunBench(const std::vector<std::string>& args);
 
-}  // namespace gyre::cli
+}  // namespace gyre::bench

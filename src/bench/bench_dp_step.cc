@@ -24,14 +24,14 @@
 #include <thread>
 #include <vector>
 
-#include "cli/bench.h"
+#include "bench/bench.h"
 #include "comm/gloo_communicator.h"
 #include "common/clock.h"
 #include "model/transformer.h"
 #include "trainer/grad_reducer.h"
 #include "trainer/policy_trainer.h"
 
-namespace gyre::cli {
+namespace gyre::bench {
 
 namespace {
 
@@ -338,4 +338,4 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
   return 0;
 }
 
-}  // namespace gyre::cli
+}  // namespace gyre::bench

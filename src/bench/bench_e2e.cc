@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "cli/bench.h"
+#include "bench/bench.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/subprocess.h"
@@ -25,7 +25,7 @@
 #include "rpc/rpc_util.h"
 #include "sim/cost_model.h"
 
-namespace gyre::cli {
+namespace gyre::bench {
 namespace {
 
 struct Options {
@@ -367,4 +367,4 @@ int RunBenchE2e(const std::vector<std::string>& args) {
   return 0;
 }
 
-}  // namespace gyre::cli
+}  // namespace gyre::bench

@@ -1,0 +1,63 @@
+#include "common/command_line.h"
+
+#include <cstdio>
+#include <string>
+
+namespace gyre {
+
+namespace {
+
+// CLI11's layout with the summary after the usage line rather than before it, so that every
+// help text starts with "Usage: NAME ...".
+class GyreHelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_help(const CLI::App* app, std::string name,
+                        CLI::AppFormatMode mode) const override {
+    if (mode != CLI::AppFormatMode::Normal) return CLI::Formatter::make_help(app, name, mode);
+    std::string out = make_usage(app, name);
+    const std::string summary = app->get_description();
+    if (!summary.empty()) out += "\n" + summary + "\n";
+    out += make_positionals(app);
+    out += make_groups(app, mode);
+    out += make_subcommands(app, mode);
+    out += "\n" + make_footer(app);
+    return out;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<CLI::App> NewCommand(const std::string& name, const std::string& summary,
+                                     const std::string& details) {
+  auto app = std::make_unique<CLI::App>(summary, name);
+  app->formatter(std::make_shared<GyreHelpFormatter>());
+  app->get_formatter()->column_width(30);
+  app->option_defaults()->always_capture_default();
+  if (!details.empty()) app->footer(details);
+  return app;
+}
+
+int ParseCommandLine(CLI::App& app, const std::vector<std::string>& args) {
+  // CLI11 takes a vector of arguments last-first.
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const CLI::CallForAllHelp&) {
+    std::fputs(app.help("", CLI::AppFormatMode::All).c_str(), stdout);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    return CommandLineError(app, e.what());
+  }
+  return -1;
+}
+
+int CommandLineError(const CLI::App& app, const std::string& what) {
+  const std::string& name = app.get_name();
+  std::fprintf(stderr, "%s: %s (see %s --help)\n", name.c_str(), what.c_str(), name.c_str());
+  return 2;
+}
+
+}  // namespace gyre
