@@ -10,6 +10,7 @@
 #include "cli/ledger_command.h"
 #include "cli/model_commands.h"
 #include "cli/report_command.h"
+#include "common/command_line.h"
 #include "common/logging.h"
 #include "gyre/job.h"
 
@@ -70,35 +71,32 @@ struct JobArgs {
   bool resume = false;
 };
 
-// Parses "JOB.yaml [--set K=V]... [--quiet] [--print | --resume]"; returns 0 or an exit code.
-// --print is for validate, --resume for train.
-int ParseJobArgs(int argc, char** argv, int first, bool allow_print, JobArgs* out) {
-  for (int i = first; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--set") {
-      if (i + 1 >= argc) return Usage("--set needs KEY=VALUE");
-      out->overrides.push_back(argv[++i]);
-    } else if (a.rfind("--set=", 0) == 0) {
-      out->overrides.push_back(a.substr(6));
-    } else if (a == "--quiet") {
-      out->quiet = true;
-    } else if (a == "--print" && allow_print) {
-      out->print = true;
-    } else if (a == "--resume" && !allow_print) {
-      out->resume = true;
-    } else if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return -1;
-    } else if (!a.empty() && a[0] == '-') {
-      return Usage(("unknown option '" + a + "'").c_str());
-    } else if (out->path.empty()) {
-      out->path = a;
-    } else {
-      return Usage(("unexpected argument '" + a + "'").c_str());
-    }
+// Parses "JOB.yaml [--set K=V]... [--quiet] [--print | --resume]" for `gyre validate`
+// (validate: --print) or `gyre train` (--resume); returns -1 to go on, or an exit code.
+int ParseJobArgs(const std::string& command, const std::vector<std::string>& args, JobArgs* out) {
+  const bool validate = command == "validate";
+  auto app = gyre::NewCommand(
+      "gyre " + command,
+      validate ? "Checks a job file without running it."
+               : "Runs a training job: the controller starts its rollout and trainer workers as\n"
+                 "child processes, runs the supervised warm-up and the GRPO steps, and writes\n"
+                 "metrics and the final model to job.output_dir/job.name.",
+      "--set overrides any config field, e.g. --set trainer.steps=10 --set rollout.workers=1.\n"
+      "Config fields and defaults: docs/config.md.");
+  app->add_option("JOB.yaml", out->path, "the job file")->required();
+  app->add_option("--set", out->overrides, "override a config field (repeatable)")
+      ->type_name("KEY=VALUE")
+      ->take_all()
+      ->allow_extra_args(false);
+  app->add_flag("--quiet", out->quiet, "no progress output");
+  if (validate) {
+    app->add_flag("--print", out->print, "show every field's effective value");
+  } else {
+    app->add_flag("--resume", out->resume,
+                  "continue an interrupted job from the newest checkpoint in its directory "
+                  "(docs/checkpoints.md)");
   }
-  if (out->path.empty()) return Usage("missing JOB.yaml");
-  return 0;
+  return gyre::ParseCommandLine(*app, args);
 }
 
 std::string OneLine(std::string s) {
@@ -118,6 +116,7 @@ static int Main(int argc, char** argv) {
     return 2;
   }
   const std::string cmd = argv[1];
+  const std::vector<std::string> rest(argv + 2, argv + argc);
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::fputs(kUsage, stdout);
     return 0;
@@ -127,38 +126,38 @@ static int Main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "tokenize") {
-    return gyre::cli::RunTokenize(std::vector<std::string>(argv + 2, argv + argc));
+    return gyre::cli::RunTokenize(rest);
   }
   if (cmd == "generate") {
-    return gyre::cli::RunGenerate(std::vector<std::string>(argv + 2, argv + argc));
+    return gyre::cli::RunGenerate(rest);
   }
   if (cmd == "init-model") {
-    return gyre::cli::RunInitModel(std::vector<std::string>(argv + 2, argv + argc));
+    return gyre::cli::RunInitModel(rest);
   }
   if (cmd == "bench") {
-    return gyre::bench::RunBench(std::vector<std::string>(argv + 2, argv + argc));
+    return gyre::bench::RunBench(rest);
   }
   if (cmd == "sim-workers") {
-    return gyre::bench::RunSimWorkers(std::vector<std::string>(argv + 2, argv + argc));
+    return gyre::bench::RunSimWorkers(rest);
   }
   if (cmd == "ledger") {
-    return gyre::cli::RunLedger(std::vector<std::string>(argv + 2, argv + argc));
+    return gyre::cli::RunLedger(rest);
   }
   if (cmd == "launch") {
-    return gyre::cli::RunLaunch(std::vector<std::string>(argv + 2, argv + argc));
+    return gyre::cli::RunLaunch(rest);
   }
   if (cmd == "report") {
-    return gyre::cli::RunReport(std::vector<std::string>(argv + 2, argv + argc));
+    return gyre::cli::RunReport(rest);
   }
   if (cmd == "convert") {
-    return gyre::cli::RunConvert(std::vector<std::string>(argv + 2, argv + argc));
+    return gyre::cli::RunConvert(rest);
   }
   if (cmd == "logprobs") {
-    return gyre::cli::RunLogprobs(std::vector<std::string>(argv + 2, argv + argc));
+    return gyre::cli::RunLogprobs(rest);
   }
   if (cmd == "validate") {
     JobArgs args;
-    if (int rc = ParseJobArgs(argc, argv, 2, true, &args); rc != 0) return rc < 0 ? 0 : rc;
+    if (int rc = ParseJobArgs(cmd, rest, &args); rc >= 0) return rc;
     auto cfg = gyre::LoadJobConfig(args.path, args.overrides);
     if (!cfg.ok()) {
       std::fprintf(stderr, "gyre: %s\n", OneLine(cfg.status().message()).c_str());
@@ -170,7 +169,7 @@ static int Main(int argc, char** argv) {
   }
   if (cmd == "train") {
     JobArgs args;
-    if (int rc = ParseJobArgs(argc, argv, 2, false, &args); rc != 0) return rc < 0 ? 0 : rc;
+    if (int rc = ParseJobArgs(cmd, rest, &args); rc >= 0) return rc;
     auto cfg = gyre::LoadJobConfig(args.path, args.overrides);
     if (!cfg.ok()) {
       std::fprintf(stderr, "gyre: %s\n", OneLine(cfg.status().message()).c_str());

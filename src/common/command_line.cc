@@ -23,6 +23,14 @@ class GyreHelpFormatter : public CLI::Formatter {
     out += "\n" + make_footer(app);
     return out;
   }
+
+  // An option without a default (an empty list) shows none, rather than "=[]".
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    std::string text = CLI::Formatter::make_option_opts(opt);
+    const size_t empty = text.find("=[]");
+    if (empty != std::string::npos) text.erase(empty, 3);
+    return text;
+  }
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "common/command_line.h"
 #include "common/logging.h"
 #include "config/config.h"
 #include "kernels/device_info.h"
@@ -83,19 +84,14 @@ int AutoTorchThreads(const JobConfig& cfg, v1::WorkerRole role) {
   return std::clamp(cores / std::max(1, sharing), 1, 32);
 }
 
-constexpr char kWorkerUsage[] =
-    "usage: gyre worker --role rollout|trainer [--controller HOST:PORT] [--index N]\n"
-    "                   [--bind-host HOST] [--advertise-host HOST] [--port N]\n"
-    "                   [--register-timeout SECONDS]\n"
-    "                   [--tls-cert PEM --tls-key PEM --tls-ca PEM [--tls-server-name NAME]]\n"
-    "                   [--token-file FILE]\n"
-    "\n"
-    "Starts one worker process of a Gyre job. The worker serves gRPC on --bind-host:--port\n"
-    "(default 127.0.0.1, any free port), registers with the controller as <role>-<index>,\n"
-    "receives the job configuration from it, and runs until the controller stops it or\n"
-    "cannot be reached for cluster.heartbeat_timeout_s. `gyre train` starts its workers this\n"
-    "way; on a cluster, a launcher starts them with the controller's address.\n"
-    "\n"
+constexpr char kWorkerSummary[] =
+    "Starts one worker process of a Gyre job. The worker serves gRPC on --bind-host:--port,\n"
+    "registers with the controller as <role>-<index>, receives the job configuration from it,\n"
+    "and runs until the controller stops it or cannot be reached for\n"
+    "cluster.heartbeat_timeout_s. `gyre train` starts its workers this way; on a cluster, a\n"
+    "launcher starts them with the controller's address.";
+
+constexpr char kWorkerDetails[] =
     "Under a launcher (docs/cluster.md), what the flags leave unset comes from the environment:\n"
     "  --controller      $GYRE_CONTROLLER\n"
     "  --index           $GYRE_WORKER_INDEX, else $JOB_COMPLETION_INDEX (Kubernetes Indexed\n"
@@ -107,8 +103,8 @@ constexpr char kWorkerUsage[] =
     "Security (docs/security.md): with --tls-cert/--tls-key/--tls-ca every gRPC channel and\n"
     "server of the worker uses mutual TLS (the job's cluster.tls_* files, or this host's own\n"
     "certificate from the same CA); --tls-server-name is the name the servers' certificates\n"
-    "carry (default gyre); --token-file names a file whose first line is the cluster token\n"
-    "(cluster.auth_token_file), sent on every call and checked on every call served.\n";
+    "carry; --token-file names a file whose first line is the cluster token\n"
+    "(cluster.auth_token_file), sent on every call and checked on every call served.";
 
 std::atomic<int> g_signal{0};
 void OnSignal(int sig) { g_signal.store(sig); }  // async-signal-safe: the main loop reacts
@@ -130,79 +126,43 @@ void TuneAllocatorForRepeatedSteps() {
 }
 
 int RunWorker(const std::vector<std::string>& args) {
-  std::string role, controller, bind_host = "127.0.0.1", advertise_host;
+  std::string role, controller, bind_host = "127.0.0.1", advertise_host, index_text;
   int index = -1, port = 0;
   double register_timeout = 60;
   rpc::SecurityOptions security;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](const char* flag) -> const std::string* {
-      if (i + 1 >= args.size()) {
-        std::fprintf(stderr, "gyre worker: %s needs a value\n", flag);
-        return nullptr;
-      }
-      return &args[++i];
-    };
-    const std::string* v = nullptr;
-    if (a == "--help" || a == "-h") {
-      std::fputs(kWorkerUsage, stdout);
-      return 0;
-    } else if (a == "--role") {
-      if (!(v = value("--role"))) return 2;
-      role = *v;
-    } else if (a == "--controller") {
-      if (!(v = value("--controller"))) return 2;
-      controller = *v;
-    } else if (a == "--index") {
-      if (!(v = value("--index"))) return 2;
-      auto parsed = rpc::ParseWorkerIndex(*v, "--index");
-      if (!parsed.ok()) {
-        std::fprintf(stderr, "gyre worker: %s\n", parsed.status().message().c_str());
-        return 2;
-      }
-      index = *parsed;
-    } else if (a == "--advertise-host") {
-      if (!(v = value("--advertise-host"))) return 2;
-      advertise_host = *v;
-    } else if (a == "--bind-host") {
-      if (!(v = value("--bind-host"))) return 2;
-      bind_host = *v;
-    } else if (a == "--port") {
-      if (!(v = value("--port"))) return 2;
-      if (v->empty() || v->size() > 5 || v->find_first_not_of("0123456789") != std::string::npos ||
-          std::stoi(*v) > 65535) {
-        std::fprintf(stderr, "gyre worker: --port '%s' is not a port number (0 to 65535)\n",
-                     v->c_str());
-        return 2;
-      }
-      port = std::stoi(*v);
-    } else if (a == "--register-timeout") {
-      if (!(v = value("--register-timeout"))) return 2;
-      register_timeout = std::atof(v->c_str());
-    } else if (a == "--tls-cert") {
-      if (!(v = value("--tls-cert"))) return 2;
-      security.tls_cert = *v;
-    } else if (a == "--tls-key") {
-      if (!(v = value("--tls-key"))) return 2;
-      security.tls_key = *v;
-    } else if (a == "--tls-ca") {
-      if (!(v = value("--tls-ca"))) return 2;
-      security.tls_ca = *v;
-    } else if (a == "--tls-server-name") {
-      if (!(v = value("--tls-server-name"))) return 2;
-      security.server_name = *v;
-    } else if (a == "--token-file") {
-      if (!(v = value("--token-file"))) return 2;
-      security.token_file = *v;
-    } else {
-      std::fprintf(stderr, "gyre worker: unknown argument '%s' (see gyre worker --help)\n",
-                   a.c_str());
-      return 2;
-    }
-  }
-  if (role != "rollout" && role != "trainer") {
-    std::fprintf(stderr, "gyre worker: --role must be rollout or trainer\n");
-    return 2;
+  auto app = NewCommand("gyre worker", kWorkerSummary, kWorkerDetails);
+  app->add_option("--role", role, "the worker's role")
+      ->required()
+      ->check(CLI::IsMember({"rollout", "trainer"}));
+  app->add_option("--controller", controller,
+                  "the controller's HOST:PORT (default: $GYRE_CONTROLLER)");
+  app->add_option("--index", index_text,
+                  "the worker's index within its role (default: from the environment, else 0)")
+      ->type_name("N");
+  app->add_option("--bind-host", bind_host, "the address the worker's gRPC server binds");
+  app->add_option("--advertise-host", advertise_host,
+                  "the address the controller and peers dial (default: see below)");
+  app->add_option("--port", port, "the worker's gRPC port (0: any free port)")
+      ->check(CLI::Range(0, 65535));
+  app->add_option("--register-timeout", register_timeout,
+                  "seconds to keep trying to register with the controller")
+      ->check(CLI::PositiveNumber)
+      ->type_name("SECONDS");
+  app->add_option("--tls-cert", security.tls_cert, "this worker's certificate (PEM)")
+      ->type_name("PEM");
+  app->add_option("--tls-key", security.tls_key, "its private key (PEM)")->type_name("PEM");
+  app->add_option("--tls-ca", security.tls_ca, "the cluster's certificate authority (PEM)")
+      ->type_name("PEM");
+  app->add_option("--tls-server-name", security.server_name,
+                  "the name the servers' certificates carry");
+  app->add_option("--token-file", security.token_file,
+                  "a file whose first line is the cluster token")
+      ->type_name("FILE");
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
+  if (!index_text.empty()) {
+    auto parsed = rpc::ParseWorkerIndex(index_text, "--index");
+    if (!parsed.ok()) return CommandLineError(*app, parsed.status().message());
+    index = *parsed;
   }
   auto placement = rpc::DiscoverPlacement(controller, index, bind_host, advertise_host,
                                           rpc::ProcessEnvironment());
