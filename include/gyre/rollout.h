@@ -33,7 +33,7 @@
 
 namespace gyre {
 
-// How responses are drawn (DESIGN.md, "Sampling"). DefaultSampling() gives the job's.
+// How responses are drawn (docs/design.md, "Sampling"). DefaultSampling() gives the job's.
 struct SamplingOptions {
   double temperature = 1.0;  // 0 = greedy
   int top_k = 0;             // 0 = off

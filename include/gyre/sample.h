@@ -1,6 +1,6 @@
 #pragma once
-// The sample record (DESIGN.md, "The sample record") as plain structs: what a trajectory carries
-// from rollout to trainer. RolloutFleet::Generate returns these; a custom trainer reads the
+// The sample record (docs/design.md, "The sample record") as plain structs: what a trajectory
+// carries from rollout to trainer. RolloutFleet::Generate returns these; a custom trainer reads the
 // per-token behaviour log-probs, versions and kept mass from them and fills in the reward.
 //
 // Thread contract: plain values; no shared state.

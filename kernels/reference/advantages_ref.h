@@ -1,4 +1,4 @@
-// CPU reference for group-relative advantage estimators (DESIGN.md, "Advantages").
+// CPU reference for group-relative advantage estimators (docs/design.md, "Advantages").
 //
 // A group is the n samples drawn for one prompt; groups in a batch may differ in size. All
 // statistics are computed in double from the float rewards, then rounded once to float.

@@ -1,5 +1,5 @@
-// CPU reference for Gyre's clipped policy-gradient loss and its gradient (DESIGN.md, "Policy
-// loss"). Per-token math and every accumulation are in double; inputs are float.
+// CPU reference for Gyre's clipped policy-gradient loss and its gradient (docs/design.md,
+// "Policy loss"). Per-token math and every accumulation are in double; inputs are float.
 //
 // Exact semantics, per token (s, t) with mask weight m = mask[s, t] (0 or 1 expected; a token
 // with m == 0 is skipped entirely, so padding may hold NaN or inf), lo = 1 - clip_eps_low and

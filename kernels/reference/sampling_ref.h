@@ -1,7 +1,7 @@
 // CPU reference for Gyre's token sampler: plain loops over one row of logits at a time.
 //
-// This is the definition of what a sampled token, its logprob and its kept mass mean (DESIGN.md,
-// "Semantics that must be exact"); the CUDA sampler is tested against it. Thread-safe: the
+// This is the definition of what a sampled token, its logprob and its kept mass mean
+// (docs/design.md, "Sampling"); the CUDA sampler is tested against it. Thread-safe: the
 // functions keep no state between calls.
 //
 // Exact semantics, per row (float32 math unless noted; sums are accumulated in double in

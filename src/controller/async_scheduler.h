@@ -1,5 +1,5 @@
 #pragma once
-// AsyncScheduler: asynchronous rollout under a staleness bound (rollout.async, DESIGN.md
+// AsyncScheduler: asynchronous rollout under a staleness bound (rollout.async, docs/design.md,
 // "Staleness"). Generation runs ahead of training: while the trainer works on step v, rollout
 // workers already generate groups for later steps. Two rules keep every trained sample's
 // staleness (trainer version at use minus the oldest policy version among its tokens) at most

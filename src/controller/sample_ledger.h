@@ -1,6 +1,6 @@
 #pragma once
-// SampleLedger: the one place that knows where every training sample is (DESIGN.md, "The sample
-// ledger"). Each sample id moves
+// SampleLedger: the one place that knows where every training sample is (docs/design.md, "The
+// sample ledger"). Each sample id moves
 //
 //   queued -> generating -> finished -> scored -> trained
 //

@@ -1,7 +1,7 @@
 #pragma once
 // WeightPublisher: moves a policy version from trainer-0 to rollout workers over the job's
 // cluster.weight_transport, and accepts a worker as holding that version only on a receipt that
-// matches what the trainer sent, bucket by bucket (DESIGN.md, "Weight plane").
+// matches what the trainer sent, bucket by bucket (docs/design.md, "Weight plane").
 //   grpc      the trainer streams buckets to each rollout worker itself; with
 //             cluster.weight_relay_fanout F > 0 only to F of them, and then, in rounds, every
 //             worker that holds the version relays it to up to F that do not (peer relay), each

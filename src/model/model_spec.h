@@ -1,6 +1,6 @@
 #pragma once
 // ModelSpec: the shape of a decoder-only transformer in the Llama/Qwen2 layout. The names mirror
-// Hugging Face config.json fields so real checkpoints slot in (see docs/design.md).
+// Hugging Face config.json fields so real checkpoints slot in (see docs/models.md).
 
 #include <cstdint>
 #include <string>

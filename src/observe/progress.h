@@ -1,6 +1,6 @@
 #pragma once
-// Progress on a terminal (docs/observability.md#progress): one live status line, redrawn in place
-// when stdout is a terminal, plain lines when it is piped.
+// Progress on a terminal (docs/observability.md#progress-on-a-terminal): one live status line,
+// redrawn in place when stdout is a terminal, plain lines when it is piped.
 //
 //   Live (a TTY): Status() sets the line ("step 12/40 generating 3.1 s | reward 0.41 ...");
 //   a ticker redraws it twice a second so its elapsed time moves; Print() writes a permanent

@@ -208,7 +208,7 @@ std::vector<int64_t> PlainSamplingRows(int64_t vocab,
 }
 
 // The CPU sampler's fast path for PlainSamplingRows: the same draw as kernels::SampleRowsRef
-// (DESIGN.md "Sampling"), with the exponentials and their sums computed by ATen's vectorised,
+// (docs/design.md, "Sampling"), with the exponentials and their sums computed by ATen's vectorised,
 // multithreaded kernels instead of one scalar expf per logit. With m the row's largest logit,
 // e_i = exp((logit_i - m) / T) and S = sum e_i in double, the token is the first i whose running
 // sum of e (in double, ascending id order) exceeds u * S for the row's Philox draw u (the

@@ -1,7 +1,8 @@
 #pragma once
 // src/ops: where libtorch tensors meet kernels/. Each function checks shapes and dtypes, moves
-// data to the layout the kernel expects, and calls the CPU reference (the CUDA kernels arrive
-// with the kernels issue; tensors on a GPU are rejected with a clear error until then).
+// data to the layout the kernel expects, and calls the CPU reference for CPU tensors or the CUDA
+// kernel for CUDA tensors; a build without the kernels refuses CUDA tensors with an error that
+// says how to get them (docs/kernels.md, "src/ops: one call, either device").
 
 #include <ATen/core/Tensor.h>
 
@@ -20,7 +21,7 @@ struct SampleOutput {
   std::vector<float> kept_mass;
 };
 
-// logits: float [B, V]; one parameter set per row (DESIGN.md "Sampling").
+// logits: float [B, V]; one parameter set per row (docs/design.md, "Sampling").
 StatusOr<SampleOutput> SampleRows(const at::Tensor& logits,
                                   const std::vector<kernels::SamplingRowParams>& params);
 
