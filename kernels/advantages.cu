@@ -1,5 +1,6 @@
 // Group-relative advantages and their broadcast to tokens, matching
-// kernels/reference/advantages_ref.cc to float rounding.
+// kernels/reference/advantages_ref.cc to float rounding. Each sample's value comes from
+// kernels/advantage_terms.h, which the reference calls too; this file holds the parallel parts.
 //
 // Parallel decomposition and launch configuration:
 //  * GroupAdvantagesKernel: one block of kGroupThreads (256) threads per group (grid = num_groups),
@@ -27,6 +28,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/advantage_terms.h"
 #include "kernels/advantages.cuh"
 
 namespace gyre::kernels {
@@ -104,61 +106,39 @@ __global__ void __launch_bounds__(kGroupThreads)
   for (int32_t i = threadIdx.x; i < n; i += blockDim.x) sum += static_cast<double>(r[i]);
   const double mean = BlockSum<kGroupThreads>(sum, reduce_scratch) / static_cast<double>(n);
 
-  switch (kind) {
-    case AdvantageKind::kGrpo: {
-      if (n == 1 || all_equal) {
-        for (int32_t i = threadIdx.x; i < n; i += blockDim.x) adv[i] = 0.0f;
-        return;
-      }
-      double sq = 0.0;
-      for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
-        const double d = static_cast<double>(r[i]) - mean;
-        sq += d * d;
-      }
-      const double var = BlockSum<kGroupThreads>(sq, reduce_scratch) / static_cast<double>(n - 1);
-      const double denom = sqrt(var) + static_cast<double>(eps);
-      for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
-        adv[i] = static_cast<float>((static_cast<double>(r[i]) - mean) / denom);
-      }
-      return;
+  // The group's statistics (every thread of the block takes part in each reduction; n, kind and
+  // all_equal are the same for the whole block), then each sample's value from
+  // kernels/advantage_terms.h, as the reference.
+  terms::GroupStats stats;
+  stats.n = n;
+  stats.mean = mean;
+  stats.all_equal = all_equal;
+  if (terms::NeedsStd(kind) && n > 1 && !all_equal) {
+    double sq = 0.0;
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const double d = static_cast<double>(r[i]) - mean;
+      sq += d * d;
     }
-    case AdvantageKind::kGrpoNoStd:
-      for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
-        adv[i] = static_cast<float>(static_cast<double>(r[i]) - mean);
-      }
-      return;
-    case AdvantageKind::kRloo: {
-      if (n == 1) {
-        if (threadIdx.x == 0) adv[0] = 0.0f;
-        return;
-      }
-      const double scale = static_cast<double>(n) / static_cast<double>(n - 1);
-      for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
-        adv[i] = static_cast<float>(scale * (static_cast<double>(r[i]) - mean));
-      }
-      return;
+    stats.std = sqrt(BlockSum<kGroupThreads>(sq, reduce_scratch) / static_cast<double>(n - 1));
+  }
+  if (terms::NeedsMedian(kind)) {
+    const float* vals = r;
+    if (n <= kMedianSharedMaxGroupSize) {  // uniform across the block
+      for (int32_t i = threadIdx.x; i < n; i += blockDim.x) group_copy[i] = r[i];
+      __syncthreads();
+      vals = group_copy;
     }
-    case AdvantageKind::kMedian: {
-      const float* vals = r;
-      if (n <= kMedianSharedMaxGroupSize) {  // uniform across the block
-        for (int32_t i = threadIdx.x; i < n; i += blockDim.x) group_copy[i] = r[i];
-        __syncthreads();
-        vals = group_copy;
-      }
-      const double median = BlockMedian(vals, n, middle);
-      for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
-        adv[i] = static_cast<float>(static_cast<double>(r[i]) - median);
-      }
-      return;
+    stats.median = BlockMedian(vals, n, middle);
+  }
+  const bool whiten = terms::WhitenedOverBatch(kind);
+  for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const double v =
+        terms::SampleValue(kind, static_cast<double>(r[i]), stats, static_cast<double>(eps));
+    if (whiten) {
+      centred[begin + i] = v;
+    } else {
+      adv[i] = static_cast<float>(v);
     }
-    case AdvantageKind::kReinforcePpBaseline:
-      for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
-        centred[begin + i] = static_cast<double>(r[i]) - mean;
-      }
-      return;
-    case AdvantageKind::kReinforcePp:
-      for (int32_t i = threadIdx.x; i < n; i += blockDim.x) centred[begin + i] = r[i];
-      return;
   }
 }
 

@@ -1,11 +1,13 @@
 // Fused forward and backward of the clipped policy-gradient loss, matching
 // kernels/reference/policy_loss_ref.cc (per-token math in double, gradient rounded once to float).
+// The per-token math itself (policy term, behaviour weight, KL, aggregation scale) is not written
+// here: both call kernels/policy_loss_terms.h.
 //
 // Parallel decomposition and launch configuration (four kernels on one stream, no host sync):
 //  1. SeqTokensKernel, grid = S blocks x 256 threads: block s sums sequence s's mask (double, tree
 //     reduction in shared memory) into seq_tokens[s], and for the kSeqTis correction the masked sum
-//     of logp_old - logp_rollout into seq_d[s], and for kGspo the masked mean of logp - logp_old
-//     into seq_x[s]. Seq-mean modes need these per-sequence
+//     of logp_old - logp_rollout into seq_d[s], and for the sequence kinds (kGspo, kGmpo) the
+//     masked mean X into seq_x[s] (terms::SequenceLogRatio). Seq-mean modes need these per-sequence
 //     denominators (and seq-tis its weight) before any token's gradient can be scaled.
 //  2. ScalesKernel, 1 block x 1024 threads: reduces seq_tokens into the local token count and the
 //     number of sequences with a token, picks the mode's denominators (global ones when given),
@@ -28,6 +30,7 @@
 #include <cstdint>
 
 #include "kernels/policy_loss.cuh"
+#include "kernels/policy_loss_terms.h"
 
 namespace gyre::kernels {
 namespace {
@@ -36,8 +39,6 @@ constexpr int kSeqThreads = 256;
 constexpr int kOneBlockThreads = 1024;
 constexpr int kFillThreads = 256;
 constexpr int64_t kFillMaxBlocks = 65536;
-constexpr double kLogRatioClamp = 20.0;
-constexpr double kK3Clamp = 10.0;
 
 // Per-sequence partial sums written by TokenKernel (all but kPartTisMax already include the mask).
 enum PartialSlot : int {
@@ -53,11 +54,7 @@ enum PartialSlot : int {
   kNumPartials
 };
 
-// std::clamp's exact behaviour (a NaN passes through).
-__device__ double Clamp(double v, double lo, double hi) { return v < lo ? lo : (hi < v ? hi : v); }
-
-// std::max's exact behaviour: `a` unless a < b.
-__device__ double Max(double a, double b) { return a < b ? b : a; }
+using terms::Max;
 
 // Sum (or, with kMax, std::max-style maximum) of `value` over the block (blockDim.x == kThreads, a
 // power of two), returned to every thread. `scratch` is kThreads doubles of shared memory, free
@@ -78,103 +75,6 @@ __device__ double BlockReduce(double value, double* scratch) {
   return result;
 }
 
-// One token's policy term and its derivative with respect to logp (the reference's PolicyTerm).
-struct PgTerm {
-  double loss;
-  double grad;
-  bool clipped;       // the PPO-clipped term strictly won
-  bool dual_clipped;  // the dual-clip cap strictly won
-};
-
-// log_ratio is the token's x (the reference's header): its own logp - logp_old, or kGspo's
-// sequence mean.
-__device__ PgTerm PolicyTerm(double log_ratio, double adv, const PolicyLossParams& p) {
-  const bool ratio_clamped = log_ratio < -kLogRatioClamp || log_ratio > kLogRatioClamp;
-  const double ratio = exp(Clamp(log_ratio, -kLogRatioClamp, kLogRatioClamp));
-  const double d_ratio = ratio_clamped ? 0.0 : ratio;  // d ratio / d logp
-
-  const double lo = 1.0 - static_cast<double>(p.clip_eps_low);
-  const double hi = 1.0 + static_cast<double>(p.clip_eps_high);
-  switch (p.kind) {
-    case PolicyLossKind::kCispo: {
-      const double weight = Clamp(ratio, lo, hi);
-      return {-adv * weight, ratio_clamped ? 0.0 : -adv * weight, ratio < lo || ratio > hi, false};
-    }
-    case PolicyLossKind::kSao:
-      if (ratio < lo || ratio > hi) return {0.0, 0.0, true, false};
-      return {-adv * ratio, -adv * d_ratio, false, false};
-    case PolicyLossKind::kPpo:
-    case PolicyLossKind::kGspo:
-      break;
-  }
-  const double unclipped = -adv * ratio;
-  const double clipped = -adv * Clamp(ratio, lo, hi);
-  PgTerm term{unclipped, -adv * d_ratio, false, false};
-  if (clipped > unclipped) term = {clipped, 0.0, true, false};
-
-  if (p.kind == PolicyLossKind::kPpo && adv < 0.0 && p.dual_clip_c > 1.0f) {
-    const double cap = -adv * static_cast<double>(p.dual_clip_c);
-    if (term.loss > cap) term = {cap, 0.0, false, true};
-  }
-  return term;
-}
-
-// KL estimator value and derivative with respect to logp (the reference's KlTerm).
-__device__ void KlTerm(KlKind kind, double logp, double logp_ref, double* value, double* grad) {
-  const double d = logp - logp_ref;
-  switch (kind) {
-    case KlKind::kNone:
-      *value = 0.0;
-      *grad = 0.0;
-      return;
-    case KlKind::kK1:
-      *value = d;
-      *grad = 1.0;
-      return;
-    case KlKind::kK2:
-      *value = 0.5 * d * d;
-      *grad = d;
-      return;
-    case KlKind::kK3: {
-      const double e = exp(-d);
-      const double k3 = e + d - 1.0;
-      if (k3 > kK3Clamp || k3 < -kK3Clamp) {
-        *value = Clamp(k3, -kK3Clamp, kK3Clamp);
-        *grad = 0.0;
-      } else {
-        *value = k3;
-        *grad = 1.0 - e;
-      }
-      return;
-    }
-  }
-}
-
-// The behaviour weight w of one token (the reference's BehaviourWeight).
-__device__ double BehaviourWeight(const PolicyLossParams& p, double d, double seq_d) {
-  switch (p.correction) {
-    case Correction::kNone:
-      return 1.0;
-    case Correction::kTis: {
-      const double e = exp(d), cap = p.tis_cap;
-      return cap < e ? cap : e;  // std::min(e, cap)
-    }
-    case Correction::kSeqTis: {
-      const double e = exp(seq_d), cap = p.tis_cap;
-      return cap < e ? cap : e;
-    }
-    case Correction::kIcePop: {
-      const double e = exp(d);
-      return e >= static_cast<double>(p.icepop_low) && e <= static_cast<double>(p.icepop_high)
-                 ? e
-                 : 0.0;
-    }
-    case Correction::kM2po:
-      return d * d >= p.m2po_threshold ? 0.0 : 1.0;
-  }
-  return 1.0;
-}
-
 __global__ void __launch_bounds__(kSeqThreads)
     SeqTokensKernel(PolicyLossInputs in, PolicyLossParams p, double* __restrict__ seq_tokens,
                     double* __restrict__ seq_d, double* __restrict__ seq_x) {
@@ -182,7 +82,7 @@ __global__ void __launch_bounds__(kSeqThreads)
   const int64_t T = in.T;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * T;
   const bool seq_weight = p.correction == Correction::kSeqTis;
-  const bool seq_ratio = p.kind == PolicyLossKind::kGspo;
+  const bool seq_ratio = terms::UsesSequenceRatio(p.kind);
   double sum = 0.0, dsum = 0.0, xsum = 0.0;
   for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
     const double m = in.mask[base + t];
@@ -191,7 +91,9 @@ __global__ void __launch_bounds__(kSeqThreads)
       dsum += m * (static_cast<double>(in.logp_old[base + t]) - in.logp_rollout[base + t]);
     }
     if (seq_ratio && m != 0.0) {
-      xsum += m * (static_cast<double>(in.logp[base + t]) - in.logp_old[base + t]);
+      xsum += m * terms::SequenceLogRatio(
+                      static_cast<double>(in.logp[base + t]) - in.logp_old[base + t],
+                      in.advantages[base + t], p);
     }
   }
   sum = BlockReduce<kSeqThreads>(sum, scratch);
@@ -215,28 +117,9 @@ __global__ void __launch_bounds__(kOneBlockThreads)
   }
   const double local_tokens = BlockReduce<kOneBlockThreads>(tokens, scratch);
   const double local_seqs = BlockReduce<kOneBlockThreads>(seqs, scratch);
-  const double token_denom = p.global_tokens > 0 ? p.global_tokens : local_tokens;
-  const double seq_denom = p.global_seqs > 0 ? p.global_seqs : local_seqs;
-  const double norm_len =
-      p.norm_max_len > 0 ? static_cast<double>(p.norm_max_len) : static_cast<double>(T);
-
   for (int64_t s = threadIdx.x; s < S; s += blockDim.x) {
-    double denom = 0.0;
-    switch (p.agg) {
-      case LossAgg::kTokenMean:
-        denom = token_denom;
-        break;
-      case LossAgg::kSeqMeanTokenSum:
-        denom = seq_denom;
-        break;
-      case LossAgg::kSeqMeanTokenMean:
-        denom = seq_denom * seq_tokens[s];
-        break;
-      case LossAgg::kSeqMeanTokenSumNorm:
-        denom = seq_denom * norm_len;
-        break;
-    }
-    scale[s] = denom != 0.0 ? 1.0 / denom : 0.0;
+    scale[s] =
+        terms::AggregationScale(p, local_tokens, local_seqs, seq_tokens[s], static_cast<double>(T));
   }
   if (threadIdx.x == 0) stats[kStatTokens] = local_tokens;
 }
@@ -251,7 +134,6 @@ __global__ void __launch_bounds__(kSeqThreads)
   const double seq_scale = scale[s];
   const double sequence_d = seq_d[s];
   const double sequence_x = seq_x[s];
-  const bool seq_ratio = p.kind == PolicyLossKind::kGspo;
   const double kl_coef = p.kl_coef;
 
   double seq_loss = 0.0, seq_pg = 0.0, seq_kl = 0.0;
@@ -266,13 +148,13 @@ __global__ void __launch_bounds__(kSeqThreads)
     }
     const double logp = in.logp[i];
     const double logp_old = in.logp_old[i];
-    const PgTerm pg = PolicyTerm(seq_ratio ? sequence_x : logp - logp_old, in.advantages[i], p);
-    const double w =
-        p.correction == Correction::kNone
-            ? 1.0
-            : BehaviourWeight(p, logp_old - static_cast<double>(in.logp_rollout[i]), sequence_d);
+    const terms::PgTerm pg = terms::PolicyTerm(logp - logp_old, sequence_x, in.advantages[i], p);
+    const double w = p.correction == Correction::kNone
+                         ? 1.0
+                         : terms::BehaviourWeight(
+                               p, logp_old - static_cast<double>(in.logp_rollout[i]), sequence_d);
     double kl = 0.0, kl_grad = 0.0;
-    if (p.kl != KlKind::kNone) KlTerm(p.kl, logp, in.logp_ref[i], &kl, &kl_grad);
+    if (p.kl != KlKind::kNone) terms::KlTerm(p.kl, logp, in.logp_ref[i], &kl, &kl_grad);
 
     seq_pg += m * w * pg.loss;
     seq_kl += m * kl;

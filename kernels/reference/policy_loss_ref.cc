@@ -5,135 +5,10 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/policy_loss_terms.h"
+
 namespace gyre::kernels {
 namespace {
-
-constexpr double kLogRatioClamp = 20.0;
-constexpr double kK3Clamp = 10.0;
-
-// A name table: each enum value and the name the config spells it with.
-template <typename E>
-struct Named {
-  E value;
-  const char* name;
-};
-
-constexpr Named<LossAgg> kAggNames[] = {
-    {LossAgg::kTokenMean, "token-mean"},
-    {LossAgg::kSeqMeanTokenSum, "seq-mean-token-sum"},
-    {LossAgg::kSeqMeanTokenMean, "seq-mean-token-mean"},
-    {LossAgg::kSeqMeanTokenSumNorm, "seq-mean-token-sum-norm"},
-};
-
-constexpr Named<KlKind> kKlNames[] = {
-    {KlKind::kNone, "none"},
-    {KlKind::kK1, "k1"},
-    {KlKind::kK2, "k2"},
-    {KlKind::kK3, "k3"},
-};
-
-constexpr Named<PolicyLossKind> kLossKindNames[] = {
-    {PolicyLossKind::kPpo, "ppo"},
-    {PolicyLossKind::kGspo, "gspo"},
-    {PolicyLossKind::kCispo, "cispo"},
-    {PolicyLossKind::kSao, "sao"},
-};
-
-constexpr Named<Correction> kCorrectionNames[] = {
-    {Correction::kNone, "none"},     {Correction::kTis, "tis"},   {Correction::kSeqTis, "seq-tis"},
-    {Correction::kIcePop, "icepop"}, {Correction::kM2po, "m2po"},
-};
-
-// Sets *out to `name`'s value in `table`; false (and *out unchanged) for an unknown name.
-template <typename E, size_t N>
-bool ParseNamed(const Named<E> (&table)[N], const std::string& name, E* out) {
-  for (const Named<E>& entry : table) {
-    if (name == entry.name) {
-      *out = entry.value;
-      return true;
-    }
-  }
-  return false;
-}
-
-template <typename E, size_t N>
-const char* NameOf(const Named<E> (&table)[N], E value) {
-  for (const Named<E>& entry : table) {
-    if (entry.value == value) return entry.name;
-  }
-  return "unknown";
-}
-
-// One token's policy term and its derivative with respect to logp.
-struct PgTerm {
-  double loss;
-  double grad;
-  bool clipped;       // the PPO-clipped term strictly won
-  bool dual_clipped;  // the dual-clip cap strictly won
-};
-
-// log_ratio is the token's x (the header): its own logp - logp_old, or kGspo's sequence mean.
-PgTerm PolicyTerm(double log_ratio, double adv, const PolicyLossParams& p) {
-  const bool ratio_clamped = log_ratio < -kLogRatioClamp || log_ratio > kLogRatioClamp;
-  const double ratio = std::exp(std::clamp(log_ratio, -kLogRatioClamp, kLogRatioClamp));
-  const double d_ratio = ratio_clamped ? 0.0 : ratio;  // d ratio / d logp
-
-  const double lo = 1.0 - static_cast<double>(p.clip_eps_low);
-  const double hi = 1.0 + static_cast<double>(p.clip_eps_high);
-  switch (p.kind) {
-    case PolicyLossKind::kCispo: {
-      const double weight = std::clamp(ratio, lo, hi);
-      return {-adv * weight, ratio_clamped ? 0.0 : -adv * weight, ratio < lo || ratio > hi, false};
-    }
-    case PolicyLossKind::kSao:
-      if (ratio < lo || ratio > hi) return {0.0, 0.0, true, false};
-      return {-adv * ratio, -adv * d_ratio, false, false};
-    case PolicyLossKind::kPpo:
-    case PolicyLossKind::kGspo:
-      break;
-  }
-  const double unclipped = -adv * ratio;
-  const double clipped = -adv * std::clamp(ratio, lo, hi);
-  PgTerm term{unclipped, -adv * d_ratio, false, false};
-  if (clipped > unclipped) term = {clipped, 0.0, true, false};
-
-  if (p.kind == PolicyLossKind::kPpo && adv < 0.0 && p.dual_clip_c > 1.0f) {
-    const double cap = -adv * static_cast<double>(p.dual_clip_c);
-    if (term.loss > cap) term = {cap, 0.0, false, true};
-  }
-  return term;
-}
-
-// KL estimator value and derivative with respect to logp.
-void KlTerm(KlKind kind, double logp, double logp_ref, double* value, double* grad) {
-  const double d = logp - logp_ref;
-  switch (kind) {
-    case KlKind::kNone:
-      *value = 0.0;
-      *grad = 0.0;
-      return;
-    case KlKind::kK1:
-      *value = d;
-      *grad = 1.0;
-      return;
-    case KlKind::kK2:
-      *value = 0.5 * d * d;
-      *grad = d;
-      return;
-    case KlKind::kK3: {
-      const double e = std::exp(-d);
-      const double k3 = e + d - 1.0;
-      if (k3 > kK3Clamp || k3 < -kK3Clamp) {
-        *value = std::clamp(k3, -kK3Clamp, kK3Clamp);
-        *grad = 0.0;
-      } else {
-        *value = k3;
-        *grad = 1.0 - e;
-      }
-      return;
-    }
-  }
-}
 
 PolicyLossStats NanStats(int64_t count, float* grad_logp) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -143,47 +18,7 @@ PolicyLossStats NanStats(int64_t count, float* grad_logp) {
   return {nan, nan, nan, nan, nan, nan, nan, nan, nan, nan};
 }
 
-// The behaviour weight w of one token (header), from d = logp_old - logp_rollout and, for
-// kSeqTis, the sequence's sum of d over its masked tokens.
-double BehaviourWeight(const PolicyLossParams& p, double d, double seq_d) {
-  switch (p.correction) {
-    case Correction::kNone:
-      return 1.0;
-    case Correction::kTis:
-      return std::min(std::exp(d), static_cast<double>(p.tis_cap));
-    case Correction::kSeqTis:
-      return std::min(std::exp(seq_d), static_cast<double>(p.tis_cap));
-    case Correction::kIcePop: {
-      const double e = std::exp(d);
-      return e >= static_cast<double>(p.icepop_low) && e <= static_cast<double>(p.icepop_high)
-                 ? e
-                 : 0.0;
-    }
-    case Correction::kM2po:
-      return d * d >= p.m2po_threshold ? 0.0 : 1.0;
-  }
-  return 1.0;
-}
-
 }  // namespace
-
-bool ParseLossAgg(const std::string& name, LossAgg* agg) {
-  return ParseNamed(kAggNames, name, agg);
-}
-const char* LossAggName(LossAgg agg) { return NameOf(kAggNames, agg); }
-
-bool ParsePolicyLossKind(const std::string& name, PolicyLossKind* kind) {
-  return ParseNamed(kLossKindNames, name, kind);
-}
-const char* PolicyLossKindName(PolicyLossKind kind) { return NameOf(kLossKindNames, kind); }
-
-bool ParseKlKind(const std::string& name, KlKind* kl) { return ParseNamed(kKlNames, name, kl); }
-const char* KlKindName(KlKind kl) { return NameOf(kKlNames, kl); }
-
-bool ParseCorrection(const std::string& name, Correction* c) {
-  return ParseNamed(kCorrectionNames, name, c);
-}
-const char* CorrectionName(Correction c) { return NameOf(kCorrectionNames, c); }
 
 PolicyLossStats PolicyLossRef(const PolicyLossInputs& in, const PolicyLossParams& p,
                               float* grad_logp) {
@@ -194,13 +29,13 @@ PolicyLossStats PolicyLossRef(const PolicyLossInputs& in, const PolicyLossParams
   }
 
   // Denominators first: each token's gradient depends on its sequence's scale.
-  // seq_d[s]: kSeqTis's sum of m * (logp_old - logp_rollout) over the sequence; seq_x[s]: kGspo's
-  // sum of m * (logp - logp_old), then its mean.
+  // seq_d[s]: kSeqTis's sum of m * (logp_old - logp_rollout) over the sequence; seq_x[s]: the
+  // sequence kinds' X (terms::SequenceLogRatio), a masked sum, then its mean.
   std::vector<double> seq_tokens(S, 0.0), seq_d(S, 0.0), seq_x(S, 0.0);
   double local_tokens = 0.0;
   double local_seqs = 0.0;
   const bool seq_weight = p.correction == Correction::kSeqTis;
-  const bool seq_ratio = p.kind == PolicyLossKind::kGspo;
+  const bool seq_ratio = terms::UsesSequenceRatio(p.kind);
   for (int64_t s = 0; s < S; ++s) {
     for (int64_t t = 0; t < T; ++t) {
       const int64_t i = s * T + t;
@@ -210,37 +45,19 @@ PolicyLossStats PolicyLossRef(const PolicyLossInputs& in, const PolicyLossParams
         seq_d[s] += m * (static_cast<double>(in.logp_old[i]) - in.logp_rollout[i]);
       }
       if (seq_ratio && m != 0.0) {
-        seq_x[s] += m * (static_cast<double>(in.logp[i]) - in.logp_old[i]);
+        seq_x[s] += m * terms::SequenceLogRatio(static_cast<double>(in.logp[i]) - in.logp_old[i],
+                                                in.advantages[i], p);
       }
     }
     if (seq_ratio && seq_tokens[s] != 0.0) seq_x[s] /= seq_tokens[s];
     local_tokens += seq_tokens[s];
     if (seq_tokens[s] != 0.0) local_seqs += 1.0;
   }
-  const double token_denom = p.global_tokens > 0 ? p.global_tokens : local_tokens;
-  const double seq_denom = p.global_seqs > 0 ? p.global_seqs : local_seqs;
-  const double norm_len =
-      p.norm_max_len > 0 ? static_cast<double>(p.norm_max_len) : static_cast<double>(T);
-
   // scale[s] turns sequence s's masked token sum into its share of the loss.
   std::vector<double> scale(S, 0.0);
   for (int64_t s = 0; s < S; ++s) {
-    double denom = 0.0;
-    switch (p.agg) {
-      case LossAgg::kTokenMean:
-        denom = token_denom;
-        break;
-      case LossAgg::kSeqMeanTokenSum:
-        denom = seq_denom;
-        break;
-      case LossAgg::kSeqMeanTokenMean:
-        denom = seq_denom * seq_tokens[s];
-        break;
-      case LossAgg::kSeqMeanTokenSumNorm:
-        denom = seq_denom * norm_len;
-        break;
-    }
-    scale[s] = denom != 0.0 ? 1.0 / denom : 0.0;
+    scale[s] =
+        terms::AggregationScale(p, local_tokens, local_seqs, seq_tokens[s], static_cast<double>(T));
   }
 
   PolicyLossStats stats{};
@@ -258,13 +75,13 @@ PolicyLossStats PolicyLossRef(const PolicyLossInputs& in, const PolicyLossParams
       }
       const double logp = in.logp[i];
       const double logp_old = in.logp_old[i];
-      const PgTerm pg = PolicyTerm(seq_ratio ? seq_x[s] : logp - logp_old, in.advantages[i], p);
-      const double w =
-          p.correction == Correction::kNone
-              ? 1.0
-              : BehaviourWeight(p, logp_old - static_cast<double>(in.logp_rollout[i]), seq_d[s]);
+      const terms::PgTerm pg = terms::PolicyTerm(logp - logp_old, seq_x[s], in.advantages[i], p);
+      const double w = p.correction == Correction::kNone
+                           ? 1.0
+                           : terms::BehaviourWeight(
+                                 p, logp_old - static_cast<double>(in.logp_rollout[i]), seq_d[s]);
       double kl = 0.0, kl_grad = 0.0;
-      if (p.kl != KlKind::kNone) KlTerm(p.kl, logp, in.logp_ref[i], &kl, &kl_grad);
+      if (p.kl != KlKind::kNone) terms::KlTerm(p.kl, logp, in.logp_ref[i], &kl, &kl_grad);
 
       seq_pg += m * w * pg.loss;
       seq_kl += m * kl;

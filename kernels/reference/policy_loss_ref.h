@@ -4,17 +4,24 @@
 // Exact semantics, per token (s, t) with mask weight m = mask[s, t] (0 or 1 expected; a token
 // with m == 0 is skipped entirely, so padding may hold NaN or inf), lo = 1 - clip_eps_low and
 // hi = 1 + clip_eps_high:
-//   log ratio x = logp - logp_old; kGspo: x = the sequence's mean over its masked tokens of
-//             logp - logp_old, whose gradient reaches each token as if x were that token's own
-//             log ratio (GSPO-token with the sequence advantage: d x / d logp = 1)
-//   ratio     r = exp(clamp(x, -20, 20))
-//   policy term L by PolicyLossParams::kind:
-//     kPpo, kGspo  L = max(-A r, -A clip(r, lo, hi))
-//                  dual clip (kPpo only; A < 0 and dual_clip_c > 1): L = min(L, -A dual_clip_c)
+//   log ratio x = logp - logp_old; the sequence kinds (kGspo, kGmpo) also read their sequence's X,
+//             the mask-weighted mean over its tokens of SequenceLogRatio(x, A)
+//             (kernels/policy_loss_terms.h)
+//   ratio     r = exp(clamp(x, -20, 20)) (kGspo, kGmpo: of X)
+//   policy term L by PolicyLossParams::kind (kernels/policy_loss_terms.h, PolicyTerm, defines
+//   each; docs/algorithms.md names them):
+//     kPpo         L = max(-A r, -A clip(r, lo, hi)); dual clip (A < 0 and dual_clip_c > 1):
+//                  L = min(L, -A dual_clip_c)
+//     kGspo        kPpo's clip on X's ratio, no dual clip; its gradient reaches each token as if
+//                  X were that token's own log ratio (GSPO-token with the sequence advantage)
 //     kCispo       L = -A clip(r, lo, hi), with the gradient of -A sg(clip(r, lo, hi) / r) r: the
 //                  clipped ratio is a detached weight on the log-prob's gradient, never zeroed
 //     kSao         L = -A r where lo <= r <= hi, else L = 0 with no gradient (double-sided token
 //                  masking, whatever the sign of A)
+//     kGmpo        L = -A exp(X), X the mean of the token log ratios clipped in log space (A >= 0:
+//                  x capped at log hi; A < 0: floored at log lo): -A times the geometric mean of
+//                  the clipped ratios. A token whose x was clipped gets no gradient; with
+//                  seq-mean-token-mean this is the exact gradient of GMPO's sequence objective.
 //   behaviour weight w (detached; docs/algorithms.md, "Off-policy corrections"), from
 //             d = logp_old - logp_rollout (logp_old is the proximal policy):
 //             kNone    w = 1
@@ -37,13 +44,14 @@
 // A zero denominator gives loss 0 and gradient 0 (nothing to learn from), not NaN.
 //
 // Gradient: the exact derivative of the returned loss with respect to logp (kCispo: of its
-// detached-weight form above; kGspo: token t gets m w L'(x) times its sequence's scale, which is
-// the exact derivative whenever w is constant over the sequence, as without a correction or
-// with kSeqTis, and the mask is 0/1). A branch that holds the loss constant contributes 0: the
+// detached-weight form above; kGspo, kGmpo: token t gets m w L'(X) times its sequence's scale,
+// which is the exact derivative whenever w is constant over the sequence, as without a correction
+// or with kSeqTis, and the mask is 0/1). A branch that holds the loss constant contributes 0: the
 // ratio clamp (|x| > 20), the PPO clip when the clipped term is strictly larger, the dual clip when
 // it is strictly smaller, kSao's mask, and the k3 clamp. At ties between branches the unclipped
 // gradient is used. clip_frac counts tokens where the clip changed the term: kPpo/kGspo the clipped
-// term strictly won, kCispo r lies strictly outside [lo, hi], kSao the token was masked.
+// term strictly won, kCispo r lies strictly outside [lo, hi], kSao the token was masked, kGmpo
+// the token's x was clipped.
 #pragma once
 
 #include <cstddef>
@@ -53,33 +61,17 @@
 
 namespace gyre::kernels {
 
+// The names a job file uses for these values live in the algorithm registry
+// (src/algorithm/registry.cc), which maps each name to its value here.
 enum class LossAgg { kTokenMean, kSeqMeanTokenSum, kSeqMeanTokenMean, kSeqMeanTokenSumNorm };
-
-// Parses "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm".
-// Returns false and leaves *agg unchanged for anything else.
-bool ParseLossAgg(const std::string& name, LossAgg* agg);
-const char* LossAggName(LossAgg agg);
 
 enum class KlKind { kNone, kK1, kK2, kK3 };
 
 // The policy term L (header).
-enum class PolicyLossKind { kPpo, kGspo, kCispo, kSao };
-
-// Parses "ppo", "gspo", "cispo", "sao". Returns false and leaves *kind unchanged for anything else.
-bool ParsePolicyLossKind(const std::string& name, PolicyLossKind* kind);
-const char* PolicyLossKindName(PolicyLossKind kind);
+enum class PolicyLossKind { kPpo, kGspo, kCispo, kSao, kGmpo };
 
 // Behaviour-policy correction (the weight w above).
 enum class Correction { kNone, kTis, kSeqTis, kIcePop, kM2po };
-
-// Parses "none", "tis", "seq-tis", "icepop", "m2po". Returns false and leaves *c unchanged for
-// anything else.
-bool ParseCorrection(const std::string& name, Correction* c);
-const char* CorrectionName(Correction c);
-
-// Parses "none", "k1", "k2", "k3". Returns false and leaves *kl unchanged for anything else.
-bool ParseKlKind(const std::string& name, KlKind* kl);
-const char* KlKindName(KlKind kl);
 
 struct PolicyLossParams {
   PolicyLossKind kind = PolicyLossKind::kPpo;

@@ -79,17 +79,24 @@ namespace algorithm {
 
 StatusOr<kernels::PolicyLossParams> ToKernelParams(const PolicyLossOptions& o) {
   kernels::PolicyLossParams p;
-  if (!kernels::ParsePolicyLossKind(o.loss, &p.kind)) {
-    return UnknownName("PolicyLoss: loss", o.loss, "algorithm.policy_loss");
-  }
-  if (!kernels::ParseLossAgg(o.aggregation, &p.agg)) {
+  // The registry's built-in entries carry the kernel values (a loss the program registered is
+  // not one: the torch wrapper handles those).
+  StatusOr<kernels::PolicyLossKind> kind = PolicyLossKindFor(o.loss);
+  if (!kind.ok()) return UnknownName("PolicyLoss: loss", o.loss, "algorithm.policy_loss");
+  StatusOr<kernels::LossAgg> agg = LossAggFor(o.aggregation);
+  if (!agg.ok()) {
     return UnknownName("PolicyLoss: aggregation", o.aggregation, "algorithm.loss_agg");
   }
-  if (!kernels::ParseCorrection(o.correction, &p.correction)) {
+  StatusOr<kernels::Correction> correction = CorrectionFor(o.correction);
+  if (!correction.ok()) {
     return UnknownName("PolicyLoss: correction", o.correction, "algorithm.correction");
   }
-  if (!kernels::ParseKlKind(o.kl, &p.kl))
-    return UnknownName("PolicyLoss: kl", o.kl, "algorithm.kl");
+  StatusOr<kernels::KlKind> kl = KlKindFor(o.kl);
+  if (!kl.ok()) return UnknownName("PolicyLoss: kl", o.kl, "algorithm.kl");
+  p.kind = *kind;
+  p.agg = *agg;
+  p.correction = *correction;
+  p.kl = *kl;
   p.clip_eps_low = o.clip_eps_low;
   p.clip_eps_high = o.clip_eps_high;
   p.dual_clip_c = o.dual_clip_c;

@@ -78,58 +78,62 @@ Status CheckGrouping(const std::string& name, size_t num_rewards,
   return Status::Ok();
 }
 
-bool IsSequenceEstimator(const std::string& name) {
-  return name == "grpo_passk" || name == "gpg" || name == "opo";
-}
-
-StatusOr<std::vector<float>> SequenceAdvantages(const std::string& name,
-                                                const std::vector<float>& rewards,
-                                                const std::vector<int32_t>& group_sizes,
-                                                const std::vector<int32_t>* response_lengths) {
-  if (!IsSequenceEstimator(name)) {
-    return InvalidArgument("'" + name + "' is not a sequence-level estimator");
-  }
-  GYRE_RETURN_IF_ERROR(CheckGrouping(name, rewards.size(), group_sizes));
-  if (name == "opo") {
-    if (response_lengths == nullptr || response_lengths->size() != rewards.size()) {
-      return InvalidArgument("advantage estimator 'opo' needs one response length per reward");
-    }
-    for (int32_t l : *response_lengths) {
-      if (l < 1) return InvalidArgument("advantage estimator 'opo': a response length is < 1");
-    }
-  }
+StatusOr<std::vector<float>> PassKAdvantages(const std::vector<float>& rewards,
+                                             const std::vector<int32_t>& group_sizes,
+                                             const std::vector<int32_t>* /*response_lengths*/) {
+  GYRE_RETURN_IF_ERROR(CheckGrouping("grpo_passk", rewards.size(), group_sizes));
   std::vector<float> out(rewards.size());
-  if (name == "gpg") {
-    // A_i = alpha (R_i - mean_g), alpha = B / (samples of the groups whose rewards differ).
-    size_t begin = 0, informative = 0;
-    bool nan = false;
-    for (int32_t n : group_sizes) {
-      const float* r = rewards.data() + begin;
-      nan = nan || AnyNaN(r, n);
-      bool equal = true;
-      for (int32_t i = 1; i < n; ++i) equal = equal && r[i] == r[0];
-      if (!equal) informative += static_cast<size_t>(n);
-      begin += static_cast<size_t>(n);
-    }
-    const double alpha = nan ? kNaN
-                             : static_cast<double>(rewards.size()) /
-                                   static_cast<double>(std::max<size_t>(1, informative));
-    begin = 0;
-    for (int32_t n : group_sizes) {
-      const float* r = rewards.data() + begin;
-      const double mean = Mean(r, n);
-      for (int32_t i = 0; i < n; ++i) out[begin + i] = static_cast<float>(alpha * (r[i] - mean));
-      begin += static_cast<size_t>(n);
-    }
-    return out;
-  }
   size_t begin = 0;
   for (int32_t n : group_sizes) {
-    if (name == "grpo_passk") {
-      PassK(rewards.data() + begin, n, out.data() + begin);
-    } else {
-      Opo(rewards.data() + begin, response_lengths->data() + begin, n, out.data() + begin);
-    }
+    PassK(rewards.data() + begin, n, out.data() + begin);
+    begin += static_cast<size_t>(n);
+  }
+  return out;
+}
+
+StatusOr<std::vector<float>> GpgAdvantages(const std::vector<float>& rewards,
+                                           const std::vector<int32_t>& group_sizes,
+                                           const std::vector<int32_t>* /*response_lengths*/) {
+  GYRE_RETURN_IF_ERROR(CheckGrouping("gpg", rewards.size(), group_sizes));
+  // A_i = alpha (R_i - mean_g), alpha = B / (samples of the groups whose rewards differ).
+  std::vector<float> out(rewards.size());
+  size_t begin = 0, informative = 0;
+  bool nan = false;
+  for (int32_t n : group_sizes) {
+    const float* r = rewards.data() + begin;
+    nan = nan || AnyNaN(r, n);
+    bool equal = true;
+    for (int32_t i = 1; i < n; ++i) equal = equal && r[i] == r[0];
+    if (!equal) informative += static_cast<size_t>(n);
+    begin += static_cast<size_t>(n);
+  }
+  const double alpha = nan ? kNaN
+                           : static_cast<double>(rewards.size()) /
+                                 static_cast<double>(std::max<size_t>(1, informative));
+  begin = 0;
+  for (int32_t n : group_sizes) {
+    const float* r = rewards.data() + begin;
+    const double mean = Mean(r, n);
+    for (int32_t i = 0; i < n; ++i) out[begin + i] = static_cast<float>(alpha * (r[i] - mean));
+    begin += static_cast<size_t>(n);
+  }
+  return out;
+}
+
+StatusOr<std::vector<float>> OpoAdvantages(const std::vector<float>& rewards,
+                                           const std::vector<int32_t>& group_sizes,
+                                           const std::vector<int32_t>* response_lengths) {
+  GYRE_RETURN_IF_ERROR(CheckGrouping("opo", rewards.size(), group_sizes));
+  if (response_lengths == nullptr || response_lengths->size() != rewards.size()) {
+    return InvalidArgument("advantage estimator 'opo' needs one response length per reward");
+  }
+  for (int32_t l : *response_lengths) {
+    if (l < 1) return InvalidArgument("advantage estimator 'opo': a response length is < 1");
+  }
+  std::vector<float> out(rewards.size());
+  size_t begin = 0;
+  for (int32_t n : group_sizes) {
+    Opo(rewards.data() + begin, response_lengths->data() + begin, n, out.data() + begin);
     begin += static_cast<size_t>(n);
   }
   return out;

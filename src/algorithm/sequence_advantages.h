@@ -21,15 +21,18 @@ namespace gyre::algorithm {
 Status CheckGrouping(const std::string& name, size_t num_rewards,
                      const std::vector<int32_t>& group_sizes);
 
-// Whether `name` is one of these estimators.
-bool IsSequenceEstimator(const std::string& name);
-
 // One advantage per reward, for rewards grouped by group_sizes (each >= 1, adding up to
-// rewards.size()). `response_lengths` (one per reward, each >= 1) is needed by opo and ignored by
-// the others. InvalidArgument for an unknown name or missing / bad lengths.
-StatusOr<std::vector<float>> SequenceAdvantages(const std::string& name,
-                                                const std::vector<float>& rewards,
-                                                const std::vector<int32_t>& group_sizes,
-                                                const std::vector<int32_t>* response_lengths);
+// rewards.size()); InvalidArgument otherwise. The algorithm registry (registry.cc) dispatches to
+// them by name. `response_lengths` (one per reward, each >= 1) is needed by opo (InvalidArgument
+// when missing or bad) and ignored by the others.
+StatusOr<std::vector<float>> PassKAdvantages(const std::vector<float>& rewards,
+                                             const std::vector<int32_t>& group_sizes,
+                                             const std::vector<int32_t>* response_lengths);
+StatusOr<std::vector<float>> GpgAdvantages(const std::vector<float>& rewards,
+                                           const std::vector<int32_t>& group_sizes,
+                                           const std::vector<int32_t>* response_lengths);
+StatusOr<std::vector<float>> OpoAdvantages(const std::vector<float>& rewards,
+                                           const std::vector<int32_t>& group_sizes,
+                                           const std::vector<int32_t>* response_lengths);
 
 }  // namespace gyre::algorithm

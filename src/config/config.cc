@@ -260,7 +260,7 @@ std::vector<Field> BuildTable() {
                  "group-relative advantage estimator (docs/algorithms.md)"),
       Registered(GYRE_CONFIG_KEY(algorithm.policy_loss),
                  RegistryNames<algorithm::Family::kPolicyLoss>,
-                 "policy term of the loss: PPO clip, GSPO, CISPO or SAO masking"),
+                 "policy term of each token (docs/algorithms.md)"),
       Registered(GYRE_CONFIG_KEY(algorithm.loss_agg), RegistryNames<algorithm::Family::kLossAgg>,
                  "how per-token losses are averaged"),
       Num(GYRE_CONFIG_KEY(algorithm.loss_norm_len), Closed(0, kMaxCount),

@@ -340,8 +340,7 @@ StatusOr<PolicyLossResult> PolicyLoss(const at::Tensor& logp, const at::Tensor& 
     }
   }
   if (params.correction != kernels::Correction::kNone && !logp_rollout.defined()) {
-    return InvalidArgument(std::string("the ") + kernels::CorrectionName(params.correction) +
-                           " correction needs the rollout log-probs");
+    return InvalidArgument("a behaviour-policy correction needs the rollout log-probs");
   }
   if (params.kl != kernels::KlKind::kNone && !logp_ref.defined()) {
     return InvalidArgument("a KL penalty needs reference log-probs");

@@ -310,7 +310,13 @@ int RunWorker(const std::vector<std::string>& args) {
     service = rollout_service.get();
     version = [&] { return rollout_service->version(); };
   } else {
-    trainer_service = std::make_unique<trainer::TrainerService>(*cfg, std::move(model), on_stop);
+    auto made = trainer::TrainerService::Create(*cfg, std::move(model), on_stop);
+    if (!made.ok()) {
+      session.ReportFatal("cannot train this job: " + made.status().ToString());
+      std::fprintf(stderr, "gyre worker: %s\n", made.status().ToString().c_str());
+      return 1;
+    }
+    trainer_service = std::move(*made);
     service = trainer_service.get();
     version = [&] { return trainer_service->version(); };
   }

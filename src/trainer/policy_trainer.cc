@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "algorithm/registry.h"
 #include "common/check.h"
+#include "kernels/policy_loss_terms.h"
 #include "ops/ops.h"
 #include "trainer/grad_reducer.h"
 #include "trainer/user_losses.h"
@@ -360,7 +362,7 @@ Status PolicyTrainer::Validate(const std::vector<TrainSample>& batch, Objective 
     }
     if (needs_rollout && s.rollout_logprobs.size() != s.response.size()) {
       return InvalidArgument(where + ": has no rollout log-probs, which the " +
-                             std::string(kernels::CorrectionName(options.loss.correction)) +
+                             std::string(algorithm::NameOf(options.loss.correction)) +
                              " correction and the chosen proximal policy need");
     }
     if (needs_versions && s.versions.size() != s.response.size()) {
@@ -773,25 +775,18 @@ at::Tensor ResponseLogprobs(const model::Transformer& model, const MicroBatch& m
 }
 
 // [S, 1] per-sequence weights that turn sum_t m x into x's share of the loss under p.agg, with
-// the batch-wide denominators in p (the policy-loss kernel's scale[s]; 0 for a zero denominator).
+// the batch-wide denominators in p: the policy-loss kernel's scale[s], from the same function
+// (kernels/policy_loss_terms.h).
 at::Tensor AggregationScale(const at::Tensor& mask, const kernels::PolicyLossParams& p) {
-  const double norm_len =
-      p.norm_max_len > 0 ? static_cast<double>(p.norm_max_len) : static_cast<double>(mask.size(1));
-  auto inverse = [](double d) { return d != 0.0 ? 1.0 / d : 0.0; };
-  const at::Tensor ones = at::ones({mask.size(0), 1}, mask.options());
-  switch (p.agg) {
-    case kernels::LossAgg::kTokenMean:
-      return ones * inverse(p.global_tokens);
-    case kernels::LossAgg::kSeqMeanTokenSum:
-      return ones * inverse(p.global_seqs);
-    case kernels::LossAgg::kSeqMeanTokenSumNorm:
-      return ones * inverse(p.global_seqs * norm_len);
-    case kernels::LossAgg::kSeqMeanTokenMean: {
-      const at::Tensor tokens = mask.sum(1, /*keepdim=*/true);
-      return at::where(tokens > 0, 1.0 / (tokens * p.global_seqs), at::zeros_like(tokens));
-    }
+  const at::Tensor tokens = mask.sum(1).to(at::kDouble).cpu().contiguous();
+  const double* per_seq = tokens.data_ptr<double>();
+  std::vector<double> scale(static_cast<size_t>(mask.size(0)));
+  for (size_t s = 0; s < scale.size(); ++s) {
+    // The trainer always passes the global denominators (local counts are not used).
+    scale[s] = kernels::terms::AggregationScale(p, 0.0, 0.0, per_seq[s],
+                                                static_cast<double>(mask.size(1)));
   }
-  return ones * 0.0;
+  return at::tensor(scale, at::TensorOptions().dtype(at::kDouble)).to(mask.options()).unsqueeze(1);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
+#include "algorithm/registry.h"
 #include "comm/nccl_communicator.h"
 #include "comm/weight_broadcast.h"
 #include "comm/weight_sync.h"
@@ -40,9 +41,69 @@ std::vector<TrainSample> ToTrainSamples(
 
 }  // namespace
 
-TrainerService::TrainerService(const JobConfig& config, std::unique_ptr<model::Transformer> model,
+StatusOr<TrainOptions> TrainOptionsFromJob(const JobConfig& config) {
+  TrainOptions opts;
+  opts.micro_batch_size = config.trainer.micro_batch_size;
+  opts.mini_batches = config.trainer.mini_batches;
+  opts.grad_clip = config.trainer.grad_clip;
+  const auto& a = config.algorithm;
+  auto context = [](const char* key) { return std::string("trainer: ") + key; };
+  opts.loss.clip_eps_low = static_cast<float>(a.clip_eps_low);
+  opts.loss.clip_eps_high = static_cast<float>(a.clip_eps_high);
+  opts.loss.dual_clip_c = static_cast<float>(a.dual_clip_c);
+  StatusOr<kernels::Correction> correction = algorithm::CorrectionFor(a.correction);
+  if (!correction.ok()) return correction.status().WithContext(context("algorithm.correction"));
+  opts.loss.correction = a.tis ? kernels::Correction::kTis : *correction;
+  opts.loss.tis_cap = static_cast<float>(a.tis_cap);
+  opts.loss.icepop_low = static_cast<float>(a.icepop_low);
+  opts.loss.icepop_high = static_cast<float>(a.icepop_high);
+  opts.m2po_tau = a.m2po_tau;
+  if (a.proximal == "loglinear") {
+    opts.proximal = Proximal::kLogLinear;
+  } else if (a.proximal == "behaviour") {
+    opts.proximal = Proximal::kBehaviour;
+  } else if (a.proximal == "recompute") {
+    opts.proximal = Proximal::kRecompute;
+  } else {
+    return InvalidArgument(context("algorithm.proximal") + ": '" + a.proximal +
+                           "' is not one of recompute, behaviour, loglinear");
+  }
+  StatusOr<kernels::LossAgg> agg = algorithm::LossAggFor(a.loss_agg);
+  if (!agg.ok()) return agg.status().WithContext(context("algorithm.loss_agg"));
+  opts.loss.agg = *agg;
+  // A loss the program registered (include_torch/gyre/torch.h) is computed by its function in
+  // place of a kernel term.
+  if (algorithm::IsUserPolicyLoss(a.policy_loss)) {
+    opts.user_loss = a.policy_loss;
+  } else {
+    StatusOr<kernels::PolicyLossKind> kind = algorithm::PolicyLossKindFor(a.policy_loss);
+    if (!kind.ok()) return kind.status().WithContext(context("algorithm.policy_loss"));
+    opts.loss.kind = *kind;
+  }
+  opts.loss.norm_max_len =
+      static_cast<float>(a.loss_norm_len > 0 ? a.loss_norm_len : config.rollout.max_new_tokens);
+  opts.entropy_coef = a.entropy_coef;
+  // algorithm.kl_in: reward puts the KL in the reward (SequenceKl) instead of the loss.
+  StatusOr<kernels::KlKind> kl = algorithm::KlKindFor(a.kl);
+  if (!kl.ok()) return kl.status().WithContext(context("algorithm.kl"));
+  opts.loss.kl = a.kl_in == "loss" ? *kl : kernels::KlKind::kNone;
+  opts.loss.kl_coef = static_cast<float>(a.kl_coef);
+  return opts;
+}
+
+StatusOr<std::unique_ptr<TrainerService>> TrainerService::Create(
+    const JobConfig& config, std::unique_ptr<model::Transformer> model,
+    std::function<void(const std::string&)> on_stop) {
+  GYRE_ASSIGN_OR_RETURN(TrainOptions step_options, TrainOptionsFromJob(config));
+  return std::make_unique<TrainerService>(config, std::move(step_options), std::move(model),
+                                          std::move(on_stop));
+}
+
+TrainerService::TrainerService(const JobConfig& config, TrainOptions step_options,
+                               std::unique_ptr<model::Transformer> model,
                                std::function<void(const std::string&)> on_stop)
     : config_(config),
+      step_options_(std::move(step_options)),
       trainer_(std::move(model), config.trainer.lr, config.trainer.weight_decay,
                config.trainer.beta1, config.trainer.beta2),
       on_stop_(std::move(on_stop)) {
@@ -161,8 +222,9 @@ grpc::Status TrainerService::SequenceKl(grpc::ServerContext* ctx, const v1::Sequ
                               std::to_string(req->expected_version()) + ", trainer holds " +
                               std::to_string(trainer_.version()));
     }
-    kernels::KlKind kind = kernels::KlKind::kNone;
-    if (!kernels::ParseKlKind(req->estimator(), &kind) || kind == kernels::KlKind::kNone) {
+    const StatusOr<kernels::KlKind> estimator = algorithm::KlKindFor(req->estimator());
+    const kernels::KlKind kind = estimator.ok() ? *estimator : kernels::KlKind::kNone;
+    if (kind == kernels::KlKind::kNone) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "SequenceKl: estimator '" + req->estimator() + "' is not k1, k2 or k3");
     }
@@ -186,39 +248,10 @@ grpc::Status TrainerService::TrainStep(grpc::ServerContext* ctx, const v1::Train
                               std::to_string(trainer_.version()));
     }
     std::vector<TrainSample> batch = ToTrainSamples(req->samples());
-    TrainOptions opts;
-    opts.micro_batch_size = config_.trainer.micro_batch_size;
-    opts.mini_batches = config_.trainer.mini_batches;
-    opts.grad_clip = config_.trainer.grad_clip;
+    TrainOptions opts = step_options_;
     opts.temperature = req->temperature() > 0 ? req->temperature() : 1.0;
     opts.mini_batch_sizes.assign(req->mini_batch_sizes().begin(), req->mini_batch_sizes().end());
     opts.reset_optimizer_state = req->reset_optimizer_state();
-    const auto& a = config_.algorithm;
-    opts.loss.clip_eps_low = static_cast<float>(a.clip_eps_low);
-    opts.loss.clip_eps_high = static_cast<float>(a.clip_eps_high);
-    opts.loss.dual_clip_c = static_cast<float>(a.dual_clip_c);
-    opts.loss.correction = kernels::Correction::kNone;
-    kernels::ParseCorrection(a.correction, &opts.loss.correction);  // validated with the config
-    if (a.tis) opts.loss.correction = kernels::Correction::kTis;
-    opts.loss.tis_cap = static_cast<float>(a.tis_cap);
-    opts.loss.icepop_low = static_cast<float>(a.icepop_low);
-    opts.loss.icepop_high = static_cast<float>(a.icepop_high);
-    opts.m2po_tau = a.m2po_tau;
-    opts.proximal = a.proximal == "loglinear"   ? Proximal::kLogLinear
-                    : a.proximal == "behaviour" ? Proximal::kBehaviour
-                                                : Proximal::kRecompute;
-    kernels::ParseLossAgg(a.loss_agg, &opts.loss.agg);
-    // A name the kernels do not know is a loss the program registered (validated with the
-    // config against the registry).
-    if (!kernels::ParsePolicyLossKind(a.policy_loss, &opts.loss.kind)) {
-      opts.user_loss = a.policy_loss;
-    }
-    opts.loss.norm_max_len =
-        static_cast<float>(a.loss_norm_len > 0 ? a.loss_norm_len : config_.rollout.max_new_tokens);
-    opts.entropy_coef = a.entropy_coef;
-    // algorithm.kl_in: reward puts the KL in the reward (SequenceKl) instead of the loss.
-    if (a.kl_in == "loss") kernels::ParseKlKind(a.kl, &opts.loss.kl);  // validated with the config
-    opts.loss.kl_coef = static_cast<float>(a.kl_coef);
     const Objective obj =
         req->objective() == v1::OBJECTIVE_SFT ? Objective::kSft : Objective::kPolicyGradient;
     const auto t0 = std::chrono::steady_clock::now();

@@ -28,9 +28,22 @@
 
 namespace gyre::trainer {
 
+// The step settings a job gives every TrainStep (trainer.micro_batch_size, mini_batches,
+// grad_clip; algorithm.*: the policy loss, aggregation, correction, KL, proximal policy, ...),
+// built once when the trainer reads the job. The names resolve through the algorithm registry
+// (a policy loss the program registered through include_torch/gyre/torch.h becomes user_loss);
+// InvalidArgument naming the key for one it does not know.
+StatusOr<TrainOptions> TrainOptionsFromJob(const JobConfig& config);
+
 class TrainerService final : public v1::Trainer::Service {
  public:
-  TrainerService(const JobConfig& config, std::unique_ptr<model::Transformer> model,
+  // Fails (InvalidArgument) when the job's step settings do not resolve (TrainOptionsFromJob).
+  static StatusOr<std::unique_ptr<TrainerService>> Create(
+      const JobConfig& config, std::unique_ptr<model::Transformer> model,
+      std::function<void(const std::string&)> on_stop);
+
+  TrainerService(const JobConfig& config, TrainOptions step_options,
+                 std::unique_ptr<model::Transformer> model,
                  std::function<void(const std::string&)> on_stop);
 
   // Data-parallel rendezvous (see gyre.proto): rank 0 hosts the store, every rank joins.
@@ -72,6 +85,7 @@ class TrainerService final : public v1::Trainer::Service {
                                                           double timeout_s);
 
   JobConfig config_;
+  const TrainOptions step_options_;    // TrainOptionsFromJob(config_)
   at::ScalarType dtype_ = at::kFloat;  // model.dtype: compute and published weights
   mutable std::mutex mu_;
   PolicyTrainer trainer_;                         // guarded by mu_

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "algorithm/registry.h"
 #include "gpu_test_util.h"
 #include "kernels/advantages.cuh"
 #include "kernels/device_info.h"
@@ -145,7 +146,7 @@ void ExpectAdvantagesMatch(const Groups& g, AdvantageKind kind, const std::strin
   const AdvantagesOut ref = RefAdvantages(g, kind, eps);
   AdvantagesOut gpu;
   ASSERT_NO_FATAL_FAILURE(GpuAdvantages(g, kind, eps, /*with_flags=*/true, nullptr, &gpu));
-  const std::string label = what + " " + AdvantageKindName(kind);
+  const std::string label = what + " " + algorithm::NameOf(kind);
   ExpectAllClose(gpu.advantages, ref.advantages, kAdvTol, kFloatEps, label + " advantages");
   EXPECT_EQ(gpu.zero_variance, ref.zero_variance) << label;
 }
@@ -164,7 +165,7 @@ INSTANTIATE_TEST_SUITE_P(
     AllKinds, AdvantagesSweepGpuTest,
     ::testing::Combine(::testing::ValuesIn(kAllKinds), ::testing::Values(1, 2, 17, 256, 1024)),
     [](const ::testing::TestParamInfo<AdvantagesSweepGpuTest::ParamType>& info) {
-      return std::string(AdvantageKindName(std::get<0>(info.param))) + "_B" +
+      return std::string(algorithm::NameOf(std::get<0>(info.param))) + "_B" +
              std::to_string(std::get<1>(info.param));
     });
 
@@ -213,7 +214,7 @@ TEST(AdvantagesGpuTest, NullFlagsDefaultStreamAndDeterminism) {
     ASSERT_NO_FATAL_FAILURE(GpuAdvantages(g, kind, 1e-6f, false, stream, &first));
     ASSERT_NO_FATAL_FAILURE(GpuAdvantages(g, kind, 1e-6f, false, stream, &second));
     ExpectAllClose(first.advantages, ref.advantages, kAdvTol, kFloatEps, "no flags");
-    EXPECT_EQ(first.advantages, second.advantages) << AdvantageKindName(kind);  // bitwise
+    EXPECT_EQ(first.advantages, second.advantages) << algorithm::NameOf(kind);  // bitwise
     // zero_variance was null: the garbage placed there is untouched.
     EXPECT_EQ(first.zero_variance, std::vector<uint8_t>(g.num_groups(), 7));
   }
@@ -245,7 +246,7 @@ TEST(AdvantagesGpuTest, NanRewardPropagatesInItsGroup) {
     const AdvantagesOut ref = RefAdvantages(g, kind, 1e-6f);
     AdvantagesOut gpu;
     ASSERT_NO_FATAL_FAILURE(GpuAdvantages(g, kind, 1e-6f, true, nullptr, &gpu));
-    EXPECT_EQ(gpu.zero_variance, (std::vector<uint8_t>{0, 0, 0, 1})) << AdvantageKindName(kind);
+    EXPECT_EQ(gpu.zero_variance, (std::vector<uint8_t>{0, 0, 0, 1})) << algorithm::NameOf(kind);
     if (kind == AdvantageKind::kMedian) {
       // The reference's std::sort leaves NaN's place undefined; the kernel's median of a group
       // with a NaN is NaN, so the whole group is NaN and the other groups are untouched.
@@ -255,7 +256,7 @@ TEST(AdvantagesGpuTest, NanRewardPropagatesInItsGroup) {
       ExpectAllClose(rest, ref_rest, kAdvTol, kFloatEps, "median after NaN group");
     } else {
       ExpectAllClose(gpu.advantages, ref.advantages, kAdvTol, kFloatEps,
-                     std::string("NaN ") + AdvantageKindName(kind));
+                     std::string("NaN ") + algorithm::NameOf(kind));
     }
   }
 }
@@ -274,7 +275,7 @@ TEST(AdvantagesGpuTest, EmptyBatchesAndBadArguments) {
     AdvantagesOut gpu;
     ASSERT_NO_FATAL_FAILURE(GpuAdvantages(empty, kind, 1e-6f, true, nullptr, &gpu));
     EXPECT_TRUE(gpu.advantages.empty());
-    EXPECT_EQ(gpu.zero_variance, (std::vector<uint8_t>{1, 1})) << AdvantageKindName(kind);
+    EXPECT_EQ(gpu.zero_variance, (std::vector<uint8_t>{1, 1})) << algorithm::NameOf(kind);
   }
   // A single sample: reinforce_pp_baseline's batch std is 0, so the advantage is 0 / eps = 0.
   Groups one;
@@ -508,8 +509,8 @@ void ExpectStatsMatch(const PolicyLossStats& got, const PolicyLossStats& ref,
 }
 
 std::string ParamsName(const PolicyLossParams& p) {
-  return std::string(LossAggName(p.agg)) + (p.dual_clip_c > 1 ? " dual" : " nodual") + " " +
-         CorrectionName(p.correction) + " kl=" + KlKindName(p.kl);
+  return std::string(algorithm::NameOf(p.agg)) + (p.dual_clip_c > 1 ? " dual" : " nodual") + " " +
+         algorithm::NameOf(p.correction) + " kl=" + algorithm::NameOf(p.kl);
 }
 
 void ExpectLossMatches(const LossBatch& b, const PolicyLossParams& p, const std::string& what) {
@@ -563,10 +564,10 @@ INSTANTIATE_TEST_SUITE_P(
                                          Correction::kIcePop, Correction::kM2po),
                        ::testing::Values(KlKind::kNone, KlKind::kK1, KlKind::kK2, KlKind::kK3)),
     [](const ::testing::TestParamInfo<PolicyLossSweepGpuTest::ParamType>& info) {
-      std::string name = std::string(LossAggName(std::get<0>(info.param))) +
+      std::string name = std::string(algorithm::NameOf(std::get<0>(info.param))) +
                          (std::get<1>(info.param) ? "_dual_" : "_nodual_") +
-                         CorrectionName(std::get<2>(info.param)) + "_" +
-                         KlKindName(std::get<3>(info.param));
+                         algorithm::NameOf(std::get<2>(info.param)) + "_" +
+                         algorithm::NameOf(std::get<3>(info.param));
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
@@ -588,20 +589,19 @@ TEST_P(PolicyLossKindGpuTest, MatchesReferenceValueStatsAndGradient) {
     p.kl_coef = 0.1f;
   }
   const LossBatch b = MakeLossBatch(29, 257, 7);
-  ExpectLossMatches(b, p, std::string("S=29 T=257 ") + PolicyLossKindName(kind));
+  ExpectLossMatches(b, p, std::string("S=29 T=257 ") + algorithm::NameOf(kind));
   EXPECT_GT(RefLoss(b, p).stats.clip_frac, 0.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     AllKinds, PolicyLossKindGpuTest,
-    ::testing::Combine(::testing::Values(PolicyLossKind::kPpo, PolicyLossKind::kGspo,
-                                         PolicyLossKind::kCispo, PolicyLossKind::kSao),
+    ::testing::Combine(::testing::ValuesIn(algorithm::BuiltinPolicyLossKinds()),
                        ::testing::Values(LossAgg::kTokenMean, LossAgg::kSeqMeanTokenSum,
                                          LossAgg::kSeqMeanTokenMean, LossAgg::kSeqMeanTokenSumNorm),
                        ::testing::Bool()),
     [](const ::testing::TestParamInfo<PolicyLossKindGpuTest::ParamType>& info) {
-      std::string name = std::string(PolicyLossKindName(std::get<0>(info.param))) + "_" +
-                         LossAggName(std::get<1>(info.param)) +
+      std::string name = std::string(algorithm::NameOf(std::get<0>(info.param))) + "_" +
+                         algorithm::NameOf(std::get<1>(info.param)) +
                          (std::get<2>(info.param) ? "_seqtis_k3" : "_plain");
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
@@ -795,7 +795,7 @@ TEST(PolicyLossGpuTest, GradientMatchesFiniteDifferences) {
       const double h = static_cast<double>(plus.logp[i]) - static_cast<double>(minus.logp[i]);
       const double fd = (lp.stats.loss - lm.stats.loss) / h;
       EXPECT_NEAR(base.grad[i], fd, 1e-6 + 1e-3 * std::fabs(fd))
-          << LossAggName(agg) << " token " << i;
+          << algorithm::NameOf(agg) << " token " << i;
     }
     EXPECT_GE(checked, 8);
   }

@@ -10,7 +10,7 @@ namespace {
 
 TEST(PublicAlgorithmsTest, NamesComeFromTheRegistry) {
   EXPECT_EQ(gyre::AlgorithmNames("algorithm.policy_loss"),
-            (std::vector<std::string>{"ppo", "gspo", "cispo", "sao"}));
+            (std::vector<std::string>{"ppo", "gspo", "cispo", "sao", "gmpo"}));
   EXPECT_EQ(gyre::AlgorithmNames("algorithm.kl"),
             (std::vector<std::string>{"none", "k1", "k2", "k3"}));
   EXPECT_EQ(gyre::AlgorithmNames("rollout.budget.policy"),
@@ -70,7 +70,7 @@ TEST(PublicAlgorithmsTest, PolicyLossValueAndGradient) {
   EXPECT_NE(gyre::PolicyLoss(arrays, opts, nullptr)
                 .status()
                 .message()
-                .find("'ppoo' is not one of ppo, gspo, cispo, sao"),
+                .find("'ppoo' is not one of ppo, gspo, cispo, sao, gmpo"),
             std::string::npos);
   opts.loss = "ppo";
   opts.kl = "k2";

@@ -77,7 +77,9 @@ kernels::PolicyLossStats Loss(const LossBatch& b, const kernels::PolicyLossParam
 
 kernels::PolicyLossParams LossNamed(const std::string& name) {
   kernels::PolicyLossParams p;
-  EXPECT_TRUE(kernels::ParsePolicyLossKind(name, &p.kind)) << name;
+  auto kind = PolicyLossKindFor(name);
+  EXPECT_TRUE(kind.ok()) << name;
+  if (kind.ok()) p.kind = *kind;
   return p;
 }
 
@@ -177,6 +179,21 @@ std::map<std::string, Check> HandChecks() {
     ExpectNear(g, {0, 0, 1.1 / 3}, "sao grad");
     EXPECT_NEAR(s.clip_frac, 2.0 / 3, 1e-12);
   };
+  c["algorithm.policy_loss/gmpo"] = [] {
+    // One sequence of the three tokens with A = 1: x = log 1.5 is capped at log 1.28, so X =
+    // log(1.28 * 0.5 * 1.1) / 3 and every token's term is -exp(X); token-mean gives -exp(X). The
+    // clipped token gets no gradient, the others -exp(X) / 3.
+    LossBatch b = ThreeTokens();
+    b.S = 1;
+    b.T = 3;
+    b.adv = {1.0f, 1.0f, 1.0f};
+    std::vector<float> g;
+    const auto s = Loss(b, LossNamed("gmpo"), &g);
+    const double gm = std::cbrt(1.28 * 0.5 * 1.1);
+    EXPECT_NEAR(s.loss, -gm, 1e-6);
+    ExpectNear(g, {0, -gm / 3, -gm / 3}, "gmpo grad");
+    EXPECT_NEAR(s.clip_frac, 1.0 / 3, 1e-12);
+  };
   // Aggregations: two sequences of lengths 1 and 3, r = 1 everywhere, A = -1 on the first and
   // -2 on the second: token terms 1 and 2, 2, 2.
   auto agg = [](const std::string& name, double want) {
@@ -187,7 +204,9 @@ std::map<std::string, Check> HandChecks() {
     b.adv = {-1, 0, 0, -2, -2, -2};
     b.mask = {1, 0, 0, 1, 1, 1};
     kernels::PolicyLossParams p;
-    EXPECT_TRUE(kernels::ParseLossAgg(name, &p.agg));
+    auto parsed = LossAggFor(name);
+    ASSERT_TRUE(parsed.ok()) << name;
+    p.agg = *parsed;
     p.norm_max_len = 4;
     std::vector<float> g;
     EXPECT_NEAR(Loss(b, p, &g).loss, want, 1e-9) << name;
@@ -207,7 +226,9 @@ std::map<std::string, Check> HandChecks() {
     b.adv = {-1.0f};
     b.mask = {1.0f};
     kernels::PolicyLossParams p;
-    EXPECT_TRUE(kernels::ParseCorrection(name, &p.correction));
+    auto parsed = CorrectionFor(name);
+    ASSERT_TRUE(parsed.ok()) << name;
+    p.correction = *parsed;
     p.m2po_threshold = 1.0;  // log(3)^2 = 1.207 >= 1: masked
     std::vector<float> g;
     EXPECT_NEAR(Loss(b, p, &g).loss, want, 1e-6) << name;
@@ -227,7 +248,9 @@ std::map<std::string, Check> HandChecks() {
     b.mask = {1.0f};
     const std::vector<float> ref = {-1.5f};
     kernels::PolicyLossParams p;
-    EXPECT_TRUE(kernels::ParseKlKind(name, &p.kl)) << name;
+    auto parsed = KlKindFor(name);
+    ASSERT_TRUE(parsed.ok()) << name;
+    p.kl = *parsed;
     p.kl_coef = 1.0f;
     kernels::PolicyLossInputs in;
     in.S = 1;
@@ -319,28 +342,43 @@ TEST(RegistryTest, EveryBuiltinHasAHandComputedCheck) {
   }
 }
 
-TEST(RegistryTest, NamesMatchTheKernelParsers) {
-  // Every estimator is the group kernel's or a sequence-level one computed on the CPU.
-  for (const std::string& n : NamesFor(Family::kAdvantage)) {
-    kernels::AdvantageKind kind;
-    EXPECT_NE(kernels::ParseAdvantageKind(n, &kind), IsSequenceEstimator(n)) << n;
+// The registry is the dispatch table: every built-in name carries its implementation, and each
+// kernel value has exactly one name.
+TEST(RegistryTest, EveryBuiltinCarriesItsImplementation) {
+  for (const AlgorithmInfo& a : Algorithms()) {
+    if (a.user) continue;
+    auto found = Find(a.family, a.name);
+    ASSERT_TRUE(found.ok()) << a.name;
+    switch (a.family) {
+      case Family::kAdvantage:
+        // The group kernel's kind names it back, or a batch function computes it.
+        if (a.batch_advantage == nullptr) {
+          EXPECT_EQ(NameOf(a.advantage_kind), a.name);
+        }
+        break;
+      case Family::kPolicyLoss:
+        EXPECT_EQ(NameOf(*PolicyLossKindFor(a.name)), a.name);
+        break;
+      case Family::kLossAgg:
+        EXPECT_EQ(NameOf(*LossAggFor(a.name)), a.name);
+        break;
+      case Family::kCorrection:
+        EXPECT_EQ(NameOf(*CorrectionFor(a.name)), a.name);
+        break;
+      case Family::kKl:
+        EXPECT_EQ(NameOf(*KlKindFor(a.name)), a.name);
+        break;
+      case Family::kLrSchedule:
+      case Family::kSamplingPolicy:
+        break;
+    }
   }
-  for (const std::string& n : NamesFor(Family::kPolicyLoss)) {
-    kernels::PolicyLossKind kind;
-    EXPECT_TRUE(kernels::ParsePolicyLossKind(n, &kind)) << n;
-  }
-  for (const std::string& n : NamesFor(Family::kLossAgg)) {
-    kernels::LossAgg agg;
-    EXPECT_TRUE(kernels::ParseLossAgg(n, &agg)) << n;
-  }
-  for (const std::string& n : NamesFor(Family::kCorrection)) {
-    kernels::Correction c;
-    EXPECT_TRUE(kernels::ParseCorrection(n, &c)) << n;
-  }
-  for (const std::string& n : NamesFor(Family::kKl)) {
-    kernels::KlKind k;
-    EXPECT_TRUE(kernels::ParseKlKind(n, &k)) << n;
-  }
+  auto unknown = Find(Family::kPolicyLoss, "gpmo");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("algorithm.policy_loss 'gpmo'"), std::string::npos)
+      << unknown.status().message();
+  EXPECT_NE(unknown.status().message().find("gmpo"), std::string::npos);
+  EXPECT_FALSE(PolicyLossKindFor("gpmo").ok());
   EXPECT_EQ(NamesFor(Family::kLrSchedule), (std::vector<std::string>{"constant", "cosine"}));
 }
 

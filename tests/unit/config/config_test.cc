@@ -368,7 +368,7 @@ TEST(ConfigValidate, CrossFieldErrorPointsAtAnInvolvedKey) {
             "zero");
   EXPECT_EQ(ParseError("algorithm:\n  policy_loss: gspoo\n"),
             "jobs/x.yaml:2:16: algorithm.policy_loss: 'gspoo' is not one of ppo, gspo, cispo, "
-            "sao; did you mean 'gspo'?");
+            "sao, gmpo; did you mean 'gspo'?");
   EXPECT_EQ(ParseError("algorithm:\n  dual_clip_c: 0.5\n"),
             "jobs/x.yaml:2:3: algorithm.dual_clip_c (0.5) must be 0 (off) or greater than 1");
   EXPECT_EQ(ParseError("cluster:\n  heartbeat_timeout_s: 1\n"),
@@ -472,8 +472,8 @@ TEST(ConfigDump, DefaultDumpRoundTripsAndReadsNaturally) {
   EXPECT_NE(dump.find("\nrollout:\n"), std::string::npos) << dump;
   EXPECT_NE(dump.find("\n  sampling:\n    temperature: 1.0  # "), std::string::npos) << dump;
   // Choices list their values; the algorithm keys' come from the registry.
-  EXPECT_NE(dump.find("\n  policy_loss: \"ppo\"  # policy term of the loss: PPO clip, GSPO, "
-                      "CISPO or SAO masking (one of: ppo, gspo, cispo, sao)\n"),
+  EXPECT_NE(dump.find("\n  policy_loss: \"ppo\"  # policy term of each token "
+                      "(docs/algorithms.md) (one of: ppo, gspo, cispo, sao, gmpo)\n"),
             std::string::npos)
       << dump;
   EXPECT_NE(dump.find("(one of: uniform, pilot, variance, greso)"), std::string::npos) << dump;

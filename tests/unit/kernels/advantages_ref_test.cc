@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "algorithm/registry.h"
+
 namespace gyre::kernels {
 namespace {
 
@@ -34,23 +36,20 @@ void ExpectAdvantages(const Result& r, const std::vector<double>& expected) {
   }
 }
 
-TEST(AdvantagesRefTest, ParsesEveryNameAndRejectsOthers) {
+// The names live in the registry, which maps each to its kernel kind.
+TEST(AdvantagesRefTest, EveryKindHasOneRegistryNameAndUnknownNamesAreRefused) {
   for (AdvantageKind kind :
        {AdvantageKind::kGrpo, AdvantageKind::kGrpoNoStd, AdvantageKind::kRloo,
         AdvantageKind::kMedian, AdvantageKind::kReinforcePpBaseline, AdvantageKind::kReinforcePp}) {
-    AdvantageKind parsed = AdvantageKind::kGrpo;
-    ASSERT_TRUE(ParseAdvantageKind(AdvantageKindName(kind), &parsed)) << AdvantageKindName(kind);
-    EXPECT_EQ(parsed, kind);
+    const std::string name = algorithm::NameOf(kind);
+    auto entry = algorithm::Find(algorithm::Family::kAdvantage, name);
+    ASSERT_TRUE(entry.ok()) << name;
+    EXPECT_EQ(entry->advantage_kind, kind) << name;
+    EXPECT_EQ(entry->batch_advantage, nullptr) << name;
   }
-  AdvantageKind kind = AdvantageKind::kRloo;
-  EXPECT_TRUE(ParseAdvantageKind("reinforce_pp_baseline", &kind));
-  EXPECT_EQ(kind, AdvantageKind::kReinforcePpBaseline);
-  EXPECT_TRUE(ParseAdvantageKind("reinforce_pp", &kind));
-  EXPECT_EQ(kind, AdvantageKind::kReinforcePp);
+  EXPECT_STREQ(algorithm::NameOf(AdvantageKind::kReinforcePpBaseline), "reinforce_pp_baseline");
   for (const std::string bad : {"", "GRPO", "grpo ", "reinforce++", "dr_grpo"}) {
-    kind = AdvantageKind::kRloo;
-    EXPECT_FALSE(ParseAdvantageKind(bad, &kind)) << bad;
-    EXPECT_EQ(kind, AdvantageKind::kRloo);
+    EXPECT_FALSE(algorithm::Find(algorithm::Family::kAdvantage, bad).ok()) << bad;
   }
 }
 
@@ -139,7 +138,7 @@ TEST(AdvantagesRefTest, SingleSampleBatchIsZero) {
        {AdvantageKind::kGrpo, AdvantageKind::kGrpoNoStd, AdvantageKind::kRloo,
         AdvantageKind::kMedian, AdvantageKind::kReinforcePpBaseline, AdvantageKind::kReinforcePp}) {
     const Result r = Compute({0.7f}, {0, 1}, kind);
-    EXPECT_EQ(r.advantages[0], 0.0f) << AdvantageKindName(kind);
+    EXPECT_EQ(r.advantages[0], 0.0f) << algorithm::NameOf(kind);
     EXPECT_EQ(r.zero_variance[0], 1);
   }
 }
@@ -150,7 +149,7 @@ TEST(AdvantagesRefTest, AllEqualGroupsGiveExactlyZero) {
   for (AdvantageKind kind : {AdvantageKind::kGrpo, AdvantageKind::kGrpoNoStd, AdvantageKind::kRloo,
                              AdvantageKind::kMedian, AdvantageKind::kReinforcePpBaseline}) {
     const Result r = Compute(rewards, {0, 5}, kind);
-    for (float a : r.advantages) EXPECT_EQ(a, 0.0f) << AdvantageKindName(kind);
+    for (float a : r.advantages) EXPECT_EQ(a, 0.0f) << algorithm::NameOf(kind);
     EXPECT_EQ(r.zero_variance[0], 1);
   }
 }

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "algorithm/registry.h"
+
 namespace gyre::kernels {
 namespace {
 
@@ -64,27 +66,23 @@ Outcome Compute(const Batch& b, const PolicyLossParams& p) {
   return o;
 }
 
-TEST(PolicyLossRefTest, ParsesAggregationAndKlNames) {
+// The names live in the registry, which maps each to its kernel value.
+TEST(PolicyLossRefTest, AggregationAndKlNamesComeFromTheRegistry) {
   for (LossAgg agg : {LossAgg::kTokenMean, LossAgg::kSeqMeanTokenSum, LossAgg::kSeqMeanTokenMean,
                       LossAgg::kSeqMeanTokenSumNorm}) {
-    LossAgg parsed = LossAgg::kTokenMean;
-    ASSERT_TRUE(ParseLossAgg(LossAggName(agg), &parsed));
-    EXPECT_EQ(parsed, agg);
+    auto parsed = algorithm::LossAggFor(algorithm::NameOf(agg));
+    ASSERT_TRUE(parsed.ok()) << algorithm::NameOf(agg);
+    EXPECT_EQ(*parsed, agg);
   }
-  LossAgg agg = LossAgg::kTokenMean;
-  EXPECT_TRUE(ParseLossAgg("seq-mean-token-sum-norm", &agg));
-  EXPECT_EQ(agg, LossAgg::kSeqMeanTokenSumNorm);
-  EXPECT_FALSE(ParseLossAgg("token_mean", &agg));
-  EXPECT_EQ(agg, LossAgg::kSeqMeanTokenSumNorm);
+  EXPECT_EQ(*algorithm::LossAggFor("seq-mean-token-sum-norm"), LossAgg::kSeqMeanTokenSumNorm);
+  EXPECT_FALSE(algorithm::LossAggFor("token_mean").ok());
 
   for (KlKind kl : {KlKind::kNone, KlKind::kK1, KlKind::kK2, KlKind::kK3}) {
-    KlKind parsed = KlKind::kNone;
-    ASSERT_TRUE(ParseKlKind(KlKindName(kl), &parsed));
-    EXPECT_EQ(parsed, kl);
+    auto parsed = algorithm::KlKindFor(algorithm::NameOf(kl));
+    ASSERT_TRUE(parsed.ok()) << algorithm::NameOf(kl);
+    EXPECT_EQ(*parsed, kl);
   }
-  KlKind kl = KlKind::kK2;
-  EXPECT_FALSE(ParseKlKind("K3", &kl));
-  EXPECT_EQ(kl, KlKind::kK2);
+  EXPECT_FALSE(algorithm::KlKindFor("K3").ok());
 }
 
 TEST(PolicyLossRefTest, PositiveAdvantageClipsAboveOnePlusEpsHigh) {
@@ -167,16 +165,15 @@ PolicyLossParams Kind(PolicyLossKind kind) {
 
 TEST(PolicyLossRefTest, PolicyLossKindNamesRoundTrip) {
   for (PolicyLossKind kind : {PolicyLossKind::kPpo, PolicyLossKind::kGspo, PolicyLossKind::kCispo,
-                              PolicyLossKind::kSao}) {
-    PolicyLossKind parsed = PolicyLossKind::kPpo;
-    ASSERT_TRUE(ParsePolicyLossKind(PolicyLossKindName(kind), &parsed));
-    EXPECT_EQ(parsed, kind);
+                              PolicyLossKind::kSao, PolicyLossKind::kGmpo}) {
+    auto parsed = algorithm::PolicyLossKindFor(algorithm::NameOf(kind));
+    ASSERT_TRUE(parsed.ok()) << algorithm::NameOf(kind);
+    EXPECT_EQ(*parsed, kind);
   }
-  PolicyLossKind kind = PolicyLossKind::kSao;
-  EXPECT_FALSE(ParsePolicyLossKind("GSPO", &kind));
-  EXPECT_FALSE(ParsePolicyLossKind("", &kind));
-  EXPECT_EQ(kind, PolicyLossKind::kSao);
-  EXPECT_STREQ(PolicyLossKindName(PolicyLossKind::kCispo), "cispo");
+  EXPECT_FALSE(algorithm::PolicyLossKindFor("GSPO").ok());
+  EXPECT_FALSE(algorithm::PolicyLossKindFor("").ok());
+  EXPECT_STREQ(algorithm::NameOf(PolicyLossKind::kCispo), "cispo");
+  EXPECT_STREQ(algorithm::NameOf(PolicyLossKind::kGmpo), "gmpo");
 }
 
 // One sequence of two tokens with log ratios x0, x1 and advantage A on both.
@@ -220,6 +217,48 @@ TEST(PolicyLossRefTest, GspoHasNoDualClip) {
   EXPECT_NEAR(o.grad[0], 2.0, 1e-6);
   EXPECT_EQ(o.stats.dual_clip_frac, 0.0);
   EXPECT_NEAR(Compute(b, {}).stats.loss, 3.0, 1e-6);
+}
+
+// GMPO (arXiv:2507.20673) by hand: two sequences under seq-mean-token-mean, the paper's objective
+// -A exp(mean_t clip(x_t)), with the clip in log space on the side that favours the update.
+TEST(PolicyLossRefTest, GmpoTakesTheGeometricMeanOfTheClippedRatios) {
+  Batch b(2, 3);
+  b.logp_old = {-1.0f, -1.0f, -1.0f, -2.0f, -2.0f, kNan};
+  // Sequence 0, A = +1: ratios 1.5, 0.5, 1.1; 1.5 is above hi = 1.28 and is capped there.
+  // Sequence 1, A = -1: ratios 0.5, 1.5; 0.5 is below lo = 0.8 and is floored there. Its third
+  // token is padding (mask 0, NaN inputs).
+  b.logp = {static_cast<float>(-1.0 + std::log(1.5)), static_cast<float>(-1.0 + std::log(0.5)),
+            static_cast<float>(-1.0 + std::log(1.1)), static_cast<float>(-2.0 + std::log(0.5)),
+            static_cast<float>(-2.0 + std::log(1.5)), kNan};
+  b.advantages = {1.0f, 1.0f, 1.0f, -1.0f, -1.0f, kNan};
+  b.mask = {1, 1, 1, 1, 1, 0};
+  PolicyLossParams p = Kind(PolicyLossKind::kGmpo);
+  p.agg = LossAgg::kSeqMeanTokenMean;
+  const Outcome o = Compute(b, p);
+  const double g0 = std::cbrt(1.28 * 0.5 * 1.1);  // exp(X_0)
+  const double g1 = std::sqrt(0.8 * 1.5);         // exp(X_1)
+  // Each sequence contributes -A exp(X); seq-mean-token-mean averages the two.
+  EXPECT_NEAR(o.stats.loss, (-g0 + g1) / 2, 1e-6);
+  EXPECT_NEAR(o.stats.pg_loss, o.stats.loss, 1e-12);
+  // d/d logp_t of -A exp(X) / 2 = -A exp(X) / (2 n): 0 for a clipped token.
+  EXPECT_EQ(o.grad[0], 0.0f);
+  EXPECT_NEAR(o.grad[1], -g0 / 6, 1e-6);
+  EXPECT_NEAR(o.grad[2], -g0 / 6, 1e-6);
+  EXPECT_EQ(o.grad[3], 0.0f);
+  EXPECT_NEAR(o.grad[4], g1 / 4, 1e-6);
+  EXPECT_EQ(o.grad[5], 0.0f);
+  EXPECT_NEAR(o.stats.clip_frac, 2.0 / 5, 1e-12);
+  EXPECT_EQ(o.stats.dual_clip_frac, 0.0);
+
+  // Unlike GSPO, one outlier token does not clip the whole sequence: GSPO on sequence 0 takes
+  // the unclipped mean ratio (1.5 * 0.5 * 1.1)^(1/3) = 0.938, inside [0.8, 1.28].
+  Batch one(1, 3);
+  one.logp_old = {b.logp_old[0], b.logp_old[1], b.logp_old[2]};
+  one.logp = {b.logp[0], b.logp[1], b.logp[2]};
+  one.advantages = {1.0f, 1.0f, 1.0f};
+  EXPECT_NEAR(Compute(one, Kind(PolicyLossKind::kGspo)).stats.loss, -std::cbrt(1.5 * 0.5 * 1.1),
+              1e-6);
+  EXPECT_NEAR(Compute(one, Kind(PolicyLossKind::kGmpo)).stats.loss, -g0, 1e-6);
 }
 
 TEST(PolicyLossRefTest, CispoKeepsTheGradientOfClippedTokens) {
@@ -346,7 +385,7 @@ TEST(PolicyLossRefTest, IcePopMasksTokensOutsideTheBandButKeepsThemInTheDenomina
     const Outcome o = Compute(b, p);
     // token-mean and seq-mean-token-mean both divide by all 4 tokens; seq-mean-token-sum by 1.
     const double denom = agg == LossAgg::kSeqMeanTokenSum ? 1.0 : 4.0;
-    EXPECT_NEAR(o.stats.loss, (-0.8 - 1.9) / denom, 1e-5) << LossAggName(agg);
+    EXPECT_NEAR(o.stats.loss, (-0.8 - 1.9) / denom, 1e-5) << algorithm::NameOf(agg);
     EXPECT_EQ(o.grad[0], 0.0f);
     EXPECT_NEAR(o.grad[1], -0.8 / denom, 1e-5);
     EXPECT_NEAR(o.grad[2], -1.9 / denom, 1e-5);
@@ -430,13 +469,11 @@ TEST(PolicyLossRefTest, LogLinearProximalAlphaInterpolatesByVersion) {
 TEST(PolicyLossRefTest, CorrectionNamesRoundTrip) {
   for (Correction c : {Correction::kNone, Correction::kTis, Correction::kSeqTis,
                        Correction::kIcePop, Correction::kM2po}) {
-    Correction parsed = Correction::kNone;
-    ASSERT_TRUE(ParseCorrection(CorrectionName(c), &parsed)) << CorrectionName(c);
-    EXPECT_EQ(parsed, c);
+    auto parsed = algorithm::CorrectionFor(algorithm::NameOf(c));
+    ASSERT_TRUE(parsed.ok()) << algorithm::NameOf(c);
+    EXPECT_EQ(*parsed, c);
   }
-  Correction untouched = Correction::kTis;
-  EXPECT_FALSE(ParseCorrection("TIS", &untouched));
-  EXPECT_EQ(untouched, Correction::kTis);
+  EXPECT_FALSE(algorithm::CorrectionFor("TIS").ok());
 }
 
 TEST(PolicyLossRefTest, EachKlEstimatorAndItsGradient) {
@@ -459,10 +496,10 @@ TEST(PolicyLossRefTest, EachKlEstimatorAndItsGradient) {
     p.kl = c.kind;
     p.kl_coef = 0.1f;
     const Outcome o = Compute(b, p);
-    EXPECT_NEAR(o.stats.kl, c.value, 1e-7) << KlKindName(c.kind);
-    EXPECT_NEAR(o.stats.loss, 0.1 * c.value, 1e-7) << KlKindName(c.kind);
+    EXPECT_NEAR(o.stats.kl, c.value, 1e-7) << algorithm::NameOf(c.kind);
+    EXPECT_NEAR(o.stats.loss, 0.1 * c.value, 1e-7) << algorithm::NameOf(c.kind);
     EXPECT_EQ(o.stats.pg_loss, 0.0);
-    EXPECT_NEAR(o.grad[0], 0.1 * c.grad, 1e-7) << KlKindName(c.kind);
+    EXPECT_NEAR(o.grad[0], 0.1 * c.grad, 1e-7) << algorithm::NameOf(c.kind);
   }
 
   // k3 at d = -2: e^2 - 3 = 4.389 is inside the clamp; gradient 1 - e^2.
@@ -533,9 +570,9 @@ TEST(PolicyLossRefTest, EachAggregationMode) {
     p.agg = c.agg;
     p.norm_max_len = 4;
     const Outcome o = Compute(b, p);
-    EXPECT_NEAR(o.stats.loss, c.loss, 1e-9) << LossAggName(c.agg);
+    EXPECT_NEAR(o.stats.loss, c.loss, 1e-9) << algorithm::NameOf(c.agg);
     EXPECT_EQ(o.stats.tokens, 3.0);
-    for (int i = 0; i < 6; ++i) EXPECT_NEAR(o.grad[i], c.grad[i], 1e-7) << LossAggName(c.agg);
+    for (int i = 0; i < 6; ++i) EXPECT_NEAR(o.grad[i], c.grad[i], 1e-7) << algorithm::NameOf(c.agg);
   }
 
   // norm_max_len <= 0 falls back to T = 3: -7 / (2 * 3).
@@ -591,7 +628,7 @@ TEST(PolicyLossRefTest, EmptyMaskGivesZeroNotNan) {
     PolicyLossParams p;
     p.agg = agg;
     const Outcome o = Compute(b, p);
-    EXPECT_EQ(o.stats.loss, 0.0) << LossAggName(agg);
+    EXPECT_EQ(o.stats.loss, 0.0) << algorithm::NameOf(agg);
     EXPECT_EQ(o.stats.tokens, 0.0);
     EXPECT_EQ(o.stats.clip_frac, 0.0);
     for (float g : o.grad) EXPECT_EQ(g, 0.0f);
@@ -707,7 +744,7 @@ INSTANTIATE_TEST_SUITE_P(AllModes, PolicyLossGradientTest,
                          testing::Values(LossAgg::kTokenMean, LossAgg::kSeqMeanTokenSum,
                                          LossAgg::kSeqMeanTokenMean, LossAgg::kSeqMeanTokenSumNorm),
                          [](const testing::TestParamInfo<LossAgg>& info) {
-                           std::string name = LossAggName(info.param);
+                           std::string name = algorithm::NameOf(info.param);
                            std::string out;
                            for (char c : name) {
                              if (c != '-') out += c;
@@ -716,8 +753,8 @@ INSTANTIATE_TEST_SUITE_P(AllModes, PolicyLossGradientTest,
                          });
 
 // Every policy-loss kind against central finite differences, with KL and the kinds' own
-// constant branches. kGspo's gradient is exact only with a weight constant over each sequence
-// (the header), so the test uses seq-tis there.
+// constant branches. The sequence kinds' gradient is exact only with a weight constant over each
+// sequence (the header), so the test uses seq-tis there.
 class PolicyLossKindGradientTest
     : public testing::TestWithParam<std::tuple<PolicyLossKind, LossAgg>> {};
 
@@ -727,7 +764,8 @@ TEST_P(PolicyLossKindGradientTest, MatchesCentralFiniteDifferences) {
   PolicyLossParams p;
   p.kind = kind;
   p.agg = agg;
-  p.correction = kind == PolicyLossKind::kGspo ? Correction::kSeqTis : Correction::kTis;
+  const bool sequence_kind = kind == PolicyLossKind::kGspo || kind == PolicyLossKind::kGmpo;
+  p.correction = sequence_kind ? Correction::kSeqTis : Correction::kTis;
   p.tis_cap = 1.3f;
   p.kl = KlKind::kK2;
   p.kl_coef = 0.25f;
@@ -804,13 +842,12 @@ TEST_P(PolicyLossKindGradientTest, MatchesCentralFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllKinds, PolicyLossKindGradientTest,
-    testing::Combine(testing::Values(PolicyLossKind::kPpo, PolicyLossKind::kGspo,
-                                     PolicyLossKind::kCispo, PolicyLossKind::kSao),
+    testing::Combine(testing::ValuesIn(algorithm::BuiltinPolicyLossKinds()),
                      testing::Values(LossAgg::kTokenMean, LossAgg::kSeqMeanTokenMean,
                                      LossAgg::kSeqMeanTokenSumNorm)),
     [](const testing::TestParamInfo<PolicyLossKindGradientTest::ParamType>& info) {
-      std::string name = std::string(PolicyLossKindName(std::get<0>(info.param))) + "_" +
-                         LossAggName(std::get<1>(info.param));
+      std::string name = std::string(algorithm::NameOf(std::get<0>(info.param))) + "_" +
+                         algorithm::NameOf(std::get<1>(info.param));
       std::string out;
       for (char c : name) {
         if (c != '-') out += c;

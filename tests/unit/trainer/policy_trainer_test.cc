@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "algorithm/registry.h"
 #include "gyre/torch.h"
 #include "testing/tensor_compare.h"
 #include "testing/tiny_model.h"
@@ -546,8 +547,7 @@ TEST(PolicyTrainerTest, IcePopAndM2poMaskTheTokensTheRolloutDisagreesOn) {
     opts.loss.correction = c;
     auto m = t.Step(batch, Objective::kPolicyGradient, 5e-2, opts);
     ASSERT_TRUE(m.ok()) << m.status();
-    EXPECT_NEAR((*m)["correction_masked_frac"], shifted / tokens, 1e-9)
-        << kernels::CorrectionName(c);
+    EXPECT_NEAR((*m)["correction_masked_frac"], shifted / tokens, 1e-9) << algorithm::NameOf(c);
     // The kept tokens have weight 1 (exp(0) for IcePop, 1 for M2PO).
     EXPECT_NEAR((*m)["behaviour_weight_mean"], 1.0 - shifted / tokens, 1e-5);
     EXPECT_EQ(t.version(), 1);
@@ -581,7 +581,7 @@ TEST(PolicyTrainerTest, EntropyBonusRaisesEntropyWithBatchWideWeights) {
     // A second step's metrics measure the entropy after the first: higher.
     auto after = whole.Step(batch, Objective::kPolicyGradient, 1e-9, opts);
     ASSERT_TRUE(after.ok());
-    EXPECT_GT((*after)["entropy"], (*a)["entropy"]) << kernels::LossAggName(agg);
+    EXPECT_GT((*after)["entropy"], (*a)["entropy"]) << algorithm::NameOf(agg);
   }
 }
 
@@ -593,16 +593,14 @@ TEST(PolicyTrainerTest, PolicyLossKindsGiveTheirOwnUpdates) {
     for (const auto& s : Batch()) batch.push_back(s);
   }
   std::vector<at::Tensor> weights;
-  for (kernels::PolicyLossKind kind :
-       {kernels::PolicyLossKind::kPpo, kernels::PolicyLossKind::kGspo,
-        kernels::PolicyLossKind::kCispo, kernels::PolicyLossKind::kSao}) {
+  for (kernels::PolicyLossKind kind : algorithm::BuiltinPolicyLossKinds()) {
     PolicyTrainer t(model::Transformer::Create(Spec(), 6, 0.1), 5e-2, 0, 0.9, 0.999);
     TrainOptions opts = Options(64);
     opts.mini_batches = 4;
     opts.loss.kind = kind;
     auto m = t.Step(batch, Objective::kPolicyGradient, 5e-2, opts);
     ASSERT_TRUE(m.ok()) << m.status();
-    EXPECT_GT((*m)["clip_frac"], 0.0) << kernels::PolicyLossKindName(kind);
+    EXPECT_GT((*m)["clip_frac"], 0.0) << algorithm::NameOf(kind);
     weights.push_back(Flat(t));
   }
   for (size_t i = 0; i < weights.size(); ++i) {
@@ -722,7 +720,7 @@ TEST(PolicyTrainerTest, ARegisteredTorchLossMatchesTheBuiltInOneThroughAutograd)
     EXPECT_GT((*a)["clip_frac"], 0.0);
     EXPECT_NEAR((*a)["loss"], (*b)["loss"], 1e-5 + 1e-4 * std::abs((*a)["loss"]));
     EXPECT_TRUE(testing::AllClose(Flat(builtin), Flat(user), {1e-4, 1e-6, 1e-5}))
-        << kernels::LossAggName(agg);
+        << algorithm::NameOf(agg);
   }
   // Names: no second registration, no built-in's name, and a loss must return one value per
   // token; an unregistered name fails the step. Each failure leaves the weights alone.

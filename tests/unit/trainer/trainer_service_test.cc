@@ -20,9 +20,11 @@ JobConfig Config() {
 }
 
 std::unique_ptr<TrainerService> MakeService() {
-  return std::make_unique<TrainerService>(
+  auto service = TrainerService::Create(
       Config(), model::Transformer::Create(testing::TinySpec(24, 32, 1, 4, 2, 48), 3, 0.1),
       [](const std::string&) {});
+  EXPECT_TRUE(service.ok()) << service.status().ToString();
+  return std::move(*service);
 }
 
 class TrainerServiceTest : public ::testing::Test {
@@ -135,4 +137,45 @@ TEST_F(TrainerServiceTest, SequenceKlAnswersPerSampleAndRefusesBadRequests) {
 }
 
 }  // namespace
+// The step settings are built once from the job; a name the registry does not know is an error
+// naming its key, never a silent default.
+TEST(TrainOptionsFromJobTest, ResolvesTheJobsNamesOnceAndRefusesUnknownOnes) {
+  JobConfig c = Config();
+  c.algorithm.policy_loss = "gmpo";
+  c.algorithm.loss_agg = "seq-mean-token-mean";
+  c.algorithm.correction = "icepop";
+  c.algorithm.kl = "k3";
+  c.algorithm.kl_in = "loss";
+  auto opts = TrainOptionsFromJob(c);
+  ASSERT_TRUE(opts.ok()) << opts.status().ToString();
+  EXPECT_EQ(opts->loss.kind, kernels::PolicyLossKind::kGmpo);
+  EXPECT_EQ(opts->loss.agg, kernels::LossAgg::kSeqMeanTokenMean);
+  EXPECT_EQ(opts->loss.correction, kernels::Correction::kIcePop);
+  EXPECT_EQ(opts->loss.kl, kernels::KlKind::kK3);
+  EXPECT_EQ(opts->micro_batch_size, 4);
+
+  const struct {
+    const char* key;
+    void (*set)(JobConfig*);
+  } bad[] = {
+      {"algorithm.policy_loss", [](JobConfig* j) { j->algorithm.policy_loss = "gpmo"; }},
+      {"algorithm.loss_agg", [](JobConfig* j) { j->algorithm.loss_agg = "token_mean"; }},
+      {"algorithm.correction", [](JobConfig* j) { j->algorithm.correction = "TIS"; }},
+      {"algorithm.kl", [](JobConfig* j) { j->algorithm.kl = "k4"; }},
+      {"algorithm.proximal", [](JobConfig* j) { j->algorithm.proximal = "fresh"; }},
+  };
+  for (const auto& b : bad) {
+    JobConfig j = Config();
+    b.set(&j);
+    auto refused = TrainOptionsFromJob(j);
+    ASSERT_FALSE(refused.ok()) << b.key;
+    EXPECT_NE(refused.status().message().find(b.key), std::string::npos)
+        << refused.status().message();
+    auto service = TrainerService::Create(
+        j, model::Transformer::Create(testing::TinySpec(24, 32, 1, 4, 2, 48), 3, 0.1),
+        [](const std::string&) {});
+    EXPECT_FALSE(service.ok()) << b.key;
+  }
+}
+
 }  // namespace gyre::trainer
