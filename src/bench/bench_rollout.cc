@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "bench/bench.h"
-#include "runtime/worker.h"
 #include "common/clock.h"
 #include "kernels/device_info.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
 #include "rollout/rollout_engine.h"
+#include "runtime/worker.h"
 
 namespace gyre::bench {
 

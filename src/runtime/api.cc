@@ -4,11 +4,11 @@
 #include <cstring>
 #include <exception>
 
-#include "runtime/worker.h"
 #include "common/logging.h"
 #include "config/config.h"
 #include "controller/job_runner.h"
 #include "gyre/job.h"
+#include "runtime/worker.h"
 
 namespace gyre {
 
