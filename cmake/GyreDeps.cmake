@@ -35,6 +35,8 @@ find_package(yaml-cpp REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(benchmark REQUIRED)
 find_package(ZLIB REQUIRED)
+# CRC-32 and CRC-32C (src/common/crc32.cc): Intel's ISA-L.
+pkg_check_modules(ISAL REQUIRED IMPORTED_TARGET libisal)
 pkg_check_modules(SQLITE3 REQUIRED IMPORTED_TARGET sqlite3)
 # /metrics and /health (src/observe): prometheus-cpp's registry and serializer, served by GNU
 # libmicrohttpd.
