@@ -44,6 +44,9 @@ find_package(prometheus-cpp CONFIG REQUIRED)
 pkg_check_modules(MICROHTTPD REQUIRED IMPORTED_TARGET libmicrohttpd)
 if(GYRE_BUILD_TESTS)
   find_package(GTest REQUIRED)
+  # The tests' HTTP client (tests/testing/http_get.h) and PNG decoder (tests/testing/png_read.h).
+  find_package(CURL REQUIRED)
+  find_package(PNG REQUIRED)
 endif()
 
 # --- CUDA ---------------------------------------------------------------------------------------
