@@ -37,6 +37,8 @@ find_package(benchmark REQUIRED)
 # CLI11 (Debian libcli11-dev): every command's options, --help with defaults (src/cli, src/bench).
 find_package(CLI11 CONFIG REQUIRED)
 find_package(ZLIB REQUIRED)
+# CRC-32 and CRC-32C (src/common/crc32.cc): Intel's ISA-L.
+pkg_check_modules(ISAL REQUIRED IMPORTED_TARGET libisal)
 pkg_check_modules(SQLITE3 REQUIRED IMPORTED_TARGET sqlite3)
 # /metrics and /health (src/observe): prometheus-cpp's registry and serializer, served by GNU
 # libmicrohttpd.
@@ -44,6 +46,9 @@ find_package(prometheus-cpp CONFIG REQUIRED)
 pkg_check_modules(MICROHTTPD REQUIRED IMPORTED_TARGET libmicrohttpd)
 if(GYRE_BUILD_TESTS)
   find_package(GTest REQUIRED)
+  # The tests' HTTP client (tests/testing/http_get.h) and PNG decoder (tests/testing/png_read.h).
+  find_package(CURL REQUIRED)
+  find_package(PNG REQUIRED)
 endif()
 
 # --- CUDA ---------------------------------------------------------------------------------------

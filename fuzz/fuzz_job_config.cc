@@ -1,4 +1,4 @@
-// Fuzzes the job-file loader, config::ParseJobConfig (src/config/config.cc): YAML text, then
+// Fuzzes the job-file loader, config::ParseJobConfig (src/config/config_parse.cc): YAML text, then
 // `--set` overrides, then ValidateJobConfig. Input: the YAML text, optionally followed by a NUL
 // byte and NUL-separated "key=value" overrides.
 //

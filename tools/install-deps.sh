@@ -34,6 +34,7 @@ APT_PACKAGES=(
   clang libclang-rt-14-dev xz-utils
   bubblewrap
   prometheus-cpp-dev libmicrohttpd-dev prometheus chromium openssl
+  libisal-dev libcurl4-openssl-dev libpng-dev
   slurm-wlm munge
 )
 

@@ -2,11 +2,11 @@
 // Job config loading: YAML text -> validated gyre::JobConfig, plus the reverse (DumpJobConfig)
 // and `--set key=value` overrides.
 //
-// Every field is described once, in a table in config.cc (dotted key, type, allowed values, a
-// one-line doc). Parsing, overrides, dumping, key listing and DescribeConfigKeys all read that
-// table, so adding a field to gyre::JobConfig means adding one table row (and a docs row, which
-// config_test checks). A renamed key can stay readable as a deprecated alias (kAliases in
-// config.cc: rollout.stop_string, a single string, sets the list rollout.stop_strings).
+// Every field is described once, in a table in config_schema.cc (dotted key, type, allowed
+// values, a one-line doc). Parsing, overrides, dumping, key listing and DescribeConfigKeys all read
+// that table, so adding a field to gyre::JobConfig means adding one table row (and a docs row,
+// which config_test checks). A renamed key can stay readable as a deprecated alias (kAliases in
+// config_parse.cc: rollout.stop_string, a single string, sets the list rollout.stop_strings).
 //
 // Errors are kInvalidArgument Status values whose message starts with where the problem is:
 // "jobs/x.yaml:12:3: ..." for a file (1-based line and column) or "--set: ..." for an override.

@@ -1,12 +1,11 @@
 #pragma once
-// A minimal HTTP/1.1 GET over a real TCP socket, for tests of Gyre's HTTP endpoints.
+// A plain HTTP GET with libcurl, for tests of Gyre's HTTP endpoints (/metrics, /health).
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include <curl/curl.h>
 
+#include <memory>
 #include <string>
+#include <utility>
 
 namespace gyre::testing {
 
@@ -15,39 +14,32 @@ struct HttpReply {
   std::string body;
 };
 
-// GET http://`address``path`, where `address` is "HOST:PORT".
+// GET http://`address``path`, where `address` is "HOST:PORT". Always direct: a proxy set in the
+// environment (http_proxy, ...) is not used. Blocks until the server has answered or closed.
 inline HttpReply HttpGet(const std::string& address, const std::string& path) {
+  // Once per process, before any thread calls curl_easy_init (which would otherwise do it, not
+  // thread-safely).
+  static const bool initialised = curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK;
   HttpReply r;
-  const size_t colon = address.rfind(':');
-  const std::string host = address.substr(0, colon), port = address.substr(colon + 1);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0) return r;
-  const int fd = socket(res->ai_family, res->ai_socktype, res->ai_protocol);
-  if (fd < 0 || connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
-    if (fd >= 0) close(fd);
-    freeaddrinfo(res);
-    return r;
-  }
-  freeaddrinfo(res);
-  const std::string req =
-      "GET " + path + " HTTP/1.1\r\nHost: " + address + "\r\nConnection: close\r\n\r\n";
-  if (send(fd, req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) {
-    close(fd);
-    return r;
-  }
-  std::string raw;
-  char buf[4096];
-  ssize_t n;
-  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) raw.append(buf, static_cast<size_t>(n));
-  close(fd);
-  // "HTTP/1.1 200 OK\r\n...\r\n\r\nbody"
-  if (raw.compare(0, 5, "HTTP/") != 0) return r;
-  r.code = std::atoi(raw.c_str() + raw.find(' ') + 1);
-  const size_t split = raw.find("\r\n\r\n");
-  if (split != std::string::npos) r.body = raw.substr(split + 4);
+  if (!initialised) return r;
+  const std::unique_ptr<CURL, void (*)(CURL*)> curl(curl_easy_init(), curl_easy_cleanup);
+  if (curl == nullptr) return r;
+  const std::string url = "http://" + address + path;
+  auto append = +[](char* data, size_t size, size_t n, void* body) -> size_t {
+    static_cast<std::string*>(body)->append(data, size * n);
+    return size * n;
+  };
+  std::string body;
+  curl_easy_setopt(curl.get(), CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl.get(), CURLOPT_NOPROXY, "*");
+  curl_easy_setopt(curl.get(), CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION, append);
+  curl_easy_setopt(curl.get(), CURLOPT_WRITEDATA, &body);
+  if (curl_easy_perform(curl.get()) != CURLE_OK) return r;
+  long code = 0;
+  curl_easy_getinfo(curl.get(), CURLINFO_RESPONSE_CODE, &code);
+  r.code = static_cast<int>(code);
+  r.body = std::move(body);
   return r;
 }
 
