@@ -21,6 +21,13 @@ for f in include/gyre/rollout.h include/gyre/algorithms.h include/gyre/torch.h l
          lib/cmake/Gyre/GyreConfig.cmake bin/gyre; do
   [[ -e "${work}/prefix/${f}" ]] || { echo "check-install: ${f} was not installed" >&2; exit 1; }
 done
+# libgyre.so is the library (src/runtime and the modules under it): no benchmark (gyre::bench),
+# command-line (gyre::cli) or launcher code, which live in the gyre executable only.
+if nm -C --defined-only "${work}/prefix/lib/libgyre.so" | grep -E "gyre::(bench|cli)::" >"${work}/cli.syms"; then
+  echo "check-install: libgyre.so holds benchmark or command-line code:" >&2
+  head -5 "${work}/cli.syms" >&2
+  exit 1
+fi
 # The torch-free headers must compile without torch (and without Gyre's sources).
 for h in "${work}"/prefix/include/gyre/*.h; do
   [[ "$(basename "$h")" == torch.h ]] && continue
