@@ -87,11 +87,15 @@ TEST(CliTest, LedgerUsageErrorsAndAMissingLedgerAreClear) {
     return p.Output();
   };
   EXPECT_NE(run({"ledger", "--help"}, 0).find("--prompts"), std::string::npos);
-  EXPECT_EQ(run({"ledger"}, 2), "gyre ledger: missing RUN_DIR (see gyre ledger --help)\n");
-  EXPECT_NE(run({"ledger", dir, "--state", "lost"}, 2).find("unknown state 'lost'"),
+  EXPECT_EQ(run({"ledger"}, 2), "gyre ledger: RUN_DIR is required (see gyre ledger --help)\n");
+  EXPECT_NE(run({"ledger", dir, "--state", "lost"}, 2).find("--state: lost not in {queued,"),
             std::string::npos);
-  EXPECT_NE(run({"ledger", dir, "--sample", "x1"}, 2).find("needs a sample id"), std::string::npos);
-  EXPECT_NE(run({"ledger", dir, "--prompts", "--sample", "1"}, 2).find("alternatives"),
+  EXPECT_NE(run({"ledger", dir, "--sample", "x1"}, 2).find("--sample: 'x1' is not a number"),
+            std::string::npos);
+  EXPECT_NE(
+      run({"ledger", dir, "--prompts", "--sample", "1"}, 2).find("--sample excludes --prompts"),
+      std::string::npos);
+  EXPECT_NE(run({"ledger", dir, "--top", "-1"}, 2).find("--top: -1 is not >= 0"),
             std::string::npos);
   EXPECT_EQ(run({"ledger", dir}, 1), "gyre ledger: " + dir +
                                          "/ledger.db: no sample ledger here (a run directory "
