@@ -1074,10 +1074,16 @@ TEST(LaunchTest, SlurmDryRunWritesTheJobAndAHeterogeneousScript) {
   // Bad input: an unknown launcher, a bad number, a bad job; nothing is submitted.
   std::tie(rc, out) = run({"launch", "pbs", kQuickstart});
   EXPECT_EQ(rc, 2);
-  EXPECT_NE(out.find("unknown launcher 'pbs'"), std::string::npos) << out;
+  EXPECT_NE(out.find("LAUNCHER: pbs not in {slurm}"), std::string::npos) << out;
   std::tie(rc, out) = run({"launch", "slurm", kQuickstart, "--gpus-per-worker", "two"});
   EXPECT_EQ(rc, 2);
-  EXPECT_NE(out.find("--gpus-per-worker needs a whole number >= 0"), std::string::npos) << out;
+  EXPECT_NE(out.find("--gpus-per-worker: 'two' is not a number"), std::string::npos) << out;
+  std::tie(rc, out) = run({"launch", "slurm", kQuickstart, "--cpus-per-worker", "0"});
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("--cpus-per-worker: 0 is not in [1, 1024]"), std::string::npos) << out;
+  std::tie(rc, out) = run({"launch", "slurm", kQuickstart, "--sbatch", "qos=high"});
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("--sbatch: 'qos=high' is not an sbatch option"), std::string::npos) << out;
   std::tie(rc, out) = run({"launch", "slurm", kQuickstart, "--dry-run", "--set",
                            "cluster.auth_token_file=" + dir + "/token"});
   EXPECT_EQ(rc, 1);
