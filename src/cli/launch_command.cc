@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "common/command_line.h"
 #include "common/file_util.h"
 #include "common/subprocess.h"
 #include "gyre/job.h"
@@ -15,45 +16,26 @@ namespace gyre::cli {
 
 namespace {
 
-constexpr char kHelp[] =
-    "usage: gyre launch slurm JOB.yaml [--set KEY=VALUE ...] [--dry-run]\n"
-    "                         [--partition P] [--time T] [--account A] [--gpus-per-worker N]\n"
-    "                         [--cpus-per-worker N] [--controller-cpus N] [--sbatch OPTION ...]\n"
-    "                         [--gyre PATH]\n"
-    "\n"
+constexpr char kLaunchSummary[] =
+    "Runs a job under a cluster's scheduler. One launcher: slurm (see gyre launch slurm\n"
+    "--help); for Kubernetes, see deploy/k8s and docs/cluster.md.";
+
+constexpr char kSlurmSummary[] =
     "Runs the job on a Slurm cluster as one heterogeneous job of three components: the\n"
     "controller (1 task), the rollout group (rollout.workers tasks) and the trainer group\n"
     "(trainer.workers tasks). The batch script starts `gyre train` on the first component and,\n"
     "once it listens, one srun step per group whose tasks are `gyre worker` processes; each\n"
     "finds the controller in $GYRE_CONTROLLER and its index in $SLURM_PROCID, and listens on\n"
-    "its node's address. GPUs come from the allocation (--gpus-per-worker, default 1 when\n"
-    "model.device is cuda, else 0).\n"
-    "\n"
+    "its node's address.";
+
+constexpr char kSlurmDetails[] =
     "Writes RUN_DIR/slurm/job.yaml (the job as it will run: cluster.mode external, the\n"
     "controller on every interface) and RUN_DIR/slurm/job.sbatch, then submits the script with\n"
     "sbatch and prints the Slurm job id. The job's output goes to RUN_DIR/slurm/slurm-<id>.out;\n"
     "`scancel <id>` stops the controller and every worker cleanly. The run directory must be\n"
-    "on a file system every node sees, and the gyre binary (--gyre, default this one) on every\n"
-    "node at the same path.\n"
-    "\n"
-    "  --dry-run            write the files and print the script; submit nothing\n"
-    "  --partition, --time, --account   passed to every component\n"
-    "  --cpus-per-worker N  CPUs of each worker task (default 2)\n"
-    "  --controller-cpus N  CPUs of the controller task (default 2)\n"
-    "  --sbatch OPTION      one more #SBATCH option for every component (repeatable)\n";
-
-int UsageError(const std::string& msg) {
-  std::fprintf(stderr, "gyre launch: %s (see gyre launch slurm --help)\n", msg.c_str());
-  return 2;
-}
-
-bool PositiveInt(const std::string& s, int max, int* out) {
-  if (s.empty() || s.size() > 6 || s.find_first_not_of("0123456789") != std::string::npos) {
-    return false;
-  }
-  *out = std::stoi(s);
-  return *out <= max;
-}
+    "on a file system every node sees, and the gyre binary (--gyre) on every node at the same\n"
+    "path. --partition, --time, --account and every --sbatch option go to every component.\n"
+    "Exit status: 0, 1 when the job is invalid or sbatch fails, 2 on a usage error.";
 
 // Single-quotes `s` for a shell.
 std::string Quote(const std::string& s) {
@@ -143,67 +125,45 @@ std::string Script(const JobConfig& cfg, const SlurmOptions& o, const std::strin
   return s.str();
 }
 
-}  // namespace
-
-int RunLaunch(const std::vector<std::string>& args) {
-  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::fputs(kHelp, args.empty() ? stderr : stdout);
-    return args.empty() ? 2 : 0;
-  }
-  if (args[0] != "slurm") {
-    return UsageError("unknown launcher '" + args[0] +
-                      "': `gyre launch slurm` (Kubernetes: deploy/k8s, docs/cluster.md)");
-  }
+int RunLaunchSlurm(const std::vector<std::string>& args) {
   std::string job_path;
   std::vector<std::string> overrides;
   bool dry_run = false;
   SlurmOptions o;
   o.gyre = SelfExecutable();
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](std::string* v) {
-      if (i + 1 >= args.size()) return false;
-      *v = args[++i];
-      return true;
-    };
-    std::string v;
-    if (a == "--help" || a == "-h") {
-      std::fputs(kHelp, stdout);
-      return 0;
-    } else if (a == "--dry-run") {
-      dry_run = true;
-    } else if (a == "--set") {
-      if (!value(&v)) return UsageError("--set needs KEY=VALUE");
-      overrides.push_back(v);
-    } else if (a == "--partition" || a == "--time" || a == "--account" || a == "--gyre") {
-      if (!value(&v)) return UsageError(a + " needs a value");
-      (a == "--partition" ? o.partition
-       : a == "--time"    ? o.time
-       : a == "--account" ? o.account
-                          : o.gyre) = v;
-    } else if (a == "--sbatch") {
-      if (!value(&v) || v.rfind("--", 0) != 0) {
-        return UsageError("--sbatch needs an sbatch option, e.g. --sbatch --qos=high");
-      }
-      o.extra.push_back(v);
-    } else if (a == "--gpus-per-worker" || a == "--cpus-per-worker" || a == "--controller-cpus") {
-      int n = 0;
-      if (!value(&v) || !PositiveInt(v, 1024, &n) || (n == 0 && a != "--gpus-per-worker")) {
-        return UsageError(a + " needs a whole number" +
-                          (a == "--gpus-per-worker" ? std::string(" >= 0") : " >= 1"));
-      }
-      (a == "--gpus-per-worker"   ? o.gpus_per_worker
-       : a == "--cpus-per-worker" ? o.cpus_per_worker
-                                  : o.controller_cpus) = n;
-    } else if (!a.empty() && a[0] == '-') {
-      return UsageError("unknown option '" + a + "'");
-    } else if (job_path.empty()) {
-      job_path = a;
-    } else {
-      return UsageError("unexpected argument '" + a + "'");
-    }
-  }
-  if (job_path.empty()) return UsageError("missing JOB.yaml");
+  auto app = NewCommand("gyre launch slurm", kSlurmSummary, kSlurmDetails);
+  app->add_option("JOB.yaml", job_path, "the job file")->required();
+  app->add_option("--set", overrides, "override a config field (repeatable)")
+      ->type_name("KEY=VALUE")
+      ->take_all()
+      ->allow_extra_args(false);
+  app->add_flag("--dry-run", dry_run, "write the files and print the script; submit nothing");
+  app->add_option("--partition", o.partition, "the Slurm partition")->type_name("P");
+  app->add_option("--time", o.time, "the time limit")->type_name("T");
+  app->add_option("--account", o.account, "the account to charge")->type_name("A");
+  app->add_option("--gpus-per-worker", o.gpus_per_worker,
+                  "GPUs of each worker task in [0, 1024]; auto: 1 with cuda, else 0")
+      ->type_name("N")
+      ->default_str("auto")
+      ->check(NumberIn(0, 1024));
+  app->add_option("--cpus-per-worker", o.cpus_per_worker, "CPUs of each worker task, in [1, 1024]")
+      ->type_name("N")
+      ->check(NumberIn(1, 1024));
+  app->add_option("--controller-cpus", o.controller_cpus,
+                  "CPUs of the controller task, in [1, 1024]")
+      ->type_name("N")
+      ->check(NumberIn(1, 1024));
+  app->add_option("--sbatch", o.extra, "another sbatch option for every component, e.g. --qos=high")
+      ->type_name("OPTION")
+      ->take_all()
+      ->allow_extra_args(false)
+      ->check(CLI::Validator(
+          [](std::string& option) -> std::string {
+            return option.rfind("--", 0) == 0 ? "" : "'" + option + "' is not an sbatch option";
+          },
+          ""));
+  app->add_option("--gyre", o.gyre, "the gyre executable every node runs")->type_name("PATH");
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
   auto loaded = LoadJobConfig(job_path, overrides);
   if (!loaded.ok()) {
     std::fprintf(stderr, "gyre launch: %s\n", loaded.status().message().c_str());
@@ -265,6 +225,20 @@ int RunLaunch(const std::vector<std::string>& args) {
   std::printf("submitted Slurm job %s\n  output: %s/slurm-%s.out\n  cancel: scancel %s\n",
               id.c_str(), dir.c_str(), id.c_str(), id.c_str());
   return 0;
+}
+
+}  // namespace
+
+int RunLaunch(const std::vector<std::string>& args) {
+  if (!args.empty() && args[0] == "slurm") return RunLaunchSlurm({args.begin() + 1, args.end()});
+  // `gyre launch --help`, or a usage error naming what is wrong.
+  std::string launcher;
+  auto app = NewCommand("gyre launch", kLaunchSummary);
+  app->add_option("LAUNCHER", launcher, "the cluster's scheduler")
+      ->required()
+      ->check(CLI::IsMember({"slurm"}));
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
+  return RunLaunchSlurm({});  // `gyre launch -- slurm`: JOB.yaml is missing
 }
 
 }  // namespace gyre::cli

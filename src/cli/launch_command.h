@@ -7,7 +7,7 @@
 
 namespace gyre::cli {
 
-// gyre launch slurm JOB.yaml [--set KEY=VALUE ...] [--dry-run] [sbatch options]
+// gyre launch slurm JOB.yaml [--set KEY=VALUE ...] [--dry-run] [--sbatch OPTION ...]
 int RunLaunch(const std::vector<std::string>& args);
 
 }  // namespace gyre::cli

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "common/command_line.h"
 #include "common/file_util.h"
 #include "controller/sample_ledger.h"
 
@@ -17,42 +18,29 @@ using controller::SampleLedger;
 using controller::SampleState;
 using controller::SampleStateName;
 
-constexpr char kUsage[] =
-    "usage: gyre ledger RUN_DIR [--sample ID | --prompts | --state STATE] [--top N] [--json]\n"
-    "\n"
+constexpr char kSummary[] =
     "Reads the sample ledger of a run (RUN_DIR/ledger.db; RUN_DIR is job.output_dir/job.name,\n"
-    "or the ledger file itself). Every training sample moves queued -> generating -> finished\n"
-    "-> scored -> trained, or ends filtered or dropped with a reason (docs/checkpoints.md).\n"
-    "\n"
-    "  (no option)     how many samples are in each state, and the newest event\n"
-    "  --sample ID     where sample ID is, and every move it made (step, version, worker)\n"
-    "  --prompts       which prompts were trained how often, most trained first\n"
-    "  --state STATE   the samples in STATE (queued, generating, finished, scored, trained,\n"
-    "                  filtered, dropped), with their last move's reason\n"
-    "  --top N         at most N rows for --prompts and --state (default 20; 0 = all)\n"
-    "  --json          one JSON document instead of a table\n"
-    "\n"
-    "Exit status: 0, 1 when the ledger cannot be read or the sample is unknown, 2 on a usage\n"
-    "error.\n";
+    "or the ledger file itself): without an option, how many samples are in each state and the\n"
+    "newest event. Every training sample moves queued -> generating -> finished -> scored ->\n"
+    "trained, or ends filtered or dropped with a reason (docs/checkpoints.md).";
 
-int Usage(const std::string& msg) {
-  std::fprintf(stderr, "gyre ledger: %s (see gyre ledger --help)\n", msg.c_str());
-  return 2;
-}
+constexpr char kDetails[] =
+    "Exit status: 0, 1 when the ledger cannot be read or the sample is unknown, 2 on a usage\n"
+    "error.";
 
 int Fail(const Status& s) {
   std::fprintf(stderr, "gyre ledger: %s\n", s.message().c_str());
   return 1;
 }
 
-bool ParseState(const std::string& name, SampleState* out) {
-  for (int i = 0; i <= static_cast<int>(SampleState::kDropped); ++i) {
-    if (name == SampleStateName(static_cast<SampleState>(i))) {
-      *out = static_cast<SampleState>(i);
-      return true;
-    }
+// The state named `name`, one of SampleStateName's.
+SampleState StateNamed(const std::string& name) {
+  int i = 0;
+  while (i < static_cast<int>(SampleState::kDropped) &&
+         name != SampleStateName(static_cast<SampleState>(i))) {
+    ++i;
   }
-  return false;
+  return static_cast<SampleState>(i);
 }
 
 nlohmann::json ContextJson(const controller::MoveContext& c) {
@@ -77,60 +65,35 @@ std::string ContextText(const controller::MoveContext& c) {
 }  // namespace
 
 int RunLedger(const std::vector<std::string>& args) {
-  std::string run_dir, sample_arg, state_arg;
+  std::string run_dir, state_name;
+  uint64_t sample_id = 0;
   bool prompts = false, json = false;
   int64_t top = 20;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](std::string* out) {
-      if (i + 1 >= args.size()) return false;
-      *out = args[++i];
-      return true;
-    };
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--sample") {
-      if (!value(&sample_arg)) return Usage("--sample needs an ID");
-    } else if (a == "--state") {
-      if (!value(&state_arg)) return Usage("--state needs a STATE");
-    } else if (a == "--prompts") {
-      prompts = true;
-    } else if (a == "--json") {
-      json = true;
-    } else if (a == "--top") {
-      std::string v;
-      if (!value(&v)) return Usage("--top needs N");
-      char* end = nullptr;
-      top = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || top < 0) return Usage("--top needs N >= 0, not '" + v + "'");
-    } else if (!a.empty() && a[0] == '-') {
-      return Usage("unknown option '" + a + "'");
-    } else if (run_dir.empty()) {
-      run_dir = a;
-    } else {
-      return Usage("unexpected argument '" + a + "'");
-    }
+  std::vector<std::string> states;
+  for (int i = 0; i <= static_cast<int>(SampleState::kDropped); ++i) {
+    states.push_back(SampleStateName(static_cast<SampleState>(i)));
   }
-  if (run_dir.empty()) return Usage("missing RUN_DIR");
-  if (static_cast<int>(!sample_arg.empty()) + static_cast<int>(prompts) +
-          static_cast<int>(!state_arg.empty()) >
-      1) {
-    return Usage("--sample, --prompts and --state are alternatives");
-  }
-  SampleState state = SampleState::kQueued;
-  if (!state_arg.empty() && !ParseState(state_arg, &state)) {
-    return Usage("unknown state '" + state_arg +
-                 "' (queued, generating, finished, scored, trained, filtered, dropped)");
-  }
-  uint64_t sample_id = 0;
-  if (!sample_arg.empty()) {
-    char* end = nullptr;
-    sample_id = std::strtoull(sample_arg.c_str(), &end, 10);
-    if (*end != '\0' || sample_arg[0] == '-') {
-      return Usage("--sample needs a sample id (a number), not '" + sample_arg + "'");
-    }
-  }
+  auto app = NewCommand("gyre ledger", kSummary, kDetails);
+  app->add_option("RUN_DIR", run_dir, "the run directory, or its ledger.db")->required();
+  CLI::Option* sample = app->add_option("--sample", sample_id,
+                                        "where sample ID is, and every move it made (step, "
+                                        "version, worker)")
+                            ->type_name("ID")
+                            ->default_str("")
+                            ->check(NumberIn(0, kNoUpperBound));
+  CLI::Option* prompts_flag =
+      app->add_flag("--prompts", prompts, "which prompts were trained how often, most first");
+  CLI::Option* state =
+      app->add_option("--state", state_name, "the samples in STATE, with their last move's reason")
+          ->type_name("STATE")
+          ->check(CLI::IsMember(states));
+  sample->excludes(prompts_flag)->excludes(state);
+  prompts_flag->excludes(state);
+  app->add_option("--top", top, "at most N rows for --prompts and --state (0: all)")
+      ->type_name("N")
+      ->check(NumberIn(0, kNoUpperBound));
+  app->add_flag("--json", json, "one JSON document instead of a table");
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
   const std::string path = IsDirectory(run_dir) ? run_dir + "/ledger.db" : run_dir;
   if (!PathExists(path)) {
     return Fail(NotFound(path + ": no sample ledger here (a run directory holds ledger.db once "
@@ -141,7 +104,7 @@ int RunLedger(const std::vector<std::string>& args) {
   SampleLedger& ledger = **opened;
   const auto limit = [&](size_t n) { return top == 0 ? n : std::min<size_t>(n, top); };
 
-  if (!sample_arg.empty()) {
+  if (sample->count() > 0) {
     auto rec = ledger.Find(sample_id);
     if (!rec.ok()) return Fail(rec.status());
     auto history = ledger.History(sample_id);
@@ -207,8 +170,8 @@ int RunLedger(const std::vector<std::string>& args) {
     return 0;
   }
 
-  if (!state_arg.empty()) {
-    auto recs = ledger.InState(state);
+  if (state->count() > 0) {
+    auto recs = ledger.InState(StateNamed(state_name));
     if (!recs.ok()) return Fail(recs.status());
     const size_t n = limit(recs->size());
     if (json) {
@@ -222,12 +185,12 @@ int RunLedger(const std::vector<std::string>& args) {
                         {"last", ContextJson(r.last)}});
       }
       std::printf("%s\n",
-                  nlohmann::json({{"state", state_arg}, {"samples", recs->size()}, {"rows", rows}})
+                  nlohmann::json({{"state", state_name}, {"samples", recs->size()}, {"rows", rows}})
                       .dump(2)
                       .c_str());
       return 0;
     }
-    std::printf("%zu samples %s\n", recs->size(), state_arg.c_str());
+    std::printf("%zu samples %s\n", recs->size(), state_name.c_str());
     for (size_t i = 0; i < n; ++i) {
       const auto& r = (*recs)[i];
       std::printf("  sample %-10llu group %-8llu %-24s %s\n",

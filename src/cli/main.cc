@@ -26,7 +26,7 @@ constexpr char kUsage[] =
     "      the final model to job.output_dir/job.name. --resume continues an interrupted job\n"
     "      from the newest checkpoint in that directory (trainer.checkpoint_every > 0) and ends\n"
     "      exactly as an uninterrupted run would (docs/checkpoints.md).\n"
-    "  gyre launch slurm JOB.yaml [--set KEY=VALUE ...] [--dry-run] [sbatch options]\n"
+    "  gyre launch slurm JOB.yaml [--set KEY=VALUE ...] [--dry-run] [--sbatch OPTION ...]\n"
     "      Submit the job to Slurm as a heterogeneous job: controller, rollout and trainer\n"
     "      groups (see gyre launch slurm --help; docs/cluster.md).\n"
     "  gyre validate JOB.yaml [--set KEY=VALUE ...] [--print]\n"

@@ -6,14 +6,13 @@
 #include <c10/core/InferenceMode.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/command_line.h"
 #include "common/file_util.h"
 #include "kernels/device_info.h"
 #include "model/gguf_convert.h"
@@ -26,17 +25,28 @@ namespace gyre::cli {
 
 namespace {
 
-constexpr char kLogprobsUsage[] =
-    "usage: gyre logprobs --model DIR [--ids \"ID ID ...\"] [--full] [--dtype DTYPE]\n"
-    "                     [--device cpu|cuda]\n"
-    "\n"
-    "Loads a Hugging Face model directory (config.json + safetensors) in float32 (or --dtype:\n"
-    "bfloat16, float16, computing in it as a job with model.dtype does) on the CPU (or --device\n"
-    "cuda: the first visible GPU) and prints,\n"
-    "for each token sequence, one JSON line {\"ids\": [...], \"logprobs\": [...]} where\n"
+constexpr char kLogprobsSummary[] =
+    "Loads a Hugging Face model directory (config.json + safetensors) and prints, for each\n"
+    "token sequence, one JSON line {\"ids\": [...], \"logprobs\": [...]} where\n"
     "logprobs[t] = log p(ids[t+1] | ids[0..t]). Sequences come from --ids or, without it, one\n"
-    "JSON array of ids per line on stdin. --full adds \"full\": the log-softmax over the whole\n"
-    "vocabulary at every position (for parity checks against another implementation).\n";
+    "JSON array of ids per line on stdin.";
+
+constexpr char kLogprobsDetails[] =
+    "--dtype bfloat16 or float16 computes in that type, as a job with model.dtype does; --device\n"
+    "cuda runs on the first visible GPU. --full adds \"full\": the log-softmax over the whole\n"
+    "vocabulary at every position (for parity checks against another implementation).\n"
+    "Exit status: 0, 1 when the model cannot be loaded or a sequence is refused, 2 on a usage\n"
+    "error.";
+
+// --dtype: the names model::ParseWeightDtype takes.
+CLI::Validator WeightDtype() {
+  return CLI::Validator(
+      [](std::string& name) -> std::string {
+        const StatusOr<at::ScalarType> dtype = model::ParseWeightDtype(name);
+        return dtype.ok() ? "" : dtype.status().message();
+      },
+      "");
+}
 
 StatusOr<std::vector<int64_t>> ParseIds(const std::string& text, bool json_array) {
   std::vector<int64_t> ids;
@@ -75,42 +85,21 @@ StatusOr<std::vector<int64_t>> ParseIds(const std::string& text, bool json_array
 
 int RunLogprobs(const std::vector<std::string>& args) {
   std::string model_dir, ids_text, dtype_name = "float32", device_name = "cpu";
-  bool full = false, have_ids = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--help" || args[i] == "-h") {
-      std::fputs(kLogprobsUsage, stdout);
-      return 0;
-    } else if (args[i] == "--model" && i + 1 < args.size()) {
-      model_dir = args[++i];
-    } else if (args[i] == "--ids" && i + 1 < args.size()) {
-      ids_text = args[++i];
-      have_ids = true;
-    } else if (args[i] == "--full") {
-      full = true;
-    } else if (args[i] == "--dtype" && i + 1 < args.size()) {
-      dtype_name = args[++i];
-    } else if (args[i] == "--device" && i + 1 < args.size()) {
-      device_name = args[++i];
-    } else {
-      std::fprintf(stderr, "gyre logprobs: unexpected argument '%s' (see gyre logprobs --help)\n",
-                   args[i].c_str());
-      return 2;
-    }
-  }
-  if (model_dir.empty()) {
-    std::fprintf(stderr, "gyre logprobs: --model DIR is required\n");
-    return 2;
-  }
-  const StatusOr<at::ScalarType> dtype = model::ParseWeightDtype(dtype_name);
-  if (!dtype.ok()) {
-    std::fprintf(stderr, "gyre logprobs: --dtype: %s\n", dtype.status().message().c_str());
-    return 2;
-  }
-  if (device_name != "cpu" && device_name != "cuda") {
-    std::fprintf(stderr, "gyre logprobs: --device must be cpu or cuda, not '%s'\n",
-                 device_name.c_str());
-    return 2;
-  }
+  bool full = false;
+  auto app = NewCommand("gyre logprobs", kLogprobsSummary, kLogprobsDetails);
+  app->add_option("--model", model_dir, "the model directory")->required()->type_name("DIR");
+  CLI::Option* ids_option =
+      app->add_option("--ids", ids_text,
+                      "one sequence of token ids (default: JSON arrays on stdin)")
+          ->type_name("\"ID ...\"");
+  app->add_flag("--full", full, "add the whole log-softmax at every position");
+  app->add_option("--dtype", dtype_name, "float32, bfloat16 or float16")
+      ->type_name("DTYPE")
+      ->check(WeightDtype());
+  app->add_option("--device", device_name, "where the model runs")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
+  const at::ScalarType dtype = model::ParseWeightDtype(dtype_name).value();  // checked
   if (device_name == "cuda" && kernels::CudaDeviceCount() == 0) {
     std::fprintf(stderr,
                  "gyre logprobs: --device cuda, but no usable CUDA device is visible (no GPU or "
@@ -124,7 +113,7 @@ int RunLogprobs(const std::vector<std::string>& args) {
     return 1;
   }
   (*model)->To(device);
-  (*model)->ToDtype(*dtype);
+  (*model)->ToDtype(dtype);
   const int64_t vocab = (*model)->spec().vocab_size;
   c10::InferenceMode guard;
   auto run = [&](const std::string& text, bool json_array) -> bool {
@@ -171,7 +160,7 @@ int RunLogprobs(const std::vector<std::string>& args) {
     std::fflush(stdout);
     return true;
   };
-  if (have_ids) return run(ids_text, false) ? 0 : 1;
+  if (ids_option->count() > 0) return run(ids_text, false) ? 0 : 1;
   std::string line;
   bool ok = true;
   while (std::getline(std::cin, line)) {
@@ -183,60 +172,48 @@ int RunLogprobs(const std::vector<std::string>& args) {
 
 namespace {
 
-constexpr char kInitUsage[] =
-    "usage: gyre init-model --arch qwen2|qwen3|llama --out DIR\n"
-    "                       [--preset micro|tiny|small|qwen2.5-0.5b] [--seed N] [--force]\n"
-    "                       [--init-std S] [--random-norms-and-biases] [--rope-scaling llama3]\n"
-    "\n"
+constexpr char kInitSummary[] =
     "Writes a randomly initialised model as a Hugging Face directory (config.json,\n"
     "model.safetensors in float32, tokenizer.json) that Gyre and transformers both load. For\n"
-    "tests, benchmarks and quickstarts; the tokenizer is byte-level with no merges (one token per\n"
-    "byte) plus the architecture's special tokens. Presets: micro (32 wide, 2 layers, under\n"
-    "200 KB: committed golden references), tiny (64 wide, 2 layers), small (256 wide, 4 layers),\n"
-    "qwen2.5-0.5b (the shape of Qwen2.5-0.5B, about 2 GB in float32).\n"
+    "tests, benchmarks and quickstarts; the tokenizer is byte-level with no merges (one token\n"
+    "per byte) plus the architecture's special tokens.";
+
+constexpr char kInitDetails[] =
+    "Presets: micro (32 wide, 2 layers, under 200 KB: committed golden references), tiny (64\n"
+    "wide, 2 layers), small (256 wide, 4 layers), qwen2.5-0.5b (the shape of Qwen2.5-0.5B,\n"
+    "about 2 GB in float32).\n"
     "\n"
-    "Linear and embedding weights are drawn from N(0, S^2), S = --init-std (default 0.02); norm\n"
-    "weights are 1 and biases 0. For numerical references, where every parameter must matter:\n"
+    "Linear and embedding weights are drawn from N(0, S^2), S = --init-std; norm weights are 1\n"
+    "and biases 0. For numerical references, where every parameter must matter:\n"
     "--random-norms-and-biases draws norm weights from N(1, 0.3^2) and biases from N(0, S^2),\n"
     "and --rope-scaling llama3 (llama only) adds Llama 3.1's RoPE scaling (factor 8, low/high\n"
-    "frequency factors 1 and 4) with original_max_position_embeddings = max_position / 8.\n";
+    "frequency factors 1 and 4) with original_max_position_embeddings = max_position / 8.\n"
+    "Exit status: 0, 1 when DIR already holds a model (without --force) or cannot be written,\n"
+    "2 on a usage error.";
 
-}  // namespace
+constexpr char kConvertSummary[] =
+    "Converts a model file from another format into a Hugging Face model directory. One\n"
+    "format: gguf (see gyre convert gguf --help).";
 
-constexpr char kConvertUsage[] =
-    "usage: gyre convert gguf FILE.gguf --out DIR [--force]\n"
-    "\n"
+constexpr char kConvertGgufSummary[] =
     "Converts a llama-architecture GGUF file (llama.cpp's format; tensors F32, F16, BF16, Q8_0,\n"
     "Q4_0 or Q4_1) into a Hugging Face directory that Gyre and transformers load: config.json,\n"
     "model.safetensors (every tensor dequantised to float32), tokenizer.json and\n"
     "tokenizer_config.json (with the chat template) from the file's tokenizer metadata. Then\n"
-    "use DIR as model.path. --force replaces a model already in DIR.\n";
+    "use DIR as model.path.";
 
-int RunConvert(const std::vector<std::string>& args) {
-  std::string format, in, out;
+constexpr char kConvertGgufDetails[] =
+    "Exit status: 0, 1 when the file cannot be converted or DIR already holds a model (without\n"
+    "--force), 2 on a usage error.";
+
+int RunConvertGguf(const std::vector<std::string>& args) {
+  std::string in, out;
   bool force = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--help" || args[i] == "-h") {
-      std::fputs(kConvertUsage, stdout);
-      return 0;
-    } else if (args[i] == "--out" && i + 1 < args.size()) {
-      out = args[++i];
-    } else if (args[i] == "--force") {
-      force = true;
-    } else if (format.empty() && args[i][0] != '-') {
-      format = args[i];
-    } else if (in.empty() && args[i][0] != '-') {
-      in = args[i];
-    } else {
-      std::fprintf(stderr, "gyre convert: unexpected argument '%s' (see --help)\n",
-                   args[i].c_str());
-      return 2;
-    }
-  }
-  if (format != "gguf" || in.empty() || out.empty()) {
-    std::fprintf(stderr, "gyre convert: expected `gyre convert gguf FILE.gguf --out DIR`\n");
-    return 2;
-  }
+  auto app = NewCommand("gyre convert gguf", kConvertGgufSummary, kConvertGgufDetails);
+  app->add_option("FILE.gguf", in, "the GGUF file")->required();
+  app->add_option("--out", out, "the model directory to write")->required()->type_name("DIR");
+  app->add_flag("--force", force, "replace a model already in DIR");
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
   if (PathExists(out + "/config.json") && !force) {
     std::fprintf(stderr, "gyre convert: %s already holds a model (use --force)\n", out.c_str());
     return 1;
@@ -258,54 +235,46 @@ int RunConvert(const std::vector<std::string>& args) {
   return 0;
 }
 
+}  // namespace
+
+int RunConvert(const std::vector<std::string>& args) {
+  if (!args.empty() && args[0] == "gguf") return RunConvertGguf({args.begin() + 1, args.end()});
+  // `gyre convert --help`, or a usage error naming what is wrong.
+  std::string format;
+  auto app = NewCommand("gyre convert", kConvertSummary);
+  app->add_option("FORMAT", format, "the input's format")
+      ->required()
+      ->check(CLI::IsMember({"gguf"}));
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
+  return RunConvertGguf({});  // `gyre convert -- gguf`: FILE.gguf and --out are missing
+}
+
 int RunInitModel(const std::vector<std::string>& args) {
   std::string arch, out, preset = "tiny", rope_scaling;
   uint64_t seed = 0;
   double init_std = 0.02;
   bool force = false, random_norms_and_biases = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--help" || args[i] == "-h") {
-      std::fputs(kInitUsage, stdout);
-      return 0;
-    } else if (args[i] == "--arch" && i + 1 < args.size()) {
-      arch = args[++i];
-    } else if (args[i] == "--out" && i + 1 < args.size()) {
-      out = args[++i];
-    } else if (args[i] == "--preset" && i + 1 < args.size()) {
-      preset = args[++i];
-    } else if (args[i] == "--seed" && i + 1 < args.size()) {
-      seed = std::strtoull(args[++i].c_str(), nullptr, 10);
-    } else if (args[i] == "--force") {
-      force = true;
-    } else if (args[i] == "--init-std" && i + 1 < args.size()) {
-      char* end = nullptr;
-      init_std = std::strtod(args[++i].c_str(), &end);
-      if (end == args[i].c_str() || *end != '\0' || !(init_std > 0) || !std::isfinite(init_std)) {
-        std::fprintf(stderr, "gyre init-model: --init-std must be a positive number, not '%s'\n",
-                     args[i].c_str());
-        return 2;
-      }
-    } else if (args[i] == "--random-norms-and-biases") {
-      random_norms_and_biases = true;
-    } else if (args[i] == "--rope-scaling" && i + 1 < args.size()) {
-      rope_scaling = args[++i];
-    } else {
-      std::fprintf(stderr, "gyre init-model: unexpected argument '%s' (see --help)\n",
-                   args[i].c_str());
-      return 2;
-    }
-  }
-  if (arch != "qwen2" && arch != "qwen3" && arch != "llama") {
-    std::fprintf(stderr, "gyre init-model: --arch must be qwen2, qwen3 or llama\n");
-    return 2;
-  }
-  if (out.empty()) {
-    std::fprintf(stderr, "gyre init-model: --out DIR is required\n");
-    return 2;
-  }
-  if (!rope_scaling.empty() && (rope_scaling != "llama3" || arch != "llama")) {
-    std::fprintf(stderr, "gyre init-model: --rope-scaling takes llama3, with --arch llama\n");
-    return 2;
+  auto app = NewCommand("gyre init-model", kInitSummary, kInitDetails);
+  app->add_option("--arch", arch, "the architecture")
+      ->required()
+      ->check(CLI::IsMember({"qwen2", "qwen3", "llama"}));
+  app->add_option("--out", out, "the model directory to write")->required()->type_name("DIR");
+  app->add_option("--preset", preset, "the model's size (see below)")
+      ->check(CLI::IsMember({"micro", "tiny", "small", "qwen2.5-0.5b"}));
+  app->add_option("--seed", seed, "the seed of the random weights");
+  app->add_flag("--force", force, "replace a model already in DIR");
+  app->add_option("--init-std", init_std,
+                  "the standard deviation of linear and embedding weights, > 0")
+      ->type_name("S")
+      ->check(NumberIn(0, kNoUpperBound, /*min_open=*/true));
+  app->add_flag("--random-norms-and-biases", random_norms_and_biases,
+                "random norm weights and biases too (see below)");
+  app->add_option("--rope-scaling", rope_scaling,
+                  "Llama 3.1's RoPE scaling, with --arch llama (default: none)")
+      ->check(CLI::IsMember({"llama3"}));
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
+  if (!rope_scaling.empty() && arch != "llama") {
+    return CommandLineError(*app, "--rope-scaling llama3 needs --arch llama");
   }
   model::ModelSpec s;
   s.architecture = arch;
@@ -321,14 +290,9 @@ int RunInitModel(const std::vector<std::string>& args) {
   } else if (preset == "small") {
     s.hidden_size = 256, s.num_layers = 4, s.num_heads = 8, s.num_kv_heads = 2;
     s.intermediate_size = 688, s.max_seq_len = 2048;
-  } else if (preset == "qwen2.5-0.5b") {
+  } else {  // qwen2.5-0.5b, the last name --preset takes
     s.hidden_size = 896, s.num_layers = 24, s.num_heads = 14, s.num_kv_heads = 2;
     s.intermediate_size = 4864, s.max_seq_len = 32768;
-  } else {
-    std::fprintf(stderr,
-                 "gyre init-model: unknown --preset '%s' (micro, tiny, small, qwen2.5-0.5b)\n",
-                 preset.c_str());
-    return 2;
   }
   s.head_dim = s.hidden_size / s.num_heads;
   if (arch == "qwen3") s.head_dim *= 2;  // Qwen3 decouples head_dim from hidden / heads

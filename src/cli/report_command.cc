@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "common/command_line.h"
 #include "common/file_util.h"
 #include "common/subprocess.h"
 #include "observe/report.h"
@@ -18,19 +19,16 @@ namespace gyre::cli {
 
 namespace {
 
-constexpr char kHelp[] =
-    "usage: gyre report RUN_DIR [--out FILE.html] [--png FILE.png] [--width PX]\n"
-    "\n"
+constexpr char kSummary[] =
     "Renders the curves of a run (RUN_DIR/metrics.jsonl: reward, accuracy with the held-out\n"
     "evaluations, response length, KL, entropy, clip fraction, tokens/s, phase timings,\n"
-    "staleness, warm-up loss) as one self-contained HTML page of SVG charts.\n"
-    "\n"
-    "  --out FILE    where the page goes (default RUN_DIR/report.html)\n"
-    "  --png FILE    also a PNG screenshot of the page, taken by headless Chromium (the\n"
-    "                `chromium` executable, or $GYRE_CHROMIUM)\n"
-    "  --width PX    the screenshot's width (default 1240)\n"
-    "\n"
-    "Works on a run that is still going: it reads what metrics.jsonl holds now.\n";
+    "staleness, warm-up loss) as one self-contained HTML page of SVG charts.";
+
+constexpr char kDetails[] =
+    "Works on a run that is still going: it reads what metrics.jsonl holds now. --png needs\n"
+    "headless Chromium: the `chromium` executable on PATH, or $GYRE_CHROMIUM.\n"
+    "Exit status: 0, 1 when the run cannot be read or the page or screenshot cannot be\n"
+    "written, 2 on a usage error.";
 
 std::string FindChromium() {
   if (const char* env = std::getenv("GYRE_CHROMIUM")) return FindInPath(env);
@@ -45,49 +43,22 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
-int UsageError(const std::string& msg) {
-  std::fprintf(stderr, "gyre report: %s (see gyre report --help)\n", msg.c_str());
-  return 2;
-}
-
 }  // namespace
 
 int RunReport(const std::vector<std::string>& args) {
   std::string run_dir, out, png;
   int width = 1240;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](std::string* v) {
-      if (i + 1 >= args.size()) return false;
-      *v = args[++i];
-      return true;
-    };
-    if (a == "--help" || a == "-h") {
-      std::fputs(kHelp, stdout);
-      return 0;
-    } else if (a == "--out") {
-      if (!value(&out)) return UsageError("--out needs a file name");
-    } else if (a == "--png") {
-      if (!value(&png)) return UsageError("--png needs a file name");
-    } else if (a == "--width") {
-      std::string w;
-      if (!value(&w) || w.find_first_not_of("0123456789") != std::string::npos || w.empty() ||
-          w.size() > 5 || std::stoi(w) < 320) {
-        return UsageError("--width needs a number of pixels >= 320");
-      }
-      width = std::stoi(w);
-    } else if (!a.empty() && a[0] == '-') {
-      return UsageError("unknown option '" + a + "'");
-    } else if (run_dir.empty()) {
-      run_dir = a;
-    } else {
-      return UsageError("unexpected argument '" + a + "'");
-    }
-  }
-  if (run_dir.empty()) {
-    std::fputs(kHelp, stderr);
-    return 2;
-  }
+  auto app = NewCommand("gyre report", kSummary, kDetails);
+  app->add_option("RUN_DIR", run_dir, "the run directory")->required();
+  app->add_option("--out", out, "where the page goes")
+      ->type_name("FILE")
+      ->default_str("RUN_DIR/report.html");
+  app->add_option("--png", png, "also a PNG screenshot of the page, by headless Chromium")
+      ->type_name("FILE");
+  app->add_option("--width", width, "the screenshot's width in pixels, in [320, 99999]")
+      ->type_name("PX")
+      ->check(NumberIn(320, 99999));
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
   auto page = observe::RenderRunReport(run_dir);
   if (!page.ok()) return Fail(page.status().message());
   if (out.empty()) out = run_dir + "/report.html";

@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -14,6 +13,7 @@
 
 #include "cli/model_commands.h"
 #include "common/clock.h"
+#include "common/command_line.h"
 #include "common/file_util.h"
 #include "model/bpe_tokenizer.h"
 #include "model/chat_template.h"
@@ -25,26 +25,36 @@ namespace gyre::cli {
 
 namespace {
 
-constexpr char kTokenizeUsage[] =
-    "usage: gyre tokenize --tokenizer PATH [--text TEXT | --jsonl] [--no-special]\n"
-    "\n"
+constexpr char kTokenizeSummary[] =
     "Encodes text with a Hugging Face tokenizer.json (PATH is the file or a model directory)\n"
-    "and prints the ids as a JSON array. Text comes from --text or from stdin (all of it, as one\n"
-    "text). With --jsonl, every stdin line is a JSON string and every output line the JSON array\n"
-    "of its ids. --no-special encodes special-token strings as plain text.\n";
+    "and prints the ids as a JSON array. Text comes from --text or from stdin (all of it, as\n"
+    "one text).";
 
-constexpr char kGenerateUsage[] =
-    "usage: gyre generate --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T]\n"
-    "                     [--top-k K] [--top-p P] [--min-p P] [--seed S] [--benchmark]\n"
-    "                     [--chat qwen2.5|qwen3|llama3]\n"
-    "\n"
+constexpr char kTokenizeDetails[] =
+    "Exit status: 0, 1 when the tokenizer cannot be read or a text cannot be encoded, 2 on a\n"
+    "usage error.";
+
+constexpr char kGenerateSummary[] =
     "Generates a continuation of TEXT with the model in DIR (config.json, safetensors,\n"
-    "tokenizer.json), streaming it to stdout as it is sampled; statistics go to stderr.\n"
-    "--temperature 0 (the default) is greedy. Generation stops at the config's eos_token_id(s)\n"
-    "or after --max-new-tokens (default 64). --benchmark also times a naive loop that reruns\n"
-    "the full forward pass for every token, in the same run, and prints both rates.\n"
-    "--chat renders the prompt with that chat template first: TEXT is a user message, or a\n"
-    "JSON array of {\"role\", \"content\"} messages; the assistant generation prompt is added.\n";
+    "tokenizer.json), streaming it to stdout as it is sampled; statistics go to stderr.";
+
+constexpr char kGenerateDetails[] =
+    "Generation stops at the config's eos_token_id(s) or after --max-new-tokens. --benchmark\n"
+    "also times a naive loop that reruns the full forward pass for every token, in the same\n"
+    "run, and prints both rates. --chat renders the prompt with that chat template first: TEXT\n"
+    "is a user message, or a JSON array of {\"role\", \"content\"} messages; the assistant\n"
+    "generation prompt is added.\n"
+    "Exit status: 0, 1 when the model cannot be loaded or generation fails, 2 on a usage error.";
+
+// --chat: the names model::ParseChatFormat takes.
+CLI::Validator ChatFormatName() {
+  return CLI::Validator(
+      [](std::string& name) -> std::string {
+        const StatusOr<model::ChatFormat> format = model::ParseChatFormat(name);
+        return format.ok() ? "" : format.status().message();
+      },
+      "");
+}
 
 StatusOr<std::unique_ptr<model::BpeTokenizer>> OpenTokenizer(const std::string& path) {
   const std::string file = IsDirectory(path) ? path + "/tokenizer.json" : path;
@@ -78,30 +88,18 @@ std::vector<int32_t> EosIds(const std::string& dir) {
 
 int RunTokenize(const std::vector<std::string>& args) {
   std::string path, text;
-  bool have_text = false, jsonl = false, special = true;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--help" || args[i] == "-h") {
-      std::fputs(kTokenizeUsage, stdout);
-      return 0;
-    } else if (args[i] == "--tokenizer" && i + 1 < args.size()) {
-      path = args[++i];
-    } else if (args[i] == "--text" && i + 1 < args.size()) {
-      text = args[++i];
-      have_text = true;
-    } else if (args[i] == "--jsonl") {
-      jsonl = true;
-    } else if (args[i] == "--no-special") {
-      special = false;
-    } else {
-      std::fprintf(stderr, "gyre tokenize: unexpected argument '%s' (see --help)\n",
-                   args[i].c_str());
-      return 2;
-    }
-  }
-  if (path.empty()) {
-    std::fprintf(stderr, "gyre tokenize: --tokenizer PATH is required\n");
-    return 2;
-  }
+  bool jsonl = false, no_special = false;
+  auto app = NewCommand("gyre tokenize", kTokenizeSummary, kTokenizeDetails);
+  app->add_option("--tokenizer", path, "a tokenizer.json, or a model directory holding one")
+      ->required()
+      ->type_name("PATH");
+  CLI::Option* text_option =
+      app->add_option("--text", text, "the text to encode (default: all of stdin)");
+  app->add_flag("--jsonl", jsonl, "stdin: one JSON string a line; output: one JSON array a line")
+      ->excludes(text_option);
+  app->add_flag("--no-special", no_special, "encode special-token strings as plain text");
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
+  const bool special = !no_special;
   auto tok = OpenTokenizer(path);
   if (!tok.ok()) {
     std::fprintf(stderr, "gyre: %s\n", tok.status().message().c_str());
@@ -119,7 +117,7 @@ int RunTokenize(const std::vector<std::string>& args) {
     return true;
   };
   if (!jsonl) {
-    if (!have_text) {
+    if (text_option->count() == 0) {
       text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
     }
     return encode(text, 0) ? 0 : 1;
@@ -153,48 +151,33 @@ int RunGenerate(const std::vector<std::string>& args) {
   sampling.max_new_tokens = 64;
   bool benchmark = false;
   std::string chat;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    const bool has_value = i + 1 < args.size();
-    if (a == "--help" || a == "-h") {
-      std::fputs(kGenerateUsage, stdout);
-      return 0;
-    } else if (a == "--model" && has_value) {
-      dir = args[++i];
-    } else if (a == "--prompt" && has_value) {
-      prompt = args[++i];
-    } else if (a == "--max-new-tokens" && has_value) {
-      sampling.max_new_tokens = std::atoi(args[++i].c_str());
-    } else if (a == "--temperature" && has_value) {
-      sampling.temperature = std::strtof(args[++i].c_str(), nullptr);
-    } else if (a == "--top-k" && has_value) {
-      sampling.top_k = std::atoi(args[++i].c_str());
-    } else if (a == "--top-p" && has_value) {
-      sampling.top_p = std::strtof(args[++i].c_str(), nullptr);
-    } else if (a == "--min-p" && has_value) {
-      sampling.min_p = std::strtof(args[++i].c_str(), nullptr);
-    } else if (a == "--seed" && has_value) {
-      req.seed = std::strtoull(args[++i].c_str(), nullptr, 10);
-    } else if (a == "--chat" && has_value) {
-      chat = args[++i];
-    } else if (a == "--benchmark") {
-      benchmark = true;
-    } else {
-      std::fprintf(stderr, "gyre generate: unexpected argument '%s' (see --help)\n", a.c_str());
-      return 2;
-    }
-  }
-  if (dir.empty() || prompt.empty()) {
-    std::fprintf(stderr, "gyre generate: --model DIR and --prompt TEXT are required\n");
-    return 2;
-  }
-  if (sampling.max_new_tokens < 1 || sampling.temperature < 0 || sampling.top_p <= 0 ||
-      sampling.top_p > 1 || sampling.min_p < 0 || sampling.min_p > 1) {
-    std::fprintf(stderr,
-                 "gyre generate: need --max-new-tokens >= 1, --temperature >= 0, --top-p in "
-                 "(0, 1], --min-p in [0, 1]\n");
-    return 2;
-  }
+  auto app = NewCommand("gyre generate", kGenerateSummary, kGenerateDetails);
+  app->add_option("--model", dir, "the model directory")->required()->type_name("DIR");
+  app->add_option("--prompt", prompt, "the text to continue")->required()->type_name("TEXT");
+  app->add_option("--max-new-tokens", sampling.max_new_tokens, "the most tokens to generate, >= 1")
+      ->type_name("N")
+      ->check(NumberIn(1, kNoUpperBound));
+  app->add_option("--temperature", sampling.temperature,
+                  "the sampling temperature, >= 0 (0: greedy)")
+      ->type_name("T")
+      ->check(NumberIn(0, kNoUpperBound));
+  app->add_option("--top-k", sampling.top_k, "sample from the K likeliest tokens (0: all)")
+      ->type_name("K");
+  app->add_option("--top-p", sampling.top_p,
+                  "keep the likeliest tokens up to probability mass P, in (0, 1]")
+      ->type_name("P")
+      ->check(NumberIn(0, 1, /*min_open=*/true));
+  app->add_option("--min-p", sampling.min_p,
+                  "drop tokens under P times the likeliest's probability, in [0, 1]")
+      ->type_name("P")
+      ->check(NumberIn(0, 1));
+  app->add_option("--seed", req.seed, "the sampling seed")->type_name("S");
+  app->add_option("--chat", chat,
+                  "render TEXT with a chat template: qwen2.5, qwen3, llama3, smollm2")
+      ->type_name("FORMAT")
+      ->check(ChatFormatName());
+  app->add_flag("--benchmark", benchmark, "also time a naive full-forward loop");
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
   const auto t_load = std::chrono::steady_clock::now();
   auto model = model::LoadHfModel(dir);
   if (!model.ok()) {
@@ -208,14 +191,12 @@ int RunGenerate(const std::vector<std::string>& args) {
     return 1;
   }
   if (!chat.empty()) {
-    auto format = model::ParseChatFormat(chat);
-    auto messages = format.ok() ? model::ParseMessagesJson(prompt)
-                                : StatusOr<std::vector<model::ChatMessage>>(format.status());
-    if (!messages.ok() && format.ok()) {
+    const model::ChatFormat format = model::ParseChatFormat(chat).value();  // checked
+    auto messages = model::ParseMessagesJson(prompt);
+    if (!messages.ok()) {
       messages = std::vector<model::ChatMessage>{{"user", prompt}};  // plain text = one user turn
     }
-    auto rendered = messages.ok() ? model::RenderChat(*format, *messages, model::ChatOptions{})
-                                  : StatusOr<std::string>(messages.status());
+    auto rendered = model::RenderChat(format, *messages, model::ChatOptions{});
     if (!rendered.ok()) {
       std::fprintf(stderr, "gyre generate: %s\n", rendered.status().message().c_str());
       return 2;

@@ -1,6 +1,8 @@
 #include "common/command_line.h"
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace gyre {
@@ -56,6 +58,14 @@ int ParseCommandLine(CLI::App& app, const std::vector<std::string>& args) {
   } catch (const CLI::CallForAllHelp&) {
     std::fputs(app.help("", CLI::AppFormatMode::All).c_str(), stdout);
     return 0;
+  } catch (const CLI::RequiredError& e) {
+    // A misspelt option (--modle) leaves the one meant missing: name what was not understood.
+    const std::vector<std::string> extras = app.remaining();
+    if (extras.empty() || app.get_allow_extras()) return CommandLineError(app, e.what());
+    std::string what = extras.size() > 1 ? "The following arguments were not expected:"
+                                         : "The following argument was not expected:";
+    for (const std::string& extra : extras) what += " " + extra;
+    return CommandLineError(app, what);
   } catch (const CLI::ParseError& e) {
     return CommandLineError(app, e.what());
   }
@@ -66,6 +76,30 @@ int CommandLineError(const CLI::App& app, const std::string& what) {
   const std::string& name = app.get_name();
   std::fprintf(stderr, "%s: %s (see %s --help)\n", name.c_str(), what.c_str(), name.c_str());
   return 2;
+}
+
+CLI::Validator NumberIn(double min, double max, bool min_open) {
+  auto number = [](double x) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%g", x);
+    return std::string(text);
+  };
+  std::string rule;
+  if (std::isinf(max)) {
+    rule = (min_open ? "> " : ">= ") + number(min);
+  } else {
+    rule = std::string("in ") + (min_open ? "(" : "[") + number(min) + ", " + number(max) + "]";
+  }
+  return CLI::Validator(
+      [min, max, min_open, rule](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0') return "'" + text + "' is not a number";
+        if (!std::isfinite(x)) return text + " is not a finite number";
+        if (x < min || (min_open && x == min) || x > max) return text + " is not " + rule;
+        return "";
+      },
+      "");
 }
 
 }  // namespace gyre

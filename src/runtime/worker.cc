@@ -146,7 +146,7 @@ int RunWorker(const std::vector<std::string>& args) {
       ->check(CLI::Range(0, 65535));
   app->add_option("--register-timeout", register_timeout,
                   "seconds to keep trying to register with the controller")
-      ->check(CLI::PositiveNumber)
+      ->check(NumberIn(0, kNoUpperBound, /*min_open=*/true))
       ->type_name("SECONDS");
   app->add_option("--tls-cert", security.tls_cert, "this worker's certificate (PEM)")
       ->type_name("PEM");

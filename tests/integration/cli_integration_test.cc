@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <tuple>
 
 #include "integration/run_util.h"
@@ -77,6 +78,66 @@ TEST(CliTest, VersionHelpAndUsageErrors) {
   EXPECT_EQ(p.Output(), "gyre: unknown command 'frobnicate' (see gyre help)\n");
 }
 
+// Every command's --help starts with its usage line and lists each of its options (with its
+// default where it has one); an unknown option is a usage error, one line that names it.
+TEST(CliTest, EveryCommandListsItsOptionsAndRefusesAnUnknownOne) {
+  struct Command {
+    std::string name;
+    std::vector<std::string> options;  // as --help lists them: "--name", or "--name TYPE=DEFAULT"
+  };
+  const std::vector<Command> commands = {
+      {"train", {"--set KEY=VALUE", "--quiet", "--resume"}},
+      {"validate", {"--set KEY=VALUE", "--quiet", "--print"}},
+      {"worker",
+       {"--role", "--controller", "--index N", "--bind-host TEXT=127.0.0.1", "--advertise-host",
+        "--port", "--register-timeout SECONDS=60", "--tls-cert PEM", "--tls-key PEM",
+        "--tls-ca PEM", "--tls-server-name", "--token-file FILE"}},
+      {"generate",
+       {"--model DIR", "--prompt TEXT", "--max-new-tokens N=64", "--temperature T=0", "--top-k K=0",
+        "--top-p P=1", "--min-p P=0", "--seed S=0", "--chat FORMAT", "--benchmark"}},
+      {"tokenize", {"--tokenizer PATH", "--text", "--jsonl", "--no-special"}},
+      {"init-model",
+       {"--arch", "--out DIR", "--preset", "--seed", "--force", "--init-std S=0.02",
+        "--random-norms-and-biases", "--rope-scaling"}},
+      {"convert gguf", {"--out DIR", "--force"}},
+      {"logprobs", {"--model DIR", "--ids", "--full", "--dtype DTYPE=float32", "--device"}},
+      {"ledger", {"--sample ID", "--prompts", "--state STATE", "--top N=20", "--json"}},
+      {"report", {"--out FILE=RUN_DIR/report.html", "--png FILE", "--width PX=1240"}},
+      {"launch slurm",
+       {"--set KEY=VALUE", "--dry-run", "--partition P", "--time T", "--account A",
+        "--gpus-per-worker N", "--cpus-per-worker N=2", "--controller-cpus N=2", "--sbatch OPTION",
+        "--gyre PATH"}},
+  };
+  const std::string dir = MakeTempDir("cli_help");
+  for (const Command& c : commands) {
+    std::vector<std::string> args;
+    std::istringstream words(c.name);
+    for (std::string w; words >> w;) args.push_back(w);
+    args.push_back("--help");
+    auto [rc, help] = RunGyre(args, dir, 30);
+    EXPECT_EQ(rc, 0) << c.name << ":\n" << help;
+    EXPECT_EQ(help.rfind("Usage: gyre " + c.name + " ", 0), 0u) << help;
+    for (const std::string& option : c.options) {
+      // An option's line: two spaces, the option, then more of its type, padding or the end of
+      // the line.
+      bool listed = false;
+      for (size_t at = help.find("\n  " + option); at != std::string::npos && !listed;
+           at = help.find("\n  " + option, at + 1)) {
+        const char next = help[at + 3 + option.size()];
+        listed = next == ' ' || next == '\n' || next == ':' || next == '=';
+      }
+      EXPECT_TRUE(listed) << "gyre " << c.name << " --help does not list " << option << ":\n"
+                          << help;
+    }
+    args.back() = "--no-such-option";
+    auto [bad_rc, error] = RunGyre(args, dir, 30);
+    EXPECT_EQ(bad_rc, 2) << c.name << ": " << error;
+    EXPECT_EQ(error, "gyre " + c.name +
+                         ": The following argument was not expected: --no-such-option (see gyre " +
+                         c.name + " --help)\n");
+  }
+}
+
 TEST(CliTest, LedgerUsageErrorsAndAMissingLedgerAreClear) {
   const std::string dir = MakeTempDir("ledger");
   auto run = [&](const std::vector<std::string>& args, int want_rc) {
@@ -87,11 +148,15 @@ TEST(CliTest, LedgerUsageErrorsAndAMissingLedgerAreClear) {
     return p.Output();
   };
   EXPECT_NE(run({"ledger", "--help"}, 0).find("--prompts"), std::string::npos);
-  EXPECT_EQ(run({"ledger"}, 2), "gyre ledger: missing RUN_DIR (see gyre ledger --help)\n");
-  EXPECT_NE(run({"ledger", dir, "--state", "lost"}, 2).find("unknown state 'lost'"),
+  EXPECT_EQ(run({"ledger"}, 2), "gyre ledger: RUN_DIR is required (see gyre ledger --help)\n");
+  EXPECT_NE(run({"ledger", dir, "--state", "lost"}, 2).find("--state: lost not in {queued,"),
             std::string::npos);
-  EXPECT_NE(run({"ledger", dir, "--sample", "x1"}, 2).find("needs a sample id"), std::string::npos);
-  EXPECT_NE(run({"ledger", dir, "--prompts", "--sample", "1"}, 2).find("alternatives"),
+  EXPECT_NE(run({"ledger", dir, "--sample", "x1"}, 2).find("--sample: 'x1' is not a number"),
+            std::string::npos);
+  EXPECT_NE(
+      run({"ledger", dir, "--prompts", "--sample", "1"}, 2).find("--sample excludes --prompts"),
+      std::string::npos);
+  EXPECT_NE(run({"ledger", dir, "--top", "-1"}, 2).find("--top: -1 is not >= 0"),
             std::string::npos);
   EXPECT_EQ(run({"ledger", dir}, 1), "gyre ledger: " + dir +
                                          "/ledger.db: no sample ledger here (a run directory "
@@ -1070,10 +1135,16 @@ TEST(LaunchTest, SlurmDryRunWritesTheJobAndAHeterogeneousScript) {
   // Bad input: an unknown launcher, a bad number, a bad job; nothing is submitted.
   std::tie(rc, out) = run({"launch", "pbs", kQuickstart});
   EXPECT_EQ(rc, 2);
-  EXPECT_NE(out.find("unknown launcher 'pbs'"), std::string::npos) << out;
+  EXPECT_NE(out.find("LAUNCHER: pbs not in {slurm}"), std::string::npos) << out;
   std::tie(rc, out) = run({"launch", "slurm", kQuickstart, "--gpus-per-worker", "two"});
   EXPECT_EQ(rc, 2);
-  EXPECT_NE(out.find("--gpus-per-worker needs a whole number >= 0"), std::string::npos) << out;
+  EXPECT_NE(out.find("--gpus-per-worker: 'two' is not a number"), std::string::npos) << out;
+  std::tie(rc, out) = run({"launch", "slurm", kQuickstart, "--cpus-per-worker", "0"});
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("--cpus-per-worker: 0 is not in [1, 1024]"), std::string::npos) << out;
+  std::tie(rc, out) = run({"launch", "slurm", kQuickstart, "--sbatch", "qos=high"});
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("--sbatch: 'qos=high' is not an sbatch option"), std::string::npos) << out;
   std::tie(rc, out) = run({"launch", "slurm", kQuickstart, "--dry-run", "--set",
                            "cluster.auth_token_file=" + dir + "/token"});
   EXPECT_EQ(rc, 1);

@@ -105,7 +105,7 @@ TEST(DeployManifestsTest, EveryFileIsListedAndEveryObjectWellFormed) {
 TEST(DeployManifestsTest, TheWorkersFlagsAndVariablesAreOnesGyreWorkerAccepts) {
   Manifests m = Load();
   const std::string help = RunShell(std::string(GYRE_BINARY) + " worker --help");
-  ASSERT_NE(help.find("usage: gyre worker"), std::string::npos) << help;
+  ASSERT_EQ(help.rfind("Usage: gyre worker", 0), 0u) << help;
   int workers = 0;
   for (const char* kind : {"StatefulSet", "Job"}) {
     for (const auto& d : m.by_kind[kind]) {
