@@ -13,7 +13,7 @@
 #include "controller/task.h"
 #include "fuzz/fuzz_util.h"
 #include "gyre/config.h"
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   gyre::InitLogging("fuzz", "off");

@@ -1,4 +1,4 @@
-// Fuzzes the tokenizer.json loader, model::BpeTokenizer::FromJson (src/model/bpe_tokenizer.cc),
+// Fuzzes the tokenizer.json loader, model::BpeTokenizer::FromJson (src/text/bpe_tokenizer.cc),
 // and runs every tokenizer it accepts: Encode of fixed probes and of the input's first bytes
 // (with and without special tokens), Decode, streaming decode and the id lookups. Input: the
 // tokenizer.json text.
@@ -12,7 +12,7 @@
 
 #include "common/check.h"
 #include "fuzz/fuzz_util.h"
-#include "model/bpe_tokenizer.h"
+#include "text/bpe_tokenizer.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Fuzzes model::ParseToolCalls (src/model/tool_calls.cc), which reads tool calls out of a model's
+// Fuzzes model::ParseToolCalls (src/text/tool_calls.cc), which reads tool calls out of a model's
 // reply: any text, in both formats. Every accepted call has a name and object arguments.
 // Input: the reply text.
 
@@ -7,7 +7,7 @@
 
 #include "common/check.h"
 #include "fuzz/fuzz_util.h"
-#include "model/tool_calls.h"
+#include "text/tool_calls.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace gyre::model;

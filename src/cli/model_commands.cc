@@ -19,8 +19,8 @@
 #include "model/gguf_convert.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
-#include "model/tokenizer_json.h"
 #include "model/weights.h"
+#include "text/tokenizer_json.h"
 
 namespace gyre::cli {
 

@@ -29,12 +29,12 @@
 #include "gyre/sample.h"
 #include "gyre/task.h"
 #include "model/hf_config.h"
-#include "model/text_tokenizer.h"
-#include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "model/weights.h"
 #include "rpc/rpc_util.h"
 #include "rpc/security.h"
+#include "text/text_tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace gyre {
 

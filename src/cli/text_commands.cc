@@ -15,11 +15,11 @@
 #include "cli/model_commands.h"
 #include "common/clock.h"
 #include "common/file_util.h"
-#include "model/bpe_tokenizer.h"
-#include "model/chat_template.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
 #include "rollout/rollout_engine.h"
+#include "text/bpe_tokenizer.h"
+#include "text/chat_template.h"
 
 namespace gyre::cli {
 

@@ -18,8 +18,6 @@
 #include "kernels/device_info.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
-#include "model/text_tokenizer.h"
-#include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "model/weights.h"
 #include "rollout/rollout_service.h"
@@ -27,6 +25,8 @@
 #include "rpc/security.h"
 #include "rpc/worker_discovery.h"
 #include "rpc/worker_session.h"
+#include "text/text_tokenizer.h"
+#include "text/tokenizer.h"
 #include "trainer/trainer_service.h"
 
 namespace gyre::cli {

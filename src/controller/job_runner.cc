@@ -34,14 +34,14 @@
 #include "controller/trainer_group.h"
 #include "controller/weight_publisher.h"
 #include "controller/worker_pool.h"
-#include "model/episode_chat.h"
 #include "model/hf_config.h"
-#include "model/text_tokenizer.h"
 #include "observe/metrics_endpoint.h"
 #include "observe/progress.h"
 #include "observe/run_metrics.h"
 #include "rpc/rpc_util.h"
 #include "rpc/security.h"
+#include "text/episode_chat.h"
+#include "text/text_tokenizer.h"
 
 namespace gyre::controller {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "common/hash.h"
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 namespace gyre::controller {
 

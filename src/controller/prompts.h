@@ -14,8 +14,8 @@
 #include "gyre/config.h"
 #include "gyre/status.h"
 #include "gyre/v1/gyre.pb.h"
-#include "model/episode_chat.h"
-#include "model/text_tokenizer.h"
+#include "text/episode_chat.h"
+#include "text/text_tokenizer.h"
 
 namespace gyre::controller {
 

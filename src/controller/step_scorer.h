@@ -25,7 +25,7 @@
 #include "gyre/reward.h"
 #include "gyre/status.h"
 #include "gyre/v1/gyre.pb.h"
-#include "model/text_tokenizer.h"
+#include "text/text_tokenizer.h"
 
 namespace gyre::controller {
 

@@ -6,7 +6,7 @@
 
 #include "agent/service_reward.h"
 #include "common/strings.h"
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 namespace gyre::controller {
 

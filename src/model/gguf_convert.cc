@@ -10,9 +10,9 @@
 #include "common/file_util.h"
 #include "model/gguf.h"
 #include "model/hf_config.h"
-#include "model/tokenizer_json.h"
 #include "model/transformer.h"
 #include "model/weights.h"
+#include "text/tokenizer_json.h"
 
 namespace gyre::model {
 namespace {

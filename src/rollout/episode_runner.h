@@ -27,9 +27,9 @@
 
 #include "agent/env_client.h"
 #include "gyre/status.h"
-#include "model/episode_chat.h"
-#include "model/tool_calls.h"
 #include "rollout/rollout_engine.h"
+#include "text/episode_chat.h"
+#include "text/tool_calls.h"
 
 namespace gyre::rollout {
 

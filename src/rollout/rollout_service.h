@@ -27,10 +27,10 @@
 #include "comm/weight_sync.h"
 #include "gyre/config.h"
 #include "gyre/v1/gyre.grpc.pb.h"
-#include "model/text_tokenizer.h"
 #include "model/transformer.h"
 #include "rollout/episode_runner.h"
 #include "rollout/rollout_engine.h"
+#include "text/text_tokenizer.h"
 
 namespace gyre::rollout {
 

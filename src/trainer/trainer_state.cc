@@ -12,9 +12,9 @@
 #include "common/file_util.h"
 #include "model/hf_config.h"
 #include "model/safetensors.h"
-#include "model/tokenizer.h"
-#include "model/tokenizer_json.h"
 #include "model/weights.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_json.h"
 
 namespace gyre::trainer {
 

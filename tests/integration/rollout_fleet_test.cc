@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "integration/run_util.h"
-#include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "rpc/rpc_util.h"
+#include "text/tokenizer.h"
 
 namespace gyre {
 namespace {

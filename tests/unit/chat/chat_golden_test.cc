@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "model/chat_template.h"
 #include "testing/text_format.h"
+#include "text/chat_template.h"
 
 namespace gyre::model {
 namespace {

@@ -9,7 +9,7 @@
 // file in ../shared, so its tests compare with strings written out by hand from Meta's template.
 // The remaining tests cover input errors and need nothing outside this binary.
 
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

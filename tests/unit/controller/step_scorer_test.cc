@@ -12,7 +12,7 @@
 
 #include "common/file_util.h"
 #include "controller/task.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace gyre::controller {
 namespace {

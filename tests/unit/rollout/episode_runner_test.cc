@@ -16,11 +16,11 @@
 #include <thread>
 
 #include "agent/service_supervisor.h"
-#include "model/jinja.h"
-#include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "rollout/rollout_service.h"
 #include "testing/tiny_model.h"
+#include "text/jinja.h"
+#include "text/tokenizer.h"
 
 namespace gyre::rollout {
 namespace {

@@ -15,8 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "model/bpe_tokenizer.h"
 #include "testing/text_format.h"
+#include "text/bpe_tokenizer.h"
 
 namespace gyre::model {
 namespace {

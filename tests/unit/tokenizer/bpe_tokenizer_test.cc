@@ -6,7 +6,7 @@
 // awkward strings. They skip when Python, `tokenizers` or the data files are missing. The other
 // tests build tiny tokenizer.json files in C++ and need nothing else.
 
-#include "model/bpe_tokenizer.h"
+#include "text/bpe_tokenizer.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "gyre/status.h"
-#include "model/jinja.h"
+#include "text/jinja.h"
 
 namespace gyre::model {
 

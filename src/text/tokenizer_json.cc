@@ -1,9 +1,9 @@
-#include "model/tokenizer_json.h"
+#include "text/tokenizer_json.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace gyre::model {
 

@@ -13,7 +13,7 @@
 // merged away since the entry was pushed) are detected and skipped when popped. This gives the same
 // result as repeatedly merging the lowest-rank, leftmost pair, in O(n log n) per word.
 
-#include "model/bpe_tokenizer.h"
+#include "text/bpe_tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

@@ -1,4 +1,4 @@
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <cstdio>
 

@@ -5,7 +5,7 @@
 // newline changes the tokens the policy is trained on. tests/unit/chat checks the output against
 // transformers with the real templates.
 
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 #include <nlohmann/json.hpp>
 #include <string_view>

@@ -16,7 +16,7 @@
 // interpreter threads failures through every expression, and a Status per node would double the
 // code without making a failure path clearer. Nothing else throws across this file's boundary.
 
-#include "model/jinja.h"
+#include "text/jinja.h"
 
 #include <algorithm>
 #include <cerrno>

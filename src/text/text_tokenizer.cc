@@ -1,10 +1,10 @@
-#include "model/text_tokenizer.h"
+#include "text/text_tokenizer.h"
 
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "model/bpe_tokenizer.h"
-#include "model/tokenizer.h"
+#include "text/bpe_tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace gyre::model {
 

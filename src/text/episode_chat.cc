@@ -1,4 +1,4 @@
-#include "model/episode_chat.h"
+#include "text/episode_chat.h"
 
 #include <nlohmann/json.hpp>
 

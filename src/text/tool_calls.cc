@@ -1,4 +1,4 @@
-#include "model/tool_calls.h"
+#include "text/tool_calls.h"
 
 #include <nlohmann/json.hpp>
 
