@@ -1,4 +1,4 @@
-// Fuzzes chat-message JSON, model::ParseMessagesJson (src/text/chat_template.cc), the reader of
+// Fuzzes chat-message JSON, text::ParseMessagesJson (src/text/chat_template.cc), the reader of
 // a dataset's or a request's prompt messages, and renders whatever it accepts with every chat
 // format and option (RenderChat). Input: the JSON text.
 
@@ -11,7 +11,7 @@
 #include "text/chat_template.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace gyre::model;
+  using namespace gyre::text;
   auto messages = ParseMessagesJson(gyre::fuzz::AsString(data, size));
   if (!messages.ok()) return 0;
   GYRE_CHECK(!messages->empty()) << "ParseMessagesJson accepted no messages";

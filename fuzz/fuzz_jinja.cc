@@ -40,7 +40,7 @@ constexpr char kContext[] = R"({
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using gyre::model::ChatTemplate;
+  using gyre::text::ChatTemplate;
   auto tmpl = ChatTemplate::Parse(gyre::fuzz::AsString(data, size));
   if (!tmpl.ok()) {
     GYRE_CHECK(!tmpl.status().message().empty()) << "Parse failed without a message";

@@ -27,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!problems.ok()) return 0;
   for (const auto& p : *problems) {
     if (p.is_messages) {
-      auto messages = gyre::model::ParseMessagesJson(p.prompt);
+      auto messages = gyre::text::ParseMessagesJson(p.prompt);
       GYRE_CHECK(messages.ok()) << "LoadJsonl kept a prompt that does not parse: "
                                 << messages.status();
     }

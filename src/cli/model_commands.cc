@@ -393,7 +393,7 @@ int RunInitModel(const std::vector<std::string>& args) {
       special_ids.emplace_back(specials[i], 256 + static_cast<int32_t>(i));
     }
     std::ofstream tok(out + "/tokenizer.json");
-    tok << model::NoMergeByteLevelTokenizerJson(bytes, special_ids);
+    tok << text::NoMergeByteLevelTokenizerJson(bytes, special_ids);
     if (!tok) st = Unavailable("cannot write " + out + "/tokenizer.json");
   }
   if (!st.ok()) {

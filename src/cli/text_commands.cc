@@ -46,9 +46,9 @@ constexpr char kGenerateUsage[] =
     "--chat renders the prompt with that chat template first: TEXT is a user message, or a\n"
     "JSON array of {\"role\", \"content\"} messages; the assistant generation prompt is added.\n";
 
-StatusOr<std::unique_ptr<model::BpeTokenizer>> OpenTokenizer(const std::string& path) {
+StatusOr<std::unique_ptr<text::BpeTokenizer>> OpenTokenizer(const std::string& path) {
   const std::string file = IsDirectory(path) ? path + "/tokenizer.json" : path;
-  return model::BpeTokenizer::FromFile(file);
+  return text::BpeTokenizer::FromFile(file);
 }
 
 std::string IdsJson(const std::vector<int32_t>& ids) { return nlohmann::json(ids).dump(); }
@@ -208,13 +208,13 @@ int RunGenerate(const std::vector<std::string>& args) {
     return 1;
   }
   if (!chat.empty()) {
-    auto format = model::ParseChatFormat(chat);
-    auto messages = format.ok() ? model::ParseMessagesJson(prompt)
-                                : StatusOr<std::vector<model::ChatMessage>>(format.status());
+    auto format = text::ParseChatFormat(chat);
+    auto messages = format.ok() ? text::ParseMessagesJson(prompt)
+                                : StatusOr<std::vector<text::ChatMessage>>(format.status());
     if (!messages.ok() && format.ok()) {
-      messages = std::vector<model::ChatMessage>{{"user", prompt}};  // plain text = one user turn
+      messages = std::vector<text::ChatMessage>{{"user", prompt}};  // plain text = one user turn
     }
-    auto rendered = messages.ok() ? model::RenderChat(*format, *messages, model::ChatOptions{})
+    auto rendered = messages.ok() ? text::RenderChat(*format, *messages, text::ChatOptions{})
                                   : StatusOr<std::string>(messages.status());
     if (!rendered.ok()) {
       std::fprintf(stderr, "gyre generate: %s\n", rendered.status().message().c_str());
@@ -243,7 +243,7 @@ int RunGenerate(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gyre generate: %s\n", engine.status().message().c_str());
     return 1;
   }
-  model::BpeTokenizer::StreamDecoder stream(**tok, /*skip_special=*/true);
+  text::BpeTokenizer::StreamDecoder stream(**tok, /*skip_special=*/true);
   (*engine)->SetTokenCallback([&](uint64_t, int32_t, int32_t token) {
     std::fputs(stream.Push(token).c_str(), stdout);
     std::fflush(stdout);

@@ -268,7 +268,7 @@ int RunWorker(const std::vector<std::string>& args) {
   TuneAllocatorForRepeatedSteps();
   std::unique_ptr<model::Transformer> model;
   if (cfg->model.path.empty()) {
-    model::CharTokenizer tokenizer;
+    text::CharTokenizer tokenizer;
     const model::ModelSpec spec = model::SpecFromConfig(cfg->model, tokenizer.vocab_size());
     Status fits = model::CheckModelSize(spec, "the model section");
     if (!fits.ok()) {
@@ -313,10 +313,10 @@ int RunWorker(const std::vector<std::string>& args) {
   if (wrole == v1::WORKER_ROLE_ROLLOUT) {
     auto engine_config = rollout::EngineConfigFromJob(cfg->rollout, *model);
     // Stop strings need the job's tokenizer to turn response tokens into text.
-    std::shared_ptr<model::TextTokenizer> tokenizer;
+    std::shared_ptr<text::TextTokenizer> tokenizer;
     const bool env = cfg->env.enabled();
     if (engine_config.ok() && (!cfg->rollout.stop_strings.empty() || env)) {
-      auto made = model::MakeTextTokenizer(cfg->model);
+      auto made = text::MakeTextTokenizer(cfg->model);
       if (!made.ok()) {
         engine_config = made.status();
       } else {

@@ -36,7 +36,7 @@ StatusOr<std::vector<Problem>> LoadJsonl(const std::string& path) {
     }
     if (j["prompt"].is_array()) {
       // Checked here so a bad record is reported with its line, not mid-job.
-      auto messages = model::ParseMessagesJson(j["prompt"].dump());
+      auto messages = text::ParseMessagesJson(j["prompt"].dump());
       if (!messages.ok())
         return InvalidArgument(where + ": prompt: " + messages.status().message());
       out.push_back({j["prompt"].dump(), j.value("answer", std::string()), true, where, j.dump()});

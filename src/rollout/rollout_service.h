@@ -55,7 +55,7 @@ struct EpisodeSetup {
 // env.template_kwargs, the limits and deadlines of env.*, and `tokenizer` (kept alive by the
 // returned functions). Errors say which setting to change.
 StatusOr<EpisodeSetup> EpisodeSetupFromJob(const JobConfig& cfg,
-                                           std::shared_ptr<const model::TextTokenizer> tokenizer);
+                                           std::shared_ptr<const text::TextTokenizer> tokenizer);
 
 class RolloutService final : public v1::Rollout::Service {
  public:

@@ -33,7 +33,7 @@
 
 #include "common/strings.h"
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using json = nlohmann::json;
@@ -1171,4 +1171,4 @@ bool BpeTokenizer::IsSpecial(int32_t id) const {
   return added >= 0 && impl_->added[added].special;
 }
 
-}  // namespace gyre::model
+}  // namespace gyre::text

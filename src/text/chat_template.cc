@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using json = nlohmann::json;
@@ -326,4 +326,4 @@ StatusOr<std::vector<ChatMessage>> ParseMessagesJson(const std::string& json_tex
   return messages;
 }
 
-}  // namespace gyre::model
+}  // namespace gyre::text

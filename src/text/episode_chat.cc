@@ -4,7 +4,7 @@
 
 #include "common/file_util.h"
 
-namespace gyre::model {
+namespace gyre::text {
 
 using nlohmann::json;
 
@@ -141,4 +141,4 @@ StatusOr<RenderedDemo> RenderDemonstration(const ChatRenderFn& render,
   return out;
 }
 
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -34,7 +34,7 @@
 
 #include "common/strings.h"
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -3166,4 +3166,4 @@ StatusOr<std::string> LoadChatTemplate(const std::string& model_dir) {
                          "{\"name\", \"template\"} objects");
 }
 
-}  // namespace gyre::model
+}  // namespace gyre::text

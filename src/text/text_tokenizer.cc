@@ -6,7 +6,7 @@
 #include "text/bpe_tokenizer.h"
 #include "text/tokenizer.h"
 
-namespace gyre::model {
+namespace gyre::text {
 
 namespace {
 
@@ -71,4 +71,4 @@ StatusOr<std::unique_ptr<TextTokenizer>> MakeTextTokenizer(const ModelSection& m
   return std::unique_ptr<TextTokenizer>(new BpeText(std::move(bpe), std::move(stops)));
 }
 
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -5,7 +5,7 @@
 
 #include "text/tokenizer.h"
 
-namespace gyre::model {
+namespace gyre::text {
 
 namespace {
 
@@ -125,4 +125,4 @@ std::string CharTokenizerConfigJson() {
   return j.dump(2) + "\n";
 }
 
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -14,7 +14,7 @@
 #include "testing/text_format.h"
 #include "text/chat_template.h"
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using testing::Visible;
@@ -57,4 +57,4 @@ TEST(ChatGoldenTest, RendersWhatTransformersRendered) {
 }
 
 }  // namespace
-}  // namespace gyre::model
+}  // namespace gyre::text

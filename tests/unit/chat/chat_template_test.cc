@@ -24,7 +24,7 @@
 
 #include "testing/text_format.h"
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using testing::Visible;
@@ -474,4 +474,4 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<BadJsonCase>& info) { return info.param.name; });
 
 }  // namespace
-}  // namespace gyre::model
+}  // namespace gyre::text

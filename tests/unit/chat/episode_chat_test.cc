@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using nlohmann::json;
@@ -100,4 +100,4 @@ TEST(EpisodeChatTest, BadInputIsAClearError) {
 }
 
 }  // namespace
-}  // namespace gyre::model
+}  // namespace gyre::text

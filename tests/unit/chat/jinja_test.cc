@@ -18,7 +18,7 @@
 #include "testing/text_format.h"
 #include "text/chat_template.h"
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using testing::Visible;
@@ -358,4 +358,4 @@ TEST(MakeChatTemplateContextTest, BuildsWhatTransformersPasses) {
 }
 
 }  // namespace
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -4,7 +4,7 @@
 
 #include <string>
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 // A reply without calls: no calls, no errors, its trimmed text as the content.
@@ -111,4 +111,4 @@ TEST(ToolCallsTest, FormatNames) {
 }
 
 }  // namespace
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -23,7 +23,7 @@
 
 #include "testing/text_format.h"
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using json = nlohmann::json;
@@ -456,4 +456,4 @@ TEST(BpeTokenizerErrors, MissingFile) {
 }
 
 }  // namespace
-}  // namespace gyre::model
+}  // namespace gyre::text
