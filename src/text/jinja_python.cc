@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/strings.h"
+
 namespace gyre::text::jinja {
 namespace {
 
@@ -112,25 +114,18 @@ void JsonString(const std::string& s, std::string* out) {
   out->push_back('"');
 }
 
+// The length of the item of CodePoints that starts at s[i].
+size_t CodePointLength(const std::string& s, size_t i) {
+  const Utf8Char c = DecodeUtf8(s, i);
+  return c.status == Utf8Char::kValid ? c.length : 1;
+}
+
 }  // namespace
 
 std::vector<std::string> CodePoints(const std::string& s) {
   std::vector<std::string> out;
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    size_t len = b < 0x80             ? 1
-                 : (b & 0xE0) == 0xC0 ? 2
-                 : (b & 0xF0) == 0xE0 ? 3
-                 : (b & 0xF8) == 0xF0 ? 4
-                                      : 1;
-    if (i + len > s.size()) len = 1;
-    for (size_t k = 1; k < len; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) {
-        len = 1;
-        break;
-      }
-    }
+  for (size_t i = 0; i < s.size();) {
+    const size_t len = CodePointLength(s, i);
     out.push_back(s.substr(i, len));
     i += len;
   }
@@ -139,16 +134,14 @@ std::vector<std::string> CodePoints(const std::string& s) {
 
 size_t CodePointCount(const std::string& s) {
   size_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  for (size_t i = 0; i < s.size(); i += CodePointLength(s, i)) ++n;
   return n;
 }
 
 char32_t Decode(const std::string& cp) {
-  const auto b0 = static_cast<unsigned char>(cp[0]);
-  if (cp.size() == 1) return b0;
-  char32_t v = cp.size() == 2 ? (b0 & 0x1F) : cp.size() == 3 ? (b0 & 0x0F) : (b0 & 0x07);
-  for (size_t i = 1; i < cp.size(); ++i) v = (v << 6) | (static_cast<unsigned char>(cp[i]) & 0x3F);
-  return v;
+  const Utf8Char c = DecodeUtf8(cp, 0);
+  // An invalid byte, which CodePoints leaves on its own, reads as the code point of its value.
+  return c.status == Utf8Char::kValid ? c.code_point : static_cast<unsigned char>(cp[0]);
 }
 
 bool IsPySpace(char32_t c) {

@@ -14,7 +14,7 @@ namespace gyre::text::jinja {
 
 // Splits UTF-8 text into code points (each as its bytes); an invalid byte stands alone.
 std::vector<std::string> CodePoints(const std::string& s);
-// len() of `s` as a Python str.
+// CodePoints(s).size(): len() of `s` as a Python str.
 size_t CodePointCount(const std::string& s);
 // The code point of one item of CodePoints.
 char32_t Decode(const std::string& cp);

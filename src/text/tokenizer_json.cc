@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "common/strings.h"
 #include "text/tokenizer.h"
 
 namespace gyre::text {
@@ -23,12 +24,7 @@ std::string ByteLevelSymbol(uint8_t byte) {
     cp = 256 + n;
   }
   std::string out;
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
+  AppendUtf8(static_cast<uint32_t>(cp), &out);
   return out;
 }
 
