@@ -1,4 +1,4 @@
-// Fuzzes the Jinja chat-template renderer (src/text/jinja.cc): the input is template source,
+// Fuzzes the Jinja chat-template renderer (src/text/jinja.h): the input is template source,
 // parsed and, when it parses, rendered with a fixed context shaped like transformers' (messages
 // with reasoning, tool calls and tool responses, tool schemas, generation prompt, thinking off).
 // Neither step may crash, hang or exhaust memory: failures are Status values, and the renderer's
