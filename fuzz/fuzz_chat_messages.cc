@@ -1,4 +1,4 @@
-// Fuzzes chat-message JSON, model::ParseMessagesJson (src/model/chat_template.cc), the reader of
+// Fuzzes chat-message JSON, text::ParseMessagesJson (src/text/chat_template.cc), the reader of
 // a dataset's or a request's prompt messages, and renders whatever it accepts with every chat
 // format and option (RenderChat). Input: the JSON text.
 
@@ -8,10 +8,10 @@
 
 #include "common/check.h"
 #include "fuzz/fuzz_util.h"
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace gyre::model;
+  using namespace gyre::text;
   auto messages = ParseMessagesJson(gyre::fuzz::AsString(data, size));
   if (!messages.ok()) return 0;
   GYRE_CHECK(!messages->empty()) << "ParseMessagesJson accepted no messages";

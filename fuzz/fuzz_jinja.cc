@@ -1,4 +1,4 @@
-// Fuzzes the Jinja chat-template renderer (src/model/jinja.cc): the input is template source,
+// Fuzzes the Jinja chat-template renderer (src/text/jinja.h): the input is template source,
 // parsed and, when it parses, rendered with a fixed context shaped like transformers' (messages
 // with reasoning, tool calls and tool responses, tool schemas, generation prompt, thinking off).
 // Neither step may crash, hang or exhaust memory: failures are Status values, and the renderer's
@@ -10,7 +10,7 @@
 
 #include "common/check.h"
 #include "fuzz/fuzz_util.h"
-#include "model/jinja.h"
+#include "text/jinja.h"
 
 namespace {
 
@@ -40,7 +40,7 @@ constexpr char kContext[] = R"({
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using gyre::model::ChatTemplate;
+  using gyre::text::ChatTemplate;
   auto tmpl = ChatTemplate::Parse(gyre::fuzz::AsString(data, size));
   if (!tmpl.ok()) {
     GYRE_CHECK(!tmpl.status().message().empty()) << "Parse failed without a message";

@@ -13,7 +13,7 @@
 #include "controller/task.h"
 #include "fuzz/fuzz_util.h"
 #include "gyre/config.h"
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   gyre::InitLogging("fuzz", "off");
@@ -27,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!problems.ok()) return 0;
   for (const auto& p : *problems) {
     if (p.is_messages) {
-      auto messages = gyre::model::ParseMessagesJson(p.prompt);
+      auto messages = gyre::text::ParseMessagesJson(p.prompt);
       GYRE_CHECK(messages.ok()) << "LoadJsonl kept a prompt that does not parse: "
                                 << messages.status();
     }

@@ -1,4 +1,4 @@
-// Fuzzes the tokenizer.json loader, model::BpeTokenizer::FromJson (src/model/bpe_tokenizer.cc),
+// Fuzzes the tokenizer.json loader, text::BpeTokenizer::FromJson (src/text/bpe_tokenizer.cc),
 // and runs every tokenizer it accepts: Encode of fixed probes and of the input's first bytes
 // (with and without special tokens), Decode, streaming decode and the id lookups. Input: the
 // tokenizer.json text.
@@ -12,11 +12,11 @@
 
 #include "common/check.h"
 #include "fuzz/fuzz_util.h"
-#include "model/bpe_tokenizer.h"
+#include "text/bpe_tokenizer.h"
 
 namespace {
 
-void Exercise(const gyre::model::BpeTokenizer& tok, const std::string& text) {
+void Exercise(const gyre::text::BpeTokenizer& tok, const std::string& text) {
   for (bool special : {true, false}) {
     auto ids = tok.Encode(text, special);
     if (!ids.ok()) continue;
@@ -26,7 +26,7 @@ void Exercise(const gyre::model::BpeTokenizer& tok, const std::string& text) {
     }
     (void)tok.Decode(*ids);
     (void)tok.Decode(*ids, /*skip_special=*/true);
-    gyre::model::BpeTokenizer::StreamDecoder stream(tok, !special);
+    gyre::text::BpeTokenizer::StreamDecoder stream(tok, !special);
     for (int32_t id : *ids) (void)stream.Push(id);
     (void)stream.Flush();
   }
@@ -36,7 +36,7 @@ void Exercise(const gyre::model::BpeTokenizer& tok, const std::string& text) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input = gyre::fuzz::AsString(data, size);
-  auto tok = gyre::model::BpeTokenizer::FromJson(input, "fuzz/tokenizer.json");
+  auto tok = gyre::text::BpeTokenizer::FromJson(input, "fuzz/tokenizer.json");
   if (!tok.ok()) return 0;
   static const char* const kProbes[] = {
       "Hello, world! It's 2024-06-01.",

@@ -1,4 +1,4 @@
-// Fuzzes model::ParseToolCalls (src/model/tool_calls.cc), which reads tool calls out of a model's
+// Fuzzes text::ParseToolCalls (src/text/tool_calls.cc), which reads tool calls out of a model's
 // reply: any text, in both formats. Every accepted call has a name and object arguments.
 // Input: the reply text.
 
@@ -7,10 +7,10 @@
 
 #include "common/check.h"
 #include "fuzz/fuzz_util.h"
-#include "model/tool_calls.h"
+#include "text/tool_calls.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace gyre::model;
+  using namespace gyre::text;
   const std::string reply = gyre::fuzz::AsString(data, size);
   for (ToolCallFormat format : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3}) {
     ParsedToolCalls p = ParseToolCalls(reply, format);

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Regenerates tests/unit/chat/jinja_golden.json: what jinja2 and transformers render, for the
-C++ Jinja renderer (src/model/jinja.cc) to match byte for byte without Python.
+C++ Jinja renderer (src/text/jinja.h) to match byte for byte without Python.
 
 usage: tools/make_jinja_golden.py [--shared DIR] [--smollm2 DIR]
 

@@ -18,8 +18,8 @@
 #include "model/gguf_convert.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
-#include "model/tokenizer_json.h"
 #include "model/weights.h"
+#include "text/tokenizer_json.h"
 
 namespace gyre::cli {
 
@@ -357,7 +357,7 @@ int RunInitModel(const std::vector<std::string>& args) {
       special_ids.emplace_back(specials[i], 256 + static_cast<int32_t>(i));
     }
     std::ofstream tok(out + "/tokenizer.json");
-    tok << model::NoMergeByteLevelTokenizerJson(bytes, special_ids);
+    tok << text::NoMergeByteLevelTokenizerJson(bytes, special_ids);
     if (!tok) st = Unavailable("cannot write " + out + "/tokenizer.json");
   }
   if (!st.ok()) {

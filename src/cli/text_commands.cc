@@ -15,11 +15,11 @@
 #include "common/clock.h"
 #include "common/command_line.h"
 #include "common/file_util.h"
-#include "model/bpe_tokenizer.h"
-#include "model/chat_template.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
 #include "rollout/rollout_engine.h"
+#include "text/bpe_tokenizer.h"
+#include "text/chat_template.h"
 
 namespace gyre::cli {
 
@@ -46,19 +46,19 @@ constexpr char kGenerateDetails[] =
     "generation prompt is added.\n"
     "Exit status: 0, 1 when the model cannot be loaded or generation fails, 2 on a usage error.";
 
-// --chat: the names model::ParseChatFormat takes.
+// --chat: the names text::ParseChatFormat takes.
 CLI::Validator ChatFormatName() {
   return CLI::Validator(
       [](std::string& name) -> std::string {
-        const StatusOr<model::ChatFormat> format = model::ParseChatFormat(name);
+        const StatusOr<text::ChatFormat> format = text::ParseChatFormat(name);
         return format.ok() ? "" : format.status().message();
       },
       "");
 }
 
-StatusOr<std::unique_ptr<model::BpeTokenizer>> OpenTokenizer(const std::string& path) {
+StatusOr<std::unique_ptr<text::BpeTokenizer>> OpenTokenizer(const std::string& path) {
   const std::string file = IsDirectory(path) ? path + "/tokenizer.json" : path;
-  return model::BpeTokenizer::FromFile(file);
+  return text::BpeTokenizer::FromFile(file);
 }
 
 std::string IdsJson(const std::vector<int32_t>& ids) { return nlohmann::json(ids).dump(); }
@@ -191,12 +191,12 @@ int RunGenerate(const std::vector<std::string>& args) {
     return 1;
   }
   if (!chat.empty()) {
-    const model::ChatFormat format = model::ParseChatFormat(chat).value();  // checked
-    auto messages = model::ParseMessagesJson(prompt);
+    const text::ChatFormat format = text::ParseChatFormat(chat).value();  // checked
+    auto messages = text::ParseMessagesJson(prompt);
     if (!messages.ok()) {
-      messages = std::vector<model::ChatMessage>{{"user", prompt}};  // plain text = one user turn
+      messages = std::vector<text::ChatMessage>{{"user", prompt}};  // plain text = one user turn
     }
-    auto rendered = model::RenderChat(format, *messages, model::ChatOptions{});
+    auto rendered = text::RenderChat(format, *messages, text::ChatOptions{});
     if (!rendered.ok()) {
       std::fprintf(stderr, "gyre generate: %s\n", rendered.status().message().c_str());
       return 2;
@@ -224,7 +224,7 @@ int RunGenerate(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gyre generate: %s\n", engine.status().message().c_str());
     return 1;
   }
-  model::BpeTokenizer::StreamDecoder stream(**tok, /*skip_special=*/true);
+  text::BpeTokenizer::StreamDecoder stream(**tok, /*skip_special=*/true);
   (*engine)->SetTokenCallback([&](uint64_t, int32_t, int32_t token) {
     std::fputs(stream.Push(token).c_str(), stdout);
     std::fflush(stdout);

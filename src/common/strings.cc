@@ -1,5 +1,7 @@
 #include "common/strings.h"
 
+#include <utf8proc.h>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -72,21 +74,43 @@ std::string HumanBytes(double bytes) {
 }
 
 void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  utf8proc_uint8_t buf[4];
+  const utf8proc_ssize_t n = utf8proc_encode_char(static_cast<utf8proc_int32_t>(cp), buf);
+  out->append(reinterpret_cast<const char*>(buf), static_cast<size_t>(n));
+}
+
+namespace {
+
+// True when the `n` bytes at `p` (1 to 3) begin a well-formed character, that is when some
+// continuation bytes complete them to one. Past the first continuation byte any of 0x80..0xBF may
+// follow, so 0x80 completes every prefix; the first one is restricted after E0, ED, F0 and F4,
+// always to a range that contains 0x80 or 0xBF.
+bool BeginsCharacter(const utf8proc_uint8_t* p, size_t n) {
+  for (const utf8proc_uint8_t first : {0x80, 0xBF}) {
+    utf8proc_uint8_t completed[4] = {p[0], first, 0x80, 0x80};
+    std::copy(p, p + n, completed);
+    for (utf8proc_ssize_t length = n + 1; length <= 4; ++length) {
+      utf8proc_int32_t cp;
+      if (utf8proc_iterate(completed, length, &cp) == length) return true;
+    }
   }
+  return false;
+}
+
+}  // namespace
+
+Utf8Char DecodeUtf8(std::string_view s, size_t pos) {
+  const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(s.data() + pos);
+  const size_t available = std::min<size_t>(s.size() - pos, 4);
+  utf8proc_int32_t cp = 0;
+  const utf8proc_ssize_t n = utf8proc_iterate(p, static_cast<utf8proc_ssize_t>(available), &cp);
+  if (n > 0) return {Utf8Char::kValid, static_cast<char32_t>(cp), static_cast<size_t>(n)};
+  // The longest prefix that begins a character is the maximal subpart (at least the first byte),
+  // or, when it runs to the end of the text, a character cut short.
+  size_t prefix = 0;
+  while (prefix < std::min<size_t>(available, 3) && BeginsCharacter(p, prefix + 1)) ++prefix;
+  if (prefix == available) return {Utf8Char::kTruncated, 0, prefix};
+  return {Utf8Char::kInvalid, 0, std::max<size_t>(prefix, 1)};
 }
 
 bool ParseHostPort(std::string_view address, std::string* host, int* port) {

@@ -34,14 +34,14 @@
 #include "controller/trainer_group.h"
 #include "controller/weight_publisher.h"
 #include "controller/worker_pool.h"
-#include "model/episode_chat.h"
 #include "model/hf_config.h"
-#include "model/text_tokenizer.h"
 #include "observe/metrics_endpoint.h"
 #include "observe/progress.h"
 #include "observe/run_metrics.h"
 #include "rpc/rpc_util.h"
 #include "rpc/security.h"
+#include "text/episode_chat.h"
+#include "text/text_tokenizer.h"
 
 namespace gyre::controller {
 
@@ -121,7 +121,7 @@ class JobRunner {
 
   JobConfig cfg_;
   RunOptions opts_;
-  std::unique_ptr<model::TextTokenizer> tokenizer_;
+  std::unique_ptr<text::TextTokenizer> tokenizer_;
   std::unique_ptr<PromptEncoder> prompts_;
   std::shared_ptr<RewardFn> reward_;
   std::unique_ptr<ProblemSource> problems_;
@@ -180,7 +180,7 @@ Status JobRunner::Setup() {
         model::EffectiveMaxSeqLen(spec, cfg_.model.max_seq_len, cfg_.model.path + "/config.json")
             .status());
   }
-  GYRE_ASSIGN_OR_RETURN(tokenizer_, model::MakeTextTokenizer(cfg_.model));
+  GYRE_ASSIGN_OR_RETURN(tokenizer_, text::MakeTextTokenizer(cfg_.model));
   GYRE_ASSIGN_OR_RETURN(ProblemSource src, ProblemSource::Create(cfg_.data, cfg_.job.seed));
   problems_ = std::make_unique<ProblemSource>(std::move(src));
   prompts_ = std::make_unique<PromptEncoder>(cfg_, tokenizer_.get());
@@ -188,7 +188,7 @@ Status JobRunner::Setup() {
     // The template is loaded here too (the rollout workers render with it): a bad one fails the
     // job before any process starts, and the warm-up renders its demonstrations with it.
     auto chat =
-        model::EpisodeChat::Load(cfg_.env.chat_template, cfg_.model.path, cfg_.env.template_kwargs);
+        text::EpisodeChat::Load(cfg_.env.chat_template, cfg_.model.path, cfg_.env.template_kwargs);
     if (!chat.ok()) return chat.status().WithContext("env.chat_template");
     prompts_->SetEpisodeChat(chat->AsFunction());
   }

@@ -4,21 +4,21 @@
 #include <string>
 
 #include "common/hash.h"
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 namespace gyre::controller {
 
 StatusOr<std::vector<int32_t>> PromptEncoder::Encode(const Problem& problem) const {
   std::string prompt = problem.prompt;
   if (cfg_.data.chat_template != "none") {
-    GYRE_ASSIGN_OR_RETURN(auto format, model::ParseChatFormat(cfg_.data.chat_template));
-    model::ChatOptions opts;
+    GYRE_ASSIGN_OR_RETURN(auto format, text::ParseChatFormat(cfg_.data.chat_template));
+    text::ChatOptions opts;
     opts.enable_thinking = false;
-    std::vector<model::ChatMessage> messages = {{"user", problem.prompt}};
+    std::vector<text::ChatMessage> messages = {{"user", problem.prompt}};
     if (problem.is_messages) {
-      GYRE_ASSIGN_OR_RETURN(messages, model::ParseMessagesJson(problem.prompt));
+      GYRE_ASSIGN_OR_RETURN(messages, text::ParseMessagesJson(problem.prompt));
     }
-    GYRE_ASSIGN_OR_RETURN(prompt, model::RenderChat(format, messages, opts));
+    GYRE_ASSIGN_OR_RETURN(prompt, text::RenderChat(format, messages, opts));
   } else if (problem.is_messages) {
     return InvalidArgument("a prompt given as a list of messages needs data.chat_template");
   }
@@ -112,14 +112,14 @@ StatusOr<v1::Sample> PromptEncoder::DemonstrationSample(const Problem& problem) 
   if (!episode_render_) return FailedPrecondition("the environment's chat template is not loaded");
   std::string tools;
   if (record.contains("tools")) tools = record["tools"].dump();
-  auto demo = model::RenderDemonstration(episode_render_, record["demonstration"].dump(), tools,
-                                         cfg_.env.end_of_turn_text);
+  auto demo = text::RenderDemonstration(episode_render_, record["demonstration"].dump(), tools,
+                                        cfg_.env.end_of_turn_text);
   if (!demo.ok()) return InvalidArgument(where + ": " + demo.status().message());
   GYRE_ASSIGN_OR_RETURN(auto prompt, tokenizer_->Encode(demo->prompt));
   if (auto bos = tokenizer_->bos_id()) prompt.insert(prompt.begin(), *bos);
   v1::Sample s;
   s.mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
-  for (const model::DemoPiece& piece : demo->pieces) {
+  for (const text::DemoPiece& piece : demo->pieces) {
     auto ids = tokenizer_->Encode(piece.text);
     if (!ids.ok()) return InvalidArgument(where + ": " + ids.status().message());
     if (piece.model) ids->push_back(tokenizer_->stop_ids().front());

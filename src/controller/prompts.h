@@ -14,8 +14,8 @@
 #include "gyre/config.h"
 #include "gyre/status.h"
 #include "gyre/v1/gyre.pb.h"
-#include "model/episode_chat.h"
-#include "model/text_tokenizer.h"
+#include "text/episode_chat.h"
+#include "text/text_tokenizer.h"
 
 namespace gyre::controller {
 
@@ -25,7 +25,7 @@ std::vector<NewSample> QueuedSamples(const std::vector<GroupJob>& jobs);
 
 class PromptEncoder {
  public:
-  PromptEncoder(const JobConfig& cfg, const model::TextTokenizer* tokenizer)
+  PromptEncoder(const JobConfig& cfg, const text::TextTokenizer* tokenizer)
       : cfg_(cfg), tokenizer_(tokenizer) {}
 
   // The prompt's token ids: the problem rendered with data.chat_template (a list of messages
@@ -45,13 +45,13 @@ class PromptEncoder {
   StatusOr<GroupJob> EvalGroup(const Problem& problem, uint64_t group_id) const;
   // A supervised warm-up sample: the prompt and the problem's answer, ended by a stop id. In an
   // environment job: the record's "demonstration" (a list of chat messages, optionally with
-  // "tools"), cut as an episode would be (model::RenderDemonstration): the model's turns, each
+  // "tools"), cut as an episode would be (text::RenderDemonstration): the model's turns, each
   // ended by a stop id, train; the text between them is masked out.
   StatusOr<v1::Sample> SftSample(const Problem& problem) const;
 
   // Environment jobs (env.address or env.command): groups carry the problem's task instead of
   // prompt ids, and warm-up samples are rendered with `render` (env.chat_template).
-  void SetEpisodeChat(model::ChatRenderFn render) { episode_render_ = std::move(render); }
+  void SetEpisodeChat(text::ChatRenderFn render) { episode_render_ = std::move(render); }
   bool episodes() const { return cfg_.env.enabled(); }
 
   // Training rollouts: rollout.sampling, max_new_tokens, the stop ids and stop strings.
@@ -66,8 +66,8 @@ class PromptEncoder {
   StatusOr<v1::Sample> DemonstrationSample(const Problem& problem) const;
 
   const JobConfig cfg_;
-  const model::TextTokenizer* tokenizer_;
-  model::ChatRenderFn episode_render_;
+  const text::TextTokenizer* tokenizer_;
+  text::ChatRenderFn episode_render_;
 };
 
 }  // namespace gyre::controller

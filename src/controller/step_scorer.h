@@ -25,7 +25,7 @@
 #include "gyre/reward.h"
 #include "gyre/status.h"
 #include "gyre/v1/gyre.pb.h"
-#include "model/text_tokenizer.h"
+#include "text/text_tokenizer.h"
 
 namespace gyre::controller {
 
@@ -54,7 +54,7 @@ class StepScorer {
   // max_new_tokens: rollout.max_new_tokens, the length limit the overlong penalty counts back
   // from (unused while algorithm.overlong_buffer is 0).
   StepScorer(const AlgorithmSection& algorithm, int group_size,
-             const model::TextTokenizer* tokenizer, RewardFn* reward, int max_new_tokens = 0)
+             const text::TextTokenizer* tokenizer, RewardFn* reward, int max_new_tokens = 0)
       : algorithm_(algorithm),
         group_size_(group_size),
         tokenizer_(tokenizer),
@@ -101,7 +101,7 @@ class StepScorer {
  private:
   const AlgorithmSection algorithm_;
   const int group_size_;
-  const model::TextTokenizer* tokenizer_;
+  const text::TextTokenizer* tokenizer_;
 
   RewardInput Input(const Problem& problem, const v1::Sample& sample) const;
 

@@ -6,7 +6,7 @@
 
 #include "agent/service_reward.h"
 #include "common/strings.h"
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 namespace gyre::controller {
 
@@ -36,7 +36,7 @@ StatusOr<std::vector<Problem>> LoadJsonl(const std::string& path) {
     }
     if (j["prompt"].is_array()) {
       // Checked here so a bad record is reported with its line, not mid-job.
-      auto messages = model::ParseMessagesJson(j["prompt"].dump());
+      auto messages = text::ParseMessagesJson(j["prompt"].dump());
       if (!messages.ok())
         return InvalidArgument(where + ": prompt: " + messages.status().message());
       out.push_back({j["prompt"].dump(), j.value("answer", std::string()), true, where, j.dump()});

@@ -10,9 +10,9 @@
 #include "common/file_util.h"
 #include "model/gguf.h"
 #include "model/hf_config.h"
-#include "model/tokenizer_json.h"
 #include "model/transformer.h"
 #include "model/weights.h"
+#include "text/tokenizer_json.h"
 
 namespace gyre::model {
 namespace {
@@ -130,7 +130,7 @@ Status WriteTokenizer(const GgufFile& f, const std::string& dir, int64_t* vocab)
                            "' is not supported (smollm, gpt2, default)");
   }
   std::vector<std::pair<std::string, int32_t>> ids;
-  std::vector<AddedToken> added;
+  std::vector<text::AddedToken> added;
   for (size_t i = 0; i < tokens.size(); ++i) {
     ids.emplace_back(tokens[i], static_cast<int32_t>(i));
     // 3 = control, 4 = user-defined: matched whole before BPE.
@@ -138,7 +138,7 @@ Status WriteTokenizer(const GgufFile& f, const std::string& dir, int64_t* vocab)
       added.push_back({tokens[i], static_cast<int32_t>(i), types[i] == 3});
     }
   }
-  const std::string t = ByteLevelBpeTokenizerJson(ids, merges, added, pre == "smollm");
+  const std::string t = text::ByteLevelBpeTokenizerJson(ids, merges, added, pre == "smollm");
   std::ofstream out(dir + "/tokenizer.json");
   out << t;
   if (!out) return Unavailable("cannot write " + dir + "/tokenizer.json");

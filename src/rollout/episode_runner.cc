@@ -161,7 +161,7 @@ StatusOr<std::vector<Episode>> EpisodeRunner::Run(std::vector<Episode> episodes)
     const std::vector<int32_t> turn(st.ep->response.tokens.begin() + st.turn_begin,
                                     st.ep->response.tokens.end());
     const std::string text = decode_(turn);
-    model::ParsedToolCalls parsed = model::ParseToolCalls(text, options_.tool_format);
+    text::ParsedToolCalls parsed = text::ParseToolCalls(text, options_.tool_format);
     auto req = std::make_unique<v1::StepRequest>();
     req->set_session_id(st.session);
     req->set_step_index(static_cast<int32_t>(st.ep->turns.size()) - 1);
@@ -224,8 +224,8 @@ StatusOr<std::vector<Episode>> EpisodeRunner::Run(std::vector<Episode> episodes)
       json before = st.messages;
       before.push_back({{"role", "assistant"}, {"content", sentinel}});
       const json observation = MessagesJson(r.observation());
-      auto text = model::TextBetweenTurns(render_, before.dump(), observation.dump(), st.tools_json,
-                                          sentinel, options_.end_of_turn_text);
+      auto text = text::TextBetweenTurns(render_, before.dump(), observation.dump(), st.tools_json,
+                                         sentinel, options_.end_of_turn_text);
       if (!text.ok()) {
         return finish(st, false, "rendering the observation: " + text.status().ToString(), true);
       }

@@ -27,9 +27,9 @@
 
 #include "agent/env_client.h"
 #include "gyre/status.h"
-#include "model/episode_chat.h"
-#include "model/tool_calls.h"
 #include "rollout/rollout_engine.h"
+#include "text/episode_chat.h"
+#include "text/tool_calls.h"
 
 namespace gyre::rollout {
 
@@ -40,7 +40,7 @@ struct EpisodeOptions {
   int max_turns = 8;               // model turns per episode
   double episode_timeout_s = 300;  // wall time per episode, from its Reset
   int env_concurrency = 16;        // environment calls in flight
-  model::ToolCallFormat tool_format = model::ToolCallFormat::kHermes;
+  text::ToolCallFormat tool_format = text::ToolCallFormat::kHermes;
   // The text the chat template writes where the model's stop token ends a turn (e.g.
   // "<|im_end|>" for ChatML), so that what the template adds after it is inserted and what the
   // model generated is not. Empty when the stop token has no text in the template (EOS).
@@ -49,7 +49,7 @@ struct EpisodeOptions {
 };
 
 // messages (JSON array), tools (JSON array or ""), add_generation_prompt -> the template's text.
-using RenderFn = model::ChatRenderFn;
+using RenderFn = text::ChatRenderFn;
 using EncodeFn = std::function<StatusOr<std::vector<int32_t>>(const std::string& text)>;
 using DecodeFn = std::function<std::string(const std::vector<int32_t>& ids)>;
 

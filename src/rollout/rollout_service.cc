@@ -63,11 +63,11 @@ StatusOr<EngineConfig> EngineConfigFromJob(const RolloutSection& rollout,
 }
 
 StatusOr<EpisodeSetup> EpisodeSetupFromJob(const JobConfig& cfg,
-                                           std::shared_ptr<const model::TextTokenizer> tokenizer) {
+                                           std::shared_ptr<const text::TextTokenizer> tokenizer) {
   const EnvSection& env = cfg.env;
-  auto chat = model::EpisodeChat::Load(env.chat_template, cfg.model.path, env.template_kwargs);
+  auto chat = text::EpisodeChat::Load(env.chat_template, cfg.model.path, env.template_kwargs);
   if (!chat.ok()) return chat.status().WithContext("env.chat_template");
-  GYRE_ASSIGN_OR_RETURN(model::ToolCallFormat format, model::ParseToolCallFormat(env.tool_format));
+  GYRE_ASSIGN_OR_RETURN(text::ToolCallFormat format, text::ParseToolCallFormat(env.tool_format));
   EpisodeSetup s;
   s.render = chat->AsFunction();
   s.encode = [tokenizer](const std::string& text) { return tokenizer->Encode(text); };

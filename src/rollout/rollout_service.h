@@ -27,10 +27,10 @@
 #include "comm/weight_sync.h"
 #include "gyre/config.h"
 #include "gyre/v1/gyre.grpc.pb.h"
-#include "model/text_tokenizer.h"
 #include "model/transformer.h"
 #include "rollout/episode_runner.h"
 #include "rollout/rollout_engine.h"
+#include "text/text_tokenizer.h"
 
 namespace gyre::rollout {
 
@@ -55,7 +55,7 @@ struct EpisodeSetup {
 // env.template_kwargs, the limits and deadlines of env.*, and `tokenizer` (kept alive by the
 // returned functions). Errors say which setting to change.
 StatusOr<EpisodeSetup> EpisodeSetupFromJob(const JobConfig& cfg,
-                                           std::shared_ptr<const model::TextTokenizer> tokenizer);
+                                           std::shared_ptr<const text::TextTokenizer> tokenizer);
 
 class RolloutService final : public v1::Rollout::Service {
  public:

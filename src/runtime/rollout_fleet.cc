@@ -29,12 +29,12 @@
 #include "gyre/sample.h"
 #include "gyre/task.h"
 #include "model/hf_config.h"
-#include "model/text_tokenizer.h"
-#include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "model/weights.h"
 #include "rpc/rpc_util.h"
 #include "rpc/security.h"
+#include "text/text_tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace gyre {
 
@@ -181,7 +181,7 @@ class RolloutFleet::Impl {
 
   const RolloutFleetOptions opts_;
   const JobConfig cfg_;
-  std::unique_ptr<model::TextTokenizer> tokenizer_;
+  std::unique_ptr<text::TextTokenizer> tokenizer_;
   std::unique_ptr<controller::PromptEncoder> prompts_;
   std::vector<model::TensorEntry> manifest_;
   uint64_t payload_bytes_ = 0;
@@ -206,7 +206,7 @@ class RolloutFleet::Impl {
 Status RolloutFleet::Impl::BuildManifest() {
   model::ModelSpec spec;
   if (cfg_.model.path.empty()) {
-    spec = model::SpecFromConfig(cfg_.model, model::CharTokenizer().vocab_size());
+    spec = model::SpecFromConfig(cfg_.model, text::CharTokenizer().vocab_size());
   } else {
     GYRE_ASSIGN_OR_RETURN(spec, model::LoadHfConfig(cfg_.model.path));
   }
@@ -219,7 +219,7 @@ Status RolloutFleet::Impl::BuildManifest() {
 
 Status RolloutFleet::Impl::Open() {
   GYRE_RETURN_IF_ERROR(config::ValidateJobConfig(cfg_));
-  GYRE_ASSIGN_OR_RETURN(tokenizer_, model::MakeTextTokenizer(cfg_.model));
+  GYRE_ASSIGN_OR_RETURN(tokenizer_, text::MakeTextTokenizer(cfg_.model));
   prompts_ = std::make_unique<controller::PromptEncoder>(cfg_, tokenizer_.get());
   GYRE_RETURN_IF_ERROR(BuildManifest().WithContext("model section"));
   const std::string transport = cfg_.cluster.weight_transport;

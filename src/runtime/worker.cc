@@ -19,8 +19,6 @@
 #include "kernels/device_info.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
-#include "model/text_tokenizer.h"
-#include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "model/weights.h"
 #include "rollout/rollout_service.h"
@@ -28,6 +26,8 @@
 #include "rpc/security.h"
 #include "rpc/worker_discovery.h"
 #include "rpc/worker_session.h"
+#include "text/text_tokenizer.h"
+#include "text/tokenizer.h"
 #include "trainer/trainer_service.h"
 
 namespace gyre::runtime {
@@ -228,7 +228,7 @@ int RunWorker(const std::vector<std::string>& args) {
   TuneAllocatorForRepeatedSteps();
   std::unique_ptr<model::Transformer> model;
   if (cfg->model.path.empty()) {
-    model::CharTokenizer tokenizer;
+    text::CharTokenizer tokenizer;
     const model::ModelSpec spec = model::SpecFromConfig(cfg->model, tokenizer.vocab_size());
     Status fits = model::CheckModelSize(spec, "the model section");
     if (!fits.ok()) {
@@ -273,10 +273,10 @@ int RunWorker(const std::vector<std::string>& args) {
   if (wrole == v1::WORKER_ROLE_ROLLOUT) {
     auto engine_config = rollout::EngineConfigFromJob(cfg->rollout, *model);
     // Stop strings need the job's tokenizer to turn response tokens into text.
-    std::shared_ptr<model::TextTokenizer> tokenizer;
+    std::shared_ptr<text::TextTokenizer> tokenizer;
     const bool env = cfg->env.enabled();
     if (engine_config.ok() && (!cfg->rollout.stop_strings.empty() || env)) {
-      auto made = model::MakeTextTokenizer(cfg->model);
+      auto made = text::MakeTextTokenizer(cfg->model);
       if (!made.ok()) {
         engine_config = made.status();
       } else {

@@ -12,9 +12,9 @@
 #include "common/file_util.h"
 #include "model/hf_config.h"
 #include "model/safetensors.h"
-#include "model/tokenizer.h"
-#include "model/tokenizer_json.h"
 #include "model/weights.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_json.h"
 
 namespace gyre::trainer {
 
@@ -171,13 +171,13 @@ Status WriteModelDirectory(const std::string& dir, const model::Transformer& mod
     // The built-in model: a complete Hugging Face directory all the same, with the character
     // tokenizer as tokenizer.json (same ids) and its special tokens in config.json, so that
     // `gyre generate`, transformers and TRL can use it as it is.
-    const std::string extra = "{\"bos_token_id\": " + std::to_string(model::CharTokenizer::kBos) +
-                              ", \"eos_token_id\": " + std::to_string(model::CharTokenizer::kEos) +
-                              ", \"pad_token_id\": " + std::to_string(model::CharTokenizer::kPad) +
+    const std::string extra = "{\"bos_token_id\": " + std::to_string(text::CharTokenizer::kBos) +
+                              ", \"eos_token_id\": " + std::to_string(text::CharTokenizer::kEos) +
+                              ", \"pad_token_id\": " + std::to_string(text::CharTokenizer::kPad) +
                               "}";
     GYRE_RETURN_IF_ERROR(model::WriteHfConfig(dir, model.spec(), extra));
-    GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/tokenizer.json", model::CharTokenizerJson()));
-    return WriteFileAtomic(dir + "/tokenizer_config.json", model::CharTokenizerConfigJson());
+    GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/tokenizer.json", text::CharTokenizerJson()));
+    return WriteFileAtomic(dir + "/tokenizer_config.json", text::CharTokenizerConfigJson());
   }
   for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",
                         "tokenizer_config.json", "special_tokens_map.json"}) {

@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "integration/run_util.h"
-#include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "rpc/rpc_util.h"
+#include "text/tokenizer.h"
 
 namespace gyre {
 namespace {
@@ -73,7 +73,7 @@ JobConfig FleetConfig(const std::string& dir, const std::string& transport) {
 }
 
 std::unique_ptr<model::Transformer> MakeModel(const JobConfig& c, uint64_t seed) {
-  const auto spec = model::SpecFromConfig(c.model, model::CharTokenizer().vocab_size());
+  const auto spec = model::SpecFromConfig(c.model, text::CharTokenizer().vocab_size());
   return model::Transformer::Create(spec, seed, 0.3);  // large init: peaked, distinct outputs
 }
 

@@ -11,10 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "model/chat_template.h"
 #include "testing/text_format.h"
+#include "text/chat_template.h"
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using testing::Visible;
@@ -57,4 +57,4 @@ TEST(ChatGoldenTest, RendersWhatTransformersRendered) {
 }
 
 }  // namespace
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -9,7 +9,7 @@
 // file in ../shared, so its tests compare with strings written out by hand from Meta's template.
 // The remaining tests cover input errors and need nothing outside this binary.
 
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -24,7 +24,7 @@
 
 #include "testing/text_format.h"
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using testing::Visible;
@@ -474,4 +474,4 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<BadJsonCase>& info) { return info.param.name; });
 
 }  // namespace
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -1,14 +1,14 @@
-// model/episode_chat.h: a demonstration cut where an episode cuts it, and the text between turns,
+// text/episode_chat.h: a demonstration cut where an episode cuts it, and the text between turns,
 // with the tiny model's template (configs/templates/tiny_tools.jinja) and a ChatML-style one
 // whose end-of-turn text the model's stop token writes.
 
-#include "model/episode_chat.h"
+#include "text/episode_chat.h"
 
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using nlohmann::json;
@@ -100,4 +100,4 @@ TEST(EpisodeChatTest, BadInputIsAClearError) {
 }
 
 }  // namespace
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -1,11 +1,11 @@
-// The Jinja renderer (model/jinja.h) against what jinja2 and transformers rendered, stored in
+// The Jinja renderer (text/jinja.h) against what jinja2 and transformers rendered, stored in
 // jinja_golden.json by tools/make_jinja_golden.py: Gyre-written templates per construct, and the
 // real Qwen2.5, Qwen3 and SmolLM2 chat templates over a corpus with tools, tool calls, tool
 // responses and reasoning. Every render must be byte-identical. The Qwen templates are read from
 // ../shared/data/tokenizers (never committed); those cases skip when it is absent. Also proves the
 // hand-written RenderChat formats identical to the real templates, and checks error reporting.
 
-#include "model/jinja.h"
+#include "text/jinja.h"
 
 #include <gtest/gtest.h>
 
@@ -15,10 +15,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "model/chat_template.h"
 #include "testing/text_format.h"
+#include "text/chat_template.h"
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using testing::Visible;
@@ -358,4 +358,4 @@ TEST(MakeChatTemplateContextTest, BuildsWhatTransformersPasses) {
 }
 
 }  // namespace
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -1,10 +1,10 @@
-#include "model/tool_calls.h"
+#include "text/tool_calls.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 // A reply without calls: no calls, no errors, its trimmed text as the content.
@@ -111,4 +111,4 @@ TEST(ToolCallsTest, FormatNames) {
 }
 
 }  // namespace
-}  // namespace gyre::model
+}  // namespace gyre::text

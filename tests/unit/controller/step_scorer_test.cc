@@ -12,7 +12,7 @@
 
 #include "common/file_util.h"
 #include "controller/task.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace gyre::controller {
 namespace {
@@ -37,7 +37,7 @@ class StepScorerTest : public ::testing::Test {
     auto ledger = SampleLedger::Open(path_, true);
     ASSERT_TRUE(ledger.ok()) << ledger.status();
     ledger_ = std::move(*ledger);
-    auto tok = model::MakeTextTokenizer(ModelSection());
+    auto tok = text::MakeTextTokenizer(ModelSection());
     ASSERT_TRUE(tok.ok()) << tok.status();
     tokenizer_ = std::move(*tok);
   }
@@ -79,7 +79,7 @@ class StepScorerTest : public ::testing::Test {
       s.add_response_ids(t);
       s.add_versions(version);
     }
-    s.add_response_ids(model::CharTokenizer::kEos);
+    s.add_response_ids(text::CharTokenizer::kEos);
     s.add_versions(5);
     s.set_finish_reason(v1::FINISH_REASON_STOP);
     return s;
@@ -93,7 +93,7 @@ class StepScorerTest : public ::testing::Test {
 
   std::string path_;
   std::unique_ptr<SampleLedger> ledger_;
-  std::unique_ptr<model::TextTokenizer> tokenizer_;
+  std::unique_ptr<text::TextTokenizer> tokenizer_;
 };
 
 TEST_F(StepScorerTest, LeavesOutWhatCannotTrainAndScoresTheRest) {

@@ -1,6 +1,6 @@
 // Multi-turn episodes against a real environment server process (tests/unit/agent/
 // test_servers.py, written with the Python SDK): a tiny random model with the character
-// tokenizer, a Gyre-written chat template rendered by model::ChatTemplate, the paged engine.
+// tokenizer, a Gyre-written chat template rendered by text::ChatTemplate, the paged engine.
 
 #include "rollout/episode_runner.h"
 
@@ -16,11 +16,11 @@
 #include <thread>
 
 #include "agent/service_supervisor.h"
-#include "model/jinja.h"
-#include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "rollout/rollout_service.h"
 #include "testing/tiny_model.h"
+#include "text/jinja.h"
+#include "text/tokenizer.h"
 
 namespace gyre::rollout {
 namespace {
@@ -65,9 +65,9 @@ class EpisodeRunnerTest : public ::testing::Test {
     auto e = RolloutEngine::Create(model_.get(), c);
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e);
-    auto t = model::ChatTemplate::Parse(kTemplate);
+    auto t = text::ChatTemplate::Parse(kTemplate);
     ASSERT_TRUE(t.ok()) << t.status();
-    template_ = std::make_unique<model::ChatTemplate>(std::move(*t));
+    template_ = std::make_unique<text::ChatTemplate>(std::move(*t));
   }
   void TearDown() override {
     service_.reset();
@@ -78,7 +78,7 @@ class EpisodeRunnerTest : public ::testing::Test {
     auto render = [this](const std::string& messages, const std::string& tools,
                          bool gen) -> StatusOr<std::string> {
       GYRE_ASSIGN_OR_RETURN(std::string ctx,
-                            model::MakeChatTemplateContext(messages, tools, gen, ""));
+                            text::MakeChatTemplateContext(messages, tools, gen, ""));
       return template_->Render(ctx);
     };
     auto encode = [this](const std::string& text) { return chars_.Encode(text); };
@@ -112,8 +112,8 @@ class EpisodeRunnerTest : public ::testing::Test {
   std::unique_ptr<agent::ServiceSupervisor> service_;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<RolloutEngine> engine_;
-  std::unique_ptr<model::ChatTemplate> template_;
-  model::CharTokenizer chars_;
+  std::unique_ptr<text::ChatTemplate> template_;
+  text::CharTokenizer chars_;
 };
 
 TEST_F(EpisodeRunnerTest, TurnsKeepTheModelsTokensAndInsertTheEnvironmentsWithMaskZero) {
@@ -281,8 +281,7 @@ TEST_F(EpisodeRunnerTest, GenerateReturnsTheEpisodesAsSamplesTokenForToken) {
   ASSERT_TRUE(made.ok()) << made.status();
   auto render = [this](const std::string& messages, const std::string& tools,
                        bool gen) -> StatusOr<std::string> {
-    GYRE_ASSIGN_OR_RETURN(std::string ctx,
-                          model::MakeChatTemplateContext(messages, tools, gen, ""));
+    GYRE_ASSIGN_OR_RETURN(std::string ctx, text::MakeChatTemplateContext(messages, tools, gen, ""));
     return template_->Render(ctx);
   };
   EpisodeSetup setup;

@@ -15,10 +15,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "model/bpe_tokenizer.h"
 #include "testing/text_format.h"
+#include "text/bpe_tokenizer.h"
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using json = nlohmann::json;
@@ -132,4 +132,4 @@ INSTANTIATE_TEST_SUITE_P(RealTokenizers, BpeGoldenTest, ::testing::Values("qwen2
                          [](const auto& info) { return info.param; });
 
 }  // namespace
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -6,7 +6,7 @@
 // awkward strings. They skip when Python, `tokenizers` or the data files are missing. The other
 // tests build tiny tokenizer.json files in C++ and need nothing else.
 
-#include "model/bpe_tokenizer.h"
+#include "text/bpe_tokenizer.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -23,7 +23,7 @@
 
 #include "testing/text_format.h"
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using json = nlohmann::json;
@@ -456,4 +456,4 @@ TEST(BpeTokenizerErrors, MissingFile) {
 }
 
 }  // namespace
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -18,7 +18,7 @@
 
 #include "gyre/status.h"
 
-namespace gyre::model {
+namespace gyre::text {
 
 enum class ToolCallFormat { kHermes, kLlama3 };
 
@@ -39,4 +39,4 @@ struct ParsedToolCalls {
 
 ParsedToolCalls ParseToolCalls(std::string_view reply, ToolCallFormat format);
 
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -5,12 +5,14 @@
 // newline changes the tokens the policy is trained on. tests/unit/chat checks the output against
 // transformers with the real templates.
 
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 #include <nlohmann/json.hpp>
 #include <string_view>
 
-namespace gyre::model {
+#include "common/strings.h"
+
+namespace gyre::text {
 namespace {
 
 using json = nlohmann::json;
@@ -61,49 +63,15 @@ bool IsPythonSpace(char32_t c) {
          c == 0x205F || c == 0x3000;
 }
 
-// Decodes the UTF-8 code point that starts at s[pos] into *cp and returns its length in bytes, or
-// 0 when the bytes there are not a complete well-formed sequence (never whitespace, so trimming
-// stops there, as Python would never see such bytes in a str at all).
-size_t DecodeAt(std::string_view s, size_t pos, char32_t* cp) {
-  const auto b0 = static_cast<unsigned char>(s[pos]);
-  size_t len;
-  char32_t value;
-  if (b0 < 0x80) {
-    *cp = b0;
-    return 1;
-  } else if ((b0 & 0xE0) == 0xC0) {
-    len = 2;
-    value = b0 & 0x1F;
-  } else if ((b0 & 0xF0) == 0xE0) {
-    len = 3;
-    value = b0 & 0x0F;
-  } else if ((b0 & 0xF8) == 0xF0) {
-    len = 4;
-    value = b0 & 0x07;
-  } else {
-    return 0;
-  }
-  if (pos + len > s.size()) return 0;
-  for (size_t i = 1; i < len; ++i) {
-    const auto b = static_cast<unsigned char>(s[pos + i]);
-    if ((b & 0xC0) != 0x80) return 0;
-    value = (value << 6) | (b & 0x3F);
-  }
-  // Overlong forms (e.g. C0 A0 for a space), surrogates and values past U+10FFFF are not UTF-8.
-  static constexpr char32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (value < kMin[len] || (value >= 0xD800 && value <= 0xDFFF) || value > 0x10FFFF) return 0;
-  *cp = value;
-  return len;
-}
-
 // Python's str.strip() with no argument (Jinja's `trim`), on UTF-8 text.
 std::string_view PythonStrip(std::string_view s) {
   size_t begin = 0;
   while (begin < s.size()) {
-    char32_t cp;
-    const size_t len = DecodeAt(s, begin, &cp);
-    if (len == 0 || !IsPythonSpace(cp)) break;
-    begin += len;
+    // Bytes that are not UTF-8 are never whitespace, so trimming stops there, as Python would
+    // never see such bytes in a str at all.
+    const Utf8Char c = DecodeUtf8(s, begin);
+    if (c.status != Utf8Char::kValid || !IsPythonSpace(c.code_point)) break;
+    begin += c.length;
   }
   size_t end = s.size();
   while (end > begin) {
@@ -113,9 +81,10 @@ std::string_view PythonStrip(std::string_view s) {
            (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) {
       --start;
     }
-    char32_t cp;
-    const size_t len = DecodeAt(s, start, &cp);
-    if (len != end - start || !IsPythonSpace(cp)) break;
+    const Utf8Char c = DecodeUtf8(s, start);
+    if (c.status != Utf8Char::kValid || c.length != end - start || !IsPythonSpace(c.code_point)) {
+      break;
+    }
     end = start;
   }
   return s.substr(begin, end - begin);
@@ -326,4 +295,4 @@ StatusOr<std::vector<ChatMessage>> ParseMessagesJson(const std::string& json_tex
   return messages;
 }
 
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -16,7 +16,7 @@
 
 #include "gyre/status.h"
 
-namespace gyre::model {
+namespace gyre::text {
 
 // One turn of a conversation. `role` is "system", "user" or "assistant"; `content` is UTF-8 text.
 struct ChatMessage {
@@ -65,4 +65,4 @@ StatusOr<std::string> RenderChat(ChatFormat format, const std::vector<ChatMessag
 // tool_calls, an empty array). Errors name the message index and the field.
 StatusOr<std::vector<ChatMessage>> ParseMessagesJson(const std::string& json_text);
 
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -1,11 +1,12 @@
-#include "model/tokenizer_json.h"
+#include "text/tokenizer_json.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "model/tokenizer.h"
+#include "common/strings.h"
+#include "text/tokenizer.h"
 
-namespace gyre::model {
+namespace gyre::text {
 
 namespace {
 
@@ -23,12 +24,7 @@ std::string ByteLevelSymbol(uint8_t byte) {
     cp = 256 + n;
   }
   std::string out;
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
+  AppendUtf8(static_cast<uint32_t>(cp), &out);
   return out;
 }
 
@@ -125,4 +121,4 @@ std::string CharTokenizerConfigJson() {
   return j.dump(2) + "\n";
 }
 
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -1,8 +1,8 @@
-#include "model/tool_calls.h"
+#include "text/tool_calls.h"
 
 #include <nlohmann/json.hpp>
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using nlohmann::json;
@@ -142,4 +142,4 @@ ParsedToolCalls ParseToolCalls(std::string_view reply, ToolCallFormat format) {
   return format == ToolCallFormat::kHermes ? ParseHermes(reply) : ParseLlama3(reply);
 }
 
-}  // namespace gyre::model
+}  // namespace gyre::text

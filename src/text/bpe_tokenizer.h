@@ -19,7 +19,7 @@
 
 #include "gyre/status.h"
 
-namespace gyre::model {
+namespace gyre::text {
 
 class BpeTokenizer {
  public:
@@ -80,4 +80,4 @@ class BpeTokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-namespace gyre::model {
+namespace gyre::text {
 
 // GPT-2's reversible byte -> printable code point mapping used by byte-level BPE, as UTF-8.
 std::string ByteLevelSymbol(uint8_t byte);
@@ -41,4 +41,4 @@ std::string NoMergeByteLevelTokenizerJson(
 std::string CharTokenizerJson();
 std::string CharTokenizerConfigJson();
 
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -1,10 +1,10 @@
-#include "model/episode_chat.h"
+#include "text/episode_chat.h"
 
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
 
-namespace gyre::model {
+namespace gyre::text {
 
 using nlohmann::json;
 
@@ -141,4 +141,4 @@ StatusOr<RenderedDemo> RenderDemonstration(const ChatRenderFn& render,
   return out;
 }
 
-}  // namespace gyre::model
+}  // namespace gyre::text

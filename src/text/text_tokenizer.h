@@ -14,7 +14,7 @@
 #include "gyre/config.h"
 #include "gyre/status.h"
 
-namespace gyre::model {
+namespace gyre::text {
 
 class TextTokenizer {
  public:
@@ -33,4 +33,4 @@ class TextTokenizer {
 // character tokenizer of the built-in model when model.path is empty.
 StatusOr<std::unique_ptr<TextTokenizer>> MakeTextTokenizer(const ModelSection& model);
 
-}  // namespace gyre::model
+}  // namespace gyre::text

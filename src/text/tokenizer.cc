@@ -1,8 +1,8 @@
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <cstdio>
 
-namespace gyre::model {
+namespace gyre::text {
 
 StatusOr<std::vector<int32_t>> CharTokenizer::Encode(const std::string& text) const {
   std::vector<int32_t> ids;
@@ -33,4 +33,4 @@ std::string CharTokenizer::Decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -13,7 +13,7 @@
 // merged away since the entry was pushed) are detected and skipped when popped. This gives the same
 // result as repeatedly merging the lowest-rank, leftmost pair, in O(n log n) per word.
 
-#include "model/bpe_tokenizer.h"
+#include "text/bpe_tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -33,7 +33,7 @@
 
 #include "common/strings.h"
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 using json = nlohmann::json;
@@ -53,26 +53,11 @@ constexpr char kGpt2Pattern[] =
 // ---------------------------------------------------------------------------------------------
 // UTF-8 helpers.
 
-// Decodes one well-formed UTF-8 character at s[i] (the caller has validated the string).
+// The character at s[i] of text known to be valid UTF-8, and its length in *len.
 char32_t DecodeAt(std::string_view s, size_t i, size_t* len) {
-  const auto b0 = static_cast<unsigned char>(s[i]);
-  auto cont = [&](size_t k) {
-    return static_cast<char32_t>(static_cast<unsigned char>(s[i + k]) & 0x3F);
-  };
-  if (b0 < 0x80) {
-    *len = 1;
-    return b0;
-  }
-  if (b0 < 0xE0) {
-    *len = 2;
-    return (static_cast<char32_t>(b0 & 0x1F) << 6) | cont(1);
-  }
-  if (b0 < 0xF0) {
-    *len = 3;
-    return (static_cast<char32_t>(b0 & 0x0F) << 12) | (cont(1) << 6) | cont(2);
-  }
-  *len = 4;
-  return (static_cast<char32_t>(b0 & 0x07) << 18) | (cont(1) << 12) | (cont(2) << 6) | cont(3);
+  const Utf8Char c = DecodeUtf8(s, i);
+  *len = c.length;
+  return c.code_point;
 }
 
 // Start of the character that ends at s[end-1] (s validated).
@@ -82,73 +67,26 @@ size_t PrevCharStart(std::string_view s, size_t end) {
   return i;
 }
 
-enum class Utf8Step { kValid, kInvalid, kTruncated };
-
-// Classifies the sequence starting at s[i] following the Unicode well-formedness table
-// (Unicode 3.9, table 3-7). `*len` receives the character length (kValid), the length of the
-// maximal invalid subpart to replace with one U+FFFD (kInvalid), or the bytes available
-// (kTruncated).
-Utf8Step ClassifyUtf8(std::string_view s, size_t i, size_t* len) {
-  const auto b0 = static_cast<unsigned char>(s[i]);
-  int need = 0;
-  unsigned char lo = 0x80, hi = 0xBF;  // range of the first continuation byte
-  if (b0 < 0x80) {
-    *len = 1;
-    return Utf8Step::kValid;
-  } else if (b0 >= 0xC2 && b0 <= 0xDF) {
-    need = 1;
-  } else if (b0 == 0xE0) {
-    need = 2, lo = 0xA0;
-  } else if ((b0 >= 0xE1 && b0 <= 0xEC) || b0 == 0xEE || b0 == 0xEF) {
-    need = 2;
-  } else if (b0 == 0xED) {
-    need = 2, hi = 0x9F;
-  } else if (b0 == 0xF0) {
-    need = 3, lo = 0x90;
-  } else if (b0 >= 0xF1 && b0 <= 0xF3) {
-    need = 3;
-  } else if (b0 == 0xF4) {
-    need = 3, hi = 0x8F;
-  } else {
-    *len = 1;
-    return Utf8Step::kInvalid;
-  }
-  for (int k = 1; k <= need; ++k) {
-    if (i + k >= s.size()) {
-      *len = k;
-      return Utf8Step::kTruncated;
-    }
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    const bool ok = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF);
-    if (!ok) {
-      *len = k;
-      return Utf8Step::kInvalid;
-    }
-  }
-  *len = need + 1;
-  return Utf8Step::kValid;
-}
-
 // Appends `in` to `out` with invalid UTF-8 replaced as Rust's String::from_utf8_lossy does. When
 // `final` is false, a trailing character that is incomplete but could still become valid is left
 // unconsumed. Returns the number of bytes consumed.
 size_t AppendLossy(std::string_view in, bool final, std::string* out) {
   size_t i = 0;
   while (i < in.size()) {
-    size_t len = 0;
-    switch (ClassifyUtf8(in, i, &len)) {
-      case Utf8Step::kValid:
-        out->append(in.substr(i, len));
+    const Utf8Char c = DecodeUtf8(in, i);
+    switch (c.status) {
+      case Utf8Char::kValid:
+        out->append(in.substr(i, c.length));
         break;
-      case Utf8Step::kInvalid:
+      case Utf8Char::kInvalid:
         out->append(kReplacementChar);
         break;
-      case Utf8Step::kTruncated:
+      case Utf8Char::kTruncated:
         if (!final) return i;
         out->append(kReplacementChar);
         break;
     }
-    i += len;
+    i += c.length;
   }
   return i;
 }
@@ -156,9 +94,9 @@ size_t AppendLossy(std::string_view in, bool final, std::string* out) {
 // Offset of the first invalid byte, or npos when `s` is valid UTF-8.
 size_t FindInvalidUtf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
-    size_t len = 0;
-    if (ClassifyUtf8(s, i, &len) != Utf8Step::kValid) return i;
-    i += len;
+    const Utf8Char c = DecodeUtf8(s, i);
+    if (c.status != Utf8Char::kValid) return i;
+    i += c.length;
   }
   return std::string_view::npos;
 }
@@ -1171,4 +1109,4 @@ bool BpeTokenizer::IsSpecial(int32_t id) const {
   return added >= 0 && impl_->added[added].special;
 }
 
-}  // namespace gyre::model
+}  // namespace gyre::text

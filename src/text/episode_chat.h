@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "gyre/status.h"
-#include "model/jinja.h"
+#include "text/jinja.h"
 
-namespace gyre::model {
+namespace gyre::text {
 
 // messages (JSON array), tools (JSON array or ""), add_generation_prompt -> the template's text.
 using ChatRenderFn = std::function<StatusOr<std::string>(
@@ -78,4 +78,4 @@ StatusOr<RenderedDemo> RenderDemonstration(const ChatRenderFn& render,
                                            const std::string& tools_json,
                                            const std::string& end_of_turn_text);
 
-}  // namespace gyre::model
+}  // namespace gyre::text

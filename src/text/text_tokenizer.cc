@@ -1,12 +1,12 @@
-#include "model/text_tokenizer.h"
+#include "text/text_tokenizer.h"
 
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "model/bpe_tokenizer.h"
-#include "model/tokenizer.h"
+#include "text/bpe_tokenizer.h"
+#include "text/tokenizer.h"
 
-namespace gyre::model {
+namespace gyre::text {
 
 namespace {
 
@@ -71,4 +71,4 @@ StatusOr<std::unique_ptr<TextTokenizer>> MakeTextTokenizer(const ModelSection& m
   return std::unique_ptr<TextTokenizer>(new BpeText(std::move(bpe), std::move(stops)));
 }
 
-}  // namespace gyre::model
+}  // namespace gyre::text

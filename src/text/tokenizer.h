@@ -9,7 +9,7 @@
 
 #include "gyre/status.h"
 
-namespace gyre::model {
+namespace gyre::text {
 
 class CharTokenizer {
  public:
@@ -29,4 +29,4 @@ class CharTokenizer {
   std::string Decode(const std::vector<int32_t>& ids) const;
 };
 
-}  // namespace gyre::model
+}  // namespace gyre::text

@@ -1,8 +1,8 @@
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <gtest/gtest.h>
 
-namespace gyre::model {
+namespace gyre::text {
 namespace {
 
 TEST(CharTokenizerTest, RoundTripsPrintableAscii) {
@@ -31,4 +31,4 @@ TEST(CharTokenizerTest, SpecialsDecodeToNothingAndBadBytesAreErrors) {
 }
 
 }  // namespace
-}  // namespace gyre::model
+}  // namespace gyre::text

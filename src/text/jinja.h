@@ -14,7 +14,7 @@
 
 #include "gyre/status.h"
 
-namespace gyre::model {
+namespace gyre::text {
 
 class ChatTemplate {
  public:
@@ -57,4 +57,4 @@ StatusOr<std::string> MakeChatTemplateContext(const std::string& messages_json,
 // InvalidArgument when tokenizer_config.json is not valid JSON or the field has another shape.
 StatusOr<std::string> LoadChatTemplate(const std::string& model_dir);
 
-}  // namespace gyre::model
+}  // namespace gyre::text
