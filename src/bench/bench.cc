@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <utility>
 
 #include "common/file_util.h"
+#include "common/strings.h"
 
 namespace gyre::bench {
 
@@ -54,39 +56,6 @@ std::string FormatBenchCell(const nlohmann::json& v, int decimals) {
   }
   return v.dump();
 }
-
-namespace {
-
-constexpr char kBenchUsage[] =
-    "usage: gyre bench SUBCOMMAND [options] [--json FILE]\n"
-    "\n"
-    "Benchmarks print a table on stdout; --json FILE also writes the figures as JSON.\n"
-    "Every figure is measured in the same run as its baseline, and `speedup` is\n"
-    "baseline time / gyre time.\n"
-    "\n"
-    "subcommands:\n"
-    "  kernels       sampling, advantages, policy loss and token log-probs against their\n"
-    "                libtorch baselines (CUDA kernels on a GPU, CPU references otherwise)\n"
-    "  weight-sync   weight publishing per transport and bucket size vs one gRPC message\n"
-    "  rollout       continuous batching + prefix sharing vs static batching (long-tail lengths)\n"
-    "  train         the trainer's step with sequence packing vs padded rows, on equal-length\n"
-    "                and long-tail batches, with the achieved fraction of the matmul peak\n"
-    "  memory        peak memory of a trainer step: padded, packed with materialised logits,\n"
-    "                packed with log-probs in chunks of tokens\n"
-    "  dp-step       data-parallel step time, gradient all-reduce overlapped with backward vs\n"
-    "                after it\n"
-    "  e2e           whole GRPO jobs, synchronous vs asynchronous (k = 1, 2, 4), with real or\n"
-    "                simulated workers (--simulate: many nodes on one machine)\n"
-    "  compare A.json B.json [--threshold R]\n"
-    "                the metrics of B (a later run) that are worse than A's by more than R\n"
-    "                (relative, default 0.10); exit status 1 when there are any\n"
-    "  docs [--check] FILE.md...\n"
-    "                regenerates the benchmark tables in Markdown files from result files\n"
-    "                (the reference results are in bench/baselines/)\n"
-    "\n"
-    "`gyre bench SUBCOMMAND --help` lists a subcommand's options.\n";
-
-}  // namespace
 
 model::ModelSpec SyntheticSpec(int64_t vocab, int64_t hidden, int64_t layers, int64_t max_seq_len) {
   model::ModelSpec spec;
@@ -218,61 +187,143 @@ Status BenchReport::WriteJson(const std::string& path) const {
   return WriteFileAtomic(path, ToJson().dump(2) + "\n");
 }
 
+namespace {
+
+// `text` as a finite number.
+bool ParseFinite(const std::string& text, double* out) {
+  char* end = nullptr;
+  *out = std::strtod(text.c_str(), &end);
+  return !text.empty() && *end == '\0' && std::isfinite(*out);
+}
+
+std::string FormatNumber(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
+}  // namespace
+
+CLI::Validator Positive() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double v = 0;
+        if (ParseFinite(text, &v) && v > 0) return "";
+        return "Value " + text + " is not a positive number";
+      },
+      "POSITIVE");
+}
+
+CLI::Validator RealRange(double lo, double hi) {
+  const std::string range = FormatNumber(lo) + " to " + FormatNumber(hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        double v = 0;
+        if (ParseFinite(text, &v) && v >= lo && v <= hi) return "";
+        return "Value " + text + " not in range " + range;
+      },
+      "FLOAT in [" + FormatNumber(lo) + " - " + FormatNumber(hi) + "]");
+}
+
+CLI::Validator HiddenSize() {
+  // No description: the option's help says it.
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double v = 0;
+        if (ParseFinite(text, &v) && (v <= 64 || std::fmod(v, 64) == 0)) return "";
+        return "Value " + text + " is neither up to 64 nor a multiple of 64";
+      },
+      "");
+}
+
+CLI::Option* AddListOption(CLI::App* app, const std::string& name, std::vector<std::string>* items,
+                           const std::vector<std::string>& allowed, const std::string& help) {
+  std::string defaults;
+  for (const std::string& item : *items) defaults += (defaults.empty() ? "" : ",") + item;
+  return app
+      ->add_option_function<std::vector<std::string>>(
+          name,
+          [name, items](const std::vector<std::string>& given) {
+            for (auto it = given.begin(); it != given.end(); ++it) {
+              if (std::find(given.begin(), it, *it) != it) {
+                throw CLI::ValidationError(name, *it + " is listed twice");
+              }
+            }
+            *items = given;
+          },
+          help)
+      ->delimiter(',')
+      ->check(CLI::IsMember(allowed))
+      ->default_str(defaults);
+}
+
+void AddCostOptions(CLI::App* app, sim::CostModel* cost, const std::string& group) {
+  for (const sim::CostOption& o : sim::kCostOptions) {
+    CLI::Option* option =
+        o.field == nullptr
+            ? app->add_option(o.flag, cost->max_running, o.help)
+                  ->check(CLI::Range(static_cast<int64_t>(o.lo), static_cast<int64_t>(o.hi)))
+            : app->add_option(o.flag, cost->*o.field, o.help)->check(RealRange(o.lo, o.hi));
+    option->group(group);
+  }
+}
+
+namespace {
+
+// The subcommands of `gyre bench`, in the order its help lists them.
+struct Subcommand {
+  const char* name;
+  const char* summary;
+  int (*run)(const std::vector<std::string>& args);
+};
+
+constexpr Subcommand kSubcommands[] = {
+    {"kernels", "sampling, advantages, policy loss, token log-probs vs libtorch", RunBenchKernels},
+    {"weight-sync", "weight publishing per transport and bucket size vs one gRPC message",
+     RunBenchWeightSync},
+    {"rollout", "continuous batching + prefix sharing vs static batching", RunBenchRollout},
+    {"train", "the trainer's step, sequence packing vs padded rows", RunBenchTrain},
+    {"memory", "peak memory of a trainer step: padded, packed, chunked log-probs", RunBenchMemory},
+    {"dp-step", "data-parallel step, all-reduce overlapped with backward vs after it",
+     RunBenchDpStep},
+    {"e2e", "whole GRPO jobs, synchronous vs asynchronous, real or simulated workers", RunBenchE2e},
+    {"compare", "the metrics of a later result worse than a reference's (exit 1)", RunBenchCompare},
+    {"docs", "regenerates the benchmark tables of Markdown files from results", RunBenchDocs},
+};
+
+constexpr char kBenchDetails[] =
+    "Benchmarks print a table on stdout; --json FILE also writes the figures as JSON\n"
+    "(docs/benchmarks.md). Every figure is measured in the same run as its baseline, and\n"
+    "`speedup` is baseline time / gyre time. The reference results are in bench/baselines/.\n"
+    "`gyre bench SUBCOMMAND --help` lists a subcommand's options.\n";
+
+// The subcommand called `name`, or null.
+const Subcommand* FindSubcommand(const std::string& name) {
+  for (const Subcommand& sub : kSubcommands) {
+    if (name == sub.name) return &sub;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 int RunBench(const std::vector<std::string>& args) {
-  if (args.empty()) {
-    std::fputs(kBenchUsage, stderr);
-    return 2;
+  auto app = NewCommand("gyre bench", "Benchmarks against same-run baselines.", kBenchDetails);
+  app->require_subcommand(1);
+  for (const Subcommand& sub : kSubcommands) {
+    // Named here for the help and the dispatch; each subcommand parses its own arguments.
+    CLI::App* listed = app->add_subcommand(sub.name, sub.summary);
+    listed->prefix_command();
+    listed->set_help_flag();
   }
-  const std::string& sub = args[0];
-  const std::vector<std::string> rest(args.begin() + 1, args.end());
-  if (sub == "--help" || sub == "-h" || sub == "help") {
-    std::fputs(kBenchUsage, stdout);
-    return 0;
+  if (!args.empty() && args[0] == "help") return ParseCommandLine(*app, {"--help"});
+  if (!args.empty() && !StartsWith(args[0], "-") && FindSubcommand(args[0]) == nullptr) {
+    return CommandLineError(*app, "unknown subcommand '" + args[0] + "'");
   }
-  SetBenchCommandLine(std::vector<std::string>(args.begin(), args.end()));
-  if (sub == "compare") return RunBenchCompare(rest);
-  if (sub == "docs") return RunBenchDocs(rest);
-  if (sub == "kernels") return RunBenchKernels(rest);
-  if (sub == "weight-sync") return RunBenchWeightSync(rest);
-  if (sub == "rollout") return RunBenchRollout(rest);
-  if (sub == "dp-step") return RunBenchDpStep(rest);
-  if (sub == "train") return RunBenchTrain(rest);
-  if (sub == "memory") return RunBenchMemory(rest);
-  if (sub == "e2e") return RunBenchE2e(rest);
-  std::fprintf(stderr, "gyre bench: unknown subcommand '%s'\n\n%s", sub.c_str(), kBenchUsage);
-  return 2;
-}
-
-bool ParseInt(const std::string& s, int64_t lo, int64_t hi, int64_t* out) {
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
-bool ParseDouble(const std::string& s, double lo, double hi, double* out) {
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
-int BenchOptionValue(const char* bench, const char* usage, const std::vector<std::string>& args,
-                     size_t* i) {
-  const std::string& a = args[*i];
-  if (a == "--help" || a == "-h") {
-    std::fputs(usage, stdout);
-    return 0;
-  }
-  if (*i + 1 >= args.size()) {
-    std::fprintf(stderr, "gyre bench %s: unknown argument or missing value: '%s'\n\n%s", bench,
-                 a.c_str(), usage);
-    return 2;
-  }
-  ++*i;
-  return -1;
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
+  const CLI::App* chosen = app->get_subcommands().front();
+  SetBenchCommandLine(args);
+  return FindSubcommand(chosen->get_name())->run(chosen->remaining());
 }
 
 }  // namespace gyre::bench

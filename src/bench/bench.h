@@ -14,8 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "common/command_line.h"
 #include "gyre/status.h"
 #include "model/model_spec.h"
+#include "sim/cost_model.h"
 
 namespace gyre::bench {
 
@@ -65,17 +67,28 @@ double Median(std::vector<double> values);
 // and non-finite numbers "-".
 std::string FormatBenchCell(const nlohmann::json& value, int decimals);
 
-// Option parsing shared by the subcommands. ParseInt / ParseDouble: the whole of `s` is a number
-// in [lo, hi] (then stored in *out). BenchOptionValue: args[*i] is an option that takes a value;
-// returns 0 after printing `usage` for --help / -h, 2 after an error for a missing value, and
-// -1 with *i moved to the value otherwise.
-bool ParseInt(const std::string& s, int64_t lo, int64_t hi, int64_t* out);
-bool ParseDouble(const std::string& s, double lo, double hi, double* out);
+// Command-line helpers shared by the subcommands, whose options are declared on a CLI::App
+// (common/command_line.h). Each validator refuses a value in CLI11's words, naming the option:
+// "--reps: Value 0 is not a positive number".
+//
+// Positive: a number above 0 (an integer option's type refuses fractions).
+CLI::Validator Positive();
+// RealRange: a number in [lo, hi]; CLI::Range for floating point, except that NaN is refused.
+CLI::Validator RealRange(double lo, double hi);
+// HiddenSize: the hidden size of a synthetic model (SyntheticSpec): up to 64 (one head) or a
+// multiple of 64 (heads of 64).
+CLI::Validator HiddenSize();
+// Declares `name`, a comma-separated list of items from `allowed`, none twice, stored in
+// *items (whose value is the default). Repeating the option adds to the list.
+CLI::Option* AddListOption(CLI::App* app, const std::string& name, std::vector<std::string>* items,
+                           const std::vector<std::string>& allowed, const std::string& help);
+// Declares the cost model's options (sim::kCostOptions), stored in *cost (whose values are the
+// defaults), in the help section `group`.
+void AddCostOptions(CLI::App* app, sim::CostModel* cost, const std::string& group);
+
 // The random models of the training benchmarks: a Llama-layout decoder with heads of 64 (one
 // head when hidden <= 64), as many key/value heads, and an MLP of 8/3 x hidden.
 model::ModelSpec SyntheticSpec(int64_t vocab, int64_t hidden, int64_t layers, int64_t max_seq_len);
-int BenchOptionValue(const char* bench, const char* usage, const std::vector<std::string>& args,
-                     size_t* i);
 
 // The command line of the running subcommand ("gyre bench NAME ..."), kept in the JSON.
 void SetBenchCommandLine(std::vector<std::string> args);

@@ -7,21 +7,20 @@
 #include <string>
 
 #include "bench/bench.h"
+#include "common/command_line.h"
 #include "common/file_util.h"
 
 namespace gyre::bench {
 
 namespace {
 
-constexpr char kUsage[] =
-    "usage: gyre bench compare A.json B.json [--threshold R]\n"
-    "\n"
-    "Compares two results of the same benchmark (gyre bench SUBCOMMAND --json FILE; reference\n"
+constexpr char kDetails[] =
+    "A and B are results of the same benchmark (gyre bench SUBCOMMAND --json FILE; reference\n"
     "results are in bench/baselines/). Rows are matched by the benchmark's key fields; each\n"
     "metric the benchmark declares is compared in the direction that is better for it. A\n"
-    "change worse than R (relative; default 0.10, runs on a busy machine vary by several per\n"
-    "cent) is a regression. Speedups are measured against a baseline in the same run, so they\n"
-    "move less with the machine than absolute times do.\n"
+    "change worse than --threshold (relative; runs on a busy machine vary by several per cent)\n"
+    "is a regression. Speedups are measured against a baseline in the same run, so they move\n"
+    "less with the machine than absolute times do.\n"
     "\n"
     "Exit status: 0 no regression, 1 regressions (listed), 2 bad input.\n";
 
@@ -58,31 +57,16 @@ std::string RowId(const nlohmann::json& row, const nlohmann::json& keys) {
 }  // namespace
 
 int RunBenchCompare(const std::vector<std::string>& args) {
-  std::vector<std::string> files;
+  std::vector<std::string> files(2);
   double threshold = 0.10;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--help" || args[i] == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (args[i] == "--threshold") {
-      if (i + 1 >= args.size() || !ParseDouble(args[i + 1], 0, 100, &threshold)) {
-        std::fprintf(stderr, "gyre bench compare: --threshold needs a number from 0 to 100\n");
-        return 2;
-      }
-      ++i;
-    } else if (!args[i].empty() && args[i][0] == '-') {
-      std::fprintf(stderr, "gyre bench compare: unknown option '%s'\n\n%s", args[i].c_str(),
-                   kUsage);
-      return 2;
-    } else {
-      files.push_back(args[i]);
-    }
-  }
-  if (files.size() != 2) {
-    std::fputs(kUsage, stderr);
-    return 2;
-  }
+  auto app = NewCommand("gyre bench compare",
+                        "The metrics of a later result (B) that are worse than a reference's (A).",
+                        kDetails);
+  app->add_option("A.json", files[0], "the reference result")->required();
+  app->add_option("B.json", files[1], "the later result")->required();
+  app->add_option("--threshold", threshold, "the relative change that is a regression")
+      ->check(RealRange(0, 100));
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
   auto a = Load(files[0]);
   auto b = Load(files[1]);
   for (const auto* r : {&a, &b}) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bench/bench.h"
+#include "common/command_line.h"
 #include "common/file_util.h"
 #include "common/strings.h"
 
@@ -22,19 +23,14 @@ namespace gyre::bench {
 
 namespace {
 
-constexpr char kUsage[] =
-    "usage: gyre bench docs [--check] FILE.md...\n"
-    "\n"
-    "Regenerates the benchmark tables of Markdown files from result files (written by\n"
-    "gyre bench SUBCOMMAND --json FILE; the project's reference results are in\n"
-    "bench/baselines/). A table is the text between\n"
+constexpr char kDetails[] =
+    "The result files are written by gyre bench SUBCOMMAND --json FILE; the project's reference\n"
+    "results are in bench/baselines/. A table is the text between\n"
     "  <!-- gyre-bench: RESULT.json [columns=KEY,KEY,...] -->\n"
     "  <!-- /gyre-bench -->\n"
     "where RESULT.json is relative to the Markdown file. It becomes: the command that measured\n"
     "the figures, the host and date, the run's context, and a table of every row with the\n"
     "columns the benchmark printed (or the listed result fields).\n"
-    "\n"
-    "  --check   change nothing; list the blocks that differ from what their files give\n"
     "\n"
     "Exit status: 0 written or up to date, 1 stale blocks (--check), 2 bad input (nothing is\n"
     "written then).\n";
@@ -244,24 +240,12 @@ StatusOr<std::string> Regenerate(const std::string& md_path, const std::string& 
 int RunBenchDocs(const std::vector<std::string>& args) {
   bool check = false;
   std::vector<std::string> files;
-  for (const auto& a : args) {
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (a == "--check") {
-      check = true;
-    } else if (!a.empty() && a[0] == '-') {
-      std::fprintf(stderr, "gyre bench docs: unknown option '%s'\n\n%s", a.c_str(), kUsage);
-      return 2;
-    } else {
-      files.push_back(a);
-    }
-  }
-  if (files.empty()) {
-    std::fputs(kUsage, stderr);
-    return 2;
-  }
+  auto app =
+      NewCommand("gyre bench docs",
+                 "Regenerates the benchmark tables of Markdown files from result files.", kDetails);
+  app->add_option("FILE.md", files, "the Markdown files")->required()->default_str("");
+  app->add_flag("--check", check, "change nothing; list the blocks that differ from their files");
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
   // Every file is regenerated in memory first: one bad block writes nothing anywhere.
   std::vector<std::pair<std::string, std::string>> updates;
   int stale = 0, blocks = 0;

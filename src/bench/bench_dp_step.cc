@@ -27,6 +27,7 @@
 #include "bench/bench.h"
 #include "comm/gloo_communicator.h"
 #include "common/clock.h"
+#include "common/command_line.h"
 #include "model/transformer.h"
 #include "trainer/grad_reducer.h"
 #include "trainer/policy_trainer.h"
@@ -35,9 +36,7 @@ namespace gyre::bench {
 
 namespace {
 
-constexpr char kUsage[] =
-    "usage: gyre bench dp-step [options] [--json FILE]\n"
-    "\n"
+constexpr char kDetails[] =
     "Times data-parallel optimizer steps (PolicyTrainer::Step, policy gradient, on a synthetic\n"
     "batch) on RANKS trainer ranks: threads of this process, each with its own Gloo group member\n"
     "on loopback and its own intra-op threads. Five rows, measured in the same run:\n"
@@ -56,22 +55,7 @@ constexpr char kUsage[] =
     "grad_mib = the AdamW moments and the gradients rank 0 holds between steps (its largest\n"
     "slice when sharded), measured from its tensors; max_weight_diff = the largest difference of\n"
     "the final weights from the overlapped row's (sharded rows sum in another order). Blocking\n"
-    "and overlapped must end every round with identical weights (checked).\n"
-    "\n"
-    "options (defaults in brackets):\n"
-    "  --ranks N            data-parallel ranks [2]\n"
-    "  --vocab V            vocabulary size [4096]\n"
-    "  --hidden H           hidden size (heads of 64) [256]\n"
-    "  --layers L           decoder layers [4]\n"
-    "  --batch B            samples per rank per step [8]\n"
-    "  --seq-len T          prompt + response tokens per sample [64]\n"
-    "  --micro-batches M    micro-batches per step; only the last one's backward overlaps [1]\n"
-    "  --mini-batches K     optimizer steps per batch (trainer.mini_batches) [1]\n"
-    "  --bucket-mb MB       gradient bucket size in MiB (trainer.grad_bucket_mb) [4]\n"
-    "  --steps N            timed steps per mode and round [5]\n"
-    "  --rounds R           rounds [3]\n"
-    "  --threads N          intra-op CPU threads per rank [1]\n"
-    "  --json FILE          also write the figures as JSON\n";
+    "and overlapped must end every round with identical weights (checked).\n";
 
 struct Setup {
   int64_t ranks = 2, vocab = 4096, hidden = 256, layers = 4, batch = 8, seq_len = 64;
@@ -182,51 +166,36 @@ StatusOr<RankRun> RunRank(const Setup& s, Mode mode, const std::string& store,
 int RunBenchDpStep(const std::vector<std::string>& args) {
   Setup s;
   std::string json_path;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (int rc = BenchOptionValue("dp-step", kUsage, args, &i); rc >= 0) return rc;
-    const std::string& v = args[i];
-    bool ok = true;
-    if (a == "--json") {
-      json_path = v;
-    } else if (a == "--ranks") {
-      ok = ParseInt(v, 2, 64, &s.ranks);
-    } else if (a == "--vocab") {
-      ok = ParseInt(v, 2, 1 << 20, &s.vocab);
-    } else if (a == "--hidden") {
-      ok = ParseInt(v, 1, 1 << 16, &s.hidden) && (s.hidden <= 64 || s.hidden % 64 == 0);
-    } else if (a == "--layers") {
-      ok = ParseInt(v, 1, 1024, &s.layers);
-    } else if (a == "--batch") {
-      ok = ParseInt(v, 1, 1 << 16, &s.batch);
-    } else if (a == "--seq-len") {
-      ok = ParseInt(v, 2, 1 << 16, &s.seq_len);
-    } else if (a == "--micro-batches") {
-      ok = ParseInt(v, 1, 1 << 16, &s.micro_batches);
-    } else if (a == "--mini-batches") {
-      ok = ParseInt(v, 1, 1 << 16, &s.mini_batches);
-    } else if (a == "--bucket-mb") {
-      ok = ParseInt(v, 1, 4096, &s.bucket_mb);
-    } else if (a == "--steps") {
-      ok = ParseInt(v, 1, 1 << 20, &s.steps);
-    } else if (a == "--rounds") {
-      ok = ParseInt(v, 1, 1 << 20, &s.rounds);
-    } else if (a == "--threads") {
-      ok = ParseInt(v, 1, 1024, &s.threads);
-    } else {
-      std::fprintf(stderr, "gyre bench dp-step: unknown argument '%s'\n\n%s", a.c_str(), kUsage);
-      return 2;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "gyre bench dp-step: bad value '%s' for %s (see --help)\n", v.c_str(),
-                   a.c_str());
-      return 2;
-    }
-  }
-  if (s.micro_batches > s.batch) {
-    std::fprintf(stderr, "gyre bench dp-step: --micro-batches exceeds --batch (see --help)\n");
-    return 2;
-  }
+  auto app = NewCommand(
+      "gyre bench dp-step",
+      "Data-parallel step time, gradient all-reduce overlapped with backward vs after it.",
+      kDetails);
+  app->add_option("--ranks", s.ranks, "data-parallel ranks")->check(CLI::Range(2, 64));
+  app->add_option("--vocab", s.vocab, "vocabulary size")->check(CLI::Range(2, 1 << 20));
+  app->add_option("--hidden", s.hidden, "hidden size, up to 64 or a multiple of 64 (heads of 64)")
+      ->check(CLI::Range(1, 1 << 16))
+      ->check(HiddenSize());
+  app->add_option("--layers", s.layers, "decoder layers")->check(CLI::Range(1, 1024));
+  app->add_option("--batch", s.batch, "samples per rank per step")->check(CLI::Range(1, 1 << 16));
+  app->add_option("--seq-len", s.seq_len, "prompt + response tokens per sample")
+      ->check(CLI::Range(2, 1 << 16));
+  app->add_option("--micro-batches", s.micro_batches,
+                  "micro-batches per step; only the last one's backward overlaps")
+      ->check(CLI::Range(1, 1 << 16));
+  app->add_option("--mini-batches", s.mini_batches,
+                  "optimizer steps per batch (trainer.mini_batches)")
+      ->check(CLI::Range(1, 1 << 16));
+  app->add_option("--bucket-mb", s.bucket_mb,
+                  "gradient bucket size in MiB (trainer.grad_bucket_mb)")
+      ->check(CLI::Range(1, 4096));
+  app->add_option("--steps", s.steps, "timed steps per mode and round")
+      ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--rounds", s.rounds, "rounds")->check(CLI::Range(1, 1 << 20));
+  app->add_option("--threads", s.threads, "intra-op CPU threads per rank")
+      ->check(CLI::Range(1, 1024));
+  app->add_option("--json", json_path, "also write the figures as JSON")->type_name("FILE");
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
+  if (s.micro_batches > s.batch) return CommandLineError(*app, "--micro-batches exceeds --batch");
   auto store = comm::StoreServer::Start("127.0.0.1");
   if (!store.ok()) {
     std::fprintf(stderr, "gyre bench dp-step: %s\n", store.status().ToString().c_str());

@@ -11,12 +11,12 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bench/bench.h"
+#include "common/command_line.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/subprocess.h"
@@ -46,51 +46,19 @@ struct Options {
   }
 };
 
-std::string Usage() {
-  return "usage: gyre bench e2e --simulate [options] [--json FILE]\n"
-         "       gyre bench e2e --config JOB.yaml [--set KEY=VALUE ...] [options] [--json FILE]\n"
-         "\n"
-         "Runs one job per staleness bound k (0 = synchronous, else rollout.async with\n"
-         "algorithm.max_staleness k) with the real controller and reports steps per hour,\n"
-         "samples per second, the rollout workers' idle fraction (\"rollout idle\": over\n"
-         "the whole step; \"idle in gen\": within the step's generation, the same for\n"
-         "asynchronous runs) and the controller's CPU time, each against the k = 0 run of the\n"
-         "same invocation\n"
-         "(docs/algorithms.md, \"Measuring: gyre bench e2e\").\n"
-         "\n"
-         "--simulate: simulated workers (a `gyre sim-workers` child process, each worker its own\n"
-         "gRPC server and heartbeat) spend the cost model's time instead of computing; times are\n"
-         "reported in simulated seconds (wall / --time-scale). Without --simulate, --config names\n"
-         "the job to run for real (its workers are real processes) and the held-out accuracy is\n"
-         "reported too.\n"
-         "\n"
-         "options:\n"
-         "  --staleness LIST          comma-separated k values [0,1,2,4]\n"
-         "  --weight-updates LIST     rollout.weight_updates of the asynchronous runs: lockstep,\n"
-         "                            repack, between_steps, between_steps_repack\n"
-         "                            [lockstep,between_steps]\n"
-         "  --steps N                 GRPO steps per run [4]\n"
-         "  --out DIR                 run directories [a temporary directory, removed after]\n"
-         "  --json FILE               also write the figures as JSON\n"
-         "  --set KEY=VALUE           a job config override (repeatable)\n"
-         "simulated cluster (--simulate):\n"
-         "  --rollout-workers N       simulated rollout nodes [64]\n"
-         "  --trainer-workers M       simulated trainer nodes [8]\n"
-         "  --prompts-per-step B      groups per GRPO step [256]\n"
-         "  --group-size G            samples per group [8]\n"
-         "  --max-new-tokens T        response length cap [8192]\n"
-         "cost model (--simulate; per node, defaults for an 8xH100-class node and a 7B model):\n" +
-         sim::CostOptionsHelp(Options::BenchCost());
-}
-
-// "a,b,c" -> {"a", "b", "c"}.
-std::vector<std::string> SplitList(const std::string& v) {
-  std::vector<std::string> out;
-  std::stringstream ss(v);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(item);
-  return out;
-}
+constexpr char kDetails[] =
+    "Runs one job per staleness bound k (0 = synchronous, else rollout.async with\n"
+    "algorithm.max_staleness k) with the real controller and reports steps per hour, samples\n"
+    "per second, the rollout workers' idle fraction (\"rollout idle\": over the whole step;\n"
+    "\"idle in gen\": within the step's generation, the same for asynchronous runs) and the\n"
+    "controller's CPU time, each against the k = 0 run of the same invocation\n"
+    "(docs/algorithms.md, \"Measuring: gyre bench e2e\").\n"
+    "\n"
+    "--simulate: simulated workers (a `gyre sim-workers` child process, each worker its own\n"
+    "gRPC server and heartbeat) spend the cost model's time instead of computing; times are\n"
+    "reported in simulated seconds (wall / --time-scale). The cost model's defaults are for an\n"
+    "8xH100-class node and a 7B model. Without --simulate, --config names the job to run for\n"
+    "real (its workers are real processes) and the held-out accuracy is reported too.\n";
 
 double CpuSeconds() {
   rusage u = {};
@@ -233,73 +201,45 @@ StatusOr<nlohmann::json> RunOne(const Options& o, int64_t k, const std::string& 
 
 int RunBenchE2e(const std::vector<std::string>& args) {
   Options o;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--simulate") {
-      o.simulate = true;
-      continue;
-    }
-    if (a == "--help" || a == "-h") {
-      std::fputs(Usage().c_str(), stdout);
-      return 0;
-    }
-    StatusOr<bool> cost = sim::ParseCostOption(args, &i, &o.cost);
-    if (!cost.ok()) {
-      std::fprintf(stderr, "gyre bench e2e: %s\n", cost.status().message().c_str());
-      return 2;
-    }
-    if (*cost) continue;
-    if (int rc = BenchOptionValue("e2e", Usage().c_str(), args, &i); rc >= 0) return rc;
-    const std::string& v = args[i];
-    bool ok = true;
-    if (a == "--config") {
-      o.config = v;
-    } else if (a == "--set") {
-      o.overrides.push_back(v);
-    } else if (a == "--out") {
-      o.out = v;
-    } else if (a == "--json") {
-      o.json = v;
-    } else if (a == "--steps") {
-      ok = ParseInt(v, 1, 100000, &o.steps);
-    } else if (a == "--rollout-workers") {
-      ok = ParseInt(v, 1, 100000, &o.rollout_workers);
-    } else if (a == "--trainer-workers") {
-      ok = ParseInt(v, 1, 64, &o.trainer_workers);
-    } else if (a == "--prompts-per-step") {
-      ok = ParseInt(v, 1, 1000000, &o.prompts);
-    } else if (a == "--group-size") {
-      ok = ParseInt(v, 1, 4096, &o.group);
-    } else if (a == "--max-new-tokens") {
-      ok = ParseInt(v, 1, 1000000, &o.max_new_tokens);
-    } else if (a == "--weight-updates") {
-      o.weight_updates = SplitList(v);
-      for (const std::string& item : o.weight_updates) {
-        ok = ok && (item == "lockstep" || item == "repack" || item == "between_steps" ||
-                    item == "between_steps_repack");
-      }
-      ok = ok && !o.weight_updates.empty();
-    } else if (a == "--staleness") {
-      o.staleness.clear();
-      for (const std::string& item : SplitList(v)) {
-        int64_t k = 0;
-        ok = ok && ParseInt(item, 0, 1000, &k);
-        o.staleness.push_back(k);
-      }
-      ok = ok && !o.staleness.empty();
-    } else {
-      std::fprintf(stderr, "gyre bench e2e: unknown option '%s'\n\n%s", a.c_str(), Usage().c_str());
-      return 2;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "gyre bench e2e: bad value '%s' for %s\n", v.c_str(), a.c_str());
-      return 2;
-    }
-  }
+  auto app = NewCommand(
+      "gyre bench e2e",
+      "Whole GRPO jobs, synchronous vs asynchronous, with real or simulated workers.", kDetails);
+  app->add_flag("--simulate", o.simulate, "simulated workers (a gyre sim-workers child process)");
+  app->add_option("--config", o.config, "the job to run for real")->type_name("JOB.yaml");
+  app->add_option("--set", o.overrides, "a job config override (repeatable)")
+      ->type_name("KEY=VALUE")
+      ->default_str("");
+  app->add_option("--staleness", o.staleness, "k values, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1000))
+      ->default_str("0,1,2,4");
+  AddListOption(app.get(), "--weight-updates", &o.weight_updates,
+                {"lockstep", "repack", "between_steps", "between_steps_repack"},
+                "rollout.weight_updates of the asynchronous runs, comma-separated");
+  app->add_option("--steps", o.steps, "GRPO steps per run")->check(CLI::Range(1, 100000));
+  app->add_option("--out", o.out, "run directories (default: a temporary directory, removed after)")
+      ->type_name("DIR");
+  app->add_option("--json", o.json, "also write the figures as JSON")->type_name("FILE");
+  const std::string cluster = "Simulated cluster (--simulate)";
+  app->add_option("--rollout-workers", o.rollout_workers, "simulated rollout nodes")
+      ->check(CLI::Range(1, 100000))
+      ->group(cluster);
+  app->add_option("--trainer-workers", o.trainer_workers, "simulated trainer nodes")
+      ->check(CLI::Range(1, 64))
+      ->group(cluster);
+  app->add_option("--prompts-per-step", o.prompts, "groups per GRPO step")
+      ->check(CLI::Range(1, 1000000))
+      ->group(cluster);
+  app->add_option("--group-size", o.group, "samples per group")
+      ->check(CLI::Range(1, 4096))
+      ->group(cluster);
+  app->add_option("--max-new-tokens", o.max_new_tokens, "response length cap")
+      ->check(CLI::Range(1, 1000000))
+      ->group(cluster);
+  AddCostOptions(app.get(), &o.cost, "Cost model (--simulate; per node)");
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
   if (o.simulate == !o.config.empty()) {
-    std::fprintf(stderr, "gyre bench e2e: give either --simulate or --config JOB.yaml\n\n%s",
-                 Usage().c_str());
-    return 2;
+    return CommandLineError(*app, "give either --simulate or --config JOB.yaml");
   }
   InitLogging("bench-e2e", "warn");  // the in-process controller's log: warnings and errors
   const bool temporary = o.out.empty();

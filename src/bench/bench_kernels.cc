@@ -10,7 +10,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -18,7 +17,6 @@
 #include <vector>
 
 #include "bench/bench.h"
-#include "common/strings.h"
 #include "kernels/device_info.h"
 #include "kernels/reference/advantages_ref.h"
 #include "ops/ops.h"
@@ -34,31 +32,16 @@
 namespace gyre::bench {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: gyre bench kernels [options] [--json FILE]\n"
-    "\n"
-    "Times each Gyre kernel path against its libtorch baseline in the same run:\n"
+constexpr char kDetails[] =
+    "The Gyre side is the CUDA kernels on a GPU and the CPU references otherwise; the\n"
+    "baseline runs on the same device, on the same inputs:\n"
     "  sampling        top-p 0.9 at T 0.8     vs softmax + sort + cumsum + multinomial\n"
     "  advantages      GRPO over groups of 8, broadcast to tokens   vs torch mean/std ops\n"
     "  policy_loss     clipped loss, stats and d loss / d logp      vs torch ops + autograd\n"
     "  token_logprobs  fused log-softmax + gather, forward+backward vs log_softmax + gather\n"
     "Reported: time per call, speedup (baseline time / gyre time), achieved GB/s of the\n"
     "minimum memory traffic, and its fraction of the device's peak bandwidth (GPU).\n"
-    "On a GPU the peak memory of token_logprobs at --tokens rows is also reported.\n"
-    "\n"
-    "options:\n"
-    "  --device auto|cuda|cpu   where to run (default auto: cuda when a device is usable)\n"
-    "  --batch LIST             rows per call, comma-separated (default 1,64,256,1024 on a\n"
-    "                           GPU, 1,64 on a CPU)\n"
-    "  --vocab V                vocabulary size (default 151936, Qwen2.5)\n"
-    "  --tokens T               rows for the token_logprobs peak-memory figure (GPU,\n"
-    "                           default 8192)\n"
-    "  --response-len L         tokens per sequence for advantages and policy_loss (default\n"
-    "                           1024)\n"
-    "  --dtype bf16|fp32        logits dtype (default bf16 on a GPU, fp32 on a CPU)\n"
-    "  --min-time S             minimum seconds per measurement (default 0.2)\n"
-    "  --only LIST              run only these kernels (comma-separated names above)\n"
-    "  --json FILE              also write the figures as JSON\n";
+    "On a GPU the peak memory of token_logprobs at --tokens rows is also reported.\n";
 
 struct Options {
   std::string device = "auto";
@@ -100,17 +83,6 @@ struct Case {
   std::function<void()> gyre;
   std::function<void()> baseline;
 };
-
-bool ParseList(const std::string& s, std::vector<int64_t>* out) {
-  out->clear();
-  for (const std::string& part : SplitString(s, ',')) {
-    char* end = nullptr;
-    const long long v = std::strtoll(part.c_str(), &end, 10);
-    if (part.empty() || *end != '\0' || v < 1) return false;
-    out->push_back(v);
-  }
-  return !out->empty();
-}
 
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "gyre bench kernels: %s\n", msg.c_str());
@@ -293,43 +265,30 @@ bool Wanted(const Options& o, const std::string& kernel) {
 
 int RunBenchKernels(const std::vector<std::string>& args) {
   Options o;
-  std::string batches;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (i + 1 >= args.size()) return Fail("missing value after " + a);
-    const std::string& v = args[++i];
-    char* end = nullptr;
-    if (a == "--device") {
-      o.device = v;
-    } else if (a == "--batch") {
-      batches = v;
-    } else if (a == "--vocab" || a == "--tokens" || a == "--response-len") {
-      const long long n = std::strtoll(v.c_str(), &end, 10);
-      if (*end != '\0' || n < 1) return Fail(a + " wants a positive integer, got '" + v + "'");
-      (a == "--vocab" ? o.vocab : a == "--tokens" ? o.tokens : o.response_len) = n;
-    } else if (a == "--dtype") {
-      o.dtype = v;
-    } else if (a == "--min-time") {
-      o.min_time = std::strtod(v.c_str(), &end);
-      if (*end != '\0' || !(o.min_time > 0)) return Fail("--min-time wants seconds > 0");
-    } else if (a == "--only") {
-      o.only = SplitString(v, ',');
-      for (const auto& k : o.only) {
-        if (k != "sampling" && k != "advantages" && k != "policy_loss" && k != "token_logprobs") {
-          return Fail("unknown kernel '" + k +
-                      "' in --only (sampling, advantages, policy_loss, token_logprobs)");
-        }
-      }
-    } else if (a == "--json") {
-      o.json = v;
-    } else {
-      return Fail("unknown option '" + a + "' (see gyre bench kernels --help)");
-    }
-  }
+  auto app = NewCommand(
+      "gyre bench kernels",
+      "Times Gyre's kernel paths against their libtorch baselines in the same run.", kDetails);
+  app->add_option("--device", o.device, "where to run (auto: cuda when a device is usable)")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
+  app->add_option("--batch", o.batches,
+                  "rows per call (default: 1,64,256,1024 on a GPU, 1,64 on a CPU)")
+      ->delimiter(',')
+      ->check(Positive())
+      ->default_str("");
+  app->add_option("--vocab", o.vocab, "vocabulary size (151936: Qwen2.5)")->check(Positive());
+  app->add_option("--tokens", o.tokens, "rows for the token_logprobs peak-memory figure (GPU)")
+      ->check(Positive());
+  app->add_option("--response-len", o.response_len,
+                  "tokens per sequence for advantages and policy_loss")
+      ->check(Positive());
+  app->add_option("--dtype", o.dtype, "logits dtype (default: bf16 on a GPU, fp32 on a CPU)")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  app->add_option("--min-time", o.min_time, "minimum seconds per measurement")->check(Positive());
+  AddListOption(app.get(), "--only", &o.only,
+                {"sampling", "advantages", "policy_loss", "token_logprobs"},
+                "run only these kernels, comma-separated (default: all)");
+  app->add_option("--json", o.json, "also write the figures as JSON")->type_name("FILE");
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
   const bool have_gpu = kernels::CudaDeviceCount() > 0;
   bool cuda;
   if (o.device == "auto") {
@@ -337,10 +296,8 @@ int RunBenchKernels(const std::vector<std::string>& args) {
   } else if (o.device == "cuda") {
     if (!have_gpu) return Fail("--device cuda: no usable CUDA device on this host");
     cuda = true;
-  } else if (o.device == "cpu") {
-    cuda = false;
   } else {
-    return Fail("--device must be auto, cuda or cpu, got '" + o.device + "'");
+    cuda = false;
   }
 #if !GYRE_BENCH_CUDA
   if (cuda) {
@@ -348,12 +305,10 @@ int RunBenchKernels(const std::vector<std::string>& args) {
     cuda = false;
   }
 #endif
-  if (batches.empty()) batches = cuda ? "1,64,256,1024" : "1,64";
-  if (!ParseList(batches, &o.batches)) {
-    return Fail("--batch wants positive integers separated by commas, got '" + batches + "'");
+  if (o.batches.empty()) {
+    o.batches = cuda ? std::vector<int64_t>{1, 64, 256, 1024} : std::vector<int64_t>{1, 64};
   }
   if (o.dtype.empty()) o.dtype = cuda ? "bf16" : "fp32";
-  if (o.dtype != "bf16" && o.dtype != "fp32") return Fail("--dtype must be bf16 or fp32");
 
   const at::TensorOptions opt =
       at::TensorOptions().device(cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU));

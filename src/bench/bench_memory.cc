@@ -24,6 +24,7 @@
 
 #include "bench/bench.h"
 #include "common/clock.h"
+#include "common/command_line.h"
 #include "common/file_util.h"
 #include "model/transformer.h"
 #include "trainer/policy_trainer.h"
@@ -34,11 +35,9 @@ namespace gyre::bench {
 
 namespace {
 
-constexpr char kUsage[] =
-    "usage: gyre bench memory [options] [--json FILE]\n"
-    "\n"
-    "Peak memory of one trainer step (PolicyTrainer::Step, policy gradient: forward, loss,\n"
-    "backward, AdamW) on a random model with a large vocabulary, per configuration:\n"
+constexpr char kDetails[] =
+    "A trainer step is PolicyTrainer::Step, policy gradient: forward, loss, backward, AdamW, on\n"
+    "a random model with a large vocabulary. The configurations:\n"
     "  padded     one right-padded row per sample, logits at every position\n"
     "             (trainer.sequence_packing: false)\n"
     "  unchunked  packed rows, logits of the response tokens materialised [tokens, V]\n"
@@ -48,24 +47,17 @@ constexpr char kUsage[] =
     "             (trainer.activation_checkpointing: true)\n"
     "Each configuration runs in a child process: one warm-up step (AdamW allocates its\n"
     "moments), then freed memory is returned to the system (malloc_trim) and the peak resident\n"
-    "memory is reset (/proc/self/clear_refs), and one more step\n"
-    "is taken. Reports the step's peak above the memory held before it (model, optimizer state,\n"
-    "batch), that memory, the step time, and the peak against the unchunked baseline's (when\n"
-    "it is among the configurations run).\n"
-    "\n"
-    "options (defaults in brackets):\n"
-    "  --vocab V            vocabulary size [32768]\n"
-    "  --hidden H           hidden size (heads of 64) [256]\n"
-    "  --layers L           decoder layers [2]\n"
-    "  --batch B            samples per step [32]\n"
-    "  --prompt-len P       prompt tokens [32]\n"
-    "  --median-len L       median response length (lognormal, sigma 1) [64]\n"
-    "  --max-len M          response length cap [512]\n"
-    "  --chunk N            tokens per log-prob chunk (chunked, checkpointed) [1024]\n"
-    "  --threads N          intra-op CPU threads [1]\n"
-    "  --configs A,B,...    the configurations to run, in this order\n"
-    "                       [padded,unchunked,chunked,checkpointed]\n"
-    "  --json FILE          also write the figures as JSON\n";
+    "memory is reset (/proc/self/clear_refs), and one more step is taken. Reports the step's\n"
+    "peak above the memory held before it (model, optimizer state, batch), that memory, the\n"
+    "step time, and the peak against the unchunked baseline's (when it is among the\n"
+    "configurations run).\n";
+
+// The configurations, in the order they run by default.
+const std::vector<std::string>& Configs() {
+  static const auto* configs =
+      new std::vector<std::string>{"padded", "unchunked", "chunked", "checkpointed"};
+  return *configs;
+}
 
 struct Setup {
   int64_t vocab = 32768, hidden = 256, layers = 2, batch = 32, prompt_len = 32, median = 64;
@@ -186,58 +178,34 @@ StatusOr<nlohmann::json> Spawn(const Setup& s, const std::string& config, const 
 int RunBenchMemory(const std::vector<std::string>& args) {
   Setup s;
   std::string json_path, child, child_out;
-  const std::vector<std::string> known = {"padded", "unchunked", "chunked", "checkpointed"};
-  std::vector<std::string> configs = known;
-  auto is_known = [&](const std::string& c) {
-    return std::find(known.begin(), known.end(), c) != known.end();
-  };
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (int rc = BenchOptionValue("memory", kUsage, args, &i); rc >= 0) return rc;
-    const std::string& v = args[i];
-    bool ok = true;
-    if (a == "--json") {
-      json_path = v;
-    } else if (a == "--child") {  // internal: one configuration
-      child = v;
-      ok = is_known(v);
-    } else if (a == "--configs") {
-      configs.clear();
-      std::stringstream list(v);
-      for (std::string c; std::getline(list, c, ',');) {
-        ok = ok && is_known(c) && std::find(configs.begin(), configs.end(), c) == configs.end();
-        configs.push_back(c);
-      }
-      ok = ok && !configs.empty();
-    } else if (a == "--child-out") {
-      child_out = v;
-    } else if (a == "--vocab") {
-      ok = ParseInt(v, 2, 1 << 22, &s.vocab);
-    } else if (a == "--hidden") {
-      ok = ParseInt(v, 1, 1 << 16, &s.hidden) && (s.hidden <= 64 || s.hidden % 64 == 0);
-    } else if (a == "--layers") {
-      ok = ParseInt(v, 1, 1024, &s.layers);
-    } else if (a == "--batch") {
-      ok = ParseInt(v, 1, 1 << 16, &s.batch);
-    } else if (a == "--prompt-len") {
-      ok = ParseInt(v, 1, 1 << 16, &s.prompt_len);
-    } else if (a == "--median-len") {
-      ok = ParseInt(v, 1, 1 << 16, &s.median);
-    } else if (a == "--max-len") {
-      ok = ParseInt(v, 1, 1 << 16, &s.max_len);
-    } else if (a == "--chunk") {
-      ok = ParseInt(v, 1, 1 << 24, &s.chunk);
-    } else if (a == "--threads") {
-      ok = ParseInt(v, 1, 1024, &s.threads);
-    } else {
-      std::fprintf(stderr, "gyre bench memory: unknown argument '%s'\n\n%s", a.c_str(), kUsage);
-      return 2;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "gyre bench memory: bad value '%s' for %s (see --help)\n", v.c_str(),
-                   a.c_str());
-      return 2;
-    }
+  std::vector<std::string> configs = Configs();
+  auto app = NewCommand("gyre bench memory",
+                        "Peak memory of one trainer step per configuration, each in its own "
+                        "child process.",
+                        kDetails);
+  app->add_option("--vocab", s.vocab, "vocabulary size")->check(CLI::Range(2, 1 << 22));
+  app->add_option("--hidden", s.hidden, "hidden size, up to 64 or a multiple of 64 (heads of 64)")
+      ->check(CLI::Range(1, 1 << 16))
+      ->check(HiddenSize());
+  app->add_option("--layers", s.layers, "decoder layers")->check(CLI::Range(1, 1024));
+  app->add_option("--batch", s.batch, "samples per step")->check(CLI::Range(1, 1 << 16));
+  app->add_option("--prompt-len", s.prompt_len, "prompt tokens")->check(CLI::Range(1, 1 << 16));
+  app->add_option("--median-len", s.median, "median response length (lognormal, sigma 1)")
+      ->check(CLI::Range(1, 1 << 16));
+  app->add_option("--max-len", s.max_len, "response length cap")->check(CLI::Range(1, 1 << 16));
+  app->add_option("--chunk", s.chunk, "tokens per log-prob chunk (chunked, checkpointed)")
+      ->check(CLI::Range(1, 1 << 24));
+  app->add_option("--threads", s.threads, "intra-op CPU threads")->check(CLI::Range(1, 1024));
+  AddListOption(app.get(), "--configs", &configs, Configs(),
+                "the configurations to run, in this order");
+  app->add_option("--json", json_path, "also write the figures as JSON")->type_name("FILE");
+  // A child process for one configuration, started by this command with these options.
+  app->add_option("--child", child)->group("");
+  app->add_option("--child-out", child_out)->group("");
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
+  // (Checked here: CLI11 leaves a hidden option's name out of its messages.)
+  if (!child.empty() && std::find(Configs().begin(), Configs().end(), child) == Configs().end()) {
+    return CommandLineError(*app, "--child: " + child + " is not a configuration");
   }
   if (!child.empty()) return RunChild(s, child, child_out);
 

@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "bench/bench.h"
 #include "common/clock.h"
+#include "common/command_line.h"
 #include "kernels/device_info.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
@@ -24,9 +26,7 @@ namespace gyre::bench {
 
 namespace {
 
-constexpr char kUsage[] =
-    "usage: gyre bench rollout --model DIR [options] [--json FILE]\n"
-    "\n"
+constexpr char kDetails[] =
     "Generates one batch of prompt groups several ways with the paged engine, on the same\n"
     "model and workload, with the same sampling (ops::SampleRows) and seeds:\n"
     "  static             static scheduling: samples are admitted only into an empty batch;\n"
@@ -36,38 +36,17 @@ constexpr char kUsage[] =
     "  continuous+prefix  continuous batching with group prefix sharing (the default)\n"
     "  continuous+prefix/aten  (CPU, float32) the same through the forward's general path of\n"
     "                     ATen ops instead of its fused CPU kernels (model/cpu_decode.h)\n"
-    "Response lengths follow a long-tail (lognormal)\n"
-    "distribution: sample i of the workload stops after exactly its drawn length. Reports\n"
-    "generated tokens/s, the time to finish the group batch, KV-cache utilisation (positions\n"
-    "of live samples over the KV pool) and the\n"
+    "Response lengths follow a long-tail (lognormal) distribution: sample i of the workload\n"
+    "stops after exactly its drawn length. Reports generated tokens/s, the time to finish the\n"
+    "group batch, KV-cache utilisation (positions of live samples over the KV pool) and the\n"
     "share of time spent with the batch under half full (lost to the longest sequences);\n"
     "`speedup` is tokens/s over static's in the same run. On the CPU each row also reports\n"
     "matmul_ceiling_fraction: tokens/s over the ceiling that the matmuls allow, the best\n"
     "FLOP/s of square float matmuls on the same threads (measured at start) over 2 x the\n"
     "parameters each token passes through (every layer and the LM head; attention scores\n"
-    "excluded). On a GPU each row reports hbm_roofline_fraction instead: the\n"
-    "least memory traffic the generation needs (the weights once per engine step, every\n"
-    "sampled token's context keys and values once), over its time, over the device's peak\n"
-    "bandwidth.\n"
-    "\n"
-    "options (defaults in brackets):\n"
-    "  --model DIR            Hugging Face model directory (gyre init-model writes one)\n"
-    "  --groups G             prompt groups [32]\n"
-    "  --group-size N         samples per prompt [8]\n"
-    "  --prompt-len P         prompt tokens [32]\n"
-    "  --median-len L         median response length [24]\n"
-    "  --sigma S              lognormal sigma of response lengths [1.0]\n"
-    "  --max-new-tokens M     response length cap [256]\n"
-    "  --max-running R        sequences in the running batch [64]\n"
-    "  --block-size B         KV block size in positions [16]\n"
-    "  --max-step-tokens T    tokens per forward (decodes + prefill chunks) [512]\n"
-    "  --kv-cache-mb MB       KV cache budget; 0 = enough for R full-length samples [0]\n"
-    "  --temperature X        sampling temperature [1.0]\n"
-    "  --seed S               workload seed [1]\n"
-    "  --threads N            intra-op CPU threads [1]\n"
-    "  --device D             cpu or cuda (GPU 0) [cpu]\n"
-    "  --cuda-graphs 0|1      on a GPU, replay decode steps as CUDA graphs [1]\n"
-    "  --json FILE            also write the figures as JSON\n";
+    "excluded). On a GPU each row reports hbm_roofline_fraction instead: the least memory\n"
+    "traffic the generation needs (the weights once per engine step, every sampled token's\n"
+    "context keys and values once), over its time, over the device's peak bandwidth.\n";
 
 struct Mode {
   const char* name;
@@ -130,60 +109,40 @@ int RunBenchRollout(const std::vector<std::string>& args) {
   double median = 24, sigma = 1.0, temperature = 1.0;
   std::string device_name = "cpu";
   int64_t cuda_graphs = 1;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (int rc = BenchOptionValue("rollout", kUsage, args, &i); rc >= 0) return rc;
-    const std::string& v = args[i];
-    bool ok = true;
-    if (a == "--model") {
-      dir = v;
-    } else if (a == "--json") {
-      json_path = v;
-    } else if (a == "--groups") {
-      ok = ParseInt(v, 1, 1 << 20, &groups);
-    } else if (a == "--group-size") {
-      ok = ParseInt(v, 1, 4096, &group_size);
-    } else if (a == "--prompt-len") {
-      ok = ParseInt(v, 1, 1 << 20, &prompt_len);
-    } else if (a == "--max-new-tokens") {
-      ok = ParseInt(v, 1, 1 << 20, &max_new);
-    } else if (a == "--max-running") {
-      ok = ParseInt(v, 1, 1 << 20, &max_running);
-    } else if (a == "--block-size") {
-      ok = ParseInt(v, 1, 4096, &block_size);
-    } else if (a == "--max-step-tokens") {
-      ok = ParseInt(v, 1, 1 << 24, &max_step_tokens);
-    } else if (a == "--kv-cache-mb") {
-      ok = ParseInt(v, 0, 1 << 24, &kv_mb);
-    } else if (a == "--seed") {
-      ok = ParseInt(v, 0, INT64_MAX, &seed);
-    } else if (a == "--threads") {
-      ok = ParseInt(v, 1, 1024, &threads);
-    } else if (a == "--device") {
-      ok = v == "cpu" || v == "cuda";
-      device_name = v;
-    } else if (a == "--cuda-graphs") {
-      ok = ParseInt(v, 0, 1, &cuda_graphs);
-    } else if (a == "--median-len") {
-      ok = ParseDouble(v, 1, 1e6, &median);
-    } else if (a == "--sigma") {
-      ok = ParseDouble(v, 0, 10, &sigma);
-    } else if (a == "--temperature") {
-      ok = ParseDouble(v, 0, 100, &temperature);
-    } else {
-      std::fprintf(stderr, "gyre bench rollout: unknown argument '%s'\n\n%s", a.c_str(), kUsage);
-      return 2;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "gyre bench rollout: bad value '%s' for %s (see --help)\n", v.c_str(),
-                   a.c_str());
-      return 2;
-    }
-  }
-  if (dir.empty()) {
-    std::fprintf(stderr, "gyre bench rollout: --model DIR is required (see --help)\n");
-    return 2;
-  }
+  auto app = NewCommand(
+      "gyre bench rollout",
+      "The rollout engine on a long-tail workload: continuous batching vs static batching.",
+      kDetails);
+  app->add_option("--model", dir, "Hugging Face model directory (gyre init-model writes one)")
+      ->type_name("DIR")
+      ->required();
+  app->add_option("--groups", groups, "prompt groups")->check(CLI::Range(1, 1 << 20));
+  app->add_option("--group-size", group_size, "samples per prompt")->check(CLI::Range(1, 4096));
+  app->add_option("--prompt-len", prompt_len, "prompt tokens")->check(CLI::Range(1, 1 << 20));
+  app->add_option("--median-len", median, "median response length")->check(RealRange(1, 1e6));
+  app->add_option("--sigma", sigma, "lognormal sigma of response lengths")->check(RealRange(0, 10));
+  app->add_option("--max-new-tokens", max_new, "response length cap")
+      ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--max-running", max_running, "sequences in the running batch")
+      ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--block-size", block_size, "KV block size in positions")
+      ->check(CLI::Range(1, 4096));
+  app->add_option("--max-step-tokens", max_step_tokens,
+                  "tokens per forward (decodes + prefill chunks)")
+      ->check(CLI::Range(1, 1 << 24));
+  app->add_option("--kv-cache-mb", kv_mb,
+                  "KV cache in MiB; 0 = enough for --max-running full samples")
+      ->check(CLI::Range(0, 1 << 24));
+  app->add_option("--temperature", temperature, "sampling temperature")->check(RealRange(0, 100));
+  app->add_option("--seed", seed, "workload seed")
+      ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+  app->add_option("--threads", threads, "intra-op CPU threads")->check(CLI::Range(1, 1024));
+  app->add_option("--device", device_name, "cpu or cuda (GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app->add_option("--cuda-graphs", cuda_graphs, "on a GPU, replay decode steps as CUDA graphs")
+      ->check(CLI::Range(0, 1));
+  app->add_option("--json", json_path, "also write the figures as JSON")->type_name("FILE");
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
   at::set_num_threads(static_cast<int>(threads));
   runtime::TuneAllocatorForRepeatedSteps();  // as the rollout workers run the engine
   std::fprintf(stderr, "bench rollout: loading %s\n", dir.c_str());
@@ -202,12 +161,10 @@ int RunBenchRollout(const std::vector<std::string>& args) {
   }
   const auto& spec = (*model)->spec();
   if (prompt_len + max_new > spec.max_seq_len) {
-    std::fprintf(stderr,
-                 "gyre bench rollout: --prompt-len %lld + --max-new-tokens %lld exceeds the "
-                 "model's max_seq_len %lld\n",
-                 static_cast<long long>(prompt_len), static_cast<long long>(max_new),
-                 static_cast<long long>(spec.max_seq_len));
-    return 2;
+    return CommandLineError(*app, "--prompt-len " + std::to_string(prompt_len) +
+                                      " + --max-new-tokens " + std::to_string(max_new) +
+                                      " exceeds the model's max_seq_len " +
+                                      std::to_string(spec.max_seq_len));
   }
 
   // The workload: random prompts, lognormal response lengths (one per sample).

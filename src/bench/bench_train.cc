@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -19,6 +20,7 @@
 
 #include "bench/bench.h"
 #include "common/clock.h"
+#include "common/command_line.h"
 #include "model/hf_model.h"
 #include "model/transformer.h"
 #include "model/weights.h"
@@ -28,11 +30,9 @@ namespace gyre::bench {
 
 namespace {
 
-constexpr char kUsage[] =
-    "usage: gyre bench train [options] [--json FILE]\n"
-    "\n"
-    "Times the trainer's policy-gradient step (PolicyTrainer::Step: forward, loss, backward,\n"
-    "AdamW) three ways on the same model and batches, in the same run:\n"
+constexpr char kDetails[] =
+    "The trainer's policy-gradient step (PolicyTrainer::Step: forward, loss, backward, AdamW)\n"
+    "runs three ways on the same model and batches, in the same run:\n"
     "  padded   one right-padded row per sample, logits at every position (the eager padded\n"
     "           libtorch baseline: trainer.sequence_packing: false)\n"
     "  packed   samples packed end to end into rows as wide as the longest, block-diagonal\n"
@@ -53,26 +53,7 @@ constexpr char kUsage[] =
     "(attention scores excluded), also as a fraction of the peak: the best of square matmuls in\n"
     "the compute dtype on the same threads, measured at start. Every mode must make the padded\n"
     "baseline's update up to float32 reordering: the mean difference of their weights at the\n"
-    "end of a round must stay under 1% of the mean distance the weights moved (checked).\n"
-    "\n"
-    "options (defaults in brackets):\n"
-    "  --model DIR          Hugging Face model directory; otherwise a random model of:\n"
-    "  --vocab V            vocabulary size [4096]\n"
-    "  --hidden H           hidden size (heads of 64) [256]\n"
-    "  --layers L           decoder layers [4]\n"
-    "  --batch B            samples per step [64]\n"
-    "  --group G            samples per prompt (consecutive samples share it) [8]\n"
-    "  --prompt-len P       prompt tokens [32]\n"
-    "  --median-len L       median response length of the long-tail batch [48]\n"
-    "  --sigma S            lognormal sigma of the long-tail lengths [1.0]\n"
-    "  --max-len M          response length cap [512]\n"
-    "  --micro-batch M      samples per micro-batch; 0 = the whole batch [0]\n"
-    "  --dtype D            compute dtype: float32, bfloat16, float16 [float32]\n"
-    "  --steps N            timed steps per mode and round [3]\n"
-    "  --rounds R           rounds [2]\n"
-    "  --threads N          intra-op CPU threads; 0 = every core [0]\n"
-    "  --seed S             workload seed [1]\n"
-    "  --json FILE          also write the figures as JSON\n";
+    "end of a round must stay under 1% of the mean distance the weights moved (checked).\n";
 
 struct Setup {
   std::string model_dir, dtype = "float32";
@@ -116,56 +97,47 @@ at::Tensor Flat(const trainer::PolicyTrainer& t) {
 int RunBenchTrain(const std::vector<std::string>& args) {
   Setup s;
   std::string json_path;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (int rc = BenchOptionValue("train", kUsage, args, &i); rc >= 0) return rc;
-    const std::string& v = args[i];
-    bool ok = true;
-    if (a == "--json") {
-      json_path = v;
-    } else if (a == "--model") {
-      s.model_dir = v;
-    } else if (a == "--dtype") {
-      s.dtype = v;
-      ok = model::ParseWeightDtype(v).ok();
-    } else if (a == "--vocab") {
-      ok = ParseInt(v, 2, 1 << 20, &s.vocab);
-    } else if (a == "--hidden") {
-      ok = ParseInt(v, 1, 1 << 16, &s.hidden) && (s.hidden <= 64 || s.hidden % 64 == 0);
-    } else if (a == "--layers") {
-      ok = ParseInt(v, 1, 1024, &s.layers);
-    } else if (a == "--batch") {
-      ok = ParseInt(v, 1, 1 << 16, &s.batch);
-    } else if (a == "--group") {
-      ok = ParseInt(v, 1, 1 << 16, &s.group);
-    } else if (a == "--prompt-len") {
-      ok = ParseInt(v, 1, 1 << 16, &s.prompt_len);
-    } else if (a == "--median-len") {
-      ok = ParseDouble(v, 1, 1 << 16, &s.median);
-    } else if (a == "--sigma") {
-      ok = ParseDouble(v, 0, 10, &s.sigma);
-    } else if (a == "--max-len") {
-      ok = ParseInt(v, 1, 1 << 16, &s.max_len);
-    } else if (a == "--micro-batch") {
-      ok = ParseInt(v, 0, 1 << 16, &s.micro);
-    } else if (a == "--steps") {
-      ok = ParseInt(v, 1, 1 << 20, &s.steps);
-    } else if (a == "--rounds") {
-      ok = ParseInt(v, 1, 1 << 20, &s.rounds);
-    } else if (a == "--threads") {
-      ok = ParseInt(v, 0, 1024, &s.threads);
-    } else if (a == "--seed") {
-      ok = ParseInt(v, 0, INT64_MAX, &s.seed);
-    } else {
-      std::fprintf(stderr, "gyre bench train: unknown argument '%s'\n\n%s", a.c_str(), kUsage);
-      return 2;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "gyre bench train: bad value '%s' for %s (see --help)\n", v.c_str(),
-                   a.c_str());
-      return 2;
-    }
-  }
+  auto app = NewCommand(
+      "gyre bench train",
+      "The trainer's step with sequence packing vs padded rows, on equal and long-tail lengths.",
+      kDetails);
+  app->add_option("--model", s.model_dir, "Hugging Face model directory (default: a random model)")
+      ->type_name("DIR");
+  app->add_option("--vocab", s.vocab, "vocabulary size of the random model")
+      ->check(CLI::Range(2, 1 << 20));
+  app->add_option("--hidden", s.hidden,
+                  "hidden size of the random model: up to 64 or a multiple of 64")
+      ->check(CLI::Range(1, 1 << 16))
+      ->check(HiddenSize());
+  app->add_option("--layers", s.layers, "decoder layers of the random model")
+      ->check(CLI::Range(1, 1024));
+  app->add_option("--batch", s.batch, "samples per step")->check(CLI::Range(1, 1 << 16));
+  app->add_option("--group", s.group, "samples per prompt (consecutive samples share it)")
+      ->check(CLI::Range(1, 1 << 16));
+  app->add_option("--prompt-len", s.prompt_len, "prompt tokens")->check(CLI::Range(1, 1 << 16));
+  app->add_option("--median-len", s.median, "median response length of the long-tail batch")
+      ->check(RealRange(1, 1 << 16));
+  app->add_option("--sigma", s.sigma, "lognormal sigma of the long-tail lengths")
+      ->check(RealRange(0, 10));
+  app->add_option("--max-len", s.max_len, "response length cap")->check(CLI::Range(1, 1 << 16));
+  app->add_option("--micro-batch", s.micro, "samples per micro-batch; 0 = the whole batch")
+      ->check(CLI::Range(0, 1 << 16));
+  app->add_option("--dtype", s.dtype, "compute dtype: float32, bfloat16, float16")
+      ->check(CLI::Validator(
+          [](std::string& name) -> std::string {
+            const StatusOr<at::ScalarType> dtype = model::ParseWeightDtype(name);
+            return dtype.ok() ? "" : dtype.status().message();
+          },
+          ""));
+  app->add_option("--steps", s.steps, "timed steps per mode and round")
+      ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--rounds", s.rounds, "rounds")->check(CLI::Range(1, 1 << 20));
+  app->add_option("--threads", s.threads, "intra-op CPU threads; 0 = every core")
+      ->check(CLI::Range(0, 1024));
+  app->add_option("--seed", s.seed, "workload seed")
+      ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+  app->add_option("--json", json_path, "also write the figures as JSON")->type_name("FILE");
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
   const int threads = s.threads > 0
                           ? static_cast<int>(s.threads)
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -187,12 +159,10 @@ int RunBenchTrain(const std::vector<std::string>& args) {
   }
   const model::ModelSpec spec = base->spec();
   if (s.prompt_len + s.max_len > spec.max_seq_len) {
-    std::fprintf(stderr,
-                 "gyre bench train: --prompt-len %lld + --max-len %lld exceeds the model's "
-                 "max_seq_len %lld\n",
-                 static_cast<long long>(s.prompt_len), static_cast<long long>(s.max_len),
-                 static_cast<long long>(spec.max_seq_len));
-    return 2;
+    return CommandLineError(*app, "--prompt-len " + std::to_string(s.prompt_len) + " + --max-len " +
+                                      std::to_string(s.max_len) +
+                                      " exceeds the model's max_seq_len " +
+                                      std::to_string(spec.max_seq_len));
   }
   std::vector<at::Tensor> start_weights;
   for (const auto& [n, p] : base->NamedParameters()) start_weights.push_back(p.detach().clone());

@@ -26,6 +26,7 @@
 #include "comm/gloo_communicator.h"
 #include "comm/weight_broadcast.h"
 #include "comm/weight_sync.h"
+#include "common/command_line.h"
 #include "common/file_util.h"
 #include "common/subprocess.h"
 #include "kernels/device_info.h"
@@ -34,26 +35,14 @@
 namespace gyre::bench {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: gyre bench weight-sync [--size SIZE] [--bucket-mb LIST] [--receivers N]\n"
-    "                              [--transports LIST] [--reps N] [--deadline-s S] [--json FILE]\n"
-    "\n"
-    "Moves one policy version of SIZE bytes to N receiver processes on loopback and reports,\n"
-    "per transport and bucket size, the median seconds over the repetitions, GB/s (payload\n"
-    "bytes / seconds, 1 GB = 1e9 bytes) and speedup = baseline seconds / seconds. The baseline,\n"
-    "measured in the same run, is one unbucketed gRPC message carrying the whole payload.\n"
-    "Every transfer is verified with per-bucket CRC-32 receipts.\n"
-    "\n"
-    "  --size SIZE         payload size: 1GB, 512MB, 64MiB, 1000000 (default 1GB)\n"
-    "  --bucket-mb LIST    bucket sizes in MiB, comma-separated (default 16,64,256)\n"
-    "  --receivers N       receiver processes (default 1)\n"
-    "  --transports LIST   from grpc (bucketed gRPC stream), gloo (bucketed Gloo broadcast),\n"
-    "                      cuda_ipc (colocated GPU update: device copy into an exported buffer,\n"
-    "                      GPU checksums, each receiver copies it out; needs a GPU);\n"
-    "                      default grpc,gloo. The naive baseline always runs.\n"
-    "  --reps N            timed repetitions per row, after one untimed warm-up (default 3)\n"
-    "  --deadline-s S      deadline of each transfer (default 300)\n"
-    "  --json FILE         also write the figures as JSON\n"
+constexpr char kDetails[] =
+    "Reports, per transport and bucket size, the median seconds over the repetitions, GB/s\n"
+    "(payload bytes / seconds, 1 GB = 1e9 bytes) and speedup = baseline seconds / seconds. The\n"
+    "baseline, measured in the same run, is one unbucketed gRPC message carrying the whole\n"
+    "payload; it always runs. Every transfer is verified with per-bucket CRC-32 receipts.\n"
+    "Transports: grpc (bucketed gRPC stream), gloo (bucketed Gloo broadcast), cuda_ipc\n"
+    "(colocated GPU update: device copy into an exported buffer, GPU checksums, each receiver\n"
+    "copies it out; needs a GPU).\n"
     "\n"
     "Progress goes to stderr. NCCL needs one GPU per process and is not part of this bench.\n";
 
@@ -80,29 +69,6 @@ StatusOr<uint64_t> ParseSize(const std::string& text) {
     return InvalidArgument("size '" + text + "' must be between 1 byte and 64 GB");
   }
   return static_cast<uint64_t>(value * scale);
-}
-
-std::vector<std::string> SplitCommas(const std::string& text) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = text.find(',', start);
-    const size_t end = comma == std::string::npos ? text.size() : comma;
-    if (end > start) out.push_back(text.substr(start, end - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-StatusOr<int64_t> ParsePositive(const std::string& flag, const std::string& text) {
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(text, &used);
-    if (used == text.size() && v > 0) return static_cast<int64_t>(v);
-  } catch (const std::exception&) {
-  }
-  return InvalidArgument(flag + " needs a positive integer, got '" + text + "'");
 }
 
 std::string ReadSmallFile(const std::string& path) {
@@ -193,17 +159,18 @@ class SinkService final : public v1::Rollout::Service {
   std::unique_ptr<comm::DeviceBuffer> buffer_;
 };
 
-int RunReceiver(const std::vector<std::string>& args) {
+// What a receiver process needs from its parent: the run's directory, the Gloo store (empty
+// without gloo), its rank in a group of `world`, and each transfer's deadline.
+struct ReceiverArgs {
   std::string dir, store;
   int rank = 0, world = 0;
   double deadline_s = 300;
-  for (size_t i = 0; i + 1 < args.size(); i += 2) {
-    if (args[i] == "--dir") dir = args[i + 1];
-    if (args[i] == "--store") store = args[i + 1];
-    if (args[i] == "--rank") rank = std::atoi(args[i + 1].c_str());
-    if (args[i] == "--world") world = std::atoi(args[i + 1].c_str());
-    if (args[i] == "--deadline-s") deadline_s = std::atof(args[i + 1].c_str());
-  }
+};
+
+int RunReceiver(const ReceiverArgs& args) {
+  const std::string &dir = args.dir, &store = args.store;
+  const int rank = args.rank, world = args.world;
+  const double deadline_s = args.deadline_s;
   const std::string me = "receiver " + std::to_string(rank);
   SinkService sink;
   grpc::ServerBuilder builder;
@@ -337,70 +304,53 @@ int Fail(const Status& s) {
 }  // namespace
 
 int RunBenchWeightSync(const std::vector<std::string>& args) {
-  if (!args.empty() && args[0] == "--serve-receiver") {
-    return RunReceiver(std::vector<std::string>(args.begin() + 1, args.end()));
-  }
-  uint64_t size = 1000000000ull;
+  std::string size_text = "1GB";
   std::vector<int64_t> bucket_mib = {16, 64, 256};
   int64_t receivers = 1, reps = 3;
   double deadline_s = 300;
-  bool use_grpc = true, use_gloo = true, use_cuda_ipc = false;
+  std::vector<std::string> transports = {"grpc", "gloo"};
   std::string json_path;
-  auto usage_error = [](const std::string& why) {
-    std::fprintf(stderr, "gyre bench weight-sync: %s\n\n%s", why.c_str(), kUsage);
-    return 2;
-  };
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (i + 1 >= args.size()) return usage_error("unknown option or missing value: " + a);
-    const std::string& v = args[++i];
-    if (a == "--size") {
-      auto s = ParseSize(v);
-      if (!s.ok()) return usage_error(s.status().message());
-      size = *s;
-    } else if (a == "--bucket-mb") {
-      bucket_mib.clear();
-      for (const auto& part : SplitCommas(v)) {
-        auto b = ParsePositive("--bucket-mb", part);
-        if (!b.ok()) return usage_error(b.status().message());
-        bucket_mib.push_back(*b);
-      }
-      if (bucket_mib.empty()) return usage_error("--bucket-mb needs at least one size");
-    } else if (a == "--receivers") {
-      auto n = ParsePositive(a, v);
-      if (!n.ok() || *n > 64) return usage_error("--receivers needs an integer in 1..64");
-      receivers = *n;
-    } else if (a == "--reps") {
-      auto n = ParsePositive(a, v);
-      if (!n.ok()) return usage_error(n.status().message());
-      reps = *n;
-    } else if (a == "--deadline-s") {
-      deadline_s = std::atof(v.c_str());
-      if (!(deadline_s > 0)) return usage_error("--deadline-s needs a positive number");
-    } else if (a == "--transports") {
-      use_grpc = use_gloo = false;
-      for (const auto& t : SplitCommas(v)) {
-        if (t == "grpc") {
-          use_grpc = true;
-        } else if (t == "gloo") {
-          use_gloo = true;
-        } else if (t == "cuda_ipc") {
-          use_cuda_ipc = true;
-        } else {
-          return usage_error("unknown transport '" + t +
-                             "' (this bench has grpc, gloo and cuda_ipc)");
-        }
-      }
-    } else if (a == "--json") {
-      json_path = v;
-    } else {
-      return usage_error("unknown option " + a);
-    }
+  bool serve_receiver = false;
+  ReceiverArgs receiver;
+  auto app = NewCommand(
+      "gyre bench weight-sync",
+      "Moves one policy version of SIZE bytes to N receiver processes on loopback per transport.",
+      kDetails);
+  app->add_option("--size", size_text, "payload size: 1GB, 512MB, 64MiB, 1000000 (bytes)")
+      ->type_name("SIZE")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            const StatusOr<uint64_t> size = ParseSize(text);
+            return size.ok() ? "" : size.status().message();
+          },
+          ""));
+  app->add_option("--bucket-mb", bucket_mib, "bucket sizes in MiB, comma-separated")
+      ->delimiter(',')
+      ->check(Positive())
+      ->default_str("16,64,256");
+  app->add_option("--receivers", receivers, "receiver processes")->check(CLI::Range(1, 64));
+  AddListOption(app.get(), "--transports", &transports, {"grpc", "gloo", "cuda_ipc"},
+                "the transports to measure, comma-separated");
+  app->add_option("--reps", reps, "timed repetitions per row, after one untimed warm-up")
+      ->check(Positive());
+  app->add_option("--deadline-s", deadline_s, "deadline of each transfer")->check(Positive());
+  app->add_option("--json", json_path, "also write the figures as JSON")->type_name("FILE");
+  // A receiver process, started by this command with these options.
+  app->add_flag("--serve-receiver", serve_receiver)->group("");
+  app->add_option("--dir", receiver.dir)->group("");
+  app->add_option("--store", receiver.store)->group("");
+  app->add_option("--rank", receiver.rank)->group("");
+  app->add_option("--world", receiver.world)->group("");
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
+  if (serve_receiver) {
+    receiver.deadline_s = deadline_s;
+    return RunReceiver(receiver);
   }
+  const uint64_t size = *ParseSize(size_text);
+  auto uses = [&](const char* transport) {
+    return std::find(transports.begin(), transports.end(), transport) != transports.end();
+  };
+  const bool use_grpc = uses("grpc"), use_gloo = uses("gloo"), use_cuda_ipc = uses("cuda_ipc");
 
   // The payload: one flat uint8 tensor of pseudo-random bytes.
   std::fprintf(stderr, "weight-sync: preparing %.3f GB payload\n", size / 1e9);

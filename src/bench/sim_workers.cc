@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/bench.h"
+#include "common/command_line.h"
 #include "common/logging.h"
 #include "rpc/rpc_util.h"
 #include "rpc/worker_session.h"
@@ -26,25 +27,11 @@ namespace {
 std::atomic<int> g_sim_signal{0};
 void OnSimSignal(int sig) { g_sim_signal.store(sig); }
 
-std::string Usage() {
-  return "usage: gyre sim-workers --controller HOST:PORT --rollout N --trainer M [options]\n"
-         "\n"
-         "Serves N simulated rollout workers and M simulated trainer workers from this process,\n"
-         "each with its own gRPC server and heartbeat, registered with the controller as\n"
-         "rollout-0..N-1 and trainer-0..M-1 (the job runs with cluster.mode: external). They\n"
-         "hold no model: each request costs the time the cost model below says\n"
-         "(docs/algorithms.md, \"Measuring: gyre bench e2e\"). Exits when the controller stops "
-         "them.\n"
-         "\n"
-         "options:\n"
-         "  --controller HOST:PORT    the job's controller (required)\n"
-         "  --rollout N               simulated rollout workers [1]\n"
-         "  --trainer M               simulated trainer workers [1]\n"
-         "  --bind-host H             address the workers listen on [127.0.0.1]\n"
-         "  --register-timeout-s S    how long to wait for the controller [60]\n"
-         "cost model:\n" +
-         sim::CostOptionsHelp();
-}
+constexpr char kDetails[] =
+    "The workers register with the controller as rollout-0..N-1 and trainer-0..M-1 (the job\n"
+    "runs with cluster.mode: external). They hold no model: each request costs the time the\n"
+    "cost model says (docs/algorithms.md, \"Measuring: gyre bench e2e\"). Exits when the\n"
+    "controller stops them.\n";
 
 struct SimWorker {
   std::unique_ptr<rpc::WorkerSession> session;
@@ -59,50 +46,22 @@ int RunSimWorkers(const std::vector<std::string>& args) {
   int64_t rollouts = 1, trainers = 1;
   double register_timeout = 60;
   sim::CostModel cost;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(Usage().c_str(), stdout);
-      return 0;
-    }
-    StatusOr<bool> parsed = sim::ParseCostOption(args, &i, &cost);
-    if (!parsed.ok()) {
-      std::fprintf(stderr, "gyre sim-workers: %s\n", parsed.status().message().c_str());
-      return 2;
-    }
-    if (*parsed) continue;
-    if (i + 1 >= args.size()) {
-      std::fprintf(stderr, "gyre sim-workers: unknown argument or missing value: '%s'\n\n%s",
-                   a.c_str(), Usage().c_str());
-      return 2;
-    }
-    const std::string& v = args[++i];
-    bool ok = true;
-    if (a == "--controller") {
-      controller = v;
-    } else if (a == "--bind-host") {
-      bind_host = v;
-    } else if (a == "--rollout") {
-      ok = ParseInt(v, 0, 100000, &rollouts);
-    } else if (a == "--trainer") {
-      ok = ParseInt(v, 0, 10000, &trainers);
-    } else if (a == "--register-timeout-s") {
-      ok = ParseDouble(v, 0.1, 86400, &register_timeout);
-    } else {
-      std::fprintf(stderr, "gyre sim-workers: unknown option '%s'\n\n%s", a.c_str(),
-                   Usage().c_str());
-      return 2;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "gyre sim-workers: bad value '%s' for %s\n", v.c_str(), a.c_str());
-      return 2;
-    }
-  }
-  if (controller.empty()) {
-    std::fprintf(stderr, "gyre sim-workers: --controller HOST:PORT is required\n\n%s",
-                 Usage().c_str());
-    return 2;
-  }
+  auto app = NewCommand(
+      "gyre sim-workers",
+      "Serves N simulated rollout and M simulated trainer workers, each its own gRPC server.",
+      kDetails);
+  app->add_option("--controller", controller, "the job's controller")
+      ->type_name("HOST:PORT")
+      ->required();
+  app->add_option("--rollout", rollouts, "simulated rollout workers (N)")
+      ->check(CLI::Range(0, 100000));
+  app->add_option("--trainer", trainers, "simulated trainer workers (M)")
+      ->check(CLI::Range(0, 10000));
+  app->add_option("--bind-host", bind_host, "address the workers listen on")->type_name("HOST");
+  app->add_option("--register-timeout-s", register_timeout, "how long to wait for the controller")
+      ->check(RealRange(0.1, 86400));
+  AddCostOptions(app.get(), &cost, "Cost model");
+  if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
   InitLogging("sim-workers");
   struct sigaction sa = {};
   sa.sa_handler = OnSimSignal;

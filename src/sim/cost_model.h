@@ -27,8 +27,6 @@
 #include <string>
 #include <vector>
 
-#include "gyre/status.h"
-
 namespace gyre::sim {
 
 struct CostModel {
@@ -47,19 +45,38 @@ struct CostModel {
   int64_t Length(uint64_t seed, int64_t max_new_tokens) const;
   // Seconds (already scaled) of one engine step with `running` sequences.
   double StepSeconds(int64_t running) const;
-  // The options below as "--key value" pairs, for passing the model to `gyre sim-workers`.
+  // Every option of kCostOptions (below) as "--key value" pairs, for passing the model to
+  // `gyre sim-workers`.
   std::vector<std::string> ToArgs() const;
 };
 
-// Parses "--max-running N", "--step-base-s S", "--step-per-seq-s S", "--prefill-tokens-per-s R",
-// "--length-median L", "--length-sigma S", "--train-s-per-token S", "--model-gb G",
-// "--publish-gb-per-s B" and "--time-scale F" at args[*i] (value at args[*i + 1]). Returns
-// false and leaves *i alone when args[*i] is none of them; an error when the value is missing or
-// out of range. On success *i points at the value.
-StatusOr<bool> ParseCostOption(const std::vector<std::string>& args, size_t* i, CostModel* model);
+// The cost model's command-line options, as `gyre sim-workers` and `gyre bench e2e --simulate`
+// declare them and ToArgs writes them: the flag, the valid range of its value, the field it sets
+// (null for max_running, the one integer) and a one-line help.
+struct CostOption {
+  const char* flag;
+  double lo, hi;
+  double CostModel::*field;
+  const char* help;
+};
 
-// The cost options' help lines, showing the values of `defaults`.
-std::string CostOptionsHelp(const CostModel& defaults = CostModel());
+inline constexpr CostOption kCostOptions[] = {
+    {"--max-running", 1, 1e6, nullptr, "sequences a rollout worker runs at once"},
+    {"--step-base-s", 0, 100, &CostModel::step_base_s, "engine step time at any batch size (s)"},
+    {"--step-per-seq-s", 0, 10, &CostModel::step_per_seq_s,
+     "engine step time added per running sequence (s)"},
+    {"--prefill-tokens-per-s", 1, 1e12, &CostModel::prefill_tokens_per_s,
+     "prompt tokens prefilled per second"},
+    {"--length-median", 1, 1e7, &CostModel::length_median, "median response length (tokens)"},
+    {"--length-sigma", 0, 10, &CostModel::length_sigma, "lognormal sigma of response lengths"},
+    {"--train-s-per-token", 0, 100, &CostModel::train_s_per_token,
+     "trainer seconds per response token"},
+    {"--model-gb", 0, 1e6, &CostModel::model_gb, "weights published per version (GB)"},
+    {"--publish-gb-per-s", 1e-6, 1e9, &CostModel::publish_gb_per_s,
+     "trainer uplink for weight publishing (GB/s)"},
+    {"--time-scale", 1e-6, 1e3, &CostModel::time_scale,
+     "factor on every simulated wait (0.01 = 100x faster than real time)"},
+};
 
 // Sleeps `seconds`; returns false early (after at most ~10 ms) when `stop()` turns true.
 bool SleepUnless(double seconds, const std::function<bool()>& stop);

@@ -79,6 +79,16 @@ TEST(BenchCompareTest, OneSchemaAndRegressionsBeyondTheThreshold) {
   std::tie(rc, out) = RunGyre({"bench", "compare", dir + "/a.json", dir + "/old.json"}, dir);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("is not a gyre bench result"), std::string::npos) << out;
+  // Usage errors: one line naming what is wrong.
+  std::tie(rc, out) = RunGyre({"bench", "compare", dir + "/a.json"}, dir);
+  EXPECT_EQ(rc, 2);
+  EXPECT_EQ(out, "gyre bench compare: B.json is required (see gyre bench compare --help)\n");
+  std::tie(rc, out) =
+      RunGyre({"bench", "compare", dir + "/a.json", dir + "/a.json", "--threshold", "-1"}, dir);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("gyre bench compare: --threshold: Value -1 not in range 0 to 100"),
+            std::string::npos)
+      << out;
   (void)RemoveTree(dir);
 }
 

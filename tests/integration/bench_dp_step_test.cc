@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "integration/run_util.h"
 
@@ -61,15 +64,19 @@ TEST(BenchDpStepTest, TinyRunWritesConsistentJson) {
 
 TEST(BenchDpStepTest, BadOptionsAreUsageErrors) {
   const std::string dir = testing::MakeTempDir("bench_dp_bad");
-  for (const auto& args : std::vector<std::vector<std::string>>{
-           {"bench", "dp-step", "--ranks", "1"},
-           {"bench", "dp-step", "--batch", "2", "--micro-batches", "3"},
-           {"bench", "dp-step", "--hidden", "100"},
-           {"bench", "dp-step", "--colour", "blue"}}) {
-    GyreProcess p = GyreProcess::Start(args, dir);
-    ASSERT_TRUE(p.Wait(30));
-    EXPECT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 2) << p.Output();
-    EXPECT_NE(p.Output().find("gyre bench dp-step"), std::string::npos) << p.Output();
+  // Each refusal is one line that names the option and points at the help.
+  for (const auto& [args, names] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"bench", "dp-step", "--ranks", "1"}, "--ranks: Value 1 not in range 2 to 64"},
+           {{"bench", "dp-step", "--batch", "2", "--micro-batches", "3"},
+            "--micro-batches exceeds --batch"},
+           {{"bench", "dp-step", "--hidden", "100"},
+            "--hidden: Value 100 is neither up to 64 nor a multiple of 64"},
+           {{"bench", "dp-step", "--colour", "blue"}, "--colour"}}) {
+    const auto [rc, out] = testing::RunGyre(args, dir, 30);
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_EQ(out.rfind("gyre bench dp-step: ", 0), 0u) << out;
+    EXPECT_NE(out.find(names), std::string::npos) << out;
+    EXPECT_NE(out.find("(see gyre bench dp-step --help)\n"), std::string::npos) << out;
   }
   EXPECT_TRUE(RemoveTree(dir).ok());
 }

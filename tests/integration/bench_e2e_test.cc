@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "integration/run_util.h"
 
@@ -96,26 +99,37 @@ TEST(BenchE2eTest, TinySimulatedRunWritesConsistentJson) {
 
 TEST(BenchE2eTest, BadOptionsAreUsageErrors) {
   const std::string dir = testing::MakeTempDir("bench_e2e_bad");
-  const std::vector<std::vector<std::string>> bad = {
-      {"bench", "e2e"},  // neither --simulate nor --config
-      {"bench", "e2e", "--simulate", "--config", "x.yaml"},
-      {"bench", "e2e", "--simulate", "--staleness", "0,x"},
-      {"bench", "e2e", "--simulate", "--time-scale", "0"},
-      {"bench", "e2e", "--simulate", "--weight-updates", "sometimes"},
-      {"bench", "e2e", "--simulate", "--rollout-workers"},
-      {"bench", "e2e", "--simulate", "--frobnicate", "1"},
-      {"sim-workers", "--rollout", "2"},  // no --controller
-      {"sim-workers", "--controller", "127.0.0.1:1", "--max-running", "0"},
+  // Each refusal is one line that names the option (or what is missing) and points at the help.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"bench", "e2e"}, "give either --simulate or --config JOB.yaml"},
+      {{"bench", "e2e", "--simulate", "--config", "x.yaml"}, "give either"},
+      {{"bench", "e2e", "--simulate", "--staleness", "0,x"}, "--staleness: Value x"},
+      {{"bench", "e2e", "--simulate", "--time-scale", "0"}, "--time-scale: Value 0 not in range"},
+      {{"bench", "e2e", "--simulate", "--weight-updates", "sometimes"},
+       "--weight-updates: sometimes not in"},
+      {{"bench", "e2e", "--simulate", "--weight-updates", "lockstep,lockstep"},
+       "--weight-updates: lockstep is listed twice"},
+      {{"bench", "e2e", "--simulate", "--rollout-workers"}, "--rollout-workers"},
+      {{"bench", "e2e", "--simulate", "--frobnicate", "1"}, "--frobnicate"},
+      {{"sim-workers", "--rollout", "2"}, "--controller is required"},
+      {{"sim-workers", "--controller", "127.0.0.1:1", "--max-running", "0"},
+       "--max-running: Value 0 not in range"},
+      {{"sim-workers", "--controller", "127.0.0.1:1", "--max-running", "1.5"}, "--max-running"},
+      {{"sim-workers", "--controller", "127.0.0.1:1", "--length-sigma", "x"}, "--length-sigma"},
+      {{"sim-workers", "--controller", "127.0.0.1:1", "--model-gb"}, "--model-gb"},
   };
-  for (const auto& args : bad) {
-    GyreProcess p = GyreProcess::Start(args, dir);
-    ASSERT_TRUE(p.Wait(30)) << p.Output();
-    EXPECT_EQ(WEXITSTATUS(p.wait_status), 2) << args.back() << ": " << p.Output();
+  for (const auto& [args, names] : bad) {
+    const auto [rc, out] = testing::RunGyre(args, dir, 30);
+    EXPECT_EQ(rc, 2) << out;
+    const std::string command = args[0] == "bench" ? "gyre bench e2e" : "gyre sim-workers";
+    EXPECT_EQ(out.rfind(command + ": ", 0), 0u) << out;
+    EXPECT_NE(out.find(names), std::string::npos) << out;
+    EXPECT_NE(out.find("(see " + command + " --help)\n"), std::string::npos) << out;
   }
   GyreProcess help = GyreProcess::Start({"bench", "e2e", "--help"}, dir);
   ASSERT_TRUE(help.Wait(30));
   EXPECT_EQ(WEXITSTATUS(help.wait_status), 0);
-  EXPECT_NE(help.Output().find("--publish-gb-per-s X"), std::string::npos) << help.Output();
+  EXPECT_NE(help.Output().find("--publish-gb-per-s"), std::string::npos) << help.Output();
   GyreProcess sim_help = GyreProcess::Start({"sim-workers", "--help"}, dir);
   ASSERT_TRUE(sim_help.Wait(30));
   EXPECT_EQ(WEXITSTATUS(sim_help.wait_status), 0);

@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "integration/run_util.h"
 
@@ -77,18 +80,21 @@ TEST(BenchMemoryTest, ActivationCheckpointingTakesLessMemory) {
 
 TEST(BenchMemoryTest, BadOptionsAreUsageErrors) {
   const std::string dir = testing::MakeTempDir("bench_memory_bad");
-  for (const auto& args :
-       std::vector<std::vector<std::string>>{{"bench", "memory", "--chunk", "0"},
-                                             {"bench", "memory", "--hidden", "100"},
-                                             {"bench", "memory", "--child", "sideways"},
-                                             {"bench", "memory", "--configs", "chunked,chunked"},
-                                             {"bench", "memory", "--configs", "chunked,fast"},
-                                             {"bench", "memory", "--configs", ""},
-                                             {"bench", "memory", "--colour", "blue"}}) {
-    GyreProcess p = GyreProcess::Start(args, dir);
-    ASSERT_TRUE(p.Wait(60));
-    EXPECT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 2) << p.Output();
-    EXPECT_NE(p.Output().find("gyre bench memory"), std::string::npos) << p.Output();
+  // Each refusal is one line that names the option and points at the help.
+  for (const auto& [args, names] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"bench", "memory", "--chunk", "0"}, "--chunk: Value 0 not in range"},
+           {{"bench", "memory", "--hidden", "100"}, "--hidden: Value 100"},
+           {{"bench", "memory", "--child", "sideways"}, "--child: sideways is not a configuration"},
+           {{"bench", "memory", "--configs", "chunked,chunked"},
+            "--configs: chunked is listed twice"},
+           {{"bench", "memory", "--configs", "chunked,fast"}, "--configs: fast not in"},
+           {{"bench", "memory", "--configs", ""}, "--configs"},
+           {{"bench", "memory", "--colour", "blue"}, "--colour"}}) {
+    const auto [rc, out] = testing::RunGyre(args, dir, 60);
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_EQ(out.rfind("gyre bench memory: ", 0), 0u) << out;
+    EXPECT_NE(out.find(names), std::string::npos) << out;
+    EXPECT_NE(out.find("(see gyre bench memory --help)\n"), std::string::npos) << out;
   }
   EXPECT_TRUE(RemoveTree(dir).ok());
 }

@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "integration/run_util.h"
 
@@ -68,17 +71,20 @@ TEST(BenchTrainTest, TinyRunWritesConsistentJson) {
 
 TEST(BenchTrainTest, BadOptionsAreUsageErrors) {
   const std::string dir = testing::MakeTempDir("bench_train_bad");
-  for (const auto& args :
-       std::vector<std::vector<std::string>>{{"bench", "train", "--batch", "0"},
-                                             {"bench", "train", "--dtype", "float64"},
-                                             {"bench", "train", "--hidden", "100"},
-                                             {"bench", "train", "--sigma", "11"},
-                                             {"bench", "train", "--group", "0"},
-                                             {"bench", "train", "--colour", "blue"}}) {
-    GyreProcess p = GyreProcess::Start(args, dir);
-    ASSERT_TRUE(p.Wait(60));
-    EXPECT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 2) << p.Output();
-    EXPECT_NE(p.Output().find("gyre bench train"), std::string::npos) << p.Output();
+  // Each refusal is one line that names the option and points at the help.
+  for (const auto& [args, names] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"bench", "train", "--batch", "0"}, "--batch: Value 0 not in range"},
+           {{"bench", "train", "--dtype", "float64"}, "--dtype: unknown weight dtype 'float64'"},
+           {{"bench", "train", "--hidden", "100"}, "--hidden: Value 100"},
+           {{"bench", "train", "--sigma", "11"}, "--sigma: Value 11 not in range 0 to 10"},
+           {{"bench", "train", "--sigma", "nan"}, "--sigma: Value nan"},
+           {{"bench", "train", "--group", "0"}, "--group: Value 0"},
+           {{"bench", "train", "--colour", "blue"}, "--colour"}}) {
+    const auto [rc, out] = testing::RunGyre(args, dir, 60);
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_EQ(out.rfind("gyre bench train: ", 0), 0u) << out;
+    EXPECT_NE(out.find(names), std::string::npos) << out;
+    EXPECT_NE(out.find("(see gyre bench train --help)\n"), std::string::npos) << out;
   }
   EXPECT_TRUE(RemoveTree(dir).ok());
 }

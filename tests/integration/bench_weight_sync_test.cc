@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "integration/run_util.h"
 #include "kernels/device_info.h"
@@ -88,14 +91,18 @@ TEST(BenchWeightSyncTest, CudaIpcRowOnAGpu) {
 
 TEST(BenchWeightSyncTest, BadOptionsAreUsageErrors) {
   const std::string dir = testing::MakeTempDir("bench_ws_bad");
-  for (const auto& args : std::vector<std::vector<std::string>>{
-           {"bench", "weight-sync", "--size", "lots"},
-           {"bench", "weight-sync", "--transports", "carrier-pigeon"},
-           {"bench", "weight-sync", "--bucket-mb", "0"}}) {
-    GyreProcess p = GyreProcess::Start(args, dir);
-    ASSERT_TRUE(p.Wait(30));
-    EXPECT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 2) << p.Output();
-    EXPECT_NE(p.Output().find("usage: gyre bench weight-sync"), std::string::npos);
+  // Each refusal is one line naming the option and pointing at the help.
+  for (const auto& [option, value] :
+       std::vector<std::pair<std::string, std::string>>{{"--size", "lots"},
+                                                        {"--size", "0"},
+                                                        {"--transports", "carrier-pigeon"},
+                                                        {"--transports", "grpc,grpc"},
+                                                        {"--bucket-mb", "0"},
+                                                        {"--receivers", "65"}}) {
+    const auto [rc, out] = testing::RunGyre({"bench", "weight-sync", option, value}, dir, 30);
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_EQ(out.rfind("gyre bench weight-sync: " + option + ": ", 0), 0u) << out;
+    EXPECT_NE(out.find("(see gyre bench weight-sync --help)\n"), std::string::npos) << out;
   }
   EXPECT_TRUE(RemoveTree(dir).ok());
 }

@@ -6,8 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "integration/run_util.h"
 #include "rpc/rpc_util.h"
@@ -1438,9 +1442,202 @@ TEST(BenchTest, RolloutWritesTheTableAndJson) {
   EXPECT_EQ(j["results"][3]["prefill_tokens"], 6 * 8);
   EXPECT_EQ(j["results"][1]["prefill_tokens"], 6 * 4 * 8);
 
-  p = GyreProcess::Start({"bench", "rollout", "--groups", "0"}, dir + "/b");
-  ASSERT_TRUE(p.Wait(30));
-  EXPECT_EQ(WEXITSTATUS(p.wait_status), 2);
+  auto [bad_rc, bad_out] =
+      RunGyre({"bench", "rollout", "--model", dir + "/m", "--groups", "0"}, dir, 30);
+  EXPECT_EQ(bad_rc, 2);
+  EXPECT_EQ(bad_out,
+            "gyre bench rollout: --groups: Value 0 not in range 1 to 1048576 (see gyre bench "
+            "rollout --help)\n");
+  std::tie(bad_rc, bad_out) = RunGyre({"bench", "rollout", "--groups", "2"}, dir, 30);
+  EXPECT_EQ(bad_rc, 2);
+  EXPECT_EQ(bad_out, "gyre bench rollout: --model is required (see gyre bench rollout --help)\n");
+}
+
+// `--help` of every benchmark and of sim-workers lists each of its options with its default (or,
+// where the default depends on the device, says what it is), and nothing internal.
+TEST(BenchTest, EveryHelpListsEachOptionWithItsDefault) {
+  struct Command {
+    std::vector<std::string> args;
+    // An option (or positional) and a text its entry in the help must hold: "=DEFAULT" as
+    // CLI11 shows a default, or the words that stand for one.
+    std::vector<std::pair<std::string, std::string>> options;
+  };
+  const std::vector<std::pair<std::string, std::string>> cost = {
+      {"--max-running", "=256"},           {"--step-base-s", "=0.015"},
+      {"--step-per-seq-s", "=4e-05"},      {"--prefill-tokens-per-s", "=50000"},
+      {"--length-median", "=600"},         {"--length-sigma", "=1"},
+      {"--train-s-per-token", "=3.3e-05"}, {"--model-gb", "=15"},
+      {"--publish-gb-per-s", "=25"}};
+  std::vector<Command> commands = {
+      {{"bench", "kernels"},
+       {{"--device", "=auto"},
+        {"--batch", "(default: 1,64,256,1024 on a GPU, 1,64 on a CPU)"},
+        {"--vocab", "=151936"},
+        {"--tokens", "=8192"},
+        {"--response-len", "=1024"},
+        {"--dtype", "(default: bf16 on a GPU, fp32 on a CPU)"},
+        {"--min-time", "=0.2"},
+        {"--only", "(default: all)"},
+        {"--json", "FILE"}}},
+      {{"bench", "weight-sync"},
+       {{"--size", "=1GB"},
+        {"--bucket-mb", "=16,64,256"},
+        {"--receivers", "=1"},
+        {"--transports", "=grpc,gloo"},
+        {"--reps", "=3"},
+        {"--deadline-s", "=300"},
+        {"--json", "FILE"}}},
+      {{"bench", "rollout"},
+       {{"--model", "DIR REQUIRED"},
+        {"--groups", "=32"},
+        {"--group-size", "=8"},
+        {"--prompt-len", "=32"},
+        {"--median-len", "=24"},
+        {"--sigma", "=1"},
+        {"--max-new-tokens", "=256"},
+        {"--max-running", "=64"},
+        {"--block-size", "=16"},
+        {"--max-step-tokens", "=512"},
+        {"--kv-cache-mb", "=0"},
+        {"--temperature", "=1"},
+        {"--seed", "=1"},
+        {"--threads", "=1"},
+        {"--device", "=cpu"},
+        {"--cuda-graphs", "=1"},
+        {"--json", "FILE"}}},
+      {{"bench", "train"},
+       {{"--model", "(default: a random model)"},
+        {"--vocab", "=4096"},
+        {"--hidden", "=256"},
+        {"--layers", "=4"},
+        {"--batch", "=64"},
+        {"--group", "=8"},
+        {"--prompt-len", "=32"},
+        {"--median-len", "=48"},
+        {"--sigma", "=1"},
+        {"--max-len", "=512"},
+        {"--micro-batch", "=0"},
+        {"--dtype", "=float32"},
+        {"--steps", "=3"},
+        {"--rounds", "=2"},
+        {"--threads", "=0"},
+        {"--seed", "=1"},
+        {"--json", "FILE"}}},
+      {{"bench", "memory"},
+       {{"--vocab", "=32768"},
+        {"--hidden", "=256"},
+        {"--layers", "=2"},
+        {"--batch", "=32"},
+        {"--prompt-len", "=32"},
+        {"--median-len", "=64"},
+        {"--max-len", "=512"},
+        {"--chunk", "=1024"},
+        {"--threads", "=1"},
+        {"--configs", "=padded,unchunked,chunked,checkpointed"},
+        {"--json", "FILE"}}},
+      {{"bench", "dp-step"},
+       {{"--ranks", "=2"},
+        {"--vocab", "=4096"},
+        {"--hidden", "=256"},
+        {"--layers", "=4"},
+        {"--batch", "=8"},
+        {"--seq-len", "=64"},
+        {"--micro-batches", "=1"},
+        {"--mini-batches", "=1"},
+        {"--bucket-mb", "=4"},
+        {"--steps", "=5"},
+        {"--rounds", "=3"},
+        {"--threads", "=1"},
+        {"--json", "FILE"}}},
+      {{"bench", "e2e"},
+       {{"--simulate", "simulated workers"},
+        {"--config", "JOB.yaml"},
+        {"--set", "KEY=VALUE"},
+        {"--staleness", "=0,1,2,4"},
+        {"--weight-updates", "=lockstep,between_steps"},
+        {"--steps", "=4"},
+        {"--out", "(default: a temporary directory, removed after)"},
+        {"--json", "FILE"},
+        {"--rollout-workers", "=64"},
+        {"--trainer-workers", "=8"},
+        {"--prompts-per-step", "=256"},
+        {"--group-size", "=8"},
+        {"--max-new-tokens", "=8192"},
+        {"--time-scale", "=0.01"}}},
+      {{"bench", "compare"},
+       {{"A.json", "REQUIRED"}, {"B.json", "REQUIRED"}, {"--threshold", "=0.1"}}},
+      {{"bench", "docs"}, {{"FILE.md", "REQUIRED"}, {"--check", "change nothing"}}},
+      {{"sim-workers"},
+       {{"--controller", "HOST:PORT REQUIRED"},
+        {"--rollout", "=1"},
+        {"--trainer", "=1"},
+        {"--bind-host", "=127.0.0.1"},
+        {"--register-timeout-s", "=60"},
+        {"--time-scale", "=1"}}},
+  };
+  for (Command& c : commands) {
+    if (c.args.back() == "e2e" || c.args.back() == "sim-workers") {
+      c.options.insert(c.options.end(), cost.begin(), cost.end());
+    }
+  }
+  const std::string dir = MakeTempDir("bench_help");
+  for (const Command& c : commands) {
+    std::vector<std::string> args = c.args;
+    args.push_back("--help");
+    const std::string name =
+        "gyre " + (c.args.size() == 2 ? c.args[0] + " " + c.args[1] : c.args[0]);
+    SCOPED_TRACE(name);
+    const auto [rc, help] = RunGyre(args, dir, 30);
+    EXPECT_EQ(rc, 0) << help;
+    EXPECT_EQ(help.rfind("Usage: " + name + " ", 0), 0u) << help;
+    // The help's entries: a line "  OPTION ..." and the lines under it indented further.
+    std::vector<std::string> lines;
+    std::istringstream in(help);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    auto entry = [&](const std::string& option) -> std::string {
+      for (size_t i = 0; i < lines.size(); ++i) {
+        if (lines[i].rfind("  " + option + " ", 0) != 0) continue;
+        std::string text = lines[i];
+        while (i + 1 < lines.size() && lines[i + 1].rfind("    ", 0) == 0) text += lines[++i];
+        return text;
+      }
+      return "";
+    };
+    std::set<std::string> listed;
+    for (const auto& [option, want] : c.options) {
+      listed.insert(option);
+      const std::string text = entry(option);
+      EXPECT_NE(text, "") << option << " is not in the help:\n" << help;
+      EXPECT_NE(text.find(want), std::string::npos) << option << ": " << text;
+    }
+    // Every option the help shows is one of the above: none without a checked default, no
+    // internal ones (--child, --serve-receiver, ...).
+    for (const std::string& line : lines) {
+      if (line.rfind("  --", 0) != 0 || line.rfind("  --help", 0) == 0) continue;
+      const std::string option = line.substr(2, line.find(' ', 2) - 2);
+      EXPECT_TRUE(listed.count(option)) << option << " is not checked";
+    }
+  }
+  (void)RemoveTree(dir);
+}
+
+// `gyre bench` itself lists its subcommands; an unknown or missing one is a usage error.
+TEST(BenchTest, DispatcherHelpAndUsageErrors) {
+  const std::string dir = MakeTempDir("bench_dispatch");
+  auto [rc, help] = RunGyre({"bench", "--help"}, dir, 30);
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(help.rfind("Usage: gyre bench ", 0), 0u) << help;
+  for (const char* sub : {"kernels", "weight-sync", "rollout", "train", "memory", "dp-step", "e2e",
+                          "compare", "docs"}) {
+    EXPECT_NE(help.find(std::string("\n  ") + sub + " "), std::string::npos) << sub << "\n" << help;
+  }
+  auto [rc2, out] = RunGyre({"bench", "nonsense"}, dir, 30);
+  EXPECT_EQ(rc2, 2);
+  EXPECT_EQ(out, "gyre bench: unknown subcommand 'nonsense' (see gyre bench --help)\n");
+  std::tie(rc2, out) = RunGyre({"bench"}, dir, 30);
+  EXPECT_EQ(rc2, 2);
+  EXPECT_NE(out.find("(see gyre bench --help)"), std::string::npos) << out;
+  (void)RemoveTree(dir);
 }
 
 TEST(WorkerTest, WorkerWithoutControllerGivesUpWithAClearError) {
