@@ -47,6 +47,20 @@ std::unique_ptr<CLI::App> NewCommand(const std::string& name, const std::string&
   return app;
 }
 
+namespace {
+
+// "The following argument(s) were not expected: A B", in the order they were given (CLI11's own
+// message lists them last-first when parsing a vector).
+std::string NotExpected(const CLI::App& app) {
+  const std::vector<std::string> extras = app.remaining();
+  std::string what = extras.size() > 1 ? "The following arguments were not expected:"
+                                       : "The following argument was not expected:";
+  for (const std::string& extra : extras) what += " " + extra;
+  return what;
+}
+
+}  // namespace
+
 int ParseCommandLine(CLI::App& app, const std::vector<std::string>& args) {
   // CLI11 takes a vector of arguments last-first.
   std::vector<std::string> reversed(args.rbegin(), args.rend());
@@ -60,12 +74,10 @@ int ParseCommandLine(CLI::App& app, const std::vector<std::string>& args) {
     return 0;
   } catch (const CLI::RequiredError& e) {
     // A misspelt option (--modle) leaves the one meant missing: name what was not understood.
-    const std::vector<std::string> extras = app.remaining();
-    if (extras.empty() || app.get_allow_extras()) return CommandLineError(app, e.what());
-    std::string what = extras.size() > 1 ? "The following arguments were not expected:"
-                                         : "The following argument was not expected:";
-    for (const std::string& extra : extras) what += " " + extra;
-    return CommandLineError(app, what);
+    if (app.remaining().empty() || app.get_allow_extras()) return CommandLineError(app, e.what());
+    return CommandLineError(app, NotExpected(app));
+  } catch (const CLI::ExtrasError&) {
+    return CommandLineError(app, NotExpected(app));
   } catch (const CLI::ParseError& e) {
     return CommandLineError(app, e.what());
   }
