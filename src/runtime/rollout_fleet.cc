@@ -1,38 +1,32 @@
 // The public RolloutFleet (include/gyre/rollout.h), the sample record's names (gyre/sample.h)
-// and the problem stream (gyre/task.h) on top of the controller's pieces: a ControllerService
-// the workers register with, a WorkerPool of rollout workers only, the RolloutScheduler, and a
-// WeightPublisher whose versions come from this process (comm::WeightSender) instead of a
-// trainer worker.
+// and the problem stream (gyre/task.h) on top of the controller's pieces: a controller::Cluster
+// without trainers (the server the workers register with, a pool of rollout workers only, the
+// RolloutScheduler), whose WeightPublisher takes its versions from this process
+// (comm::WeightSender) instead of a trainer worker.
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <set>
 #include <utility>
 
 #include "comm/device_weights.h"
-#include "comm/gloo_communicator.h"
 #include "comm/weight_sender.h"
 #include "common/clock.h"
 #include "common/file_util.h"
 #include "common/logging.h"
-#include "common/subprocess.h"
 #include "config/config.h"
-#include "controller/controller_service.h"
+#include "controller/cluster.h"
 #include "controller/prompts.h"
-#include "controller/rollout_scheduler.h"
 #include "controller/task.h"
-#include "controller/weight_publisher.h"
-#include "controller/worker_pool.h"
 #include "gyre/rollout.h"
 #include "gyre/sample.h"
 #include "gyre/task.h"
 #include "model/hf_config.h"
 #include "model/transformer.h"
 #include "model/weights.h"
-#include "rpc/rpc_util.h"
-#include "rpc/security.h"
 #include "text/text_tokenizer.h"
 #include "text/tokenizer.h"
 
@@ -170,8 +164,9 @@ class RolloutFleet::Impl {
   }
   // Restarted workers (cluster.on_worker_failure: restart) catch up to the current version.
   Status Revive() {
-    if (version_.load() < 0) return pool_->CheckHealth();
-    return pool_->Revive(version_.load(), [this](controller::Worker* w) { return CatchUp(w); });
+    if (version_.load() < 0) return cluster_->pool()->CheckHealth();
+    return cluster_->pool()->Revive(version_.load(),
+                                    [this](controller::Worker* w) { return CatchUp(w); });
   }
   Status CatchUp(controller::Worker* w);
   // The expected manifest: the workers' model's parameters (names, shapes, offsets).
@@ -185,13 +180,8 @@ class RolloutFleet::Impl {
   std::unique_ptr<controller::PromptEncoder> prompts_;
   std::vector<model::TensorEntry> manifest_;
   uint64_t payload_bytes_ = 0;
-  std::unique_ptr<controller::ControllerService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::string address_;
-  std::unique_ptr<comm::StoreServer> store_;
-  std::unique_ptr<controller::WorkerPool> pool_;
-  std::unique_ptr<controller::WeightPublisher> publisher_;
-  std::unique_ptr<controller::RolloutScheduler> scheduler_;
+  // The server, the rollout workers, the publisher and the scheduler (no trainers).
+  std::unique_ptr<controller::Cluster> cluster_;
   // The sending side of publishes and the version being sent (host or device payload).
   comm::WeightSender sender_;
   comm::WeightPayload host_payload_;
@@ -222,68 +212,51 @@ Status RolloutFleet::Impl::Open() {
   GYRE_ASSIGN_OR_RETURN(tokenizer_, text::MakeTextTokenizer(cfg_.model));
   prompts_ = std::make_unique<controller::PromptEncoder>(cfg_, tokenizer_.get());
   GYRE_RETURN_IF_ERROR(BuildManifest().WithContext("model section"));
-  const std::string transport = cfg_.cluster.weight_transport;
-  device_transport_ = transport == "nccl" || transport == "cuda_ipc";
 
   const std::string logs = !opts_.logs_dir.empty()
                                ? opts_.logs_dir
                                : AbsolutePath(cfg_.job.output_dir + "/" + cfg_.job.name + "/logs");
   GYRE_RETURN_IF_ERROR(MakeDirs(logs).WithContext("rollout fleet logs"));
-  GYRE_RETURN_IF_ERROR(rpc::ConfigureJobSecurity(cfg_.cluster));
-  service_ = std::make_unique<controller::ControllerService>(config::DumpJobConfig(cfg_),
-                                                             cfg_.cluster.heartbeat_interval_s,
-                                                             cfg_.cluster.heartbeat_timeout_s);
-  GYRE_ASSIGN_OR_RETURN(server_,
-                        rpc::StartServer(cfg_.cluster.bind_host, cfg_.cluster.controller_port,
-                                         {service_.get()}, &address_));
-  GYRE_LOG_INFO("rollout fleet: workers register at {}; logs in {}", address_, logs);
-  if (transport == "gloo" || transport == "nccl") {
-    GYRE_ASSIGN_OR_RETURN(store_, comm::StoreServer::Start(cfg_.cluster.bind_host));
-  }
-  controller::WorkerPoolOptions po;
-  po.controller_address = address_;
-  po.worker_binary = !opts_.worker_binary.empty()          ? opts_.worker_binary
-                     : !cfg_.cluster.worker_binary.empty() ? cfg_.cluster.worker_binary
-                                                           : SelfExecutable();
-  po.logs_dir = logs;
+  controller::ClusterOptions co;
+  co.logs_dir = logs;
+  co.worker_binary = opts_.worker_binary;
   if (opts_.print_progress) {
-    po.print = [](const std::string& line) {
+    co.print = [](const std::string& line) {
       std::printf("%s\n", line.c_str());
       std::fflush(stdout);
     };
   }
-  po.interrupt_reason = [cancel = opts_.cancel] {
+  co.interrupt_reason = [cancel = opts_.cancel] {
     return cancel && cancel->cancelled() ? "cancelled: " + cancel->reason() : std::string();
   };
-  // The pool runs rollout workers only: the trainer is this process.
-  JobConfig pool_cfg = cfg_;
-  pool_cfg.trainer.workers = 0;
-  pool_ = std::make_unique<controller::WorkerPool>(pool_cfg, service_.get(), std::move(po));
-  controller::LocalWeightSource local;
-  local.host = cfg_.cluster.bind_host;
-  local.send = [this](const v1::PublishWeightsRequest& req, v1::PublishWeightsResponse* resp) {
+  // The rollout workers only: the trainer is this process, which sends its own versions.
+  co.trainers = false;
+  co.local_weights.host = cfg_.cluster.bind_host;
+  co.local_weights.send = [this](const v1::PublishWeightsRequest& req,
+                                 v1::PublishWeightsResponse* resp) {
     return device_transport_ ? sender_.PublishDevice(req, device_payload_, resp)
                              : sender_.PublishHost(req, host_payload_, resp);
   };
-  local.abort = [this](uint64_t publish_id, const std::vector<std::string>& ids) {
+  co.local_weights.abort = [this](uint64_t publish_id, const std::vector<std::string>& ids) {
     sender_.AbortReceivers(publish_id, ids);
   };
-  publisher_ = std::make_unique<controller::WeightPublisher>(
-      pool_cfg, pool_.get(), store_ ? store_->address() : std::string(), std::move(local));
-  scheduler_ = std::make_unique<controller::RolloutScheduler>(pool_cfg, pool_.get());
-  GYRE_RETURN_IF_ERROR(pool_->Start());
-  return pool_->WaitRegistered();
+  co.shutdown_grace_s = 2.0;
+  GYRE_ASSIGN_OR_RETURN(cluster_, controller::Cluster::Start(cfg_, std::move(co)));
+  const controller::WeightTransport transport = cluster_->transport();
+  device_transport_ = transport == controller::WeightTransport::kNccl ||
+                      transport == controller::WeightTransport::kCudaIpc;
+  GYRE_LOG_INFO("rollout fleet: workers register at {}; logs in {}", cluster_->address(), logs);
+  return cluster_->StartWorkers();
 }
 
 void RolloutFleet::Impl::Close() {
   if (closed_.exchange(true)) return;
-  if (pool_) pool_->Shutdown();
-  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (cluster_) cluster_->Shutdown();
 }
 
 Status RolloutFleet::Impl::CatchUp(controller::Worker* w) {
   // The payload of version_ is still in place: PublishWeights keeps it until the next one.
-  return publisher_->CatchUp(w, version_.load());
+  return cluster_->publisher()->CatchUp(w, version_.load());
 }
 
 Status RolloutFleet::Impl::Gather(int64_t version, const WeightSource& source, bool to_device) {
@@ -377,13 +350,13 @@ StatusOr<PublishReport> RolloutFleet::Impl::PublishWeights(int64_t version,
     return InvalidArgument("PublishWeights: version " + std::to_string(version) +
                            " is not newer than the fleet's " + std::to_string(version_.load()));
   }
-  GYRE_RETURN_IF_ERROR(pool_->CheckHealth());
+  GYRE_RETURN_IF_ERROR(cluster_->pool()->CheckHealth());
   const auto t0 = SteadyClock::now();
   GYRE_RETURN_IF_ERROR(Gather(version, source, device_transport_));
   // The payload now holds `version`: a failed publish leaves the fleet unusable, so that no
   // restarted worker is ever caught up with bytes of another version than it is told.
   // (Restarted workers catch up at the next Generate, from this payload.)
-  if (Status s = publisher_->Publish(version); !s.ok()) {
+  if (Status s = cluster_->publisher()->Publish(version); !s.ok()) {
     broken_ = s;
     return s;
   }
@@ -392,7 +365,7 @@ StatusOr<PublishReport> RolloutFleet::Impl::PublishWeights(int64_t version,
   report.version = version;
   report.transport = cfg_.cluster.weight_transport;
   report.bytes = payload_bytes_;
-  for (const auto& [id, outcome] : publisher_->last_outcomes()) {
+  for (const auto& [id, outcome] : cluster_->publisher()->last_outcomes()) {
     WeightReceipt r;
     r.worker = id;
     r.ok = outcome.error.empty();
@@ -441,8 +414,8 @@ StatusOr<std::vector<Sample>> RolloutFleet::Impl::Generate(const std::vector<Pro
   GYRE_RETURN_IF_ERROR(Revive());
   const auto t0 = SteadyClock::now();
   controller::GenerateStats gs;
-  GYRE_ASSIGN_OR_RETURN(auto samples,
-                        scheduler_->GenerateAll(jobs, ToProto(sampling), version_.load(), &gs));
+  GYRE_ASSIGN_OR_RETURN(auto samples, cluster_->scheduler()->GenerateAll(jobs, ToProto(sampling),
+                                                                         version_.load(), &gs));
   if (stats != nullptr) {
     stats->generated_tokens = gs.generated_tokens;
     stats->prefill_tokens = gs.prefill_tokens;
@@ -489,11 +462,15 @@ int64_t RolloutFleet::version() const { return impl_->version_; }
 std::vector<std::string> RolloutFleet::Workers() const {
   std::vector<std::string> ids;
   if (impl_->closed_) return ids;
-  for (const controller::Worker* w : impl_->pool_->AliveRollouts()) ids.push_back(w->id);
+  for (const controller::Worker* w : impl_->cluster_->pool()->AliveRollouts()) {
+    ids.push_back(w->id);
+  }
   return ids;
 }
 
-std::string RolloutFleet::controller_address() const { return impl_->address_; }
+std::string RolloutFleet::controller_address() const {
+  return impl_->cluster_ ? impl_->cluster_->address() : std::string();
+}
 
 StatusOr<std::vector<int32_t>> RolloutFleet::EncodePrompt(const std::string& prompt) const {
   controller::Problem p;
