@@ -112,7 +112,7 @@ TEST_F(SlurmTest, TheQuickstartSubmittedWithGyreLaunchTrainsAndLearns) {
   const double before = summary["accuracy_before_rl"], after = summary["accuracy_after_rl"];
   std::printf("slurm quickstart (job %s): held-out accuracy %.3f -> %.3f (%+.1f points)\n",
               id.c_str(), before, after, 100 * (after - before));
-  EXPECT_GE(after - before, 0.10) << out;
+  EXPECT_GE(after - before, 0.15) << out;  // the quickstart's promise (quickstart_test.cc)
   EXPECT_EQ(summary["slurm_job_id"], id);
   // Three components: the controller's and one step per worker group, on Slurm's nodes.
   const std::string sbatch = ReadFile(*dir_ + "/runs/quickstart/slurm/job.sbatch");
