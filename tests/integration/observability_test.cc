@@ -13,6 +13,7 @@
 #include <set>
 
 #include "integration/run_util.h"
+#include "testing/dependency.h"
 #include "testing/http_get.h"
 #include "testing/png_read.h"
 
@@ -117,7 +118,7 @@ TEST(ObservabilityTest, MetricsReachPrometheusAndTensorBoardThroughAKillAndAResu
       RunShell(std::string(GYRE_PYTHON) + " " + GYRE_SOURCE_DIR +
                    "/tests/integration/tensorboard_read.py " + run + "/tensorboard",
                &rc);
-  if (rc == 77) GTEST_SKIP() << read;
+  if (rc == 77) GYRE_MISSING_DEPENDENCY(kFixPythonReferences) << read;
   ASSERT_EQ(rc, 0) << read;
   const auto tb = nlohmann::json::parse(read.substr(read.rfind("\n{") + 1));
   // Every number of every GRPO record is a scalar at its step, each step exactly once.
@@ -202,7 +203,7 @@ TEST(ObservabilityTest, ALiveStatusLineOnATerminalAndAReportThatRendersInChromiu
   // The report of the terminal run: an HTML page of SVG charts, screenshotted by Chromium.
   int rc = 0;
   if (RunShell("command -v chromium", &rc), rc != 0) {
-    GTEST_SKIP() << "chromium is not installed (Debian package chromium; tools/install-deps.sh)";
+    GYRE_MISSING_DEPENDENCY(kFixDebian) << "chromium (Debian package chromium) is not installed";
   }
   const std::string png = dir + "/report.png";
   const std::string out =

@@ -1,9 +1,9 @@
-// The quickstart as the README runs it: GRPO must raise held-out accuracy by at least 10
+// The quickstart as the README runs it: GRPO must raise held-out accuracy by at least 15
 // points over the warm-up model, from rewards alone, with the default seed, in under 10 min.
-// The run is reproducible on one machine, but libtorch's SIMD path (ATEN_CPU_CAPABILITY)
-// rounds differently, and the trajectory follows: measured on one AMD EPYC, +12.2 points
-// (default), +24.2 (avx2), and over the earlier 15-point bound with avx512 (this machine's
-// own path). The bound holds on all three.
+// The run is reproducible on one machine (two runs give the same accuracies), but libtorch's SIMD
+// path (ATEN_CPU_CAPABILITY) rounds differently, and the trajectory follows. Measured on the
+// 2-core AVX-512 CI host (500 held-out problems, so a point is 5 problems): +17.2 points with its
+// own path (0.484 -> 0.656; the one CI runs), +26.8 with avx2, +23.0 with default.
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 namespace gyre::testing {
 namespace {
 
-TEST(QuickstartTest, GrpoRaisesHeldOutAccuracyByTenPoints) {
+TEST(QuickstartTest, GrpoRaisesHeldOutAccuracyByFifteenPoints) {
   const std::string dir = MakeTempDir("quickstart");
   const auto t0 = std::chrono::steady_clock::now();
   auto p = GyreProcess::Start({"train", std::string(GYRE_SOURCE_DIR) + "/configs/quickstart.yaml",
@@ -27,7 +27,7 @@ TEST(QuickstartTest, GrpoRaisesHeldOutAccuracyByTenPoints) {
   const double before = summary["accuracy_before_rl"], after = summary["accuracy_after_rl"];
   std::printf("quickstart: held-out accuracy %.3f -> %.3f (%+.1f points) in %.0f s\n", before,
               after, 100 * (after - before), wall);
-  EXPECT_GE(after - before, 0.10) << p.Output();
+  EXPECT_GE(after - before, 0.15) << p.Output();
   EXPECT_LT(wall, 600);
 }
 

@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "integration/run_util.h"
+#include "testing/dependency.h"
 
 namespace gyre::testing {
 namespace {
@@ -39,7 +40,8 @@ std::vector<nlohmann::json> Steps(const std::string& metrics_path) {
 
 TEST(RewardServiceTest, AJobScoredByARewardServerMatchesTheBuiltInVerifierThroughAKill) {
   if (std::string(GYRE_SDK_PATH).empty()) {
-    GTEST_SKIP() << GYRE_PYTHON << " has no grpcio/grpcio-tools (tools/install-deps.sh)";
+    GYRE_MISSING_DEPENDENCY(kFixGrpc)
+        << GYRE_PYTHON << " had no grpcio/grpcio-tools when the build was configured";
   }
   const std::string dir = MakeTempDir("reward_service");
   auto builtin_args = ShortJob(dir, "builtin");

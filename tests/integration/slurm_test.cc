@@ -2,13 +2,14 @@
 // slurmctld and three slurmd nodes, started and stopped by the test): the quickstart submitted
 // as a heterogeneous job trains and learns; scancel stops the controller and every worker; a
 // worker whose process dies is reported like a local worker's death and the job goes on. Skips
-// when Slurm is not installed or the test is not root.
+// when Slurm is not installed or the test is not root (fails under CI=true).
 
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "integration/run_util.h"
+#include "testing/dependency.h"
 
 namespace gyre::testing {
 namespace {
@@ -35,7 +36,8 @@ class SlurmTest : public ::testing::Test {
   void SetUp() override {
     if (skip_ != nullptr) {
       if (skip_->find("slurm-local:") == 0 && skip_->find("failed") == std::string::npos) {
-        GTEST_SKIP() << *skip_;
+        GYRE_MISSING_DEPENDENCY(skip_->find("root") != std::string::npos ? kFixRoot : kFixDebian)
+            << *skip_;
       }
       FAIL() << *skip_;
     }
@@ -110,7 +112,7 @@ TEST_F(SlurmTest, TheQuickstartSubmittedWithGyreLaunchTrainsAndLearns) {
   const double before = summary["accuracy_before_rl"], after = summary["accuracy_after_rl"];
   std::printf("slurm quickstart (job %s): held-out accuracy %.3f -> %.3f (%+.1f points)\n",
               id.c_str(), before, after, 100 * (after - before));
-  EXPECT_GE(after - before, 0.10) << out;
+  EXPECT_GE(after - before, 0.15) << out;  // the quickstart's promise (quickstart_test.cc)
   EXPECT_EQ(summary["slurm_job_id"], id);
   // Three components: the controller's and one step per worker group, on Slurm's nodes.
   const std::string sbatch = ReadFile(*dir_ + "/runs/quickstart/slurm/job.sbatch");

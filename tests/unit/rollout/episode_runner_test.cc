@@ -18,6 +18,7 @@
 #include "agent/service_supervisor.h"
 #include "model/transformer.h"
 #include "rollout/rollout_service.h"
+#include "testing/dependency.h"
 #include "testing/tiny_model.h"
 #include "text/jinja.h"
 #include "text/tokenizer.h"
@@ -41,7 +42,8 @@ class EpisodeRunnerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (std::string(GYRE_SDK_PATH).empty()) {
-      GTEST_SKIP() << GYRE_PYTHON << " has no grpcio/grpcio-tools (tools/install-deps.sh)";
+      GYRE_MISSING_DEPENDENCY(::gyre::testing::kFixGrpc)
+          << GYRE_PYTHON << " had no grpcio/grpcio-tools when the build was configured";
     }
     char tmpl[] = "/tmp/gyre-episodes-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);

