@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything Gyre needs to build and test, and nothing twice.
 #
-#   tools/install-deps.sh            # Debian packages + the shared Python venv with torch
+#   tools/install-deps.sh               # everything: build, run and test (./dev test, CI)
+#   tools/install-deps.sh --build-only  # what building and running the gyre executable needs:
+#                                       # no test-only tools or Python reference packages
+#                                       # (./dev quickstart)
 #   GYRE_VENV=/path tools/install-deps.sh
 #
 # Debian 12 packages come from apt (run as root, or with sudo available); among them clang and its
@@ -32,19 +35,41 @@ set -euo pipefail
 TORCH_VERSION="${GYRE_TORCH_VERSION:-2.11.0}"
 VENV="${GYRE_VENV:-${HOME}/.cache/gyre/venv}"
 
-APT_PACKAGES=(
-  build-essential cmake ninja-build ccache pkg-config git clang-format python3 python3-venv
+BUILD_ONLY=0
+for arg in "$@"; do
+  case "${arg}" in
+    --build-only) BUILD_ONLY=1 ;;
+    -h | --help)
+      sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *)
+      echo "install-deps: unknown argument '${arg}' (see tools/install-deps.sh --help)" >&2
+      exit 2
+      ;;
+  esac
+done
+
+# What the build (with its test targets configured) and the gyre executable need.
+BUILD_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git python3 python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   libpcre2-dev libutf8proc-dev
   libgloo-dev libsqlite3-dev
-  clang libclang-rt-14-dev xz-utils
-  bubblewrap iproute2
-  prometheus-cpp-dev libmicrohttpd-dev prometheus chromium openssl
+  prometheus-cpp-dev libmicrohttpd-dev openssl
   libisal-dev libcurl4-openssl-dev libpng-dev
+)
+# What only the tests, the fuzzers and the format check use.
+TEST_PACKAGES=(
+  clang-format clang libclang-rt-14-dev xz-utils
+  bubblewrap iproute2
+  prometheus chromium
   slurm-wlm munge
 )
+APT_PACKAGES=("${BUILD_PACKAGES[@]}")
+((BUILD_ONLY)) || APT_PACKAGES+=("${TEST_PACKAGES[@]}")
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }
 # die WHAT HOW: what could not be done, and how to fix it.
@@ -128,6 +153,10 @@ else
   log "torch ${TORCH_VERSION}: present"
 fi
 phase_done torch
+if ((BUILD_ONLY)); then
+  log "done (--build-only: test tools and reference packages not installed)"
+  exit 0
+fi
 
 # The SDK's dependencies (python/gyre_env): required, its tests run in CI. setuptools stays
 # below 82, which torch requires and grpcio-tools would otherwise upgrade past.
