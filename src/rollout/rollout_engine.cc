@@ -433,16 +433,28 @@ void RolloutEngine::CountGroupDone(const Seq& s) {
   }
 }
 
+// One engine step, in stages: schedule the step's work (ScheduleStep), one forward over it
+// (ForwardStep), one token per sample (SampleStep), then append, fork and retire (AdvanceStep).
 StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
-  std::vector<SampleResult> done;
-  if (idle()) return done;
+  if (idle()) return std::vector<SampleResult>{};
   c10::InferenceMode guard;
-  struct Work {
-    Seq* seq;
-    int64_t first;
-    int64_t count;
-  };
-  std::vector<Work> work;
+  const std::vector<StepWork> work = ScheduleStep();
+  if (work.empty()) {
+    return Internal("rollout engine made no progress: " + std::to_string(waiting_.size()) +
+                    " waiting, " + std::to_string(running_.size()) + " running, " +
+                    std::to_string(allocator_.free_blocks()) + " free blocks");
+  }
+  std::vector<Seq*> sampled;
+  const at::Tensor logits = ForwardStep(work, &sampled);
+  GYRE_ASSIGN_OR_RETURN(const ops::SampleOutput drawn, SampleStep(logits, sampled));
+  std::vector<SampleResult> done = AdvanceStep(sampled, drawn);
+  ++stats_.steps;
+  stats_.block_steps += static_cast<double>(allocator_.used_blocks());
+  return done;
+}
+
+std::vector<RolloutEngine::StepWork> RolloutEngine::ScheduleStep() {
+  std::vector<StepWork> work;
   int64_t budget = config_.max_step_tokens;
 
   // 1. Decodes: every running sequence with one pending token, oldest first. A sequence that
@@ -496,23 +508,21 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
       }
     }
   }
-  if (work.empty()) {
-    return Internal("rollout engine made no progress: " + std::to_string(waiting_.size()) +
-                    " waiting, " + std::to_string(running_.size()) + " running, " +
-                    std::to_string(allocator_.free_blocks()) + " free blocks");
-  }
+  return work;
+}
 
+at::Tensor RolloutEngine::ForwardStep(const std::vector<StepWork>& work,
+                                      std::vector<Seq*>* sampled) {
   // 4. The flattened batch.
   const int64_t bs = config_.block_size;
   std::vector<int64_t> toks, pos, slots, qlens, clens, logit_rows;
-  std::vector<Seq*> sampled;  // sequences whose last context token is in this step
   int64_t max_blocks = 1;
-  for (const Work& w : work) {
+  for (const StepWork& w : work) {
     max_blocks = std::max(max_blocks, static_cast<int64_t>(w.seq->blocks.size()));
   }
   std::vector<int64_t> tables(work.size() * static_cast<size_t>(max_blocks), 0);
   for (size_t i = 0; i < work.size(); ++i) {
-    const Work& w = work[i];
+    const StepWork& w = work[i];
     Seq* s = w.seq;
     std::copy(s->blocks.begin(), s->blocks.end(), tables.begin() + i * max_blocks);
     for (int64_t p = w.first; p < w.first + w.count; ++p) {
@@ -522,9 +532,9 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
     }
     qlens.push_back(w.count);
     clens.push_back(w.first + w.count);
-    if (w.first + w.count == s->len()) {
+    if (w.first + w.count == s->len()) {  // its last context token is in this step: sampled
       logit_rows.push_back(static_cast<int64_t>(toks.size()) - 1);
-      sampled.push_back(s);
+      sampled->push_back(s);
     }
     if (w.count == 1 && s->pending() == 1) {
       stats_.decode_tokens += 1;
@@ -560,8 +570,12 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
     logits = model_->ForwardPaged(batch, &cache_);
   }
   stats_.forward_seconds += Since(t_fwd);
-  for (const Work& w : work) w.seq->computed = w.first + w.count;
+  for (const StepWork& w : work) w.seq->computed = w.first + w.count;
+  return logits;
+}
 
+StatusOr<ops::SampleOutput> RolloutEngine::SampleStep(const at::Tensor& logits,
+                                                      const std::vector<Seq*>& sampled) {
   // 5. Sampling: one row per sample (a fork parent's row serves each of its samples).
   std::vector<kernels::SamplingRowParams> params;
   std::vector<int64_t> row_of;
@@ -578,22 +592,28 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
     repeated = repeated || s->fork_n > 1;
   }
   const auto t_sample = Clock::now();
-  at::Tensor rows =
-      repeated ? logits.index_select(0, at::tensor(row_of, lopts).to(device)) : logits;
+  const at::Tensor rows =
+      repeated
+          ? logits.index_select(
+                0, at::tensor(row_of, at::TensorOptions().dtype(at::kLong)).to(logits.device()))
+          : logits;
   auto drawn = ops::SampleRows(rows, params);
   stats_.sample_seconds += Since(t_sample);
-  if (!drawn.ok()) return drawn.status();
+  return drawn;
+}
 
+std::vector<SampleResult> RolloutEngine::AdvanceStep(const std::vector<Seq*>& sampled,
+                                                     const ops::SampleOutput& drawn) {
   // 6. Append tokens, fork groups, retire finished samples.
   std::vector<Seq*> finished_seqs;
   std::vector<std::unique_ptr<Seq>> children;
   size_t row = 0;
   for (Seq* s : sampled) {
     if (s->fork_n == 1) {
-      s->tokens.push_back(drawn->tokens[row]);
-      s->response.tokens.push_back(drawn->tokens[row]);
-      s->response.logprobs.push_back(drawn->logprobs[row]);
-      s->response.kept_mass.push_back(drawn->kept_mass[row]);
+      s->tokens.push_back(drawn.tokens[row]);
+      s->response.tokens.push_back(drawn.tokens[row]);
+      s->response.logprobs.push_back(drawn.logprobs[row]);
+      s->response.kept_mass.push_back(drawn.kept_mass[row]);
       s->response.versions.push_back(version_);
       ++row;
       ++stats_.generated_tokens;
@@ -608,11 +628,11 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
       c->index = s->index + static_cast<int32_t>(k);
       c->seed = s->seed + static_cast<uint64_t>(k);
       c->tokens = s->tokens;
-      c->tokens.push_back(drawn->tokens[row]);
+      c->tokens.push_back(drawn.tokens[row]);
       c->prompt_len = s->prompt_len;
-      c->response.tokens = {drawn->tokens[row]};
-      c->response.logprobs = {drawn->logprobs[row]};
-      c->response.kept_mass = {drawn->kept_mass[row]};
+      c->response.tokens = {drawn.tokens[row]};
+      c->response.logprobs = {drawn.logprobs[row]};
+      c->response.kept_mass = {drawn.kept_mass[row]};
       c->response.versions = {version_};
       c->max_new = s->fork_max_new[k];
       c->computed = s->computed;
@@ -631,40 +651,45 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
     s->blocks.clear();  // the samples own the references now
     s->fork_n = 0;      // marks the parent for removal below
   }
-  // Replace each fork parent by its samples, in place (they inherit its admission order).
-  if (!children.empty()) {
-    std::vector<std::unique_ptr<Seq>> next;
-    size_t c = 0;
-    for (auto& s : running_) {
-      if (s->fork_n != 0) {
-        next.push_back(std::move(s));
-        continue;
-      }
-      const size_t n = s->fork_max_new.size();
-      for (size_t k = 0; k < n; ++k) next.push_back(std::move(children[c++]));
+  if (!children.empty()) ReplaceForkParents(&children);
+  return RetireFinished(finished_seqs);
+}
+
+void RolloutEngine::ReplaceForkParents(std::vector<std::unique_ptr<Seq>>* children) {
+  // Each fork parent (fork_n == 0) is replaced by its samples, in place (they inherit its
+  // admission order).
+  std::vector<std::unique_ptr<Seq>> next;
+  size_t c = 0;
+  for (auto& s : running_) {
+    if (s->fork_n != 0) {
+      next.push_back(std::move(s));
+      continue;
     }
-    running_ = std::move(next);
+    const size_t n = s->fork_max_new.size();
+    for (size_t k = 0; k < n; ++k) next.push_back(std::move((*children)[c++]));
   }
-  if (!finished_seqs.empty()) {
-    std::vector<std::unique_ptr<Seq>> next;
-    for (auto& s : running_) {
-      if (std::find(finished_seqs.begin(), finished_seqs.end(), s.get()) == finished_seqs.end()) {
-        next.push_back(std::move(s));
-        continue;
-      }
-      CountGroupDone(*s);
-      done.push_back(MakeResult(s.get(), true));
-      if (s->req->park_on_finish) {
-        Park(s.get());  // a continuation (the next turn) adopts it
-      } else {
-        ReleaseBlocks(s.get());
-      }
-      ++stats_.finished_samples;
+  running_ = std::move(next);
+}
+
+std::vector<SampleResult> RolloutEngine::RetireFinished(const std::vector<Seq*>& finished) {
+  std::vector<SampleResult> done;
+  if (finished.empty()) return done;
+  std::vector<std::unique_ptr<Seq>> next;
+  for (auto& s : running_) {
+    if (std::find(finished.begin(), finished.end(), s.get()) == finished.end()) {
+      next.push_back(std::move(s));
+      continue;
     }
-    running_ = std::move(next);
+    CountGroupDone(*s);
+    done.push_back(MakeResult(s.get(), true));
+    if (s->req->park_on_finish) {
+      Park(s.get());  // a continuation (the next turn) adopts it
+    } else {
+      ReleaseBlocks(s.get());
+    }
+    ++stats_.finished_samples;
   }
-  ++stats_.steps;
-  stats_.block_steps += static_cast<double>(allocator_.used_blocks());
+  running_ = std::move(next);
   return done;
 }
 

@@ -36,6 +36,7 @@
 
 #include "gyre/status.h"
 #include "model/transformer.h"
+#include "ops/ops.h"
 #include "rollout/block_allocator.h"
 #include "rollout/decode_graphs.h"
 
@@ -218,6 +219,29 @@ class RolloutEngine {
     std::vector<int32_t> blocks;
   };
   RolloutEngine(const model::Transformer* model, const EngineConfig& config);
+
+  // Step()'s stages, in order. StepWork: the context positions [first, first + count) of one
+  // sequence computed this step.
+  struct StepWork {
+    Seq* seq;
+    int64_t first;
+    int64_t count;
+  };
+  // Decodes (preempting the newest sequence when blocks run out), prefill chunks, then
+  // admissions, within the step's token budget. Empty when nothing could make progress.
+  std::vector<StepWork> ScheduleStep();
+  // One forward over the flattened work (a CUDA graph replay when it fits); *sampled gets the
+  // sequences whose last context token was computed, in the order of the logits' rows.
+  at::Tensor ForwardStep(const std::vector<StepWork>& work, std::vector<Seq*>* sampled);
+  // One token per sample (a fork parent's row serves each of its samples).
+  StatusOr<ops::SampleOutput> SampleStep(const at::Tensor& logits,
+                                         const std::vector<Seq*>& sampled);
+  // Appends the drawn tokens, forks groups into their samples, retires finished samples (which
+  // it returns).
+  std::vector<SampleResult> AdvanceStep(const std::vector<Seq*>& sampled,
+                                        const ops::SampleOutput& drawn);
+  void ReplaceForkParents(std::vector<std::unique_ptr<Seq>>* children);
+  std::vector<SampleResult> RetireFinished(const std::vector<Seq*>& finished);
 
   Status Validate(const Request& r, size_t index) const;
   bool TryAdmit(Seq* s);

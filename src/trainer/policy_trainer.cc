@@ -1031,64 +1031,127 @@ StatusOr<double> PolicyTrainer::M2poThresholdOf(const std::vector<TrainSample>& 
   return kernels::M2poThreshold(all.data(), all.size(), tau);
 }
 
-StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
-    const std::vector<TrainSample>& batch, Objective objective, double lr,
-    const TrainOptions& options, int64_t proximal_version) {
-  // Batch-wide denominators: every micro-batch divides by the same numbers.
+// What a step's micro-batches add up, then the ranks sum (OptimizerStep's stages).
+struct StepSums {
+  double loss = 0, clip = 0, kl = 0, entropy = 0, correct = 0;
+  double weight = 0, corr_masked = 0;  // the behaviour weight's, over masked tokens
+  double ref_kl = 0;  // the KL term, aggregated like the loss (global denominators)
+  // Rollout-vs-trainer mismatch of the same tokens (policy gradient): d = logp_old -
+  // logp_rollout per token, w = exp(d). Sums of tokens, |d|, [w outside 0.9..1.1], w - 1 - d, w,
+  // w^2.
+  double mismatch[6] = {0, 0, 0, 0, 0, 0};
+  double shard_sq = 0;           // sharded: this rank's part of the squared gradient norm
+  double computed = 0, pad = 0;  // positions run through the model, padding among them
+};
+
+// The step's loss settings: the batch-wide denominators every micro-batch divides by (global
+// over the data-parallel ranks) and the registered loss, if the job names one.
+struct StepPlan {
   double total_tokens = 0, total_seqs = 0;
+  kernels::PolicyLossParams loss;
+  const TokenLossFn* user_loss = nullptr;
+};
+
+namespace {
+
+// The proximal policy's log-probs of a policy-gradient micro-batch (TrainOptions::proximal), from
+// the trainer's own before the update (`trainer_lp`). Recomputed: with one optimizer step per
+// batch it is the current one.
+at::Tensor ProximalLogprobs(const MicroBatch& mb, const at::Tensor& trainer_lp,
+                            const TrainOptions& options, bool loglinear) {
+  if (options.proximal == Proximal::kBehaviour) return mb.rollout_lp;
+  if (loglinear && !mb.has_old) {
+    at::NoGradGuard ng;
+    return mb.rollout_lp + mb.alpha * (trainer_lp - mb.rollout_lp);
+  }
+  return trainer_lp;
+}
+
+// The mismatch telemetry of one micro-batch (StepSums::mismatch), on the model's device: the
+// trainer's own log-probs (before this update) against the rollout's.
+at::Tensor MismatchSums(const MicroBatch& mb, const at::Tensor& trainer_lp) {
+  at::NoGradGuard ng;
+  const at::Tensor& m = mb.rollout_mask;
+  at::Tensor d = (trainer_lp - mb.rollout_lp).masked_fill(m == 0, 0.0);
+  at::Tensor w = d.exp();
+  return at::stack({m.sum(), (d.abs() * m).sum(),
+                    (((w < 0.9) | (w > 1.1)).to(at::kFloat) * m).sum(), ((w - 1.0 - d) * m).sum(),
+                    (w * m).sum(), (w * w * m).sum()})
+      .to(at::kDouble);
+}
+
+// A registered loss's term of one micro-batch, aggregated with the loss's weights (a scalar with
+// its graph); InvalidArgument when the function returns the wrong shape.
+StatusOr<at::Tensor> UserLossTerm(const TokenLossFn& fn, const std::string& name,
+                                  const MicroBatch& mb, const at::Tensor& logp,
+                                  const at::Tensor& old, const TrainOptions& options,
+                                  const kernels::PolicyLossParams& loss) {
+  TokenLossInputs in;
+  in.logp = logp;
+  in.logp_old = old.detach();
+  in.logp_rollout = mb.rollout_lp;
+  in.advantages = mb.adv;
+  in.mask = mb.mask;
+  in.clip_eps_low = options.loss.clip_eps_low;
+  in.clip_eps_high = options.loss.clip_eps_high;
+  at::Tensor per_token = fn(in);
+  if (!per_token.defined() || per_token.sizes() != logp.sizes()) {
+    return InvalidArgument("algorithm.policy_loss '" + name + "' returned a tensor of shape " +
+                           (per_token.defined() ? c10::str(per_token.sizes()) : "undefined") +
+                           ", expected one loss per token " + c10::str(logp.sizes()));
+  }
+  // Masked-out tokens may hold anything: select, do not multiply (0 * inf is NaN).
+  return (at::where(mb.mask != 0, per_token, at::zeros_like(per_token)) * mb.mask *
+          AggregationScale(mb.mask, loss))
+      .sum();
+}
+
+}  // namespace
+
+StatusOr<StepPlan> PolicyTrainer::PlanStep(const std::vector<TrainSample>& batch,
+                                           Objective objective, const TrainOptions& options) {
+  StepPlan plan;
   for (const auto& s : batch) {
     double m = 0;
     for (size_t t = 0; t < s.response.size(); ++t) m += s.loss_mask.empty() ? 1.0 : s.loss_mask[t];
-    total_tokens += m;
-    if (m > 0) total_seqs += 1;
+    plan.total_tokens += m;
+    if (m > 0) plan.total_seqs += 1;
   }
-  {
-    // Data parallel: the denominators are those of the global batch. totals[2] counts the ranks:
-    // without a missing rank's tokens the denominators are wrong, and a rank whose part of this
-    // mini-batch is fully masked would skip it below and never reach the metrics' count.
-    double totals[3] = {total_tokens, total_seqs, 1.0};
-    GYRE_RETURN_IF_ERROR(AllReduce(totals, 3).WithContext("data-parallel denominators"));
-    GYRE_RETURN_IF_ERROR(CheckAllRanksTookPart(totals[2]));
-    total_tokens = totals[0];
-    total_seqs = totals[1];
+  // Data parallel: the denominators are those of the global batch. totals[2] counts the ranks:
+  // without a missing rank's tokens the denominators are wrong, and a rank whose part of this
+  // mini-batch is fully masked would skip it below and never reach the metrics' count.
+  double totals[3] = {plan.total_tokens, plan.total_seqs, 1.0};
+  GYRE_RETURN_IF_ERROR(AllReduce(totals, 3).WithContext("data-parallel denominators"));
+  GYRE_RETURN_IF_ERROR(CheckAllRanksTookPart(totals[2]));
+  plan.total_tokens = totals[0];
+  plan.total_seqs = totals[1];
+  if (plan.total_tokens <= 0) {
+    return InvalidArgument("training batch has no unmasked response tokens");
   }
-  if (total_tokens <= 0) return InvalidArgument("training batch has no unmasked response tokens");
-
-  kernels::PolicyLossParams loss_params = options.loss;
-  loss_params.global_tokens = total_tokens;
-  loss_params.global_seqs = total_seqs;
-  const TokenLossFn* user_loss = nullptr;
+  plan.loss = options.loss;
+  plan.loss.global_tokens = plan.total_tokens;
+  plan.loss.global_seqs = plan.total_seqs;
   if (objective == Objective::kPolicyGradient && !options.user_loss.empty()) {
-    user_loss = FindUserPolicyLoss(options.user_loss);
-    if (user_loss == nullptr) {
+    plan.user_loss = FindUserPolicyLoss(options.user_loss);
+    if (plan.user_loss == nullptr) {
       return FailedPrecondition(
           "algorithm.policy_loss '" + options.user_loss +
           "' is not registered in this trainer process: the program the workers run must call "
           "gyre::RegisterPolicyLoss before gyre::MaybeRunWorker");
     }
   }
+  return plan;
+}
 
-  BeginGradients();
-  // If backward throws after the reducer was armed, wait for its communication thread before
-  // the exception leaves the step (it must not touch the communicator or gradients after that).
-  struct CancelOnExit {
-    GradReducer* reducer;
-    ~CancelOnExit() {
-      if (reducer != nullptr) reducer->Cancel();
-    }
-  } cancel_on_exit{reducer_.get()};
-  double loss_sum = 0, clip_sum = 0, kl_sum = 0, entropy_sum = 0, correct = 0;
-  double weight_sum = 0, corr_masked_sum = 0;  // the behaviour weight's, over masked tokens
-  double ref_kl_sum = 0;  // the KL term, aggregated like the loss (global denominators)
+Status PolicyTrainer::RunMicroBatches(const std::vector<TrainSample>& batch, Objective objective,
+                                      const TrainOptions& options, const StepPlan& plan,
+                                      int64_t proximal_version, StepSums* sums) {
   const bool loglinear = objective == Objective::kPolicyGradient &&
                          options.proximal == Proximal::kLogLinear && version_ > proximal_version;
-  // Rollout-vs-trainer mismatch of the same tokens (policy gradient): d = logp_old - logp_rollout
-  // per token, w = exp(d). Sums of tokens, |d|, [w outside 0.9..1.1], w - 1 - d, w, w^2.
-  // Summed on the model's device and read once after the loop (one host sync, not six per
-  // micro-batch).
-  double mm[6] = {0, 0, 0, 0, 0, 0};
-  at::Tensor mm_acc;
-  int64_t computed = 0, pad = 0;  // this rank's positions run through the model
+  // The mismatch sums stay on the model's device and are read once after the loop (one host
+  // sync, not six per micro-batch).
+  at::Tensor mismatch;
+  int64_t computed = 0, pad = 0;
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, options.micro_batch_size));
   for (size_t start = 0; start < batch.size(); start += step) {
     const size_t end = std::min(batch.size(), start + step);
@@ -1105,111 +1168,78 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     const ResponseStats stats =
         ResponseTokenStats(InDtype(*model_, compute_dtype_, &cast), mb, temp, chunk_tokens_, bonus);
     at::Tensor logp = stats.logp;  // [S, R]
-    at::Tensor entropy_with_grad = bonus ? stats.entropy : at::Tensor();
     {
       at::NoGradGuard ng;
-      entropy_sum += (stats.entropy.detach() * mb.mask).sum().item<double>();
-      correct += (stats.argmax_ok * mb.mask).sum().item<double>();
+      sums->entropy += (stats.entropy.detach() * mb.mask).sum().item<double>();
+      sums->correct += (stats.argmax_ok * mb.mask).sum().item<double>();
     }
     // The last micro-batch's backward all-reduces gradient buckets as they complete.
     const bool last = end == batch.size();
     if (objective == Objective::kSft) {
-      at::Tensor loss = -(logp * mb.mask).sum() / total_tokens;
+      at::Tensor loss = -(logp * mb.mask).sum() / plan.total_tokens;
       if (last && reducer_ != nullptr) reducer_->Arm();
       loss.backward();
-      loss_sum += loss.item<double>();
-    } else {
-      // The proximal policy (TrainOptions::proximal). Recomputed: with one optimizer step per
-      // batch it is the current one.
-      at::Tensor trainer_lp = mb.has_old ? mb.old_lp : logp.detach();
-      at::Tensor old;
-      if (options.proximal == Proximal::kBehaviour) {
-        old = mb.rollout_lp;
-      } else if (loglinear && !mb.has_old) {
-        at::NoGradGuard ng;
-        old = mb.rollout_lp + mb.alpha * (trainer_lp - mb.rollout_lp);
-      } else {
-        old = trainer_lp;
-      }
-      {
-        // Telemetry compares the trainer's own log-probs (before this update) with the rollout's.
-        at::NoGradGuard ng;
-        const at::Tensor& m = mb.rollout_mask;
-        at::Tensor d = (trainer_lp - mb.rollout_lp).masked_fill(m == 0, 0.0);
-        at::Tensor w = d.exp();
-        at::Tensor part = at::stack({m.sum(), (d.abs() * m).sum(),
-                                     (((w < 0.9) | (w > 1.1)).to(at::kFloat) * m).sum(),
-                                     ((w - 1.0 - d) * m).sum(), (w * m).sum(), (w * w * m).sum()})
-                              .to(at::kDouble);
-        mm_acc = mm_acc.defined() ? mm_acc + part : part;
-      }
-      at::Tensor ref_lp;
-      if (options.loss.kl != kernels::KlKind::kNone) {
-        if (reference_ == nullptr) return FailedPrecondition("the KL term has no reference policy");
-        at::NoGradGuard ng;
-        ref_lp = ResponseLogprobs(ComputeReference(), mb, temp, chunk_tokens_);
-      }
-      // A registered loss replaces the kernel's policy term: the kernel then runs with zero
-      // advantages, which leaves it the KL term and the behaviour-weight statistics.
-      GYRE_ASSIGN_OR_RETURN(
-          ops::PolicyLossResult r,
-          ops::PolicyLoss(
-              logp, old,
-              options.loss.correction != kernels::Correction::kNone ? mb.rollout_lp : at::Tensor(),
-              ref_lp, user_loss != nullptr ? at::zeros_like(mb.adv) : mb.adv, mb.mask,
-              loss_params));
-      at::Tensor user_term;
-      if (user_loss != nullptr) {
-        TokenLossInputs in;
-        in.logp = logp;
-        in.logp_old = old.detach();
-        in.logp_rollout = mb.rollout_lp;
-        in.advantages = mb.adv;
-        in.mask = mb.mask;
-        in.clip_eps_low = options.loss.clip_eps_low;
-        in.clip_eps_high = options.loss.clip_eps_high;
-        at::Tensor per_token = (*user_loss)(in);
-        if (!per_token.defined() || per_token.sizes() != logp.sizes()) {
-          return InvalidArgument("algorithm.policy_loss '" + options.user_loss +
-                                 "' returned a tensor of shape " +
-                                 (per_token.defined() ? c10::str(per_token.sizes()) : "undefined") +
-                                 ", expected one loss per token " + c10::str(logp.sizes()));
-        }
-        // Masked-out tokens may hold anything: select, do not multiply (0 * inf is NaN).
-        user_term = (at::where(mb.mask != 0, per_token, at::zeros_like(per_token)) * mb.mask *
-                     AggregationScale(mb.mask, loss_params))
-                        .sum();
-      }
-      ref_kl_sum += r.stats.kl;
-      if (last && reducer_ != nullptr) reducer_->Arm();
-      if (bonus || user_term.defined()) {
-        // One backward for every term: d/d logp of sum(logp * g) is the kernel's gradient g.
-        at::Tensor surrogate = (logp * r.grad_logp).sum();
-        if (user_term.defined()) {
-          surrogate = surrogate + user_term;
-          loss_sum += user_term.item<double>();
-        }
-        if (bonus) {
-          at::Tensor agg =
-              (entropy_with_grad * mb.mask * AggregationScale(mb.mask, loss_params)).sum();
-          surrogate = surrogate - options.entropy_coef * agg;
-          loss_sum -= options.entropy_coef * agg.item<double>();
-        }
-        surrogate.backward();
-      } else {
-        logp.backward(r.grad_logp);
-      }
-      loss_sum += r.stats.loss;
-      clip_sum += r.stats.clip_frac * r.stats.tokens;
-      kl_sum += r.stats.approx_kl * r.stats.tokens;
-      weight_sum += r.stats.tis_mean * r.stats.tokens;
-      corr_masked_sum += r.stats.corr_masked_frac * r.stats.tokens;
+      sums->loss += loss.item<double>();
+      continue;
     }
+    const at::Tensor trainer_lp = mb.has_old ? mb.old_lp : logp.detach();
+    const at::Tensor old = ProximalLogprobs(mb, trainer_lp, options, loglinear);
+    const at::Tensor part = MismatchSums(mb, trainer_lp);
+    mismatch = mismatch.defined() ? mismatch + part : part;
+    at::Tensor ref_lp;
+    if (options.loss.kl != kernels::KlKind::kNone) {
+      if (reference_ == nullptr) return FailedPrecondition("the KL term has no reference policy");
+      at::NoGradGuard ng;
+      ref_lp = ResponseLogprobs(ComputeReference(), mb, temp, chunk_tokens_);
+    }
+    // A registered loss replaces the kernel's policy term: the kernel then runs with zero
+    // advantages, which leaves it the KL term and the behaviour-weight statistics.
+    GYRE_ASSIGN_OR_RETURN(
+        ops::PolicyLossResult r,
+        ops::PolicyLoss(
+            logp, old,
+            options.loss.correction != kernels::Correction::kNone ? mb.rollout_lp : at::Tensor(),
+            ref_lp, plan.user_loss != nullptr ? at::zeros_like(mb.adv) : mb.adv, mb.mask,
+            plan.loss));
+    at::Tensor user_term;
+    if (plan.user_loss != nullptr) {
+      GYRE_ASSIGN_OR_RETURN(user_term, UserLossTerm(*plan.user_loss, options.user_loss, mb, logp,
+                                                    old, options, plan.loss));
+    }
+    sums->ref_kl += r.stats.kl;
+    if (last && reducer_ != nullptr) reducer_->Arm();
+    if (bonus || user_term.defined()) {
+      // One backward for every term: d/d logp of sum(logp * g) is the kernel's gradient g.
+      at::Tensor surrogate = (logp * r.grad_logp).sum();
+      if (user_term.defined()) {
+        surrogate = surrogate + user_term;
+        sums->loss += user_term.item<double>();
+      }
+      if (bonus) {
+        at::Tensor agg = (stats.entropy * mb.mask * AggregationScale(mb.mask, plan.loss)).sum();
+        surrogate = surrogate - options.entropy_coef * agg;
+        sums->loss -= options.entropy_coef * agg.item<double>();
+      }
+      surrogate.backward();
+    } else {
+      logp.backward(r.grad_logp);
+    }
+    sums->loss += r.stats.loss;
+    sums->clip += r.stats.clip_frac * r.stats.tokens;
+    sums->kl += r.stats.approx_kl * r.stats.tokens;
+    sums->weight += r.stats.tis_mean * r.stats.tokens;
+    sums->corr_masked += r.stats.corr_masked_frac * r.stats.tokens;
   }
-  if (mm_acc.defined()) {
-    at::Tensor host = mm_acc.cpu();
-    for (int i = 0; i < 6; ++i) mm[i] = host[i].item<double>();
+  if (mismatch.defined()) {
+    at::Tensor host = mismatch.cpu();
+    for (int i = 0; i < 6; ++i) sums->mismatch[i] = host[i].item<double>();
   }
+  sums->computed = static_cast<double>(computed);
+  sums->pad = static_cast<double>(pad);
+  return Status::Ok();
+}
+
+Status PolicyTrainer::SumAcrossRanks(StepSums* sums) {
   if (reducer_ != nullptr) {
     // Every rank gets here, also one with an empty shard (no backward at all): its gradients are
     // zeros, and it joins every bucket's collective.
@@ -1217,61 +1247,42 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
         reducer_->overlap() ? "data-parallel gradient all-reduce (overlapped with backward)"
                             : "data-parallel gradient all-reduce"));
   }
-  // Positions the group's training forwards ran on, padding among them (summed over ranks below).
-  double computed_sum = static_cast<double>(computed), pad_sum = static_cast<double>(pad);
   // Sharded: this rank's slice of the summed gradient, and its part of the squared norm.
-  double shard_sq = 0;
   if (sharded_) {
     Status reduced = sharded_->ReduceGradients(dp_, dp_timeout_s_);
     if (!reduced.ok()) {
       DropGradients();
       return reduced.WithContext("data-parallel gradient reduce-scatter");
     }
-    shard_sq = sharded_->LocalSquaredNorm();
+    sums->shard_sq = sharded_->LocalSquaredNorm();
   }
-  {
-    // sums[5] counts the ranks that took part. Gloo can complete a collective without a peer
-    // that closed its connections (docs/weight-sync.md); a short count means the summed
-    // gradients above lack that rank's part, so the update must not be applied.
-    double sums[18] = {loss_sum,
-                       clip_sum,
-                       kl_sum,
-                       entropy_sum,
-                       correct,
-                       1.0,
-                       mm[0],
-                       mm[1],
-                       mm[2],
-                       mm[3],
-                       mm[4],
-                       mm[5],
-                       weight_sum,
-                       corr_masked_sum,
-                       ref_kl_sum,
-                       shard_sq,
-                       static_cast<double>(computed),
-                       static_cast<double>(pad)};
-    if (Status s = AllReduce(sums, 18); !s.ok()) {
-      DropGradients();
-      return s.WithContext("data-parallel metrics");
-    }
-    if (Status all = CheckAllRanksTookPart(sums[5]); !all.ok()) {
-      DropGradients();
-      return all;
-    }
-    shard_sq = sums[15];
-    computed_sum = sums[16];
-    pad_sum = sums[17];
-    loss_sum = sums[0];
-    clip_sum = sums[1];
-    kl_sum = sums[2];
-    entropy_sum = sums[3];
-    correct = sums[4];
-    for (int i = 0; i < 6; ++i) mm[i] = sums[6 + i];
-    weight_sum = sums[12];
-    corr_masked_sum = sums[13];
-    ref_kl_sum = sums[14];
+  // values[5] counts the ranks that took part. Gloo can complete a collective without a peer
+  // that closed its connections (docs/weight-sync.md); a short count means the summed gradients
+  // above lack that rank's part, so the update must not be applied.
+  double* scalars[] = {&sums->loss,        &sums->clip,        &sums->kl,
+                       &sums->entropy,     &sums->correct,     nullptr,
+                       &sums->mismatch[0], &sums->mismatch[1], &sums->mismatch[2],
+                       &sums->mismatch[3], &sums->mismatch[4], &sums->mismatch[5],
+                       &sums->weight,      &sums->corr_masked, &sums->ref_kl,
+                       &sums->shard_sq,    &sums->computed,    &sums->pad};
+  constexpr size_t kCount = sizeof(scalars) / sizeof(scalars[0]);
+  double values[kCount];
+  for (size_t i = 0; i < kCount; ++i) values[i] = scalars[i] != nullptr ? *scalars[i] : 1.0;
+  if (Status s = AllReduce(values, kCount); !s.ok()) {
+    DropGradients();
+    return s.WithContext("data-parallel metrics");
   }
+  if (Status all = CheckAllRanksTookPart(values[5]); !all.ok()) {
+    DropGradients();
+    return all;
+  }
+  for (size_t i = 0; i < kCount; ++i) {
+    if (scalars[i] != nullptr) *scalars[i] = values[i];
+  }
+  return Status::Ok();
+}
+
+StatusOr<double> PolicyTrainer::ApplyUpdate(double lr, double grad_clip, double shard_sq) {
   // Global gradient-norm clipping, then AdamW.
   double sq = shard_sq;
   if (!sharded_) {
@@ -1284,8 +1295,8 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     DropGradients();
     return Internal("non-finite gradient norm; the step was skipped");
   }
-  const bool clip = options.grad_clip > 0 && grad_norm > options.grad_clip;
-  const double scale = clip ? options.grad_clip / (grad_norm + 1e-6) : 1.0;
+  const bool clip = grad_clip > 0 && grad_norm > grad_clip;
+  const double scale = clip ? grad_clip / (grad_norm + 1e-6) : 1.0;
   if (sharded_) {
     if (clip) sharded_->ScaleGradients(scale);
     sharded_->Update(lr);
@@ -1309,14 +1320,21 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     }
     optimizer_->adamw->step();
   }
-  ++version_;
+  return grad_norm;
+}
+
+std::map<std::string, double> PolicyTrainer::StepMetrics(const StepSums& sums, const StepPlan& plan,
+                                                         Objective objective,
+                                                         const TrainOptions& options, double lr,
+                                                         double grad_norm) const {
+  const double total_tokens = plan.total_tokens;
   std::map<std::string, double> m;
-  m["loss"] = loss_sum;
+  m["loss"] = sums.loss;
   m["grad_norm"] = grad_norm;
   m["lr"] = lr;  // what this AdamW step applied (the controller's schedule reaches here)
   m["tokens"] = total_tokens;
-  m["computed_tokens"] = computed_sum;
-  m["pad_tokens"] = pad_sum;
+  m["computed_tokens"] = sums.computed;
+  m["pad_tokens"] = sums.pad;
   {
     // What this rank holds between steps (sharded_adamw.h): moments, and gradients.
     int64_t opt_bytes = 0, grad_bytes = 0;
@@ -1335,20 +1353,21 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     m["optimizer_state_mib"] = static_cast<double>(opt_bytes) / (1 << 20);
     m["gradient_mib"] = static_cast<double>(grad_bytes) / (1 << 20);
   }
-  m["entropy"] = entropy_sum / total_tokens;
-  m["token_accuracy"] = correct / total_tokens;
+  m["entropy"] = sums.entropy / total_tokens;
+  m["token_accuracy"] = sums.correct / total_tokens;
   if (objective == Objective::kPolicyGradient) {
-    m["clip_frac"] = clip_sum / total_tokens;
-    m["approx_kl"] = kl_sum / total_tokens;
+    m["clip_frac"] = sums.clip / total_tokens;
+    m["approx_kl"] = sums.kl / total_tokens;
     if (options.loss.kl != kernels::KlKind::kNone) {
       // docs/algorithms.md, "KL to the reference policy": the estimator, aggregated as the loss.
-      m["kl_ref"] = ref_kl_sum;
+      m["kl_ref"] = sums.ref_kl;
     }
     if (options.loss.correction != kernels::Correction::kNone) {
       // docs/algorithms.md, "Off-policy corrections".
-      m["behaviour_weight_mean"] = weight_sum / total_tokens;
-      m["correction_masked_frac"] = corr_masked_sum / total_tokens;
+      m["behaviour_weight_mean"] = sums.weight / total_tokens;
+      m["correction_masked_frac"] = sums.corr_masked / total_tokens;
     }
+    const double* mm = sums.mismatch;
     if (mm[0] > 0) {
       // docs/algorithms.md, "Telemetry": the trainer's log-probs of the tokens the rollout engine
       // sampled, before the update, against the engine's own.
@@ -1359,6 +1378,34 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     }
   }
   return m;
+}
+
+// One AdamW step, in stages: the step's denominators and loss (PlanStep), forward and backward of
+// every micro-batch (RunMicroBatches), the gradients and metrics summed over the ranks
+// (SumAcrossRanks), the clipped update (ApplyUpdate), the metrics (StepMetrics).
+StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
+    const std::vector<TrainSample>& batch, Objective objective, double lr,
+    const TrainOptions& options, int64_t proximal_version) {
+  GYRE_ASSIGN_OR_RETURN(const StepPlan plan, PlanStep(batch, objective, options));
+  BeginGradients();
+  {
+    // If backward throws after the reducer was armed, wait for its communication thread before
+    // the exception leaves the step (it must not touch the communicator or gradients after
+    // that).
+    struct CancelOnExit {
+      GradReducer* reducer;
+      ~CancelOnExit() {
+        if (reducer != nullptr) reducer->Cancel();
+      }
+    } cancel_on_exit{reducer_.get()};
+    StepSums sums;
+    GYRE_RETURN_IF_ERROR(RunMicroBatches(batch, objective, options, plan, proximal_version, &sums));
+    GYRE_RETURN_IF_ERROR(SumAcrossRanks(&sums));
+    GYRE_ASSIGN_OR_RETURN(const double grad_norm,
+                          ApplyUpdate(lr, options.grad_clip, sums.shard_sq));
+    ++version_;
+    return StepMetrics(sums, plan, objective, options, lr, grad_norm);
+  }
 }
 
 }  // namespace gyre::trainer

@@ -107,6 +107,8 @@ struct DataParallelOptions {
 };
 
 class GradReducer;
+struct StepSums;  // OptimizerStep's stages (policy_trainer.cc)
+struct StepPlan;
 
 // trainer.prompt_sharing: whether a packed micro-batch lays out the samples that share a prompt
 // (a GRPO group) as one copy of the prompt followed by each sample's response (PackedBatch's
@@ -240,6 +242,19 @@ class PolicyTrainer {
                                                         Objective objective, double lr,
                                                         const TrainOptions& options,
                                                         int64_t proximal_version);
+  // OptimizerStep's stages, in order: the step's global denominators and loss settings; the
+  // forward and backward of every micro-batch, adding up `sums`; the gradients and sums over the
+  // ranks; the clipped AdamW update (returns the gradient norm); the step's metrics.
+  StatusOr<StepPlan> PlanStep(const std::vector<TrainSample>& batch, Objective objective,
+                              const TrainOptions& options);
+  Status RunMicroBatches(const std::vector<TrainSample>& batch, Objective objective,
+                         const TrainOptions& options, const StepPlan& plan,
+                         int64_t proximal_version, StepSums* sums);
+  Status SumAcrossRanks(StepSums* sums);
+  StatusOr<double> ApplyUpdate(double lr, double grad_clip, double shard_sq);
+  std::map<std::string, double> StepMetrics(const StepSums& sums, const StepPlan& plan,
+                                            Objective objective, const TrainOptions& options,
+                                            double lr, double grad_norm) const;
   // Correction::kM2po: the threshold over the whole batch (every rank's tokens, gathered), from
   // each sample's old_logprobs.
   StatusOr<double> M2poThresholdOf(const std::vector<TrainSample>& batch, double tau);
