@@ -9,8 +9,11 @@
 # runs inside a chroot as root, printing the time of each phase (packages, torch wheel, the rest
 # of the Python packages, configure, build, job) and the total. The chroot gets /proc, /sys and
 # /dev from the host and its network; services that packages would start are not started
-# (policy-rc.d), which a real machine would start in the background. Needs root and
-# debootstrap (Debian package `debootstrap`). DIR is removed afterwards unless --keep.
+# (policy-rc.d), which a real machine would start in the background. A host whose HTTPS goes
+# through an intercepting proxy with its own certificate authority (pip's PIP_CERT set) lends the
+# chroot its CA bundle, so that pip can reach PyPI; nothing else of the host's Python or pip
+# setup (no wheel cache) is passed. Needs root and debootstrap (Debian package `debootstrap`).
+# DIR is removed afterwards unless --keep.
 set -euo pipefail
 
 if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
@@ -47,9 +50,16 @@ mount --rbind /dev "${ROOT}/dev"
 # A clean clone of the committed tree, as `git clone` gives a user.
 git clone -q "${REPO}" "${ROOT}/root/gyre"
 
+ca_env=()
+if [[ -n "${PIP_CERT:-}" && -f "${PIP_CERT}" ]]; then
+  cp "${PIP_CERT}" "${ROOT}/root/host-ca.crt"
+  ca_env=(PIP_CERT=/root/host-ca.crt SSL_CERT_FILE=/root/host-ca.crt
+          REQUESTS_CA_BUNDLE=/root/host-ca.crt)
+fi
+
 echo "[fresh] ./dev quickstart in the chroot (timed)" >&2
 t0=$(date +%s)
 chroot "${ROOT}" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive \
+  LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive "${ca_env[@]}" \
   /bin/bash -c 'apt-get update -qq && cd /root/gyre && ./dev quickstart --quiet'
 echo "[fresh] ./dev quickstart from a fresh Debian 12: $(($(date +%s) - t0)) s end to end" >&2
