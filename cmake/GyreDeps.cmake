@@ -81,6 +81,19 @@ endif()
 # flags for every architecture the wheel was built for (some of which a newer nvcc rejects).
 # Gyre's kernels choose their own architectures (CMAKE_CUDA_ARCHITECTURES), so keep our flags.
 set(_gyre_saved_cuda_flags "${CMAKE_CUDA_FLAGS}")
+# PyPI's Linux wheel is a CUDA build: its CMake config looks for a CUDA toolkit (nvcc) and stops
+# when there is none, although its CPU libraries need none of it (they load the CUDA runtime they
+# link from the wheel's own nvidia packages, by their RUNPATH). Without a CUDA compiler, stand in
+# for the one target the config's CUDA part would define (torch::cudart, linked through
+# libtorch_cuda.so's own RUNPATH), which makes that part return at once: a machine without the
+# toolkit builds Gyre's CPU paths against the same wheel.
+if(NOT GYRE_CUDA_ENABLED AND NOT TARGET torch::cudart)
+  get_filename_component(_gyre_torch_lib "${GYRE_TORCH_PREFIX}/../../lib" ABSOLUTE)
+  if(EXISTS "${_gyre_torch_lib}/libtorch_cuda.so")
+    message(STATUS "gyre: libtorch is a CUDA build and there is no CUDA toolkit: CPU only")
+    add_library(torch::cudart INTERFACE IMPORTED)
+  endif()
+endif()
 find_package(Torch REQUIRED)
 set(CMAKE_CUDA_FLAGS "${_gyre_saved_cuda_flags}")
 message(STATUS "gyre: libtorch ${Torch_VERSION} from ${GYRE_TORCH_PREFIX}")
