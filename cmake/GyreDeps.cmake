@@ -87,11 +87,16 @@ set(_gyre_saved_cuda_flags "${CMAKE_CUDA_FLAGS}")
 # for the one target the config's CUDA part would define (torch::cudart, linked through
 # libtorch_cuda.so's own RUNPATH), which makes that part return at once: a machine without the
 # toolkit builds Gyre's CPU paths against the same wheel.
+# GYRE_TORCH_WITHOUT_TOOLKIT tells the modules that libtorch's CUDA targets exist but the
+# toolkit's headers do not (src/rollout's CUDA graphs need them).
+set(GYRE_TORCH_WITHOUT_TOOLKIT OFF)
 if(NOT GYRE_CUDA_ENABLED AND NOT TARGET torch::cudart)
+  find_program(GYRE_NVCC nvcc HINTS ENV CUDA_HOME ENV CUDA_PATH /usr/local/cuda PATH_SUFFIXES bin)
   get_filename_component(_gyre_torch_lib "${GYRE_TORCH_PREFIX}/../../lib" ABSOLUTE)
-  if(EXISTS "${_gyre_torch_lib}/libtorch_cuda.so")
+  if(NOT GYRE_NVCC AND EXISTS "${_gyre_torch_lib}/libtorch_cuda.so")
     message(STATUS "gyre: libtorch is a CUDA build and there is no CUDA toolkit: CPU only")
     add_library(torch::cudart INTERFACE IMPORTED)
+    set(GYRE_TORCH_WITHOUT_TOOLKIT ON)
   endif()
 endif()
 find_package(Torch REQUIRED)
