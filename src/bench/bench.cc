@@ -187,6 +187,15 @@ Status BenchReport::WriteJson(const std::string& path) const {
   return WriteFileAtomic(path, ToJson().dump(2) + "\n");
 }
 
+bool BenchReport::WriteJsonIfAsked(const std::string& path, const char* name) const {
+  if (path.empty()) return true;
+  const Status written = WriteJson(path);
+  if (!written.ok()) {
+    std::fprintf(stderr, "gyre bench %s: %s\n", name, written.ToString().c_str());
+  }
+  return written.ok();
+}
+
 namespace {
 
 // `text` as a finite number.

@@ -50,6 +50,9 @@ class BenchReport {
   void PrintTable(const std::vector<BenchColumn>& columns, std::FILE* out = stdout);
   // Writes ToJson() to `path` (atomically: temporary file, then rename).
   Status WriteJson(const std::string& path) const;
+  // --json FILE of `gyre bench NAME`: nothing for an empty path; otherwise WriteJson, and on
+  // failure one line "gyre bench NAME: why" on stderr and false (the command then exits 1).
+  bool WriteJsonIfAsked(const std::string& path, const char* name) const;
 
  private:
   std::string benchmark_;

@@ -291,13 +291,7 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
                      {"grad_mib", "grad MiB", 2},
                      {"max_weight_diff", "max w diff", 2},
                      {"steps", "steps"}});
-  if (!json_path.empty()) {
-    Status w = report.WriteJson(json_path);
-    if (!w.ok()) {
-      std::fprintf(stderr, "gyre bench dp-step: %s\n", w.ToString().c_str());
-      return 1;
-    }
-  }
+  if (!report.WriteJsonIfAsked(json_path, "dp-step")) return 1;
   if (!same_weights) {
     std::fprintf(stderr,
                  "gyre bench dp-step: blocking and overlapped ended with different "

@@ -296,13 +296,7 @@ int RunBenchE2e(const std::vector<std::string>& args) {
                                       {"speedup", "speedup", 2}};
   if (!o.simulate) columns.push_back({"accuracy_after_rl", "held-out acc", 3});
   report.PrintTable(columns);
-  if (!o.json.empty()) {
-    Status s = report.WriteJson(o.json);
-    if (!s.ok()) {
-      std::fprintf(stderr, "gyre bench e2e: %s\n", s.ToString().c_str());
-      return 1;
-    }
-  }
+  if (!report.WriteJsonIfAsked(o.json, "e2e")) return 1;
   if (temporary) (void)RemoveTree(o.out);
   return 0;
 }

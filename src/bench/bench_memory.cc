@@ -254,13 +254,7 @@ int RunBenchMemory(const std::vector<std::string>& args) {
   columns.push_back({"baseline_mib", "held before MiB", 1});
   columns.push_back({"step_s", "step s", 3});
   report.PrintTable(columns);
-  if (!json_path.empty()) {
-    Status w = report.WriteJson(json_path);
-    if (!w.ok()) {
-      std::fprintf(stderr, "gyre bench memory: %s\n", w.ToString().c_str());
-      return 1;
-    }
-  }
+  if (!report.WriteJsonIfAsked(json_path, "memory")) return 1;
   return 0;
 }
 

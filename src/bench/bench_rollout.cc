@@ -362,13 +362,7 @@ int RunBenchRollout(const std::vector<std::string>& args) {
                      {"preemptions", "preempt"},
                      {"matmul_ceiling_fraction", "of ceiling", 3},
                      {"hbm_roofline_fraction", "roofline", 3}});
-  if (!json_path.empty()) {
-    Status s = report.WriteJson(json_path);
-    if (!s.ok()) {
-      std::fprintf(stderr, "gyre bench rollout: %s\n", s.ToString().c_str());
-      return 1;
-    }
-  }
+  if (!report.WriteJsonIfAsked(json_path, "rollout")) return 1;
   return 0;
 }
 

@@ -302,13 +302,7 @@ int RunBenchTrain(const std::vector<std::string>& args) {
                      {"speedup", "speedup", 2},
                      {"gflops", "GFLOP/s", 2},
                      {"peak_fraction", "of peak", 3}});
-  if (!json_path.empty()) {
-    Status st = report.WriteJson(json_path);
-    if (!st.ok()) {
-      std::fprintf(stderr, "gyre bench train: %s\n", st.ToString().c_str());
-      return 1;
-    }
-  }
+  if (!report.WriteJsonIfAsked(json_path, "train")) return 1;
   if (!same_weights) {
     std::fprintf(stderr,
                  "gyre bench train: the modes made different updates (mean weight difference "
