@@ -144,24 +144,58 @@ StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& host, int
   return server;
 }
 
-StatusOr<int> PickFreePort(const std::string& host) {
+StatusOr<PortReservation> PortReservation::Make(const std::string& host) {
   sockaddr_in addr = {};
   addr.sin_family = AF_INET;
   const std::string ip = host == "localhost" ? "127.0.0.1" : host;
   if (::inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1) {
     return InvalidArgument("bind host '" + host + "' is not an IPv4 address");
   }
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Unavailable(std::string("socket: ") + std::strerror(errno));
+  // gRPC's listener sets SO_REUSEADDR too; two such sockets may share a port while neither
+  // listens, so the server can bind the port this socket holds.
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    int err = errno;
+    const int err = errno;
     ::close(fd);
     return Unavailable("cannot bind " + host + ": " + std::strerror(err));
   }
   socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return static_cast<int>(ntohs(addr.sin_port));
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Unavailable(std::string("getsockname: ") + std::strerror(err));
+  }
+  return PortReservation(fd, static_cast<int>(ntohs(addr.sin_port)));
+}
+
+PortReservation::PortReservation(PortReservation&& other) noexcept
+    : fd_(other.fd_), port_(other.port_) {
+  other.fd_ = -1;
+}
+
+PortReservation& PortReservation::operator=(PortReservation&& other) noexcept {
+  if (this != &other) {
+    Release();
+    fd_ = other.fd_;
+    port_ = other.port_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+PortReservation::~PortReservation() { Release(); }
+
+void PortReservation::Release() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+StatusOr<int> PickFreePort(const std::string& host) {
+  GYRE_ASSIGN_OR_RETURN(PortReservation reservation, PortReservation::Make(host));
+  return reservation.port();
 }
 
 }  // namespace gyre::rpc

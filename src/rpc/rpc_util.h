@@ -53,7 +53,34 @@ StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& host, int
                                                     const std::vector<grpc::Service*>& services,
                                                     std::string* bound_address);
 
-// Asks the kernel for a free TCP port on `host` (an IPv4 address or "localhost").
+// A TCP port held for a server that starts later. The kernel hands out a free port to a bound
+// socket (SO_REUSEADDR, never listening) and, while that socket stays open, gives the port to no
+// other process; StartServer can still bind it, because neither socket listens before gRPC's
+// does. Close the reservation once the server is up. Picking a port and closing it at once (as
+// PickFreePort does) leaves a window in which a second process starting alongside is given the
+// same port: seen in CI as a trainer and a rollout worker registering one address.
+class PortReservation {
+ public:
+  static StatusOr<PortReservation> Make(const std::string& host);
+  PortReservation(PortReservation&& other) noexcept;
+  PortReservation& operator=(PortReservation&& other) noexcept;
+  PortReservation(const PortReservation&) = delete;
+  PortReservation& operator=(const PortReservation&) = delete;
+  ~PortReservation();
+
+  int port() const { return port_; }
+  // Lets the port go (the destructor does too).
+  void Release();
+
+ private:
+  PortReservation(int fd, int port) : fd_(fd), port_(port) {}
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// Asks the kernel for a free TCP port on `host` (an IPv4 address or "localhost") and lets it go at
+// once: for a port handed to a child process. A server in this process should hold a
+// PortReservation instead.
 StatusOr<int> PickFreePort(const std::string& host);
 
 }  // namespace gyre::rpc

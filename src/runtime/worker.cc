@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/command_line.h"
@@ -194,14 +195,18 @@ int RunWorker(const std::vector<std::string>& args) {
   // Registration needs our address, and the services need the config that registration
   // returns: pick the port first, learn the config, then serve on that port. The controller
   // calls us only after our first heartbeat, which starts once the server is up.
+  // The port stays reserved until the server holds it, so that no worker starting beside this
+  // one is given it meanwhile (rpc::PortReservation).
   int bound_port = port;
+  std::optional<rpc::PortReservation> reserved;
   if (bound_port == 0) {
-    auto free_port = rpc::PickFreePort(bind_host);
-    if (!free_port.ok()) {
-      std::fprintf(stderr, "gyre worker: %s\n", free_port.status().ToString().c_str());
+    auto reservation = rpc::PortReservation::Make(bind_host);
+    if (!reservation.ok()) {
+      std::fprintf(stderr, "gyre worker: %s\n", reservation.status().ToString().c_str());
       return 1;
     }
-    bound_port = *free_port;
+    bound_port = reservation->port();
+    reserved.emplace(std::move(*reservation));
   }
   // What the controller and the other workers dial (the bind address may be a wildcard).
   const std::string address = placement->advertise_host + ":" + std::to_string(bound_port);
@@ -326,6 +331,7 @@ int RunWorker(const std::vector<std::string>& args) {
     session.ReportFatal("cannot serve on " + address + ": " + server.status().ToString());
     return 1;
   }
+  if (reserved) reserved->Release();
   session.StartHeartbeats(version);  // the first heartbeat tells the controller we are ready
   GYRE_LOG_INFO("{} serving on {}", session.worker_id(), serving);
   while (!session.WaitForStopFor(0.2)) {
