@@ -39,7 +39,10 @@ step "configure examples/custom_trainer against the prefix (find_package(Gyre))"
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+# The prefix is a new temporary folder each run: CCACHE_BASEDIR makes its paths relative, so the
+# example's objects come from the cache the second time.
+command -v ccache >/dev/null &&
+  launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=cmake;-E;env;CCACHE_BASEDIR=${work};CCACHE_NOHASHDIR=1;ccache")
 cmake -S "${root}/examples/custom_trainer" -B "${work}/example" "${generator[@]}" "${launcher[@]}" \
   -DCMAKE_PREFIX_PATH="${work}/prefix" >"${work}/configure.log" ||
   { cat "${work}/configure.log" >&2; exit 1; }

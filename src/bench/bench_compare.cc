@@ -14,7 +14,7 @@ namespace gyre::bench {
 
 namespace {
 
-constexpr char kDetails[] =
+constexpr char kCompareDetails[] =
     "A and B are results of the same benchmark (gyre bench SUBCOMMAND --json FILE; reference\n"
     "results are in bench/baselines/). Rows are matched by the benchmark's key fields; each\n"
     "metric the benchmark declares is compared in the direction that is better for it. A\n"
@@ -61,7 +61,7 @@ int RunBenchCompare(const std::vector<std::string>& args) {
   double threshold = 0.10;
   auto app = NewCommand("gyre bench compare",
                         "The metrics of a later result (B) that are worse than a reference's (A).",
-                        kDetails);
+                        kCompareDetails);
   app->add_option("A.json", files[0], "the reference result")->required();
   app->add_option("B.json", files[1], "the later result")->required();
   app->add_option("--threshold", threshold, "the relative change that is a regression")

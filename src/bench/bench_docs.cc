@@ -23,7 +23,7 @@ namespace gyre::bench {
 
 namespace {
 
-constexpr char kDetails[] =
+constexpr char kDocsDetails[] =
     "The result files are written by gyre bench SUBCOMMAND --json FILE; the project's reference\n"
     "results are in bench/baselines/. A table is the text between\n"
     "  <!-- gyre-bench: RESULT.json [columns=KEY,KEY,...] -->\n"
@@ -242,7 +242,7 @@ int RunBenchDocs(const std::vector<std::string>& args) {
   std::vector<std::string> files;
   auto app =
       NewCommand("gyre bench docs",
-                 "Regenerates the benchmark tables of Markdown files from result files.", kDetails);
+                 "Regenerates the benchmark tables of Markdown files from result files.", kDocsDetails);
   app->add_option("FILE.md", files, "the Markdown files")->required()->default_str("");
   app->add_flag("--check", check, "change nothing; list the blocks that differ from their files");
   if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;

@@ -36,7 +36,7 @@ namespace gyre::bench {
 
 namespace {
 
-constexpr char kDetails[] =
+constexpr char kDpStepDetails[] =
     "Times data-parallel optimizer steps (PolicyTrainer::Step, policy gradient, on a synthetic\n"
     "batch) on RANKS trainer ranks: threads of this process, each with its own Gloo group member\n"
     "on loopback and its own intra-op threads. Five rows, measured in the same run:\n"
@@ -57,17 +57,17 @@ constexpr char kDetails[] =
     "the final weights from the overlapped row's (sharded rows sum in another order). Blocking\n"
     "and overlapped must end every round with identical weights (checked).\n";
 
-struct Setup {
+struct DpStepSetup {
   int64_t ranks = 2, vocab = 4096, hidden = 256, layers = 4, batch = 8, seq_len = 64;
   int64_t micro_batches = 1, mini_batches = 1, bucket_mb = 4, steps = 5, rounds = 3, threads = 1;
 };
 
-model::ModelSpec Spec(const Setup& s) {
+model::ModelSpec DpStepSpec(const DpStepSetup& s) {
   return SyntheticSpec(s.vocab, s.hidden, s.layers, s.seq_len);
 }
 
 // Rank `rank`'s batch for step `step`: the same in every mode and round.
-std::vector<trainer::TrainSample> Batch(const Setup& s, int rank, int step) {
+std::vector<trainer::TrainSample> Batch(const DpStepSetup& s, int rank, int step) {
   std::mt19937 rng(static_cast<uint32_t>(1000 * step + rank + 1));
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(s.vocab - 1));
   const int64_t prompt = std::max<int64_t>(1, s.seq_len / 4);
@@ -80,7 +80,7 @@ std::vector<trainer::TrainSample> Batch(const Setup& s, int rank, int step) {
   return out;
 }
 
-at::Tensor Flat(const trainer::PolicyTrainer& t) {
+at::Tensor DpStepWeights(const trainer::PolicyTrainer& t) {
   std::vector<at::Tensor> parts;
   for (const auto& [n, p] : t.model().NamedParameters()) parts.push_back(p.detach().flatten());
   return at::cat(parts);
@@ -92,25 +92,25 @@ struct RankRun {
   double state_mib = 0, grad_mib = 0;  // held after the last step (trainer modes)
 };
 
-enum class Mode { kAllReduceOnly, kBlocking, kOverlapped, kZero1, kZero2 };
-const char* ModeName(Mode m) {
+enum class DpMode { kAllReduceOnly, kBlocking, kOverlapped, kZero1, kZero2 };
+const char* ModeName(DpMode m) {
   switch (m) {
-    case Mode::kAllReduceOnly:
+    case DpMode::kAllReduceOnly:
       return "allreduce-only";
-    case Mode::kBlocking:
+    case DpMode::kBlocking:
       return "blocking";
-    case Mode::kOverlapped:
+    case DpMode::kOverlapped:
       return "overlapped";
-    case Mode::kZero1:
+    case DpMode::kZero1:
       return "zero1";
-    case Mode::kZero2:
+    case DpMode::kZero2:
       return "zero2";
   }
   return "?";
 }
 
 // One rank of one round in one mode.
-StatusOr<RankRun> RunRank(const Setup& s, Mode mode, const std::string& store,
+StatusOr<RankRun> RunRank(const DpStepSetup& s, DpMode mode, const std::string& store,
                           const std::string& group, int rank) {
   at::set_num_threads(static_cast<int>(s.threads));
   comm::GlooOptions o;
@@ -119,9 +119,9 @@ StatusOr<RankRun> RunRank(const Setup& s, Mode mode, const std::string& store,
   o.rank = rank;
   o.size = static_cast<int>(s.ranks);
   GYRE_ASSIGN_OR_RETURN(auto comm, comm::CreateGlooCommunicator(o));
-  trainer::PolicyTrainer t(model::Transformer::Create(Spec(s), 7, 0.02), 1e-4, 0.0, 0.9, 0.999);
+  trainer::PolicyTrainer t(model::Transformer::Create(DpStepSpec(s), 7, 0.02), 1e-4, 0.0, 0.9, 0.999);
   RankRun out;
-  if (mode == Mode::kAllReduceOnly) {
+  if (mode == DpMode::kAllReduceOnly) {
     // Tensors with the model's parameter sizes; gradients zero (no backward).
     std::vector<at::Tensor> params;
     std::vector<std::string> names;
@@ -140,9 +140,9 @@ StatusOr<RankRun> RunRank(const Setup& s, Mode mode, const std::string& store,
   trainer::DataParallelOptions dp;
   dp.bucket_bytes = s.bucket_mb << 20;
   dp.timeout_s = 600;
-  dp.overlap_grad_reduce = mode != Mode::kBlocking;
-  GYRE_RETURN_IF_ERROR(t.SetSharding(mode == Mode::kZero1   ? trainer::Shard::kOptimizer
-                                     : mode == Mode::kZero2 ? trainer::Shard::kGradients
+  dp.overlap_grad_reduce = mode != DpMode::kBlocking;
+  GYRE_RETURN_IF_ERROR(t.SetSharding(mode == DpMode::kZero1   ? trainer::Shard::kOptimizer
+                                     : mode == DpMode::kZero2 ? trainer::Shard::kGradients
                                                             : trainer::Shard::kNone));
   GYRE_RETURN_IF_ERROR(t.SetDataParallel(comm.get(), dp));
   trainer::TrainOptions opts;
@@ -157,19 +157,19 @@ StatusOr<RankRun> RunRank(const Setup& s, Mode mode, const std::string& store,
     out.state_mib = m->at("optimizer_state_mib");
     out.grad_mib = m->at("gradient_mib");
   }
-  out.weights = Flat(t);
+  out.weights = DpStepWeights(t);
   return out;
 }
 
 }  // namespace
 
 int RunBenchDpStep(const std::vector<std::string>& args) {
-  Setup s;
+  DpStepSetup s;
   std::string json_path;
   auto app = NewCommand(
       "gyre bench dp-step",
       "Data-parallel step time, gradient all-reduce overlapped with backward vs after it.",
-      kDetails);
+      kDpStepDetails);
   app->add_option("--ranks", s.ranks, "data-parallel ranks")->check(CLI::Range(2, 64));
   app->add_option("--vocab", s.vocab, "vocabulary size")->check(CLI::Range(2, 1 << 20));
   app->add_option("--hidden", s.hidden, "hidden size, up to 64 or a multiple of 64 (heads of 64)")
@@ -201,8 +201,8 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gyre bench dp-step: %s\n", store.status().ToString().c_str());
     return 1;
   }
-  const std::vector<Mode> modes = {Mode::kAllReduceOnly, Mode::kBlocking, Mode::kOverlapped,
-                                   Mode::kZero1, Mode::kZero2};
+  const std::vector<DpMode> modes = {DpMode::kAllReduceOnly, DpMode::kBlocking, DpMode::kOverlapped,
+                                   DpMode::kZero1, DpMode::kZero2};
   std::vector<std::vector<double>> times(modes.size());
   std::vector<double> state_mib(modes.size()), grad_mib(modes.size()), weight_diff(modes.size());
   bool same_weights = true;
@@ -244,7 +244,7 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
   }
   int64_t params = 0, buckets = 0;
   {
-    auto model = model::Transformer::Create(Spec(s), 7, 0.02);
+    auto model = model::Transformer::Create(DpStepSpec(s), 7, 0.02);
     std::vector<int64_t> numels;
     for (const auto& [n, p] : model->NamedParameters()) numels.push_back(p.numel());
     params = model->NumParameters();
@@ -274,11 +274,11 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
     report.AddRow({{"mode", ModeName(modes[k])},
                    {"median_s", med},
                    {"min_s", *std::min_element(times[k].begin(), times[k].end())},
-                   {"speedup", modes[k] == Mode::kAllReduceOnly ? nlohmann::json()
+                   {"speedup", modes[k] == DpMode::kAllReduceOnly ? nlohmann::json()
                                                                 : nlohmann::json(base / med)},
-                   {"state_mib", modes[k] == Mode::kAllReduceOnly ? nlohmann::json()
+                   {"state_mib", modes[k] == DpMode::kAllReduceOnly ? nlohmann::json()
                                                                   : nlohmann::json(state_mib[k])},
-                   {"grad_mib", modes[k] == Mode::kAllReduceOnly ? nlohmann::json()
+                   {"grad_mib", modes[k] == DpMode::kAllReduceOnly ? nlohmann::json()
                                                                  : nlohmann::json(grad_mib[k])},
                    {"max_weight_diff", k >= 3 ? nlohmann::json(weight_diff[k]) : nlohmann::json()},
                    {"steps", static_cast<int64_t>(times[k].size())}});

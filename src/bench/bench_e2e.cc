@@ -28,7 +28,7 @@
 namespace gyre::bench {
 namespace {
 
-struct Options {
+struct E2eOptions {
   bool simulate = false;
   std::string config;
   std::vector<std::string> overrides;
@@ -46,7 +46,7 @@ struct Options {
   }
 };
 
-constexpr char kDetails[] =
+constexpr char kE2eDetails[] =
     "Runs one job per staleness bound k (0 = synchronous, else rollout.async with\n"
     "algorithm.max_staleness k) with the real controller and reports steps per hour, samples\n"
     "per second, the rollout workers' idle fraction (\"rollout idle\": over the whole step;\n"
@@ -69,7 +69,7 @@ double CpuSeconds() {
 
 // The simulated job: the built-in task for prompts (rewards are whatever its verifier makes of
 // simulated tokens), external workers, no warm-up, no checkpoints.
-StatusOr<JobConfig> SimulatedJob(const Options& o, int64_t k, const std::string& updates,
+StatusOr<JobConfig> SimulatedJob(const E2eOptions& o, int64_t k, const std::string& updates,
                                  int port) {
   JobConfig cfg;
   std::vector<std::string> sets = {
@@ -101,7 +101,7 @@ StatusOr<JobConfig> SimulatedJob(const Options& o, int64_t k, const std::string&
   return cfg;
 }
 
-StatusOr<JobConfig> RealJob(const Options& o, int64_t k, const std::string& updates) {
+StatusOr<JobConfig> RealJob(const E2eOptions& o, int64_t k, const std::string& updates) {
   std::vector<std::string> sets = o.overrides;
   sets.push_back("trainer.steps=" + std::to_string(o.steps));
   sets.push_back("trainer.checkpoint_every=0");
@@ -113,7 +113,7 @@ StatusOr<JobConfig> RealJob(const Options& o, int64_t k, const std::string& upda
 
 // One run's row: the GRPO steps' mean time (simulated seconds with --simulate), throughput, the
 // rollout workers' idle fraction, and the controller's CPU time per step.
-StatusOr<nlohmann::json> RunOne(const Options& o, int64_t k, const std::string& updates) {
+StatusOr<nlohmann::json> RunOne(const E2eOptions& o, int64_t k, const std::string& updates) {
   const std::string name = "k" + std::to_string(k) + (k > 0 ? "-" + updates : "");
   std::vector<std::string> sim_argv;
   StatusOr<JobConfig> cfg = InvalidArgument("no job");
@@ -200,10 +200,10 @@ StatusOr<nlohmann::json> RunOne(const Options& o, int64_t k, const std::string& 
 }  // namespace
 
 int RunBenchE2e(const std::vector<std::string>& args) {
-  Options o;
+  E2eOptions o;
   auto app = NewCommand(
       "gyre bench e2e",
-      "Whole GRPO jobs, synchronous vs asynchronous, with real or simulated workers.", kDetails);
+      "Whole GRPO jobs, synchronous vs asynchronous, with real or simulated workers.", kE2eDetails);
   app->add_flag("--simulate", o.simulate, "simulated workers (a gyre sim-workers child process)");
   app->add_option("--config", o.config, "the job to run for real")->type_name("JOB.yaml");
   app->add_option("--set", o.overrides, "a job config override (repeatable)")

@@ -32,7 +32,7 @@
 namespace gyre::bench {
 namespace {
 
-constexpr char kDetails[] =
+constexpr char kKernelsDetails[] =
     "The Gyre side is the CUDA kernels on a GPU and the CPU references otherwise; the\n"
     "baseline runs on the same device, on the same inputs:\n"
     "  sampling        top-p 0.9 at T 0.8     vs softmax + sort + cumsum + multinomial\n"
@@ -43,7 +43,7 @@ constexpr char kDetails[] =
     "minimum memory traffic, and its fraction of the device's peak bandwidth (GPU).\n"
     "On a GPU the peak memory of token_logprobs at --tokens rows is also reported.\n";
 
-struct Options {
+struct KernelsOptions {
   std::string device = "auto";
   std::vector<int64_t> batches;
   int64_t vocab = 151936;
@@ -253,7 +253,7 @@ double PeakExtraBytes(const std::function<void()>& fn) {
 }
 #endif
 
-bool Wanted(const Options& o, const std::string& kernel) {
+bool Wanted(const KernelsOptions& o, const std::string& kernel) {
   if (o.only.empty()) return true;
   for (const auto& k : o.only) {
     if (k == kernel) return true;
@@ -264,10 +264,10 @@ bool Wanted(const Options& o, const std::string& kernel) {
 }  // namespace
 
 int RunBenchKernels(const std::vector<std::string>& args) {
-  Options o;
+  KernelsOptions o;
   auto app = NewCommand(
       "gyre bench kernels",
-      "Times Gyre's kernel paths against their libtorch baselines in the same run.", kDetails);
+      "Times Gyre's kernel paths against their libtorch baselines in the same run.", kKernelsDetails);
   app->add_option("--device", o.device, "where to run (auto: cuda when a device is usable)")
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
   app->add_option("--batch", o.batches,

@@ -35,7 +35,7 @@ namespace gyre::bench {
 
 namespace {
 
-constexpr char kDetails[] =
+constexpr char kMemoryDetails[] =
     "A trainer step is PolicyTrainer::Step, policy gradient: forward, loss, backward, AdamW, on\n"
     "a random model with a large vocabulary. The configurations:\n"
     "  padded     one right-padded row per sample, logits at every position\n"
@@ -59,7 +59,7 @@ const std::vector<std::string>& Configs() {
   return *configs;
 }
 
-struct Setup {
+struct MemorySetup {
   int64_t vocab = 32768, hidden = 256, layers = 2, batch = 32, prompt_len = 32, median = 64;
   int64_t max_len = 512, chunk = 1024, threads = 1;
 };
@@ -79,7 +79,7 @@ double StatusMiB(const std::string& field) {
   return -1;
 }
 
-std::vector<std::string> SetupArgs(const Setup& s) {
+std::vector<std::string> SetupArgs(const MemorySetup& s) {
   return {"--vocab",      std::to_string(s.vocab),      "--hidden",     std::to_string(s.hidden),
           "--layers",     std::to_string(s.layers),     "--batch",      std::to_string(s.batch),
           "--prompt-len", std::to_string(s.prompt_len), "--median-len", std::to_string(s.median),
@@ -89,7 +89,7 @@ std::vector<std::string> SetupArgs(const Setup& s) {
 
 // The child: builds the model and batch, takes a warm-up step, resets the peak, takes a step,
 // and writes {"baseline_mib", "peak_mib", "step_s", "tokens"} to `out_path`.
-int RunChild(const Setup& s, const std::string& config, const std::string& out_path) {
+int RunChild(const MemorySetup& s, const std::string& config, const std::string& out_path) {
   at::set_num_threads(static_cast<int>(s.threads));
   const model::ModelSpec spec =
       SyntheticSpec(s.vocab, s.hidden, s.layers, s.prompt_len + s.max_len);
@@ -152,7 +152,7 @@ int RunChild(const Setup& s, const std::string& config, const std::string& out_p
 }
 
 // Runs this binary as a child for `config`; returns its JSON or an error.
-StatusOr<nlohmann::json> Spawn(const Setup& s, const std::string& config, const std::string& dir) {
+StatusOr<nlohmann::json> Spawn(const MemorySetup& s, const std::string& config, const std::string& dir) {
   const std::string out_path = dir + "/" + config + ".json";
   std::vector<std::string> args = {"gyre", "bench", "memory"};
   for (const std::string& a : SetupArgs(s)) args.push_back(a);
@@ -176,13 +176,13 @@ StatusOr<nlohmann::json> Spawn(const Setup& s, const std::string& config, const 
 }  // namespace
 
 int RunBenchMemory(const std::vector<std::string>& args) {
-  Setup s;
+  MemorySetup s;
   std::string json_path, child, child_out;
   std::vector<std::string> configs = Configs();
   auto app = NewCommand("gyre bench memory",
                         "Peak memory of one trainer step per configuration, each in its own "
                         "child process.",
-                        kDetails);
+                        kMemoryDetails);
   app->add_option("--vocab", s.vocab, "vocabulary size")->check(CLI::Range(2, 1 << 22));
   app->add_option("--hidden", s.hidden, "hidden size, up to 64 or a multiple of 64 (heads of 64)")
       ->check(CLI::Range(1, 1 << 16))

@@ -26,7 +26,7 @@ namespace gyre::bench {
 
 namespace {
 
-constexpr char kDetails[] =
+constexpr char kRolloutDetails[] =
     "Generates one batch of prompt groups several ways with the paged engine, on the same\n"
     "model and workload, with the same sampling (ops::SampleRows) and seeds:\n"
     "  static             static scheduling: samples are admitted only into an empty batch;\n"
@@ -112,7 +112,7 @@ int RunBenchRollout(const std::vector<std::string>& args) {
   auto app = NewCommand(
       "gyre bench rollout",
       "The rollout engine on a long-tail workload: continuous batching vs static batching.",
-      kDetails);
+      kRolloutDetails);
   app->add_option("--model", dir, "Hugging Face model directory (gyre init-model writes one)")
       ->type_name("DIR")
       ->required();

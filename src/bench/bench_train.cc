@@ -30,7 +30,7 @@ namespace gyre::bench {
 
 namespace {
 
-constexpr char kDetails[] =
+constexpr char kTrainDetails[] =
     "The trainer's policy-gradient step (PolicyTrainer::Step: forward, loss, backward, AdamW)\n"
     "runs three ways on the same model and batches, in the same run:\n"
     "  padded   one right-padded row per sample, logits at every position (the eager padded\n"
@@ -55,7 +55,7 @@ constexpr char kDetails[] =
     "baseline's update up to float32 reordering: the mean difference of their weights at the\n"
     "end of a round must stay under 1% of the mean distance the weights moved (checked).\n";
 
-struct Setup {
+struct TrainSetup {
   std::string model_dir, dtype = "float32";
   int64_t vocab = 4096, hidden = 256, layers = 4, batch = 64, group = 8, prompt_len = 32;
   int64_t max_len = 512;
@@ -63,13 +63,13 @@ struct Setup {
   double median = 48, sigma = 1.0;
 };
 
-model::ModelSpec Spec(const Setup& s) {
+model::ModelSpec TrainSpec(const TrainSetup& s) {
   return SyntheticSpec(s.vocab, s.hidden, s.layers, s.prompt_len + s.max_len);
 }
 
 // A batch of `lengths.size()` samples with random tokens below `vocab` and alternating
 // advantages; groups of s.group consecutive samples have the same prompt.
-std::vector<trainer::TrainSample> MakeBatch(const Setup& s, int64_t vocab,
+std::vector<trainer::TrainSample> MakeBatch(const TrainSetup& s, int64_t vocab,
                                             const std::vector<int64_t>& lengths, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
@@ -86,7 +86,7 @@ std::vector<trainer::TrainSample> MakeBatch(const Setup& s, int64_t vocab,
   return out;
 }
 
-at::Tensor Flat(const trainer::PolicyTrainer& t) {
+at::Tensor TrainWeights(const trainer::PolicyTrainer& t) {
   std::vector<at::Tensor> parts;
   for (const auto& [n, p] : t.model().NamedParameters()) parts.push_back(p.detach().flatten());
   return at::cat(parts);
@@ -95,12 +95,12 @@ at::Tensor Flat(const trainer::PolicyTrainer& t) {
 }  // namespace
 
 int RunBenchTrain(const std::vector<std::string>& args) {
-  Setup s;
+  TrainSetup s;
   std::string json_path;
   auto app = NewCommand(
       "gyre bench train",
       "The trainer's step with sequence packing vs padded rows, on equal and long-tail lengths.",
-      kDetails);
+      kTrainDetails);
   app->add_option("--model", s.model_dir, "Hugging Face model directory (default: a random model)")
       ->type_name("DIR");
   app->add_option("--vocab", s.vocab, "vocabulary size of the random model")
@@ -155,7 +155,7 @@ int RunBenchTrain(const std::vector<std::string>& args) {
     }
     base = std::move(*loaded);
   } else {
-    base = model::Transformer::Create(Spec(s), 7, 0.02);
+    base = model::Transformer::Create(TrainSpec(s), 7, 0.02);
   }
   const model::ModelSpec spec = base->spec();
   if (s.prompt_len + s.max_len > spec.max_seq_len) {
@@ -257,7 +257,7 @@ int RunBenchTrain(const std::vector<std::string>& args) {
           computed[mode] = (*m)["computed_tokens"];
           useful[mode] = (*m)["computed_tokens"] - (*m)["pad_tokens"];
         }
-        weights[mode] = Flat(t);
+        weights[mode] = TrainWeights(t);
         std::fprintf(stderr, "bench train: %s round %lld %s: median %.4f s\n", w.name,
                      static_cast<long long>(round), kNames[mode], Median(times[mode]));
       }

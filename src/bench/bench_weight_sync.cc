@@ -35,7 +35,7 @@
 namespace gyre::bench {
 namespace {
 
-constexpr char kDetails[] =
+constexpr char kWeightSyncDetails[] =
     "Reports, per transport and bucket size, the median seconds over the repetitions, GB/s\n"
     "(payload bytes / seconds, 1 GB = 1e9 bytes) and speedup = baseline seconds / seconds. The\n"
     "baseline, measured in the same run, is one unbucketed gRPC message carrying the whole\n"
@@ -315,7 +315,7 @@ int RunBenchWeightSync(const std::vector<std::string>& args) {
   auto app = NewCommand(
       "gyre bench weight-sync",
       "Moves one policy version of SIZE bytes to N receiver processes on loopback per transport.",
-      kDetails);
+      kWeightSyncDetails);
   app->add_option("--size", size_text, "payload size: 1GB, 512MB, 64MiB, 1000000 (bytes)")
       ->type_name("SIZE")
       ->check(CLI::Validator(

@@ -27,7 +27,7 @@ namespace {
 std::atomic<int> g_sim_signal{0};
 void OnSimSignal(int sig) { g_sim_signal.store(sig); }
 
-constexpr char kDetails[] =
+constexpr char kSimWorkersDetails[] =
     "The workers register with the controller as rollout-0..N-1 and trainer-0..M-1 (the job\n"
     "runs with cluster.mode: external). They hold no model: each request costs the time the\n"
     "cost model says (docs/algorithms.md, \"Measuring: gyre bench e2e\"). Exits when the\n"
@@ -49,7 +49,7 @@ int RunSimWorkers(const std::vector<std::string>& args) {
   auto app = NewCommand(
       "gyre sim-workers",
       "Serves N simulated rollout and M simulated trainer workers, each its own gRPC server.",
-      kDetails);
+      kSimWorkersDetails);
   app->add_option("--controller", controller, "the job's controller")
       ->type_name("HOST:PORT")
       ->required();

@@ -18,13 +18,13 @@ using controller::SampleLedger;
 using controller::SampleState;
 using controller::SampleStateName;
 
-constexpr char kSummary[] =
+constexpr char kLedgerSummary[] =
     "Reads the sample ledger of a run (RUN_DIR/ledger.db; RUN_DIR is job.output_dir/job.name,\n"
     "or the ledger file itself): without an option, how many samples are in each state and the\n"
     "newest event. Every training sample moves queued -> generating -> finished -> scored ->\n"
     "trained, or ends filtered or dropped with a reason (docs/checkpoints.md).";
 
-constexpr char kDetails[] =
+constexpr char kLedgerDetails[] =
     "Exit status: 0, 1 when the ledger cannot be read or the sample is unknown, 2 on a usage\n"
     "error.";
 
@@ -73,7 +73,7 @@ int RunLedger(const std::vector<std::string>& args) {
   for (int i = 0; i <= static_cast<int>(SampleState::kDropped); ++i) {
     states.push_back(SampleStateName(static_cast<SampleState>(i)));
   }
-  auto app = NewCommand("gyre ledger", kSummary, kDetails);
+  auto app = NewCommand("gyre ledger", kLedgerSummary, kLedgerDetails);
   app->add_option("RUN_DIR", run_dir, "the run directory, or its ledger.db")->required();
   CLI::Option* sample = app->add_option("--sample", sample_id,
                                         "where sample ID is, and every move it made (step, "

@@ -19,12 +19,12 @@ namespace gyre::cli {
 
 namespace {
 
-constexpr char kSummary[] =
+constexpr char kReportSummary[] =
     "Renders the curves of a run (RUN_DIR/metrics.jsonl: reward, accuracy with the held-out\n"
     "evaluations, response length, KL, entropy, clip fraction, tokens/s, phase timings,\n"
     "staleness, warm-up loss) as one self-contained HTML page of SVG charts.";
 
-constexpr char kDetails[] =
+constexpr char kReportDetails[] =
     "Works on a run that is still going: it reads what metrics.jsonl holds now. --png needs\n"
     "headless Chromium: the `chromium` executable on PATH, or $GYRE_CHROMIUM.\n"
     "Exit status: 0, 1 when the run cannot be read or the page or screenshot cannot be\n"
@@ -48,7 +48,7 @@ int Fail(const std::string& msg) {
 int RunReport(const std::vector<std::string>& args) {
   std::string run_dir, out, png;
   int width = 1240;
-  auto app = NewCommand("gyre report", kSummary, kDetails);
+  auto app = NewCommand("gyre report", kReportSummary, kReportDetails);
   app->add_option("RUN_DIR", run_dir, "the run directory")->required();
   app->add_option("--out", out, "where the page goes")
       ->type_name("FILE")

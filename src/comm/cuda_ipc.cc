@@ -9,7 +9,7 @@
 namespace gyre::comm {
 namespace {
 
-std::string CudaError(cudaError_t e) { return cudaGetErrorString(e); }
+std::string IpcCudaError(cudaError_t e) { return cudaGetErrorString(e); }
 
 }  // namespace
 
@@ -18,7 +18,7 @@ bool CudaIpcCompiled() { return true; }
 StatusOr<std::string> ExportCudaIpcHandle(const void* device_ptr) {
   cudaIpcMemHandle_t handle;
   const cudaError_t e = cudaIpcGetMemHandle(&handle, const_cast<void*>(device_ptr));
-  if (e != cudaSuccess) return Unavailable("cudaIpcGetMemHandle: " + CudaError(e));
+  if (e != cudaSuccess) return Unavailable("cudaIpcGetMemHandle: " + IpcCudaError(e));
   return std::string(handle.reserved, sizeof(handle.reserved));
 }
 
@@ -31,15 +31,15 @@ StatusOr<std::unique_ptr<CudaIpcMapping>> CudaIpcMapping::Open(const std::string
   }
   std::memcpy(h.reserved, handle.data(), sizeof(h.reserved));
   cudaError_t e = cudaSetDevice(device);
-  if (e != cudaSuccess) return FailedPrecondition("cudaSetDevice: " + CudaError(e));
+  if (e != cudaSuccess) return FailedPrecondition("cudaSetDevice: " + IpcCudaError(e));
   void* ptr = nullptr;
   e = cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
-  if (e != cudaSuccess) return Unavailable("cudaIpcOpenMemHandle: " + CudaError(e));
+  if (e != cudaSuccess) return Unavailable("cudaIpcOpenMemHandle: " + IpcCudaError(e));
   cudaStream_t stream = nullptr;
   e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   if (e != cudaSuccess) {
     cudaIpcCloseMemHandle(ptr);
-    return Unavailable("cudaStreamCreate: " + CudaError(e));
+    return Unavailable("cudaStreamCreate: " + IpcCudaError(e));
   }
   return std::unique_ptr<CudaIpcMapping>(new CudaIpcMapping(ptr, stream, device));
 }
@@ -58,11 +58,11 @@ Status CudaIpcMapping::CopyTo(void* dst, size_t offset, size_t bytes, Deadline d
     e = cudaMemcpyAsync(dst, static_cast<const char*>(ptr_) + offset, bytes,
                         cudaMemcpyDeviceToDevice, stream);
   }
-  if (e != cudaSuccess) return Unavailable("cuda ipc copy: " + CudaError(e));
+  if (e != cudaSuccess) return Unavailable("cuda ipc copy: " + IpcCudaError(e));
   for (int i = 0;; ++i) {
     e = cudaStreamQuery(stream);
     if (e == cudaSuccess) return Status::Ok();
-    if (e != cudaErrorNotReady) return Unavailable("cuda ipc copy: " + CudaError(e));
+    if (e != cudaErrorNotReady) return Unavailable("cuda ipc copy: " + IpcCudaError(e));
     if (std::chrono::steady_clock::now() >= deadline) {
       return DeadlineExceeded("cuda ipc copy of " + std::to_string(bytes) +
                               " bytes did not finish within its deadline");

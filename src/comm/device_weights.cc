@@ -12,14 +12,14 @@
 namespace gyre::comm {
 namespace {
 
-std::string CudaError(cudaError_t e) { return cudaGetErrorString(e); }
+std::string DeviceCudaError(cudaError_t e) { return cudaGetErrorString(e); }
 
 // Polls `event` until it completed or `deadline` passed.
 Status WaitEvent(cudaEvent_t event, Deadline deadline, const std::string& what) {
   for (int i = 0;; ++i) {
     const cudaError_t e = cudaEventQuery(event);
     if (e == cudaSuccess) return Status::Ok();
-    if (e != cudaErrorNotReady) return Unavailable(what + ": " + CudaError(e));
+    if (e != cudaErrorNotReady) return Unavailable(what + ": " + DeviceCudaError(e));
     if (std::chrono::steady_clock::now() >= deadline) {
       return DeadlineExceeded(what + " did not finish within its deadline");
     }
@@ -39,7 +39,7 @@ Status WaitDefaultStream(Deadline deadline, const std::string& what) {
   if (e == cudaSuccess) e = cudaEventRecord(event, nullptr);
   if (e != cudaSuccess) {
     if (event != nullptr) cudaEventDestroy(event);
-    return Unavailable(what + ": " + CudaError(e));
+    return Unavailable(what + ": " + DeviceCudaError(e));
   }
   Status s = WaitEvent(event, deadline, what);
   cudaEventDestroy(event);
@@ -53,14 +53,14 @@ bool DeviceWeightsCompiled() { return true; }
 StatusOr<std::unique_ptr<DeviceBuffer>> DeviceBuffer::Allocate(uint64_t bytes, int device) {
   cudaError_t e = cudaSetDevice(device);
   if (e != cudaSuccess) {
-    return FailedPrecondition("cuda device " + std::to_string(device) + ": " + CudaError(e));
+    return FailedPrecondition("cuda device " + std::to_string(device) + ": " + DeviceCudaError(e));
   }
   void* ptr = nullptr;
   e = cudaMalloc(&ptr, std::max<uint64_t>(bytes, 1));
   if (e != cudaSuccess) {
     cudaGetLastError();
     return Unavailable("cannot allocate " + std::to_string(bytes) + " bytes on cuda device " +
-                       std::to_string(device) + " for the weight buffer: " + CudaError(e));
+                       std::to_string(device) + " for the weight buffer: " + DeviceCudaError(e));
   }
   return std::unique_ptr<DeviceBuffer>(new DeviceBuffer(ptr, bytes, device));
 }
@@ -84,7 +84,7 @@ Status EnsureDeviceBuffer(uint64_t bytes, int device, std::unique_ptr<DeviceBuff
 
 Status SynchronizeDevice(int device, Deadline deadline) {
   const cudaError_t e = cudaSetDevice(device);
-  if (e != cudaSuccess) return Unavailable("cudaSetDevice: " + CudaError(e));
+  if (e != cudaSuccess) return Unavailable("cudaSetDevice: " + DeviceCudaError(e));
   return WaitDefaultStream(deadline, "device synchronisation");
 }
 
@@ -94,7 +94,7 @@ Status Copy(void* dst, const void* src, uint64_t bytes, int device, cudaMemcpyKi
             Deadline deadline) {
   cudaError_t e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
-  if (e != cudaSuccess) return Unavailable("device copy: " + CudaError(e));
+  if (e != cudaSuccess) return Unavailable("device copy: " + DeviceCudaError(e));
   return WaitDefaultStream(deadline, "device copy");
 }
 
@@ -116,19 +116,19 @@ StatusOr<std::vector<uint32_t>> DeviceBucketCrc32(const void* data, uint64_t tot
   const uint64_t bucket = static_cast<uint64_t>(bucket_bytes);
   const uint64_t buckets = std::max<uint64_t>(1, (total + bucket - 1) / bucket);
   cudaError_t e = cudaSetDevice(device);
-  if (e != cudaSuccess) return Unavailable("cudaSetDevice: " + CudaError(e));
+  if (e != cudaSuccess) return Unavailable("cudaSetDevice: " + DeviceCudaError(e));
   uint32_t* raw = nullptr;
   e = cudaMalloc(reinterpret_cast<void**>(&raw), buckets * sizeof(uint32_t));
-  if (e != cudaSuccess) return Unavailable("checksum scratch: " + CudaError(e));
+  if (e != cudaSuccess) return Unavailable("checksum scratch: " + DeviceCudaError(e));
   std::vector<uint32_t> out(buckets);
   // On the legacy default stream: ordered after the copies that filled `data` on any blocking
   // stream of this process.
   e = kernels::LaunchBucketCrc32Raw(data, total, bucket, raw, buckets, nullptr);
   Status s = e == cudaSuccess ? WaitDefaultStream(deadline, "bucket checksums")
-                              : Unavailable("bucket checksum kernel: " + CudaError(e));
+                              : Unavailable("bucket checksum kernel: " + DeviceCudaError(e));
   if (s.ok()) {
     e = cudaMemcpy(out.data(), raw, buckets * sizeof(uint32_t), cudaMemcpyDeviceToHost);
-    if (e != cudaSuccess) s = Unavailable("bucket checksums: " + CudaError(e));
+    if (e != cudaSuccess) s = Unavailable("bucket checksums: " + DeviceCudaError(e));
   }
   cudaFree(raw);
   GYRE_RETURN_IF_ERROR(s);

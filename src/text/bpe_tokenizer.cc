@@ -257,7 +257,7 @@ struct PreTokenizerStep {
   bool use_regex = true;
 };
 
-struct AddedToken {
+struct AddedTokenRule {
   int32_t id = 0;
   std::string content;
   bool single_word = false;
@@ -376,7 +376,7 @@ struct BpeTokenizer::Impl {
   std::vector<std::string> id_to_token;
   std::vector<int> id_to_added;  // index into added, or -1
 
-  std::vector<AddedToken> added;
+  std::vector<AddedTokenRule> added;
   TokenTrie raw_trie;         // added tokens with normalized=false
   TokenTrie normalized_trie;  // added tokens with normalized=true, keyed by normalized content
 
@@ -444,7 +444,7 @@ void BpeTokenizer::Impl::SplitAdded(const std::string& text, const TokenTrie& tr
       }
       size_t start = pos, stop = pos + len;
       pos = stop;  // matches never overlap, even when the one found is then discarded
-      const AddedToken& tok = added[index];
+      const AddedTokenRule& tok = added[index];
       if (tok.special && !allow_special) continue;
       if (tok.single_word) {
         size_t l = 0;
@@ -889,7 +889,7 @@ Status BpeTokenizer::Impl::Load(const json& root) {
       const json& t = (*added_it)[i];
       const std::string field = "added_tokens[" + std::to_string(i) + "]";
       if (!t.is_object()) return FieldError(field, "expected an object");
-      AddedToken tok;
+      AddedTokenRule tok;
       auto id = t.find("id");
       if (id == t.end() || !id->is_number_integer() || id->get<int64_t>() < 0 ||
           id->get<int64_t>() > INT32_MAX) {
@@ -956,7 +956,7 @@ Status BpeTokenizer::Impl::Load(const json& root) {
   id_to_added.assign(static_cast<size_t>(max_id + 1), -1);
   for (const auto& [token, id] : vocab) id_to_token[id] = token;
   for (size_t i = 0; i < added.size(); ++i) {
-    AddedToken& tok = added[i];
+    AddedTokenRule& tok = added[i];
     id_to_added[tok.id] = static_cast<int>(i);
     if (tok.normalized) {
       GYRE_ASSIGN_OR_RETURN(std::string key, Normalize(tok.content));
@@ -1090,7 +1090,7 @@ int64_t BpeTokenizer::vocab_size() const { return static_cast<int64_t>(impl_->id
 
 std::optional<int32_t> BpeTokenizer::TokenToId(const std::string& token) const {
   // An added token is found by its content or, for normalized ones, its normalized form.
-  for (const AddedToken& tok : impl_->added) {
+  for (const AddedTokenRule& tok : impl_->added) {
     if (tok.content == token || impl_->id_to_token[tok.id] == token) return tok.id;
   }
   auto it = impl_->vocab.find(token);
