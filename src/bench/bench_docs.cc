@@ -240,9 +240,9 @@ StatusOr<std::string> Regenerate(const std::string& md_path, const std::string& 
 int RunBenchDocs(const std::vector<std::string>& args) {
   bool check = false;
   std::vector<std::string> files;
-  auto app =
-      NewCommand("gyre bench docs",
-                 "Regenerates the benchmark tables of Markdown files from result files.", kDocsDetails);
+  auto app = NewCommand("gyre bench docs",
+                        "Regenerates the benchmark tables of Markdown files from result files.",
+                        kDocsDetails);
   app->add_option("FILE.md", files, "the Markdown files")->required()->default_str("");
   app->add_flag("--check", check, "change nothing; list the blocks that differ from their files");
   if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;

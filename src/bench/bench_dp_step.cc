@@ -119,7 +119,8 @@ StatusOr<RankRun> RunRank(const DpStepSetup& s, DpMode mode, const std::string& 
   o.rank = rank;
   o.size = static_cast<int>(s.ranks);
   GYRE_ASSIGN_OR_RETURN(auto comm, comm::CreateGlooCommunicator(o));
-  trainer::PolicyTrainer t(model::Transformer::Create(DpStepSpec(s), 7, 0.02), 1e-4, 0.0, 0.9, 0.999);
+  trainer::PolicyTrainer t(model::Transformer::Create(DpStepSpec(s), 7, 0.02), 1e-4, 0.0, 0.9,
+                           0.999);
   RankRun out;
   if (mode == DpMode::kAllReduceOnly) {
     // Tensors with the model's parameter sizes; gradients zero (no backward).
@@ -143,7 +144,7 @@ StatusOr<RankRun> RunRank(const DpStepSetup& s, DpMode mode, const std::string& 
   dp.overlap_grad_reduce = mode != DpMode::kBlocking;
   GYRE_RETURN_IF_ERROR(t.SetSharding(mode == DpMode::kZero1   ? trainer::Shard::kOptimizer
                                      : mode == DpMode::kZero2 ? trainer::Shard::kGradients
-                                                            : trainer::Shard::kNone));
+                                                              : trainer::Shard::kNone));
   GYRE_RETURN_IF_ERROR(t.SetDataParallel(comm.get(), dp));
   trainer::TrainOptions opts;
   opts.micro_batch_size = (s.batch + s.micro_batches - 1) / s.micro_batches;
@@ -202,7 +203,7 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
     return 1;
   }
   const std::vector<DpMode> modes = {DpMode::kAllReduceOnly, DpMode::kBlocking, DpMode::kOverlapped,
-                                   DpMode::kZero1, DpMode::kZero2};
+                                     DpMode::kZero1, DpMode::kZero2};
   std::vector<std::vector<double>> times(modes.size());
   std::vector<double> state_mib(modes.size()), grad_mib(modes.size()), weight_diff(modes.size());
   bool same_weights = true;
@@ -275,11 +276,11 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
                    {"median_s", med},
                    {"min_s", *std::min_element(times[k].begin(), times[k].end())},
                    {"speedup", modes[k] == DpMode::kAllReduceOnly ? nlohmann::json()
-                                                                : nlohmann::json(base / med)},
+                                                                  : nlohmann::json(base / med)},
                    {"state_mib", modes[k] == DpMode::kAllReduceOnly ? nlohmann::json()
-                                                                  : nlohmann::json(state_mib[k])},
+                                                                    : nlohmann::json(state_mib[k])},
                    {"grad_mib", modes[k] == DpMode::kAllReduceOnly ? nlohmann::json()
-                                                                 : nlohmann::json(grad_mib[k])},
+                                                                   : nlohmann::json(grad_mib[k])},
                    {"max_weight_diff", k >= 3 ? nlohmann::json(weight_diff[k]) : nlohmann::json()},
                    {"steps", static_cast<int64_t>(times[k].size())}});
   }

@@ -265,9 +265,10 @@ bool Wanted(const KernelsOptions& o, const std::string& kernel) {
 
 int RunBenchKernels(const std::vector<std::string>& args) {
   KernelsOptions o;
-  auto app = NewCommand(
-      "gyre bench kernels",
-      "Times Gyre's kernel paths against their libtorch baselines in the same run.", kKernelsDetails);
+  auto app =
+      NewCommand("gyre bench kernels",
+                 "Times Gyre's kernel paths against their libtorch baselines in the same run.",
+                 kKernelsDetails);
   app->add_option("--device", o.device, "where to run (auto: cuda when a device is usable)")
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
   app->add_option("--batch", o.batches,

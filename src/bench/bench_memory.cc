@@ -152,7 +152,8 @@ int RunChild(const MemorySetup& s, const std::string& config, const std::string&
 }
 
 // Runs this binary as a child for `config`; returns its JSON or an error.
-StatusOr<nlohmann::json> Spawn(const MemorySetup& s, const std::string& config, const std::string& dir) {
+StatusOr<nlohmann::json> Spawn(const MemorySetup& s, const std::string& config,
+                               const std::string& dir) {
   const std::string out_path = dir + "/" + config + ".json";
   std::vector<std::string> args = {"gyre", "bench", "memory"};
   for (const std::string& a : SetupArgs(s)) args.push_back(a);
