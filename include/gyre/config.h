@@ -271,8 +271,9 @@ struct ClusterSection {
   std::string weight_transport = "grpc";
   // Peer relay (grpc transport): 0 = the trainer sends every rollout worker its copy; F >= 1 =
   // the trainer sends F copies, then in rounds every worker that holds the version sends it on
-  // to up to F more, so the trainer's uplink carries F copies instead of one per worker.
-  int weight_relay_fanout = 0;
+  // to up to F more, so the trainer's uplink carries F copies instead of one per worker;
+  // -1 = the controller picks F for each publish (no relay when it gains nothing).
+  int weight_relay_fanout = -1;
   // GPUs: colocated = worker i of each role on GPU i mod n; disaggregated = trainers on GPUs
   // 0..M-1, rollout worker i on GPU (M + i) mod n.
   std::string placement = "colocated";

@@ -41,7 +41,11 @@ struct E2eOptions {
   sim::CostModel cost = BenchCost();
   static sim::CostModel BenchCost() {
     sim::CostModel c;
-    c.time_scale = 0.01;  // a simulated minute in 0.6 s
+    // A simulated minute in 3 s. Every real overhead (gRPC, the controller's bookkeeping, the
+    // simulated workers' scheduling on shared cores) counts 1 / time_scale times in simulated
+    // seconds: at 0.01 it hid most of what asynchronous rollout and peer relay gain
+    // (docs/algorithms.md, "Measuring: gyre bench e2e").
+    c.time_scale = 0.05;
     return c;
   }
 };

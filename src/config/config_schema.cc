@@ -377,8 +377,9 @@ std::vector<Field> ClusterFields() {
       Choice(GYRE_CONFIG_KEY(cluster.weight_transport), {"grpc", "gloo", "nccl", "cuda_ipc"},
              "grpc = gRPC streams; gloo = bucketed Gloo broadcast over TCP; nccl = bucketed NCCL "
              "broadcast between GPUs; cuda_ipc = device-to-device copy on one host"),
-      Num(GYRE_CONFIG_KEY(cluster.weight_relay_fanout), Closed(0, 64),
-          "peer relay of weights (grpc): copies each holder sends per round; 0 = off"),
+      Num(GYRE_CONFIG_KEY(cluster.weight_relay_fanout), Closed(-1, 64),
+          "peer relay of weights (grpc): copies each holder sends per round; 0 = off; -1 = "
+          "chosen for each publish from its receivers and the measured cost of a copy"),
       Choice(GYRE_CONFIG_KEY(cluster.placement), {"colocated", "disaggregated"},
              "colocated = worker i of each role on GPU i; disaggregated = trainers on the first "
              "GPUs, rollout workers on the next ones"),

@@ -93,7 +93,8 @@ Status StepFinisher::Finish(int step, SteadyClock::time_point t0, StepBatch* bat
   rec.filter_zero_variance = cfg.algorithm.filter_zero_variance;
   rec.overlong_shaping = cfg.algorithm.overlong_buffer > 0;
   rec.median_pivots = median_pivots_;
-  if (cfg.cluster.weight_relay_fanout > 0) {
+  if (const int fanout = job_->cluster->publisher()->last_relay_fanout(); fanout > 0) {
+    rec.relay_fanout = fanout;
     rec.relay_rounds = job_->cluster->publisher()->last_relay_rounds();
   }
   if (cfg.rollout.partial_rollouts) {

@@ -51,6 +51,7 @@ nlohmann::json StepMetrics(const StepRecord& r) {
   j["prefill_tokens"] = gen.prefill_tokens;
   j["prefix_shared_tokens"] = gen.prefix_shared_tokens;
   if (r.relay_rounds >= 0) j["publish_relay_rounds"] = r.relay_rounds;
+  if (r.relay_fanout > 0) j["publish_relay_fanout"] = r.relay_fanout;
   if (r.partial_carried >= 0) {
     j["partial_resumed_samples"] = gen.resumed_samples;
     j["partial_carried_groups"] = r.partial_carried;

@@ -33,6 +33,7 @@ struct StepRecord {
   bool has_kl_reward = false;
   double kl_reward = 0;
   int relay_rounds = -1;         // peer relay rounds of the publish; -1 = no peer relay
+  int relay_fanout = 0;          // the publish's relay fan-out (0 = no peer relay)
   int64_t partial_carried = -1;  // partial rollouts: groups carried on; -1 = not partial
   nlohmann::json extra = nlohmann::json::object();  // mode-specific fields (async queues)
   std::map<std::string, double> train;              // the trainer's metrics (loss, ...)

@@ -160,7 +160,12 @@ Status WeightPublisher::PublishTo(int64_t version, const std::vector<Worker*>& r
   } else if (cfg_.cluster.weight_transport == "cuda_ipc") {
     s = PublishCudaIpc(version, rollouts);
   } else {
-    s = PublishGrpc(version, rollouts);
+    // cluster.weight_relay_fanout, or (-1) the fan-out with the least estimated time for this
+    // many receivers (controller/relay_plan.h).
+    const int configured = cfg_.cluster.weight_relay_fanout;
+    last_relay_fanout_ =
+        configured >= 0 ? configured : relay_planner_.Choose(static_cast<int64_t>(rollouts.size()));
+    s = PublishGrpc(version, rollouts, static_cast<size_t>(last_relay_fanout_));
   }
   last_seconds_ = SecondsSince(t0);
   GYRE_RETURN_IF_ERROR(s);
@@ -194,8 +199,8 @@ std::string WeightPublisher::WeightGroup(const Worker& w) const {
                             : "weights/e" + std::to_string(weight_epoch_) + "/" + w.id;
 }
 
-Status WeightPublisher::PublishGrpc(int64_t version, const std::vector<Worker*>& rollouts) {
-  const size_t fanout = static_cast<size_t>(std::max(0, cfg_.cluster.weight_relay_fanout));
+Status WeightPublisher::PublishGrpc(int64_t version, const std::vector<Worker*>& rollouts,
+                                    size_t fanout) {
   const size_t direct = fanout > 0 ? std::min(fanout, rollouts.size()) : rollouts.size();
   v1::PublishWeightsRequest req;
   req.set_version(version);
@@ -214,7 +219,11 @@ Status WeightPublisher::PublishGrpc(int64_t version, const std::vector<Worker*>&
         [this, id = req.publish_id()](const std::vector<std::string>& ids, const std::string& why) {
           AbortAtSource(id, ids, why);
         });
+    const auto sent_at = SteadyClock::now();
     source_status = SendFromSource(req, cfg_.cluster.weight_sync_timeout_s + 10, &resp);
+    if (source_status.ok()) {
+      relay_planner_.ObserveTrainer(SecondsSince(sent_at), static_cast<int64_t>(direct));
+    }
   }
   GYRE_RETURN_IF_ERROR(SettleSource(source_status));
   std::vector<Worker*> holders;
@@ -232,13 +241,13 @@ Status WeightPublisher::PublishGrpc(int64_t version, const std::vector<Worker*>&
   return Relay(
       version, std::move(holders),
       std::vector<Worker*>(rollouts.begin() + static_cast<std::ptrdiff_t>(direct), rollouts.end()),
-      sent);
+      sent, fanout);
 }
 
 Status WeightPublisher::Relay(int64_t version, std::vector<Worker*> holders,
                               std::vector<Worker*> waiting,
-                              const google::protobuf::RepeatedField<uint32_t>& sent) {
-  const size_t fanout = static_cast<size_t>(cfg_.cluster.weight_relay_fanout);
+                              const google::protobuf::RepeatedField<uint32_t>& sent,
+                              size_t fanout) {
   const double timeout = cfg_.cluster.weight_sync_timeout_s;
   std::deque<Worker*> queue(waiting.begin(), waiting.end());
   while (!queue.empty()) {
@@ -250,7 +259,7 @@ Status WeightPublisher::Relay(int64_t version, std::vector<Worker*> holders,
         queue.pop_front();
       }
       const int rounds = last_relay_rounds_;
-      GYRE_RETURN_IF_ERROR(PublishGrpc(version, next));  // direct: next.size() <= fanout
+      GYRE_RETURN_IF_ERROR(PublishGrpc(version, next, fanout));  // direct: next.size() <= fanout
       last_relay_rounds_ += rounds;
       for (Worker* w : next) {
         if (w->version == version && !pool_->IsDead(w->id)) holders.push_back(w);
@@ -283,7 +292,10 @@ Status WeightPublisher::Relay(int64_t version, std::vector<Worker*> holders,
       hops.push_back(std::move(hop));
     }
     std::vector<std::future<Status>> pending;
+    const auto round_start = SteadyClock::now();
+    size_t most_copies = 0;  // the busiest sender's: it sets the round's length
     for (Hop& hop : hops) {
+      most_copies = std::max(most_copies, hop.to.size());
       pending.push_back(std::async(std::launch::async, [this, &hop, timeout] {
         return pool_->Invoke(hop.from->id, timeout + 10, [&](const rpc::Call& c) {
           return hop.from->rollout->RelayWeights(c, hop.req, &hop.resp);
@@ -292,6 +304,12 @@ Status WeightPublisher::Relay(int64_t version, std::vector<Worker*> holders,
     }
     std::vector<Status> results;
     for (auto& f : pending) results.push_back(f.get());
+    // Full rounds only: as many copies from the busiest sender as the trainer made
+    // (controller/relay_plan.h).
+    if (most_copies == fanout &&
+        std::all_of(results.begin(), results.end(), [](const Status& r) { return r.ok(); })) {
+      relay_planner_.ObserveRelay(SecondsSince(round_start), static_cast<int64_t>(most_copies));
+    }
     std::vector<Worker*> received;
     std::set<Worker*> failed_holders;
     for (size_t i = 0; i < hops.size(); ++i) {

@@ -2,10 +2,12 @@
 // WeightPublisher: moves a policy version from trainer-0 to rollout workers over the job's
 // cluster.weight_transport, and accepts a worker as holding that version only on a receipt that
 // matches what the trainer sent, bucket by bucket (docs/design.md, "Weight plane").
-//   grpc      the trainer streams buckets to each rollout worker itself; with
-//             cluster.weight_relay_fanout F > 0 only to F of them, and then, in rounds, every
-//             worker that holds the version relays it to up to F that do not (peer relay), each
-//             receipt checked against the trainer's checksums;
+//   grpc      the trainer streams buckets to each rollout worker itself; with a relay fan-out
+//             F > 0 only to F of them, and then, in rounds, every worker that holds the version
+//             relays it to up to F that do not (peer relay), each receipt checked against the
+//             trainer's checksums. F is cluster.weight_relay_fanout, or by default (-1) chosen
+//             for each publish from its number of receivers and the measured cost of a copy
+//             (controller/relay_plan.h);
 //   gloo/nccl the trainer and each rollout worker meet in a two-member group through the
 //             controller's rendezvous store; the trainer broadcasts in buckets;
 //   cuda_ipc  the trainer fills its GPU buffer; every rollout worker copies from it through a
@@ -24,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "controller/relay_plan.h"
 #include "controller/worker_pool.h"
 
 namespace gyre::controller {
@@ -67,11 +70,12 @@ class WeightPublisher {
 
  private:
   Status PublishTo(int64_t version, const std::vector<Worker*>& rollouts);
-  Status PublishGrpc(int64_t version, const std::vector<Worker*>& rollouts);
+  // The trainer sends to `fanout` of `rollouts` (all of them when 0), which relay to the rest.
+  Status PublishGrpc(int64_t version, const std::vector<Worker*>& rollouts, size_t fanout);
   // Peer relay rounds: `holders` hold `version` (sent by the trainer with checksums `sent`);
-  // each round every holder sends it on to up to weight_relay_fanout of `waiting`.
+  // each round every holder sends it on to up to `fanout` of `waiting`.
   Status Relay(int64_t version, std::vector<Worker*> holders, std::vector<Worker*> waiting,
-               const google::protobuf::RepeatedField<uint32_t>& sent);
+               const google::protobuf::RepeatedField<uint32_t>& sent, size_t fanout);
   Status PublishGroups(int64_t version, const std::vector<Worker*>& rollouts);
   Status PublishCudaIpc(int64_t version, const std::vector<Worker*>& rollouts);
   // The one receipt check: `error` is why the transfer failed ("" when it went through), and
@@ -103,10 +107,16 @@ class WeightPublisher {
   double last_seconds_ = 0;
   std::map<std::string, Outcome> last_outcomes_;  // by worker id
   int last_relay_rounds_ = 0;
+  int last_relay_fanout_ = 0;
+  RelayPlanner relay_planner_;  // gRPC: what a copy costs the trainer and a relaying worker
 
  public:
   // Relay rounds of the last Publish (0 without peer relay).
   int last_relay_rounds() const { return last_relay_rounds_; }
+  // The fan-out of the last gRPC Publish or CatchUp: cluster.weight_relay_fanout, or the one
+  // chosen for its receivers when that is -1 (0 = the trainer sent every copy).
+  int last_relay_fanout() const { return last_relay_fanout_; }
+  const RelayPlanner& relay_planner() const { return relay_planner_; }
 };
 
 // Why `receipt` does not confirm `version` as sent (empty when it does): it must name the

@@ -68,6 +68,38 @@ TEST(WeightPublisherTest, PeerRelayFansOutFromTheTrainersCopiesInRounds) {
   for (const auto& id : calls[0].rollout_ids()) EXPECT_EQ(received.count(id), 0u) << id;
 }
 
+// By default (weight_relay_fanout -1) the fan-out is chosen per publish: none for 3 receivers,
+// 1 for 8 on links taken as equal; and once relays measure 100x slower a copy than the
+// trainer's, the next publish to the same 8 goes direct.
+TEST(WeightPublisherTest, DefaultFanOutFollowsTheReceiversAndWhatTheLinksMeasured) {
+  {
+    FakeJob job(FakeJobConfig(3, 1));
+    ASSERT_EQ(job.cfg.cluster.weight_relay_fanout, -1);
+    ASSERT_TRUE(job.Start().ok());
+    WeightPublisher pub(job.cfg, job.pool.get(), "");
+    ASSERT_TRUE(pub.Publish(1).ok());
+    EXPECT_EQ(pub.last_relay_fanout(), 0);
+    EXPECT_EQ(job.cluster.trainer[0]->publish_calls().at(0).rollout_ids_size(), 3);
+  }
+  FakeJob job(FakeJobConfig(8, 1));
+  ASSERT_TRUE(job.Start().ok());
+  for (auto& r : job.cluster.rollout) r->relay_delay_s = 0.2;
+  WeightPublisher pub(job.cfg, job.pool.get(), "");
+  ASSERT_TRUE(pub.Publish(1).ok());
+  EXPECT_EQ(pub.last_relay_fanout(), 1);
+  EXPECT_EQ(pub.last_relay_rounds(), 3);  // holders 1 -> 2 -> 4 -> 8
+  EXPECT_EQ(job.cluster.trainer[0]->publish_calls().at(0).rollout_ids_size(), 1);
+  EXPECT_GE(pub.relay_planner().relay_copy_s(), 0.2);
+  EXPECT_LT(pub.relay_planner().trainer_copy_s(), 0.2);
+  ASSERT_TRUE(pub.Publish(2).ok());
+  EXPECT_EQ(pub.last_relay_fanout(), 0);
+  EXPECT_EQ(pub.last_relay_rounds(), 0);
+  const auto calls = job.cluster.trainer[0]->publish_calls();
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[1].rollout_ids_size(), 8);
+  for (Worker* w : job.pool->AliveRollouts()) EXPECT_EQ(w->version, 2) << w->id;
+}
+
 // A relaying worker that sends checksums other than the trainer's is dropped (it holds something
 // else), and its targets get the version from another holder; a target whose receipt does not
 // match is dropped itself.
