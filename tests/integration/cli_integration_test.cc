@@ -1563,7 +1563,7 @@ TEST(BenchTest, EveryHelpListsEachOptionWithItsDefault) {
         {"--prompts-per-step", "=256"},
         {"--group-size", "=8"},
         {"--max-new-tokens", "=8192"},
-        {"--time-scale", "=0.01"}}},
+        {"--time-scale", "=0.05"}}},
       {{"bench", "compare"},
        {{"A.json", "REQUIRED"}, {"B.json", "REQUIRED"}, {"--threshold", "=0.1"}}},
       {{"bench", "docs"}, {{"FILE.md", "REQUIRED"}, {"--check", "change nothing"}}},
