@@ -71,8 +71,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  gyre::trainer::TrainerService service(gyre::fuzz::FuzzTrainerJobConfig(),
-                                        gyre::fuzz::MakeFuzzModel(), [](const std::string&) {});
+  auto made = gyre::trainer::TrainerService::Create(
+      gyre::fuzz::FuzzTrainerJobConfig(), gyre::fuzz::MakeFuzzModel(), [](const std::string&) {});
+  if (!made.ok()) __builtin_trap();  // the fixture's job must resolve
+  gyre::trainer::TrainerService& service = **made;
   gyre::fuzz::RecordReader records(data, size);
   uint8_t tag;
   std::string payload;
