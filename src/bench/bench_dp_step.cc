@@ -1,8 +1,8 @@
 // `gyre bench dp-step`: the time of one data-parallel optimizer step with the gradient
 // all-reduce overlapped with backward (trainer.overlap_grad_reduce: true) against the blocking
 // all-reduce after backward (false), in the same run, plus the all-reduce alone for scale, and
-// with sharded optimizer state (trainer.shard: optimizer, gradients) with the state each rank
-// holds.
+// with sharded optimizer state (trainer.shard: optimizer, gradients) and fully sharded parameters
+// (trainer.shard: parameters), with the state each rank holds.
 //
 // The ranks are threads of this process, each with its own PolicyTrainer and Gloo group member
 // on loopback, so the figures include Gloo's TCP path but not a real network. Rounds alternate
@@ -49,11 +49,16 @@ constexpr char kDpStepDetails[] =
     "                  AdamW moments, updates that slice and all-gathers the weights\n"
     "  zero2           trainer.shard: gradients: gradients reduce-scattered after backward, each\n"
     "                  rank keeps 1/RANKS of the moments and of the gradients\n"
+    "  zero3           trainer.shard: parameters: each rank keeps 1/RANKS of the weights too;\n"
+    "                  every decoder layer is all-gathered before its forward and again before\n"
+    "                  its backward, its gradient reduce-scattered during the backward\n"
     "Each round runs the modes in turn (rotating which goes first), each from the same seed:\n"
     "one untimed warm-up step, then STEPS timed steps. Reports the median and minimum seconds\n"
-    "per step on rank 0 over all rounds; speedup = blocking median / median; state_mib and\n"
-    "grad_mib = the AdamW moments and the gradients rank 0 holds between steps (its largest\n"
-    "slice when sharded), measured from its tensors; max_weight_diff = the largest difference of\n"
+    "per step on rank 0 over all rounds; speedup = blocking median / median; weights_mib,\n"
+    "state_mib and grad_mib = the float32 weights, the AdamW moments and the gradients rank 0\n"
+    "holds between steps (its largest slice when sharded), measured from its tensors;\n"
+    "comm_s = zero3's seconds per step inside collectives, of which comm_wait_s the step waited\n"
+    "for (the rest was hidden behind compute); max_weight_diff = the largest difference of\n"
     "the final weights from the overlapped row's (sharded rows sum in another order). Blocking\n"
     "and overlapped must end every round with identical weights (checked).\n";
 
@@ -80,19 +85,16 @@ std::vector<trainer::TrainSample> Batch(const DpStepSetup& s, int rank, int step
   return out;
 }
 
-at::Tensor DpStepWeights(const trainer::PolicyTrainer& t) {
-  std::vector<at::Tensor> parts;
-  for (const auto& [n, p] : t.model().NamedParameters()) parts.push_back(p.detach().flatten());
-  return at::cat(parts);
-}
-
 struct RankRun {
-  std::vector<double> step_s;          // timed steps
-  at::Tensor weights;                  // at the end (trainer modes)
-  double state_mib = 0, grad_mib = 0;  // held after the last step (trainer modes)
+  std::vector<double> step_s;  // timed steps
+  at::Tensor weights;          // at the end (trainer modes)
+  // Held after the last step (trainer modes).
+  double weights_mib = 0, state_mib = 0, grad_mib = 0;
+  // zero3: seconds per timed step inside collectives, and waited for.
+  double comm_s = 0, comm_wait_s = 0;
 };
 
-enum class DpMode { kAllReduceOnly, kBlocking, kOverlapped, kZero1, kZero2 };
+enum class DpMode { kAllReduceOnly, kBlocking, kOverlapped, kZero1, kZero2, kZero3 };
 const char* ModeName(DpMode m) {
   switch (m) {
     case DpMode::kAllReduceOnly:
@@ -105,6 +107,8 @@ const char* ModeName(DpMode m) {
       return "zero1";
     case DpMode::kZero2:
       return "zero2";
+    case DpMode::kZero3:
+      return "zero3";
   }
   return "?";
 }
@@ -144,21 +148,34 @@ StatusOr<RankRun> RunRank(const DpStepSetup& s, DpMode mode, const std::string& 
   dp.overlap_grad_reduce = mode != DpMode::kBlocking;
   GYRE_RETURN_IF_ERROR(t.SetSharding(mode == DpMode::kZero1   ? trainer::Shard::kOptimizer
                                      : mode == DpMode::kZero2 ? trainer::Shard::kGradients
+                                     : mode == DpMode::kZero3 ? trainer::Shard::kParameters
                                                               : trainer::Shard::kNone));
   GYRE_RETURN_IF_ERROR(t.SetDataParallel(comm.get(), dp));
   trainer::TrainOptions opts;
   opts.micro_batch_size = (s.batch + s.micro_batches - 1) / s.micro_batches;
   opts.mini_batches = s.mini_batches;
+  double comm0 = 0, wait0 = 0;
   for (int64_t i = 0; i <= s.steps; ++i) {
     const auto batch = Batch(s, rank, static_cast<int>(i));
+    if (i == 1) {  // after the warm-up step
+      comm0 = t.collective_seconds();
+      wait0 = t.collective_wait_seconds();
+    }
     const auto t0 = std::chrono::steady_clock::now();
     auto m = t.Step(batch, trainer::Objective::kPolicyGradient, 1e-4, opts);
     if (!m.ok()) return m.status();
     if (i > 0) out.step_s.push_back(SecondsSince(t0));
+    out.weights_mib = m->at("weights_mib");
     out.state_mib = m->at("optimizer_state_mib");
     out.grad_mib = m->at("gradient_mib");
   }
-  out.weights = DpStepWeights(t);
+  out.comm_s = (t.collective_seconds() - comm0) / static_cast<double>(s.steps);
+  out.comm_wait_s = (t.collective_wait_seconds() - wait0) / static_cast<double>(s.steps);
+  // Every rank takes part (zero3 gathers the weights from all of them).
+  GYRE_ASSIGN_OR_RETURN(const model::NamedTensors weights, t.FullWeights());
+  std::vector<at::Tensor> parts;
+  for (const auto& [n, p] : weights) parts.push_back(p.detach().flatten());
+  out.weights = at::cat(parts);
   return out;
 }
 
@@ -203,9 +220,10 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
     return 1;
   }
   const std::vector<DpMode> modes = {DpMode::kAllReduceOnly, DpMode::kBlocking, DpMode::kOverlapped,
-                                     DpMode::kZero1, DpMode::kZero2};
+                                     DpMode::kZero1,         DpMode::kZero2,    DpMode::kZero3};
   std::vector<std::vector<double>> times(modes.size());
-  std::vector<double> state_mib(modes.size()), grad_mib(modes.size()), weight_diff(modes.size());
+  std::vector<double> weights_mib(modes.size()), state_mib(modes.size()), grad_mib(modes.size()),
+      weight_diff(modes.size()), comm_s(modes.size()), comm_wait_s(modes.size());
   bool same_weights = true;
   for (int64_t round = 0; round < s.rounds; ++round) {
     // The all-reduce alone first; the trainer modes in an order rotated each round.
@@ -231,8 +249,12 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
         if (r > 0) continue;
         times[k].insert(times[k].end(), run->step_s.begin(), run->step_s.end());
         weights[k] = run->weights;
+        weights_mib[k] = run->weights_mib;
         state_mib[k] = run->state_mib;
         grad_mib[k] = run->grad_mib;
+        // Averaged over the rounds.
+        comm_s[k] += run->comm_s / static_cast<double>(s.rounds);
+        comm_wait_s[k] += run->comm_wait_s / static_cast<double>(s.rounds);
       }
       std::fprintf(stderr, "bench dp-step: round %lld %s: median %.4f s\n",
                    static_cast<long long>(round), ModeName(modes[k]), Median(times[k]));
@@ -272,15 +294,21 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
   const double base = Median(times[1]);
   for (size_t k = 0; k < modes.size(); ++k) {
     const double med = Median(times[k]);
+    const bool trainer_mode = modes[k] != DpMode::kAllReduceOnly;
+    const bool zero3 = modes[k] == DpMode::kZero3;
     report.AddRow({{"mode", ModeName(modes[k])},
                    {"median_s", med},
                    {"min_s", *std::min_element(times[k].begin(), times[k].end())},
                    {"speedup", modes[k] == DpMode::kAllReduceOnly ? nlohmann::json()
                                                                   : nlohmann::json(base / med)},
+                   {"weights_mib",
+                    trainer_mode ? nlohmann::json(weights_mib[k]) : nlohmann::json()},
                    {"state_mib", modes[k] == DpMode::kAllReduceOnly ? nlohmann::json()
                                                                     : nlohmann::json(state_mib[k])},
                    {"grad_mib", modes[k] == DpMode::kAllReduceOnly ? nlohmann::json()
                                                                    : nlohmann::json(grad_mib[k])},
+                   {"comm_s", zero3 ? nlohmann::json(comm_s[k]) : nlohmann::json()},
+                   {"comm_wait_s", zero3 ? nlohmann::json(comm_wait_s[k]) : nlohmann::json()},
                    {"max_weight_diff", k >= 3 ? nlohmann::json(weight_diff[k]) : nlohmann::json()},
                    {"steps", static_cast<int64_t>(times[k].size())}});
   }
@@ -288,8 +316,11 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
                      {"median_s", "median s", 4},
                      {"min_s", "min s", 4},
                      {"speedup", "speedup", 3},
+                     {"weights_mib", "weights MiB", 2},
                      {"state_mib", "state MiB", 2},
                      {"grad_mib", "grad MiB", 2},
+                     {"comm_s", "comm s", 4},
+                     {"comm_wait_s", "comm wait s", 4},
                      {"max_weight_diff", "max w diff", 2},
                      {"steps", "steps"}});
   if (!report.WriteJsonIfAsked(json_path, "dp-step")) return 1;

@@ -26,6 +26,7 @@ size_t DataTypeSize(DataType t) {
     case DataType::kFloat64:
       return 8;
     case DataType::kBFloat16:
+    case DataType::kFloat16:
       return 2;
   }
   return 0;

@@ -30,8 +30,8 @@ Deadline DeadlineAfter(double seconds);
 // Seconds left until `deadline`; negative once it has passed.
 double SecondsLeft(Deadline deadline);
 
-// Element types for AllReduceSum.
-enum class DataType { kFloat32, kFloat64, kBFloat16 };
+// Element types of the collectives.
+enum class DataType { kFloat32, kFloat64, kBFloat16, kFloat16 };
 size_t DataTypeSize(DataType t);
 
 class Communicator {

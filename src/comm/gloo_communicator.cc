@@ -65,6 +65,8 @@ at::ScalarType ToScalarType(DataType t) {
       return at::kDouble;
     case DataType::kBFloat16:
       return at::kBFloat16;
+    case DataType::kFloat16:
+      return at::kHalf;
   }
   return at::kFloat;
 }

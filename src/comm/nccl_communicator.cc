@@ -29,6 +29,8 @@ StatusOr<ncclDataType_t> ToNccl(DataType t) {
       return ncclFloat64;
     case DataType::kBFloat16:
       return ncclBfloat16;
+    case DataType::kFloat16:
+      return ncclFloat16;
   }
   return InvalidArgument("unknown data type");
 }

@@ -59,7 +59,68 @@ struct Layer {
   at::Tensor q_norm, k_norm, post_norm, gate_proj, up_proj, down_proj;
 };
 
+// A decoder layer's parameters as `spec` defines them, in NamedParameters() order: the name after
+// "model.layers.N.", the member and the shape.
+struct LayerField {
+  const char* name;
+  at::Tensor Layer::*member;
+  std::vector<int64_t> shape;
+};
+std::vector<LayerField> LayerFields(const ModelSpec& s) {
+  const int64_t H = s.hidden_size, hd = s.head_dim, I = s.intermediate_size;
+  const int64_t q_out = s.num_heads * hd, kv_out = s.num_kv_heads * hd;
+  std::vector<LayerField> f = {{"input_layernorm.weight", &Layer::input_norm, {H}},
+                               {"self_attn.q_proj.weight", &Layer::q_proj, {q_out, H}}};
+  if (s.attention_bias) f.push_back({"self_attn.q_proj.bias", &Layer::q_bias, {q_out}});
+  f.push_back({"self_attn.k_proj.weight", &Layer::k_proj, {kv_out, H}});
+  if (s.attention_bias) f.push_back({"self_attn.k_proj.bias", &Layer::k_bias, {kv_out}});
+  f.push_back({"self_attn.v_proj.weight", &Layer::v_proj, {kv_out, H}});
+  if (s.attention_bias) f.push_back({"self_attn.v_proj.bias", &Layer::v_bias, {kv_out}});
+  f.push_back({"self_attn.o_proj.weight", &Layer::o_proj, {H, q_out}});
+  if (s.qk_norm) {
+    f.push_back({"self_attn.q_norm.weight", &Layer::q_norm, {hd}});
+    f.push_back({"self_attn.k_norm.weight", &Layer::k_norm, {hd}});
+  }
+  f.push_back({"post_attention_layernorm.weight", &Layer::post_norm, {H}});
+  f.push_back({"mlp.gate_proj.weight", &Layer::gate_proj, {I, H}});
+  f.push_back({"mlp.up_proj.weight", &Layer::up_proj, {I, H}});
+  f.push_back({"mlp.down_proj.weight", &Layer::down_proj, {H, I}});
+  return f;
+}
+
+std::string LayerPrefix(size_t i) { return "model.layers." + std::to_string(i) + "."; }
+
 }  // namespace
+
+int64_t ParameterUnit::numel() const {
+  int64_t n = 0;
+  for (const auto& shape : shapes) {
+    int64_t k = 1;
+    for (int64_t d : shape) k *= d;
+    n += k;
+  }
+  return n;
+}
+
+std::vector<ParameterUnit> ParameterUnits(const ModelSpec& spec) {
+  std::vector<ParameterUnit> units;
+  units.push_back({{"model.embed_tokens.weight"}, {{spec.vocab_size, spec.hidden_size}}});
+  for (int64_t i = 0; i < spec.num_layers; ++i) {
+    ParameterUnit u;
+    for (const LayerField& f : LayerFields(spec)) {
+      u.names.push_back(LayerPrefix(static_cast<size_t>(i)) + f.name);
+      u.shapes.push_back(f.shape);
+    }
+    units.push_back(std::move(u));
+  }
+  ParameterUnit head{{"model.norm.weight"}, {{spec.hidden_size}}};
+  if (!spec.tie_embeddings) {
+    head.names.push_back("lm_head.weight");
+    head.shapes.push_back({spec.vocab_size, spec.hidden_size});
+  }
+  units.push_back(std::move(head));
+  return units;
+}
 
 struct Transformer::Impl {
   ModelSpec spec;
@@ -70,6 +131,23 @@ struct Transformer::Impl {
   at::Tensor inv_freq;               // [head_dim / 2], float32
   bool checkpoint_layers = false;    // SetActivationCheckpointing
   bool feature_major_decode = true;  // SetFeatureMajorDecode
+  // Transformer::Gathered: the parameters come from here, unit by unit (the tensors above are
+  // undefined), computed in gather_dtype on gather_device.
+  ParameterGather* gather = nullptr;
+  at::ScalarType gather_dtype = at::kFloat;
+  at::Device gather_device = at::kCPU;
+
+  at::ScalarType ComputeType() const { return gather ? gather_dtype : embed.scalar_type(); }
+
+  // Decoder layer `index` from a gathered unit (ParameterUnits order).
+  Layer LayerOf(const std::vector<at::Tensor>& params) const {
+    const std::vector<LayerField> fields = LayerFields(spec);
+    GYRE_CHECK(params.size() == fields.size())
+        << "a decoder layer unit of " << params.size() << " tensors, expected " << fields.size();
+    Layer l;
+    for (size_t k = 0; k < fields.size(); ++k) l.*(fields[k].member) = params[k];
+    return l;
+  }
 
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& w) const {
     // HF numerics: normalise in float32, then scale by the weight.
@@ -83,7 +161,7 @@ struct Transformer::Impl {
   std::pair<at::Tensor, at::Tensor> Rope(const at::Tensor& positions) const {
     at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq.view({1, 1, -1});
     at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);
-    const at::ScalarType type = embed.scalar_type();
+    const at::ScalarType type = ComputeType();
     return {emb.cos().to(type), emb.sin().to(type)};
   }
 
@@ -205,33 +283,53 @@ struct Transformer::Impl {
            at::linear(at::silu(at::linear(y, l.gate_proj)) * at::linear(y, l.up_proj), l.down_proj);
   }
 
-  // DecoderLayer(layers[index]) through LayerCheckpoint (defined below Impl).
-  static at::Tensor CheckpointedLayer(const std::shared_ptr<const Impl>& self, size_t index,
-                                      const at::Tensor& h, const at::Tensor& cos,
+  // DecoderLayer(layer) of layer `index` through LayerCheckpoint (defined below Impl).
+  static at::Tensor CheckpointedLayer(const std::shared_ptr<const Impl>& self, const Layer& layer,
+                                      size_t index, const at::Tensor& h, const at::Tensor& cos,
                                       const at::Tensor& sin, const at::Tensor& mask);
 
   // select: undefined, or int64 [N] flat indices into [B * T] of the positions whose logits are
   // returned ([N, V] instead of [B, T, V]); the final norm and LM head run on those only.
   // hidden_only: return the final-normed hidden states, without the LM head.
+  // head_weight: when not null, receives the LM head weight the call used (or would have used,
+  // with hidden_only).
   at::Tensor Run(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& mask,
-                 KvCache* cache, const at::Tensor& select = at::Tensor(),
-                 bool hidden_only = false) const {
-    at::Tensor h = at::embedding(embed, tokens);
+                 KvCache* cache, const at::Tensor& select = at::Tensor(), bool hidden_only = false,
+                 at::Tensor* head_weight = nullptr) const {
+    GYRE_CHECK(gather == nullptr || cache == nullptr) << "a gathered model runs no KV cache";
+    at::Tensor h;
+    if (gather != nullptr) {
+      h = at::embedding(gather->Acquire(0).at(0), tokens);
+      gather->Release(0, at::Tensor());  // the lookup's backward needs no weight
+    } else {
+      h = at::embedding(embed, tokens);
+    }
     auto [cos, sin] = Rope(positions);
     const bool checkpoint = checkpoint_layers && cache == nullptr && at::GradMode::is_enabled();
     std::shared_ptr<const Impl> self;  // what the checkpointed layers recompute with
     if (checkpoint) self = std::make_shared<const Impl>(*this);
     for (size_t i = 0; i < layers.size(); ++i) {
+      const int unit = static_cast<int>(i) + 1;
+      const Layer layer = gather != nullptr ? LayerOf(gather->Acquire(unit)) : layers[i];
       if (checkpoint) {
-        h = CheckpointedLayer(self, i, h, cos, sin, mask);
+        h = CheckpointedLayer(self, layer, i, h, cos, sin, mask);
       } else {
-        h = DecoderLayer(layers[i], h, cos, sin, mask, cache, static_cast<int>(i));
+        h = DecoderLayer(layer, h, cos, sin, mask, cache, static_cast<int>(i));
       }
+      if (gather != nullptr) gather->Release(unit, h.requires_grad() ? h : at::Tensor());
     }
+    at::Tensor norm = final_norm;
+    at::Tensor head = spec.tie_embeddings ? embed : lm_head;
+    if (gather != nullptr) {
+      const std::vector<at::Tensor> last = gather->Acquire(static_cast<int>(layers.size()) + 1);
+      norm = last.at(0);
+      head = spec.tie_embeddings ? gather->Acquire(0).at(0) : last.at(1);
+    }
+    if (head_weight != nullptr) *head_weight = head;
     if (select.defined()) h = h.reshape({-1, h.size(-1)}).index_select(0, select);
-    h = RmsNorm(h, final_norm);
+    h = RmsNorm(h, norm);
     if (hidden_only) return h;
-    return at::linear(h, spec.tie_embeddings ? embed : lm_head).to(at::kFloat);
+    return at::linear(h, head).to(at::kFloat);
   }
 
   // Decoding sequences of similar context length, attended together (see ForwardPaged).
@@ -504,13 +602,13 @@ namespace {
 // tensor handles, so it outlives the Transformer if it must), the layer, and its RoPE and mask.
 struct LayerRecompute : torch::CustomClassHolder {
   std::shared_ptr<const Transformer::Impl> model;
+  Layer layer;  // handles: a gathered layer's storage is gathered again before the backward
   size_t index = 0;
   at::Tensor cos, sin, mask;
   std::vector<at::Tensor> params;  // the layer's defined parameters, in LayerParams order
 
   at::Tensor Run(const at::Tensor& h) const {
-    return model->DecoderLayer(model->layers[index], h, cos, sin, mask, nullptr,
-                               static_cast<int>(index));
+    return model->DecoderLayer(layer, h, cos, sin, mask, nullptr, static_cast<int>(index));
   }
 };
 
@@ -568,16 +666,17 @@ class LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
 }  // namespace
 
 at::Tensor Transformer::Impl::CheckpointedLayer(const std::shared_ptr<const Impl>& self,
-                                                size_t index, const at::Tensor& h,
-                                                const at::Tensor& cos, const at::Tensor& sin,
-                                                const at::Tensor& mask) {
+                                                const Layer& weights, size_t index,
+                                                const at::Tensor& h, const at::Tensor& cos,
+                                                const at::Tensor& sin, const at::Tensor& mask) {
   auto layer = c10::make_intrusive<LayerRecompute>();
   layer->model = self;
+  layer->layer = weights;
   layer->index = index;
   layer->cos = cos;
   layer->sin = sin;
   layer->mask = mask;
-  layer->params = LayerParams(self->layers[index]);
+  layer->params = LayerParams(weights);
   const std::vector<at::Tensor> params = layer->params;
   return LayerCheckpoint::apply(h, layer, at::TensorList(params));
 }
@@ -666,9 +765,10 @@ at::Tensor Transformer::ForwardPacked(const PackedBatch& batch) const {
 }
 
 std::pair<at::Tensor, at::Tensor> Transformer::ForwardPackedHidden(const PackedBatch& batch) const {
+  at::Tensor head;
   at::Tensor h = impl_->Run(batch.tokens, batch.positions, PackedMask(batch), nullptr,
-                            batch.logit_index, /*hidden_only=*/true);
-  return {h, impl_->spec.tie_embeddings ? impl_->embed : impl_->lm_head};
+                            batch.logit_index, /*hidden_only=*/true, &head);
+  return {h, head};
 }
 
 KvCache Transformer::NewCache(int64_t batch, int64_t capacity) const {
@@ -843,11 +943,28 @@ void Transformer::SetActivationCheckpointing(bool on) { impl_->checkpoint_layers
 void Transformer::SetFeatureMajorDecode(bool on) { impl_->feature_major_decode = on; }
 bool Transformer::activation_checkpointing() const { return impl_->checkpoint_layers; }
 
-at::Device Transformer::device() const { return impl_->embed.device(); }
-at::ScalarType Transformer::dtype() const { return impl_->embed.scalar_type(); }
+at::Device Transformer::device() const {
+  return impl_->gather != nullptr ? impl_->gather_device : impl_->embed.device();
+}
+at::ScalarType Transformer::dtype() const { return impl_->ComputeType(); }
+
+std::unique_ptr<Transformer> Transformer::Gathered(const ModelSpec& spec, ParameterGather* gather,
+                                                   at::ScalarType dtype,
+                                                   const at::Device& device) {
+  GYRE_CHECK(gather != nullptr) << "Transformer::Gathered needs a ParameterGather";
+  auto impl = std::make_unique<Impl>();
+  impl->spec = spec;
+  impl->layers.resize(static_cast<size_t>(spec.num_layers));
+  impl->gather = gather;
+  impl->gather_dtype = dtype;
+  impl->gather_device = device;
+  impl->inv_freq = RopeInverseFrequencies(spec).to(device);
+  return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
+}
 
 NamedTensors Transformer::NamedParameters() const {
   NamedTensors out;
+  if (impl_->gather != nullptr) return out;  // owns none
   out.emplace_back("model.embed_tokens.weight", impl_->embed);
   for (size_t i = 0; i < impl_->layers.size(); ++i) {
     const Layer& l = impl_->layers[i];
@@ -874,6 +991,10 @@ NamedTensors Transformer::NamedParameters() const {
 
 int64_t Transformer::NumParameters() const {
   int64_t n = 0;
+  if (impl_->gather != nullptr) {
+    for (const ParameterUnit& u : ParameterUnits(impl_->spec)) n += u.numel();
+    return n;
+  }
   for (const auto& [name, t] : NamedParameters()) n += t.numel();
   return n;
 }

@@ -95,6 +95,35 @@ struct PackedBatch {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+// Fully sharded training (trainer.shard: parameters, trainer/parameter_shards.h) holds no whole
+// parameter between passes: the forward asks for one unit of parameters at a time, whole, just
+// before it computes with them. Unit 0 is the embedding, unit 1 + i decoder layer i, and the last
+// unit (1 + num_layers) the final norm and, when not tied, the LM head. A unit's parameters are
+// listed in NamedParameters() order.
+struct ParameterUnit {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  int64_t numel() const;
+};
+std::vector<ParameterUnit> ParameterUnits(const ModelSpec& spec);
+
+// Supplies a forward's parameters unit by unit (Transformer::Gathered).
+class ParameterGather {
+ public:
+  virtual ~ParameterGather() = default;
+  // The whole parameters of `unit` (ParameterUnits order), in the compute dtype on the compute
+  // device, differentiable into wherever they come from. Called just before the unit's forward;
+  // with tied embeddings unit 0 is asked for again for the LM head, after the last unit. May
+  // throw (a failed collective).
+  virtual std::vector<at::Tensor> Acquire(int unit) = 0;
+  // Unit `unit`'s forward is done. `output` is what it produced: when it requires grad, the
+  // unit's parameters are needed again by its backward, which starts when the gradient of
+  // `output` arrives; undefined when the backward needs none of them (the embedding lookup).
+  // The last unit (and unit 0 acquired for the tied LM head) are not released by the forward:
+  // the caller uses them after it returns.
+  virtual void Release(int unit, const at::Tensor& output) = 0;
+};
+
 // RoPE inverse frequencies [head_dim / 2] (float32), with the spec's scaling applied.
 at::Tensor RopeInverseFrequencies(const ModelSpec& spec);
 
@@ -176,6 +205,12 @@ class Transformer {
   // casts are made now, so make a new copy after `src` changes; it does not own `src`'s tensors
   // and must not outlive them in use.
   static std::unique_ptr<Transformer> CastOf(const Transformer& src, at::ScalarType dtype);
+
+  // A model that owns no parameters: every forward takes them unit by unit from `gather` (not
+  // owned; it must outlive the model's use), computing in `dtype` on `device`. Forward,
+  // ForwardPacked and ForwardPackedHidden only (no caches). NamedParameters() is empty.
+  static std::unique_ptr<Transformer> Gathered(const ModelSpec& spec, ParameterGather* gather,
+                                               at::ScalarType dtype, const at::Device& device);
 
   // Parameters in a fixed order with Hugging Face names (model.layers.0.self_attn.q_proj.weight).
   NamedTensors NamedParameters() const;

@@ -29,6 +29,23 @@ struct PolicyTrainer::Snapshot {
   ShardedAdamW::State sharded;  // a sharded trainer's optimizer slice (the vectors above unused)
 };
 
+namespace {
+
+// kParameters: a failed collective inside a forward or backward (a gather asked for by the model)
+// surfaces as an exception; the public calls turn it into a Status after `cleanup`.
+template <typename T, typename Fn, typename Cleanup>
+StatusOr<T> CatchCollectiveFailure(bool split, Fn fn, Cleanup cleanup) {
+  if (!split) return fn();
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    cleanup();
+    return Unavailable(std::string("fully sharded step failed: ") + e.what());
+  }
+}
+
+}  // namespace
+
 PolicyTrainer::PolicyTrainer(std::unique_ptr<model::Transformer> model, double lr,
                              double weight_decay, double beta1, double beta2)
     : model_(std::move(model)), optimizer_(std::make_unique<Optimizer>()) {
@@ -46,7 +63,7 @@ Status PolicyTrainer::SetSharding(Shard mode) {
   if (mode == sharding()) return Status::Ok();
   const bool has_state =
       sharded_ != nullptr ? sharded_->has_state() : !optimizer_->adamw->state().empty();
-  if (has_state) {
+  if (has_state || shards_ != nullptr) {
     return FailedPrecondition(std::string("trainer.shard cannot change to '") + ShardName(mode) +
                               "' once the optimizer has state");
   }
@@ -57,6 +74,10 @@ Status PolicyTrainer::SetSharding(Shard mode) {
         return FailedPrecondition("trainer.shard needs contiguous float32 weights");
       }
     }
+  }
+  shard_mode_ = mode;
+  // kParameters splits the model at its first step (ShardParameters).
+  if (mode == Shard::kOptimizer || mode == Shard::kGradients) {
     sharded_ =
         std::make_unique<ShardedAdamW>(optimizer_->params, mode, hyper_, dp_rank(), dp_size());
   }
@@ -68,9 +89,91 @@ Status PolicyTrainer::SetSharding(Shard mode) {
   return Status::Ok();
 }
 
-Shard PolicyTrainer::sharding() const { return sharded_ ? sharded_->mode() : Shard::kNone; }
+Status PolicyTrainer::ShardParameters() {
+  if (shard_mode_ != Shard::kParameters || shards_ != nullptr) return Status::Ok();
+  const model::ModelSpec spec = model_->spec();
+  const at::Device device = model_->device();
+  auto queue = std::make_unique<CollectiveQueue>(dp_, dp_timeout_s_);
+  GYRE_ASSIGN_OR_RETURN(auto shards,
+                        ParameterShards::Create(spec, model_->NamedParameters(), queue.get(),
+                                                compute_dtype_, device, /*trainable=*/true));
+  std::unique_ptr<ParameterShards> ref_shards;
+  if (reference_ != nullptr) {
+    GYRE_ASSIGN_OR_RETURN(ref_shards, ParameterShards::Create(spec, reference_->NamedParameters(),
+                                                              queue.get(), compute_dtype_, device,
+                                                              /*trainable=*/false));
+  }
+  // Everything made: let the whole model go.
+  const bool checkpointing = model_->activation_checkpointing();
+  optimizer_->adamw.reset();
+  optimizer_->params = shards->masters();
+  model_ = model::Transformer::Gathered(spec, shards.get(), compute_dtype_, device);
+  model_->SetActivationCheckpointing(checkpointing);
+  if (ref_shards != nullptr) {
+    reference_ = model::Transformer::Gathered(spec, ref_shards.get(), compute_dtype_, device);
+    reference_compute_.reset();
+  }
+  // The slices' AdamW state: one rank's ShardedAdamW over them (the same arithmetic as
+  // torch::optim::AdamW, element for element).
+  sharded_ = std::make_unique<ShardedAdamW>(optimizer_->params, Shard::kOptimizer, hyper_, 0, 1);
+  queue_ = std::move(queue);
+  shards_ = std::move(shards);
+  ref_shards_ = std::move(ref_shards);
+  return Status::Ok();
+}
+
+StatusOr<model::NamedTensors> PolicyTrainer::FullWeights() {
+  model::NamedTensors out;
+  if (shards_ == nullptr) {
+    at::NoGradGuard no_grad;
+    for (const auto& [name, p] : model_->NamedParameters()) out.emplace_back(name, p.detach().clone());
+    return out;
+  }
+  for (int u = 0; u < shards_->num_units(); ++u) {
+    GYRE_ASSIGN_OR_RETURN(std::vector<at::Tensor> tensors, shards_->GatherUnit(u));
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      out.emplace_back(shards_->unit(u).names[i], std::move(tensors[i]));
+    }
+  }
+  return out;
+}
+
+StatusOr<int64_t> PolicyTrainer::PassesOnEveryRank(int64_t local) {
+  if (shards_ == nullptr || dp_ == nullptr || dp_->size() == 1) return local;
+  std::vector<double> counts(static_cast<size_t>(dp_->size()), 0.0);
+  counts[static_cast<size_t>(dp_->rank())] = static_cast<double>(local);
+  GYRE_RETURN_IF_ERROR(AllReduce(counts.data(), counts.size())
+                           .WithContext("sharded parameters: the ranks' micro-batch counts"));
+  return static_cast<int64_t>(*std::max_element(counts.begin(), counts.end()));
+}
+
+Status PolicyTrainer::EndPass(const model::Transformer& model) {
+  if (shards_ == nullptr) return Status::Ok();
+  ParameterShards* owner = &model == reference_.get() ? ref_shards_.get() : shards_.get();
+  if (owner == nullptr) return Status::Ok();
+  return owner->EndPass();
+}
+
+Status PolicyTrainer::EmptyPass(const model::Transformer* reference, bool backward) {
+  const at::TensorOptions opts = at::TensorOptions().dtype(at::kLong).device(model_->device());
+  model::PackedBatch one;
+  one.tokens = at::zeros({1, 1}, opts);
+  one.positions = at::zeros({1, 1}, opts);
+  one.segments = at::zeros({1, 1}, opts);
+  one.logit_index = at::zeros({1}, opts);
+  at::AutoGradMode grad(backward);
+  const at::Tensor logits = model_->ForwardPacked(one);
+  if (reference != nullptr) {
+    at::NoGradGuard no_grad;
+    (void)reference->ForwardPacked(one);
+    GYRE_RETURN_IF_ERROR(EndPass(*reference));
+  }
+  if (backward) (logits.sum() * 0.0).backward();
+  return EndPass(*model_);
+}
 
 void PolicyTrainer::BeginGradients() {
+  if (shards_) shards_->BeginStep();
   if (sharded_) {
     sharded_->BeginStep();
   } else {
@@ -79,6 +182,7 @@ void PolicyTrainer::BeginGradients() {
 }
 
 void PolicyTrainer::DropGradients() {
+  if (shards_) shards_->ReleaseGradients();
   if (sharded_) {
     sharded_->ReleaseGradients();
   } else {
@@ -107,6 +211,13 @@ const model::Transformer& PolicyTrainer::ComputeReference() {
 }
 
 void PolicyTrainer::FreezeReference() {
+  if (shards_ != nullptr) {
+    ref_shards_ = shards_->FrozenCopy();
+    reference_ = model::Transformer::Gathered(model_->spec(), ref_shards_.get(), compute_dtype_,
+                                              model_->device());
+    reference_compute_.reset();
+    return;
+  }
   auto ref = model::Transformer::Create(model_->spec(), 0, -1.0);
   ref->To(model_->device());
   at::NoGradGuard no_grad;
@@ -121,6 +232,27 @@ void PolicyTrainer::FreezeReference() {
 }
 
 Status PolicyTrainer::RestoreReference(const std::vector<at::Tensor>& weights) {
+  if (shards_ != nullptr) {
+    model::NamedTensors named;
+    size_t k = 0;
+    for (int u = 0; u < shards_->num_units(); ++u) {
+      for (const std::string& name : shards_->unit(u).names) {
+        named.emplace_back(name, k < weights.size() ? weights[k] : at::Tensor());
+        ++k;
+      }
+    }
+    if (weights.size() != named.size()) {
+      return InvalidArgument("reference policy: expected " + std::to_string(named.size()) +
+                             " weights, got " + std::to_string(weights.size()));
+    }
+    std::unique_ptr<ParameterShards> ref = shards_->FrozenCopy();
+    GYRE_RETURN_IF_ERROR(ref->SetWeights(named).WithContext("reference policy"));
+    ref_shards_ = std::move(ref);
+    reference_ = model::Transformer::Gathered(model_->spec(), ref_shards_.get(), compute_dtype_,
+                                              model_->device());
+    reference_compute_.reset();
+    return Status::Ok();
+  }
   const model::NamedTensors params = model_->NamedParameters();
   if (weights.size() != params.size()) {
     return InvalidArgument("reference policy: expected " + std::to_string(params.size()) +
@@ -149,6 +281,7 @@ Status PolicyTrainer::RestoreReference(const std::vector<at::Tensor>& weights) {
 
 std::vector<PolicyTrainer::ParamState> PolicyTrainer::OptimizerState() const {
   std::vector<ParamState> out;
+  if (optimizer_->adamw == nullptr) return out;  // split into parameter slices
   const auto& state = optimizer_->adamw->state();
   for (const auto& p : optimizer_->params) {
     ParamState ps;
@@ -183,6 +316,9 @@ Status PolicyTrainer::CheckWeights(const std::vector<at::Tensor>& weights) const
 Status PolicyTrainer::RestoreShardedState(const std::vector<at::Tensor>& weights,
                                           const ShardedAdamW::State& state, int64_t version) {
   if (!sharded_) return FailedPrecondition("RestoreShardedState on an unsharded trainer");
+  if (shards_) {
+    return FailedPrecondition("RestoreShardedState on a trainer whose parameters are split");
+  }
   GYRE_RETURN_IF_ERROR(CheckWeights(weights));
   if (version < 0) return InvalidArgument("negative policy version " + std::to_string(version));
   GYRE_RETURN_IF_ERROR(sharded_->Set(state));  // checks first, then commits
@@ -791,17 +927,20 @@ at::Tensor AggregationScale(const at::Tensor& mask, const kernels::PolicyLossPar
 
 }  // namespace
 
-void PolicyTrainer::ComputeOldLogprobs(std::vector<TrainSample>* batch,
-                                       const TrainOptions& options) const {
+Status PolicyTrainer::ComputeOldLogprobs(std::vector<TrainSample>* batch,
+                                         const TrainOptions& options) {
   at::NoGradGuard no_grad;
   std::unique_ptr<model::Transformer> cast;
   const model::Transformer& model = InDtype(*model_, compute_dtype_, &cast);
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, options.micro_batch_size));
+  const int64_t local = static_cast<int64_t>((batch->size() + step - 1) / step);
+  GYRE_ASSIGN_OR_RETURN(const int64_t passes, PassesOnEveryRank(local));
   for (size_t start = 0; start < batch->size(); start += step) {
     const size_t end = std::min(batch->size(), start + step);
     MicroBatch mb = BuildMicroBatch(*batch, start, end, model_->device(),
                                     LayoutFor(model_->spec(), packing_, sharing_));
     at::Tensor logp = ResponseLogprobs(model, mb, options.temperature, chunk_tokens_).cpu();
+    GYRE_RETURN_IF_ERROR(EndPass(model));
     auto a = logp.accessor<float, 2>();
     for (int64_t s = 0; s < mb.S; ++s) {
       TrainSample& x = (*batch)[start + s];
@@ -809,15 +948,30 @@ void PolicyTrainer::ComputeOldLogprobs(std::vector<TrainSample>* batch,
       for (size_t t = 0; t < x.response.size(); ++t) x.old_logprobs[t] = a[s][t];
     }
   }
+  for (int64_t p = local; p < passes; ++p) {
+    GYRE_RETURN_IF_ERROR(EmptyPass(nullptr, /*backward=*/false));
+  }
+  return Status::Ok();
 }
 
 StatusOr<std::vector<double>> PolicyTrainer::SequenceKl(const std::vector<TrainSample>& batch,
                                                         kernels::KlKind kind, double temperature,
                                                         int64_t micro_batch_size) {
+  return CatchCollectiveFailure<std::vector<double>>(
+      shard_mode_ == Shard::kParameters,
+      [&] { return SequenceKlOnce(batch, kind, temperature, micro_batch_size); },
+      [this] { AfterFailedPass(); });
+}
+
+StatusOr<std::vector<double>> PolicyTrainer::SequenceKlOnce(const std::vector<TrainSample>& batch,
+                                                            kernels::KlKind kind,
+                                                            double temperature,
+                                                            int64_t micro_batch_size) {
   if (kind == kernels::KlKind::kNone) return InvalidArgument("SequenceKl needs k1, k2 or k3");
   TrainOptions options;
   options.temperature = temperature;
   GYRE_RETURN_IF_ERROR(Validate(batch, Objective::kSft, options));
+  GYRE_RETURN_IF_ERROR(ShardParameters());
   if (reference_ == nullptr) FreezeReference();
   at::NoGradGuard no_grad;
   std::unique_ptr<model::Transformer> cast;
@@ -826,13 +980,21 @@ StatusOr<std::vector<double>> PolicyTrainer::SequenceKl(const std::vector<TrainS
   std::vector<double> out;
   out.reserve(batch.size());
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, micro_batch_size));
+  const int64_t local = static_cast<int64_t>((batch.size() + step - 1) / step);
+  GYRE_ASSIGN_OR_RETURN(const int64_t passes, PassesOnEveryRank(local));
+  for (int64_t p = local; p < passes; ++p) {
+    // As the ranks with more micro-batches do: the policy's forward, then the reference's.
+    GYRE_RETURN_IF_ERROR(EmptyPass(&reference, /*backward=*/false));
+  }
   for (size_t start = 0; start < batch.size(); start += step) {
     const size_t end = std::min(batch.size(), start + step);
     MicroBatch mb = BuildMicroBatch(batch, start, end, model_->device(),
                                     LayoutFor(model_->spec(), packing_, sharing_));
     const at::Tensor logp = ResponseLogprobs(model, mb, temperature, chunk_tokens_).to(at::kDouble);
+    GYRE_RETURN_IF_ERROR(EndPass(model));
     const at::Tensor ref =
         ResponseLogprobs(reference, mb, temperature, chunk_tokens_).to(at::kDouble);
+    GYRE_RETURN_IF_ERROR(EndPass(reference));
     // The loss kernel's estimators (kernels/reference/policy_loss_ref.h), per token.
     const at::Tensor d = (logp - ref).masked_fill(mb.mask == 0, 0.0);
     at::Tensor k;
@@ -859,6 +1021,15 @@ Status PolicyTrainer::SetDataParallel(comm::Communicator* comm,
                                       const DataParallelOptions& options) {
   const int rank = comm != nullptr ? comm->rank() : 0;
   const int ranks = comm != nullptr ? comm->size() : 1;
+  if (shards_ != nullptr) {
+    // The slices are this rank's of this many: only a group formed again with the same layout.
+    GYRE_RETURN_IF_ERROR(queue_->Rebind(comm).WithContext(
+        "the parameters are split; save a checkpoint and load it into the new group"));
+    dp_ = comm;
+    dp_options_ = options;
+    dp_timeout_s_ = options.timeout_s;
+    return Status::Ok();
+  }
   if (sharded_ && (sharded_->layout().rank != rank || sharded_->layout().ranks != ranks)) {
     if (sharded_->has_state()) {
       return FailedPrecondition(
@@ -875,8 +1046,12 @@ Status PolicyTrainer::SetDataParallel(comm::Communicator* comm,
   dp_ = comm;
   dp_options_ = options;
   dp_timeout_s_ = options.timeout_s;
-  // ZeRO-2 reduce-scatters the gradients itself (sharded_adamw.h).
-  if (dp_ == nullptr || dp_->size() == 1 || sharding() == Shard::kGradients) return Status::Ok();
+  // ZeRO-2 and ZeRO-3 reduce-scatter the gradients themselves (sharded_adamw.h,
+  // parameter_shards.h).
+  if (dp_ == nullptr || dp_->size() == 1 || sharding() == Shard::kGradients ||
+      sharding() == Shard::kParameters) {
+    return Status::Ok();
+  }
   std::vector<std::string> names;
   for (const auto& [name, t] : model_->NamedParameters()) names.push_back(name);
   reducer_ = std::make_unique<GradReducer>(optimizer_->params, std::move(names), dp_,
@@ -900,9 +1075,24 @@ Status PolicyTrainer::CheckAllRanksTookPart(double ranks_counted) const {
                   "the update was not applied");
 }
 
+void PolicyTrainer::AfterFailedPass() {
+  if (shards_ == nullptr) return;
+  DropGradients();
+  (void)shards_->EndPass();
+  if (ref_shards_ != nullptr) (void)ref_shards_->EndPass();
+}
+
 StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<TrainSample>& batch,
                                                             Objective objective, double lr,
                                                             const TrainOptions& options) {
+  return CatchCollectiveFailure<std::map<std::string, double>>(
+      shard_mode_ == Shard::kParameters,
+      [&] { return StepOnce(batch, objective, lr, options); }, [this] { AfterFailedPass(); });
+}
+
+StatusOr<std::map<std::string, double>> PolicyTrainer::StepOnce(
+    const std::vector<TrainSample>& batch, Objective objective, double lr,
+    const TrainOptions& options) {
   Status valid = Validate(batch, objective, options);
   if (dp_ != nullptr && dp_->size() > 1) {
     // Every rank must agree to go on, or the others would wait in a collective.
@@ -913,6 +1103,7 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
     }
   }
   GYRE_RETURN_IF_ERROR(valid);
+  GYRE_RETURN_IF_ERROR(ShardParameters());
   // The KL term's reference is the policy the first such step starts from (kept if the step
   // fails: the weights are then unchanged).
   if (objective == Objective::kPolicyGradient && options.loss.kl != kernels::KlKind::kNone &&
@@ -975,7 +1166,9 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
   // pick its threshold.
   std::vector<TrainSample> all = batch;
   TrainOptions step_options = options;
-  if (pg && options.proximal == Proximal::kRecompute) ComputeOldLogprobs(&all, options);
+  if (pg && options.proximal == Proximal::kRecompute) {
+    GYRE_RETURN_IF_ERROR(ComputeOldLogprobs(&all, options));
+  }
   if (m2po) {
     GYRE_ASSIGN_OR_RETURN(step_options.loss.m2po_threshold, M2poThresholdOf(all, options.m2po_tau));
   }
@@ -1153,6 +1346,16 @@ Status PolicyTrainer::RunMicroBatches(const std::vector<TrainSample>& batch, Obj
   at::Tensor mismatch;
   int64_t computed = 0, pad = 0;
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, options.micro_batch_size));
+  const int64_t local = static_cast<int64_t>((batch.size() + step - 1) / step);
+  GYRE_ASSIGN_OR_RETURN(const int64_t passes, PassesOnEveryRank(local));
+  const bool uses_reference =
+      objective == Objective::kPolicyGradient && options.loss.kl != kernels::KlKind::kNone;
+  for (int64_t p = local; p < passes; ++p) {
+    if (uses_reference && reference_ == nullptr) {
+      return FailedPrecondition("the KL term has no reference policy");
+    }
+    GYRE_RETURN_IF_ERROR(EmptyPass(uses_reference ? &ComputeReference() : nullptr, true));
+  }
   for (size_t start = 0; start < batch.size(); start += step) {
     const size_t end = std::min(batch.size(), start + step);
     MicroBatch mb = BuildMicroBatch(
@@ -1179,6 +1382,7 @@ Status PolicyTrainer::RunMicroBatches(const std::vector<TrainSample>& batch, Obj
       at::Tensor loss = -(logp * mb.mask).sum() / plan.total_tokens;
       if (last && reducer_ != nullptr) reducer_->Arm();
       loss.backward();
+      GYRE_RETURN_IF_ERROR(EndPass(*model_));
       sums->loss += loss.item<double>();
       continue;
     }
@@ -1191,6 +1395,7 @@ Status PolicyTrainer::RunMicroBatches(const std::vector<TrainSample>& batch, Obj
       if (reference_ == nullptr) return FailedPrecondition("the KL term has no reference policy");
       at::NoGradGuard ng;
       ref_lp = ResponseLogprobs(ComputeReference(), mb, temp, chunk_tokens_);
+      GYRE_RETURN_IF_ERROR(EndPass(ComputeReference()));
     }
     // A registered loss replaces the kernel's policy term: the kernel then runs with zero
     // advantages, which leaves it the KL term and the behaviour-weight statistics.
@@ -1224,6 +1429,7 @@ Status PolicyTrainer::RunMicroBatches(const std::vector<TrainSample>& batch, Obj
     } else {
       logp.backward(r.grad_logp);
     }
+    GYRE_RETURN_IF_ERROR(EndPass(*model_));
     sums->loss += r.stats.loss;
     sums->clip += r.stats.clip_frac * r.stats.tokens;
     sums->kl += r.stats.approx_kl * r.stats.tokens;
@@ -1248,8 +1454,15 @@ Status PolicyTrainer::SumAcrossRanks(StepSums* sums) {
                             : "data-parallel gradient all-reduce"));
   }
   // Sharded: this rank's slice of the summed gradient, and its part of the squared norm.
+  if (shards_) {
+    // The backward passes reduce-scattered every unit's gradient into the slices; the slices'
+    // one-rank optimizer takes them as its parameters' gradients.
+    for (size_t i = 0; i < shards_->masters().size(); ++i) {
+      shards_->masters()[i].mutable_grad() = shards_->gradients()[i];
+    }
+  }
   if (sharded_) {
-    Status reduced = sharded_->ReduceGradients(dp_, dp_timeout_s_);
+    Status reduced = sharded_->ReduceGradients(shards_ ? nullptr : dp_, dp_timeout_s_);
     if (!reduced.ok()) {
       DropGradients();
       return reduced.WithContext("data-parallel gradient reduce-scatter");
@@ -1304,7 +1517,8 @@ StatusOr<double> PolicyTrainer::ApplyUpdate(double lr, double grad_clip, double 
     // differ between ranks. A failure here leaves this rank's slice updated and the rest old,
     // so the step is not all or nothing: the group is aborted (communicator.h) and the job
     // resumes from its last checkpoint.
-    GYRE_RETURN_IF_ERROR(sharded_->GatherWeights(dp_, dp_timeout_s_)
+    // (Split parameters need no exchange: the next forward gathers the updated slices.)
+    GYRE_RETURN_IF_ERROR(sharded_->GatherWeights(shards_ ? nullptr : dp_, dp_timeout_s_)
                              .WithContext("sharded optimizer: the updated weights could not be "
                                           "exchanged, so this trainer's weights are partly "
                                           "updated; resume from the last checkpoint"));
@@ -1352,6 +1566,10 @@ std::map<std::string, double> PolicyTrainer::StepMetrics(const StepSums& sums, c
     }
     m["optimizer_state_mib"] = static_cast<double>(opt_bytes) / (1 << 20);
     m["gradient_mib"] = static_cast<double>(grad_bytes) / (1 << 20);
+    // The float32 weights this rank holds between steps (its slices when split).
+    int64_t weight_bytes = 0;
+    for (const auto& p : optimizer_->params) weight_bytes += p.nbytes();
+    m["weights_mib"] = static_cast<double>(weight_bytes) / (1 << 20);
   }
   m["entropy"] = sums.entropy / total_tokens;
   m["token_accuracy"] = sums.correct / total_tokens;
@@ -1399,10 +1617,20 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
       }
     } cancel_on_exit{reducer_.get()};
     StepSums sums;
-    GYRE_RETURN_IF_ERROR(RunMicroBatches(batch, objective, options, plan, proximal_version, &sums));
+    if (Status ran = RunMicroBatches(batch, objective, options, plan, proximal_version, &sums);
+        !ran.ok()) {
+      AfterFailedPass();
+      return ran;
+    }
     GYRE_RETURN_IF_ERROR(SumAcrossRanks(&sums));
     GYRE_ASSIGN_OR_RETURN(const double grad_norm,
                           ApplyUpdate(lr, options.grad_clip, sums.shard_sq));
+    if (shards_ != nullptr) {
+      // The optimizer took its copy of the slices' gradients: between steps a split trainer
+      // holds that one slice, not the accumulation buffers too.
+      shards_->ReleaseGradients();
+      for (const at::Tensor& m : shards_->masters()) m.mutable_grad() = at::Tensor();
+    }
     ++version_;
     return StepMetrics(sums, plan, objective, options, lr, grad_norm);
   }

@@ -48,6 +48,7 @@
 #include "gyre/status.h"
 #include "kernels/reference/policy_loss_ref.h"
 #include "model/transformer.h"
+#include "trainer/parameter_shards.h"
 #include "trainer/sharded_adamw.h"
 
 namespace gyre::trainer {
@@ -160,10 +161,30 @@ class PolicyTrainer {
 
   // trainer.shard: kOptimizer (ZeRO-1) keeps only this rank's slice of the AdamW moments;
   // kGradients (ZeRO-2) also reduce-scatters the gradients and keeps only their slice between
-  // steps (sharded_adamw.h). The update equals the unsharded one up to summation order. Only
-  // before the first optimizer step (FailedPrecondition otherwise).
+  // steps (sharded_adamw.h); kParameters (ZeRO-3) keeps only this rank's slice of every
+  // parameter unit, its gradient and its moments, and gathers each unit whole only while a
+  // forward or backward computes with it (parameter_shards.h). The update equals the unsharded
+  // one up to summation order. Only before the first optimizer step (FailedPrecondition
+  // otherwise).
+  //
+  // With kParameters the whole model stays as it was given until the first Step, SequenceKl or
+  // FreezeReference (so RestoreState and RestoreReference may load a checkpoint first); then it
+  // is split into this rank's slices (of the group SetDataParallel joined) and let go: model()
+  // becomes a model that gathers its parameters (NamedParameters() empty; FullWeights() gathers
+  // them), and the group can no longer change size. Every rank must then call Step, SequenceKl
+  // and FullWeights together: each of their forwards gathers from every rank. OptimizerState,
+  // RestoreState and RestoreShardedState are FailedPrecondition once split.
   Status SetSharding(Shard mode);
-  Shard sharding() const;
+  Shard sharding() const { return shard_mode_; }
+  // kParameters: the whole float32 weights in NamedParameters() order, gathered unit by unit from
+  // every rank (a collective). Otherwise a copy of the model's parameters.
+  StatusOr<model::NamedTensors> FullWeights();
+  // kParameters after the split: this rank's slices; null otherwise.
+  const ParameterShards* parameter_shards() const { return shards_.get(); }
+  // kParameters: seconds the collectives took on their thread, and seconds the trainer waited for
+  // them (the part compute did not hide), since the split.
+  double collective_seconds() const { return queue_ ? queue_->busy_seconds() : 0.0; }
+  double collective_wait_seconds() const { return queue_ ? queue_->wait_seconds() : 0.0; }
   // The sharded optimizer; null when not sharded.
   const ShardedAdamW* sharded() const { return sharded_.get(); }
   // Restores a sharded trainer's state: the weights (as RestoreState), this rank's optimizer
@@ -186,6 +207,7 @@ class PolicyTrainer {
   void DropReference() {
     reference_.reset();
     reference_compute_.reset();
+    ref_shards_.reset();
   }
   // Mixed precision (model.dtype): forwards and backwards compute in `dtype` on a cast of the
   // float32 weights, whose gradients, AdamW state and update stay float32; log-probs and losses
@@ -236,6 +258,15 @@ class PolicyTrainer {
  private:
   Status Validate(const std::vector<TrainSample>& batch, Objective objective,
                   const TrainOptions& options) const;
+  // Step and SequenceKl (which catch a kParameters collective failure thrown from a pass).
+  StatusOr<std::map<std::string, double>> StepOnce(const std::vector<TrainSample>& batch,
+                                                   Objective objective, double lr,
+                                                   const TrainOptions& options);
+  StatusOr<std::vector<double>> SequenceKlOnce(const std::vector<TrainSample>& batch,
+                                               kernels::KlKind kind, double temperature,
+                                               int64_t micro_batch_size);
+  // kParameters: after a pass that threw, drops the step's gradients and frees what it gathered.
+  void AfterFailedPass();
   // One AdamW step on `batch` (all of it, in micro-batches). proximal_version: the version
   // before the Step call (Proximal::kLogLinear's proximal policy).
   StatusOr<std::map<std::string, double>> OptimizerStep(const std::vector<TrainSample>& batch,
@@ -259,7 +290,20 @@ class PolicyTrainer {
   // each sample's old_logprobs.
   StatusOr<double> M2poThresholdOf(const std::vector<TrainSample>& batch, double tau);
   // Fills each sample's old_logprobs with the current policy's log-probs (no gradient).
-  void ComputeOldLogprobs(std::vector<TrainSample>* batch, const TrainOptions& options) const;
+  Status ComputeOldLogprobs(std::vector<TrainSample>* batch, const TrainOptions& options);
+  // kParameters: splits the whole model into this rank's slices (see SetSharding); no-op
+  // otherwise or once split.
+  Status ShardParameters();
+  // The number of forward passes every rank runs for `local` of its own: kParameters needs the
+  // same on every rank (each forward gathers from all), so the largest over the ranks; `local`
+  // otherwise.
+  StatusOr<int64_t> PassesOnEveryRank(int64_t local);
+  // kParameters: a micro-batch of one token that contributes nothing, so that a rank with fewer
+  // micro-batches joins the others' collectives: the policy's forward, then the reference's when
+  // `reference` is not null, then the policy's backward when `backward`; then EndPass.
+  Status EmptyPass(const model::Transformer* reference, bool backward);
+  // kParameters: after a forward of `model` (the policy or the reference), frees what it gathered.
+  Status EndPass(const model::Transformer& model);
   // Data parallel: in-place sum over ranks (no-op without a group).
   Status AllReduce(double* values, size_t count);
   // Data parallel: DataLoss unless `ranks_counted` (the sum of one 1.0 per rank, all-reduced with
@@ -296,6 +340,12 @@ class PolicyTrainer {
   DataParallelOptions dp_options_;
   std::unique_ptr<GradReducer> reducer_;  // data parallel with more than one rank only
   std::unique_ptr<Snapshot> snapshot_;    // after the first step with mini_batches > 1
+  Shard shard_mode_ = Shard::kNone;
+  // kParameters after the split: the collectives' thread, then the policy's and the reference's
+  // slices (declared after the queue: destroyed before it).
+  std::unique_ptr<CollectiveQueue> queue_;
+  std::unique_ptr<ParameterShards> shards_;
+  std::unique_ptr<ParameterShards> ref_shards_;
 };
 
 }  // namespace gyre::trainer

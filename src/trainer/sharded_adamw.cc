@@ -19,15 +19,18 @@ const char* ShardName(Shard s) {
       return "optimizer";
     case Shard::kGradients:
       return "gradients";
+    case Shard::kParameters:
+      return "parameters";
   }
   return "?";
 }
 
 StatusOr<Shard> ParseShard(const std::string& name) {
-  for (Shard s : {Shard::kNone, Shard::kOptimizer, Shard::kGradients}) {
+  for (Shard s : {Shard::kNone, Shard::kOptimizer, Shard::kGradients, Shard::kParameters}) {
     if (name == ShardName(s)) return s;
   }
-  return InvalidArgument("trainer.shard '" + name + "' is not one of none, optimizer, gradients");
+  return InvalidArgument("trainer.shard '" + name +
+                         "' is not one of none, optimizer, gradients, parameters");
 }
 
 ShardLayout PlanShards(const std::vector<int64_t>& numels, int rank, int ranks) {
@@ -45,7 +48,7 @@ ShardLayout PlanShards(const std::vector<int64_t>& numels, int rank, int ranks) 
 ShardedAdamW::ShardedAdamW(std::vector<at::Tensor> params, Shard mode, Hyper hyper, int rank,
                            int ranks)
     : params_(std::move(params)), mode_(mode), hyper_(hyper) {
-  GYRE_CHECK(mode_ != Shard::kNone);
+  GYRE_CHECK(mode_ == Shard::kOptimizer || mode_ == Shard::kGradients);
   GYRE_CHECK(!params_.empty());
   std::vector<int64_t> numels;
   int64_t offset = 0;

@@ -35,10 +35,11 @@
 
 namespace gyre::trainer {
 
-// trainer.shard.
-enum class Shard { kNone, kOptimizer, kGradients };
+// trainer.shard. kParameters (ZeRO-3) is trainer/parameter_shards.h; its trainer keeps the AdamW
+// state of its parameter slices in a one-rank ShardedAdamW (kOptimizer) over those slices.
+enum class Shard { kNone, kOptimizer, kGradients, kParameters };
 const char* ShardName(Shard s);
-// "none", "optimizer" or "gradients"; InvalidArgument otherwise.
+// "none", "optimizer", "gradients" or "parameters"; InvalidArgument otherwise.
 StatusOr<Shard> ParseShard(const std::string& name);
 
 // Which slice of the flat parameter vector a rank owns.

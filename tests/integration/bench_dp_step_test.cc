@@ -33,13 +33,14 @@ TEST(BenchDpStepTest, TinyRunWritesConsistentJson) {
   EXPECT_EQ(j["context"]["same_weights"], true);
   EXPECT_GE(j["context"]["buckets"].get<int>(), 1);
   const auto& rows = j["results"];
-  ASSERT_EQ(rows.size(), 5u) << j.dump(2);
+  ASSERT_EQ(rows.size(), 6u) << j.dump(2);
   EXPECT_EQ(rows[0]["mode"], "allreduce-only");
   EXPECT_TRUE(rows[0]["speedup"].is_null());
   EXPECT_EQ(rows[1]["mode"], "blocking");
   EXPECT_EQ(rows[2]["mode"], "overlapped");
   EXPECT_EQ(rows[3]["mode"], "zero1");
   EXPECT_EQ(rows[4]["mode"], "zero2");
+  EXPECT_EQ(rows[5]["mode"], "zero3");
   // Two ranks: each sharded row holds half the moments (up to one element of padding), ZeRO-2
   // also half the gradients; the weights agree with the unsharded ones up to rounding.
   const double full_state = rows[2]["state_mib"];
@@ -51,6 +52,16 @@ TEST(BenchDpStepTest, TinyRunWritesConsistentJson) {
     EXPECT_LT(rows[k]["max_weight_diff"].get<double>(), 1e-5) << rows[k].dump();
   }
   EXPECT_NEAR(rows[4]["grad_mib"].get<double>(), full_grad / 2, 1e-5) << rows[4].dump();
+  // ZeRO-3 also holds half the weights (each parameter unit padded to an even length), and says
+  // how long its collectives took and how long the step waited for them.
+  const double full_weights = rows[2]["weights_mib"];
+  EXPECT_NEAR(full_weights, full_grad, 1e-9);
+  EXPECT_NEAR(rows[5]["weights_mib"].get<double>(), full_weights / 2, 1e-4) << rows[5].dump();
+  EXPECT_NEAR(rows[5]["state_mib"].get<double>(), full_state / 2, 1e-4) << rows[5].dump();
+  EXPECT_LT(rows[5]["max_weight_diff"].get<double>(), 1e-5) << rows[5].dump();
+  EXPECT_GT(rows[5]["comm_s"].get<double>(), 0) << rows[5].dump();
+  EXPECT_GE(rows[5]["comm_wait_s"].get<double>(), 0) << rows[5].dump();
+  EXPECT_TRUE(rows[2]["comm_s"].is_null());
   const double baseline = rows[1]["median_s"];
   for (const auto& r : rows) {
     EXPECT_EQ(r["steps"], 4) << r.dump();

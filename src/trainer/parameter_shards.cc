@@ -1,0 +1,430 @@
+#include "trainer/parameter_shards.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+#include <utility>
+
+#include "common/check.h"
+
+namespace gyre::trainer {
+
+// ---------------------------------------------------------------------------------------------
+CollectiveQueue::CollectiveQueue(comm::Communicator* comm, double timeout_s)
+    : comm_(comm),
+      rank_(comm != nullptr ? comm->rank() : 0),
+      ranks_(comm != nullptr ? comm->size() : 1),
+      timeout_s_(timeout_s),
+      thread_([this] { Loop(); }) {}
+
+Status CollectiveQueue::Rebind(comm::Communicator* comm) {
+  const int rank = comm != nullptr ? comm->rank() : 0, ranks = comm != nullptr ? comm->size() : 1;
+  if (rank != rank_ || ranks != ranks_) {
+    return FailedPrecondition("sharded parameters are laid out for rank " + std::to_string(rank_) +
+                              " of " + std::to_string(ranks_) + ", not rank " +
+                              std::to_string(rank) + " of " + std::to_string(ranks));
+  }
+  (void)Drain();
+  std::lock_guard<std::mutex> lock(mu_);
+  comm_ = comm;
+  first_error_ = Status::Ok();
+  return Status::Ok();
+}
+
+CollectiveQueue::~CollectiveQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+int64_t CollectiveQueue::Post(std::string what, Task task) {
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.emplace_back(std::move(what), std::move(task));
+  cv_.notify_all();
+  return ++posted_;
+}
+
+Status CollectiveQueue::Wait(int64_t ticket) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_ >= ticket; });
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return first_error_;
+}
+
+Status CollectiveQueue::Drain() {
+  int64_t last;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last = posted_;
+  }
+  return Wait(last);
+}
+
+double CollectiveQueue::busy_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return busy_s_;
+}
+
+double CollectiveQueue::wait_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wait_s_;
+}
+
+void CollectiveQueue::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, nothing left
+    auto [what, task] = std::move(queue_.front());
+    queue_.pop_front();
+    if (first_error_.ok()) {
+      comm::Communicator* comm = comm_;
+      lock.unlock();
+      const auto t0 = std::chrono::steady_clock::now();
+      Status s;
+      try {
+        s = task(comm, comm::DeadlineAfter(timeout_s_));
+      } catch (const std::exception& e) {
+        s = Internal(e.what());
+      }
+      const double took =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      lock.lock();
+      busy_s_ += took;
+      if (!s.ok()) first_error_ = s.WithContext(what);
+    }
+    ++done_;
+    cv_.notify_all();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+// The storage of a gathered unit is returned while the unit is not needed and allocated again
+// before it is gathered. Autograd keeps views of it (weights a backward reads); they see the
+// new contents because the gather writes the bytes without an ATen operation on those views
+// (which would bump their version counter and make autograd refuse them).
+void FreeStorage(const at::Tensor& t) { t.storage().unsafeGetStorageImpl()->reset(); }
+
+void AllocateStorage(const at::Tensor& t, size_t bytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == bytes && s->data() != nullptr) return;
+  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+  s->set_nbytes(bytes);
+}
+
+bool HasStorage(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl()->nbytes() > 0; }
+
+StatusOr<comm::DataType> CommType(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return comm::DataType::kFloat32;
+    case at::kBFloat16:
+      return comm::DataType::kBFloat16;
+    case at::kHalf:
+      return comm::DataType::kFloat16;
+    default:
+      return InvalidArgument(std::string("sharded parameters cannot compute in ") +
+                             c10::toString(t));
+  }
+}
+
+[[noreturn]] void ThrowStatus(const Status& s) { throw std::runtime_error(s.ToString()); }
+
+}  // namespace
+
+// The differentiable gather of one unit: its input is the rank's master slice (so that autograd
+// calls the backward), its output a flat view of the gathered buffer; the backward hands the
+// unit's whole gradient to the shards, which reduce-scatter it into the gradient slice, and
+// gives the master none (the slice's gradient lives in ParameterShards::gradients()).
+class GatherUnitFunction : public torch::autograd::Function<GatherUnitFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& master,
+                            int64_t owner, int64_t unit) {
+    ctx->saved_data["owner"] = owner;
+    ctx->saved_data["unit"] = unit;
+    return reinterpret_cast<ParameterShards*>(owner)->FlatView(static_cast<int>(unit));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* self = reinterpret_cast<ParameterShards*>(ctx->saved_data["owner"].toInt());
+    self->OnGradient(static_cast<int>(ctx->saved_data["unit"].toInt()), grads[0]);
+    return {at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+ParameterShards::ParameterShards(const model::ModelSpec& spec, CollectiveQueue* queue,
+                                 at::ScalarType compute, const at::Device& device, bool trainable)
+    : spec_(spec), queue_(queue), compute_(compute), device_(device), trainable_(trainable) {}
+
+ParameterShards::~ParameterShards() {
+  // Collectives in flight may still write a buffer or read a master: let them finish.
+  (void)queue_->Drain();
+}
+
+StatusOr<std::unique_ptr<ParameterShards>> ParameterShards::Create(
+    const model::ModelSpec& spec, const model::NamedTensors& weights, CollectiveQueue* queue,
+    at::ScalarType compute, const at::Device& device, bool trainable) {
+  GYRE_RETURN_IF_ERROR(CommType(compute).status());
+  std::unique_ptr<ParameterShards> s(new ParameterShards(spec, queue, compute, device, trainable));
+  const int rank = queue->rank(), ranks = queue->ranks();
+  for (model::ParameterUnit& def : model::ParameterUnits(spec)) {
+    Unit u;
+    u.def = std::move(def);
+    for (const auto& shape : u.def.shapes) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      u.numels.push_back(n);
+    }
+    u.layout = PlanShards({u.def.numel()}, rank, ranks);
+    u.full = at::empty({u.layout.chunk * ranks}, at::TensorOptions().dtype(compute).device(device));
+    FreeStorage(u.full);
+    s->masters_.push_back(
+        at::zeros({u.layout.chunk}, at::TensorOptions().dtype(at::kFloat).device(device)));
+    s->units_.push_back(std::move(u));
+  }
+  GYRE_RETURN_IF_ERROR(s->SetWeights(weights));
+  for (at::Tensor& m : s->masters_) m.requires_grad_(trainable);
+  return s;
+}
+
+Status ParameterShards::SetWeights(const model::NamedTensors& weights) {
+  size_t expected = 0;
+  for (const Unit& u : units_) expected += u.def.names.size();
+  if (weights.size() != expected) {
+    return InvalidArgument("sharded parameters: expected " + std::to_string(expected) +
+                           " tensors, got " + std::to_string(weights.size()));
+  }
+  size_t k = 0;
+  for (const Unit& u : units_) {
+    for (size_t i = 0; i < u.def.names.size(); ++i, ++k) {
+      const auto& [name, t] = weights[k];
+      if (name != u.def.names[i] || !t.defined() || !at::isFloatingType(t.scalar_type()) ||
+          t.sizes() != at::IntArrayRef(u.def.shapes[i])) {
+        return InvalidArgument("sharded parameters: tensor " + std::to_string(k) + " ('" + name +
+                               "') is not " + u.def.names[i] + " of the model's shape");
+      }
+    }
+  }
+  at::NoGradGuard no_grad;
+  k = 0;
+  for (size_t ui = 0; ui < units_.size(); ++ui) {
+    const Unit& u = units_[ui];
+    at::Tensor master = masters_[ui].detach();
+    int64_t offset = 0;  // of the tensor in the unit's flat vector
+    for (size_t i = 0; i < u.def.names.size(); ++i, ++k) {
+      const int64_t lo = std::max(u.layout.begin, offset);
+      const int64_t hi = std::min(u.layout.end, offset + u.numels[i]);
+      if (lo < hi) {
+        master.narrow(0, lo - u.layout.begin, hi - lo)
+            .copy_(weights[k].second.detach().reshape({-1}).narrow(0, lo - offset, hi - lo));
+      }
+      offset += u.numels[i];
+    }
+  }
+  return Status::Ok();
+}
+
+std::unique_ptr<ParameterShards> ParameterShards::FrozenCopy() const {
+  std::unique_ptr<ParameterShards> s(new ParameterShards(spec_, queue_, compute_, device_, false));
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit u;
+    u.def = units_[i].def;
+    u.numels = units_[i].numels;
+    u.layout = units_[i].layout;
+    u.full = at::empty({u.layout.chunk * u.layout.ranks},
+                       at::TensorOptions().dtype(compute_).device(device_));
+    FreeStorage(u.full);
+    s->units_.push_back(std::move(u));
+    s->masters_.push_back(masters_[i].detach().clone());
+  }
+  return s;
+}
+
+at::Tensor ParameterShards::FlatView(int u) const {
+  // A tensor of its own over the buffer's storage: autograd's views of it share the storage, not
+  // the buffer's version counter.
+  const at::Tensor& full = units_[u].full;
+  return at::empty({0}, full.options()).set_(full.storage(), 0, {full.numel()}, {1});
+}
+
+void ParameterShards::StartGather(int u) {
+  Unit& unit = units_[u];
+  if (unit.ticket >= 0) return;
+  const size_t bytes = static_cast<size_t>(unit.full.numel()) * unit.full.element_size();
+  AllocateStorage(unit.full, bytes);
+  const comm::DataType type = *CommType(compute_);
+  const at::Tensor master = masters_[u].detach();
+  void* out = unit.full.storage().unsafeGetStorageImpl()->mutable_data();
+  const int64_t chunk = unit.layout.chunk;
+  const at::TensorOptions opts = unit.full.options();
+  unit.ticket = queue_->Post(
+      "all-gather of " + unit.def.names.front() + " and the rest of its unit (" +
+          std::to_string(unit.layout.total) + " elements)",
+      [master, out, chunk, type, opts](comm::Communicator* comm, comm::Deadline deadline) {
+        at::NoGradGuard no_grad;
+        const at::Tensor mine = master.to(opts.dtype().toScalarType()).contiguous();
+        if (comm == nullptr) {
+          at::from_blob(out, {chunk}, opts).copy_(mine);
+          return Status::Ok();
+        }
+        return comm->AllGather(mine.data_ptr(), out, static_cast<size_t>(chunk), type, deadline);
+      });
+}
+
+void ParameterShards::FinishGather(int u) {
+  StartGather(u);
+  const Status s = queue_->Wait(units_[u].ticket);
+  if (!s.ok()) ThrowStatus(s.WithContext("sharded parameters"));
+}
+
+void ParameterShards::Free(int u) {
+  Unit& unit = units_[u];
+  if (unit.ticket >= 0) (void)queue_->Wait(unit.ticket);  // never free under a gather
+  unit.ticket = -1;
+  FreeStorage(unit.full);
+}
+
+std::vector<at::Tensor> ParameterShards::Acquire(int u) {
+  GYRE_CHECK(u >= 0 && u < num_units()) << "unit " << u;
+  FinishGather(u);
+  units_[u].acquired = true;
+  // Prefetch: the next unit of the forward, unless this pass already had it (with tied
+  // embeddings the LM head asks for unit 0 again after the last unit).
+  if (u + 1 < num_units() && !units_[u + 1].acquired) StartGather(u + 1);
+  at::Tensor flat;
+  if (trainable_ && at::GradMode::is_enabled()) {
+    flat = GatherUnitFunction::apply(masters_[u], reinterpret_cast<int64_t>(this),
+                                     static_cast<int64_t>(u));
+  } else {
+    flat = FlatView(u);
+  }
+  const Unit& unit = units_[u];
+  std::vector<int64_t> sizes = unit.numels;
+  const int64_t pad = flat.numel() - unit.layout.total;
+  if (pad > 0) sizes.push_back(pad);
+  std::vector<at::Tensor> pieces = flat.split_with_sizes(sizes);
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < unit.numels.size(); ++i) out.push_back(pieces[i].view(unit.def.shapes[i]));
+  return out;
+}
+
+void ParameterShards::Release(int u, const at::Tensor& output) {
+  Free(u);
+  if (!output.defined() || !output.requires_grad() || !trainable_) return;
+  units_[u].regather = true;
+  output.register_hook([this, u](const at::TensorBase&) { BeforeBackward(u); });
+}
+
+void ParameterShards::BeforeBackward(int u) {
+  FinishGather(u);
+  units_[u].regather = false;
+  // Prefetch the unit whose backward comes next.
+  for (int v = u - 1; v >= 0; --v) {
+    if (units_[v].regather) {
+      StartGather(v);
+      break;
+    }
+  }
+}
+
+void ParameterShards::OnGradient(int u, const at::Tensor& grad) {
+  GYRE_CHECK(grads_.size() == units_.size()) << "a sharded backward outside a step";
+  Unit& unit = units_[u];
+  // Every view of the buffer this unit's backward reads has been read: its memory can go. (With
+  // tied embeddings the LM head's use of unit 0 comes back here; the lookup's does not read it.)
+  Free(u);
+  at::Tensor slice = grads_[u];
+  const int64_t chunk = unit.layout.chunk;
+  at::Tensor g = grad.defined() ? grad : at::zeros({unit.full.numel()}, unit.full.options());
+  queue_->Post("reduce-scatter of the gradient of " + unit.def.names.front() +
+                   " and the rest of its unit (" + std::to_string(unit.layout.total) +
+                   " elements)",
+               [g, slice, chunk](comm::Communicator* comm, comm::Deadline deadline) {
+                 at::NoGradGuard no_grad;
+                 // Summed in float32 whatever the compute dtype.
+                 const at::Tensor g32 = g.to(at::kFloat).contiguous();
+                 if (comm == nullptr) {
+                   slice.add_(g32.narrow(0, 0, chunk));
+                   return Status::Ok();
+                 }
+                 at::Tensor mine = at::empty({chunk}, g32.options());
+                 GYRE_RETURN_IF_ERROR(comm->ReduceScatterSum(g32.data_ptr(), mine.data_ptr(),
+                                                             static_cast<size_t>(chunk),
+                                                             comm::DataType::kFloat32, deadline));
+                 slice.add_(mine);
+                 return Status::Ok();
+               });
+}
+
+Status ParameterShards::EndPass() {
+  const Status s = queue_->Drain();
+  for (int u = 0; u < num_units(); ++u) {
+    Free(u);
+    units_[u].acquired = false;
+    units_[u].regather = false;
+  }
+  return s;
+}
+
+void ParameterShards::BeginStep() {
+  at::NoGradGuard no_grad;
+  grads_.clear();
+  for (const at::Tensor& m : masters_) grads_.push_back(at::zeros_like(m.detach()));
+}
+
+void ParameterShards::ReleaseGradients() { grads_.clear(); }
+
+StatusOr<std::vector<at::Tensor>> ParameterShards::GatherUnit(int u) {
+  GYRE_CHECK(u >= 0 && u < num_units()) << "unit " << u;
+  const Unit& unit = units_[u];
+  at::Tensor all = at::empty({unit.layout.chunk * unit.layout.ranks},
+                             at::TensorOptions().dtype(at::kFloat).device(device_));
+  const at::Tensor master = masters_[u].detach();
+  const int64_t chunk = unit.layout.chunk;
+  const int64_t ticket = queue_->Post(
+      "all-gather of the float32 weights of " + unit.def.names.front() + "'s unit",
+      [master, all, chunk](comm::Communicator* comm, comm::Deadline deadline) {
+        at::NoGradGuard no_grad;
+        const at::Tensor mine = master.contiguous();
+        if (comm == nullptr) {
+          all.copy_(mine);
+          return Status::Ok();
+        }
+        return comm->AllGather(mine.data_ptr(), all.data_ptr(), static_cast<size_t>(chunk),
+                               comm::DataType::kFloat32, deadline);
+      });
+  GYRE_RETURN_IF_ERROR(queue_->Wait(ticket));
+  std::vector<at::Tensor> out;
+  int64_t offset = 0;
+  for (size_t i = 0; i < unit.numels.size(); ++i) {
+    out.push_back(all.narrow(0, offset, unit.numels[i]).view(unit.def.shapes[i]).clone());
+    offset += unit.numels[i];
+  }
+  return out;
+}
+
+int64_t ParameterShards::master_bytes() const {
+  int64_t n = 0;
+  for (const at::Tensor& m : masters_) n += m.nbytes();
+  return n;
+}
+
+int64_t ParameterShards::gathered_bytes() const {
+  int64_t n = 0;
+  for (const Unit& u : units_) {
+    if (HasStorage(u.full)) n += static_cast<int64_t>(u.full.storage().nbytes());
+  }
+  return n;
+}
+
+}  // namespace gyre::trainer

@@ -1,0 +1,193 @@
+// One trainer rank of sharded_trainer_test, as its own process: joins a Gloo group through the
+// test's store, trains the fixed batch of that test (a policy-gradient step, then an SFT step)
+// with the layout it is given, and writes what the test compares.
+//
+//   sharded_rank STORE GROUP RANK RANKS SHARD OUT [flag ...]
+//
+// SHARD: none | optimizer | gradients | parameters. Flags: model=tiny|qwen3 (tied embeddings,
+// q/k norms and attention biases), minis=M (mini-batches of the policy-gradient step),
+// micro=K (micro-batch size), steps=S (the first S of the two steps; 2), dtype=bfloat16,
+// checkpointing, kl (a KL term against the
+// reference, and SequenceKl of the batch). Rank 0 writes OUT (the whole float32 weights after
+// the steps, concatenated in NamedParameters() order) and OUT.metrics ("step key value" lines).
+// Exits 0 on success, 1 with a message on stderr otherwise.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/gloo_communicator.h"
+#include "controller/sharding.h"
+#include "model/transformer.h"
+#include "trainer/policy_trainer.h"
+
+namespace gyre::trainer {
+namespace {
+
+model::ModelSpec SpecNamed(const std::string& name) {
+  model::ModelSpec s;
+  s.vocab_size = 24;
+  s.hidden_size = 32;
+  s.num_layers = 2;
+  s.num_heads = 4;
+  s.num_kv_heads = 2;
+  s.head_dim = 8;
+  s.intermediate_size = 48;
+  s.max_seq_len = 32;
+  s.tie_embeddings = false;
+  if (name == "qwen3") {
+    s.num_layers = 3;
+    s.tie_embeddings = true;
+    s.qk_norm = true;
+    s.attention_bias = true;
+  }
+  return s;
+}
+
+std::vector<TrainSample> Batch() {
+  std::vector<TrainSample> b;
+  for (int i = 0; i < 11; ++i) {
+    TrainSample s;
+    s.prompt = {1, static_cast<int32_t>(3 + i % 9), 5};
+    s.response.assign(2 + (i * 7) % 5, static_cast<int32_t>(7 + i));
+    s.rollout_logprobs.assign(s.response.size(), -1.0f);
+    s.advantage = (i % 2 == 0 ? 1.0f : -0.5f) * (1 + i % 4);
+    b.push_back(s);
+  }
+  b[2].loss_mask.assign(b[2].response.size(), 1.0f);
+  b[2].loss_mask[1] = 0;
+  return b;
+}
+
+// Rank r's part of `batch` for `minis` global mini-batches, as the controller shards it.
+// *indices (optional) gets the samples' indices in `batch`.
+std::vector<TrainSample> RankShard(const std::vector<TrainSample>& batch, int ranks, int r,
+                                   int minis, TrainOptions* opts,
+                                   std::vector<size_t>* indices = nullptr) {
+  if (ranks == 1) {
+    if (indices != nullptr) {
+      for (size_t i = 0; i < batch.size(); ++i) indices->push_back(i);
+    }
+    return batch;
+  }
+  std::vector<int64_t> tokens;
+  for (const auto& s : batch) tokens.push_back(s.prompt.size() + s.response.size());
+  const auto shards = controller::ShardBatch(tokens, ranks, minis);
+  std::vector<TrainSample> out;
+  for (size_t i : shards.samples[r]) {
+    out.push_back(batch[i]);
+    if (indices != nullptr) indices->push_back(i);
+  }
+  opts->mini_batch_sizes.assign(shards.mini_batch_sizes[r].begin(),
+                                shards.mini_batch_sizes[r].end());
+  return out;
+}
+
+int Fail(const std::string& what) {
+  std::cerr << "sharded_rank: " << what << "\n";
+  return 1;
+}
+
+int Run(int argc, char** argv) {
+  if (argc < 7) return Fail("usage: sharded_rank STORE GROUP RANK RANKS SHARD OUT [flag ...]");
+  const std::string store = argv[1], group_name = argv[2];
+  const int rank = std::atoi(argv[3]), ranks = std::atoi(argv[4]);
+  const std::string out_path = argv[6];
+  StatusOr<Shard> shard = ParseShard(argv[5]);
+  if (!shard.ok()) return Fail(shard.status().message());
+  std::map<std::string, std::string> flags;
+  for (int i = 7; i < argc; ++i) {
+    const std::string a = argv[i];
+    const size_t eq = a.find('=');
+    flags[a.substr(0, eq)] = eq == std::string::npos ? "1" : a.substr(eq + 1);
+  }
+  auto flag = [&](const std::string& k, const std::string& d) {
+    return flags.count(k) ? flags[k] : d;
+  };
+  const model::ModelSpec spec = SpecNamed(flag("model", "tiny"));
+  const int minis = std::atoi(flag("minis", "1").c_str());
+  const bool kl = flags.count("kl") > 0;
+
+  at::set_num_threads(1);
+  PolicyTrainer t(model::Transformer::Create(spec, 3, 0.1), 1e-2, 0.01, 0.9, 0.999);
+  if (flag("dtype", "float32") == "bfloat16") t.SetComputeDtype(at::kBFloat16);
+  t.SetActivationCheckpointing(flags.count("checkpointing") > 0);
+  if (Status s = t.SetSharding(*shard); !s.ok()) return Fail(s.message());
+  std::unique_ptr<comm::Communicator> group;
+  if (ranks > 1) {
+    comm::GlooOptions o;
+    o.store_address = store;
+    o.group = group_name;
+    o.rank = rank;
+    o.size = ranks;
+    auto g = comm::CreateGlooCommunicator(o);
+    if (!g.ok()) return Fail(g.status().message());
+    group = std::move(*g);
+    DataParallelOptions dp;
+    dp.bucket_bytes = 4096;
+    dp.timeout_s = 60;
+    if (Status s = t.SetDataParallel(group.get(), dp); !s.ok()) return Fail(s.message());
+  }
+  std::ofstream metrics;
+  if (rank == 0) metrics.open(out_path + ".metrics");
+  metrics.precision(10);
+  const std::vector<TrainSample> batch = Batch();
+  int step = 0;
+  const int steps = std::atoi(flag("steps", "2").c_str());
+  for (auto objective : {Objective::kPolicyGradient, Objective::kSft}) {
+    if (step >= steps) break;
+    const int m = objective == Objective::kSft ? 1 : minis;
+    TrainOptions opts;
+    opts.micro_batch_size = std::atoi(flag("micro", "2").c_str());
+    opts.grad_clip = 0.5;  // the clip must use the global norm
+    opts.mini_batches = m;
+    if (kl && objective == Objective::kPolicyGradient) {
+      opts.loss.kl = kernels::KlKind::kK3;
+      opts.loss.kl_coef = 0.5f;
+    }
+    const std::vector<TrainSample> part = RankShard(batch, ranks, rank, m, &opts);
+    auto result = t.Step(part, objective, 1e-2, opts);
+    if (!result.ok()) return Fail("step " + std::to_string(step) + ": " + result.status().message());
+    for (const auto& [k, v] : *result) {
+      if (rank == 0) metrics << step << " " << k << " " << v << "\n";
+    }
+    ++step;
+  }
+  if (kl) {
+    // The KL of this rank's samples to the reference after the steps (the policy moved), one
+    // "sample value" line each in OUT.klR.
+    TrainOptions opts;
+    std::vector<size_t> indices;
+    const std::vector<TrainSample> part = RankShard(batch, ranks, rank, 1, &opts, &indices);
+    auto kls = t.SequenceKl(part, kernels::KlKind::kK3, 1.0, 2);
+    if (!kls.ok()) return Fail("SequenceKl: " + kls.status().message());
+    std::ofstream kl_out(out_path + ".kl" + std::to_string(rank));
+    kl_out.precision(10);
+    for (size_t i = 0; i < indices.size(); ++i) kl_out << indices[i] << " " << (*kls)[i] << "\n";
+  }
+  auto weights = t.FullWeights();
+  if (!weights.ok()) return Fail("FullWeights: " + weights.status().message());
+  if (rank == 0) {
+    std::vector<at::Tensor> parts;
+    for (const auto& [name, w] : *weights) parts.push_back(w.detach().to(at::kFloat).reshape({-1}));
+    const at::Tensor flat = at::cat(parts).contiguous();
+    std::FILE* f = std::fopen(out_path.c_str(), "wb");
+    if (f == nullptr) return Fail("cannot write " + out_path);
+    const size_t n = static_cast<size_t>(flat.numel());
+    const bool wrote = std::fwrite(flat.data_ptr<float>(), sizeof(float), n, f) == n;
+    if (std::fclose(f) != 0 || !wrote) return Fail("cannot write " + out_path);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace gyre::trainer
+
+int main(int argc, char** argv) { return gyre::trainer::Run(argc, argv); }
