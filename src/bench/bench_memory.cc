@@ -1,7 +1,8 @@
 // `gyre bench memory`: peak memory of one trainer step per configuration (padded rows, packed
 // rows with materialised logits, packed rows with chunked log-probs, and those with activation
 // checkpointing), each measured in its own child process so that no configuration inherits
-// another's allocations.
+// another's allocations. With --layouts: per-rank memory of data-parallel layouts
+// (trainer.shard over N trainer processes), each rank a child process.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "bench/bench.h"
+#include "comm/gloo_communicator.h"
 #include "common/clock.h"
 #include "common/command_line.h"
 #include "common/file_util.h"
@@ -50,7 +52,17 @@ constexpr char kMemoryDetails[] =
     "memory is reset (/proc/self/clear_refs), and one more step is taken. Reports the step's\n"
     "peak above the memory held before it (model, optimizer state, batch), that memory, the\n"
     "step time, and the peak against the unchunked baseline's (when it is among the\n"
-    "configurations run).\n";
+    "configurations run).\n"
+    "\n"
+    "--layouts SHARD:N,... measures data-parallel layouts instead: trainer.shard SHARD (none,\n"
+    "optimizer, gradients, parameters) over N trainer processes (a Gloo group on loopback)\n"
+    "sharing one global batch of BATCH samples (each rank BATCH / N of them; the chunked\n"
+    "configuration). Per rank: held = the float32 weights, AdamW moments and gradients the\n"
+    "trainer keeps between steps (from its tensors); state = resident memory after the\n"
+    "warm-up step less what the process held before it made the model (held, plus the\n"
+    "runtime's own buffers: Gloo, threads, the allocator's cache); step peak = the peak\n"
+    "resident memory of a step above that same start. Reports the largest rank's figures and\n"
+    "each against the first layout's.\n";
 
 // The configurations, in the order they run by default.
 const std::vector<std::string>& Configs() {
@@ -62,6 +74,13 @@ const std::vector<std::string>& Configs() {
 struct MemorySetup {
   int64_t vocab = 32768, hidden = 256, layers = 2, batch = 32, prompt_len = 32, median = 64;
   int64_t max_len = 512, chunk = 1024, threads = 1;
+};
+
+// --layouts: one trainer rank's part (set on the child's command line).
+struct LayoutRank {
+  std::string shard;  // trainer.shard
+  int rank = 0, ranks = 1;
+  std::string store;  // the group's store, when ranks > 1
 };
 
 // A field of /proc/self/status in MiB ("VmRSS", "VmHWM"), or -1.
@@ -89,11 +108,40 @@ std::vector<std::string> SetupArgs(const MemorySetup& s) {
 
 // The child: builds the model and batch, takes a warm-up step, resets the peak, takes a step,
 // and writes {"baseline_mib", "peak_mib", "step_s", "tokens"} to `out_path`.
-int RunChild(const MemorySetup& s, const std::string& config, const std::string& out_path) {
+// With `layout` (--layouts), the trainer is rank layout->rank of a group of layout->ranks with
+// trainer.shard layout->shard, and trains on its share of the batch.
+int RunChild(const MemorySetup& s, const std::string& config, const std::string& out_path,
+             const LayoutRank* layout = nullptr) {
   at::set_num_threads(static_cast<int>(s.threads));
+  const double start_rss = StatusMiB("VmRSS");  // the runtime alone, before the model
   const model::ModelSpec spec =
       SyntheticSpec(s.vocab, s.hidden, s.layers, s.prompt_len + s.max_len);
   trainer::PolicyTrainer t(model::Transformer::Create(spec, 7, 0.02), 1e-4, 0, 0.9, 0.999);
+  std::unique_ptr<comm::Communicator> group;
+  if (layout != nullptr) {
+    Status set = Status::Ok();
+    StatusOr<trainer::Shard> shard = trainer::ParseShard(layout->shard);
+    set = shard.ok() ? t.SetSharding(*shard) : shard.status();
+    if (set.ok() && layout->ranks > 1) {
+      comm::GlooOptions o;
+      o.store_address = layout->store;
+      o.group = "bench-memory";
+      o.rank = layout->rank;
+      o.size = layout->ranks;
+      auto g = comm::CreateGlooCommunicator(o);
+      set = g.status();
+      if (g.ok()) {
+        group = std::move(*g);
+        trainer::DataParallelOptions dp;
+        dp.timeout_s = 600;
+        set = t.SetDataParallel(group.get(), dp);
+      }
+    }
+    if (!set.ok()) {
+      std::fprintf(stderr, "gyre bench memory: %s\n", set.ToString().c_str());
+      return 1;
+    }
+  }
   t.SetSequencePacking(config != "padded");
   const bool checkpointed = config == "checkpointed";
   t.SetLogprobChunkTokens(config == "chunked" || checkpointed ? s.chunk : 0);
@@ -109,6 +157,15 @@ int RunChild(const MemorySetup& s, const std::string& config, const std::string&
     for (int64_t k = 0; k < n; ++k) batch[i].response.push_back(token(rng));
     batch[i].advantage = i % 2 == 0 ? 1.0f : -1.0f;
     tokens += n;
+  }
+  if (layout != nullptr && layout->ranks > 1) {
+    // This rank's share: every ranks-th sample.
+    std::vector<trainer::TrainSample> mine;
+    for (size_t i = static_cast<size_t>(layout->rank); i < batch.size();
+         i += static_cast<size_t>(layout->ranks)) {
+      mine.push_back(batch[i]);
+    }
+    batch = std::move(mine);
   }
   trainer::TrainOptions opts;
   opts.micro_batch_size = s.batch;
@@ -142,7 +199,13 @@ int RunChild(const MemorySetup& s, const std::string& config, const std::string&
   nlohmann::json j = {{"baseline_mib", baseline},
                       {"peak_mib", peak - baseline},
                       {"step_s", step_s},
-                      {"response_tokens", tokens}};
+                      {"response_tokens", tokens},
+                      // --layouts: against the process before it made the model.
+                      {"state_mib", baseline - start_rss},
+                      // The trainer's own tensors kept between steps (its step metrics).
+                      {"held_mib", m->at("weights_mib") + m->at("optimizer_state_mib") +
+                                       m->at("gradient_mib")},
+                      {"step_peak_mib", peak - start_rss}};
   Status w = WriteFileAtomic(out_path, j.dump() + "\n");
   if (!w.ok()) {
     std::fprintf(stderr, "gyre bench memory: %s\n", w.ToString().c_str());
@@ -151,13 +214,11 @@ int RunChild(const MemorySetup& s, const std::string& config, const std::string&
   return 0;
 }
 
-// Runs this binary as a child for `config`; returns its JSON or an error.
-StatusOr<nlohmann::json> Spawn(const MemorySetup& s, const std::string& config,
-                               const std::string& dir) {
-  const std::string out_path = dir + "/" + config + ".json";
+// Starts this binary as `gyre bench memory` with the setup's options and `extra`.
+StatusOr<pid_t> StartChild(const MemorySetup& s, const std::vector<std::string>& extra) {
   std::vector<std::string> args = {"gyre", "bench", "memory"};
   for (const std::string& a : SetupArgs(s)) args.push_back(a);
-  args.insert(args.end(), {"--child", config, "--child-out", out_path});
+  args.insert(args.end(), extra.begin(), extra.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -166,12 +227,150 @@ StatusOr<nlohmann::json> Spawn(const MemorySetup& s, const std::string& config,
       rc != 0) {
     return Internal("cannot start the child process: " + std::string(std::strerror(rc)));
   }
+  return pid;
+}
+
+// Waits for child `pid` (named `what` in errors) and returns the JSON it wrote to `out_path`.
+StatusOr<nlohmann::json> FinishChild(pid_t pid, const std::string& what,
+                                     const std::string& out_path) {
   int status = 0;
   if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return Internal("the " + config + " child process failed (see its message above)");
+    return Internal("the " + what + " child process failed (see its message above)");
   }
   GYRE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(out_path));
   return nlohmann::json::parse(text);
+}
+
+// Runs this binary as a child for `config`; returns its JSON or an error.
+StatusOr<nlohmann::json> Spawn(const MemorySetup& s, const std::string& config,
+                               const std::string& dir) {
+  const std::string out_path = dir + "/" + config + ".json";
+  GYRE_ASSIGN_OR_RETURN(pid_t pid, StartChild(s, {"--child", config, "--child-out", out_path}));
+  return FinishChild(pid, config, out_path);
+}
+
+// --layouts: "SHARD:N" -> (shard, N), or InvalidArgument.
+StatusOr<std::pair<std::string, int>> ParseLayout(const std::string& text) {
+  const size_t colon = text.find(':');
+  const std::string shard = text.substr(0, colon);
+  if (!trainer::ParseShard(shard).ok() || colon == std::string::npos) {
+    return InvalidArgument("--layouts: '" + text +
+                           "' is not SHARD:N with SHARD one of none, optimizer, gradients, "
+                           "parameters (e.g. parameters:4)");
+  }
+  const std::string n = text.substr(colon + 1);
+  char* end = nullptr;
+  const long ranks = std::strtol(n.c_str(), &end, 10);
+  if (n.empty() || *end != '\0' || ranks < 1 || ranks > 64) {
+    return InvalidArgument("--layouts: '" + text + "': N must be a whole number from 1 to 64");
+  }
+  return std::make_pair(shard, static_cast<int>(ranks));
+}
+
+// One layout: N rank processes; their JSONs, rank by rank.
+StatusOr<std::vector<nlohmann::json>> RunLayout(const MemorySetup& s, const std::string& shard,
+                                                int ranks, const std::string& dir) {
+  std::unique_ptr<comm::StoreServer> store;
+  if (ranks > 1) {
+    GYRE_ASSIGN_OR_RETURN(store, comm::StoreServer::Start("127.0.0.1"));
+  }
+  const std::string name = shard + ":" + std::to_string(ranks);
+  std::vector<std::pair<pid_t, std::string>> children;
+  Status started = Status::Ok();
+  for (int r = 0; r < ranks && started.ok(); ++r) {
+    const std::string out = dir + "/" + shard + "-" + std::to_string(ranks) + "-" +
+                            std::to_string(r) + ".json";
+    std::vector<std::string> extra = {"--child",       "chunked",         "--child-out",
+                                      out,             "--child-layout",  shard,
+                                      "--child-rank",  std::to_string(r), "--child-ranks",
+                                      std::to_string(ranks)};
+    if (store) extra.insert(extra.end(), {"--child-store", store->address()});
+    auto pid = StartChild(s, extra);
+    if (pid.ok()) {
+      children.emplace_back(*pid, out);
+    } else {
+      started = pid.status();
+    }
+  }
+  std::vector<nlohmann::json> out;
+  Status finished = started;
+  for (const auto& [pid, path] : children) {  // every child is reaped
+    auto j = FinishChild(pid, name, path);
+    if (j.ok()) {
+      out.push_back(*j);
+    } else if (finished.ok()) {
+      finished = j.status();
+    }
+  }
+  GYRE_RETURN_IF_ERROR(finished);
+  return out;
+}
+
+int RunLayouts(const MemorySetup& s, const std::vector<std::string>& layouts,
+               const std::string& json_path, const std::string& dir) {
+  BenchReport report("memory-layouts");
+  report.SetKeys({"layout"});
+  report.SetMetric("state_mib", false);
+  report.SetMetric("step_peak_mib", false);
+  report.SetContext("device", "cpu");
+  report.SetContext("vocab", s.vocab);
+  report.SetContext("hidden", s.hidden);
+  report.SetContext("layers", s.layers);
+  int64_t params = 0;
+  for (const model::ParameterUnit& u : model::ParameterUnits(
+           SyntheticSpec(s.vocab, s.hidden, s.layers, s.prompt_len + s.max_len))) {
+    params += u.numel();
+  }
+  report.SetContext("parameters", params);
+  report.SetContext("global_samples", s.batch);
+  report.SetContext("threads_per_rank", s.threads);
+  double base_held = 0, base_state = 0, base_peak = 0;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    auto layout = ParseLayout(layouts[i]);
+    if (!layout.ok()) {
+      std::fprintf(stderr, "gyre bench memory: %s\n", layout.status().message().c_str());
+      return 2;
+    }
+    const auto& [shard, ranks] = *layout;
+    std::fprintf(stderr, "bench memory: layout %s over %d trainer process(es)\n", shard.c_str(),
+                 ranks);
+    auto runs = RunLayout(s, shard, ranks, dir);
+    if (!runs.ok()) {
+      std::fprintf(stderr, "gyre bench memory: %s\n", runs.status().ToString().c_str());
+      return 1;
+    }
+    double held = 0, state = 0, peak = 0, step_s = 0;
+    for (const auto& r : *runs) {  // the largest rank
+      held = std::max(held, r["held_mib"].get<double>());
+      state = std::max(state, r["state_mib"].get<double>());
+      peak = std::max(peak, r["step_peak_mib"].get<double>());
+      step_s = std::max(step_s, r["step_s"].get<double>());
+    }
+    if (i == 0) {
+      base_held = held;
+      base_state = state;
+      base_peak = peak;
+    }
+    report.AddRow({{"layout", layouts[i]},
+                   {"shard", shard},
+                   {"ranks", ranks},
+                   {"held_mib", held},
+                   {"held_vs_first", held / base_held},
+                   {"state_mib", state},
+                   {"step_peak_mib", peak},
+                   {"state_vs_first", state / base_state},
+                   {"peak_vs_first", peak / base_peak},
+                   {"step_s", step_s}});
+  }
+  report.PrintTable({{"layout", "layout"},
+                     {"held_mib", "held MiB", 1},
+                     {"held_vs_first", "held vs first", 3},
+                     {"state_mib", "state MiB", 1},
+                     {"state_vs_first", "state vs first", 3},
+                     {"step_peak_mib", "step peak MiB", 1},
+                     {"peak_vs_first", "peak vs first", 3},
+                     {"step_s", "step s", 3}});
+  return report.WriteJsonIfAsked(json_path, "memory") ? 0 : 1;
 }
 
 }  // namespace
@@ -180,6 +379,8 @@ int RunBenchMemory(const std::vector<std::string>& args) {
   MemorySetup s;
   std::string json_path, child, child_out;
   std::vector<std::string> configs = Configs();
+  std::vector<std::string> layouts;
+  LayoutRank child_layout;
   auto app = NewCommand("gyre bench memory",
                         "Peak memory of one trainer step per configuration, each in its own "
                         "child process.",
@@ -199,16 +400,33 @@ int RunBenchMemory(const std::vector<std::string>& args) {
   app->add_option("--threads", s.threads, "intra-op CPU threads")->check(CLI::Range(1, 1024));
   AddListOption(app.get(), "--configs", &configs, Configs(),
                 "the configurations to run, in this order");
+  app->add_option("--layouts", layouts,
+                  "measure these data-parallel layouts instead of the configurations: SHARD:N "
+                  "(trainer.shard over N trainer processes), e.g. "
+                  "none:1,optimizer:4,parameters:4; the first is the baseline")
+      ->delimiter(',')
+      ->type_name("LIST");
   app->add_option("--json", json_path, "also write the figures as JSON")->type_name("FILE");
   // A child process for one configuration, started by this command with these options.
   app->add_option("--child", child)->group("");
   app->add_option("--child-out", child_out)->group("");
+  app->add_option("--child-layout", child_layout.shard)->group("");
+  app->add_option("--child-rank", child_layout.rank)->group("");
+  app->add_option("--child-ranks", child_layout.ranks)->group("");
+  app->add_option("--child-store", child_layout.store)->group("");
   if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
   // (Checked here: CLI11 leaves a hidden option's name out of its messages.)
   if (!child.empty() && std::find(Configs().begin(), Configs().end(), child) == Configs().end()) {
     return CommandLineError(*app, "--child: " + child + " is not a configuration");
   }
-  if (!child.empty()) return RunChild(s, child, child_out);
+  if (!child.empty()) {
+    return RunChild(s, child, child_out, child_layout.shard.empty() ? nullptr : &child_layout);
+  }
+  for (const std::string& l : layouts) {
+    if (auto parsed = ParseLayout(l); !parsed.ok()) {
+      return CommandLineError(*app, parsed.status().message());
+    }
+  }
 
   char tmpl[] = "/tmp/gyre_bench_memory_XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) {
@@ -216,6 +434,11 @@ int RunBenchMemory(const std::vector<std::string>& args) {
     return 1;
   }
   const std::string dir = tmpl;
+  if (!layouts.empty()) {
+    const int rc = RunLayouts(s, layouts, json_path, dir);
+    (void)RemoveTree(dir);
+    return rc;
+  }
   BenchReport report("memory");
   report.SetKeys({"config"});
   report.SetMetric("peak_mib", false);

@@ -346,7 +346,12 @@ void ParameterShards::OnGradient(int u, const at::Tensor& grad) {
   at::Tensor slice = grads_[u];
   const int64_t chunk = unit.layout.chunk;
   at::Tensor g = grad.defined() ? grad : at::zeros({unit.full.numel()}, unit.full.options());
-  queue_->Post("reduce-scatter of the gradient of " + unit.def.names.front() +
+  while (reduces_.size() >= kReducesInFlight) {
+    const Status s = queue_->Wait(reduces_.front());
+    reduces_.pop_front();
+    if (!s.ok()) ThrowStatus(s.WithContext("sharded parameters"));
+  }
+  reduces_.push_back(queue_->Post("reduce-scatter of the gradient of " + unit.def.names.front() +
                    " and the rest of its unit (" + std::to_string(unit.layout.total) +
                    " elements)",
                [g, slice, chunk](comm::Communicator* comm, comm::Deadline deadline) {
@@ -363,11 +368,12 @@ void ParameterShards::OnGradient(int u, const at::Tensor& grad) {
                                                              comm::DataType::kFloat32, deadline));
                  slice.add_(mine);
                  return Status::Ok();
-               });
+               }));
 }
 
 Status ParameterShards::EndPass() {
   const Status s = queue_->Drain();
+  reduces_.clear();
   for (int u = 0; u < num_units(); ++u) {
     Free(u);
     units_[u].acquired = false;
@@ -376,10 +382,24 @@ Status ParameterShards::EndPass() {
   return s;
 }
 
-void ParameterShards::BeginStep() {
+void ParameterShards::BeginStep(const at::Tensor& flat) {
   at::NoGradGuard no_grad;
   grads_.clear();
-  for (const at::Tensor& m : masters_) grads_.push_back(at::zeros_like(m.detach()));
+  if (!flat.defined()) {
+    for (const at::Tensor& m : masters_) grads_.push_back(at::zeros_like(m.detach()));
+    return;
+  }
+  int64_t total = 0;
+  for (const at::Tensor& m : masters_) total += m.numel();
+  GYRE_CHECK(flat.scalar_type() == at::kFloat && flat.dim() == 1 && flat.numel() == total &&
+             flat.device() == device_)
+      << "a gradient buffer of " << flat.numel() << " elements for " << total;
+  flat.zero_();
+  int64_t offset = 0;
+  for (const at::Tensor& m : masters_) {
+    grads_.push_back(flat.narrow(0, offset, m.numel()));
+    offset += m.numel();
+  }
 }
 
 void ParameterShards::ReleaseGradients() { grads_.clear(); }

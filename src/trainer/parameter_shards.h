@@ -17,7 +17,8 @@
 // is gathered again into the same buffer, and the one before it is prefetched. As soon as
 // autograd has the whole gradient of a unit, that gradient is reduce-scattered (summed over the
 // ranks in float32, each rank receiving its slice, added to its gradient shard) while the
-// backward goes on with the units below, and the unit's buffer is freed. The last unit stays
+// backward goes on with the units below, and the unit's buffer is freed; at most two of those
+// are in flight, so a backward quicker than the links does not pile up whole gradients. The last unit stays
 // gathered from its forward to its backward (its output is the forward's output).
 //
 // Every collective runs on one thread (CollectiveQueue) in the order the passes ask for them,
@@ -129,7 +130,9 @@ class ParameterShards final : public model::ParameterGather {
   // Per unit, during a step: this rank's slice [chunk] of the gradient summed over the ranks,
   // added to by every backward since BeginStep().
   const std::vector<at::Tensor>& gradients() const { return grads_; }
-  void BeginStep();
+  // Zeroes `flat` (float32, as many elements as the masters together, on their device) and makes
+  // the units' gradient slices views of it, in unit order; an undefined `flat`: new buffers.
+  void BeginStep(const at::Tensor& flat = at::Tensor());
   void ReleaseGradients();
 
   // The whole float32 weights of unit `u` in ParameterUnits order, gathered from every rank (a
@@ -176,6 +179,12 @@ class ParameterShards final : public model::ParameterGather {
   std::vector<Unit> units_;
   std::vector<at::Tensor> masters_;
   std::vector<at::Tensor> grads_;
+  // Reduce-scatters posted and not yet waited for, oldest first. Each holds a unit's whole
+  // gradient until it has run, so the backward waits before it has more than
+  // kReducesInFlight of them (a backward faster than the links would otherwise hold the
+  // gradients of every unit at once).
+  std::deque<int64_t> reduces_;
+  static constexpr size_t kReducesInFlight = 2;
 };
 
 }  // namespace gyre::trainer

@@ -173,12 +173,14 @@ Status PolicyTrainer::EmptyPass(const model::Transformer* reference, bool backwa
 }
 
 void PolicyTrainer::BeginGradients() {
-  if (shards_) shards_->BeginStep();
   if (sharded_) {
     sharded_->BeginStep();
   } else {
     optimizer_->adamw->zero_grad();
   }
+  // The backward passes reduce-scatter each unit's gradient straight into the slices' optimizer's
+  // gradient buffer (one rank's ShardedAdamW over the slices: its slice is all of them).
+  if (shards_) shards_->BeginStep(sharded_->gradient_slice());
 }
 
 void PolicyTrainer::DropGradients() {
@@ -1454,15 +1456,11 @@ Status PolicyTrainer::SumAcrossRanks(StepSums* sums) {
                             : "data-parallel gradient all-reduce"));
   }
   // Sharded: this rank's slice of the summed gradient, and its part of the squared norm.
-  if (shards_) {
-    // The backward passes reduce-scattered every unit's gradient into the slices; the slices'
-    // one-rank optimizer takes them as its parameters' gradients.
-    for (size_t i = 0; i < shards_->masters().size(); ++i) {
-      shards_->masters()[i].mutable_grad() = shards_->gradients()[i];
-    }
-  }
   if (sharded_) {
-    Status reduced = sharded_->ReduceGradients(shards_ ? nullptr : dp_, dp_timeout_s_);
+    // (Split parameters: the backward passes already summed every unit's gradient into the
+    // optimizer's gradient slice.)
+    Status reduced =
+        shards_ ? Status::Ok() : sharded_->ReduceGradients(dp_, dp_timeout_s_);
     if (!reduced.ok()) {
       DropGradients();
       return reduced.WithContext("data-parallel gradient reduce-scatter");
@@ -1625,12 +1623,7 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::OptimizerStep(
     GYRE_RETURN_IF_ERROR(SumAcrossRanks(&sums));
     GYRE_ASSIGN_OR_RETURN(const double grad_norm,
                           ApplyUpdate(lr, options.grad_clip, sums.shard_sq));
-    if (shards_ != nullptr) {
-      // The optimizer took its copy of the slices' gradients: between steps a split trainer
-      // holds that one slice, not the accumulation buffers too.
-      shards_->ReleaseGradients();
-      for (const at::Tensor& m : shards_->masters()) m.mutable_grad() = at::Tensor();
-    }
+    if (shards_ != nullptr) shards_->ReleaseGradients();  // views of the optimizer's slice
     ++version_;
     return StepMetrics(sums, plan, objective, options, lr, grad_norm);
   }

@@ -140,7 +140,15 @@ Status ShardedAdamW::ReduceGradients(comm::Communicator* comm, double timeout_s)
 }
 
 double ShardedAdamW::LocalSquaredNorm() const {
-  return grad_.narrow(0, 0, layout_.size()).to(at::kDouble).pow(2).sum().item<double>();
+  // In float64, a million elements at a time: a float64 copy of a large slice (and its square)
+  // would be the biggest allocation of the whole step.
+  constexpr int64_t kPiece = 1 << 20;
+  at::Tensor sum = at::zeros({}, grad_.options().dtype(at::kDouble));
+  for (int64_t at = 0; at < layout_.size(); at += kPiece) {
+    const int64_t n = std::min(kPiece, layout_.size() - at);
+    sum += grad_.narrow(0, at, n).to(at::kDouble).pow_(2).sum();
+  }
+  return sum.item<double>();
 }
 
 void ShardedAdamW::ScaleGradients(double scale) {

@@ -83,6 +83,10 @@ class ShardedAdamW {
   // `comm` (null or one rank: no collective) and releases it. Either way the gradient slice is
   // then this rank's part of the summed gradient.
   Status ReduceGradients(comm::Communicator* comm, double timeout_s);
+  // This rank's gradient slice itself ([chunk], float32): a caller that sums the gradients on its
+  // own (trainer.shard: parameters) writes it during the step instead of calling
+  // ReduceGradients.
+  const at::Tensor& gradient_slice() const { return grad_; }
   // Sum of squares of this rank's gradient slice (the ranks' values add up to the global norm²).
   double LocalSquaredNorm() const;
   // Multiplies the gradient slice by `scale` (global-norm clipping).
