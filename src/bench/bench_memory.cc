@@ -308,7 +308,7 @@ StatusOr<std::vector<nlohmann::json>> RunLayout(const MemorySetup& s, const std:
 
 int RunLayouts(const MemorySetup& s, const std::vector<std::string>& layouts,
                const std::string& json_path, const std::string& dir) {
-  BenchReport report("memory-layouts");
+  BenchReport report("memory");  // rows keyed by layout, not config
   report.SetKeys({"layout"});
   report.SetMetric("state_mib", false);
   report.SetMetric("step_peak_mib", false);

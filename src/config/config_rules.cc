@@ -348,6 +348,20 @@ std::optional<Problem> CheckCorrection(const JobConfig& c) {
   return std::nullopt;
 }
 
+// trainer.shard: parameters (ZeRO-3) trains in PolicyTrainer and the benchmarks; a job's trainers
+// still publish weights and write checkpoints from whole copies of the model.
+std::optional<Problem> CheckShard(const JobConfig& c) {
+  if (c.trainer.shard == "parameters") {
+    return Problem{{"trainer.shard"},
+                   "trainer.shard: parameters (ZeRO-3) is not available to jobs yet: it trains "
+                   "through the C++ PolicyTrainer and gyre bench dp-step/memory, but a job's "
+                   "trainers publish weights and save checkpoints from a whole copy of the "
+                   "model (docs/distributed.md, \"Fully sharded parameters\"); use "
+                   "trainer.shard: gradients (ZeRO-2)"};
+  }
+  return std::nullopt;
+}
+
 // A worker is declared dead only after missing a heartbeat.
 std::optional<Problem> CheckHeartbeat(const JobConfig& c) {
   if (c.cluster.heartbeat_timeout_s <= c.cluster.heartbeat_interval_s) {
@@ -367,7 +381,7 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
       CheckFieldRanges, CheckJobName,         CheckModelShape,    CheckWeightTransport,
       CheckTaskLengths, CheckSamplingBudget,  CheckReward,        CheckEnvironment,
       CheckSecurity,    CheckMetricsEndpoint, CheckRewardShaping, CheckRolloutScheduling,
-      CheckCorrection,  CheckHeartbeat};
+      CheckCorrection,  CheckHeartbeat,       CheckShard};
   for (Rule rule : kRules) {
     if (std::optional<Problem> p = rule(c)) return p;
   }

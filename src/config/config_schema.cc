@@ -262,10 +262,11 @@ std::vector<Field> TrainerFields() {
           "data-parallel gradient all-reduce bucket size in MiB"),
       Flag(GYRE_CONFIG_KEY(trainer.overlap_grad_reduce),
            "data parallel: all-reduce gradient buckets during the last micro-batch's backward"),
-      Choice(GYRE_CONFIG_KEY(trainer.shard), {"none", "optimizer", "gradients"},
+      Choice(GYRE_CONFIG_KEY(trainer.shard), {"none", "optimizer", "gradients", "parameters"},
              "data parallel: optimizer = each trainer keeps only its slice of the AdamW moments "
              "(ZeRO-1); gradients = also reduce-scatters the gradients and keeps only their slice "
-             "(ZeRO-2); the update is the same, per-rank memory for that state falls as 1/N"),
+             "(ZeRO-2); the update is the same, per-rank memory for that state falls as 1/N; "
+             "parameters (ZeRO-3) is not yet available to jobs"),
       Flag(GYRE_CONFIG_KEY(trainer.sequence_packing),
            "pack samples end to end into rows with block-diagonal causal attention (no pad "
            "tokens computed); false: one right-padded row per sample"),

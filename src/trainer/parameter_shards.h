@@ -17,8 +17,8 @@
 // is gathered again into the same buffer, and the one before it is prefetched. As soon as
 // autograd has the whole gradient of a unit, that gradient is reduce-scattered (summed over the
 // ranks in float32, each rank receiving its slice, added to its gradient shard) while the
-// backward goes on with the units below, and the unit's buffer is freed; at most two of those
-// are in flight, so a backward quicker than the links does not pile up whole gradients. The last unit stays
+// backward goes on with the units below, and the unit's buffer is freed; one of those is in
+// flight at a time, so a backward quicker than the links does not pile up whole gradients. The last unit stays
 // gathered from its forward to its backward (its output is the forward's output).
 //
 // Every collective runs on one thread (CollectiveQueue) in the order the passes ask for them,
@@ -184,7 +184,7 @@ class ParameterShards final : public model::ParameterGather {
   // kReducesInFlight of them (a backward faster than the links would otherwise hold the
   // gradients of every unit at once).
   std::deque<int64_t> reduces_;
-  static constexpr size_t kReducesInFlight = 2;
+  static constexpr size_t kReducesInFlight = 1;
 };
 
 }  // namespace gyre::trainer

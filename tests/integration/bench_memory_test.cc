@@ -54,6 +54,37 @@ TEST(BenchMemoryTest, ChunkedLogprobsTakeLessMemoryThanMaterialisedLogits) {
   EXPECT_TRUE(RemoveTree(dir).ok());
 }
 
+// --layouts: each layout is N trainer processes; split parameters on 2 ranks hold half the
+// tensors of one unsharded process (up to a unit's padding), and the resident state follows.
+TEST(BenchMemoryTest, LayoutsMeasureEachRankOfAGroup) {
+  const std::string dir = testing::MakeTempDir("bench_memory_layouts");
+  const std::string json_path = dir + "/layouts.json";
+  GyreProcess p = GyreProcess::Start(
+      {"bench", "memory", "--vocab", "4096", "--hidden", "256", "--layers", "4", "--batch", "4",
+       "--max-len", "32", "--median-len", "16", "--layouts", "none:1,gradients:2,parameters:2",
+       "--json", json_path},
+      dir);
+  ASSERT_TRUE(p.Wait(300)) << p.Output();
+  ASSERT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 0) << p.Output();
+  EXPECT_NE(p.Output().find("held vs first"), std::string::npos) << p.Output();
+  const auto j = nlohmann::json::parse(testing::ReadFile(json_path));
+  const auto& rows = j["results"];
+  ASSERT_EQ(rows.size(), 3u) << j.dump(2);
+  EXPECT_EQ(rows[2]["layout"], "parameters:2");
+  EXPECT_EQ(rows[2]["ranks"], 2);
+  for (const auto& r : rows) {
+    EXPECT_GT(r["state_mib"].get<double>(), 0) << r.dump();
+    EXPECT_GE(r["step_peak_mib"].get<double>(), r["state_mib"].get<double>()) << r.dump();
+  }
+  // Weights, moments and gradients: 16 bytes a parameter unsharded; ZeRO-2 keeps the weights
+  // (4) and halves the rest (6); split parameters halve everything (8).
+  EXPECT_NEAR(rows[1]["held_vs_first"].get<double>(), 10.0 / 16, 0.01) << j.dump(2);
+  EXPECT_NEAR(rows[2]["held_vs_first"].get<double>(), 0.5, 0.01) << j.dump(2);
+  EXPECT_LT(rows[2]["state_mib"].get<double>(), 0.75 * rows[0]["state_mib"].get<double>())
+      << j.dump(2);
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
 // 6 layers over a small vocabulary, so the decoder layers' activations dominate a step: about
 // 4,500 tokens x (hidden 128 x 8 + intermediate 341 x 4) floats per layer. Measured: 481 MiB
 // keeping them, 214 MiB checkpointed (0.44x), at 1.30 and 1.50 s per step.
@@ -89,6 +120,9 @@ TEST(BenchMemoryTest, BadOptionsAreUsageErrors) {
             "--configs: chunked is listed twice"},
            {{"bench", "memory", "--configs", "chunked,fast"}, "--configs: fast not in"},
            {{"bench", "memory", "--configs", ""}, "--configs"},
+           {{"bench", "memory", "--layouts", "parameters"}, "--layouts: 'parameters' is not SHARD:N"},
+           {{"bench", "memory", "--layouts", "zero3:2"}, "--layouts: 'zero3:2' is not SHARD:N"},
+           {{"bench", "memory", "--layouts", "none:0"}, "N must be a whole number from 1 to 64"},
            {{"bench", "memory", "--colour", "blue"}, "--colour"}}) {
     const auto [rc, out] = testing::RunGyre(args, dir, 60);
     EXPECT_EQ(rc, 2) << out;

@@ -722,6 +722,17 @@ TEST_F(ConfigFileTest, DirectoryIsRejected) {
 
 // docs/config.md must document every key with its current type, default and allowed values, in
 // a table row that starts with the dotted key in backticks.
+// ZeRO-3 is a choice the schema knows, refused for jobs with what to use instead.
+TEST(ConfigCrossField, FullyShardedParametersAreRefusedForJobsWithTheAlternative) {
+  const std::string e = ParseError("trainer:\n  workers: 2\n  shard: parameters\n");
+  EXPECT_NE(e.find("trainer.shard: parameters (ZeRO-3) is not available to jobs yet"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("use trainer.shard: gradients"), std::string::npos) << e;
+  auto ok = Parse("trainer:\n  workers: 2\n  shard: gradients\n");
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
 TEST(ConfigCrossField, GpuWeightTransportsNeedGpusAndTheirPlacement) {
   std::string e = ParseError("cluster:\n  weight_transport: cuda_ipc\n");
   EXPECT_NE(e.find("jobs/x.yaml:2:"), std::string::npos) << e;

@@ -7,7 +7,9 @@
 // SHARD: none | optimizer | gradients | parameters. Flags: model=tiny|qwen3 (tied embeddings,
 // q/k norms and attention biases), minis=M (mini-batches of the policy-gradient step),
 // micro=K (micro-batch size), steps=S (the first S of the two steps; 2), dtype=bfloat16,
-// checkpointing, kl (a KL term against the
+// checkpointing, timeout=S (each collective's deadline; 60), leave_after=S (this rank exits
+// after S steps, as a trainer that died would; the others go on and must fail cleanly),
+// kl (a KL term against the
 // reference, and SequenceKl of the batch). Rank 0 writes OUT (the whole float32 weights after
 // the steps, concatenated in NamedParameters() order) and OUT.metrics ("step key value" lines).
 // Exits 0 on success, 1 with a message on stderr otherwise.
@@ -16,6 +18,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -132,7 +135,7 @@ int Run(int argc, char** argv) {
     group = std::move(*g);
     DataParallelOptions dp;
     dp.bucket_bytes = 4096;
-    dp.timeout_s = 60;
+    dp.timeout_s = std::atof(flag("timeout", "60").c_str());
     if (Status s = t.SetDataParallel(group.get(), dp); !s.ok()) return Fail(s.message());
   }
   std::ofstream metrics;
@@ -141,8 +144,10 @@ int Run(int argc, char** argv) {
   const std::vector<TrainSample> batch = Batch();
   int step = 0;
   const int steps = std::atoi(flag("steps", "2").c_str());
+  const int leave_after = std::atoi(flag("leave_after", "-1").c_str());
   for (auto objective : {Objective::kPolicyGradient, Objective::kSft}) {
     if (step >= steps) break;
+    if (step == leave_after) std::_Exit(0);
     const int m = objective == Objective::kSft ? 1 : minis;
     TrainOptions opts;
     opts.micro_batch_size = std::atoi(flag("micro", "2").c_str());

@@ -29,13 +29,19 @@ namespace {
 
 struct Result {
   bool ok = false;
+  std::vector<int> exit_codes;  // per rank (-1: did not exit normally)
+  std::vector<std::string> logs;
   at::Tensor weights;                                  // float32, whole model, flat
   std::map<std::pair<int, std::string>, double> metrics;  // (step, key) of rank 0
   std::map<int, double> kl;                            // sample -> sequence KL (with "kl")
 };
 
-// Runs `ranks` sharded_rank processes with `shard` and `flags`; waits for all of them.
-Result RunRanks(const std::string& shard, int ranks, const std::vector<std::string>& flags) {
+// Runs `ranks` sharded_rank processes with `shard` and `flags` (rank r also gets
+// rank_flags[r], when given); waits for all of them. A rank that fails is a test failure unless
+// `failures_expected`.
+Result RunRanks(const std::string& shard, int ranks, const std::vector<std::string>& flags,
+                const std::vector<std::vector<std::string>>& rank_flags = {},
+                bool failures_expected = false) {
   static int runs = 0;
   const std::string dir = TempDirectory() + "/gyre_sharded_" + std::to_string(::getpid()) + "_" +
                           std::to_string(++runs);
@@ -50,6 +56,9 @@ Result RunRanks(const std::string& shard, int ranks, const std::vector<std::stri
     std::vector<std::string> argv = {GYRE_SHARDED_RANK, (*store)->address(), "g", std::to_string(r),
                                      std::to_string(ranks), shard, out};
     argv.insert(argv.end(), flags.begin(), flags.end());
+    if (static_cast<size_t>(r) < rank_flags.size()) {
+      argv.insert(argv.end(), rank_flags[r].begin(), rank_flags[r].end());
+    }
     auto pid = SpawnProcess(argv, dir + "/rank" + std::to_string(r) + ".log");
     EXPECT_TRUE(pid.ok()) << pid.status().message();
     if (pid.ok()) pids.push_back(*pid);
@@ -65,12 +74,16 @@ Result RunRanks(const std::string& shard, int ranks, const std::vector<std::stri
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    auto log = ReadFileToString(dir + "/rank" + std::to_string(r) + ".log");
+    result.logs.push_back(log.ok() ? *log : "");
+    result.exit_codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       all_ok = false;
-      auto log = ReadFileToString(dir + "/rank" + std::to_string(r) + ".log");
-      ADD_FAILURE() << shard << " on " << ranks << " ranks: rank " << r << " "
-                    << DescribeWaitStatus(status) << "\n"
-                    << (log.ok() ? *log : "");
+      if (!failures_expected) {
+        ADD_FAILURE() << shard << " on " << ranks << " ranks: rank " << r << " "
+                      << DescribeWaitStatus(status) << "\n"
+                      << result.logs.back();
+      }
     }
   }
   if (all_ok) {
@@ -170,6 +183,22 @@ TEST(ShardedParametersTest, Bfloat16ComputeMatchesUnshardedDataParallel) {
   const std::vector<std::string> flags = {"dtype=bfloat16"};
   const Result plain = RunRanks("none", 2, flags);
   ExpectSameTraining(RunRanks("parameters", 2, flags), plain, kAcrossRanks, "bfloat16, 2 ranks");
+}
+
+// A rank that leaves between steps: the others' next step needs its gathers, so it fails within
+// the collectives' deadline, with an error that names the sharded step, instead of hanging.
+TEST(ShardedParametersTest, ARankThatLeavesFailsTheOthersStepWithoutAHang) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Result r =
+      RunRanks("parameters", 2, {"timeout=5"}, {{}, {"leave_after=1"}}, /*failures_expected=*/true);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.exit_codes.size(), 2u);
+  EXPECT_EQ(r.exit_codes[1], 0);
+  EXPECT_EQ(r.exit_codes[0], 1) << r.logs[0];
+  EXPECT_NE(r.logs[0].find("step 1: "), std::string::npos) << r.logs[0];
+  EXPECT_NE(r.logs[0].find("sharded"), std::string::npos) << r.logs[0];
+  EXPECT_LT(took, 60) << r.logs[0];
 }
 
 // What a rank holds between steps, from the tensors the trainer keeps (the step metrics): the
