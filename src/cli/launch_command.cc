@@ -10,6 +10,7 @@
 #include "common/command_line.h"
 #include "common/file_util.h"
 #include "common/subprocess.h"
+#include "controller/slurm_fit.h"
 #include "gyre/job.h"
 
 namespace gyre::cli {
@@ -35,7 +36,12 @@ constexpr char kSlurmDetails[] =
     "`scancel <id>` stops the controller and every worker cleanly. The run directory must be\n"
     "on a file system every node sees, and the gyre binary (--gyre) on every node at the same\n"
     "path. --partition, --time, --account and every --sbatch option go to every component.\n"
-    "Exit status: 0, 1 when the job is invalid or sbatch fails, 2 on a usage error.";
+    "Before submitting it asks Slurm whether the job can ever start: every task runs at once,\n"
+    "each on one node, so it places the tasks on the partition's nodes (sinfo) and then has\n"
+    "Slurm check the script (sbatch --test-only); a job that could never start is not\n"
+    "submitted, and the error names the short resource and the options that change it.\n"
+    "Exit status: 0, 1 when the job is invalid, can never start or sbatch fails, 2 on a usage\n"
+    "error.";
 
 // Single-quotes `s` for a shell.
 std::string Quote(const std::string& s) {
@@ -52,7 +58,62 @@ struct SlurmOptions {
   std::string partition, time, account, gyre;
   int gpus_per_worker = -1, cpus_per_worker = 2, controller_cpus = 2;
   std::vector<std::string> extra;
+  bool no_check = false;
 };
+
+// Runs `cmd` through the shell; its output (stdout and stderr) in *out, its exit status
+// returned (-1 when it could not run or did not exit).
+int RunCommand(const std::string& cmd, std::string* out) {
+  out->clear();
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[512];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
+  const int status = ::pclose(p);
+  while (!out->empty() && (out->back() == '\n' || out->back() == '\r')) out->pop_back();
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// GPUs of each worker task.
+int WorkerGpus(const JobConfig& cfg, const SlurmOptions& o) {
+  return o.gpus_per_worker >= 0 ? o.gpus_per_worker : (cfg.model.device == "cuda" ? 1 : 0);
+}
+
+// Whether the job can ever start (docs/cluster.md#slurm): the tasks placed on the partition's
+// nodes, then Slurm's own check of the script. "" when it can; otherwise the reason.
+std::string CheckItCanStart(const JobConfig& cfg, const SlurmOptions& o,
+                            const std::string& script_file) {
+  std::string out;
+  const std::string partition = o.partition.empty() ? "" : " -p " + Quote(o.partition);
+  const int rc = RunCommand("sinfo -h -N -o '%N %c %G'" + partition, &out);
+  if (rc == 0) {
+    auto nodes = controller::ParseSinfoNodes(out);
+    if (!nodes.ok()) return nodes.status().message();
+    if (nodes->empty()) {
+      return (o.partition.empty() ? std::string("the cluster")
+                                  : "partition '" + o.partition + "'") +
+             " has no nodes (sinfo" + partition + " lists none): name another with --partition";
+    }
+    controller::SlurmRequest r;
+    r.controller_cpus = o.controller_cpus;
+    r.rollout_workers = static_cast<int>(cfg.rollout.workers);
+    r.trainer_workers = static_cast<int>(cfg.trainer.workers);
+    r.cpus_per_worker = o.cpus_per_worker;
+    r.gpus_per_worker = WorkerGpus(cfg, o);
+    const std::string why = controller::WhyItCannotRun(r, *nodes, o.partition);
+    if (!why.empty()) return why;
+  } else {
+    std::fprintf(stderr,
+                 "gyre launch: cannot list the partition's nodes (sinfo%s: %s); leaving the check "
+                 "to sbatch --test-only\n",
+                 rc == 127 ? ", not installed?" : "", out.c_str());
+  }
+  if (RunCommand("sbatch --test-only " + Quote(script_file), &out) != 0) {
+    return "Slurm says the job cannot run (sbatch --test-only): " + out;
+  }
+  return "";
+}
 
 std::string Script(const JobConfig& cfg, const SlurmOptions& o, const std::string& run_dir,
                    const std::string& job_file) {
@@ -61,8 +122,7 @@ std::string Script(const JobConfig& cfg, const SlurmOptions& o, const std::strin
   if (!o.time.empty()) common += " --time=" + o.time;
   if (!o.account.empty()) common += " --account=" + o.account;
   for (const auto& e : o.extra) common += " " + e;
-  const int gpus =
-      o.gpus_per_worker >= 0 ? o.gpus_per_worker : (cfg.model.device == "cuda" ? 1 : 0);
+  const int gpus = WorkerGpus(cfg, o);
   const std::string worker_res = " --cpus-per-task=" + std::to_string(o.cpus_per_worker) +
                                  (gpus > 0 ? " --gpus-per-task=" + std::to_string(gpus) : "");
   std::string security;
@@ -163,6 +223,8 @@ int RunLaunchSlurm(const std::vector<std::string>& args) {
           },
           ""));
   app->add_option("--gyre", o.gyre, "the gyre executable every node runs")->type_name("PATH");
+  app->add_flag("--no-check", o.no_check,
+                "submit without asking Slurm first whether the job can ever start");
   if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
   auto loaded = LoadJobConfig(job_path, overrides);
   if (!loaded.ok()) {
@@ -203,22 +265,18 @@ int RunLaunchSlurm(const std::vector<std::string>& args) {
                 script_file.c_str(), script_file.c_str());
     return 0;
   }
-  const std::string cmd = "sbatch --parsable " + Quote(script_file) + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) {
-    std::fprintf(stderr, "gyre launch: cannot run sbatch\n");
-    return 1;
+  if (!o.no_check) {
+    const std::string why = CheckItCanStart(cfg, o, script_file);
+    if (!why.empty()) {
+      std::fprintf(stderr, "gyre launch: not submitted: %s\n", why.c_str());
+      return 1;
+    }
   }
   std::string out;
-  char buf[512];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int status = ::pclose(p);
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  const int rc = RunCommand("sbatch --parsable " + Quote(script_file), &out);
+  if (rc != 0) {
     std::fprintf(stderr, "gyre launch: sbatch failed%s: %s\n",
-                 WIFEXITED(status) && WEXITSTATUS(status) == 127 ? " (is Slurm installed?)" : "",
-                 out.c_str());
+                 rc == 127 ? " (is Slurm installed?)" : "", out.c_str());
     return 1;
   }
   const std::string id = out.substr(0, out.find(';'));  // "id" or "id;cluster"

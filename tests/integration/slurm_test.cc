@@ -120,6 +120,24 @@ TEST_F(SlurmTest, TheQuickstartSubmittedWithGyreLaunchTrainsAndLearns) {
   EXPECT_TRUE(Survivors("quickstart", id).empty()) << Survivors("quickstart", id);
 }
 
+// A job that could never start (more CPUs at once than the three 4-CPU nodes have) is not
+// submitted: the error names the short resource and the options that change it.
+TEST_F(SlurmTest, AJobThatCanNeverStartIsRefusedBeforeSubmitting) {
+  const std::string cmd = std::string(GYRE_BINARY) + " launch slurm " + kQuickstart +
+                          " --set job.output_dir=" + *dir_ +
+                          "/runs --set job.name=toobig --set rollout.workers=8";
+  int rc = 0;
+  const std::string out = RunShell(cmd, &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("gyre launch: not submitted: this job can never start on the default "
+                     "partition"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("CPUs are short (20 asked at once, 12 in all)"), std::string::npos) << out;
+  EXPECT_NE(out.find("--cpus-per-worker"), std::string::npos) << out;
+  EXPECT_EQ(RunShell("squeue -h -n gyre-toobig"), "");
+}
+
 TEST_F(SlurmTest, ScancelStopsTheControllerAndEveryWorker) {
   const std::string id =
       Launch("cancelled", {"trainer.steps=100000", "trainer.warmup_sft_steps=5"});
