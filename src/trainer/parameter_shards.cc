@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "comm/device_weights.h"
 #include "common/check.h"
 
 namespace gyre::trainer {
@@ -139,6 +140,15 @@ StatusOr<comm::DataType> CommType(at::ScalarType t) {
 }
 
 [[noreturn]] void ThrowStatus(const Status& s) { throw std::runtime_error(s.ToString()); }
+
+// On a GPU the collectives run on the communicator's own stream, which does not wait for the
+// streams that produced their inputs (the compute stream's backward, the cast just made on this
+// thread): wait for the device first. (Correct before fast: an event per input would let later
+// kernels run meanwhile.)
+Status InputsReady(const at::Tensor& t, comm::Deadline deadline) {
+  if (!t.is_cuda()) return Status::Ok();
+  return comm::SynchronizeDevice(t.device().index(), deadline);
+}
 
 }  // namespace
 
@@ -282,8 +292,9 @@ void ParameterShards::StartGather(int u) {
         const at::Tensor mine = master.to(opts.dtype().toScalarType()).contiguous();
         if (comm == nullptr) {
           at::from_blob(out, {chunk}, opts).copy_(mine);
-          return Status::Ok();
+          return InputsReady(mine, deadline);  // the forward reads `out` on another stream
         }
+        GYRE_RETURN_IF_ERROR(InputsReady(mine, deadline));
         return comm->AllGather(mine.data_ptr(), out, static_cast<size_t>(chunk), type, deadline);
       });
 }
@@ -367,14 +378,15 @@ void ParameterShards::OnGradient(int u, const at::Tensor& grad) {
                  const at::Tensor g32 = g.to(at::kFloat).contiguous();
                  if (comm == nullptr) {
                    slice.add_(g32.narrow(0, 0, chunk));
-                   return Status::Ok();
+                   return InputsReady(slice, deadline);
                  }
+                 GYRE_RETURN_IF_ERROR(InputsReady(g32, deadline));
                  at::Tensor mine = at::empty({chunk}, g32.options());
                  GYRE_RETURN_IF_ERROR(comm->ReduceScatterSum(g32.data_ptr(), mine.data_ptr(),
                                                              static_cast<size_t>(chunk),
                                                              comm::DataType::kFloat32, deadline));
                  slice.add_(mine);
-                 return Status::Ok();
+                 return InputsReady(slice, deadline);  // the optimizer reads it on another stream
                }));
 }
 
@@ -425,8 +437,9 @@ StatusOr<std::vector<at::Tensor>> ParameterShards::GatherUnit(int u) {
         const at::Tensor mine = master.contiguous();
         if (comm == nullptr) {
           all.copy_(mine);
-          return Status::Ok();
+          return InputsReady(all, deadline);
         }
+        GYRE_RETURN_IF_ERROR(InputsReady(mine, deadline));
         return comm->AllGather(mine.data_ptr(), all.data_ptr(), static_cast<size_t>(chunk),
                                comm::DataType::kFloat32, deadline);
       });

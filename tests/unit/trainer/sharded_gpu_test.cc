@@ -1,7 +1,8 @@
-// trainer.shard on a GPU: the sharded optimizer over an NCCL group of one rank (the GPU host has
-// one GPU; NCCL allows one rank per device) makes the unsharded trainer's update on the same GPU.
-// The reduce-scatter and all-gather really run through NCCL on device memory (a group of one
-// still issues them). Skips without a CUDA device.
+// trainer.shard on a GPU: the sharded optimizer (ZeRO-1/2) and the split parameters (ZeRO-3)
+// over an NCCL group of one rank (the GPU host has one GPU; NCCL allows one rank per device) make
+// the unsharded trainer's update on the same GPU. The reduce-scatters and all-gathers really run
+// through NCCL on device memory (a group of one still issues them); ZeRO-3's run on its
+// collective thread. Skips without a CUDA device.
 #include <ATen/ATen.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -52,17 +53,21 @@ at::Tensor TrainTwoSteps(PolicyTrainer* t, std::vector<std::map<std::string, dou
     EXPECT_TRUE(m.ok()) << m.status().message();
     if (m.ok()) metrics->push_back(*m);
   }
+  auto weights = t->FullWeights();  // gathered from the slices with ZeRO-3
+  EXPECT_TRUE(weights.ok()) << weights.status().message();
   std::vector<at::Tensor> parts;
-  for (const auto& [n, p] : t->model().NamedParameters()) parts.push_back(p.detach().flatten());
-  return at::cat(parts).cpu();
+  if (weights.ok()) {
+    for (const auto& [n, p] : *weights) parts.push_back(p.detach().flatten());
+  }
+  return parts.empty() ? at::Tensor() : at::cat(parts).cpu();
 }
 
-TEST(ShardedGpuTest, ZeroOneAndTwoOverNcclMatchUnshardedOnTheGpu) {
+TEST(ShardedGpuTest, ZeroOneTwoAndThreeOverNcclMatchUnshardedOnTheGpu) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   std::vector<std::map<std::string, double>> plain_metrics;
   auto plain = GpuTrainer();
   const at::Tensor want = TrainTwoSteps(plain.get(), &plain_metrics);
-  for (Shard shard : {Shard::kOptimizer, Shard::kGradients}) {
+  for (Shard shard : {Shard::kOptimizer, Shard::kGradients, Shard::kParameters}) {
     auto id = comm::NewNcclUniqueId();
     ASSERT_TRUE(id.ok()) << id.status();
     comm::NcclOptions o;
