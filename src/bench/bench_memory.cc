@@ -306,16 +306,23 @@ StatusOr<std::vector<nlohmann::json>> RunLayout(const MemorySetup& s, const std:
   return out;
 }
 
-int RunLayouts(const MemorySetup& s, const std::vector<std::string>& layouts,
-               const std::string& json_path, const std::string& dir) {
-  BenchReport report("memory");  // rows keyed by layout, not config
-  report.SetKeys({"layout"});
-  report.SetMetric("state_mib", false);
-  report.SetMetric("step_peak_mib", false);
+// The report of either table: rows keyed by `key`, lower is better for `metrics`, the model's
+// shape in the context.
+BenchReport MemoryReport(const MemorySetup& s, const std::string& key,
+                         const std::vector<std::string>& metrics) {
+  BenchReport report("memory");
+  report.SetKeys({key});
+  for (const std::string& m : metrics) report.SetMetric(m, false);
   report.SetContext("device", "cpu");
   report.SetContext("vocab", s.vocab);
   report.SetContext("hidden", s.hidden);
   report.SetContext("layers", s.layers);
+  return report;
+}
+
+int RunLayouts(const MemorySetup& s, const std::vector<std::string>& layouts,
+               const std::string& json_path, const std::string& dir) {
+  BenchReport report = MemoryReport(s, "layout", {"state_mib", "step_peak_mib"});
   int64_t params = 0;
   for (const model::ParameterUnit& u : model::ParameterUnits(
            SyntheticSpec(s.vocab, s.hidden, s.layers, s.prompt_len + s.max_len))) {
@@ -439,14 +446,7 @@ int RunBenchMemory(const std::vector<std::string>& args) {
     (void)RemoveTree(dir);
     return rc;
   }
-  BenchReport report("memory");
-  report.SetKeys({"config"});
-  report.SetMetric("peak_mib", false);
-  report.SetMetric("step_s", false);
-  report.SetContext("device", "cpu");
-  report.SetContext("vocab", s.vocab);
-  report.SetContext("hidden", s.hidden);
-  report.SetContext("layers", s.layers);
+  BenchReport report = MemoryReport(s, "config", {"peak_mib", "step_s"});
   report.SetContext("samples", s.batch);
   report.SetContext("prompt_len", s.prompt_len);
   report.SetContext("chunk_tokens", s.chunk);

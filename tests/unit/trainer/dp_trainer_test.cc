@@ -28,6 +28,7 @@
 #include "controller/sharding.h"
 #include "testing/tensor_compare.h"
 #include "testing/tiny_model.h"
+#include "testing/train_batch.h"
 #include "trainer/policy_trainer.h"
 #include "trainer/trainer_state.h"
 
@@ -36,35 +37,8 @@ namespace {
 
 model::ModelSpec Spec() { return testing::TinySpec(24, 32, 2, 4, 2, 48); }
 
-std::vector<TrainSample> Batch() {
-  std::vector<TrainSample> b;
-  for (int i = 0; i < 11; ++i) {
-    TrainSample s;
-    s.prompt = {1, static_cast<int32_t>(3 + i % 9), 5};
-    s.response.assign(2 + (i * 7) % 5, static_cast<int32_t>(7 + i));
-    s.rollout_logprobs.assign(s.response.size(), -1.0f);
-    s.advantage = (i % 2 == 0 ? 1.0f : -0.5f) * (1 + i % 4);
-    b.push_back(s);
-  }
-  b[2].loss_mask.assign(b[2].response.size(), 1.0f);
-  b[2].loss_mask[1] = 0;
-  return b;
-}
-
-// Rank r's part of `batch` for `minis` global mini-batches, as the controller shards it, with
-// its mini-batch sizes in opts->mini_batch_sizes; one rank gets the whole batch.
-std::vector<TrainSample> RankShard(const std::vector<TrainSample>& batch, int ranks, int r,
-                                   int minis, TrainOptions* opts) {
-  if (ranks == 1) return batch;
-  std::vector<int64_t> tokens;
-  for (const auto& s : batch) tokens.push_back(s.prompt.size() + s.response.size());
-  const auto shards = controller::ShardBatch(tokens, ranks, minis);
-  std::vector<TrainSample> out;
-  for (size_t i : shards.samples[r]) out.push_back(batch[i]);
-  opts->mini_batch_sizes.assign(shards.mini_batch_sizes[r].begin(),
-                                shards.mini_batch_sizes[r].end());
-  return out;
-}
+std::vector<TrainSample> Batch() { return testing::SmallTrainBatch(); }
+using testing::RankShard;
 
 at::Tensor Flat(const PolicyTrainer& t) {
   std::vector<at::Tensor> parts;

@@ -13,6 +13,7 @@
 #include "comm/nccl_communicator.h"
 #include "testing/tensor_compare.h"
 #include "testing/tiny_model.h"
+#include "testing/train_batch.h"
 #include "trainer/policy_trainer.h"
 
 namespace gyre::trainer {
@@ -23,18 +24,7 @@ bool HaveGpu() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-std::vector<TrainSample> Batch() {
-  std::vector<TrainSample> b;
-  for (int i = 0; i < 9; ++i) {
-    TrainSample s;
-    s.prompt = {1, static_cast<int32_t>(3 + i % 9), 5};
-    s.response.assign(2 + (i * 7) % 5, static_cast<int32_t>(7 + i));
-    s.rollout_logprobs.assign(s.response.size(), -1.0f);
-    s.advantage = (i % 2 == 0 ? 1.0f : -0.5f) * (1 + i % 4);
-    b.push_back(s);
-  }
-  return b;
-}
+std::vector<TrainSample> Batch() { return testing::SmallTrainBatch(9, /*mask_one=*/false); }
 
 std::unique_ptr<PolicyTrainer> GpuTrainer() {
   auto model = model::Transformer::Create(testing::TinySpec(24, 32, 2, 4, 2, 48), 3, 0.1);

@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "comm/gloo_communicator.h"
-#include "controller/sharding.h"
 #include "model/transformer.h"
+#include "testing/train_batch.h"
 #include "trainer/policy_trainer.h"
 
 namespace gyre::trainer {
@@ -54,44 +54,7 @@ model::ModelSpec SpecNamed(const std::string& name) {
   return s;
 }
 
-std::vector<TrainSample> Batch() {
-  std::vector<TrainSample> b;
-  for (int i = 0; i < 11; ++i) {
-    TrainSample s;
-    s.prompt = {1, static_cast<int32_t>(3 + i % 9), 5};
-    s.response.assign(2 + (i * 7) % 5, static_cast<int32_t>(7 + i));
-    s.rollout_logprobs.assign(s.response.size(), -1.0f);
-    s.advantage = (i % 2 == 0 ? 1.0f : -0.5f) * (1 + i % 4);
-    b.push_back(s);
-  }
-  b[2].loss_mask.assign(b[2].response.size(), 1.0f);
-  b[2].loss_mask[1] = 0;
-  return b;
-}
-
-// Rank r's part of `batch` for `minis` global mini-batches, as the controller shards it.
-// *indices (optional) gets the samples' indices in `batch`.
-std::vector<TrainSample> RankShard(const std::vector<TrainSample>& batch, int ranks, int r,
-                                   int minis, TrainOptions* opts,
-                                   std::vector<size_t>* indices = nullptr) {
-  if (ranks == 1) {
-    if (indices != nullptr) {
-      for (size_t i = 0; i < batch.size(); ++i) indices->push_back(i);
-    }
-    return batch;
-  }
-  std::vector<int64_t> tokens;
-  for (const auto& s : batch) tokens.push_back(s.prompt.size() + s.response.size());
-  const auto shards = controller::ShardBatch(tokens, ranks, minis);
-  std::vector<TrainSample> out;
-  for (size_t i : shards.samples[r]) {
-    out.push_back(batch[i]);
-    if (indices != nullptr) indices->push_back(i);
-  }
-  opts->mini_batch_sizes.assign(shards.mini_batch_sizes[r].begin(),
-                                shards.mini_batch_sizes[r].end());
-  return out;
-}
+using testing::RankShard;
 
 int Fail(const std::string& what) {
   std::cerr << "sharded_rank: " << what << "\n";
@@ -141,7 +104,7 @@ int Run(int argc, char** argv) {
   std::ofstream metrics;
   if (rank == 0) metrics.open(out_path + ".metrics");
   metrics.precision(10);
-  const std::vector<TrainSample> batch = Batch();
+  const std::vector<TrainSample> batch = testing::SmallTrainBatch();
   int step = 0;
   const int steps = std::atoi(flag("steps", "2").c_str());
   const int leave_after = std::atoi(flag("leave_after", "-1").c_str());
