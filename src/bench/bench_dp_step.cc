@@ -296,21 +296,21 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
     const double med = Median(times[k]);
     const bool trainer_mode = modes[k] != DpMode::kAllReduceOnly;
     const bool zero3 = modes[k] == DpMode::kZero3;
-    report.AddRow({{"mode", ModeName(modes[k])},
-                   {"median_s", med},
-                   {"min_s", *std::min_element(times[k].begin(), times[k].end())},
-                   {"speedup", modes[k] == DpMode::kAllReduceOnly ? nlohmann::json()
-                                                                  : nlohmann::json(base / med)},
-                   {"weights_mib",
-                    trainer_mode ? nlohmann::json(weights_mib[k]) : nlohmann::json()},
-                   {"state_mib", modes[k] == DpMode::kAllReduceOnly ? nlohmann::json()
-                                                                    : nlohmann::json(state_mib[k])},
-                   {"grad_mib", modes[k] == DpMode::kAllReduceOnly ? nlohmann::json()
-                                                                   : nlohmann::json(grad_mib[k])},
-                   {"comm_s", zero3 ? nlohmann::json(comm_s[k]) : nlohmann::json()},
-                   {"comm_wait_s", zero3 ? nlohmann::json(comm_wait_s[k]) : nlohmann::json()},
-                   {"max_weight_diff", k >= 3 ? nlohmann::json(weight_diff[k]) : nlohmann::json()},
-                   {"steps", static_cast<int64_t>(times[k].size())}});
+    report.AddRow(
+        {{"mode", ModeName(modes[k])},
+         {"median_s", med},
+         {"min_s", *std::min_element(times[k].begin(), times[k].end())},
+         {"speedup",
+          modes[k] == DpMode::kAllReduceOnly ? nlohmann::json() : nlohmann::json(base / med)},
+         {"weights_mib", trainer_mode ? nlohmann::json(weights_mib[k]) : nlohmann::json()},
+         {"state_mib",
+          modes[k] == DpMode::kAllReduceOnly ? nlohmann::json() : nlohmann::json(state_mib[k])},
+         {"grad_mib",
+          modes[k] == DpMode::kAllReduceOnly ? nlohmann::json() : nlohmann::json(grad_mib[k])},
+         {"comm_s", zero3 ? nlohmann::json(comm_s[k]) : nlohmann::json()},
+         {"comm_wait_s", zero3 ? nlohmann::json(comm_wait_s[k]) : nlohmann::json()},
+         {"max_weight_diff", k >= 3 ? nlohmann::json(weight_diff[k]) : nlohmann::json()},
+         {"steps", static_cast<int64_t>(times[k].size())}});
   }
   report.PrintTable({{"mode", "mode"},
                      {"median_s", "median s", 4},

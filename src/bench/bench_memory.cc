@@ -196,16 +196,16 @@ int RunChild(const MemorySetup& s, const std::string& config, const std::string&
     return 1;
   }
   const double peak = StatusMiB("VmHWM");
-  nlohmann::json j = {{"baseline_mib", baseline},
-                      {"peak_mib", peak - baseline},
-                      {"step_s", step_s},
-                      {"response_tokens", tokens},
-                      // --layouts: against the process before it made the model.
-                      {"state_mib", baseline - start_rss},
-                      // The trainer's own tensors kept between steps (its step metrics).
-                      {"held_mib", m->at("weights_mib") + m->at("optimizer_state_mib") +
-                                       m->at("gradient_mib")},
-                      {"step_peak_mib", peak - start_rss}};
+  nlohmann::json j = {
+      {"baseline_mib", baseline},
+      {"peak_mib", peak - baseline},
+      {"step_s", step_s},
+      {"response_tokens", tokens},
+      // --layouts: against the process before it made the model.
+      {"state_mib", baseline - start_rss},
+      // The trainer's own tensors kept between steps (its step metrics).
+      {"held_mib", m->at("weights_mib") + m->at("optimizer_state_mib") + m->at("gradient_mib")},
+      {"step_peak_mib", peak - start_rss}};
   Status w = WriteFileAtomic(out_path, j.dump() + "\n");
   if (!w.ok()) {
     std::fprintf(stderr, "gyre bench memory: %s\n", w.ToString().c_str());
@@ -278,12 +278,13 @@ StatusOr<std::vector<nlohmann::json>> RunLayout(const MemorySetup& s, const std:
   std::vector<std::pair<pid_t, std::string>> children;
   Status started = Status::Ok();
   for (int r = 0; r < ranks && started.ok(); ++r) {
-    const std::string out = dir + "/" + shard + "-" + std::to_string(ranks) + "-" +
-                            std::to_string(r) + ".json";
-    std::vector<std::string> extra = {"--child",       "chunked",         "--child-out",
-                                      out,             "--child-layout",  shard,
-                                      "--child-rank",  std::to_string(r), "--child-ranks",
-                                      std::to_string(ranks)};
+    const std::string out =
+        dir + "/" + shard + "-" + std::to_string(ranks) + "-" + std::to_string(r) + ".json";
+    std::vector<std::string> extra = {"--child",        "chunked",
+                                      "--child-out",    out,
+                                      "--child-layout", shard,
+                                      "--child-rank",   std::to_string(r),
+                                      "--child-ranks",  std::to_string(ranks)};
     if (store) extra.insert(extra.end(), {"--child-store", store->address()});
     auto pid = StartChild(s, extra);
     if (pid.ok()) {

@@ -89,21 +89,19 @@ std::string WhyItCannotRun(const SlurmRequest& r, const std::vector<SlurmNode>& 
     all_gpus += n.gpus;
   }
   const std::string has = where + " has " + std::to_string(nodes.size()) + " node(s) with " +
-                          std::to_string(all_cpus) + " CPUs (at most " +
-                          std::to_string(max_cpus) + " on one) and " + std::to_string(all_gpus) +
-                          " GPUs (at most " + std::to_string(max_gpus) + " on one)";
-  const std::string ask = "the job runs " + std::to_string(workers + 1) +
-                          " tasks at once: the controller with " +
-                          std::to_string(r.controller_cpus) + " CPUs (--controller-cpus) and " +
-                          std::to_string(r.rollout_workers) + " rollout + " +
-                          std::to_string(r.trainer_workers) + " trainer workers (rollout.workers, " +
-                          "trainer.workers) with " + std::to_string(r.cpus_per_worker) +
-                          " CPUs (--cpus-per-worker)" +
-                          (r.gpus_per_worker > 0
-                               ? " and " + std::to_string(r.gpus_per_worker) +
-                                     " GPUs (--gpus-per-worker)"
-                               : std::string()) +
-                          " each";
+                          std::to_string(all_cpus) + " CPUs (at most " + std::to_string(max_cpus) +
+                          " on one) and " + std::to_string(all_gpus) + " GPUs (at most " +
+                          std::to_string(max_gpus) + " on one)";
+  const std::string ask =
+      "the job runs " + std::to_string(workers + 1) + " tasks at once: the controller with " +
+      std::to_string(r.controller_cpus) + " CPUs (--controller-cpus) and " +
+      std::to_string(r.rollout_workers) + " rollout + " + std::to_string(r.trainer_workers) +
+      " trainer workers (rollout.workers, " + "trainer.workers) with " +
+      std::to_string(r.cpus_per_worker) + " CPUs (--cpus-per-worker)" +
+      (r.gpus_per_worker > 0
+           ? " and " + std::to_string(r.gpus_per_worker) + " GPUs (--gpus-per-worker)"
+           : std::string()) +
+      " each";
   std::string fix;
   if (r.gpus_per_worker > max_gpus) {
     fix = "no node has " + std::to_string(r.gpus_per_worker) +
@@ -125,8 +123,9 @@ std::string WhyItCannotRun(const SlurmRequest& r, const std::vector<SlurmNode>& 
            std::to_string(workers + 1) + "), or run fewer workers (--set rollout.workers=N, " +
            "--set trainer.workers=N)";
     if (workers + 1 > all_cpus) {
-      fix += "; with fewer CPUs than tasks, let the tasks share CPUs where the cluster allows "
-             "it (--sbatch=--overcommit)";
+      fix +=
+          "; with fewer CPUs than tasks, let the tasks share CPUs where the cluster allows "
+          "it (--sbatch=--overcommit)";
     }
   }
   return "this job can never start on " + where + ": " + ask + "; " + has + ". " + fix + ".";

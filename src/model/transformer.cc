@@ -949,8 +949,7 @@ at::Device Transformer::device() const {
 at::ScalarType Transformer::dtype() const { return impl_->ComputeType(); }
 
 std::unique_ptr<Transformer> Transformer::Gathered(const ModelSpec& spec, ParameterGather* gather,
-                                                   at::ScalarType dtype,
-                                                   const at::Device& device) {
+                                                   at::ScalarType dtype, const at::Device& device) {
   GYRE_CHECK(gather != nullptr) << "Transformer::Gathered needs a ParameterGather";
   auto impl = std::make_unique<Impl>();
   impl->spec = spec;

@@ -369,25 +369,25 @@ void ParameterShards::OnGradient(int u, const at::Tensor& grad) {
     reduces_.pop_front();
     if (!s.ok()) ThrowStatus(s.WithContext("sharded parameters"));
   }
-  reduces_.push_back(queue_->Post("reduce-scatter of the gradient of " + unit.def.names.front() +
-                   " and the rest of its unit (" + std::to_string(unit.layout.total) +
-                   " elements)",
-               [g, slice, chunk](comm::Communicator* comm, comm::Deadline deadline) {
-                 at::NoGradGuard no_grad;
-                 // Summed in float32 whatever the compute dtype.
-                 const at::Tensor g32 = g.to(at::kFloat).contiguous();
-                 if (comm == nullptr) {
-                   slice.add_(g32.narrow(0, 0, chunk));
-                   return InputsReady(slice, deadline);
-                 }
-                 GYRE_RETURN_IF_ERROR(InputsReady(g32, deadline));
-                 at::Tensor mine = at::empty({chunk}, g32.options());
-                 GYRE_RETURN_IF_ERROR(comm->ReduceScatterSum(g32.data_ptr(), mine.data_ptr(),
-                                                             static_cast<size_t>(chunk),
-                                                             comm::DataType::kFloat32, deadline));
-                 slice.add_(mine);
-                 return InputsReady(slice, deadline);  // the optimizer reads it on another stream
-               }));
+  reduces_.push_back(queue_->Post(
+      "reduce-scatter of the gradient of " + unit.def.names.front() +
+          " and the rest of its unit (" + std::to_string(unit.layout.total) + " elements)",
+      [g, slice, chunk](comm::Communicator* comm, comm::Deadline deadline) {
+        at::NoGradGuard no_grad;
+        // Summed in float32 whatever the compute dtype.
+        const at::Tensor g32 = g.to(at::kFloat).contiguous();
+        if (comm == nullptr) {
+          slice.add_(g32.narrow(0, 0, chunk));
+          return InputsReady(slice, deadline);
+        }
+        GYRE_RETURN_IF_ERROR(InputsReady(g32, deadline));
+        at::Tensor mine = at::empty({chunk}, g32.options());
+        GYRE_RETURN_IF_ERROR(comm->ReduceScatterSum(g32.data_ptr(), mine.data_ptr(),
+                                                    static_cast<size_t>(chunk),
+                                                    comm::DataType::kFloat32, deadline));
+        slice.add_(mine);
+        return InputsReady(slice, deadline);  // the optimizer reads it on another stream
+      }));
 }
 
 Status ParameterShards::EndPass() {

@@ -18,8 +18,8 @@
 // autograd has the whole gradient of a unit, that gradient is reduce-scattered (summed over the
 // ranks in float32, each rank receiving its slice, added to its gradient shard) while the
 // backward goes on with the units below, and the unit's buffer is freed; one of those is in
-// flight at a time, so a backward quicker than the links does not pile up whole gradients. The last unit stays
-// gathered from its forward to its backward (its output is the forward's output).
+// flight at a time, so a backward quicker than the links does not pile up whole gradients. The last
+// unit stays gathered from its forward to its backward (its output is the forward's output).
 //
 // Every collective runs on one thread (CollectiveQueue) in the order the passes ask for them,
 // which is the same on every rank as long as every rank runs the same passes: the same number of
@@ -105,12 +105,9 @@ class ParameterShards final : public model::ParameterGather {
   // Units gather in `compute` (float32, bfloat16 or float16). trainable: the masters require
   // grad and the backward reduce-scatters their gradients; otherwise (the KL reference) forwards
   // only. `queue` (not owned) must outlive this object.
-  static StatusOr<std::unique_ptr<ParameterShards>> Create(const model::ModelSpec& spec,
-                                                           const model::NamedTensors& weights,
-                                                           CollectiveQueue* queue,
-                                                           at::ScalarType compute,
-                                                           const at::Device& device,
-                                                           bool trainable);
+  static StatusOr<std::unique_ptr<ParameterShards>> Create(
+      const model::ModelSpec& spec, const model::NamedTensors& weights, CollectiveQueue* queue,
+      at::ScalarType compute, const at::Device& device, bool trainable);
   // Another set of shards with copies of these masters (same layout), not trainable.
   std::unique_ptr<ParameterShards> FrozenCopy() const;
   ~ParameterShards() override;
@@ -151,10 +148,10 @@ class ParameterShards final : public model::ParameterGather {
     model::ParameterUnit def;
     std::vector<int64_t> numels;
     ShardLayout layout;
-    at::Tensor full;  // compute dtype [ranks * chunk]; its storage is freed when not gathered
-    int64_t ticket = -1;               // the all-gather in flight or done, -1 when not gathered
-    bool acquired = false;             // by the current pass (prefetch goes to units not yet)
-    bool regather = false;             // released with a backward still to come
+    at::Tensor full;        // compute dtype [ranks * chunk]; its storage is freed when not gathered
+    int64_t ticket = -1;    // the all-gather in flight or done, -1 when not gathered
+    bool acquired = false;  // by the current pass (prefetch goes to units not yet)
+    bool regather = false;  // released with a backward still to come
   };
   ParameterShards(const model::ModelSpec& spec, CollectiveQueue* queue, at::ScalarType compute,
                   const at::Device& device, bool trainable);

@@ -126,7 +126,8 @@ StatusOr<model::NamedTensors> PolicyTrainer::FullWeights() {
   model::NamedTensors out;
   if (shards_ == nullptr) {
     at::NoGradGuard no_grad;
-    for (const auto& [name, p] : model_->NamedParameters()) out.emplace_back(name, p.detach().clone());
+    for (const auto& [name, p] : model_->NamedParameters())
+      out.emplace_back(name, p.detach().clone());
     return out;
   }
   for (int u = 0; u < shards_->num_units(); ++u) {
@@ -1088,8 +1089,8 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
                                                             Objective objective, double lr,
                                                             const TrainOptions& options) {
   return CatchCollectiveFailure<std::map<std::string, double>>(
-      shard_mode_ == Shard::kParameters,
-      [&] { return StepOnce(batch, objective, lr, options); }, [this] { AfterFailedPass(); });
+      shard_mode_ == Shard::kParameters, [&] { return StepOnce(batch, objective, lr, options); },
+      [this] { AfterFailedPass(); });
 }
 
 StatusOr<std::map<std::string, double>> PolicyTrainer::StepOnce(
@@ -1459,8 +1460,7 @@ Status PolicyTrainer::SumAcrossRanks(StepSums* sums) {
   if (sharded_) {
     // (Split parameters: the backward passes already summed every unit's gradient into the
     // optimizer's gradient slice.)
-    Status reduced =
-        shards_ ? Status::Ok() : sharded_->ReduceGradients(dp_, dp_timeout_s_);
+    Status reduced = shards_ ? Status::Ok() : sharded_->ReduceGradients(dp_, dp_timeout_s_);
     if (!reduced.ok()) {
       DropGradients();
       return reduced.WithContext("data-parallel gradient reduce-scatter");

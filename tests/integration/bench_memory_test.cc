@@ -59,11 +59,11 @@ TEST(BenchMemoryTest, ChunkedLogprobsTakeLessMemoryThanMaterialisedLogits) {
 TEST(BenchMemoryTest, LayoutsMeasureEachRankOfAGroup) {
   const std::string dir = testing::MakeTempDir("bench_memory_layouts");
   const std::string json_path = dir + "/layouts.json";
-  GyreProcess p = GyreProcess::Start(
-      {"bench", "memory", "--vocab", "4096", "--hidden", "256", "--layers", "4", "--batch", "4",
-       "--max-len", "32", "--median-len", "16", "--layouts", "none:1,gradients:2,parameters:2",
-       "--json", json_path},
-      dir);
+  GyreProcess p =
+      GyreProcess::Start({"bench", "memory", "--vocab", "4096", "--hidden", "256", "--layers", "4",
+                          "--batch", "4", "--max-len", "32", "--median-len", "16", "--layouts",
+                          "none:1,gradients:2,parameters:2", "--json", json_path},
+                         dir);
   ASSERT_TRUE(p.Wait(300)) << p.Output();
   ASSERT_TRUE(WIFEXITED(p.wait_status) && WEXITSTATUS(p.wait_status) == 0) << p.Output();
   EXPECT_NE(p.Output().find("held vs first"), std::string::npos) << p.Output();
@@ -120,7 +120,8 @@ TEST(BenchMemoryTest, BadOptionsAreUsageErrors) {
             "--configs: chunked is listed twice"},
            {{"bench", "memory", "--configs", "chunked,fast"}, "--configs: fast not in"},
            {{"bench", "memory", "--configs", ""}, "--configs"},
-           {{"bench", "memory", "--layouts", "parameters"}, "--layouts: 'parameters' is not SHARD:N"},
+           {{"bench", "memory", "--layouts", "parameters"},
+            "--layouts: 'parameters' is not SHARD:N"},
            {{"bench", "memory", "--layouts", "zero3:2"}, "--layouts: 'zero3:2' is not SHARD:N"},
            {{"bench", "memory", "--layouts", "none:0"}, "N must be a whole number from 1 to 64"},
            {{"bench", "memory", "--colour", "blue"}, "--colour"}}) {

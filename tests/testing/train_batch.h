@@ -33,9 +33,9 @@ inline std::vector<trainer::TrainSample> SmallTrainBatch(int samples = 11, bool 
 // its mini-batch sizes in opts->mini_batch_sizes; one rank gets the whole batch. *indices
 // (optional) gets the samples' indices in `batch`.
 inline std::vector<trainer::TrainSample> RankShard(const std::vector<trainer::TrainSample>& batch,
-                                                  int ranks, int r, int minis,
-                                                  trainer::TrainOptions* opts,
-                                                  std::vector<size_t>* indices = nullptr) {
+                                                   int ranks, int r, int minis,
+                                                   trainer::TrainOptions* opts,
+                                                   std::vector<size_t>* indices = nullptr) {
   if (ranks == 1) {
     if (indices != nullptr) {
       for (size_t i = 0; i < batch.size(); ++i) indices->push_back(i);

@@ -67,9 +67,9 @@ TEST(SlurmFitTest, TasksThatFitInAllButNotOnTheNodesAreRefused) {
             std::string::npos)
       << why;
   r.cpus_per_worker = 8;
-  EXPECT_NE(WhyItCannotRun(r, Nodes("a 4 (null)\n"), "").find(
-                "no node has 8 CPUs for one task: lower --cpus-per-worker or "
-                "--controller-cpus to at most 4"),
+  EXPECT_NE(WhyItCannotRun(r, Nodes("a 4 (null)\n"), "")
+                .find("no node has 8 CPUs for one task: lower --cpus-per-worker or "
+                      "--controller-cpus to at most 4"),
             std::string::npos);
 }
 
@@ -82,8 +82,7 @@ TEST(SlurmFitTest, GpusArePlacedToo) {
   r.trainer_workers = 1;
   EXPECT_EQ(WhyItCannotRun(r, Nodes("g1 8 gpu:2\ng2 8 gpu:2\n"), ""), "");
   const std::string short_gpus = WhyItCannotRun(r, Nodes("g1 8 gpu:2\ng2 8 (null)\n"), "");
-  EXPECT_NE(short_gpus.find("GPUs are short (4 asked, 2 in all)"), std::string::npos)
-      << short_gpus;
+  EXPECT_NE(short_gpus.find("GPUs are short (4 asked, 2 in all)"), std::string::npos) << short_gpus;
   r.gpus_per_worker = 4;
   EXPECT_NE(WhyItCannotRun(r, Nodes("g1 8 gpu:2\n"), "").find("no node has 4 GPUs"),
             std::string::npos);

@@ -122,7 +122,8 @@ int Run(int argc, char** argv) {
     }
     const std::vector<TrainSample> part = RankShard(batch, ranks, rank, m, &opts);
     auto result = t.Step(part, objective, 1e-2, opts);
-    if (!result.ok()) return Fail("step " + std::to_string(step) + ": " + result.status().message());
+    if (!result.ok())
+      return Fail("step " + std::to_string(step) + ": " + result.status().message());
     for (const auto& [k, v] : *result) {
       if (rank == 0) metrics << step << " " << k << " " << v << "\n";
     }

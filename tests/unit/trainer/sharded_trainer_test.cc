@@ -31,9 +31,9 @@ struct Result {
   bool ok = false;
   std::vector<int> exit_codes;  // per rank (-1: did not exit normally)
   std::vector<std::string> logs;
-  at::Tensor weights;                                  // float32, whole model, flat
+  at::Tensor weights;                                     // float32, whole model, flat
   std::map<std::pair<int, std::string>, double> metrics;  // (step, key) of rank 0
-  std::map<int, double> kl;                            // sample -> sequence KL (with "kl")
+  std::map<int, double> kl;                               // sample -> sequence KL (with "kl")
 };
 
 // Runs `ranks` sharded_rank processes with `shard` and `flags` (rank r also gets
@@ -53,8 +53,13 @@ Result RunRanks(const std::string& shard, int ranks, const std::vector<std::stri
   const std::string out = dir + "/weights.bin";
   std::vector<pid_t> pids;
   for (int r = 0; r < ranks; ++r) {
-    std::vector<std::string> argv = {GYRE_SHARDED_RANK, (*store)->address(), "g", std::to_string(r),
-                                     std::to_string(ranks), shard, out};
+    std::vector<std::string> argv = {GYRE_SHARDED_RANK,
+                                     (*store)->address(),
+                                     "g",
+                                     std::to_string(r),
+                                     std::to_string(ranks),
+                                     shard,
+                                     out};
     argv.insert(argv.end(), flags.begin(), flags.end());
     if (static_cast<size_t>(r) < rank_flags.size()) {
       argv.insert(argv.end(), rank_flags[r].begin(), rank_flags[r].end());
@@ -191,8 +196,7 @@ TEST(ShardedParametersTest, ARankThatLeavesFailsTheOthersStepWithoutAHang) {
   const auto t0 = std::chrono::steady_clock::now();
   const Result r =
       RunRanks("parameters", 2, {"timeout=5"}, {{}, {"leave_after=1"}}, /*failures_expected=*/true);
-  const double took =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(r.exit_codes.size(), 2u);
   EXPECT_EQ(r.exit_codes[1], 0);
   EXPECT_EQ(r.exit_codes[0], 1) << r.logs[0];
