@@ -1534,6 +1534,7 @@ TEST(BenchTest, EveryHelpListsEachOptionWithItsDefault) {
         {"--chunk", "=1024"},
         {"--threads", "=1"},
         {"--configs", "=padded,unchunked,chunked,checkpointed"},
+        {"--layouts", "SHARD:N"},
         {"--json", "FILE"}}},
       {{"bench", "dp-step"},
        {{"--ranks", "=2"},
