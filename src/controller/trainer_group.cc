@@ -192,14 +192,27 @@ StatusOr<int64_t> TrainerGroup::LoadState(const std::string& directory) {
 }
 
 Status TrainerGroup::SaveModel(const std::string& directory) {
-  Worker* w = pool_->Trainers().front();
+  // trainer.shard: parameters: every trainer gathers the model with trainer-0, which writes it.
+  std::vector<Worker*> trainers = pool_->Trainers();
+  if (cfg_.trainer.shard != "parameters") trainers.resize(1);
   v1::SaveRequest req;
   req.set_directory(directory);
-  v1::SaveResponse resp;
-  return pool_->AfterRpcFailure(
-      w, pool_->Invoke(w->id, cfg_.cluster.rpc_timeout_s, [&](const rpc::Call& c) {
-        return w->trainer->Save(c, req, &resp).WithContext("save final model");
-      }));
+  std::vector<v1::SaveResponse> resps(trainers.size());
+  std::vector<std::future<Status>> calls;
+  for (size_t r = 0; r < trainers.size(); ++r) {
+    calls.push_back(std::async(std::launch::async, [this, &trainers, &req, &resps, r] {
+      Worker* w = trainers[r];
+      return pool_->Invoke(w->id, cfg_.cluster.rpc_timeout_s, [&](const rpc::Call& c) {
+        return w->trainer->Save(c, req, &resps[r]).WithContext("save final model on " + w->id);
+      });
+    }));
+  }
+  Status first_error;
+  for (size_t r = 0; r < trainers.size(); ++r) {
+    Status s = pool_->AfterRpcFailure(trainers[r], calls[r].get());
+    if (!s.ok() && first_error.ok()) first_error = s;
+  }
+  return first_error;
 }
 
 }  // namespace gyre::controller

@@ -48,7 +48,8 @@ class TrainerGroup {
   // Every rank loads `directory` (the ranks hold identical state, so they continue in
   // lockstep); returns the version, which every rank must report the same.
   StatusOr<int64_t> LoadState(const std::string& directory);
-  // The model (HF layout) into `directory`, by trainer-0.
+  // The model (HF layout) into `directory`, by trainer-0 (with every trainer gathering the
+  // model unit by unit for it under trainer.shard: parameters).
   Status SaveModel(const std::string& directory);
 
  private:

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -200,6 +201,87 @@ Status SaveSafetensors(const std::string& path, const NamedTensors& params,
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     return Unavailable("cannot rename " + tmp + " to " + path);
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(const std::string& path,
+                                                                       std::vector<Entry> entries,
+                                                                       const std::string& dtype) {
+  GYRE_ASSIGN_OR_RETURN(at::ScalarType type, WriterType(dtype));
+  const uint64_t esize = dtype == "F32" ? 4 : 2;
+  nlohmann::json header = nlohmann::json::object();
+  header["__metadata__"] = {{"format", "pt"}, {"producer", "gyre"}};
+  uint64_t offset = 0;
+  for (const Entry& e : entries) {
+    if (header.contains(e.name)) return InvalidArgument(path + ": tensor '" + e.name + "' twice");
+    uint64_t n = esize;
+    for (int64_t d : e.shape) {
+      if (d < 0) return InvalidArgument(path + ": tensor '" + e.name + "' has a negative size");
+      n *= static_cast<uint64_t>(d);
+    }
+    header[e.name] = {{"dtype", dtype}, {"shape", e.shape}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string h = header.dump();
+  while (h.size() % 8 != 0) h.push_back(' ');
+  std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter());
+  w->path_ = path;
+  w->tmp_ = path + ".tmp";
+  w->entries_ = std::move(entries);
+  w->type_ = type;
+  w->file_ = std::fopen(w->tmp_.c_str(), "wb");
+  if (w->file_ == nullptr) return Unavailable("cannot write " + w->tmp_);
+  unsigned char le[8];
+  const uint64_t len = h.size();
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>((len >> (8 * i)) & 0xff);
+  if (std::fwrite(le, 1, 8, w->file_) != 8 ||
+      std::fwrite(h.data(), 1, h.size(), w->file_) != h.size()) {
+    return Unavailable("short write to " + w->tmp_);
+  }
+  return w;
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (file_ != nullptr) {
+    std::fclose(file_);
+    std::remove(tmp_.c_str());
+  }
+}
+
+Status SafetensorsWriter::Append(const std::string& name, const at::Tensor& tensor) {
+  if (file_ == nullptr) return FailedPrecondition(path_ + ": the writer has finished");
+  if (next_ >= entries_.size()) {
+    return InvalidArgument(path_ + ": tensor '" + name + "' is one more than the header lists");
+  }
+  const Entry& e = entries_[next_];
+  if (name != e.name || tensor.sizes().vec() != e.shape) {
+    return InvalidArgument(path_ + ": tensor '" + name + "' appended where the header has '" +
+                           e.name + "' of its shape");
+  }
+  const at::Tensor c = tensor.detach().to(at::kCPU, type_).contiguous();
+  const size_t n = static_cast<size_t>(c.nbytes());
+  if (std::fwrite(c.data_ptr(), 1, n, file_) != n) return Unavailable("short write to " + tmp_);
+  ++next_;
+  return Status::Ok();
+}
+
+Status SafetensorsWriter::Finish() {
+  if (file_ == nullptr) return FailedPrecondition(path_ + ": the writer has finished");
+  if (next_ != entries_.size()) {
+    return FailedPrecondition(path_ + ": " + std::to_string(next_) + " of " +
+                              std::to_string(entries_.size()) + " tensors written");
+  }
+  const bool flushed = std::fflush(file_) == 0 && ::fsync(fileno(file_)) == 0;
+  const bool closed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  if (!flushed || !closed) {
+    std::remove(tmp_.c_str());
+    return Unavailable("cannot write " + tmp_);
+  }
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    std::remove(tmp_.c_str());
+    return Unavailable("cannot rename " + tmp_ + " to " + path_);
   }
   return Status::Ok();
 }

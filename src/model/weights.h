@@ -4,6 +4,8 @@
 // Functions that write into a model's tensors must not race with a forward pass.
 
 #include <cstdint>
+#include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -62,6 +64,41 @@ Status SaveSafetensors(const std::string& path, const NamedTensors& params,
 Status SaveCheckpointWeights(const std::string& dir, const NamedTensors& params,
                              const std::string& dtype = "F32",
                              uint64_t max_shard_bytes = 5ull << 30);
+
+// Writes a safetensors file one tensor at a time, for a caller that never holds all of them at
+// once (a sharded trainer gathers its model unit by unit, model::ParameterUnits). The names and
+// shapes are fixed up front (the header comes first); the data follow in the order given, which
+// need not be name order (safetensors only asks that the byte ranges tile the data section).
+// Atomic like SaveSafetensors: Finish() renames the written file into place; a writer destroyed
+// before Finish() removes it.
+class SafetensorsWriter {
+ public:
+  struct Entry {
+    std::string name;
+    std::vector<int64_t> shape;
+  };
+  // `dtype`: F32, F16 or BF16. Writes the header.
+  static StatusOr<std::unique_ptr<SafetensorsWriter>> Create(const std::string& path,
+                                                             std::vector<Entry> entries,
+                                                             const std::string& dtype = "F32");
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // The next entry's data (converted to the file's dtype); its name and shape must be that
+  // entry's.
+  Status Append(const std::string& name, const at::Tensor& tensor);
+  // After every entry was appended: flushes, syncs and renames the file into place.
+  Status Finish();
+
+ private:
+  SafetensorsWriter() = default;
+  std::string path_, tmp_;
+  std::vector<Entry> entries_;
+  at::ScalarType type_ = at::kFloat;
+  size_t next_ = 0;
+  std::FILE* file_ = nullptr;
+};
 
 // Reads a safetensors file into `params` (see model/safetensors.h for the checks), converting
 // dtypes. Nothing is written on error.

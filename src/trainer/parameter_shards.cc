@@ -250,6 +250,40 @@ Status ParameterShards::SetWeights(const model::NamedTensors& weights) {
   return Status::Ok();
 }
 
+StatusOr<at::Tensor> ParameterShards::SliceOf(int u, const std::vector<at::Tensor>& whole) const {
+  GYRE_CHECK(u >= 0 && u < num_units()) << "unit " << u;
+  const Unit& unit = units_[u];
+  if (whole.size() != unit.def.names.size()) {
+    return InvalidArgument("sharded parameters: " + unit.def.names.front() + "'s unit has " +
+                           std::to_string(unit.def.names.size()) + " tensors, got " +
+                           std::to_string(whole.size()));
+  }
+  at::NoGradGuard no_grad;
+  at::Tensor slice =
+      at::zeros({unit.layout.chunk}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  int64_t offset = 0;  // of the tensor in the unit's flat vector
+  for (size_t i = 0; i < whole.size(); ++i) {
+    const at::Tensor& t = whole[i];
+    if (!t.defined()) {  // zero
+      offset += unit.numels[i];
+      continue;
+    }
+    if (!at::isFloatingType(t.scalar_type()) || t.sizes() != at::IntArrayRef(unit.def.shapes[i])) {
+      return InvalidArgument("sharded parameters: tensor " + std::to_string(i) + " of " +
+                             unit.def.names.front() + "'s unit is not " + unit.def.names[i] +
+                             " of the model's shape");
+    }
+    const int64_t lo = std::max(unit.layout.begin, offset);
+    const int64_t hi = std::min(unit.layout.end, offset + unit.numels[i]);
+    if (lo < hi) {
+      slice.narrow(0, lo - unit.layout.begin, hi - lo)
+          .copy_(t.detach().reshape({-1}).narrow(0, lo - offset, hi - lo));
+    }
+    offset += unit.numels[i];
+  }
+  return slice;
+}
+
 std::unique_ptr<ParameterShards> ParameterShards::FrozenCopy() const {
   std::unique_ptr<ParameterShards> s(new ParameterShards(spec_, queue_, compute_, device_, false));
   at::NoGradGuard no_grad;
@@ -425,13 +459,23 @@ void ParameterShards::ReleaseGradients() { grads_.clear(); }
 
 StatusOr<std::vector<at::Tensor>> ParameterShards::GatherUnit(int u) {
   GYRE_CHECK(u >= 0 && u < num_units()) << "unit " << u;
+  return GatherUnitSlices(u, masters_[u]);
+}
+
+StatusOr<std::vector<at::Tensor>> ParameterShards::GatherUnitSlices(int u,
+                                                                    const at::Tensor& slice) {
+  GYRE_CHECK(u >= 0 && u < num_units()) << "unit " << u;
   const Unit& unit = units_[u];
+  if (slice.scalar_type() != at::kFloat || slice.dim() != 1 || slice.numel() != unit.layout.chunk) {
+    return InvalidArgument("a slice of " + unit.def.names.front() + "'s unit must be float32 [" +
+                           std::to_string(unit.layout.chunk) + "]");
+  }
   at::Tensor all = at::empty({unit.layout.chunk * unit.layout.ranks},
                              at::TensorOptions().dtype(at::kFloat).device(device_));
-  const at::Tensor master = masters_[u].detach();
+  const at::Tensor master = slice.detach().to(device_);
   const int64_t chunk = unit.layout.chunk;
   const int64_t ticket = queue_->Post(
-      "all-gather of the float32 weights of " + unit.def.names.front() + "'s unit",
+      "all-gather of float32 slices of " + unit.def.names.front() + "'s unit",
       [master, all, chunk](comm::Communicator* comm, comm::Deadline deadline) {
         at::NoGradGuard no_grad;
         const at::Tensor mine = master.contiguous();

@@ -135,6 +135,14 @@ class ParameterShards final : public model::ParameterGather {
   // The whole float32 weights of unit `u` in ParameterUnits order, gathered from every rank (a
   // collective: every rank calls it in the same order). On `device` of the shards.
   StatusOr<std::vector<at::Tensor>> GatherUnit(int u);
+  // The same for any per-rank float32 slice of unit `u`'s layout ([chunk], e.g. an AdamW moment
+  // of the masters): the whole unit's tensors, gathered from every rank (a collective).
+  StatusOr<std::vector<at::Tensor>> GatherUnitSlices(int u, const at::Tensor& slice);
+  // This rank's slice [chunk] of unit `u` cut from whole tensors of that unit (ParameterUnits
+  // order and shapes, any float dtype and device, e.g. views of a checkpoint file; an undefined
+  // tensor is zero), float32 on the shards' device, zero past the unit's end. Only the slice's
+  // elements are read.
+  StatusOr<at::Tensor> SliceOf(int u, const std::vector<at::Tensor>& whole) const;
   // Replaces this rank's slices with those of `weights` (whole, NamedParameters() order); checked
   // first, nothing changes on a mismatch.
   Status SetWeights(const model::NamedTensors& weights);

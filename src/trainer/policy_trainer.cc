@@ -103,6 +103,15 @@ Status PolicyTrainer::ShardParameters() {
                                                               queue.get(), compute_dtype_, device,
                                                               /*trainable=*/false));
   }
+  // AdamW state the whole model had (a checkpoint restored before the split) goes with the
+  // slices.
+  ShardedAdamW::State carried;
+  const std::vector<ParamState> whole_state = OptimizerState();
+  bool has_state = false;
+  for (const ParamState& ps : whole_state) has_state = has_state || ps.step > 0;
+  if (has_state) {
+    GYRE_ASSIGN_OR_RETURN(carried, SliceState(*shards, whole_state));
+  }
   // Everything made: let the whole model go.
   const bool checkpointing = model_->activation_checkpointing();
   optimizer_->adamw.reset();
@@ -116,10 +125,109 @@ Status PolicyTrainer::ShardParameters() {
   // The slices' AdamW state: one rank's ShardedAdamW over them (the same arithmetic as
   // torch::optim::AdamW, element for element).
   sharded_ = std::make_unique<ShardedAdamW>(optimizer_->params, Shard::kOptimizer, hyper_, 0, 1);
+  if (has_state) GYRE_CHECK(sharded_->Set(carried).ok()) << "slices of the AdamW state";
   queue_ = std::move(queue);
   shards_ = std::move(shards);
   ref_shards_ = std::move(ref_shards);
   return Status::Ok();
+}
+
+StatusOr<ShardedAdamW::State> PolicyTrainer::SliceState(const ParameterShards& shards,
+                                                        const std::vector<ParamState>& state) {
+  size_t count = 0;
+  for (int u = 0; u < shards.num_units(); ++u) count += shards.unit(u).names.size();
+  if (state.size() != count) {
+    return InvalidArgument("optimizer state for " + std::to_string(state.size()) +
+                           " parameters, the model has " + std::to_string(count));
+  }
+  ShardedAdamW::State out;
+  std::vector<at::Tensor> m, v;
+  size_t k = 0;
+  for (int u = 0; u < shards.num_units(); ++u) {
+    std::vector<at::Tensor> um, uv;
+    int64_t step = 0;
+    for (size_t i = 0; i < shards.unit(u).names.size(); ++i, ++k) {
+      if (state[k].step < 0) return InvalidArgument("a negative optimizer step count");
+      step = std::max(step, state[k].step);
+      um.push_back(state[k].step > 0 ? state[k].exp_avg : at::Tensor());
+      uv.push_back(state[k].step > 0 ? state[k].exp_avg_sq : at::Tensor());
+    }
+    GYRE_ASSIGN_OR_RETURN(at::Tensor sm, shards.SliceOf(u, um));
+    GYRE_ASSIGN_OR_RETURN(at::Tensor sv, shards.SliceOf(u, uv));
+    m.push_back(std::move(sm));
+    v.push_back(std::move(sv));
+    out.steps.push_back(step);
+  }
+  out.exp_avg = at::cat(m);
+  out.exp_avg_sq = at::cat(v);
+  return out;
+}
+
+Status PolicyTrainer::RestoreSplitState(const std::vector<at::Tensor>& weights,
+                                        const std::vector<ParamState>& state, int64_t version) {
+  if (shard_mode_ != Shard::kParameters) {
+    return FailedPrecondition("RestoreSplitState needs trainer.shard: parameters");
+  }
+  if (version < 0) return InvalidArgument("negative policy version " + std::to_string(version));
+  GYRE_RETURN_IF_ERROR(ShardParameters());
+  model::NamedTensors named;
+  size_t k = 0;
+  for (int u = 0; u < shards_->num_units(); ++u) {
+    for (const std::string& name : shards_->unit(u).names) {
+      named.emplace_back(name, k < weights.size() ? weights[k] : at::Tensor());
+      ++k;
+    }
+  }
+  if (weights.size() != named.size()) {
+    return InvalidArgument("expected " + std::to_string(named.size()) + " weights, got " +
+                           std::to_string(weights.size()));
+  }
+  // Checked (and cut into this rank's slices) before anything changes.
+  GYRE_ASSIGN_OR_RETURN(ShardedAdamW::State sliced, SliceState(*shards_, state));
+  GYRE_RETURN_IF_ERROR(shards_->SetWeights(named));
+  GYRE_CHECK(sharded_->Set(sliced).ok()) << "slices of the AdamW state";
+  version_ = version;
+  return Status::Ok();
+}
+
+Status PolicyTrainer::GatherUnits(bool moments,
+                                  const std::function<Status(const GatheredUnit&)>& visit) {
+  if (shards_ == nullptr) {
+    return FailedPrecondition("GatherUnits needs a trainer whose parameters are split");
+  }
+  std::vector<int64_t> offsets;  // of each unit's slice in the slices' optimizer's flat state
+  int64_t offset = 0;
+  for (const at::Tensor& m : shards_->masters()) {
+    offsets.push_back(offset);
+    offset += m.numel();
+  }
+  ShardedAdamW::State st;
+  if (moments) st = sharded_->Get();
+  Status first;
+  for (int u = 0; u < shards_->num_units(); ++u) {
+    GatheredUnit g;
+    g.index = u;
+    g.def = &shards_->unit(u);
+    GYRE_ASSIGN_OR_RETURN(g.weights, shards_->GatherUnit(u));
+    g.step = st.steps.empty() ? 0 : st.steps[static_cast<size_t>(u)];
+    if (moments) {
+      const int64_t chunk = shards_->masters()[static_cast<size_t>(u)].numel();
+      // Every rank gathers, also when this one has no step (the ranks step together).
+      GYRE_ASSIGN_OR_RETURN(g.exp_avg,
+                            shards_->GatherUnitSlices(u, st.exp_avg.narrow(0, offsets[u], chunk)));
+      GYRE_ASSIGN_OR_RETURN(
+          g.exp_avg_sq, shards_->GatherUnitSlices(u, st.exp_avg_sq.narrow(0, offsets[u], chunk)));
+      if (g.step == 0) {
+        g.exp_avg.clear();
+        g.exp_avg_sq.clear();
+      }
+    }
+    if (ref_shards_ != nullptr) {
+      GYRE_ASSIGN_OR_RETURN(g.reference, ref_shards_->GatherUnit(u));
+    }
+    if (first.ok()) first = visit(g);
+  }
+  return first;
 }
 
 StatusOr<model::NamedTensors> PolicyTrainer::FullWeights() {

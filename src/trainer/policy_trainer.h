@@ -38,6 +38,7 @@
 // Step.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -181,6 +182,22 @@ class PolicyTrainer {
   StatusOr<model::NamedTensors> FullWeights();
   // kParameters after the split: this rank's slices; null otherwise.
   const ParameterShards* parameter_shards() const { return shards_.get(); }
+  // kParameters: one unit of the model (model::ParameterUnits), gathered whole (GatherUnits).
+  struct GatheredUnit {
+    int index = 0;
+    const model::ParameterUnit* def = nullptr;    // its parameters' names and shapes
+    std::vector<at::Tensor> weights;              // float32
+    int64_t step = 0;                             // AdamW steps taken by its parameters
+    std::vector<at::Tensor> exp_avg, exp_avg_sq;  // when asked for and step > 0
+    std::vector<at::Tensor> reference;            // the KL reference's weights, when there is one
+  };
+  // kParameters after the split: gathers the model unit by unit, in ParameterUnits order (which
+  // is NamedParameters() order), and hands each unit to `visit` before gathering the next, so
+  // that no rank ever holds more than one unit whole: how a checkpoint or an HF directory is
+  // written from slices. A collective: every rank of the group calls it. `moments`: also the
+  // AdamW moments. After `visit` fails the remaining units are still gathered (the other ranks
+  // go on) but not visited; the first failure is returned.
+  Status GatherUnits(bool moments, const std::function<Status(const GatheredUnit&)>& visit);
   // kParameters: seconds the collectives took on their thread, and seconds the trainer waited for
   // them (the part compute did not hide), since the split.
   double collective_seconds() const { return queue_ ? queue_->busy_seconds() : 0.0; }
@@ -251,6 +268,12 @@ class PolicyTrainer {
   // bit for bit as if never interrupted (the AdamW hyperparameters come from the constructor).
   Status RestoreState(const std::vector<at::Tensor>& weights, const std::vector<ParamState>& state,
                       int64_t version);
+  // kParameters: restores from whole tensors, reading only this rank's slices of them (views of
+  // a checkpoint's mapped files will do): the weights and the AdamW state (per parameter in
+  // NamedParameters() order; an undefined moment is zero) and the version. A model still whole
+  // is split first (over the group SetDataParallel joined). All or nothing once split.
+  Status RestoreSplitState(const std::vector<at::Tensor>& weights,
+                           const std::vector<ParamState>& state, int64_t version);
   // Data parallel: this trainer's rank and the group's size (0 and 1 without a group).
   int dp_rank() const { return dp_ != nullptr ? dp_->rank() : 0; }
   int dp_size() const { return dp_ != nullptr ? dp_->size() : 1; }
@@ -294,6 +317,10 @@ class PolicyTrainer {
   // kParameters: splits the whole model into this rank's slices (see SetSharding); no-op
   // otherwise or once split.
   Status ShardParameters();
+  // `state` (per parameter, NamedParameters() order) cut into this rank's slices of `shards`, as
+  // the slices' optimizer holds them (one step count per unit).
+  static StatusOr<ShardedAdamW::State> SliceState(const ParameterShards& shards,
+                                                  const std::vector<ParamState>& state);
   // The number of forward passes every rank runs for `local` of its own: kParameters needs the
   // same on every rank (each forward gathers from all), so the largest over the ranks; `local`
   // otherwise.

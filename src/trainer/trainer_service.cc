@@ -345,6 +345,17 @@ grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveReques
     if (req->directory().empty()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Save needs a directory");
     }
+    // trainer.shard: parameters: the controller asks every rank; rank 0 writes while the others
+    // take part in gathering the model unit by unit (once it is split).
+    if (trainer_.sharding() == Shard::kParameters && trainer_.dp_rank() != 0) {
+      if (trainer_.parameter_shards() != nullptr) {
+        const Status s = WriteModelDirectoryFromSlices(req->directory(), trainer_, "");
+        if (!s.ok()) return rpc::ToGrpc(s.WithContext("save " + req->directory()));
+      }
+      resp->set_path(req->directory());
+      resp->set_policy_version(trainer_.version());
+      return grpc::Status::OK;
+    }
     // Atomic: write everything into DIR.tmp, fsync, then rename over DIR.
     const std::string final_dir = req->directory();
     const std::string tmp_dir = final_dir + ".tmp";
@@ -352,7 +363,13 @@ grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveReques
     if (s.ok()) s = MakeDirs(tmp_dir);
     // A model loaded from a Hugging Face directory keeps its own config.json (eos ids, etc.) and
     // tokenizer files, so the checkpoint is a drop-in replacement for it.
-    if (s.ok()) s = WriteModelDirectory(tmp_dir, trainer_.model(), config_.model.path);
+    if (trainer_.parameter_shards() != nullptr) {
+      // Also after a failure above: the other ranks are gathering with this one.
+      const Status written = WriteModelDirectoryFromSlices(tmp_dir, trainer_, config_.model.path);
+      if (s.ok()) s = written;
+    } else if (s.ok()) {
+      s = WriteModelDirectory(tmp_dir, trainer_.model(), config_.model.path);
+    }
     if (s.ok()) s = SyncDirectory(tmp_dir);
     if (s.ok()) s = RemoveTree(final_dir);
     if (s.ok()) s = RenamePath(tmp_dir, final_dir);

@@ -78,8 +78,9 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return out + "]";
 }
 
-// A float32 copy of tensor `name` of `file`, which must have `shape`.
-StatusOr<at::Tensor> ReadTensor(const model::SafetensorsFile& file, const std::string& name,
+// Tensor `name` of `file`, which must be float32 of `shape`, as a view of the mapped file
+// (valid while `file` lives).
+StatusOr<at::Tensor> ViewTensor(const model::SafetensorsFile& file, const std::string& name,
                                 const std::vector<int64_t>& shape) {
   auto it = file.entries().find(name);
   if (it == file.entries().end()) {
@@ -93,7 +94,13 @@ StatusOr<at::Tensor> ReadTensor(const model::SafetensorsFile& file, const std::s
     return InvalidArgument(file.path() + ": tensor '" + name + "' has shape " +
                            ShapeText(it->second.shape) + ", the model expects " + ShapeText(shape));
   }
-  GYRE_ASSIGN_OR_RETURN(at::Tensor view, file.View(name));
+  return file.View(name);
+}
+
+// A float32 copy of tensor `name` of `file`, which must have `shape`.
+StatusOr<at::Tensor> ReadTensor(const model::SafetensorsFile& file, const std::string& name,
+                                const std::vector<int64_t>& shape) {
+  GYRE_ASSIGN_OR_RETURN(at::Tensor view, ViewTensor(file, name, shape));
   return view.clone();
 }
 
@@ -167,6 +174,11 @@ StatusOr<std::pair<at::Tensor, at::Tensor>> ReadMomentRange(const std::string& d
 Status WriteModelDirectory(const std::string& dir, const model::Transformer& model,
                            const std::string& model_path) {
   GYRE_RETURN_IF_ERROR(model::SaveCheckpointWeights(dir, model.NamedParameters()));
+  return WriteModelFiles(dir, model.spec(), model_path);
+}
+
+Status WriteModelFiles(const std::string& dir, const model::ModelSpec& spec,
+                       const std::string& model_path) {
   if (model_path.empty()) {
     // The built-in model: a complete Hugging Face directory all the same, with the character
     // tokenizer as tokenizer.json (same ids) and its special tokens in config.json, so that
@@ -175,7 +187,7 @@ Status WriteModelDirectory(const std::string& dir, const model::Transformer& mod
                               ", \"eos_token_id\": " + std::to_string(text::CharTokenizer::kEos) +
                               ", \"pad_token_id\": " + std::to_string(text::CharTokenizer::kPad) +
                               "}";
-    GYRE_RETURN_IF_ERROR(model::WriteHfConfig(dir, model.spec(), extra));
+    GYRE_RETURN_IF_ERROR(model::WriteHfConfig(dir, spec, extra));
     GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/tokenizer.json", text::CharTokenizerJson()));
     return WriteFileAtomic(dir + "/tokenizer_config.json", text::CharTokenizerConfigJson());
   }
@@ -188,8 +200,122 @@ Status WriteModelDirectory(const std::string& dir, const model::Transformer& mod
   return Status::Ok();
 }
 
-Status SaveTrainerState(const std::string& dir, const PolicyTrainer& trainer,
+Status WriteModelDirectoryFromSlices(const std::string& dir, PolicyTrainer& trainer,
+                                     const std::string& model_path) {
+  const bool writer = trainer.dp_rank() == 0;
+  const std::vector<model::ParameterUnit> units = model::ParameterUnits(trainer.model().spec());
+  std::vector<model::SafetensorsWriter::Entry> entries;
+  for (const model::ParameterUnit& u : units) {
+    for (size_t i = 0; i < u.names.size(); ++i) entries.push_back({u.names[i], u.shapes[i]});
+  }
+  // Rank 0 writes; the others only take part in the gathers, also after rank 0 failed.
+  std::unique_ptr<model::SafetensorsWriter> out;
+  Status opened;
+  if (writer) {
+    auto w = model::SafetensorsWriter::Create(dir + "/model.safetensors", entries);
+    if (w.ok()) out = std::move(*w);
+    opened = w.status();
+  }
+  GYRE_RETURN_IF_ERROR(trainer.GatherUnits(false, [&](const PolicyTrainer::GatheredUnit& g) {
+    if (!writer) return Status::Ok();
+    GYRE_RETURN_IF_ERROR(opened);
+    for (size_t i = 0; i < g.weights.size(); ++i) {
+      GYRE_RETURN_IF_ERROR(out->Append(g.def->names[i], g.weights[i]));
+    }
+    return Status::Ok();
+  }));
+  if (!writer) return Status::Ok();
+  GYRE_RETURN_IF_ERROR(opened);
+  GYRE_RETURN_IF_ERROR(out->Finish());
+  return WriteModelFiles(dir, trainer.model().spec(), model_path);
+}
+
+namespace {
+
+// SaveTrainerState for a trainer whose parameters are split (trainer.shard: parameters): every
+// rank gathers the model, its AdamW moments and the reference unit by unit; rank 0 streams them
+// into the files of format 1 (layout-free: any layout loads them), one unit at a time.
+Status SaveSplitTrainerState(const std::string& dir, PolicyTrainer& trainer,
+                             const std::string& model_path) {
+  const bool writer = trainer.dp_rank() == 0;
+  // A failure of rank 0 is returned after the gathers: the other ranks are gathering with it.
+  Status opened = writer ? MakeDirs(dir) : Status::Ok();
+  const std::vector<model::ParameterUnit> units = model::ParameterUnits(trainer.model().spec());
+  const std::vector<int64_t> steps = trainer.sharded()->Get().steps;  // one per unit
+  const bool has_reference = trainer.reference() != nullptr;
+  std::vector<model::SafetensorsWriter::Entry> weights, moments;
+  nlohmann::json entries = nlohmann::json::array();
+  for (size_t u = 0; u < units.size(); ++u) {
+    for (size_t i = 0; i < units[u].names.size(); ++i) {
+      weights.push_back({units[u].names[i], units[u].shapes[i]});
+      entries.push_back(
+          {{"name", units[u].names[i]}, {"shape", units[u].shapes[i]}, {"step", steps[u]}});
+    }
+    if (steps[u] == 0) continue;
+    for (const char* kind : {"exp_avg/", "exp_avg_sq/"}) {
+      for (size_t i = 0; i < units[u].names.size(); ++i) {
+        moments.push_back({kind + units[u].names[i], units[u].shapes[i]});
+      }
+    }
+  }
+  std::unique_ptr<model::SafetensorsWriter> w_out, m_out, r_out;
+  if (writer) {
+    auto open = [&](const char* file, const std::vector<model::SafetensorsWriter::Entry>& list,
+                    std::unique_ptr<model::SafetensorsWriter>* out) {
+      if (!opened.ok()) return;
+      auto w = model::SafetensorsWriter::Create(dir + "/" + file, list);
+      if (w.ok()) *out = std::move(*w);
+      opened = w.status();
+    };
+    open("model.safetensors", weights, &w_out);
+    open(kOptimizerFile, moments, &m_out);
+    if (has_reference) open(kReferenceFile, weights, &r_out);
+  }
+  GYRE_RETURN_IF_ERROR(trainer.GatherUnits(true, [&](const PolicyTrainer::GatheredUnit& g) {
+    if (!writer) return Status::Ok();
+    GYRE_RETURN_IF_ERROR(opened);
+    const std::vector<std::string>& names = g.def->names;
+    for (size_t i = 0; i < names.size(); ++i) {
+      GYRE_RETURN_IF_ERROR(w_out->Append(names[i], g.weights[i]));
+      if (r_out) GYRE_RETURN_IF_ERROR(r_out->Append(names[i], g.reference[i]));
+    }
+    for (size_t i = 0; i < g.exp_avg.size(); ++i) {
+      GYRE_RETURN_IF_ERROR(m_out->Append("exp_avg/" + names[i], g.exp_avg[i]));
+    }
+    for (size_t i = 0; i < g.exp_avg_sq.size(); ++i) {
+      GYRE_RETURN_IF_ERROR(m_out->Append("exp_avg_sq/" + names[i], g.exp_avg_sq[i]));
+    }
+    return Status::Ok();
+  }));
+  if (!writer) return Status::Ok();
+  GYRE_RETURN_IF_ERROR(opened);
+  GYRE_RETURN_IF_ERROR(w_out->Finish());
+  GYRE_RETURN_IF_ERROR(m_out->Finish());
+  const std::string ref_path = dir + "/" + kReferenceFile;
+  if (r_out) {
+    GYRE_RETURN_IF_ERROR(r_out->Finish());
+  } else if (PathExists(ref_path)) {
+    GYRE_RETURN_IF_ERROR(RemoveTree(ref_path));
+  }
+  GYRE_RETURN_IF_ERROR(WriteModelFiles(dir, trainer.model().spec(), model_path));
+  const std::vector<uint8_t> rng = CpuRngState();
+  const nlohmann::json state = {{"format", kFormat},
+                                {"format_version", kFormatVersion},
+                                {"policy_version", trainer.version()},
+                                {"params", entries},
+                                {"reference", has_reference},
+                                {"rng", {{"torch_cpu", ToHex(rng.data(), rng.size())}}}};
+  GYRE_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kStateFile, state.dump(1) + "\n"));
+  return SyncDirectory(dir);
+}
+
+}  // namespace
+
+Status SaveTrainerState(const std::string& dir, PolicyTrainer& trainer,
                         const std::string& model_path) {
+  if (trainer.parameter_shards() != nullptr) {
+    return SaveSplitTrainerState(dir, trainer, model_path);
+  }
   const ShardedAdamW* sharded = trainer.sharded();
   // Without sharding rank 0 holds everything; with it, every rank writes its slice and rank 0
   // the rest.
@@ -276,6 +402,21 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
                " (this build reads " + std::to_string(kFormatVersion) + " and " +
                std::to_string(kShardedFormatVersion) + ")");
   }
+  // trainer.shard: parameters reads only this rank's slices (mapped files, no whole copy); the
+  // model may already be split, so its parameters' names and shapes come from its spec.
+  const bool split = trainer->sharding() == Shard::kParameters;
+  model::NamedTensors params;
+  if (split) {
+    for (const model::ParameterUnit& u : model::ParameterUnits(trainer->model().spec())) {
+      for (size_t i = 0; i < u.names.size(); ++i) {
+        params.emplace_back(
+            u.names[i],
+            at::empty(u.shapes[i], at::TensorOptions().dtype(at::kFloat).device(at::kMeta)));
+      }
+    }
+  } else {
+    params = trainer->model().NamedParameters();
+  }
   // Format 2: the moments are in one file per rank of the group that saved them.
   int shards = 0;
   if (state["format_version"].get<int>() == kShardedFormatVersion) {
@@ -288,7 +429,7 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
     }
     shards = o["ranks"].get<int>();
     int64_t total = 0;
-    for (const auto& [name, p] : trainer->model().NamedParameters()) total += p.numel();
+    for (const auto& [name, p] : params) total += p.numel();
     if (o["elements"].get<int64_t>() != total) {
       return bad("optimizer_shards.elements is " + o["elements"].dump() + ", the model has " +
                  std::to_string(total) + " parameter elements");
@@ -320,7 +461,6 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
       return bad("parameter '" + e["name"].get<std::string>() + "' is listed twice");
     }
   }
-  const model::NamedTensors params = trainer->model().NamedParameters();
   for (const auto& [name, p] : params) {
     auto it = entries.find(name);
     if (it == entries.end()) return bad("the model's parameter '" + name + "' is missing");
@@ -361,7 +501,7 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
                              ShapeText(w.sizes().vec()) + ", the model expects Float " +
                              ShapeText(p.sizes().vec()));
     }
-    weights.push_back(w.clone());
+    weights.push_back(split ? w : w.clone());
   }
   if (weights_file->Names().size() != params.size()) {
     return InvalidArgument(weights_path + ": has " + std::to_string(weights_file->Names().size()) +
@@ -373,10 +513,44 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
   // every parameter's otherwise.
   std::vector<int64_t> steps;
   for (const auto& [name, p] : params) steps.push_back(entries[name].step);
-  const ShardedAdamW* sharded = trainer->sharded();
+  const ShardedAdamW* sharded = split ? nullptr : trainer->sharded();
   std::vector<PolicyTrainer::ParamState> opt;
   ShardedAdamW::State sharded_state;
-  if (sharded != nullptr) {
+  std::unique_ptr<model::SafetensorsFile> moment_file;  // split, format 1: the views' file
+  if (split) {
+    // Whole moment tensors per parameter, read only where this rank's slices lie: views of
+    // optimizer.safetensors (format 1), or each parameter's range of the slice files (format 2).
+    if (shards == 0) {
+      GYRE_ASSIGN_OR_RETURN(moment_file, model::SafetensorsFile::Open(dir + "/" + kOptimizerFile));
+    }
+    size_t expected = 0;
+    int64_t offset = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto& [name, p] = params[i];
+      PolicyTrainer::ParamState ps;
+      ps.step = steps[i];
+      if (ps.step > 0 && shards == 0) {
+        expected += 2;
+        GYRE_ASSIGN_OR_RETURN(ps.exp_avg,
+                              ViewTensor(*moment_file, "exp_avg/" + name, p.sizes().vec()));
+        GYRE_ASSIGN_OR_RETURN(ps.exp_avg_sq,
+                              ViewTensor(*moment_file, "exp_avg_sq/" + name, p.sizes().vec()));
+      } else if (ps.step > 0) {
+        GYRE_ASSIGN_OR_RETURN(
+            auto range, ReadMomentRange(dir, params, steps, shards, offset, offset + p.numel()));
+        ps.exp_avg = range.first.view(p.sizes());
+        ps.exp_avg_sq = range.second.view(p.sizes());
+      }
+      offset += p.numel();
+      opt.push_back(std::move(ps));
+    }
+    if (moment_file != nullptr && moment_file->entries().size() != expected) {
+      return InvalidArgument(moment_file->path() + ": has " +
+                             std::to_string(moment_file->entries().size()) + " tensors, expected " +
+                             std::to_string(expected) +
+                             " (two per parameter with a non-zero step in " + kStateFile + ")");
+    }
+  } else if (sharded != nullptr) {
     GYRE_ASSIGN_OR_RETURN(auto range,
                           ReadMomentRange(dir, params, steps, shards, sharded->layout().begin,
                                           sharded->layout().end));
@@ -407,12 +581,13 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
   }
   const bool has_reference = state.value("reference", false);
   std::vector<at::Tensor> reference;
+  std::unique_ptr<model::SafetensorsFile> ref_file;
   if (has_reference) {
     const std::string ref_path = dir + "/" + kReferenceFile;
-    GYRE_ASSIGN_OR_RETURN(auto ref_file, model::SafetensorsFile::Open(ref_path));
+    GYRE_ASSIGN_OR_RETURN(ref_file, model::SafetensorsFile::Open(ref_path));
     for (const auto& [name, p] : params) {
-      GYRE_ASSIGN_OR_RETURN(at::Tensor w, ReadTensor(*ref_file, name, p.sizes().vec()));
-      reference.push_back(std::move(w));
+      GYRE_ASSIGN_OR_RETURN(at::Tensor w, ViewTensor(*ref_file, name, p.sizes().vec()));
+      reference.push_back(split ? w : w.clone());
     }
     if (ref_file->entries().size() != params.size()) {
       return InvalidArgument(ref_path + ": has " + std::to_string(ref_file->entries().size()) +
@@ -421,7 +596,9 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
   }
 
   // All checked: commit.
-  if (sharded != nullptr) {
+  if (split) {
+    GYRE_RETURN_IF_ERROR(trainer->RestoreSplitState(weights, opt, version).WithContext(dir));
+  } else if (sharded != nullptr) {
     GYRE_RETURN_IF_ERROR(
         trainer->RestoreShardedState(weights, sharded_state, version).WithContext(dir));
   } else {

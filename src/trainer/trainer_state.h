@@ -32,14 +32,27 @@ namespace gyre::trainer {
 // generated config.json, so the result is a drop-in replacement for it. Files are not fsynced.
 Status WriteModelDirectory(const std::string& dir, const model::Transformer& model,
                            const std::string& model_path);
+// The same for a trainer whose parameters are split (trainer.shard: parameters): every rank
+// gathers the model unit by unit (a collective: every rank calls it) and rank 0 streams each
+// unit into model.safetensors (one file), so no rank holds the whole model. The other ranks
+// write nothing.
+Status WriteModelDirectoryFromSlices(const std::string& dir, PolicyTrainer& trainer,
+                                     const std::string& model_path);
+// WriteModelDirectory without the weights: config.json (or the model's own files) and the
+// tokenizer.
+Status WriteModelFiles(const std::string& dir, const model::ModelSpec& spec,
+                       const std::string& model_path);
 
 // Writes `trainer`'s state into `dir` (created if missing; files of the same names replaced),
-// then fsyncs the files and the directory. Data parallel: rank 0 writes everything but the
-// other ranks' moment slices; a sharded trainer's other ranks write their slice only (every
-// rank must be called, and the checkpoint is complete once all returned); an unsharded
-// trainer's other ranks write nothing. `model_path` is the job's model.path: a Hugging Face
-// model's config.json and tokenizer files are copied next to the weights.
-Status SaveTrainerState(const std::string& dir, const PolicyTrainer& trainer,
+// then fsyncs the files and the directory. A trainer whose parameters are split
+// (trainer.shard: parameters) writes format 1 (whole tensors, layout-free): every rank gathers
+// unit by unit and rank 0 streams the units to the files, never holding the whole model. Data
+// parallel: rank 0 writes everything but the other ranks' moment slices; a sharded trainer's other
+// ranks write their slice only (every rank must be called, and the checkpoint is complete once all
+// returned); an unsharded trainer's other ranks write nothing. `model_path` is the job's
+// model.path: a Hugging Face model's config.json and tokenizer files are copied next to the
+// weights.
+Status SaveTrainerState(const std::string& dir, PolicyTrainer& trainer,
                         const std::string& model_path);
 
 // Restores what SaveTrainerState wrote into `trainer`. Every file is read and checked first

@@ -208,5 +208,38 @@ TEST_F(SafetensorsTest, WritesHalfPrecisionAndShards) {
   EXPECT_FALSE(SaveSafetensors(dir_ + "/x.safetensors", src->NamedParameters(), "Q8").ok());
 }
 
+// The streaming writer: tensors in the order given (not name order), converted to the file's
+// dtype, read back exactly; a wrong tensor is refused; a writer dropped before Finish leaves no
+// file.
+TEST_F(SafetensorsTest, StreamingWriterWritesInItsOwnOrderAndIsAtomic) {
+  const at::Tensor b = at::arange(6, at::kFloat).view({2, 3});
+  const at::Tensor a = at::arange(4, at::kDouble) * 0.5;
+  const std::string path = dir_ + "/streamed.safetensors";
+  {
+    auto w = SafetensorsWriter::Create(path, {{"z.b", {2, 3}}, {"a", {4}}});
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    ASSERT_TRUE((*w)->Append("z.b", b).ok());
+    EXPECT_FALSE(PathExists(path));  // nothing in place before Finish
+    const Status wrong = (*w)->Append("b", a);
+    EXPECT_FALSE(wrong.ok());
+    EXPECT_NE(wrong.message().find("'a'"), std::string::npos) << wrong.message();
+    EXPECT_FALSE((*w)->Finish().ok());  // one of two written
+  }
+  EXPECT_FALSE(PathExists(path));
+  EXPECT_FALSE(PathExists(path + ".tmp"));
+  auto w = SafetensorsWriter::Create(path, {{"z.b", {2, 3}}, {"a", {4}}});
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Append("z.b", b).ok());
+  ASSERT_TRUE((*w)->Append("a", a).ok());
+  EXPECT_FALSE((*w)->Append("c", a).ok());  // more than the header lists
+  ASSERT_TRUE((*w)->Finish().ok());
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ((*f)->entries().at("z.b").begin, 0u);  // the data follow the order given
+  EXPECT_EQ((*f)->entries().at("a").dtype, "F32");
+  EXPECT_TRUE(at::equal((*f)->View("z.b").value(), b));
+  EXPECT_TRUE(at::equal((*f)->View("a").value(), a.to(at::kFloat)));
+}
+
 }  // namespace
 }  // namespace gyre::model

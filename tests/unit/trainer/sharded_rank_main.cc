@@ -10,7 +10,9 @@
 // checkpointing, timeout=S (each collective's deadline; 60), leave_after=S (this rank exits
 // after S steps, as a trainer that died would; the others go on and must fail cleanly),
 // kl (a KL term against the
-// reference, and SequenceKl of the batch). Rank 0 writes OUT (the whole float32 weights after
+// reference, and SequenceKl of the batch), load=DIR (every rank restores the trainer state in DIR
+// first, trainer_state.h), start=K (begin with step K of the two), save=DIR (every rank saves the
+// trainer state into DIR after the steps). Rank 0 writes OUT (the whole float32 weights after
 // the steps, concatenated in NamedParameters() order) and OUT.metrics ("step key value" lines).
 // Exits 0 on success, 1 with a message on stderr otherwise.
 #include <ATen/ATen.h>
@@ -30,6 +32,7 @@
 #include "model/transformer.h"
 #include "testing/train_batch.h"
 #include "trainer/policy_trainer.h"
+#include "trainer/trainer_state.h"
 
 namespace gyre::trainer {
 namespace {
@@ -101,16 +104,25 @@ int Run(int argc, char** argv) {
     dp.timeout_s = std::atof(flag("timeout", "60").c_str());
     if (Status s = t.SetDataParallel(group.get(), dp); !s.ok()) return Fail(s.message());
   }
+  if (flags.count("load")) {
+    if (Status s = LoadTrainerState(flags["load"], &t); !s.ok())
+      return Fail("load: " + s.message());
+  }
   std::ofstream metrics;
   if (rank == 0) metrics.open(out_path + ".metrics");
   metrics.precision(10);
   const std::vector<TrainSample> batch = testing::SmallTrainBatch();
+  const int start = std::atoi(flag("start", "0").c_str());
   int step = 0;
   const int steps = std::atoi(flag("steps", "2").c_str());
   const int leave_after = std::atoi(flag("leave_after", "-1").c_str());
   for (auto objective : {Objective::kPolicyGradient, Objective::kSft}) {
     if (step >= steps) break;
     if (step == leave_after) std::_Exit(0);
+    if (step < start) {
+      ++step;
+      continue;
+    }
     const int m = objective == Objective::kSft ? 1 : minis;
     TrainOptions opts;
     opts.micro_batch_size = std::atoi(flag("micro", "2").c_str());
@@ -140,6 +152,11 @@ int Run(int argc, char** argv) {
     std::ofstream kl_out(out_path + ".kl" + std::to_string(rank));
     kl_out.precision(10);
     for (size_t i = 0; i < indices.size(); ++i) kl_out << indices[i] << " " << (*kls)[i] << "\n";
+  }
+  if (flags.count("save")) {
+    if (Status s = SaveTrainerState(flags["save"], t, ""); !s.ok()) {
+      return Fail("save: " + s.message());
+    }
   }
   auto weights = t.FullWeights();
   if (!weights.ok()) return Fail("FullWeights: " + weights.status().message());

@@ -221,5 +221,63 @@ TEST(ShardedParametersTest, StateHeldPerRankIsAQuarterOnFourRanks) {
   }
 }
 
+// Checkpoints move between layouts: a state saved by parameter sharding (gathered unit by unit,
+// written by rank 0 in the layout-free format) resumes bit for bit on the same layout, and onto
+// one unsharded process and other numbers of sharded ranks within float tolerance; states saved
+// by one process and by ZeRO-2 resume onto parameter sharding. Step 0 then a save, a new set of
+// processes loads and takes step 1; against the two steps without a break.
+TEST(ShardedParametersTest, CheckpointsMoveBetweenLayouts) {
+  const std::string root = TempDirectory() + "/gyre_sharded_ckpt_" + std::to_string(::getpid());
+  ASSERT_TRUE(MakeDirs(root).ok());
+  const std::vector<std::string> flags = {"model=qwen3", "kl", "minis=2"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> f = flags;
+    f.insert(f.end(), extra.begin(), extra.end());
+    return f;
+  };
+  const Result plain = RunRanks("none", 1, flags);
+  const Result straight = RunRanks("parameters", 2, flags);
+  ASSERT_TRUE(plain.ok && straight.ok);
+  // Only the resumed step's metrics exist; the weights and sequence KL after it.
+  auto expect_resumed = [&](const Result& got, const Result& want, const testing::Tolerance& tol,
+                            const std::string& what) {
+    ASSERT_TRUE(got.ok) << what;
+    ASSERT_EQ(got.weights.numel(), want.weights.numel()) << what;
+    EXPECT_TRUE(testing::AllClose(got.weights, want.weights, tol)) << what;
+    for (const char* k : {"loss", "grad_norm", "tokens"}) {
+      const double w = Metric(want, 1, k);
+      EXPECT_NEAR(Metric(got, 1, k), w, 1e-4 * (1 + std::abs(w))) << k << ": " << what;
+    }
+    EXPECT_EQ(got.metrics.count({0, "loss"}), 0u) << what;
+    ASSERT_EQ(got.kl.size(), want.kl.size()) << what;
+    for (const auto& [sample, w] : want.kl) {
+      EXPECT_NEAR(got.kl.at(sample), w, 1e-4 * (1 + std::abs(w))) << what;
+    }
+  };
+  const std::string zero3 = root + "/zero3";
+  ASSERT_TRUE(RunRanks("parameters", 2, with({"steps=1", "save=" + zero3})).ok);
+  ASSERT_TRUE(PathExists(zero3 + "/model.safetensors"));
+  ASSERT_TRUE(PathExists(zero3 + "/optimizer.safetensors"));
+  ASSERT_TRUE(PathExists(zero3 + "/reference.safetensors"));
+  const Result same = RunRanks("parameters", 2, with({"load=" + zero3, "start=1"}));
+  ASSERT_TRUE(same.ok);
+  EXPECT_TRUE(at::equal(same.weights, straight.weights)) << "same layout: not bit for bit";
+  EXPECT_EQ(Metric(same, 1, "loss"), Metric(straight, 1, "loss"));
+  expect_resumed(RunRanks("none", 1, with({"load=" + zero3, "start=1"})), plain, kAcrossRanks,
+                 "parameters on 2 ranks -> one unsharded process");
+  expect_resumed(RunRanks("parameters", 4, with({"load=" + zero3, "start=1"})), plain, kAcrossRanks,
+                 "parameters on 2 ranks -> parameters on 4");
+  expect_resumed(RunRanks("gradients", 2, with({"load=" + zero3, "start=1"})), plain, kAcrossRanks,
+                 "parameters on 2 ranks -> gradients on 2");
+  const std::string whole = root + "/whole", zero2 = root + "/zero2";
+  ASSERT_TRUE(RunRanks("none", 1, with({"steps=1", "save=" + whole})).ok);
+  ASSERT_TRUE(RunRanks("gradients", 3, with({"steps=1", "save=" + zero2})).ok);
+  expect_resumed(RunRanks("parameters", 2, with({"load=" + whole, "start=1"})), plain, kAcrossRanks,
+                 "one process -> parameters on 2 ranks");
+  expect_resumed(RunRanks("parameters", 3, with({"load=" + zero2, "start=1"})), plain, kAcrossRanks,
+                 "gradients on 3 ranks -> parameters on 3");
+  (void)RemoveTree(root);
+}
+
 }  // namespace
 }  // namespace gyre::trainer
