@@ -2,8 +2,12 @@
 # Builds unit tests with sanitizers, each kind in its own build directory, and runs them
 # (docs/reliability.md).
 #
-#   tools/sanitize.sh          AddressSanitizer + UBSan (GYRE_SANITIZE=address,undefined) in
-#                              build-asan: every test under tests/unit (what CI runs)
+#   tools/sanitize.sh          AddressSanitizer + UBSan in build-asan: every test under tests/unit
+#                              (what CI runs). Built with clang and GYRE_FUZZ=ON (which implies
+#                              address,undefined plus libFuzzer's coverage), so that the same
+#                              build directory also serves the fuzz targets: CI then runs
+#                              GYRE_FUZZ_BUILD_DIR=build-asan tools/fuzz.sh and compiles every
+#                              library once for both instead of twice.
 #   tools/sanitize.sh thread   ThreadSanitizer (GYRE_SANITIZE=thread) in build-tsan: the
 #                              controller, comm and rollout unit tests
 #
@@ -33,9 +37,21 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
 
 t0=$(date +%s)
 bash tools/install-deps.sh
+# An AddressSanitizer directory configured before it was built with clang (GCC's, without the
+# fuzz targets) cannot switch compilers in place: it is made anew.
+if [[ "${KIND}" == address && -f "${BUILD_DIR}/CMakeCache.txt" ]] &&
+    ! grep -q '^GYRE_FUZZ:BOOL=ON$' "${BUILD_DIR}/CMakeCache.txt"; then
+  echo "[sanitize] ${BUILD_DIR} was configured without GYRE_FUZZ (GCC): configuring it again with clang" >&2
+  rm -rf "${BUILD_DIR}"
+fi
 if [[ ! -f "${BUILD_DIR}/build.ninja" ]]; then
-  cmake -S . -B "${BUILD_DIR}" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DGYRE_SANITIZE="${SANITIZERS}" -DGYRE_WITH_CUDA=OFF >/dev/null
+  if [[ "${KIND}" == address ]]; then
+    CC=clang CXX=clang++ cmake -S . -B "${BUILD_DIR}" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DGYRE_SANITIZE="${SANITIZERS}" -DGYRE_FUZZ=ON -DGYRE_WITH_CUDA=OFF >/dev/null
+  else
+    cmake -S . -B "${BUILD_DIR}" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DGYRE_SANITIZE="${SANITIZERS}" -DGYRE_WITH_CUDA=OFF >/dev/null
+  fi
 fi
 targets=()
 for d in "${DIRS[@]}"; do targets+=("${d}/all"); done
