@@ -126,10 +126,12 @@ namespace {
 // The root's side of one version, whatever memory the payload is in. `precomputed` holds the
 // bucket checksums of a device payload (computed on its device before the header goes out);
 // host payloads are checksummed bucket by bucket as they are sent.
+// A streamed host payload (`streamed`, base null) is read bucket by bucket as reader `reader`.
 StatusOr<PublishResult> PublishCore(Communicator* comm, int64_t version,
                                     const std::vector<model::TensorEntry>& entries, uint8_t* base,
                                     uint64_t total, int64_t bucket_bytes, Deadline deadline,
-                                    const std::vector<uint32_t>* precomputed, int corrupt_bucket) {
+                                    const std::vector<uint32_t>* precomputed, int corrupt_bucket,
+                                    const WeightPayload* streamed = nullptr, int reader = 0) {
   if (bucket_bytes <= 0) return InvalidArgument("bucket_bytes must be positive");
   if (version < 0) return InvalidArgument("policy versions are >= 0");
   const auto t0 = std::chrono::steady_clock::now();
@@ -156,13 +158,23 @@ StatusOr<PublishResult> PublishCore(Communicator* comm, int64_t version,
   result.bucket_bytes = bucket_bytes;
   result.receivers = comm->size() - 1;
   result.bucket_crc32.reserve(num_buckets);
-  std::vector<uint8_t> scratch;
+  std::vector<uint8_t> scratch, streamed_bucket;
   for (uint64_t b = 0; b < num_buckets; ++b) {
     const uint64_t off = b * static_cast<uint64_t>(bucket_bytes);
     const uint64_t n = std::min<uint64_t>(bucket_bytes, total - std::min(total, off));
     // Collectives write into their buffer on every rank, the root's included in principle;
     // Gloo's and NCCL's broadcasts only read it on the root, so the payload is sent in place.
     uint8_t* p = base + off;
+    if (streamed != nullptr) {
+      // The receivers are waiting on this bucket's broadcast: a failed read aborts the group so
+      // that they fail now rather than at the deadline.
+      StatusOr<const uint8_t*> bytes = PayloadBytes(*streamed, reader, off, n, &streamed_bucket);
+      if (!bytes.ok()) {
+        comm->Abort();
+        return bytes.status().WithContext("weight payload of version " + std::to_string(version));
+      }
+      p = streamed_bucket.data();
+    }
     result.bucket_crc32.push_back(precomputed ? (*precomputed)[b] : Crc32(p, n));
     if (precomputed == nullptr && static_cast<int64_t>(b) == corrupt_bucket && n > 0) {
       scratch.assign(p, p + n);
@@ -194,11 +206,14 @@ StatusOr<PublishResult> PublishCore(Communicator* comm, int64_t version,
 }  // namespace
 
 StatusOr<PublishResult> PublishWeights(Communicator* comm, const WeightPayload& payload,
-                                       int64_t bucket_bytes, Deadline deadline,
-                                       int corrupt_bucket) {
-  return PublishCore(comm, payload.version, payload.manifest,
-                     const_cast<uint8_t*>(payload.bytes.data()), payload.bytes.size(), bucket_bytes,
-                     deadline, nullptr, corrupt_bucket);
+                                       int64_t bucket_bytes, Deadline deadline, int corrupt_bucket,
+                                       int reader) {
+  StatusOr<PublishResult> r = PublishCore(
+      comm, payload.version, payload.manifest,
+      payload.stream ? nullptr : const_cast<uint8_t*>(payload.bytes.data()), payload.size(),
+      bucket_bytes, deadline, nullptr, corrupt_bucket, payload.stream ? &payload : nullptr, reader);
+  if (payload.stream) payload.stream->Finish(reader);
+  return r;
 }
 
 StatusOr<PublishResult> PublishDeviceWeights(Communicator* comm, const DevicePayload& payload,
@@ -212,16 +227,18 @@ StatusOr<PublishResult> PublishDeviceWeights(Communicator* comm, const DevicePay
 
 namespace {
 
+// publish(group, k): the k-th of `groups`.
 template <typename PublishFn>
 std::vector<FanoutResult> FanOut(const std::vector<Communicator*>& groups, PublishFn publish) {
   std::vector<std::future<StatusOr<PublishResult>>> futures;
-  for (Communicator* c : groups) {
-    futures.push_back(std::async(std::launch::async, [c, &publish] {
+  for (size_t k = 0; k < groups.size(); ++k) {
+    Communicator* c = groups[k];
+    futures.push_back(std::async(std::launch::async, [c, k, &publish] {
       if (c->size() != 2 || c->rank() != 0) {
         return StatusOr<PublishResult>(
             InvalidArgument("PublishToEach needs two-member groups with the publisher as rank 0"));
       }
-      return publish(c);
+      return publish(c, static_cast<int>(k));
     }));
   }
   std::vector<FanoutResult> out(groups.size());
@@ -238,8 +255,11 @@ std::vector<FanoutResult> FanOut(const std::vector<Communicator*>& groups, Publi
 std::vector<FanoutResult> PublishToEach(const std::vector<Communicator*>& groups,
                                         const WeightPayload& payload, int64_t bucket_bytes,
                                         Deadline deadline) {
-  return FanOut(
-      groups, [&](Communicator* c) { return PublishWeights(c, payload, bucket_bytes, deadline); });
+  // Group k reads a streamed payload as reader k; a reader whose group fails to start stops
+  // holding pieces back all the same (PublishWeights finishes it).
+  return FanOut(groups, [&](Communicator* c, int k) {
+    return PublishWeights(c, payload, bucket_bytes, deadline, -1, k);
+  });
 }
 
 std::vector<FanoutResult> PublishDeviceToEach(const std::vector<Communicator*>& groups,
@@ -258,7 +278,7 @@ std::vector<FanoutResult> PublishDeviceToEach(const std::vector<Communicator*>& 
     for (auto& r : out) r.status = crcs.status();
     return out;
   }
-  return FanOut(groups, [&](Communicator* c) {
+  return FanOut(groups, [&](Communicator* c, int) {
     return PublishCore(c, payload.version, payload.manifest, static_cast<uint8_t*>(payload.data),
                        payload.bytes, bucket_bytes, deadline, &*crcs, -1);
   });

@@ -52,9 +52,10 @@ struct Receipt {
 // version (the message says how many), with the communicator's error when a collective fails (then
 // the communicator is aborted and the group must be formed again). `corrupt_bucket` >= 0 flips one
 // byte of that bucket on the wire after its checksum was taken (fault injection for tests).
+// A streamed payload (WeightPayload::stream) is read as reader `reader`, finished on return.
 StatusOr<PublishResult> PublishWeights(Communicator* comm, const WeightPayload& payload,
                                        int64_t bucket_bytes, Deadline deadline,
-                                       int corrupt_bucket = -1);
+                                       int corrupt_bucket = -1, int reader = 0);
 
 // One receiver's outcome in PublishToEach.
 struct FanoutResult {
@@ -63,9 +64,10 @@ struct FanoutResult {
 };
 
 // Publishes one version to several receivers, each over its own two-member group in which the
-// caller is the root (rank 0), all concurrently: a receiver that dies or stalls fails only its
-// own transfer (its communicator is then aborted; form a new group to re-sync it), and the others
-// complete within `deadline`. Results are in the order of `groups`.
+// caller is the root (rank 0), all concurrently (group k reads a streamed payload as reader k): a
+// receiver that dies or stalls fails only its own transfer (its communicator is then aborted; form
+// a new group to re-sync it), and the others complete within `deadline`. Results are in the order
+// of `groups`.
 std::vector<FanoutResult> PublishToEach(const std::vector<Communicator*>& groups,
                                         const WeightPayload& payload, int64_t bucket_bytes,
                                         Deadline deadline);

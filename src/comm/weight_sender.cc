@@ -230,6 +230,10 @@ Status WeightSender::PublishToGroups(const v1::PublishWeightsRequest& req,
     index.push_back(i);
     Track(req.rollout_ids(i), groups.back());
   }
+  // A streamed payload was made for n readers; those without a group read nothing.
+  if (host_payload != nullptr && host_payload->stream) {
+    for (int k = static_cast<int>(groups.size()); k < n; ++k) host_payload->stream->Finish(k);
+  }
   const int64_t bucket = BucketBytes(req);
   auto results = device_payload != nullptr
                      ? PublishDeviceToEach(groups, *device_payload, bucket, deadline)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <future>
 
 #include "rpc/rpc_util.h"
@@ -35,12 +36,121 @@ std::vector<model::TensorEntry> ManifestFromProto(
   return manifest;
 }
 
+PayloadStream::PayloadStream(uint64_t total, std::vector<uint64_t> starts, Producer produce,
+                             int readers)
+    : total_(total),
+      starts_(std::move(starts)),
+      produce_(std::move(produce)),
+      position_(static_cast<size_t>(std::max(0, readers)), 0),
+      active_(static_cast<size_t>(std::max(0, readers)), true) {}
+
+Status PayloadStream::ProduceThrough(uint64_t last) {
+  while (error_.ok() && next_ < starts_.size() && starts_[next_] <= last) {
+    const size_t index = next_++;
+    const uint64_t end = index + 1 < starts_.size() ? starts_[index + 1] : total_;
+    std::vector<uint8_t> bytes;
+    error_ = produce_(index, &bytes);
+    if (error_.ok() && bytes.size() != end - starts_[index]) {
+      error_ = Internal("weight payload piece " + std::to_string(index) + " has " +
+                        std::to_string(bytes.size()) + " bytes, expected " +
+                        std::to_string(end - starts_[index]));
+    }
+    if (!error_.ok()) break;
+    held_ += bytes.size();
+    peak_ = std::max(peak_, held_);
+    pieces_.emplace(index, std::move(bytes));
+  }
+  return error_;
+}
+
+void PayloadStream::DropPassed() {
+  uint64_t low = total_;
+  for (size_t r = 0; r < position_.size(); ++r) {
+    if (active_[r]) low = std::min(low, position_[r]);
+  }
+  for (auto it = pieces_.begin(); it != pieces_.end();) {
+    const uint64_t end = it->first + 1 < starts_.size() ? starts_[it->first + 1] : total_;
+    if (end > low) break;
+    held_ -= it->second.size();
+    it = pieces_.erase(it);
+  }
+}
+
+Status PayloadStream::Read(int reader, uint64_t offset, uint64_t n, uint8_t* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reader < 0 || static_cast<size_t>(reader) >= position_.size()) {
+    return InvalidArgument("weight payload stream has no reader " + std::to_string(reader));
+  }
+  if (offset > total_ || n > total_ - offset) {
+    return InvalidArgument("read past the end of the weight payload");
+  }
+  if (n == 0) return Status::Ok();
+  GYRE_RETURN_IF_ERROR(ProduceThrough(offset + n - 1));
+  uint64_t done = 0;
+  while (done < n) {
+    const uint64_t at = offset + done;
+    // The piece holding byte `at`: the last start <= at.
+    const size_t index = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), at) -
+                                             starts_.begin() - 1);
+    auto it = pieces_.find(index);
+    if (it == pieces_.end()) {
+      return FailedPrecondition("weight payload byte " + std::to_string(at) +
+                                " was dropped before reader " + std::to_string(reader) +
+                                " read it");
+    }
+    const uint64_t in_piece = at - starts_[index];
+    const uint64_t k = std::min<uint64_t>(n - done, it->second.size() - in_piece);
+    std::memcpy(out + done, it->second.data() + in_piece, k);
+    done += k;
+  }
+  position_[static_cast<size_t>(reader)] = offset + n;
+  DropPassed();
+  return Status::Ok();
+}
+
+void PayloadStream::Finish(int reader) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reader < 0 || static_cast<size_t>(reader) >= active_.size()) return;
+  active_[static_cast<size_t>(reader)] = false;
+  DropPassed();
+}
+
+Status PayloadStream::Drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (error_.ok() && next_ < starts_.size()) {
+    GYRE_RETURN_IF_ERROR(ProduceThrough(starts_[next_]));
+    DropPassed();
+  }
+  return error_;
+}
+
+uint64_t PayloadStream::peak_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_;
+}
+
+StatusOr<const uint8_t*> PayloadBytes(const WeightPayload& payload, int reader, uint64_t offset,
+                                      uint64_t n, std::vector<uint8_t>* scratch) {
+  if (!payload.stream) return payload.bytes.data() + offset;
+  scratch->resize(n);
+  GYRE_RETURN_IF_ERROR(payload.stream->Read(reader, offset, n, scratch->data()));
+  return static_cast<const uint8_t*>(scratch->data());
+}
+
 StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightPayload& payload,
                                  int64_t bucket_bytes, double timeout_s, int corrupt_bucket,
-                                 rpc::Cancellation* cancel) {
+                                 rpc::Cancellation* cancel, int reader) {
+  // A streamed payload's reader stops holding pieces back on every way out.
+  struct FinishGuard {
+    const WeightPayload& payload;
+    int reader;
+    ~FinishGuard() {
+      if (payload.stream) payload.stream->Finish(reader);
+    }
+  } finish{payload, reader};
   if (bucket_bytes <= 0) return InvalidArgument("bucket_bytes must be positive");
   const auto t0 = std::chrono::steady_clock::now();
-  const uint64_t total = payload.bytes.size();
+  const uint64_t total = payload.size();
   const uint32_t num_buckets =
       static_cast<uint32_t>(std::max<uint64_t>(1, (total + bucket_bytes - 1) / bucket_bytes));
   grpc::ClientContext ctx;
@@ -56,6 +166,8 @@ StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightP
   v1::WeightReceipt receipt;
   auto writer = stub->LoadWeights(&ctx, &receipt);
   SendResult result;
+  std::vector<uint8_t> scratch;
+  Status read;
   for (uint32_t b = 0; b < num_buckets; ++b) {
     v1::WeightChunk chunk;
     chunk.set_version(payload.version);
@@ -68,7 +180,13 @@ StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightP
       chunk.set_num_buckets(num_buckets);
       ManifestToProto(payload.manifest, chunk.mutable_manifest());
     }
-    const uint8_t* p = payload.bytes.data() + off;
+    StatusOr<const uint8_t*> bytes = PayloadBytes(payload, reader, off, n, &scratch);
+    if (!bytes.ok()) {
+      read = bytes.status();
+      ctx.TryCancel();
+      break;
+    }
+    const uint8_t* p = *bytes;
     const uint32_t crc = model::Crc32(p, n);
     chunk.set_crc32(crc);
     chunk.set_data(p, n);
@@ -79,7 +197,9 @@ StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightP
     if (!writer->Write(chunk)) break;  // the receiver gave up; Finish() says why
   }
   writer->WritesDone();
-  GYRE_RETURN_IF_ERROR(rpc::FromGrpc(writer->Finish(), "weight transfer"));
+  const Status finished = rpc::FromGrpc(writer->Finish(), "weight transfer");
+  GYRE_RETURN_IF_ERROR(read.WithContext("weight payload"));
+  GYRE_RETURN_IF_ERROR(finished);
   if (receipt.version() != payload.version) {
     return DataLoss("receipt is for version " + std::to_string(receipt.version()) +
                     ", sent version " + std::to_string(payload.version));
@@ -205,9 +325,9 @@ void SendToEach(const WeightPayload& payload,
     rpc::Cancellation* cancel =
         cancels != nullptr && static_cast<size_t>(i) < cancels->size() ? (*cancels)[i] : nullptr;
     futures.push_back(std::async(std::launch::async, [&payload, address = addresses.Get(i),
-                                                      bucket_bytes, timeout_s, cancel] {
+                                                      bucket_bytes, timeout_s, cancel, i] {
       auto stub = v1::Rollout::NewStub(rpc::MakeChannel(address));
-      return SendWeights(stub.get(), payload, bucket_bytes, timeout_s, -1, cancel);
+      return SendWeights(stub.get(), payload, bucket_bytes, timeout_s, -1, cancel, i);
     }));
   }
   for (int i = 0; i < addresses.size(); ++i) {

@@ -12,6 +12,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -22,11 +26,65 @@
 
 namespace gyre::comm {
 
+// A payload made piece by piece while it is being sent, for a sender that never holds all of
+// it: a trainer whose parameters are split (trainer.shard: parameters) gathers one unit of the
+// model at a time. The pieces tile the payload in order; each is produced once, in order, when
+// the first reader needs one of its bytes, and dropped once every reader still reading is past
+// it. The readers (one per receiver, numbered from 0) read in increasing offsets and say when
+// they stop; a reader that never stops holds every piece from where it is on.
+//
+// Thread-safety: every method may be called from any thread; production runs under the
+// stream's lock, so one reader waits while another's piece is made.
+class PayloadStream {
+ public:
+  // Fills `bytes` (resized by the producer) with piece `index`; called in order 0, 1, ...
+  using Producer = std::function<Status(size_t index, std::vector<uint8_t>* bytes)>;
+  // `starts`: where each piece begins (ascending, the first 0); `total` bytes in all.
+  PayloadStream(uint64_t total, std::vector<uint64_t> starts, Producer produce, int readers);
+
+  uint64_t total() const { return total_; }
+  // Copies bytes [offset, offset + n) into `out` for reader `reader`. Fails with the producer's
+  // error, or kFailedPrecondition for bytes already dropped (a reader went back).
+  Status Read(int reader, uint64_t offset, uint64_t n, uint8_t* out);
+  // Reader `reader` reads no more (it finished or failed).
+  void Finish(int reader);
+  // Produces every piece no reader asked for (a producer whose pieces are collectives must run
+  // all of them); returns the first production failure, if any.
+  Status Drain();
+  // The most bytes of pieces held at once so far.
+  uint64_t peak_bytes() const;
+
+ private:
+  // Produces pieces until the one holding byte `last` is made (lock held).
+  Status ProduceThrough(uint64_t last);
+  void DropPassed();  // pieces every active reader is past (lock held)
+
+  const uint64_t total_;
+  const std::vector<uint64_t> starts_;
+  const Producer produce_;
+  mutable std::mutex mu_;
+  size_t next_ = 0;                                // the next piece to produce
+  std::map<size_t, std::vector<uint8_t>> pieces_;  // made and not dropped
+  std::vector<uint64_t> position_;                 // per reader: bytes it is past
+  std::vector<bool> active_;
+  uint64_t held_ = 0, peak_ = 0;
+  Status error_;
+};
+
 struct WeightPayload {
   int64_t version = 0;
   std::vector<model::TensorEntry> manifest;
   std::vector<uint8_t> bytes;
+  // When set, the bytes come from here instead (`bytes` is empty); receiver k of a publish is
+  // reader k.
+  std::shared_ptr<PayloadStream> stream;
+  uint64_t size() const { return stream ? stream->total() : bytes.size(); }
 };
+
+// Bucket bytes [offset, offset + n) of `payload` for reader `reader`: a pointer into `bytes`, or
+// `scratch` filled from the stream.
+StatusOr<const uint8_t*> PayloadBytes(const WeightPayload& payload, int reader, uint64_t offset,
+                                      uint64_t n, std::vector<uint8_t>* scratch);
 
 struct SendResult {
   v1::WeightReceipt receipt;
@@ -43,9 +101,10 @@ std::vector<model::TensorEntry> ManifestFromProto(
 // Streams `payload` to one rollout worker within `timeout_s`. `corrupt_bucket` >= 0 flips a byte
 // of that bucket after its checksum is computed (fault injection for tests). `cancel` (optional)
 // ends the stream at once when cancelled, before or during the transfer.
+// `reader`: this receiver's reader number of a streamed payload (finished on return).
 StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightPayload& payload,
                                  int64_t bucket_bytes, double timeout_s, int corrupt_bucket = -1,
-                                 rpc::Cancellation* cancel = nullptr);
+                                 rpc::Cancellation* cancel = nullptr, int reader = 0);
 
 // Streams `payload` to every one of `addresses` at once (SendWeights each) and appends one
 // PublishResult per address to `resp`, in order, named by `ids`: the receipt and the checksums

@@ -348,16 +348,19 @@ std::optional<Problem> CheckCorrection(const JobConfig& c) {
   return std::nullopt;
 }
 
-// trainer.shard: parameters (ZeRO-3) trains in PolicyTrainer and the benchmarks; a job's trainers
-// still publish weights and write checkpoints from whole copies of the model.
+// trainer.shard: parameters (ZeRO-3): every trainer takes part in publishing a version (gathered
+// unit by unit and streamed by trainer-0), which the host transports can do.
 std::optional<Problem> CheckShard(const JobConfig& c) {
-  if (c.trainer.shard == "parameters") {
-    return Problem{{"trainer.shard"},
-                   "trainer.shard: parameters (ZeRO-3) is not available to jobs yet: it trains "
-                   "through the C++ PolicyTrainer and gyre bench dp-step/memory, but a job's "
-                   "trainers publish weights and save checkpoints from a whole copy of the "
-                   "model (docs/distributed.md, \"Fully sharded parameters\"); use "
-                   "trainer.shard: gradients (ZeRO-2)"};
+  // Split trainers publish from host memory, unit by unit as they gather (grpc and gloo); the
+  // device transports send one device buffer holding the whole version.
+  if (c.trainer.shard == "parameters" &&
+      (c.cluster.weight_transport == "nccl" || c.cluster.weight_transport == "cuda_ipc")) {
+    return Problem{{"trainer.shard", "cluster.weight_transport"},
+                   "trainer.shard: parameters publishes each policy version from the trainers' "
+                   "slices over cluster.weight_transport grpc or gloo; '" +
+                       c.cluster.weight_transport +
+                       "' sends from one device buffer holding the whole model, which no "
+                       "trainer has (use grpc or gloo, or trainer.shard: gradients)"};
   }
   return std::nullopt;
 }

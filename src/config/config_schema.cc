@@ -266,7 +266,8 @@ std::vector<Field> TrainerFields() {
              "data parallel: optimizer = each trainer keeps only its slice of the AdamW moments "
              "(ZeRO-1); gradients = also reduce-scatters the gradients and keeps only their slice "
              "(ZeRO-2); the update is the same, per-rank memory for that state falls as 1/N; "
-             "parameters (ZeRO-3) is not yet available to jobs"),
+             "parameters (ZeRO-3) = each trainer also keeps only its slice of the weights, "
+             "gathering each layer while it computes (publishes over grpc or gloo)"),
       Flag(GYRE_CONFIG_KEY(trainer.sequence_packing),
            "pack samples end to end into rows with block-diagonal causal attention (no pad "
            "tokens computed); false: one right-padded row per sample"),

@@ -108,9 +108,35 @@ Status WeightPublisher::SendFromSource(const v1::PublishWeightsRequest& req, dou
   const std::string what = "publish weights v" + std::to_string(req.version());
   if (local_.send) return local_.send(req, resp).WithContext(what);
   Worker* t = trainer();
-  return pool_->Invoke(t->id, timeout_s, [&](const rpc::Call& c) {
+  // trainer.shard: parameters: no trainer holds the whole model, so every other trainer takes
+  // part in trainer-0's publish (they gather the model unit by unit with it) and sends nothing.
+  std::vector<Worker*> others;
+  if (cfg_.trainer.shard == "parameters") {
+    for (Worker* w : pool_->Trainers()) {
+      if (w != t) others.push_back(w);
+    }
+  }
+  v1::PublishWeightsRequest part = req;
+  part.clear_rollout_addresses();
+  part.clear_rollout_ids();
+  part.clear_groups();
+  std::vector<std::future<Status>> parts;
+  for (Worker* w : others) {
+    parts.push_back(std::async(std::launch::async, [this, w, &part, timeout_s, &what] {
+      v1::PublishWeightsResponse ignored;
+      return pool_->Invoke(w->id, timeout_s, [&](const rpc::Call& c) {
+        return w->trainer->PublishWeights(c, part, &ignored).WithContext(what + " on " + w->id);
+      });
+    }));
+  }
+  Status s = pool_->Invoke(t->id, timeout_s, [&](const rpc::Call& c) {
     return t->trainer->PublishWeights(c, req, resp).WithContext(what);
   });
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const Status p = pool_->AfterRpcFailure(others[k], parts[k].get());
+    if (s.ok()) s = p;
+  }
+  return s;
 }
 
 void WeightPublisher::AbortAtSource(uint64_t publish_id, const std::vector<std::string>& ids,

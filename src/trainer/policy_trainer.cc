@@ -190,6 +190,16 @@ Status PolicyTrainer::RestoreSplitState(const std::vector<at::Tensor>& weights,
   return Status::Ok();
 }
 
+StatusOr<std::vector<at::Tensor>> PolicyTrainer::GatherUnitWeights(int u) {
+  if (shards_ == nullptr) {
+    return FailedPrecondition("GatherUnitWeights needs a trainer whose parameters are split");
+  }
+  if (u < 0 || u >= shards_->num_units()) {
+    return InvalidArgument("no parameter unit " + std::to_string(u));
+  }
+  return shards_->GatherUnit(u);
+}
+
 Status PolicyTrainer::GatherUnits(bool moments,
                                   const std::function<Status(const GatheredUnit&)>& visit) {
   if (shards_ == nullptr) {

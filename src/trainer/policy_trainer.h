@@ -198,6 +198,9 @@ class PolicyTrainer {
   // AdamW moments. After `visit` fails the remaining units are still gathered (the other ranks
   // go on) but not visited; the first failure is returned.
   Status GatherUnits(bool moments, const std::function<Status(const GatheredUnit&)>& visit);
+  // kParameters after the split: the whole float32 weights of unit `u` (ParameterUnits order), a
+  // collective like GatherUnits.
+  StatusOr<std::vector<at::Tensor>> GatherUnitWeights(int u);
   // kParameters: seconds the collectives took on their thread, and seconds the trainer waited for
   // them (the part compute did not hide), since the split.
   double collective_seconds() const { return queue_ ? queue_->busy_seconds() : 0.0; }

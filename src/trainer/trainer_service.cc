@@ -1,6 +1,7 @@
 #include "trainer/trainer_service.h"
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
@@ -284,7 +285,19 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
     const auto t0 = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> wlock(weights_mu_);
     Status s;
-    if (*transport == "nccl" || *transport == "cuda_ipc") {
+    bool split = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      split = trainer_.parameter_shards() != nullptr;
+      // trainer.shard: parameters before the split: every rank holds the whole model and
+      // trainer-0 sends it as usual; the others have nothing to do.
+      if (trainer_.sharding() == Shard::kParameters && !split && trainer_.dp_rank() != 0) {
+        return grpc::Status::OK;
+      }
+    }
+    if (split) {
+      s = PublishFromSlices(*req, *transport, resp);
+    } else if (*transport == "nccl" || *transport == "cuda_ipc") {
       comm::DevicePayload payload;
       s = FlattenToDevice(comm::WeightSender::TimeoutSeconds(*req), &payload);
       if (s.ok()) s = sender_.PublishDevice(*req, payload, resp);
@@ -303,6 +316,65 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
     resp->set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return grpc::Status::OK;
   });
+}
+
+Status TrainerService::PublishFromSlices(const v1::PublishWeightsRequest& req,
+                                         const std::string& transport,
+                                         v1::PublishWeightsResponse* resp) {
+  // The gathers are the trainer's collectives: nothing else may run on it until the last one.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (transport == "nccl" || transport == "cuda_ipc") {
+    return FailedPrecondition("trainer.shard: parameters publishes over grpc or gloo, not " +
+                              transport);
+  }
+  const std::vector<model::ParameterUnit> units = model::ParameterUnits(trainer_.model().spec());
+  // The other ranks take part in the gathers and send nothing.
+  if (trainer_.dp_rank() != 0) {
+    for (size_t u = 0; u < units.size(); ++u) {
+      GYRE_RETURN_IF_ERROR(trainer_.GatherUnitWeights(static_cast<int>(u)).status());
+    }
+    return Status::Ok();
+  }
+  // Trainer-0 sends the version as it is gathered, one unit a piece, in the rollout's dtype.
+  model::NamedTensors shapes;
+  std::vector<size_t> first;  // per unit: its first tensor in the manifest
+  for (const model::ParameterUnit& u : units) {
+    first.push_back(shapes.size());
+    for (size_t i = 0; i < u.names.size(); ++i) {
+      shapes.emplace_back(
+          u.names[i], at::empty(u.shapes[i], at::TensorOptions().dtype(dtype_).device(at::kMeta)));
+    }
+  }
+  comm::WeightPayload payload;
+  payload.version = trainer_.version();
+  uint64_t total = 0;
+  payload.manifest = model::ParameterManifest(shapes, &total, dtype_);
+  std::vector<uint64_t> starts;
+  for (size_t f : first) starts.push_back(payload.manifest[f].offset);
+  const at::ScalarType dtype = dtype_;
+  auto produce = [this, &payload, &first, dtype](size_t u, std::vector<uint8_t>* bytes) -> Status {
+    GYRE_ASSIGN_OR_RETURN(std::vector<at::Tensor> weights,
+                          trainer_.GatherUnitWeights(static_cast<int>(u)));
+    const uint64_t begin = payload.manifest[first[u]].offset;
+    const model::TensorEntry& last = payload.manifest[first[u] + weights.size() - 1];
+    bytes->resize(last.offset + last.nbytes - begin);
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const model::TensorEntry& e = payload.manifest[first[u] + i];
+      const at::Tensor c = weights[i].detach().to(at::kCPU, dtype).contiguous();
+      std::memcpy(bytes->data() + (e.offset - begin), c.data_ptr(), e.nbytes);
+    }
+    return Status::Ok();
+  };
+  auto stream =
+      std::make_shared<comm::PayloadStream>(total, starts, produce, req.rollout_ids_size());
+  payload.stream = stream;
+  Status s = sender_.PublishHost(req, payload, resp);
+  // Every unit is gathered, also those no receiver got to: the other ranks gather all of them.
+  const Status drained = stream->Drain();
+  GYRE_LOG_DEBUG("published v{} from slices: {} bytes, at most {} held at once", payload.version,
+                 total, stream->peak_bytes());
+  if (s.ok()) s = drained;
+  return s;
 }
 
 grpc::Status TrainerService::AbortWeightTransfer(grpc::ServerContext* ctx,

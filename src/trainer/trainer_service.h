@@ -77,6 +77,11 @@ class TrainerService final : public v1::Trainer::Service {
 
  private:
   // nccl and cuda_ipc: the current version into the sender's staging buffer (under mu_).
+  // PublishWeights of a trainer whose parameters are split (trainer.shard: parameters): every
+  // rank gathers the model unit by unit; trainer-0 streams each unit to the receivers as it
+  // comes (comm::PayloadStream), so no rank holds the whole version. Holds mu_ throughout.
+  Status PublishFromSlices(const v1::PublishWeightsRequest& req, const std::string& transport,
+                           v1::PublishWeightsResponse* resp);
   Status FlattenToDevice(double timeout, comm::DevicePayload* payload);
   // JoinGroup's group: NCCL for a model on a GPU (in a build with NCCL), Gloo otherwise. Blocks
   // until every rank joined or `timeout_s` passed; reads only the model's device (fixed), so it

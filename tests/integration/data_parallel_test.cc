@@ -118,6 +118,42 @@ TEST(DataParallelTest, ShardedJobResumesOntoThreeTrainersAndMatchesOne) {
   ExpectSameModel(Logprobs(dir + "/t/final", dir), OneTrainerLogprobs());
 }
 
+// trainer.shard=parameters (ZeRO-3) on 2 trainers: each holds half of the weights; every
+// version is published from the slices (gathered unit by unit, streamed by trainer-0) over gRPC,
+// the checkpoint is written from them after the first GRPO step, and the job resumed on 2
+// trainers publishing over Gloo ends with the single unsharded trainer's model.
+TEST(DataParallelTest, FullyShardedJobPublishesCheckpointsAndResumes) {
+  const std::string dir = MakeTempDir("dp-zero3");
+  auto a = GyreProcess::Start(
+      With(Job(dir, 2), {"--set", "trainer.shard=parameters", "--set", "trainer.steps=1", "--set",
+                         "trainer.checkpoint_every=1"}),
+      dir);
+  ASSERT_TRUE(a.Wait(240)) << a.Output();
+  ASSERT_EQ(WEXITSTATUS(a.wait_status), 0) << a.Output();
+  EXPECT_NE(ReadFile(dir + "/t/logs/trainer-1.log").find("trainer.shard: parameters"),
+            std::string::npos);
+  const std::string ckpt = dir + "/t/checkpoints/step-000001/trainer";
+  EXPECT_TRUE(PathExists(ckpt + "/model.safetensors")) << ckpt;
+  EXPECT_TRUE(PathExists(ckpt + "/optimizer.safetensors")) << ckpt;
+  // The whole float32 model, as written: each of the 2 ranks held half of it (each unit padded
+  // to an even number of elements at most).
+  auto whole = FileSize(ckpt + "/model.safetensors");
+  ASSERT_TRUE(whole.ok());
+  const auto first = GrpoMetrics(dir + "/t/metrics.jsonl");
+  ASSERT_EQ(first.size(), 1u);
+  const double held = first[0]["weights_mib"].get<double>() * (1 << 20);
+  EXPECT_LT(held, 0.51 * static_cast<double>(*whole));
+  EXPECT_GT(held, 0.45 * static_cast<double>(*whole));
+  auto b = GyreProcess::Start(
+      With(Job(dir, 2), {"--resume", "--set", "trainer.shard=parameters", "--set",
+                         "cluster.weight_transport=gloo", "--set", "trainer.checkpoint_every=1"}),
+      MakeTempDir("dp-zero3-resume"));
+  ASSERT_TRUE(b.Wait(240)) << b.Output();
+  ASSERT_EQ(WEXITSTATUS(b.wait_status), 0) << b.Output();
+  ASSERT_EQ(GrpoMetrics(dir + "/t/metrics.jsonl").size(), 2u);
+  ExpectSameModel(Logprobs(dir + "/t/final", dir), OneTrainerLogprobs());
+}
+
 TEST(DataParallelTest, TwoTrainerRanksMatchOne) {
   std::vector<std::vector<double>> lps;
   std::vector<std::vector<nlohmann::json>> metrics;

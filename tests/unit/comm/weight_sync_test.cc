@@ -100,6 +100,70 @@ TEST_F(WeightSyncTest, BucketedTransferLoadsExactWeightsAndReturnsReceipt) {
   EXPECT_EQ(version_seen_, 3);
 }
 
+// A streamed payload (what a trainer with split parameters sends): the same bytes, buckets and
+// receipt as the whole payload, each piece made once and in order, while two receivers read at
+// their own pace; one receiver alone holds no more than two pieces at a time.
+TEST_F(WeightSyncTest, AStreamedPayloadSendsTheSameBytesPieceByPiece) {
+  const uint64_t total = payload_.bytes.size();
+  std::vector<uint64_t> starts;
+  for (uint64_t at = 0; at < total; at += total / 5 + 1) starts.push_back(at);
+  std::vector<size_t> made;
+  auto produce = [&](size_t k, std::vector<uint8_t>* bytes) {
+    made.push_back(k);
+    const uint64_t end = k + 1 < starts.size() ? starts[k + 1] : total;
+    bytes->assign(payload_.bytes.begin() + static_cast<int64_t>(starts[k]),
+                  payload_.bytes.begin() + static_cast<int64_t>(end));
+    return Status::Ok();
+  };
+  WeightPayload streamed;
+  streamed.version = 4;
+  streamed.manifest = payload_.manifest;
+  streamed.stream = std::make_shared<PayloadStream>(total, starts, produce, 2);
+  EXPECT_EQ(streamed.size(), total);
+  // Receiver 0 over gRPC in buckets of 4 KiB; reader 1 in 1000-byte reads on another thread.
+  std::vector<uint8_t> copy(total);
+  std::thread other([&] {
+    for (uint64_t at = 0; at < total; at += 1000) {
+      const uint64_t n = std::min<uint64_t>(1000, total - at);
+      ASSERT_TRUE(streamed.stream->Read(1, at, n, copy.data() + at).ok());
+    }
+    streamed.stream->Finish(1);
+  });
+  auto r = SendWeights(stub_.get(), streamed, 4096, 10.0, -1, nullptr, 0);
+  other.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(copy, payload_.bytes);
+  auto whole = SendWeights(stub_.get(), payload_, 4096, 10.0);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(r->sent_crc32, whole->sent_crc32);
+  EXPECT_EQ(r->receipt.bytes(), total);
+  EXPECT_EQ(made, (std::vector<size_t>{0, 1, 2, 3, 4}));
+  EXPECT_TRUE(streamed.stream->Drain().ok());
+  // One reader in 4 KiB buckets holds at most the two pieces a bucket can straddle.
+  made.clear();
+  WeightPayload single = streamed;
+  single.stream = std::make_shared<PayloadStream>(total, starts, produce, 1);
+  ASSERT_TRUE(SendWeights(stub_.get(), single, 4096, 10.0).ok());
+  EXPECT_EQ(made.size(), starts.size());
+  EXPECT_LE(single.stream->peak_bytes(), 2 * (total / 5 + 1));
+  EXPECT_LT(single.stream->peak_bytes(), total);
+  // A reader cannot go back to a dropped piece; a producer's failure reaches the readers and
+  // Drain.
+  uint8_t byte = 0;
+  EXPECT_EQ(streamed.stream->Read(0, 0, 1, &byte).code(), StatusCode::kFailedPrecondition);
+  auto failing = std::make_shared<PayloadStream>(
+      total, starts,
+      [&](size_t k, std::vector<uint8_t>* bytes) {
+        return k == 2 ? Unavailable("gather failed") : produce(k, bytes);
+      },
+      1);
+  std::vector<uint8_t> buf(total);
+  EXPECT_TRUE(failing->Read(0, 0, starts[1], buf.data()).ok());
+  const Status failed = failing->Read(0, starts[1], total - starts[1], buf.data());
+  EXPECT_NE(failed.message().find("gather failed"), std::string::npos) << failed;
+  EXPECT_NE(failing->Drain().message().find("gather failed"), std::string::npos);
+}
+
 // Peer relay (Rollout.RelayWeights): a worker that received version 3 streams exactly those
 // bytes on to another worker, whose receipt matches what the trainer sent, bucket by bucket. A
 // relay of a version the worker does not hold is refused.

@@ -722,15 +722,23 @@ TEST_F(ConfigFileTest, DirectoryIsRejected) {
 
 // docs/config.md must document every key with its current type, default and allowed values, in
 // a table row that starts with the dotted key in backticks.
-// ZeRO-3 is a choice the schema knows, refused for jobs with what to use instead.
-TEST(ConfigCrossField, FullyShardedParametersAreRefusedForJobsWithTheAlternative) {
-  const std::string e = ParseError("trainer:\n  workers: 2\n  shard: parameters\n");
-  EXPECT_NE(e.find("trainer.shard: parameters (ZeRO-3) is not available to jobs yet"),
+// ZeRO-3 jobs publish from the trainers' slices over the host transports; the device transports
+// (one buffer holding the whole version) are refused with the alternatives.
+TEST(ConfigCrossField, FullyShardedParametersPublishOverHostTransportsOnly) {
+  for (const char* transport : {"grpc", "gloo"}) {
+    auto ok = Parse(std::string("trainer:\n  workers: 2\n  shard: parameters\ncluster:\n"
+                                "  weight_transport: ") +
+                    transport + "\n");
+    EXPECT_TRUE(ok.ok()) << transport << ": " << ok.status();
+  }
+  const std::string e = ParseError(
+      "model:\n  device: cuda\ntrainer:\n  workers: 2\n  shard: parameters\n"
+      "cluster:\n  weight_transport: nccl\n  placement: disaggregated\n");
+  EXPECT_NE(e.find("trainer.shard: parameters publishes each policy version from the trainers' "
+                   "slices over cluster.weight_transport grpc or gloo; 'nccl'"),
             std::string::npos)
       << e;
-  EXPECT_NE(e.find("use trainer.shard: gradients"), std::string::npos) << e;
-  auto ok = Parse("trainer:\n  workers: 2\n  shard: gradients\n");
-  EXPECT_TRUE(ok.ok()) << ok.status();
+  EXPECT_NE(e.find("use grpc or gloo, or trainer.shard: gradients"), std::string::npos) << e;
 }
 
 TEST(ConfigCrossField, GpuWeightTransportsNeedGpusAndTheirPlacement) {
