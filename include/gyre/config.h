@@ -211,6 +211,7 @@ struct TrainerSection {
   int logprob_chunk_tokens = 1024;        // packed: log-probs this many tokens at a time; 0 = all
   bool activation_checkpointing = false;  // keep layer inputs only; recompute in the backward
   double collective_timeout_s = 600;      // data parallel: deadline of each collective
+  double memory_limit_gb = 0;  // each trainer process's memory (RLIMIT_DATA); 0 = no limit
 };
 
 struct RewardSection {

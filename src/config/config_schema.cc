@@ -283,6 +283,10 @@ std::vector<Field> TrainerFields() {
            "layer in the backward: less activation memory for about one more forward"),
       Num(GYRE_CONFIG_KEY(trainer.collective_timeout_s), OpenLow(0, 86400),
           "deadline of each data-parallel collective in seconds"),
+      Num(GYRE_CONFIG_KEY(trainer.memory_limit_gb), Closed(0, 1e6),
+          "the most memory each trainer process may use, in GiB, enforced by the kernel "
+          "(RLIMIT_DATA); a job whose training state per trainer exceeds it is refused before "
+          "it starts; 0 = no limit"),
   };
 }
 

@@ -3,8 +3,10 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "controller/trainer_memory.h"
 #include "model/hf_config.h"
 #include "text/episode_chat.h"
+#include "text/tokenizer.h"
 
 namespace gyre::controller {
 
@@ -15,14 +17,21 @@ Status LoadJobInputs(std::shared_ptr<RewardFn> custom_reward, JobState* job) {
     return InvalidArgument("data.chat_template: " + cfg.data.chat_template +
                            " needs a model.path whose tokenizer has chat tokens");
   }
+  model::ModelSpec spec;
   if (!cfg.model.path.empty()) {
     // model.max_seq_len limits every job; with a model directory it must fit the model too.
-    GYRE_ASSIGN_OR_RETURN(model::ModelSpec spec, model::LoadHfConfig(cfg.model.path));
+    GYRE_ASSIGN_OR_RETURN(spec, model::LoadHfConfig(cfg.model.path));
     GYRE_RETURN_IF_ERROR(
         model::EffectiveMaxSeqLen(spec, cfg.model.max_seq_len, cfg.model.path + "/config.json")
             .status());
   }
   GYRE_ASSIGN_OR_RETURN(job->tokenizer, text::MakeTextTokenizer(cfg.model));
+  // The built-in model's vocabulary is the character tokenizer's (as the workers build it).
+  if (cfg.model.path.empty()) {
+    spec = model::SpecFromConfig(cfg.model, text::CharTokenizer().vocab_size());
+  }
+  // trainer.memory_limit_gb: a job that cannot fit stops here, before any process starts.
+  GYRE_RETURN_IF_ERROR(CheckTrainerMemory(spec, cfg));
   GYRE_ASSIGN_OR_RETURN(ProblemSource src, ProblemSource::Create(cfg.data, cfg.job.seed));
   job->problems = std::make_unique<ProblemSource>(std::move(src));
   job->prompts = std::make_unique<PromptEncoder>(cfg, job->tokenizer.get());

@@ -168,6 +168,22 @@ StatusOr<ModelSpec> ParseHfConfig(const std::string& text, const std::string& sr
   return s;
 }
 
+ModelSpec SpecFromConfig(const ModelSection& s, int64_t vocab_size) {
+  ModelSpec spec;
+  spec.vocab_size = vocab_size;
+  spec.hidden_size = s.hidden_size;
+  spec.num_layers = s.num_layers;
+  spec.num_heads = s.num_heads;
+  spec.num_kv_heads = s.num_kv_heads;
+  spec.head_dim = s.hidden_size / s.num_heads;
+  spec.intermediate_size = s.intermediate_size;
+  spec.max_seq_len = s.max_seq_len;
+  spec.rope_theta = s.rope_theta;
+  spec.rms_norm_eps = s.rms_norm_eps;
+  spec.tie_embeddings = s.tie_embeddings;
+  return spec;
+}
+
 double EstimateParameterCount(const ModelSpec& s) {
   // In double: a hostile config must not overflow the estimate itself.
   const double h = static_cast<double>(s.hidden_size), v = static_cast<double>(s.vocab_size);

@@ -4,11 +4,14 @@
 #include <malloc.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -16,6 +19,7 @@
 
 #include "common/command_line.h"
 #include "common/logging.h"
+#include "common/strings.h"
 #include "config/config.h"
 #include "kernels/device_info.h"
 #include "model/hf_config.h"
@@ -126,6 +130,38 @@ void TuneAllocatorForRepeatedSteps() {
   ::mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
 }
 
+// trainer.memory_limit_gb: the kernel refuses this process private writable memory (heap,
+// anonymous mappings, the libraries' data segments: what /proc/self/status calls VmData) beyond
+// the limit, so an allocation past it fails (libtorch then throws, the step fails with that
+// error) instead of the process growing until the node runs out. A lower limit already set
+// (ulimit -d, a batch system) is kept.
+namespace {
+Status LimitMemory(double gib) {
+  const double bytes = gib * 1024.0 * 1024.0 * 1024.0;
+  rlimit current{};
+  if (::getrlimit(RLIMIT_DATA, &current) != 0) {
+    return Internal(std::string("getrlimit(RLIMIT_DATA): ") + std::strerror(errno));
+  }
+  rlim_t want =
+      bytes >= static_cast<double>(RLIM_INFINITY) ? RLIM_INFINITY : static_cast<rlim_t>(bytes);
+  if (current.rlim_max != RLIM_INFINITY && current.rlim_max < want) {
+    GYRE_LOG_WARN(
+        "trainer.memory_limit_gb {} is above this process's hard data limit of {}: "
+        "keeping the lower one",
+        gib, HumanBytes(static_cast<double>(current.rlim_max)));
+    want = current.rlim_max;
+  }
+  const rlimit limit{want, want};
+  if (::setrlimit(RLIMIT_DATA, &limit) != 0) {
+    return Internal("cannot apply trainer.memory_limit_gb (setrlimit RLIMIT_DATA to " +
+                    HumanBytes(static_cast<double>(want)) + "): " + std::strerror(errno));
+  }
+  GYRE_LOG_INFO("memory limited to {} (trainer.memory_limit_gb, RLIMIT_DATA)",
+                HumanBytes(static_cast<double>(want)));
+  return Status::Ok();
+}
+}  // namespace
+
 int RunWorker(const std::vector<std::string>& args) {
   std::string role, controller, bind_host = "127.0.0.1", advertise_host, index_text;
   int index = -1, port = 0;
@@ -230,7 +266,23 @@ int RunWorker(const std::vector<std::string>& args) {
   cfg->cluster.bind_host = placement->advertise_host;
   const int threads = AutoTorchThreads(*cfg, wrole);
   at::set_num_threads(threads);
-  TuneAllocatorForRepeatedSteps();
+  const bool trainer = wrole == v1::WORKER_ROLE_TRAINER;
+  if (trainer && (cfg->trainer.memory_limit_gb > 0 || cfg->trainer.shard == "parameters")) {
+    // A trainer that must stay small gives memory back: the whole model it builds at start-up
+    // (split and freed under trainer.shard: parameters) would otherwise stay on the heap, counted
+    // against trainer.memory_limit_gb, for the rest of the run. Tensors of 1 MiB and more are
+    // mapped on their own and unmapped when freed.
+    ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  } else {
+    TuneAllocatorForRepeatedSteps();
+  }
+  if (trainer && cfg->trainer.memory_limit_gb > 0) {
+    if (Status s = LimitMemory(cfg->trainer.memory_limit_gb); !s.ok()) {
+      session.ReportFatal(s.ToString());
+      std::fprintf(stderr, "gyre worker: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
   std::unique_ptr<model::Transformer> model;
   if (cfg->model.path.empty()) {
     text::CharTokenizer tokenizer;
@@ -241,7 +293,22 @@ int RunWorker(const std::vector<std::string>& args) {
       std::fprintf(stderr, "gyre worker: %s\n", fits.ToString().c_str());
       return 1;
     }
-    model = model::Transformer::Create(spec, cfg->job.seed, cfg->model.init_std);
+    try {
+      model = model::Transformer::Create(spec, cfg->job.seed, cfg->model.init_std);
+    } catch (const std::exception& e) {
+      // Out of memory, typically under trainer.memory_limit_gb.
+      const std::string why =
+          "cannot build the model (" + HumanBytes(4 * model::EstimateParameterCount(spec)) +
+          " of float32 weights)" +
+          (wrole == v1::WORKER_ROLE_TRAINER && cfg->trainer.memory_limit_gb > 0
+               ? " within trainer.memory_limit_gb " +
+                     std::to_string(cfg->trainer.memory_limit_gb).substr(0, 6) + " GiB"
+               : std::string()) +
+          ": " + e.what();
+      session.ReportFatal(why);
+      std::fprintf(stderr, "gyre worker: %s\n", why.c_str());
+      return 1;
+    }
   } else {
     auto loaded = model::LoadHfModel(cfg->model.path, cfg->model.max_seq_len);
     if (!loaded.ok()) {

@@ -491,7 +491,8 @@ StatusOr<std::vector<at::Tensor>> ParameterShards::GatherUnitSlices(int u,
   std::vector<at::Tensor> out;
   int64_t offset = 0;
   for (size_t i = 0; i < unit.numels.size(); ++i) {
-    out.push_back(all.narrow(0, offset, unit.numels[i]).view(unit.def.shapes[i]).clone());
+    // Views of the one gathered buffer, which lives as long as any of them.
+    out.push_back(all.narrow(0, offset, unit.numels[i]).view(unit.def.shapes[i]));
     offset += unit.numels[i];
   }
   return out;

@@ -133,7 +133,8 @@ class ParameterShards final : public model::ParameterGather {
   void ReleaseGradients();
 
   // The whole float32 weights of unit `u` in ParameterUnits order, gathered from every rank (a
-  // collective: every rank calls it in the same order). On `device` of the shards.
+  // collective: every rank calls it in the same order). On `device` of the shards; views of one
+  // buffer that lives as long as any of them.
   StatusOr<std::vector<at::Tensor>> GatherUnit(int u);
   // The same for any per-rank float32 slice of unit `u`'s layout ([chunk], e.g. an AdamW moment
   // of the masters): the whole unit's tensors, gathered from every rank (a collective).

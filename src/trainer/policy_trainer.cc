@@ -211,22 +211,24 @@ Status PolicyTrainer::GatherUnits(bool moments,
     offsets.push_back(offset);
     offset += m.numel();
   }
-  ShardedAdamW::State st;
-  if (moments) st = sharded_->Get();
+  // Views of the slices' optimizer state: a copy would be this rank's whole share again.
+  const std::vector<int64_t>& steps = sharded_->steps();
+  const at::Tensor& exp_avg = sharded_->exp_avg();
+  const at::Tensor& exp_avg_sq = sharded_->exp_avg_sq();
   Status first;
   for (int u = 0; u < shards_->num_units(); ++u) {
     GatheredUnit g;
     g.index = u;
     g.def = &shards_->unit(u);
     GYRE_ASSIGN_OR_RETURN(g.weights, shards_->GatherUnit(u));
-    g.step = st.steps.empty() ? 0 : st.steps[static_cast<size_t>(u)];
+    g.step = steps[static_cast<size_t>(u)];
     if (moments) {
       const int64_t chunk = shards_->masters()[static_cast<size_t>(u)].numel();
       // Every rank gathers, also when this one has no step (the ranks step together).
       GYRE_ASSIGN_OR_RETURN(g.exp_avg,
-                            shards_->GatherUnitSlices(u, st.exp_avg.narrow(0, offsets[u], chunk)));
-      GYRE_ASSIGN_OR_RETURN(
-          g.exp_avg_sq, shards_->GatherUnitSlices(u, st.exp_avg_sq.narrow(0, offsets[u], chunk)));
+                            shards_->GatherUnitSlices(u, exp_avg.narrow(0, offsets[u], chunk)));
+      GYRE_ASSIGN_OR_RETURN(g.exp_avg_sq,
+                            shards_->GatherUnitSlices(u, exp_avg_sq.narrow(0, offsets[u], chunk)));
       if (g.step == 0) {
         g.exp_avg.clear();
         g.exp_avg_sq.clear();

@@ -198,6 +198,10 @@ class PolicyTrainer {
   // AdamW moments. After `visit` fails the remaining units are still gathered (the other ranks
   // go on) but not visited; the first failure is returned.
   Status GatherUnits(bool moments, const std::function<Status(const GatheredUnit&)>& visit);
+  // kParameters: splits the whole model into this rank's slices now (over the group
+  // SetDataParallel joined), as the first Step would; a no-op otherwise or once split. A job's
+  // trainers split before their first publish, so that no trainer keeps the whole model longer.
+  Status SplitParameters() { return ShardParameters(); }
   // kParameters after the split: the whole float32 weights of unit `u` (ParameterUnits order), a
   // collective like GatherUnits.
   StatusOr<std::vector<at::Tensor>> GatherUnitWeights(int u);

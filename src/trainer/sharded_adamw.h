@@ -107,6 +107,10 @@ class ShardedAdamW {
     at::Tensor exp_avg, exp_avg_sq;
   };
   State Get() const;
+  // The state itself, not copies: this rank's moments [layout().size()] and the step counts.
+  const at::Tensor& exp_avg() const { return exp_avg_; }
+  const at::Tensor& exp_avg_sq() const { return exp_avg_sq_; }
+  const std::vector<int64_t>& steps() const { return steps_; }
   // Replaces the state; checked first (counts, sizes, dtypes), nothing changes on a mismatch.
   Status Set(const State& state);
 

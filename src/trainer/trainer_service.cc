@@ -288,12 +288,15 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
     bool split = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      split = trainer_.parameter_shards() != nullptr;
-      // trainer.shard: parameters before the split: every rank holds the whole model and
-      // trainer-0 sends it as usual; the others have nothing to do.
-      if (trainer_.sharding() == Shard::kParameters && !split && trainer_.dp_rank() != 0) {
-        return grpc::Status::OK;
+      // trainer.shard: parameters: every trainer is asked; a model still whole is split first
+      // (a checkpoint, if any, was loaded before the first publish), so that the version is
+      // sent from the slices and no trainer holds the whole model from here on.
+      if (trainer_.sharding() == Shard::kParameters) {
+        if (Status s = trainer_.SplitParameters(); !s.ok()) {
+          return rpc::ToGrpc(s.WithContext("split the parameters before publishing"));
+        }
       }
+      split = trainer_.parameter_shards() != nullptr;
     }
     if (split) {
       s = PublishFromSlices(*req, *transport, resp);

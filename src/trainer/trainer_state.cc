@@ -241,7 +241,7 @@ Status SaveSplitTrainerState(const std::string& dir, PolicyTrainer& trainer,
   // A failure of rank 0 is returned after the gathers: the other ranks are gathering with it.
   Status opened = writer ? MakeDirs(dir) : Status::Ok();
   const std::vector<model::ParameterUnit> units = model::ParameterUnits(trainer.model().spec());
-  const std::vector<int64_t> steps = trainer.sharded()->Get().steps;  // one per unit
+  const std::vector<int64_t> steps = trainer.sharded()->steps();  // one per unit
   const bool has_reference = trainer.reference() != nullptr;
   std::vector<model::SafetensorsWriter::Entry> weights, moments;
   nlohmann::json entries = nlohmann::json::array();

@@ -154,6 +154,61 @@ TEST(DataParallelTest, FullyShardedJobPublishesCheckpointsAndResumes) {
   ExpectSameModel(Logprobs(dir + "/t/final", dir), OneTrainerLogprobs());
 }
 
+// trainer.memory_limit_gb: a 99 M-parameter model whose unsharded training state (1.48 GiB of
+// float32 weights, gradients and AdamW moments) exceeds the 1.45 GiB each trainer may use. One
+// trainer is refused before anything starts, with the memory needed and what would fit; 4
+// trainers with shard: parameters (0.37 GiB of state each) train under the kernel's limit,
+// publish, checkpoint and resume.
+TEST(DataParallelTest, AModelTooBigForOneTrainerTrainsShardedUnderTheMemoryLimit) {
+  const std::string dir = MakeTempDir("memory-limit");
+  auto job = [&](int trainers, const std::string& shard, int steps) {
+    return With(Job(dir, trainers), {"--set", "model.hidden_size=640",
+                                     "--set", "model.num_layers=13",
+                                     "--set", "model.num_heads=10",
+                                     "--set", "model.num_kv_heads=2",
+                                     "--set", "model.intermediate_size=3456",
+                                     "--set", "trainer.memory_limit_gb=1.45",
+                                     "--set", "trainer.shard=" + shard,
+                                     "--set", "trainer.warmup_sft_steps=0",
+                                     "--set", "trainer.mini_batches=1",
+                                     "--set", "rollout.prompts_per_step=4",
+                                     "--set", "rollout.group_size=4",
+                                     "--set", "data.eval_size=4",
+                                     "--set", "trainer.steps=" + std::to_string(steps),
+                                     "--set", "trainer.checkpoint_every=1"});
+  };
+  auto refused = GyreProcess::Start(job(1, "none", 1), dir);
+  ASSERT_TRUE(refused.Wait(60)) << refused.Output();
+  EXPECT_NE(WEXITSTATUS(refused.wait_status), 0);
+  EXPECT_NE(refused.Output().find("trainer.memory_limit_gb is 1.45 GiB, but each trainer would "
+                                  "need about 1.48 GiB with trainer.shard: none"),
+            std::string::npos)
+      << refused.Output();
+  EXPECT_NE(refused.Output().find("trainer.shard: parameters over 2 trainers"), std::string::npos)
+      << refused.Output();
+  EXPECT_FALSE(PathExists(dir + "/t/logs")) << "a refused job started processes";
+  EXPECT_FALSE(PathExists(dir + "/t/checkpoints"));
+
+  auto a = GyreProcess::Start(job(4, "parameters", 1), dir);
+  ASSERT_TRUE(a.Wait(400)) << a.Output();
+  ASSERT_EQ(WEXITSTATUS(a.wait_status), 0) << a.Output();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NE(ReadFile(dir + "/t/logs/trainer-" + std::to_string(r) + ".log")
+                  .find("memory limited to 1.45 GiB"),
+              std::string::npos)
+        << r;
+  }
+  EXPECT_TRUE(PathExists(dir + "/t/checkpoints/step-000001/trainer/optimizer.safetensors"));
+  auto b = GyreProcess::Start(With(job(4, "parameters", 2), {"--resume"}),
+                              MakeTempDir("memory-limit-resume"));
+  ASSERT_TRUE(b.Wait(400)) << b.Output();
+  ASSERT_EQ(WEXITSTATUS(b.wait_status), 0) << b.Output();
+  const auto steps = GrpoMetrics(dir + "/t/metrics.jsonl");
+  ASSERT_EQ(steps.size(), 2u);
+  // A quarter of the float32 weights on each rank.
+  EXPECT_NEAR(steps[1]["weights_mib"].get<double>(), 99.1e6 * 4 / 4 / (1 << 20), 2.0);
+}
+
 TEST(DataParallelTest, TwoTrainerRanksMatchOne) {
   std::vector<std::vector<double>> lps;
   std::vector<std::vector<nlohmann::json>> metrics;

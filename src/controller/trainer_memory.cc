@@ -1,0 +1,104 @@
+#include "controller/trainer_memory.h"
+
+#include <cstdio>
+#include <vector>
+
+#include "common/strings.h"
+#include "model/hf_config.h"
+
+namespace gyre::controller {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+bool HasReference(const JobConfig& cfg) {
+  return cfg.algorithm.kl != "none" && cfg.algorithm.kl_coef > 0;
+}
+
+std::string Gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f GiB", bytes / kGiB);
+  return buf;
+}
+
+// 4.92e8 -> "0.49 B", 9.9e7 -> "99.1 M".
+std::string Count(double n) {
+  char buf[32];
+  if (n >= 1e8) {
+    std::snprintf(buf, sizeof(buf), "%.2f B", n / 1e9);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.1f M", n / 1e6);
+  }
+  return buf;
+}
+
+}  // namespace
+
+TrainerMemory EstimateTrainerMemory(double parameters, const std::string& shard, int trainers,
+                                    bool reference) {
+  const double n = trainers > 0 ? trainers : 1;
+  // Bytes per parameter: float32 weights, gradients and the two AdamW moments, each whole or
+  // sliced over the n ranks by the layout (sharded_adamw.h, parameter_shards.h).
+  double weights = 4, gradients = 4, moments = 8, ref = reference ? 4 : 0;
+  if (shard == "optimizer") {
+    moments /= n;
+  } else if (shard == "gradients") {
+    moments /= n;
+    gradients /= n;
+  } else if (shard == "parameters") {
+    weights /= n;
+    gradients /= n;
+    moments /= n;
+    ref /= n;
+  }
+  TrainerMemory m;
+  m.parameters = parameters;
+  m.state_bytes = parameters * (weights + gradients + moments + ref);
+  m.startup_bytes = parameters * 4 + (shard == "parameters" ? parameters * 4 / n : 0);
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "%s parameters x %.3g bytes (float32 weights %.3g, gradients %.3g, AdamW moments "
+                "%.3g",
+                Count(parameters).c_str(), weights + gradients + moments + ref, weights, gradients,
+                moments);
+  m.breakdown = buf;
+  if (reference) {
+    std::snprintf(buf, sizeof(buf), ", KL reference %.3g", ref);
+    m.breakdown += buf;
+  }
+  m.breakdown += ")";
+  return m;
+}
+
+Status CheckTrainerMemory(const model::ModelSpec& spec, const JobConfig& cfg) {
+  const double limit = cfg.trainer.memory_limit_gb * kGiB;
+  if (limit <= 0) return Status::Ok();
+  const double params = model::EstimateParameterCount(spec);
+  const int n = cfg.trainer.workers;
+  const TrainerMemory m = EstimateTrainerMemory(params, cfg.trainer.shard, n, HasReference(cfg));
+  if (m.needed_bytes() <= limit) return Status::Ok();
+  std::string message =
+      "trainer.memory_limit_gb is " + Gib(limit) + ", but each trainer would need about " +
+      Gib(m.needed_bytes()) + " with trainer.shard: " + cfg.trainer.shard + " over " +
+      std::to_string(n) + " trainer(s): " +
+      (m.state_bytes >= m.startup_bytes
+           ? "its training state between steps is " + m.breakdown
+           : "it builds the whole float32 model (" + Gib(params * 4) + ") when it starts") +
+      ". Nothing was started.";
+  // The least number of trainers with shard: parameters that fits, if any does (start-up keeps
+  // a whole model, so some models fit no layout).
+  for (int t = std::max(1, n); t <= 4096; t *= 2) {
+    const TrainerMemory p = EstimateTrainerMemory(params, "parameters", t, HasReference(cfg));
+    if (p.needed_bytes() <= limit) {
+      message += " trainer.shard: parameters over " + std::to_string(t) +
+                 " trainers (trainer.workers) needs about " + Gib(p.needed_bytes()) +
+                 " each; or raise trainer.memory_limit_gb.";
+      return InvalidArgument(message);
+    }
+  }
+  return InvalidArgument(message + " No layout fits: every trainer builds the whole float32 " +
+                         "model (" + Gib(params * 4) + ") when it starts; raise " +
+                         "trainer.memory_limit_gb.");
+}
+
+}  // namespace gyre::controller
