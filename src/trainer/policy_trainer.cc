@@ -105,13 +105,10 @@ Status PolicyTrainer::ShardParameters() {
   }
   // AdamW state the whole model had (a checkpoint restored before the split) goes with the
   // slices.
-  ShardedAdamW::State carried;
   const std::vector<ParamState> whole_state = OptimizerState();
   bool has_state = false;
   for (const ParamState& ps : whole_state) has_state = has_state || ps.step > 0;
-  if (has_state) {
-    GYRE_ASSIGN_OR_RETURN(carried, SliceState(*shards, whole_state));
-  }
+  if (has_state) GYRE_RETURN_IF_ERROR(CheckSliceState(*shards, whole_state));
   // Everything made: let the whole model go.
   const bool checkpointing = model_->activation_checkpointing();
   optimizer_->adamw.reset();
@@ -125,42 +122,63 @@ Status PolicyTrainer::ShardParameters() {
   // The slices' AdamW state: one rank's ShardedAdamW over them (the same arithmetic as
   // torch::optim::AdamW, element for element).
   sharded_ = std::make_unique<ShardedAdamW>(optimizer_->params, Shard::kOptimizer, hyper_, 0, 1);
-  if (has_state) GYRE_CHECK(sharded_->Set(carried).ok()) << "slices of the AdamW state";
   queue_ = std::move(queue);
   shards_ = std::move(shards);
   ref_shards_ = std::move(ref_shards);
+  if (has_state) InstallSliceState(whole_state);
   return Status::Ok();
 }
 
-StatusOr<ShardedAdamW::State> PolicyTrainer::SliceState(const ParameterShards& shards,
-                                                        const std::vector<ParamState>& state) {
+Status PolicyTrainer::CheckSliceState(const ParameterShards& shards,
+                                      const std::vector<ParamState>& state) {
   size_t count = 0;
   for (int u = 0; u < shards.num_units(); ++u) count += shards.unit(u).names.size();
   if (state.size() != count) {
     return InvalidArgument("optimizer state for " + std::to_string(state.size()) +
                            " parameters, the model has " + std::to_string(count));
   }
-  ShardedAdamW::State out;
-  std::vector<at::Tensor> m, v;
   size_t k = 0;
   for (int u = 0; u < shards.num_units(); ++u) {
+    const model::ParameterUnit& unit = shards.unit(u);
+    for (size_t i = 0; i < unit.names.size(); ++i, ++k) {
+      const ParamState& ps = state[k];
+      if (ps.step < 0)
+        return InvalidArgument("optimizer step of '" + unit.names[i] + "' is negative");
+      if (ps.step == 0) continue;
+      for (const at::Tensor* t : {&ps.exp_avg, &ps.exp_avg_sq}) {
+        if (t->defined() && (!at::isFloatingType(t->scalar_type()) ||
+                             t->sizes() != at::IntArrayRef(unit.shapes[i]))) {
+          return InvalidArgument("optimizer moments of '" + unit.names[i] +
+                                 "' do not match the parameter's shape");
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+void PolicyTrainer::InstallSliceState(const std::vector<ParamState>& state) {
+  // Unit by unit straight into the slices' optimizer: no more than one unit's slice is made
+  // besides the state itself.
+  std::vector<int64_t> steps;
+  int64_t offset = 0;
+  size_t k = 0;
+  for (int u = 0; u < shards_->num_units(); ++u) {
     std::vector<at::Tensor> um, uv;
     int64_t step = 0;
-    for (size_t i = 0; i < shards.unit(u).names.size(); ++i, ++k) {
-      if (state[k].step < 0) return InvalidArgument("a negative optimizer step count");
+    for (size_t i = 0; i < shards_->unit(u).names.size(); ++i, ++k) {
       step = std::max(step, state[k].step);
       um.push_back(state[k].step > 0 ? state[k].exp_avg : at::Tensor());
       uv.push_back(state[k].step > 0 ? state[k].exp_avg_sq : at::Tensor());
     }
-    GYRE_ASSIGN_OR_RETURN(at::Tensor sm, shards.SliceOf(u, um));
-    GYRE_ASSIGN_OR_RETURN(at::Tensor sv, shards.SliceOf(u, uv));
-    m.push_back(std::move(sm));
-    v.push_back(std::move(sv));
-    out.steps.push_back(step);
+    StatusOr<at::Tensor> sm = shards_->SliceOf(u, um);
+    StatusOr<at::Tensor> sv = shards_->SliceOf(u, uv);
+    GYRE_CHECK(sm.ok() && sv.ok()) << "AdamW state checked by CheckSliceState";
+    sharded_->SetMomentRange(offset, *sm, *sv);
+    offset += sm->numel();
+    steps.push_back(step);
   }
-  out.exp_avg = at::cat(m);
-  out.exp_avg_sq = at::cat(v);
-  return out;
+  sharded_->SetSteps(steps);
 }
 
 Status PolicyTrainer::RestoreSplitState(const std::vector<at::Tensor>& weights,
@@ -182,10 +200,10 @@ Status PolicyTrainer::RestoreSplitState(const std::vector<at::Tensor>& weights,
     return InvalidArgument("expected " + std::to_string(named.size()) + " weights, got " +
                            std::to_string(weights.size()));
   }
-  // Checked (and cut into this rank's slices) before anything changes.
-  GYRE_ASSIGN_OR_RETURN(ShardedAdamW::State sliced, SliceState(*shards_, state));
+  // Checked before anything changes (SetWeights checks the weights first).
+  GYRE_RETURN_IF_ERROR(CheckSliceState(*shards_, state));
   GYRE_RETURN_IF_ERROR(shards_->SetWeights(named));
-  GYRE_CHECK(sharded_->Set(sliced).ok()) << "slices of the AdamW state";
+  InstallSliceState(state);
   version_ = version;
   return Status::Ok();
 }

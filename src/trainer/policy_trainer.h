@@ -324,10 +324,13 @@ class PolicyTrainer {
   // kParameters: splits the whole model into this rank's slices (see SetSharding); no-op
   // otherwise or once split.
   Status ShardParameters();
-  // `state` (per parameter, NamedParameters() order) cut into this rank's slices of `shards`, as
-  // the slices' optimizer holds them (one step count per unit).
-  static StatusOr<ShardedAdamW::State> SliceState(const ParameterShards& shards,
-                                                  const std::vector<ParamState>& state);
+  // `state` (per parameter, NamedParameters() order) fits the units of `shards`: counts, steps,
+  // the moments' shapes (an undefined moment is zero).
+  static Status CheckSliceState(const ParameterShards& shards,
+                                const std::vector<ParamState>& state);
+  // After the split: this rank's slices of `state` (checked) into the slices' optimizer, in
+  // place (one step count per unit).
+  void InstallSliceState(const std::vector<ParamState>& state);
   // The number of forward passes every rank runs for `local` of its own: kParameters needs the
   // same on every rank (each forward gathers from all), so the largest over the ranks; `local`
   // otherwise.

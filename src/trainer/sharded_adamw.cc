@@ -242,6 +242,19 @@ Status ShardedAdamW::Set(const State& state) {
   return Status::Ok();
 }
 
+void ShardedAdamW::SetMomentRange(int64_t offset, const at::Tensor& m, const at::Tensor& v) {
+  GYRE_CHECK(m.numel() == v.numel() && offset >= 0 && offset + m.numel() <= exp_avg_.numel())
+      << "moment range " << offset << " + " << m.numel() << " of " << exp_avg_.numel();
+  at::NoGradGuard no_grad;
+  exp_avg_.narrow(0, offset, m.numel()).copy_(m.reshape({-1}));
+  exp_avg_sq_.narrow(0, offset, v.numel()).copy_(v.reshape({-1}));
+}
+
+void ShardedAdamW::SetSteps(const std::vector<int64_t>& steps) {
+  GYRE_CHECK(steps.size() == steps_.size()) << steps.size() << " step counts for " << steps_.size();
+  steps_ = steps;
+}
+
 int64_t ShardedAdamW::optimizer_state_bytes() const {
   return exp_avg_.nbytes() + exp_avg_sq_.nbytes();
 }

@@ -111,6 +111,11 @@ class ShardedAdamW {
   const at::Tensor& exp_avg() const { return exp_avg_; }
   const at::Tensor& exp_avg_sq() const { return exp_avg_sq_; }
   const std::vector<int64_t>& steps() const { return steps_; }
+  // Writes `m` and `v` (float32 vectors of one length) over this rank's moments from element
+  // `offset`, and replaces the step counts (one per parameter): the state restored a piece at a
+  // time, without a second copy of it. The caller checked the sizes.
+  void SetMomentRange(int64_t offset, const at::Tensor& m, const at::Tensor& v);
+  void SetSteps(const std::vector<int64_t>& steps);
   // Replaces the state; checked first (counts, sizes, dtypes), nothing changes on a mismatch.
   Status Set(const State& state);
 
