@@ -31,6 +31,23 @@ struct PolicyTrainer::Snapshot {
 
 namespace {
 
+// `weights` (one per parameter, NamedParameters() order) named as the units of `shards` list them.
+StatusOr<model::NamedTensors> NamedAsUnits(const ParameterShards& shards,
+                                           const std::vector<at::Tensor>& weights) {
+  model::NamedTensors named;
+  for (int u = 0; u < shards.num_units(); ++u) {
+    for (const std::string& name : shards.unit(u).names) {
+      named.emplace_back(name,
+                         named.size() < weights.size() ? weights[named.size()] : at::Tensor());
+    }
+  }
+  if (weights.size() != named.size()) {
+    return InvalidArgument("expected " + std::to_string(named.size()) + " weights, got " +
+                           std::to_string(weights.size()));
+  }
+  return named;
+}
+
 // kParameters: a failed collective inside a forward or backward (a gather asked for by the model)
 // surfaces as an exception; the public calls turn it into a Status after `cleanup`.
 template <typename T, typename Fn, typename Cleanup>
@@ -188,18 +205,7 @@ Status PolicyTrainer::RestoreSplitState(const std::vector<at::Tensor>& weights,
   }
   if (version < 0) return InvalidArgument("negative policy version " + std::to_string(version));
   GYRE_RETURN_IF_ERROR(ShardParameters());
-  model::NamedTensors named;
-  size_t k = 0;
-  for (int u = 0; u < shards_->num_units(); ++u) {
-    for (const std::string& name : shards_->unit(u).names) {
-      named.emplace_back(name, k < weights.size() ? weights[k] : at::Tensor());
-      ++k;
-    }
-  }
-  if (weights.size() != named.size()) {
-    return InvalidArgument("expected " + std::to_string(named.size()) + " weights, got " +
-                           std::to_string(weights.size()));
-  }
+  GYRE_ASSIGN_OR_RETURN(const model::NamedTensors named, NamedAsUnits(*shards_, weights));
   // Checked before anything changes (SetWeights checks the weights first).
   GYRE_RETURN_IF_ERROR(CheckSliceState(*shards_, state));
   GYRE_RETURN_IF_ERROR(shards_->SetWeights(named));
@@ -374,20 +380,10 @@ void PolicyTrainer::FreezeReference() {
 
 Status PolicyTrainer::RestoreReference(const std::vector<at::Tensor>& weights) {
   if (shards_ != nullptr) {
-    model::NamedTensors named;
-    size_t k = 0;
-    for (int u = 0; u < shards_->num_units(); ++u) {
-      for (const std::string& name : shards_->unit(u).names) {
-        named.emplace_back(name, k < weights.size() ? weights[k] : at::Tensor());
-        ++k;
-      }
-    }
-    if (weights.size() != named.size()) {
-      return InvalidArgument("reference policy: expected " + std::to_string(named.size()) +
-                             " weights, got " + std::to_string(weights.size()));
-    }
+    StatusOr<model::NamedTensors> named = NamedAsUnits(*shards_, weights);
+    if (!named.ok()) return named.status().WithContext("reference policy");
     std::unique_ptr<ParameterShards> ref = shards_->FrozenCopy();
-    GYRE_RETURN_IF_ERROR(ref->SetWeights(named).WithContext("reference policy"));
+    GYRE_RETURN_IF_ERROR(ref->SetWeights(*named).WithContext("reference policy"));
     ref_shards_ = std::move(ref);
     reference_ = model::Transformer::Gathered(model_->spec(), ref_shards_.get(), compute_dtype_,
                                               model_->device());
