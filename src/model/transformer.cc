@@ -12,6 +12,7 @@
 #include "common/check.h"
 #include "model/cpu_decode.h"
 #include "model/cpu_gemm.h"
+#include "model/tensor_parallel.h"
 
 namespace gyre::model {
 
@@ -120,6 +121,17 @@ struct Transformer::Impl {
   ParameterGather* gather = nullptr;
   at::ScalarType gather_dtype = at::kFloat;
   at::Device gather_device = at::kCPU;
+  // Transformer::TensorParallelSlice: this rank's slices (tensor_parallel.h) and the first
+  // vocabulary row it holds.
+  TensorParallelGroup* tp = nullptr;
+  int64_t vocab_begin = 0;
+
+  int TpSize() const { return tp != nullptr ? tp->size() : 1; }
+  // This rank's query and key/value heads.
+  int64_t Heads() const { return spec.num_heads / TpSize(); }
+  int64_t KvHeads() const { return spec.num_kv_heads / TpSize(); }
+  at::Tensor TpCopy(const at::Tensor& x) const { return TensorParallelCopy(x, tp); }
+  at::Tensor TpReduce(const at::Tensor& x) const { return TensorParallelReduce(x, tp); }
 
   at::ScalarType ComputeType() const { return gather ? gather_dtype : embed.scalar_type(); }
 
@@ -212,16 +224,16 @@ struct Transformer::Impl {
   Qkv Project(const Layer& l, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
               bool infer = false) const {
     const int64_t B = x.size(0), T = x.size(1);
-    const int64_t nh = spec.num_heads, nkv = spec.num_kv_heads, hd = spec.head_dim;
+    const int64_t nh = Heads(), nkv = KvHeads(), hd = spec.head_dim;
     auto linear = [&](const at::Tensor& w, const at::Tensor& b) {
       return infer ? InferLinear(x, w, b) : at::linear(x, w, b);
     };
     at::Tensor q = linear(l.q_proj, l.q_bias).view({B, T, nh, hd}).transpose(1, 2);
     at::Tensor k = linear(l.k_proj, l.k_bias).view({B, T, nkv, hd}).transpose(1, 2);
     at::Tensor v = linear(l.v_proj, l.v_bias).view({B, T, nkv, hd}).transpose(1, 2);
-    if (spec.qk_norm) {
-      q = RmsNorm(q, l.q_norm);
-      k = RmsNorm(k, l.k_norm);
+    if (spec.qk_norm) {  // (replicated weights inside the rank's heads: TpCopy)
+      q = RmsNorm(q, TpCopy(l.q_norm));
+      k = RmsNorm(k, TpCopy(l.k_norm));
     }
     q = q * cos + RotateHalf(q) * sin;
     k = k * cos + RotateHalf(k) * sin;
@@ -233,7 +245,7 @@ struct Transformer::Impl {
                        const at::Tensor& sin, const at::Tensor& mask, KvCache* cache,
                        int layer_index) const {
     const int64_t B = x.size(0), T = x.size(1);
-    const int64_t nh = spec.num_heads, nkv = spec.num_kv_heads, hd = spec.head_dim;
+    const int64_t nh = Heads(), nkv = KvHeads(), hd = spec.head_dim;
     auto [q, k, v] = Project(l, x, cos, sin);
     if (cache != nullptr) {
       const int64_t start = cache->length;
@@ -253,18 +265,18 @@ struct Transformer::Impl {
       out = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
     }
     out = out.transpose(1, 2).reshape({B, T, nh * hd});
-    return at::linear(out, l.o_proj);
+    return TpReduce(at::linear(out, l.o_proj));
   }
 
   // One decoder layer: h [B, T, H] -> h [B, T, H].
   at::Tensor DecoderLayer(const Layer& l, const at::Tensor& h_in, const at::Tensor& cos,
                           const at::Tensor& sin, const at::Tensor& mask, KvCache* cache,
                           int layer_index) const {
-    at::Tensor h =
-        h_in + Attention(l, RmsNorm(h_in, l.input_norm), cos, sin, mask, cache, layer_index);
-    at::Tensor y = RmsNorm(h, l.post_norm);
-    return h +
-           at::linear(at::silu(at::linear(y, l.gate_proj)) * at::linear(y, l.up_proj), l.down_proj);
+    at::Tensor h = h_in + Attention(l, TpCopy(RmsNorm(h_in, l.input_norm)), cos, sin, mask, cache,
+                                    layer_index);
+    at::Tensor y = TpCopy(RmsNorm(h, l.post_norm));
+    return h + TpReduce(at::linear(at::silu(at::linear(y, l.gate_proj)) * at::linear(y, l.up_proj),
+                                   l.down_proj));
   }
 
   // DecoderLayer(layer) of layer `index` through LayerCheckpoint (defined below Impl).
@@ -281,10 +293,18 @@ struct Transformer::Impl {
                  KvCache* cache, const at::Tensor& select = at::Tensor(), bool hidden_only = false,
                  at::Tensor* head_weight = nullptr) const {
     GYRE_CHECK(gather == nullptr || cache == nullptr) << "a gathered model runs no KV cache";
+    GYRE_CHECK(gather == nullptr || tp == nullptr) << "tensor parallelism over gathered units";
     at::Tensor h;
     if (gather != nullptr) {
       h = at::embedding(gather->Acquire(0).at(0), tokens);
       gather->Release(0, at::Tensor());  // the lookup's backward needs no weight
+    } else if (tp != nullptr) {
+      // This rank's vocabulary rows: their tokens' embeddings, zeros for the others, summed.
+      const at::Tensor local = tokens - vocab_begin;
+      const at::Tensor mine = (local >= 0) & (local < embed.size(0));
+      h = at::embedding(embed, at::where(mine, local, at::zeros_like(local))) *
+          mine.unsqueeze(-1).to(embed.scalar_type());
+      h = TpReduce(h);
     } else {
       h = at::embedding(embed, tokens);
     }
@@ -311,7 +331,7 @@ struct Transformer::Impl {
     }
     if (head_weight != nullptr) *head_weight = head;
     if (select.defined()) h = h.reshape({-1, h.size(-1)}).index_select(0, select);
-    h = RmsNorm(h, norm);
+    h = TpCopy(RmsNorm(h, norm));  // (tensor parallel: the LM head's rows are this rank's)
     if (hidden_only) return h;
     return at::linear(h, head).to(at::kFloat);
   }
@@ -757,6 +777,7 @@ std::pair<at::Tensor, at::Tensor> Transformer::ForwardPackedHidden(const PackedB
 
 KvCache Transformer::NewCache(int64_t batch, int64_t capacity) const {
   const ModelSpec& s = impl_->spec;
+  GYRE_CHECK(impl_->tp == nullptr) << "a tensor-parallel slice runs no KV cache";
   KvCache cache;
   auto opts = impl_->embed.options().requires_grad(false);
   for (int64_t i = 0; i < s.num_layers; ++i) {
@@ -788,6 +809,7 @@ at::Tensor Transformer::ForwardCached(const at::Tensor& tokens, const at::Tensor
 PagedKvCache Transformer::NewPagedCache(int64_t num_blocks, int64_t block_size) const {
   const ModelSpec& s = impl_->spec;
   GYRE_CHECK(num_blocks > 0 && block_size > 0) << "empty paged cache";
+  GYRE_CHECK(impl_->tp == nullptr) << "a tensor-parallel slice runs no paged cache";
   PagedKvCache cache;
   auto opts = impl_->embed.options().requires_grad(false);
   for (int64_t i = 0; i < s.num_layers; ++i) {
@@ -942,6 +964,49 @@ std::unique_ptr<Transformer> Transformer::Gathered(const ModelSpec& spec, Parame
   impl->gather_dtype = dtype;
   impl->gather_device = device;
   impl->inv_freq = RopeInverseFrequencies(spec).to(device);
+  return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
+}
+
+std::unique_ptr<Transformer> Transformer::TensorParallelSlice(const Transformer& whole,
+                                                              TensorParallelGroup* group) {
+  GYRE_CHECK(group != nullptr && whole.impl_->gather == nullptr && whole.impl_->tp == nullptr)
+      << "TensorParallelSlice needs a group and a whole model";
+  const Status fits = CheckTensorParallel(whole.impl_->spec, group->size());
+  GYRE_CHECK(fits.ok()) << fits.message();
+  auto impl = std::make_unique<Impl>(*whole.impl_);  // shares the tensors, then replaces them
+  impl->tp = group;
+  const int rank = group->rank(), size = group->size();
+  impl->vocab_begin =
+      TensorParallelRange("model.embed_tokens.weight", impl->spec.vocab_size, rank, size).first;
+  auto slice = [&](const std::string& name, at::Tensor* t) {
+    at::NoGradGuard no_grad;
+    const bool grad = t->requires_grad();
+    *t = TensorParallelSliceOf(name, t->detach(), rank, size).clone().set_requires_grad(grad);
+  };
+  slice("model.embed_tokens.weight", &impl->embed);
+  for (Layer& l : impl->layers) {
+    for (const LayerField& f : LayerFields(impl->spec)) slice(f.name, &(l.*(f.member)));
+  }
+  slice("model.norm.weight", &impl->final_norm);
+  if (impl->lm_head.defined()) slice("lm_head.weight", &impl->lm_head);
+  return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
+}
+
+TensorParallelGroup* Transformer::tensor_parallel() const { return impl_->tp; }
+
+std::pair<int64_t, int64_t> Transformer::vocabulary_range() const {
+  if (impl_->tp == nullptr) return {0, impl_->spec.vocab_size};
+  const int64_t rows = impl_->embed.size(0);
+  return {impl_->vocab_begin, impl_->vocab_begin + rows};
+}
+
+std::unique_ptr<Transformer> Transformer::FrozenCopy(const Transformer& src) {
+  GYRE_CHECK(src.impl_->gather == nullptr) << "FrozenCopy of a gathered model";
+  auto impl = std::make_unique<Impl>(*src.impl_);
+  at::NoGradGuard no_grad;
+  for (at::Tensor* t : impl->Parameters()) {
+    if (t->defined()) *t = t->detach().clone().set_requires_grad(false);
+  }
   return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
 }
 

@@ -124,6 +124,8 @@ class ParameterGather {
   virtual void Release(int unit, const at::Tensor& output) = 0;
 };
 
+class TensorParallelGroup;  // tensor_parallel.h
+
 // RoPE inverse frequencies [head_dim / 2] (float32), with the spec's scaling applied.
 at::Tensor RopeInverseFrequencies(const ModelSpec& spec);
 
@@ -211,6 +213,23 @@ class Transformer {
   // ForwardPacked and ForwardPackedHidden only (no caches). NamedParameters() is empty.
   static std::unique_ptr<Transformer> Gathered(const ModelSpec& spec, ParameterGather* gather,
                                                at::ScalarType dtype, const at::Device& device);
+
+  // Tensor parallelism (tensor_parallel.h): a model holding rank group->rank()'s slices of
+  // `whole`'s parameters (copies, leaf tensors requiring grad, in `whole`'s dtype and device),
+  // whose forwards run together with the other ranks' over `group` (not owned; it must outlive the
+  // model's use). Forward, ForwardPacked and ForwardPackedHidden only (no caches); the logits they
+  // return, and the LM head weight of ForwardPackedHidden, are this rank's vocabulary rows
+  // (vocabulary_range()). NamedParameters() lists the slices under the whole parameters' names.
+  // The spec must split over the group (CheckTensorParallel; aborts otherwise: check first).
+  static std::unique_ptr<Transformer> TensorParallelSlice(const Transformer& whole,
+                                                          TensorParallelGroup* group);
+  // The group of a slice; null for a whole model.
+  TensorParallelGroup* tensor_parallel() const;
+  // The vocabulary rows [begin, end) of the logits this model returns ([0, V) unless a slice).
+  std::pair<int64_t, int64_t> vocabulary_range() const;
+  // A copy of `src` whose parameters are detached clones that require no grad (a frozen policy),
+  // with src's layout (a tensor-parallel slice stays one, in the same group).
+  static std::unique_ptr<Transformer> FrozenCopy(const Transformer& src);
 
   // Parameters in a fixed order with Hugging Face names (model.layers.0.self_attn.q_proj.weight).
   NamedTensors NamedParameters() const;

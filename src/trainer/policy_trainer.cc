@@ -61,6 +61,55 @@ StatusOr<T> CatchCollectiveFailure(bool split, Fn fn, Cleanup cleanup) {
   }
 }
 
+// model::TensorParallelGroup over a communicator: each collective with its own deadline; a
+// failure throws (CatchCollectiveFailure turns it into the call's Status).
+class CommTensorParallel : public model::TensorParallelGroup {
+ public:
+  CommTensorParallel(comm::Communicator* comm, double timeout_s)
+      : comm_(comm), timeout_s_(timeout_s) {}
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  void AllReduceSum(at::Tensor& t) override {
+    GYRE_CHECK(t.is_contiguous()) << "tensor-parallel all-reduce of a strided tensor";
+    Check(comm_->AllReduceSum(t.data_ptr(), static_cast<size_t>(t.numel()), TypeOf(t),
+                              comm::DeadlineAfter(timeout_s_)),
+          "all-reduce");
+  }
+  at::Tensor AllGather(const at::Tensor& t) override {
+    const at::Tensor in = t.contiguous();
+    std::vector<int64_t> shape = {size()};
+    for (int64_t d : in.sizes()) shape.push_back(d);
+    at::Tensor out = at::empty(shape, in.options());
+    Check(comm_->AllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()),
+                           TypeOf(in), comm::DeadlineAfter(timeout_s_)),
+          "all-gather");
+    return out;
+  }
+
+ private:
+  static comm::DataType TypeOf(const at::Tensor& t) {
+    switch (t.scalar_type()) {
+      case at::kFloat:
+        return comm::DataType::kFloat32;
+      case at::kDouble:
+        return comm::DataType::kFloat64;
+      case at::kBFloat16:
+        return comm::DataType::kBFloat16;
+      case at::kHalf:
+        return comm::DataType::kFloat16;
+      default:
+        throw std::runtime_error(std::string("tensor parallelism cannot exchange ") +
+                                 c10::toString(t.scalar_type()) + " tensors");
+    }
+  }
+  static void Check(const Status& s, const char* what) {
+    if (!s.ok())
+      throw std::runtime_error(std::string("tensor-parallel ") + what + ": " + s.message());
+  }
+  comm::Communicator* comm_;
+  double timeout_s_;
+};
+
 }  // namespace
 
 PolicyTrainer::PolicyTrainer(std::unique_ptr<model::Transformer> model, double lr,
@@ -76,6 +125,38 @@ PolicyTrainer::PolicyTrainer(std::unique_ptr<model::Transformer> model, double l
   hyper_.eps = opts.eps();
 }
 
+Status PolicyTrainer::SetTensorParallel(comm::Communicator* comm, double timeout_s) {
+  if (comm == nullptr || comm->size() == 1) return Status::Ok();
+  if (tp_group_ != nullptr) {
+    return FailedPrecondition("this trainer already holds a tensor-parallel slice");
+  }
+  if (shard_mode_ != Shard::kNone) {
+    return FailedPrecondition(std::string("trainer.tensor_parallel with trainer.shard '") +
+                              ShardName(shard_mode_) + "' is not supported yet (use shard: none)");
+  }
+  if (!optimizer_->adamw->state().empty() || reference_ != nullptr || version_ != 0) {
+    return FailedPrecondition("tensor parallelism is set up before the first step");
+  }
+  GYRE_RETURN_IF_ERROR(model::CheckTensorParallel(model_->spec(), comm->size()));
+  tp_group_ = std::make_unique<CommTensorParallel>(comm, timeout_s);
+  model_ = model::Transformer::TensorParallelSlice(*model_, tp_group_.get());
+  // A new optimizer over the slices, with the same settings.
+  const auto defaults =
+      static_cast<const torch::optim::AdamWOptions&>(optimizer_->adamw->defaults());
+  optimizer_ = std::make_unique<Optimizer>();
+  tp_split_.clear();
+  for (const auto& [name, t] : model_->NamedParameters()) {
+    optimizer_->params.push_back(t);
+    tp_split_.push_back(model::TensorParallelDim(name) >= 0);
+  }
+  optimizer_->adamw = std::make_unique<torch::optim::AdamW>(optimizer_->params, defaults);
+  if (dp_ != nullptr) {  // the gradient reducer hooks the new parameters
+    DataParallelOptions dp = dp_options_;
+    return SetDataParallel(dp_, dp);
+  }
+  return Status::Ok();
+}
+
 Status PolicyTrainer::SetSharding(Shard mode) {
   if (mode == sharding()) return Status::Ok();
   const bool has_state =
@@ -83,6 +164,10 @@ Status PolicyTrainer::SetSharding(Shard mode) {
   if (has_state || shards_ != nullptr) {
     return FailedPrecondition(std::string("trainer.shard cannot change to '") + ShardName(mode) +
                               "' once the optimizer has state");
+  }
+  if (mode != Shard::kNone && tp_group_ != nullptr) {
+    return FailedPrecondition(std::string("trainer.shard '") + ShardName(mode) +
+                              "' with trainer.tensor_parallel is not supported yet");
   }
   sharded_.reset();
   if (mode != Shard::kNone) {
@@ -268,6 +353,42 @@ Status PolicyTrainer::GatherUnits(bool moments,
 
 StatusOr<model::NamedTensors> PolicyTrainer::FullWeights() {
   model::NamedTensors out;
+  if (shards_ == nullptr && tp_group_ != nullptr) {
+    // Each split parameter gathered from the ranks' slices (padded to the largest: the last
+    // vocabulary slice may be shorter), the replicated ones as this rank holds them.
+    at::NoGradGuard no_grad;
+    const int ranks = tp_group_->size();
+    try {
+      for (const auto& [name, p] : model_->NamedParameters()) {
+        const int dim = model::TensorParallelDim(name);
+        if (dim < 0) {
+          out.emplace_back(name, p.detach().clone());
+          continue;
+        }
+        const at::Tensor local = p.detach().transpose(0, dim);  // the split dimension first
+        const int64_t whole = model_->spec().vocab_size;
+        const int64_t extent =
+            dim == 0 && (name == "model.embed_tokens.weight" || name == "lm_head.weight")
+                ? whole
+                : local.size(0) * ranks;
+        const int64_t widest = model::TensorParallelRange(name, extent, 0, ranks).second;
+        std::vector<int64_t> padded_shape = local.sizes().vec();
+        padded_shape[0] = widest;
+        at::Tensor padded = at::zeros(padded_shape, local.options());
+        padded.narrow(0, 0, local.size(0)).copy_(local);
+        const at::Tensor all = tp_group_->AllGather(padded);
+        std::vector<at::Tensor> parts;
+        for (int r = 0; r < ranks; ++r) {
+          const auto [begin, end] = model::TensorParallelRange(name, extent, r, ranks);
+          parts.push_back(all[r].narrow(0, 0, end - begin));
+        }
+        out.emplace_back(name, at::cat(parts, 0).transpose(0, dim).contiguous());
+      }
+    } catch (const std::exception& e) {
+      return Unavailable(std::string("gathering the tensor-parallel slices: ") + e.what());
+    }
+    return out;
+  }
   if (shards_ == nullptr) {
     at::NoGradGuard no_grad;
     for (const auto& [name, p] : model_->NamedParameters())
@@ -365,6 +486,11 @@ void PolicyTrainer::FreezeReference() {
     reference_compute_.reset();
     return;
   }
+  if (tp_group_ != nullptr) {  // the reference holds the same slices as the policy
+    reference_ = model::Transformer::FrozenCopy(*model_);
+    reference_compute_.reset();
+    return;
+  }
   auto ref = model::Transformer::Create(model_->spec(), 0, -1.0);
   ref->To(model_->device());
   at::NoGradGuard no_grad;
@@ -379,6 +505,9 @@ void PolicyTrainer::FreezeReference() {
 }
 
 Status PolicyTrainer::RestoreReference(const std::vector<at::Tensor>& weights) {
+  if (tp_group_ != nullptr) {
+    return FailedPrecondition("restoring a reference policy into tensor-parallel slices");
+  }
   if (shards_ != nullptr) {
     StatusOr<model::NamedTensors> named = NamedAsUnits(*shards_, weights);
     if (!named.ok()) return named.status().WithContext("reference policy");
@@ -1010,6 +1139,15 @@ struct ResponseStats {
 };
 ResponseStats ResponseTokenStats(const model::Transformer& model, const MicroBatch& mb,
                                  double temperature, int64_t chunk_tokens, bool need_entropy) {
+  if (model::TensorParallelGroup* tp = model.tensor_parallel()) {
+    // This rank's vocabulary rows of the logits ([N, V / T]; not chunked), the statistics over
+    // every rank's.
+    const model::VocabParallelStats st =
+        model::VocabParallelTokenStats(ResponseLogits(model, mb), model.vocabulary_range().first,
+                                       mb.flat_targets, temperature, tp);
+    return {Grid(st.logp, mb), Grid(need_entropy ? st.entropy : st.entropy.detach(), mb),
+            Grid(st.argmax_ok, mb)};
+  }
   if (mb.packed && chunk_tokens > 0) {
     auto [hidden, weight] = model.ForwardPackedHidden(mb.pack);
     const ops::TokenStats st =
@@ -1037,6 +1175,13 @@ ResponseStats ResponseTokenStats(const model::Transformer& model, const MicroBat
 // Log-probs [S, R] of the response tokens (no entropy graph).
 at::Tensor ResponseLogprobs(const model::Transformer& model, const MicroBatch& mb,
                             double temperature, int64_t chunk_tokens) {
+  if (model::TensorParallelGroup* tp = model.tensor_parallel()) {
+    return Grid(
+        model::VocabParallelTokenStats(ResponseLogits(model, mb), model.vocabulary_range().first,
+                                       mb.flat_targets, temperature, tp, /*logp_only=*/true)
+            .logp,
+        mb);
+  }
   if (mb.packed && chunk_tokens > 0) {
     auto [hidden, weight] = model.ForwardPackedHidden(mb.pack);
     return Grid(ops::ChunkedTokenStats(hidden, weight, mb.flat_targets, temperature, chunk_tokens,
@@ -1095,8 +1240,7 @@ StatusOr<std::vector<double>> PolicyTrainer::SequenceKl(const std::vector<TrainS
                                                         kernels::KlKind kind, double temperature,
                                                         int64_t micro_batch_size) {
   return CatchCollectiveFailure<std::vector<double>>(
-      shard_mode_ == Shard::kParameters,
-      [&] { return SequenceKlOnce(batch, kind, temperature, micro_batch_size); },
+      PassesMayThrow(), [&] { return SequenceKlOnce(batch, kind, temperature, micro_batch_size); },
       [this] { AfterFailedPass(); });
 }
 
@@ -1213,7 +1357,10 @@ Status PolicyTrainer::CheckAllRanksTookPart(double ranks_counted) const {
 }
 
 void PolicyTrainer::AfterFailedPass() {
-  if (shards_ == nullptr) return;
+  if (shards_ == nullptr) {
+    if (tp_group_ != nullptr) DropGradients();
+    return;
+  }
   DropGradients();
   (void)shards_->EndPass();
   if (ref_shards_ != nullptr) (void)ref_shards_->EndPass();
@@ -1223,7 +1370,7 @@ StatusOr<std::map<std::string, double>> PolicyTrainer::Step(const std::vector<Tr
                                                             Objective objective, double lr,
                                                             const TrainOptions& options) {
   return CatchCollectiveFailure<std::map<std::string, double>>(
-      shard_mode_ == Shard::kParameters, [&] { return StepOnce(batch, objective, lr, options); },
+      PassesMayThrow(), [&] { return StepOnce(batch, objective, lr, options); },
       [this] { AfterFailedPass(); });
 }
 
@@ -1631,8 +1778,25 @@ StatusOr<double> PolicyTrainer::ApplyUpdate(double lr, double grad_clip, double 
   // Global gradient-norm clipping, then AdamW.
   double sq = shard_sq;
   if (!sharded_) {
-    for (const auto& p : optimizer_->params) {
-      if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
+    // Tensor parallel: the slices' squares summed over the ranks, each whole (replicated)
+    // parameter's once (its 1/T share on each rank; T is a power of two in practice, exact).
+    const double replicated = 1.0 / tp_size();
+    for (size_t i = 0; i < optimizer_->params.size(); ++i) {
+      const at::Tensor& g = optimizer_->params[i].grad();
+      if (!g.defined()) continue;
+      const double w = tp_group_ != nullptr && !tp_split_[i] ? replicated : 1.0;
+      sq += w * g.pow(2).sum().item<double>();
+    }
+    if (tp_group_ != nullptr) {
+      at::Tensor total = at::full({1}, sq, at::TensorOptions().dtype(at::kDouble));
+      try {
+        tp_group_->AllReduceSum(total);
+      } catch (const std::exception& e) {
+        DropGradients();
+        return Unavailable(std::string("the gradient norm over the tensor-parallel ranks: ") +
+                           e.what());
+      }
+      sq = total.item<double>();
     }
   }
   const double grad_norm = std::sqrt(sq);

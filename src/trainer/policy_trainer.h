@@ -48,6 +48,7 @@
 #include "gyre/config.h"
 #include "gyre/status.h"
 #include "kernels/reference/policy_loss_ref.h"
+#include "model/tensor_parallel.h"
 #include "model/transformer.h"
 #include "trainer/parameter_shards.h"
 #include "trainer/sharded_adamw.h"
@@ -159,6 +160,22 @@ class PolicyTrainer {
   // same size with the same rank (FailedPrecondition otherwise: the other slices live on other
   // ranks; save a checkpoint and load it into the new group, which reshards it).
   Status SetDataParallel(comm::Communicator* comm, const DataParallelOptions& options);
+
+  // Tensor parallelism (trainer.tensor_parallel; model/tensor_parallel.h): this trainer becomes
+  // rank comm->rank() of comm->size() ranks that hold slices of one model and compute every
+  // forward and backward together over `comm` (not owned; it must outlive the trainer). The model
+  // is replaced by this rank's slices of it; model() is then the slice (NamedParameters() lists
+  // the slices; FullWeights() gathers them whole). Log-probs, entropies and accuracies are
+  // computed over the vocabulary slices (VocabParallelTokenStats) and the gradient norm over every
+  // slice. Every rank of `comm` must get the same batches and call Step, SequenceKl and
+  // FullWeights together. Composes with SetDataParallel, whose group is then the ranks holding the
+  // same slice (workers = DP x TP). Only before the first step, with shard none and no reference
+  // yet (FailedPrecondition otherwise); InvalidArgument when the model does not split
+  // (CheckTensorParallel). A group of one rank (or null) changes nothing.
+  Status SetTensorParallel(comm::Communicator* comm, double timeout_s);
+  // This trainer's tensor-parallel rank and the group's size (0 and 1 without one).
+  int tp_rank() const { return tp_group_ != nullptr ? tp_group_->rank() : 0; }
+  int tp_size() const { return tp_group_ != nullptr ? tp_group_->size() : 1; }
 
   // trainer.shard: kOptimizer (ZeRO-1) keeps only this rank's slice of the AdamW moments;
   // kGradients (ZeRO-2) also reduce-scatters the gradients and keeps only their slice between
@@ -383,6 +400,12 @@ class PolicyTrainer {
   std::unique_ptr<CollectiveQueue> queue_;
   std::unique_ptr<ParameterShards> shards_;
   std::unique_ptr<ParameterShards> ref_shards_;
+  // Tensor parallel: the group (over the communicator SetTensorParallel was given) and, per
+  // parameter in optimizer order, whether it is split over the ranks (or whole on each).
+  std::unique_ptr<model::TensorParallelGroup> tp_group_;
+  std::vector<bool> tp_split_;
+  // kParameters or tensor parallel: a failed collective can surface as an exception from a pass.
+  bool PassesMayThrow() const { return shard_mode_ == Shard::kParameters || tp_group_ != nullptr; }
 };
 
 }  // namespace gyre::trainer

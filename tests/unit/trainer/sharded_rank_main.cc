@@ -12,7 +12,10 @@
 // kl (a KL term against the
 // reference, and SequenceKl of the batch), load=DIR (every rank restores the trainer state in DIR
 // first, trainer_state.h), start=K (begin with step K of the two), save=DIR (every rank saves the
-// trainer state into DIR after the steps). Rank 0 writes OUT (the whole float32 weights after
+// trainer state into DIR after the steps), tp=T (tensor parallel: RANKS = DP x T processes; rank
+// r is tensor-parallel rank r % T of data-parallel rank r / T, SHARD applies to the data-parallel
+// groups), heads=Q/KV (query and key/value heads), vocab=V (a larger vocabulary than the batch
+// uses). Rank 0 writes OUT (the whole float32 weights after
 // the steps, concatenated in NamedParameters() order) and OUT.metrics ("step key value" lines).
 // Exits 0 on success, 1 with a message on stderr otherwise.
 #include <ATen/ATen.h>
@@ -80,28 +83,49 @@ int Run(int argc, char** argv) {
   auto flag = [&](const std::string& k, const std::string& d) {
     return flags.count(k) ? flags[k] : d;
   };
-  const model::ModelSpec spec = SpecNamed(flag("model", "tiny"));
+  model::ModelSpec spec = SpecNamed(flag("model", "tiny"));
+  if (flags.count("heads")) {  // heads=Q/KV: query and key/value heads
+    const std::string h = flags["heads"];
+    spec.num_heads = std::atoi(h.c_str());
+    spec.num_kv_heads = std::atoi(h.substr(h.find('/') + 1).c_str());
+  }
+  if (flags.count("vocab")) spec.vocab_size = std::atoi(flags["vocab"].c_str());
   const int minis = std::atoi(flag("minis", "1").c_str());
   const bool kl = flags.count("kl") > 0;
+  const int tp = std::atoi(flag("tp", "1").c_str());
+  if (tp < 1 || ranks % tp != 0) return Fail("tp must divide RANKS");
+  const int dp_ranks = ranks / tp, dp_rank = rank / tp, tp_rank = rank % tp;
+  const double timeout = std::atof(flag("timeout", "60").c_str());
 
   at::set_num_threads(1);
   PolicyTrainer t(model::Transformer::Create(spec, 3, 0.1), 1e-2, 0.01, 0.9, 0.999);
   if (flag("dtype", "float32") == "bfloat16") t.SetComputeDtype(at::kBFloat16);
   t.SetActivationCheckpointing(flags.count("checkpointing") > 0);
   if (Status s = t.SetSharding(*shard); !s.ok()) return Fail(s.message());
-  std::unique_ptr<comm::Communicator> group;
-  if (ranks > 1) {
+  auto join = [&](const std::string& name, int member,
+                  int size) -> StatusOr<std::unique_ptr<comm::Communicator>> {
     comm::GlooOptions o;
     o.store_address = store;
-    o.group = group_name;
-    o.rank = rank;
-    o.size = ranks;
-    auto g = comm::CreateGlooCommunicator(o);
+    o.group = name;
+    o.rank = member;
+    o.size = size;
+    return comm::CreateGlooCommunicator(o);
+  };
+  std::unique_ptr<comm::Communicator> group, tp_group;
+  if (tp > 1) {
+    auto g = join(group_name + "-tp" + std::to_string(dp_rank), tp_rank, tp);
+    if (!g.ok()) return Fail(g.status().message());
+    tp_group = std::move(*g);
+    if (Status s = t.SetTensorParallel(tp_group.get(), timeout); !s.ok()) return Fail(s.message());
+  }
+  if (dp_ranks > 1) {
+    auto g =
+        join(tp > 1 ? group_name + "-dp" + std::to_string(tp_rank) : group_name, dp_rank, dp_ranks);
     if (!g.ok()) return Fail(g.status().message());
     group = std::move(*g);
     DataParallelOptions dp;
     dp.bucket_bytes = 4096;
-    dp.timeout_s = std::atof(flag("timeout", "60").c_str());
+    dp.timeout_s = timeout;
     if (Status s = t.SetDataParallel(group.get(), dp); !s.ok()) return Fail(s.message());
   }
   if (flags.count("load")) {
@@ -132,7 +156,7 @@ int Run(int argc, char** argv) {
       opts.loss.kl = kernels::KlKind::kK3;
       opts.loss.kl_coef = 0.5f;
     }
-    const std::vector<TrainSample> part = RankShard(batch, ranks, rank, m, &opts);
+    const std::vector<TrainSample> part = RankShard(batch, dp_ranks, dp_rank, m, &opts);
     auto result = t.Step(part, objective, 1e-2, opts);
     if (!result.ok())
       return Fail("step " + std::to_string(step) + ": " + result.status().message());
@@ -146,10 +170,11 @@ int Run(int argc, char** argv) {
     // "sample value" line each in OUT.klR.
     TrainOptions opts;
     std::vector<size_t> indices;
-    const std::vector<TrainSample> part = RankShard(batch, ranks, rank, 1, &opts, &indices);
+    const std::vector<TrainSample> part = RankShard(batch, dp_ranks, dp_rank, 1, &opts, &indices);
     auto kls = t.SequenceKl(part, kernels::KlKind::kK3, 1.0, 2);
     if (!kls.ok()) return Fail("SequenceKl: " + kls.status().message());
-    std::ofstream kl_out(out_path + ".kl" + std::to_string(rank));
+    std::ofstream kl_out(out_path + ".kl" + std::to_string(dp_rank) +
+                         (tp_rank > 0 ? ".tp" + std::to_string(tp_rank) : ""));
     kl_out.precision(10);
     for (size_t i = 0; i < indices.size(); ++i) kl_out << indices[i] << " " << (*kls)[i] << "\n";
   }

@@ -279,5 +279,78 @@ TEST(ShardedParametersTest, CheckpointsMoveBetweenLayouts) {
   (void)RemoveTree(root);
 }
 
+// Tensor parallelism (trainer.tensor_parallel): T processes hold slices of every layer (heads,
+// MLP columns and rows, vocabulary rows) and compute each forward and backward together; the
+// gathered weights after the steps, the metrics (log-probs, entropies and accuracies computed over
+// the vocabulary slices) and the sequence KL equal one process's.
+//
+// The weights' tolerance allows 1e-4 absolute, 1% of one step's change (lr 1e-2): AdamW divides
+// each element's update by the root of its squared gradient, so an element whose gradient is
+// near AdamW's epsilon (1e-8) turns a difference of summation order in the 10th decimal into one
+// of up to 1e-4 (one element of 22,400 in the tiny model, T = 2: 6.8e-5; every other one within
+// 3.4e-6). The loss and the global gradient norm are still held to 1e-4 relative.
+const testing::Tolerance kTensorParallel{1e-5, 1e-4, 1e-5};
+
+std::vector<std::string> With(std::vector<std::string> flags,
+                              const std::vector<std::string>& more) {
+  flags.insert(flags.end(), more.begin(), more.end());
+  return flags;
+}
+
+TEST(TensorParallelTest, TwoAndFourRanksMatchOneProcess) {
+  for (const std::string minis : {"1", "3"}) {
+    // 8 query and 4 key/value heads: both split over 4 ranks.
+    const std::vector<std::string> flags = {"minis=" + minis, "heads=8/4"};
+    const Result plain = RunRanks("none", 1, flags);
+    ASSERT_TRUE(plain.ok);
+    const Result untrained = RunRanks("none", 1, With(flags, {"steps=0"}));
+    ASSERT_TRUE(untrained.ok);
+    EXPECT_GT((plain.weights - untrained.weights).abs().max().item<float>(), 1e-3);
+    for (int t : {2, 4}) {
+      ExpectSameTraining(RunRanks("none", t, With(flags, {"tp=" + std::to_string(t)})), plain,
+                         kTensorParallel, "T = " + std::to_string(t) + ", minis " + minis);
+    }
+  }
+}
+
+// A Qwen3 shape (tied embeddings: the one vocabulary slice is both the lookup and the LM head; q/k
+// norms, replicated, used inside each rank's heads; attention biases), activation checkpointing
+// (the backward runs each layer's exchanges again), the KL term against a reference holding the
+// same slices, SequenceKl, and a vocabulary of 26 that splits unevenly over 4 ranks (7, 7, 7, 5).
+TEST(TensorParallelTest, TiedQwen3ShapeWithCheckpointingAndKlMatchesOneProcess) {
+  const std::vector<std::string> flags = {"model=qwen3", "kl",        "checkpointing", "micro=3",
+                                          "minis=2",     "heads=8/4", "vocab=26"};
+  const Result plain = RunRanks("none", 1, flags);
+  ASSERT_TRUE(plain.ok);
+  ASSERT_EQ(plain.kl.size(), 11u);
+  for (int t : {2, 4}) {
+    ExpectSameTraining(RunRanks("none", t, With(flags, {"tp=" + std::to_string(t)})), plain,
+                       kTensorParallel, "qwen3 shape, T = " + std::to_string(t));
+  }
+}
+
+// The 2-D layout: 4 processes as 2 data-parallel ranks of 2 tensor-parallel ranks each (each
+// data-parallel group all-reduces the gradients of one slice).
+TEST(TensorParallelTest, TwoDataParallelTimesTwoTensorParallelMatchesOneProcess) {
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"minis=3"},
+        std::vector<std::string>{"model=qwen3", "kl", "checkpointing", "micro=3", "minis=2"}}) {
+    const Result plain = RunRanks("none", 1, flags);
+    ASSERT_TRUE(plain.ok);
+    ExpectSameTraining(RunRanks("none", 4, With(flags, {"tp=2"})), plain, kTensorParallel,
+                       "DP 2 x TP 2, " + flags[0]);
+  }
+}
+
+// A layout the model cannot take is refused with the field, the value and the rule.
+TEST(TensorParallelTest, AModelThatDoesNotSplitIsRefused) {
+  const Result r = RunRanks("none", 4, {"tp=4"}, {}, /*failures_expected=*/true);
+  ASSERT_EQ(r.exit_codes.size(), 4u);
+  for (int code : r.exit_codes) EXPECT_EQ(code, 1);
+  EXPECT_NE(r.logs[0].find("tensor_parallel 4 does not divide model.num_kv_heads 2"),
+            std::string::npos)
+      << r.logs[0];
+}
+
 }  // namespace
 }  // namespace gyre::trainer
