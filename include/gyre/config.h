@@ -212,6 +212,9 @@ struct TrainerSection {
   bool activation_checkpointing = false;  // keep layer inputs only; recompute in the backward
   double collective_timeout_s = 600;      // data parallel: deadline of each collective
   double memory_limit_gb = 0;  // each trainer process's memory (RLIMIT_DATA); 0 = no limit
+  // Tensor parallelism: this many trainer workers hold one model together, each a slice of every
+  // layer and of the vocabulary; workers = data-parallel ranks x tensor_parallel.
+  int tensor_parallel = 1;
 };
 
 struct RewardSection {

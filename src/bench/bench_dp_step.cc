@@ -2,7 +2,8 @@
 // all-reduce overlapped with backward (trainer.overlap_grad_reduce: true) against the blocking
 // all-reduce after backward (false), in the same run, plus the all-reduce alone for scale, and
 // with sharded optimizer state (trainer.shard: optimizer, gradients) and fully sharded parameters
-// (trainer.shard: parameters), with the state each rank holds.
+// (trainer.shard: parameters), with the state each rank holds, and tensor parallelism
+// (trainer.tensor_parallel: RANKS) over the same global batch.
 //
 // The ranks are threads of this process, each with its own PolicyTrainer and Gloo group member
 // on loopback, so the figures include Gloo's TCP path but not a real network. Rounds alternate
@@ -28,6 +29,7 @@
 #include "comm/gloo_communicator.h"
 #include "common/clock.h"
 #include "common/command_line.h"
+#include "model/tensor_parallel.h"
 #include "model/transformer.h"
 #include "trainer/grad_reducer.h"
 #include "trainer/policy_trainer.h"
@@ -52,13 +54,21 @@ constexpr char kDpStepDetails[] =
     "  zero3           trainer.shard: parameters: each rank keeps 1/RANKS of the weights too;\n"
     "                  every decoder layer is all-gathered before its forward and again before\n"
     "                  its backward, its gradient reduce-scattered during the backward\n"
+    "  tp              trainer.tensor_parallel: RANKS (no data parallelism): each rank holds a\n"
+    "                  slice of every layer and of the vocabulary, and all of them compute the\n"
+    "                  whole global batch (RANKS x BATCH samples) together, exchanging\n"
+    "                  activations in every layer's forward and backward (equal work: the same\n"
+    "                  samples and update as the data-parallel rows). Needs a model that splits:\n"
+    "                  RANKS dividing the heads (HIDDEN / 64) and the MLP (HIDDEN * 8 / 3);\n"
+    "                  otherwise the row is left out with the reason\n"
     "Each round runs the modes in turn (rotating which goes first), each from the same seed:\n"
     "one untimed warm-up step, then STEPS timed steps. Reports the median and minimum seconds\n"
     "per step on rank 0 over all rounds; speedup = blocking median / median; weights_mib,\n"
     "state_mib and grad_mib = the float32 weights, the AdamW moments and the gradients rank 0\n"
     "holds between steps (its largest slice when sharded), measured from its tensors;\n"
-    "comm_s = zero3's seconds per step inside collectives, of which comm_wait_s the step waited\n"
-    "for (the rest was hidden behind compute); max_weight_diff = the largest difference of\n"
+    "comm_s = zero3's and tp's seconds per step inside collectives, of which comm_wait_s the\n"
+    "step waited for (the rest was hidden behind compute; tp hides none); max_weight_diff = the "
+    "largest difference of\n"
     "the final weights from the overlapped row's (sharded rows sum in another order). Blocking\n"
     "and overlapped must end every round with identical weights (checked).\n";
 
@@ -94,7 +104,7 @@ struct RankRun {
   double comm_s = 0, comm_wait_s = 0;
 };
 
-enum class DpMode { kAllReduceOnly, kBlocking, kOverlapped, kZero1, kZero2, kZero3 };
+enum class DpMode { kAllReduceOnly, kBlocking, kOverlapped, kZero1, kZero2, kZero3, kTp };
 const char* ModeName(DpMode m) {
   switch (m) {
     case DpMode::kAllReduceOnly:
@@ -109,6 +119,8 @@ const char* ModeName(DpMode m) {
       return "zero2";
     case DpMode::kZero3:
       return "zero3";
+    case DpMode::kTp:
+      return "tp";
   }
   return "?";
 }
@@ -150,13 +162,22 @@ StatusOr<RankRun> RunRank(const DpStepSetup& s, DpMode mode, const std::string& 
                                      : mode == DpMode::kZero2 ? trainer::Shard::kGradients
                                      : mode == DpMode::kZero3 ? trainer::Shard::kParameters
                                                               : trainer::Shard::kNone));
-  GYRE_RETURN_IF_ERROR(t.SetDataParallel(comm.get(), dp));
+  const bool tp = mode == DpMode::kTp;
+  if (tp) {
+    GYRE_RETURN_IF_ERROR(t.SetTensorParallel(comm.get(), 600));
+  } else {
+    GYRE_RETURN_IF_ERROR(t.SetDataParallel(comm.get(), dp));
+  }
   trainer::TrainOptions opts;
   opts.micro_batch_size = (s.batch + s.micro_batches - 1) / s.micro_batches;
   opts.mini_batches = s.mini_batches;
+  if (tp) opts.micro_batch_size *= s.ranks;  // the same micro-batches as the ranks' together
   double comm0 = 0, wait0 = 0;
   for (int64_t i = 0; i <= s.steps; ++i) {
-    const auto batch = Batch(s, rank, static_cast<int>(i));
+    std::vector<trainer::TrainSample> batch;
+    for (int r = tp ? 0 : rank; r < (tp ? s.ranks : rank + 1); ++r) {  // tp: every rank's
+      for (auto& x : Batch(s, r, static_cast<int>(i))) batch.push_back(std::move(x));
+    }
     if (i == 1) {  // after the warm-up step
       comm0 = t.collective_seconds();
       wait0 = t.collective_wait_seconds();
@@ -219,8 +240,14 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gyre bench dp-step: %s\n", store.status().ToString().c_str());
     return 1;
   }
-  const std::vector<DpMode> modes = {DpMode::kAllReduceOnly, DpMode::kBlocking, DpMode::kOverlapped,
-                                     DpMode::kZero1,         DpMode::kZero2,    DpMode::kZero3};
+  std::vector<DpMode> modes = {DpMode::kAllReduceOnly, DpMode::kBlocking, DpMode::kOverlapped,
+                               DpMode::kZero1,         DpMode::kZero2,    DpMode::kZero3};
+  if (Status splits = model::CheckTensorParallel(DpStepSpec(s), static_cast<int>(s.ranks));
+      splits.ok()) {
+    modes.push_back(DpMode::kTp);
+  } else {
+    std::fprintf(stderr, "bench dp-step: the tp row is left out: %s\n", splits.message().c_str());
+  }
   std::vector<std::vector<double>> times(modes.size());
   std::vector<double> weights_mib(modes.size()), state_mib(modes.size()), grad_mib(modes.size()),
       weight_diff(modes.size()), comm_s(modes.size()), comm_wait_s(modes.size());
@@ -295,7 +322,7 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
   for (size_t k = 0; k < modes.size(); ++k) {
     const double med = Median(times[k]);
     const bool trainer_mode = modes[k] != DpMode::kAllReduceOnly;
-    const bool zero3 = modes[k] == DpMode::kZero3;
+    const bool zero3 = modes[k] == DpMode::kZero3 || modes[k] == DpMode::kTp;
     report.AddRow(
         {{"mode", ModeName(modes[k])},
          {"median_s", med},

@@ -2,7 +2,8 @@
 // rows with materialised logits, packed rows with chunked log-probs, and those with activation
 // checkpointing), each measured in its own child process so that no configuration inherits
 // another's allocations. With --layouts: per-rank memory of data-parallel layouts
-// (trainer.shard over N trainer processes), each rank a child process.
+// (trainer.shard over N trainer processes) and tensor-parallel ones (DxT), each rank a child
+// process.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -28,6 +29,7 @@
 #include "common/clock.h"
 #include "common/command_line.h"
 #include "common/file_util.h"
+#include "model/tensor_parallel.h"
 #include "model/transformer.h"
 #include "trainer/policy_trainer.h"
 
@@ -62,7 +64,12 @@ constexpr char kMemoryDetails[] =
     "warm-up step less what the process held before it made the model (held, plus the\n"
     "runtime's own buffers: Gloo, threads, the allocator's cache); step peak = the peak\n"
     "resident memory of a step above that same start. Reports the largest rank's figures and\n"
-    "each against the first layout's.\n";
+    "each against the first layout's.\n"
+    "SHARD:DxT is tensor parallelism: D data-parallel ranks of T tensor-parallel ranks each\n"
+    "(trainer.tensor_parallel T; D x T processes; SHARD none). The T ranks of one data-parallel\n"
+    "rank compute its share of the batch together, each holding a slice of every layer and of\n"
+    "the vocabulary. T must divide the heads (HIDDEN / 64) and the MLP's width (--intermediate).\n"
+    "For example: --intermediate 704 --layouts none:1,parameters:4,none:1x2,none:1x4,none:2x2\n";
 
 // The configurations, in the order they run by default.
 const std::vector<std::string>& Configs() {
@@ -74,12 +81,20 @@ const std::vector<std::string>& Configs() {
 struct MemorySetup {
   int64_t vocab = 32768, hidden = 256, layers = 2, batch = 32, prompt_len = 32, median = 64;
   int64_t max_len = 512, chunk = 1024, threads = 1;
+  int64_t intermediate = 0;  // 0: HIDDEN * 8 / 3 (SyntheticSpec)
 };
+
+model::ModelSpec MemorySpec(const MemorySetup& s) {
+  model::ModelSpec spec = SyntheticSpec(s.vocab, s.hidden, s.layers, s.prompt_len + s.max_len);
+  if (s.intermediate > 0) spec.intermediate_size = s.intermediate;
+  return spec;
+}
 
 // --layouts: one trainer rank's part (set on the child's command line).
 struct LayoutRank {
   std::string shard;  // trainer.shard
   int rank = 0, ranks = 1;
+  int tp = 1;         // tensor-parallel ranks (of the `ranks`): rank r is r % tp of r / tp
   std::string store;  // the group's store, when ranks > 1
 };
 
@@ -99,11 +114,16 @@ double StatusMiB(const std::string& field) {
 }
 
 std::vector<std::string> SetupArgs(const MemorySetup& s) {
-  return {"--vocab",      std::to_string(s.vocab),      "--hidden",     std::to_string(s.hidden),
-          "--layers",     std::to_string(s.layers),     "--batch",      std::to_string(s.batch),
-          "--prompt-len", std::to_string(s.prompt_len), "--median-len", std::to_string(s.median),
-          "--max-len",    std::to_string(s.max_len),    "--chunk",      std::to_string(s.chunk),
-          "--threads",    std::to_string(s.threads)};
+  return {"--vocab",        std::to_string(s.vocab),
+          "--hidden",       std::to_string(s.hidden),
+          "--layers",       std::to_string(s.layers),
+          "--batch",        std::to_string(s.batch),
+          "--prompt-len",   std::to_string(s.prompt_len),
+          "--median-len",   std::to_string(s.median),
+          "--max-len",      std::to_string(s.max_len),
+          "--chunk",        std::to_string(s.chunk),
+          "--threads",      std::to_string(s.threads),
+          "--intermediate", std::to_string(s.intermediate)};
 }
 
 // The child: builds the model and batch, takes a warm-up step, resets the peak, takes a step,
@@ -114,21 +134,36 @@ int RunChild(const MemorySetup& s, const std::string& config, const std::string&
              const LayoutRank* layout = nullptr) {
   at::set_num_threads(static_cast<int>(s.threads));
   const double start_rss = StatusMiB("VmRSS");  // the runtime alone, before the model
-  const model::ModelSpec spec =
-      SyntheticSpec(s.vocab, s.hidden, s.layers, s.prompt_len + s.max_len);
+  const model::ModelSpec spec = MemorySpec(s);
   trainer::PolicyTrainer t(model::Transformer::Create(spec, 7, 0.02), 1e-4, 0, 0.9, 0.999);
-  std::unique_ptr<comm::Communicator> group;
+  std::unique_ptr<comm::Communicator> group, tp_group;
+  // This rank's data-parallel rank and group size (tensor parallel: its T ranks share both).
+  const int tp = layout != nullptr ? layout->tp : 1;
+  const int dp_rank = layout != nullptr ? layout->rank / tp : 0;
+  const int dp_ranks = layout != nullptr ? layout->ranks / tp : 1;
   if (layout != nullptr) {
     Status set = Status::Ok();
-    StatusOr<trainer::Shard> shard = trainer::ParseShard(layout->shard);
-    set = shard.ok() ? t.SetSharding(*shard) : shard.status();
-    if (set.ok() && layout->ranks > 1) {
+    auto join = [&](const std::string& name, int member, int size) {
       comm::GlooOptions o;
       o.store_address = layout->store;
-      o.group = "bench-memory";
-      o.rank = layout->rank;
-      o.size = layout->ranks;
-      auto g = comm::CreateGlooCommunicator(o);
+      o.group = name;
+      o.rank = member;
+      o.size = size;
+      return comm::CreateGlooCommunicator(o);
+    };
+    if (tp > 1) {
+      auto g = join("bench-memory-tp" + std::to_string(dp_rank), layout->rank % tp, tp);
+      set = g.status();
+      if (g.ok()) {
+        tp_group = std::move(*g);
+        set = t.SetTensorParallel(tp_group.get(), 600);
+      }
+    }
+    StatusOr<trainer::Shard> shard = trainer::ParseShard(layout->shard);
+    if (set.ok()) set = shard.ok() ? t.SetSharding(*shard) : shard.status();
+    if (set.ok() && dp_ranks > 1) {
+      auto g = join(tp > 1 ? "bench-memory-dp" + std::to_string(layout->rank % tp) : "bench-memory",
+                    dp_rank, dp_ranks);
       set = g.status();
       if (g.ok()) {
         group = std::move(*g);
@@ -158,11 +193,11 @@ int RunChild(const MemorySetup& s, const std::string& config, const std::string&
     batch[i].advantage = i % 2 == 0 ? 1.0f : -1.0f;
     tokens += n;
   }
-  if (layout != nullptr && layout->ranks > 1) {
-    // This rank's share: every ranks-th sample.
+  if (dp_ranks > 1) {
+    // This data-parallel rank's share: every dp_ranks-th sample.
     std::vector<trainer::TrainSample> mine;
-    for (size_t i = static_cast<size_t>(layout->rank); i < batch.size();
-         i += static_cast<size_t>(layout->ranks)) {
+    for (size_t i = static_cast<size_t>(dp_rank); i < batch.size();
+         i += static_cast<size_t>(dp_ranks)) {
       mine.push_back(batch[i]);
     }
     batch = std::move(mine);
@@ -249,42 +284,68 @@ StatusOr<nlohmann::json> Spawn(const MemorySetup& s, const std::string& config,
   return FinishChild(pid, config, out_path);
 }
 
-// --layouts: "SHARD:N" -> (shard, N), or InvalidArgument.
-StatusOr<std::pair<std::string, int>> ParseLayout(const std::string& text) {
+// --layouts: "SHARD:N" or "SHARD:DxT", parsed and checked against the model.
+struct Layout {
+  std::string shard;
+  int ranks = 1;  // processes (D x T)
+  int tp = 1;
+};
+StatusOr<Layout> ParseLayout(const std::string& text, const model::ModelSpec& spec) {
   const size_t colon = text.find(':');
-  const std::string shard = text.substr(0, colon);
-  if (!trainer::ParseShard(shard).ok() || colon == std::string::npos) {
+  Layout l;
+  l.shard = text.substr(0, colon);
+  if (!trainer::ParseShard(l.shard).ok() || colon == std::string::npos) {
     return InvalidArgument("--layouts: '" + text +
-                           "' is not SHARD:N with SHARD one of none, optimizer, gradients, "
-                           "parameters (e.g. parameters:4)");
+                           "' is not SHARD:N or SHARD:DxT with SHARD one of none, optimizer, "
+                           "gradients, parameters (e.g. parameters:4, none:2x2)");
   }
-  const std::string n = text.substr(colon + 1);
-  char* end = nullptr;
-  const long ranks = std::strtol(n.c_str(), &end, 10);
-  if (n.empty() || *end != '\0' || ranks < 1 || ranks > 64) {
-    return InvalidArgument("--layouts: '" + text + "': N must be a whole number from 1 to 64");
+  auto number = [&](const std::string& n, const char* what) -> StatusOr<int> {
+    char* end = nullptr;
+    const long v = std::strtol(n.c_str(), &end, 10);
+    if (n.empty() || *end != '\0' || v < 1 || v > 64) {
+      return InvalidArgument("--layouts: '" + text + "': " + what +
+                             " must be a whole number from 1 to 64");
+    }
+    return static_cast<int>(v);
+  };
+  const std::string rest = text.substr(colon + 1);
+  const size_t x = rest.find('x');
+  GYRE_ASSIGN_OR_RETURN(const int d, number(rest.substr(0, x), "N (or D)"));
+  if (x != std::string::npos) {
+    GYRE_ASSIGN_OR_RETURN(l.tp, number(rest.substr(x + 1), "T"));
+    if (l.tp > 1 && l.shard != "none") {
+      return InvalidArgument("--layouts: '" + text +
+                             "': tensor parallelism runs with shard none only (for now)");
+    }
+    if (Status fits = model::CheckTensorParallel(spec, l.tp); !fits.ok()) {
+      return InvalidArgument("--layouts: '" + text + "': " + fits.message() +
+                             " (see --hidden and --intermediate)");
+    }
   }
-  return std::make_pair(shard, static_cast<int>(ranks));
+  l.ranks = d * l.tp;
+  if (l.ranks > 64) return InvalidArgument("--layouts: '" + text + "': more than 64 processes");
+  return l;
 }
 
 // One layout: N rank processes; their JSONs, rank by rank.
 StatusOr<std::vector<nlohmann::json>> RunLayout(const MemorySetup& s, const std::string& shard,
-                                                int ranks, const std::string& dir) {
+                                                int ranks, int tp, const std::string& dir) {
   std::unique_ptr<comm::StoreServer> store;
   if (ranks > 1) {
     GYRE_ASSIGN_OR_RETURN(store, comm::StoreServer::Start("127.0.0.1"));
   }
-  const std::string name = shard + ":" + std::to_string(ranks);
+  const std::string name = shard + ":" + std::to_string(ranks / tp) + "x" + std::to_string(tp);
   std::vector<std::pair<pid_t, std::string>> children;
   Status started = Status::Ok();
   for (int r = 0; r < ranks && started.ok(); ++r) {
-    const std::string out =
-        dir + "/" + shard + "-" + std::to_string(ranks) + "-" + std::to_string(r) + ".json";
+    const std::string out = dir + "/" + shard + "-" + std::to_string(ranks) + "-" +
+                            std::to_string(tp) + "-" + std::to_string(r) + ".json";
     std::vector<std::string> extra = {"--child",        "chunked",
                                       "--child-out",    out,
                                       "--child-layout", shard,
                                       "--child-rank",   std::to_string(r),
-                                      "--child-ranks",  std::to_string(ranks)};
+                                      "--child-ranks",  std::to_string(ranks),
+                                      "--child-tp",     std::to_string(tp)};
     if (store) extra.insert(extra.end(), {"--child-store", store->address()});
     auto pid = StartChild(s, extra);
     if (pid.ok()) {
@@ -325,8 +386,7 @@ int RunLayouts(const MemorySetup& s, const std::vector<std::string>& layouts,
                const std::string& json_path, const std::string& dir) {
   BenchReport report = MemoryReport(s, "layout", {"state_mib", "step_peak_mib"});
   int64_t params = 0;
-  for (const model::ParameterUnit& u : model::ParameterUnits(
-           SyntheticSpec(s.vocab, s.hidden, s.layers, s.prompt_len + s.max_len))) {
+  for (const model::ParameterUnit& u : model::ParameterUnits(MemorySpec(s))) {
     params += u.numel();
   }
   report.SetContext("parameters", params);
@@ -334,15 +394,16 @@ int RunLayouts(const MemorySetup& s, const std::vector<std::string>& layouts,
   report.SetContext("threads_per_rank", s.threads);
   double base_held = 0, base_state = 0, base_peak = 0;
   for (size_t i = 0; i < layouts.size(); ++i) {
-    auto layout = ParseLayout(layouts[i]);
+    auto layout = ParseLayout(layouts[i], MemorySpec(s));
     if (!layout.ok()) {
       std::fprintf(stderr, "gyre bench memory: %s\n", layout.status().message().c_str());
       return 2;
     }
-    const auto& [shard, ranks] = *layout;
-    std::fprintf(stderr, "bench memory: layout %s over %d trainer process(es)\n", shard.c_str(),
-                 ranks);
-    auto runs = RunLayout(s, shard, ranks, dir);
+    const std::string& shard = layout->shard;
+    const int ranks = layout->ranks, tp = layout->tp;
+    std::fprintf(stderr, "bench memory: layout %s over %d trainer process(es)\n",
+                 layouts[i].c_str(), ranks);
+    auto runs = RunLayout(s, shard, ranks, tp, dir);
     if (!runs.ok()) {
       std::fprintf(stderr, "gyre bench memory: %s\n", runs.status().ToString().c_str());
       return 1;
@@ -362,6 +423,7 @@ int RunLayouts(const MemorySetup& s, const std::vector<std::string>& layouts,
     report.AddRow({{"layout", layouts[i]},
                    {"shard", shard},
                    {"ranks", ranks},
+                   {"tensor_parallel", tp},
                    {"held_mib", held},
                    {"held_vs_first", held / base_held},
                    {"state_mib", state},
@@ -406,12 +468,16 @@ int RunBenchMemory(const std::vector<std::string>& args) {
   app->add_option("--chunk", s.chunk, "tokens per log-prob chunk (chunked, checkpointed)")
       ->check(CLI::Range(1, 1 << 24));
   app->add_option("--threads", s.threads, "intra-op CPU threads")->check(CLI::Range(1, 1024));
+  app->add_option("--intermediate", s.intermediate,
+                  "the MLP's width (0: HIDDEN * 8 / 3); tensor parallelism needs one it divides")
+      ->check(CLI::Range(0, 1 << 20));
   AddListOption(app.get(), "--configs", &configs, Configs(),
                 "the configurations to run, in this order");
   app->add_option("--layouts", layouts,
-                  "measure these data-parallel layouts instead of the configurations: SHARD:N "
-                  "(trainer.shard over N trainer processes), e.g. "
-                  "none:1,optimizer:4,parameters:4; the first is the baseline")
+                  "measure these layouts instead of the configurations: SHARD:N "
+                  "(trainer.shard over N trainer processes) or SHARD:DxT (D data-parallel "
+                  "ranks of T tensor-parallel ranks), e.g. "
+                  "none:1,optimizer:4,parameters:4,none:1x4; the first is the baseline")
       ->delimiter(',')
       ->type_name("LIST");
   app->add_option("--json", json_path, "also write the figures as JSON")->type_name("FILE");
@@ -421,6 +487,7 @@ int RunBenchMemory(const std::vector<std::string>& args) {
   app->add_option("--child-layout", child_layout.shard)->group("");
   app->add_option("--child-rank", child_layout.rank)->group("");
   app->add_option("--child-ranks", child_layout.ranks)->group("");
+  app->add_option("--child-tp", child_layout.tp)->group("");
   app->add_option("--child-store", child_layout.store)->group("");
   if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
   // (Checked here: CLI11 leaves a hidden option's name out of its messages.)
@@ -431,7 +498,7 @@ int RunBenchMemory(const std::vector<std::string>& args) {
     return RunChild(s, child, child_out, child_layout.shard.empty() ? nullptr : &child_layout);
   }
   for (const std::string& l : layouts) {
-    if (auto parsed = ParseLayout(l); !parsed.ok()) {
+    if (auto parsed = ParseLayout(l, MemorySpec(s)); !parsed.ok()) {
       return CommandLineError(*app, parsed.status().message());
     }
   }

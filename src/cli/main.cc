@@ -11,7 +11,9 @@
 #include "cli/model_commands.h"
 #include "cli/report_command.h"
 #include "common/command_line.h"
+#include "common/file_util.h"
 #include "common/logging.h"
+#include "controller/job_inputs.h"
 #include "gyre/job.h"
 
 namespace {
@@ -161,6 +163,18 @@ static int Main(int argc, char** argv) {
     auto cfg = gyre::LoadJobConfig(args.path, args.overrides);
     if (!cfg.ok()) {
       std::fprintf(stderr, "gyre: %s\n", OneLine(cfg.status().message()).c_str());
+      return 1;
+    }
+    // What only the model can tell: its sequence limit, how it splits, what a trainer must hold.
+    // A model directory not there yet (to be converted or copied before the run) is said, not an
+    // error: `gyre train` checks it again.
+    if (!cfg->model.path.empty() && !gyre::PathExists(cfg->model.path + "/config.json")) {
+      std::fprintf(stderr,
+                   "gyre: note: %s/config.json is not there yet, so the checks against the model "
+                   "(sequence length, tensor_parallel, memory_limit_gb) were not made\n",
+                   cfg->model.path.c_str());
+    } else if (gyre::Status fits = gyre::controller::CheckJobModel(*cfg); !fits.ok()) {
+      std::fprintf(stderr, "gyre: %s: %s\n", args.path.c_str(), OneLine(fits.message()).c_str());
       return 1;
     }
     if (args.print) std::fputs(gyre::JobConfigToYaml(*cfg).c_str(), stdout);

@@ -365,6 +365,37 @@ std::optional<Problem> CheckShard(const JobConfig& c) {
   return std::nullopt;
 }
 
+// trainer.tensor_parallel T: the trainers are workers / T data-parallel ranks of T each, with shard
+// none (for now), publishing from the slices like shard: parameters. (Whether the model's heads,
+// MLP and vocabulary split over T is checked against the model when the job starts.)
+std::optional<Problem> CheckTensorParallel(const JobConfig& c) {
+  const int t = c.trainer.tensor_parallel;
+  if (t <= 1) return std::nullopt;
+  if (c.trainer.workers % t != 0) {
+    return Problem{{"trainer.workers", "trainer.tensor_parallel"},
+                   "trainer.workers (" + std::to_string(c.trainer.workers) +
+                       ") must be a multiple of trainer.tensor_parallel (" + std::to_string(t) +
+                       "): the trainers are data-parallel ranks of tensor_parallel workers each"};
+  }
+  if (c.trainer.shard != "none") {
+    return Problem{{"trainer.tensor_parallel", "trainer.shard"},
+                   "trainer.tensor_parallel " + std::to_string(t) +
+                       " runs with trainer.shard: "
+                       "none only (each trainer already holds 1/" +
+                       std::to_string(t) + " of the model); trainer.shard '" + c.trainer.shard +
+                       "' is not supported with it"};
+  }
+  if (c.cluster.weight_transport == "nccl" || c.cluster.weight_transport == "cuda_ipc") {
+    return Problem{{"trainer.tensor_parallel", "cluster.weight_transport"},
+                   "trainer.tensor_parallel publishes each policy version from the trainers' "
+                   "slices over cluster.weight_transport grpc or gloo; '" +
+                       c.cluster.weight_transport +
+                       "' sends from one device buffer holding the whole model, which no "
+                       "trainer has (use grpc or gloo)"};
+  }
+  return std::nullopt;
+}
+
 // A worker is declared dead only after missing a heartbeat.
 std::optional<Problem> CheckHeartbeat(const JobConfig& c) {
   if (c.cluster.heartbeat_timeout_s <= c.cluster.heartbeat_interval_s) {
@@ -384,7 +415,7 @@ std::optional<Problem> FindProblem(const JobConfig& c) {
       CheckFieldRanges, CheckJobName,         CheckModelShape,    CheckWeightTransport,
       CheckTaskLengths, CheckSamplingBudget,  CheckReward,        CheckEnvironment,
       CheckSecurity,    CheckMetricsEndpoint, CheckRewardShaping, CheckRolloutScheduling,
-      CheckCorrection,  CheckHeartbeat,       CheckShard};
+      CheckCorrection,  CheckHeartbeat,       CheckShard,         CheckTensorParallel};
   for (Rule rule : kRules) {
     if (std::optional<Problem> p = rule(c)) return p;
   }

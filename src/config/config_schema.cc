@@ -287,6 +287,9 @@ std::vector<Field> TrainerFields() {
           "the most memory each trainer process may use, in GiB, enforced by the kernel "
           "(RLIMIT_DATA); a job whose training state per trainer exceeds it is refused before "
           "it starts; 0 = no limit"),
+      Num(GYRE_CONFIG_KEY(trainer.tensor_parallel), Closed(1, 64),
+          "trainer workers that hold one model together (tensor parallelism: each a slice of "
+          "every layer and of the vocabulary); trainer.workers must be a multiple of it"),
   };
 }
 

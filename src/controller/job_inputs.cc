@@ -10,13 +10,7 @@
 
 namespace gyre::controller {
 
-Status LoadJobInputs(std::shared_ptr<RewardFn> custom_reward, JobState* job) {
-  const JobConfig& cfg = job->cfg;
-  GYRE_ASSIGN_OR_RETURN(job->reward, ChooseReward(cfg.reward, std::move(custom_reward)));
-  if (cfg.data.chat_template != "none" && cfg.model.path.empty()) {
-    return InvalidArgument("data.chat_template: " + cfg.data.chat_template +
-                           " needs a model.path whose tokenizer has chat tokens");
-  }
+Status CheckJobModel(const JobConfig& cfg) {
   model::ModelSpec spec;
   if (!cfg.model.path.empty()) {
     // model.max_seq_len limits every job; with a model directory it must fit the model too.
@@ -24,14 +18,27 @@ Status LoadJobInputs(std::shared_ptr<RewardFn> custom_reward, JobState* job) {
     GYRE_RETURN_IF_ERROR(
         model::EffectiveMaxSeqLen(spec, cfg.model.max_seq_len, cfg.model.path + "/config.json")
             .status());
-  }
-  GYRE_ASSIGN_OR_RETURN(job->tokenizer, text::MakeTextTokenizer(cfg.model));
-  // The built-in model's vocabulary is the character tokenizer's (as the workers build it).
-  if (cfg.model.path.empty()) {
+  } else {
+    // The built-in model's vocabulary is the character tokenizer's (as the workers build it).
     spec = model::SpecFromConfig(cfg.model, text::CharTokenizer().vocab_size());
   }
+  // trainer.tensor_parallel: the model's heads, MLP and vocabulary must split over the ranks.
+  if (Status splits = model::CheckTensorParallel(spec, cfg.trainer.tensor_parallel); !splits.ok()) {
+    return splits.WithContext("trainer.tensor_parallel");
+  }
   // trainer.memory_limit_gb: a job that cannot fit stops here, before any process starts.
-  GYRE_RETURN_IF_ERROR(CheckTrainerMemory(spec, cfg));
+  return CheckTrainerMemory(spec, cfg);
+}
+
+Status LoadJobInputs(std::shared_ptr<RewardFn> custom_reward, JobState* job) {
+  const JobConfig& cfg = job->cfg;
+  GYRE_ASSIGN_OR_RETURN(job->reward, ChooseReward(cfg.reward, std::move(custom_reward)));
+  if (cfg.data.chat_template != "none" && cfg.model.path.empty()) {
+    return InvalidArgument("data.chat_template: " + cfg.data.chat_template +
+                           " needs a model.path whose tokenizer has chat tokens");
+  }
+  GYRE_RETURN_IF_ERROR(CheckJobModel(cfg));
+  GYRE_ASSIGN_OR_RETURN(job->tokenizer, text::MakeTextTokenizer(cfg.model));
   GYRE_ASSIGN_OR_RETURN(ProblemSource src, ProblemSource::Create(cfg.data, cfg.job.seed));
   job->problems = std::make_unique<ProblemSource>(std::move(src));
   job->prompts = std::make_unique<PromptEncoder>(cfg, job->tokenizer.get());

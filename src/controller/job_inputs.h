@@ -18,6 +18,12 @@ namespace gyre::controller {
 // and prompts. `custom_reward` is RunOptions::reward.
 Status LoadJobInputs(std::shared_ptr<RewardFn> custom_reward, JobState* job);
 
+// The checks of a job against its model (the built-in model's shape, or model.path's config.json)
+// that the config alone cannot make: model.max_seq_len within the model's, the heads, MLP and
+// vocabulary splitting over trainer.tensor_parallel, and trainer.memory_limit_gb
+// (trainer_memory.h). Part of LoadJobInputs; `gyre validate` runs it too.
+Status CheckJobModel(const JobConfig& cfg);
+
 // Starts (or connects to) the reward service and the environment server the job names; their
 // logs go to <run_dir>/logs, which must exist.
 Status StartJobServices(JobState* job);

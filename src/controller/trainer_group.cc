@@ -32,6 +32,7 @@ Status TrainerGroup::Form() {
       req.set_group(group);
       req.set_rank(static_cast<int32_t>(r));
       req.set_size(static_cast<int32_t>(trainers.size()));
+      req.set_tensor_parallel(cfg_.trainer.tensor_parallel);
       req.set_timeout_s(cfg_.cluster.register_timeout_s);
       v1::JoinGroupResponse resp;
       return pool_->Invoke(w->id, cfg_.cluster.register_timeout_s + 10, [&](const rpc::Call& c) {
@@ -55,6 +56,10 @@ StatusOr<std::map<std::string, double>> TrainerGroup::Train(const std::vector<v1
                                                             int64_t* new_version) {
   std::vector<Worker*> trainers = pool_->Trainers();
   const int ranks = static_cast<int>(trainers.size());
+  // Tensor parallel: the T trainers of data-parallel rank d (trainers d T .. d T + T - 1) compute
+  // one model together on the same shard of the batch.
+  const int tp = std::max(1, cfg_.trainer.tensor_parallel);
+  const int dp_ranks = ranks / tp;
   std::vector<v1::TrainStepRequest> reqs(ranks);
   for (auto& req : reqs) {
     req.set_expected_version(version);
@@ -63,8 +68,10 @@ StatusOr<std::map<std::string, double>> TrainerGroup::Train(const std::vector<v1
     req.set_temperature(static_cast<float>(opts.temperature));
     req.set_reset_optimizer_state(opts.reset_optimizer);
   }
-  if (ranks == 1) {
-    for (const auto& s : samples) *reqs[0].add_samples() = s;
+  if (dp_ranks == 1) {
+    for (int r = 0; r < ranks; ++r) {
+      for (const auto& s : samples) *reqs[r].add_samples() = s;
+    }
   } else {
     // Token-balanced shards of the same global mini-batches a single trainer would take.
     std::vector<int64_t> tokens;
@@ -78,10 +85,11 @@ StatusOr<std::map<std::string, double>> TrainerGroup::Train(const std::vector<v1
         opts.objective == v1::OBJECTIVE_SFT
             ? 1
             : std::max(1, std::min(cfg_.trainer.mini_batches, static_cast<int>(samples.size())));
-    const DpShards shards = ShardBatch(tokens, ranks, minis, groups);
+    const DpShards shards = ShardBatch(tokens, dp_ranks, minis, groups);
     for (int r = 0; r < ranks; ++r) {
-      for (size_t i : shards.samples[r]) *reqs[r].add_samples() = samples[i];
-      for (int32_t n : shards.mini_batch_sizes[r]) reqs[r].add_mini_batch_sizes(n);
+      const int d = r / tp;
+      for (size_t i : shards.samples[d]) *reqs[r].add_samples() = samples[i];
+      for (int32_t n : shards.mini_batch_sizes[d]) reqs[r].add_mini_batch_sizes(n);
     }
   }
   std::vector<v1::TrainStepResponse> resps(ranks);
@@ -117,17 +125,38 @@ StatusOr<std::map<std::string, double>> TrainerGroup::Train(const std::vector<v1
 
 StatusOr<std::vector<double>> TrainerGroup::SequenceKl(const std::vector<v1::Sample>& samples,
                                                        int64_t version, double temperature) {
-  Worker* w = pool_->Trainers().front();
+  // The trainers that compute a forward together, all on the same samples: trainer-0 alone, or
+  // with trainer.shard: parameters every trainer (each forward gathers from all), or with
+  // tensor parallelism the T trainers holding one model. Trainer-0's answer is the result.
+  std::vector<Worker*> trainers = pool_->Trainers();
+  if (cfg_.trainer.shard != "parameters") {
+    trainers.resize(std::min<size_t>(
+        trainers.size(), static_cast<size_t>(std::max(1, cfg_.trainer.tensor_parallel))));
+  }
+  Worker* w = trainers.front();
   v1::SequenceKlRequest req;
   req.set_expected_version(version);
   req.set_estimator(cfg_.algorithm.kl);
   req.set_temperature(static_cast<float>(temperature));
   for (const auto& s : samples) *req.add_samples() = s;
-  v1::SequenceKlResponse resp;
-  GYRE_RETURN_IF_ERROR(pool_->AfterRpcFailure(
-      w, pool_->Invoke(w->id, cfg_.cluster.rpc_timeout_s, [&](const rpc::Call& c) {
-        return w->trainer->SequenceKl(c, req, &resp).WithContext("KL to the reference policy");
-      })));
+  std::vector<v1::SequenceKlResponse> resps(trainers.size());
+  std::vector<std::future<Status>> calls;
+  for (size_t r = 0; r < trainers.size(); ++r) {
+    calls.push_back(std::async(std::launch::async, [this, &trainers, &req, &resps, r] {
+      Worker* t = trainers[r];
+      return pool_->Invoke(t->id, cfg_.cluster.rpc_timeout_s, [&](const rpc::Call& c) {
+        return t->trainer->SequenceKl(c, req, &resps[r])
+            .WithContext("KL to the reference policy on " + t->id);
+      });
+    }));
+  }
+  Status first_error;
+  for (size_t r = 0; r < trainers.size(); ++r) {
+    Status s = pool_->AfterRpcFailure(trainers[r], calls[r].get());
+    if (!s.ok() && first_error.ok()) first_error = s;
+  }
+  GYRE_RETURN_IF_ERROR(first_error);
+  const v1::SequenceKlResponse& resp = resps[0];
   if (resp.kl_size() != static_cast<int>(samples.size())) {
     return Internal(w->id + " returned " + std::to_string(resp.kl_size()) + " KL values for " +
                     std::to_string(samples.size()) + " samples");
@@ -139,8 +168,10 @@ StatusOr<int64_t> TrainerGroup::SaveState(const std::string& directory) {
   // Unsharded, trainer-0 holds the whole state. Sharded (trainer.shard), every trainer writes its
   // slice of the optimizer state into the same directory, at the same time; the checkpoint is
   // complete once all of them returned.
+  // Tensor parallel: every trainer gathers the slices with the others of its group, trainer-0
+  // writes.
   std::vector<Worker*> trainers = pool_->Trainers();
-  if (cfg_.trainer.shard == "none") trainers.resize(1);
+  if (cfg_.trainer.shard == "none" && cfg_.trainer.tensor_parallel <= 1) trainers.resize(1);
   v1::SaveStateRequest req;
   req.set_directory(directory);
   std::vector<v1::SaveStateResponse> resps(trainers.size());
@@ -192,9 +223,10 @@ StatusOr<int64_t> TrainerGroup::LoadState(const std::string& directory) {
 }
 
 Status TrainerGroup::SaveModel(const std::string& directory) {
-  // trainer.shard: parameters: every trainer gathers the model with trainer-0, which writes it.
+  // trainer.shard: parameters or tensor parallelism: every trainer gathers the model with the
+  // others, trainer-0 writes it.
   std::vector<Worker*> trainers = pool_->Trainers();
-  if (cfg_.trainer.shard != "parameters") trainers.resize(1);
+  if (cfg_.trainer.shard != "parameters" && cfg_.trainer.tensor_parallel <= 1) trainers.resize(1);
   v1::SaveRequest req;
   req.set_directory(directory);
   std::vector<v1::SaveResponse> resps(trainers.size());

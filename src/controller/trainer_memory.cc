@@ -35,8 +35,9 @@ std::string Count(double n) {
 }  // namespace
 
 TrainerMemory EstimateTrainerMemory(double parameters, const std::string& shard, int trainers,
-                                    bool reference) {
+                                    bool reference, int tensor_parallel) {
   const double n = trainers > 0 ? trainers : 1;
+  const double t = tensor_parallel > 1 ? tensor_parallel : 1;
   // Bytes per parameter: float32 weights, gradients and the two AdamW moments, each whole or
   // sliced over the n ranks by the layout (sharded_adamw.h, parameter_shards.h).
   double weights = 4, gradients = 4, moments = 8, ref = reference ? 4 : 0;
@@ -51,10 +52,16 @@ TrainerMemory EstimateTrainerMemory(double parameters, const std::string& shard,
     moments /= n;
     ref /= n;
   }
+  // Tensor parallel: each trainer holds its slices (the norms, whole on every rank, are left out).
+  weights /= t;
+  gradients /= t;
+  moments /= t;
+  ref /= t;
   TrainerMemory m;
   m.parameters = parameters;
   m.state_bytes = parameters * (weights + gradients + moments + ref);
-  m.startup_bytes = parameters * 4 + (shard == "parameters" ? parameters * 4 / n : 0);
+  m.startup_bytes = parameters * 4 + (shard == "parameters" ? parameters * 4 / n : 0) +
+                    (t > 1 ? parameters * 4 / t : 0);
   char buf[256];
   std::snprintf(buf, sizeof(buf),
                 "%s parameters x %.3g bytes (float32 weights %.3g, gradients %.3g, AdamW moments "
@@ -75,12 +82,17 @@ Status CheckTrainerMemory(const model::ModelSpec& spec, const JobConfig& cfg) {
   if (limit <= 0) return Status::Ok();
   const double params = model::EstimateParameterCount(spec);
   const int n = cfg.trainer.workers;
-  const TrainerMemory m = EstimateTrainerMemory(params, cfg.trainer.shard, n, HasReference(cfg));
+  const TrainerMemory m = EstimateTrainerMemory(params, cfg.trainer.shard, n, HasReference(cfg),
+                                                cfg.trainer.tensor_parallel);
   if (m.needed_bytes() <= limit) return Status::Ok();
   std::string message =
       "trainer.memory_limit_gb is " + Gib(limit) + ", but each trainer would need about " +
       Gib(m.needed_bytes()) + " with trainer.shard: " + cfg.trainer.shard + " over " +
-      std::to_string(n) + " trainer(s): " +
+      std::to_string(n) + " trainer(s)" +
+      (cfg.trainer.tensor_parallel > 1
+           ? " (tensor_parallel " + std::to_string(cfg.trainer.tensor_parallel) + ")"
+           : std::string()) +
+      ": " +
       (m.state_bytes >= m.startup_bytes
            ? "its training state between steps is " + m.breakdown
            : "it builds the whole float32 model (" + Gib(params * 4) + ") when it starts") +

@@ -21,9 +21,10 @@ struct TrainerMemory {
   std::string breakdown;  // how state_bytes is made up, for messages
 };
 
-// `shard`: trainer.shard; `trainers`: trainer.workers; `reference`: the job has a KL term.
+// `shard`: trainer.shard; `trainers`: trainer.workers; `reference`: the job has a KL term;
+// `tensor_parallel`: trainer.tensor_parallel (each trainer holds about 1/T of every tensor).
 TrainerMemory EstimateTrainerMemory(double parameters, const std::string& shard, int trainers,
-                                    bool reference);
+                                    bool reference, int tensor_parallel = 1);
 
 // trainer.memory_limit_gb against the estimate for `spec` (the job's model): an
 // kInvalidArgument that names the memory needed, the limit and the layouts that would fit;

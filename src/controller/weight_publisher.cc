@@ -111,7 +111,7 @@ Status WeightPublisher::SendFromSource(const v1::PublishWeightsRequest& req, dou
   // trainer.shard: parameters: no trainer holds the whole model, so every other trainer takes
   // part in trainer-0's publish (they gather the model unit by unit with it) and sends nothing.
   std::vector<Worker*> others;
-  if (cfg_.trainer.shard == "parameters") {
+  if (cfg_.trainer.shard == "parameters" || cfg_.trainer.tensor_parallel > 1) {
     for (Worker* w : pool_->Trainers()) {
       if (w != t) others.push_back(w);
     }

@@ -44,4 +44,10 @@ Status WriteHfConfig(const std::string& dir, const ModelSpec& spec,
 StatusOr<int64_t> EffectiveMaxSeqLen(const ModelSpec& spec, int64_t requested,
                                      const std::string& source);
 
+// Whether `spec` splits over `size` tensor-parallel ranks (model/tensor_parallel.h): `size`
+// divides num_heads, num_kv_heads and intermediate_size, and every rank gets at least one
+// vocabulary row (ceil(V / size) rows each, the last the rest). The error names the field, the
+// values and the rule.
+Status CheckTensorParallel(const ModelSpec& spec, int size);
+
 }  // namespace gyre::model

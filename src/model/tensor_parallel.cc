@@ -91,31 +91,6 @@ at::Tensor TensorParallelSliceOf(const std::string& name, const at::Tensor& whol
   return whole.narrow(dim, begin, end - begin);
 }
 
-Status CheckTensorParallel(const ModelSpec& spec, int size) {
-  if (size < 1) {
-    return InvalidArgument("tensor_parallel must be at least 1, got " + std::to_string(size));
-  }
-  if (size == 1) return Status::Ok();
-  auto divides = [&](const char* field, int64_t value) -> Status {
-    if (value % size == 0) return Status::Ok();
-    return InvalidArgument("tensor_parallel " + std::to_string(size) + " does not divide model." +
-                           field + " " + std::to_string(value) +
-                           ": each rank computes an equal share of them (pick a tensor_parallel "
-                           "that divides num_heads, num_kv_heads and intermediate_size)");
-  };
-  GYRE_RETURN_IF_ERROR(divides("num_heads", spec.num_heads));
-  GYRE_RETURN_IF_ERROR(divides("num_kv_heads", spec.num_kv_heads));
-  GYRE_RETURN_IF_ERROR(divides("intermediate_size", spec.intermediate_size));
-  const int64_t chunk = (spec.vocab_size + size - 1) / size;
-  if (chunk * (size - 1) >= spec.vocab_size) {
-    return InvalidArgument("a vocabulary of " + std::to_string(spec.vocab_size) +
-                           " tokens leaves a tensor-parallel rank of " + std::to_string(size) +
-                           " without vocabulary rows (each holds ceil(V / T) = " +
-                           std::to_string(chunk) + " rows, the last the rest)");
-  }
-  return Status::Ok();
-}
-
 at::Tensor TensorParallelCopy(const at::Tensor& x, TensorParallelGroup* group) {
   if (group == nullptr) return x;
   return CopyToRanks::apply(x, group);

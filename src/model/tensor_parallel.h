@@ -37,6 +37,7 @@
 #include <utility>
 
 #include "gyre/status.h"
+#include "model/hf_config.h"
 #include "model/model_spec.h"
 
 namespace gyre::model {
@@ -54,6 +55,8 @@ class TensorParallelGroup {
   virtual void AllReduceSum(at::Tensor& t) = 0;
   // [size, ...t's shape]: every rank's `t` (contiguous, the same shape on every rank), by rank.
   virtual at::Tensor AllGather(const at::Tensor& t) = 0;
+  // Seconds spent in the calls above so far (the compute waits for each: none is hidden).
+  virtual double seconds() const { return 0; }
 };
 
 // Which dimension of a parameter (by its Hugging Face name) tensor parallelism splits: 0 (rows), 1
@@ -66,9 +69,7 @@ std::pair<int64_t, int64_t> TensorParallelRange(const std::string& name, int64_t
 // Rank `rank`'s slice of the whole parameter `whole` named `name` (a view).
 at::Tensor TensorParallelSliceOf(const std::string& name, const at::Tensor& whole, int rank,
                                  int size);
-// Whether `spec` splits over `size` ranks (the rules above); the error names the field, the values
-// and the rule.
-Status CheckTensorParallel(const ModelSpec& spec, int size);
+// (Whether a spec splits over T ranks: CheckTensorParallel, model/hf_config.h, torch-free.)
 
 // The two exchanges of a tensor-parallel forward (see above), differentiable. With a null group
 // both return x.

@@ -267,11 +267,12 @@ int RunWorker(const std::vector<std::string>& args) {
   const int threads = AutoTorchThreads(*cfg, wrole);
   at::set_num_threads(threads);
   const bool trainer = wrole == v1::WORKER_ROLE_TRAINER;
-  if (trainer && (cfg->trainer.memory_limit_gb > 0 || cfg->trainer.shard == "parameters")) {
+  if (trainer && (cfg->trainer.memory_limit_gb > 0 || cfg->trainer.shard == "parameters" ||
+                  cfg->trainer.tensor_parallel > 1)) {
     // A trainer that must stay small gives memory back: the whole model it builds at start-up
-    // (split and freed under trainer.shard: parameters) would otherwise stay on the heap, counted
-    // against trainer.memory_limit_gb, for the rest of the run. Tensors of 1 MiB and more are
-    // mapped on their own and unmapped when freed.
+    // (split and freed under trainer.shard: parameters or tensor parallelism) would otherwise stay
+    // on the heap, counted against trainer.memory_limit_gb, for the rest of the run. Tensors of 1
+    // MiB and more are mapped on their own and unmapped when freed.
     ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
   } else {
     TuneAllocatorForRepeatedSteps();

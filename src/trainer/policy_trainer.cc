@@ -4,6 +4,7 @@
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "algorithm/registry.h"
@@ -61,28 +62,38 @@ StatusOr<T> CatchCollectiveFailure(bool split, Fn fn, Cleanup cleanup) {
   }
 }
 
+}  // namespace
+
 // model::TensorParallelGroup over a communicator: each collective with its own deadline; a
 // failure throws (CatchCollectiveFailure turns it into the call's Status).
 class CommTensorParallel : public model::TensorParallelGroup {
  public:
   CommTensorParallel(comm::Communicator* comm, double timeout_s)
       : comm_(comm), timeout_s_(timeout_s) {}
+  // The same rank of a group formed again.
+  void Rebind(comm::Communicator* comm) { comm_ = comm; }
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
   void AllReduceSum(at::Tensor& t) override {
     GYRE_CHECK(t.is_contiguous()) << "tensor-parallel all-reduce of a strided tensor";
-    Check(comm_->AllReduceSum(t.data_ptr(), static_cast<size_t>(t.numel()), TypeOf(t),
-                              comm::DeadlineAfter(timeout_s_)),
-          "all-reduce");
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status s = comm_->AllReduceSum(t.data_ptr(), static_cast<size_t>(t.numel()), TypeOf(t),
+                                         comm::DeadlineAfter(timeout_s_));
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    Check(s, "all-reduce");
   }
+  double seconds() const override { return seconds_; }
   at::Tensor AllGather(const at::Tensor& t) override {
     const at::Tensor in = t.contiguous();
     std::vector<int64_t> shape = {size()};
     for (int64_t d : in.sizes()) shape.push_back(d);
     at::Tensor out = at::empty(shape, in.options());
-    Check(comm_->AllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()),
-                           TypeOf(in), comm::DeadlineAfter(timeout_s_)),
-          "all-gather");
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status s =
+        comm_->AllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()), TypeOf(in),
+                         comm::DeadlineAfter(timeout_s_));
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    Check(s, "all-gather");
     return out;
   }
 
@@ -108,9 +119,8 @@ class CommTensorParallel : public model::TensorParallelGroup {
   }
   comm::Communicator* comm_;
   double timeout_s_;
+  double seconds_ = 0;  // in collectives (the trainer's thread only)
 };
-
-}  // namespace
 
 PolicyTrainer::PolicyTrainer(std::unique_ptr<model::Transformer> model, double lr,
                              double weight_decay, double beta1, double beta2)
@@ -138,7 +148,9 @@ Status PolicyTrainer::SetTensorParallel(comm::Communicator* comm, double timeout
     return FailedPrecondition("tensor parallelism is set up before the first step");
   }
   GYRE_RETURN_IF_ERROR(model::CheckTensorParallel(model_->spec(), comm->size()));
-  tp_group_ = std::make_unique<CommTensorParallel>(comm, timeout_s);
+  auto group = std::make_unique<CommTensorParallel>(comm, timeout_s);
+  tp_comm_ = group.get();
+  tp_group_ = std::move(group);
   model_ = model::Transformer::TensorParallelSlice(*model_, tp_group_.get());
   // A new optimizer over the slices, with the same settings.
   const auto defaults =
@@ -285,6 +297,26 @@ void PolicyTrainer::InstallSliceState(const std::vector<ParamState>& state) {
 
 Status PolicyTrainer::RestoreSplitState(const std::vector<at::Tensor>& weights,
                                         const std::vector<ParamState>& state, int64_t version) {
+  if (tp_group_ != nullptr) {
+    // This rank's slices of the whole tensors (checked and copied by RestoreState).
+    std::vector<ParamState> mine = state;
+    const model::NamedTensors params = model_->NamedParameters();
+    for (size_t i = 0; i < mine.size() && i < params.size(); ++i) {
+      const std::string& name = params[i].first;
+      auto cut = [&](const at::Tensor& t) {
+        return t.defined() ? model::TensorParallelSliceOf(name, t, tp_rank(), tp_size()) : t;
+      };
+      mine[i].exp_avg = cut(mine[i].exp_avg);
+      mine[i].exp_avg_sq = cut(mine[i].exp_avg_sq);
+      if (mine[i].step > 0 && !mine[i].exp_avg.defined()) {
+        mine[i].exp_avg = at::zeros_like(optimizer_->params[i]);
+      }
+      if (mine[i].step > 0 && !mine[i].exp_avg_sq.defined()) {
+        mine[i].exp_avg_sq = at::zeros_like(optimizer_->params[i]);
+      }
+    }
+    return RestoreState(SlicesOf(weights), mine, version);
+  }
   if (shard_mode_ != Shard::kParameters) {
     return FailedPrecondition("RestoreSplitState needs trainer.shard: parameters");
   }
@@ -300,6 +332,21 @@ Status PolicyTrainer::RestoreSplitState(const std::vector<at::Tensor>& weights,
 }
 
 StatusOr<std::vector<at::Tensor>> PolicyTrainer::GatherUnitWeights(int u) {
+  if (shards_ == nullptr && tp_group_ != nullptr) {
+    const std::vector<model::ParameterUnit> units = model::ParameterUnits(model_->spec());
+    if (u < 0 || u >= static_cast<int>(units.size())) {
+      return InvalidArgument("no parameter unit " + std::to_string(u));
+    }
+    size_t first = 0;
+    for (int k = 0; k < u; ++k) first += units[static_cast<size_t>(k)].names.size();
+    std::vector<at::Tensor> out;
+    for (size_t i = 0; i < units[static_cast<size_t>(u)].names.size(); ++i) {
+      GYRE_ASSIGN_OR_RETURN(at::Tensor whole, GatherSlices(units[static_cast<size_t>(u)].names[i],
+                                                           optimizer_->params[first + i]));
+      out.push_back(std::move(whole));
+    }
+    return out;
+  }
   if (shards_ == nullptr) {
     return FailedPrecondition("GatherUnitWeights needs a trainer whose parameters are split");
   }
@@ -311,6 +358,47 @@ StatusOr<std::vector<at::Tensor>> PolicyTrainer::GatherUnitWeights(int u) {
 
 Status PolicyTrainer::GatherUnits(bool moments,
                                   const std::function<Status(const GatheredUnit&)>& visit) {
+  if (shards_ == nullptr && tp_group_ != nullptr) {
+    // Each parameter gathered from its slices; the moments from the AdamW state (the ranks step
+    // together, so every rank gathers the same tensors).
+    const std::vector<model::ParameterUnit> units = model::ParameterUnits(model_->spec());
+    const std::vector<int64_t> steps = UnitSteps();
+    const auto& state = optimizer_->adamw->state();
+    const model::NamedTensors ref =
+        reference_ != nullptr ? reference_->NamedParameters() : model::NamedTensors();
+    Status first;
+    size_t k = 0;
+    for (size_t u = 0; u < units.size(); ++u) {
+      GatheredUnit g;
+      g.index = static_cast<int>(u);
+      g.def = &units[u];
+      g.step = steps[u];
+      for (size_t i = 0; i < units[u].names.size(); ++i, ++k) {
+        const std::string& name = units[u].names[i];
+        const at::Tensor& p = optimizer_->params[k];
+        GYRE_ASSIGN_OR_RETURN(at::Tensor w, GatherSlices(name, p));
+        g.weights.push_back(std::move(w));
+        if (moments && g.step > 0) {
+          auto it = state.find(p.unsafeGetTensorImpl());
+          const auto* st = it != state.end()
+                               ? static_cast<const torch::optim::AdamWParamState*>(it->second.get())
+                               : nullptr;
+          GYRE_ASSIGN_OR_RETURN(at::Tensor m,
+                                GatherSlices(name, st ? st->exp_avg() : at::zeros_like(p)));
+          GYRE_ASSIGN_OR_RETURN(at::Tensor v,
+                                GatherSlices(name, st ? st->exp_avg_sq() : at::zeros_like(p)));
+          g.exp_avg.push_back(std::move(m));
+          g.exp_avg_sq.push_back(std::move(v));
+        }
+        if (!ref.empty()) {
+          GYRE_ASSIGN_OR_RETURN(at::Tensor r, GatherSlices(name, ref[k].second));
+          g.reference.push_back(std::move(r));
+        }
+      }
+      if (first.ok()) first = visit(g);
+    }
+    return first;
+  }
   if (shards_ == nullptr) {
     return FailedPrecondition("GatherUnits needs a trainer whose parameters are split");
   }
@@ -351,41 +439,83 @@ Status PolicyTrainer::GatherUnits(bool moments,
   return first;
 }
 
+StatusOr<at::Tensor> PolicyTrainer::GatherSlices(const std::string& name, const at::Tensor& local) {
+  at::NoGradGuard no_grad;
+  const int dim = model::TensorParallelDim(name);
+  if (dim < 0) return local.detach().clone();  // whole on every rank
+  // The split dimension first, padded to the widest slice (the last vocabulary slice may be
+  // shorter), gathered, and the ranks' parts put together.
+  const int ranks = tp_group_->size();
+  const at::Tensor mine = local.detach().transpose(0, dim);
+  const bool vocabulary = name == "model.embed_tokens.weight" || name == "lm_head.weight";
+  const int64_t extent = vocabulary ? model_->spec().vocab_size : mine.size(0) * ranks;
+  const auto [begin0, end0] = model::TensorParallelRange(name, extent, 0, ranks);
+  std::vector<int64_t> padded_shape = mine.sizes().vec();
+  padded_shape[0] = end0 - begin0;
+  at::Tensor padded = at::zeros(padded_shape, mine.options());
+  padded.narrow(0, 0, mine.size(0)).copy_(mine);
+  at::Tensor all;
+  try {
+    all = tp_group_->AllGather(padded);
+  } catch (const std::exception& e) {
+    return Unavailable(std::string("gathering the tensor-parallel slices of ") + name + ": " +
+                       e.what());
+  }
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < ranks; ++r) {
+    const auto [begin, end] = model::TensorParallelRange(name, extent, r, ranks);
+    parts.push_back(all[r].narrow(0, 0, end - begin));
+  }
+  return at::cat(parts, 0).transpose(0, dim).contiguous();
+}
+
+std::vector<at::Tensor> PolicyTrainer::SlicesOf(const std::vector<at::Tensor>& whole) const {
+  std::vector<at::Tensor> out;
+  const model::NamedTensors params = model_->NamedParameters();
+  for (size_t i = 0; i < whole.size() && i < params.size(); ++i) {
+    out.push_back(whole[i].defined() ? model::TensorParallelSliceOf(params[i].first, whole[i],
+                                                                    tp_rank(), tp_size())
+                                     : at::Tensor());
+  }
+  return out;
+}
+
+Status PolicyTrainer::RebindTensorParallel(comm::Communicator* comm) {
+  if (tp_comm_ == nullptr || comm == nullptr || comm->size() != tp_comm_->size() ||
+      comm->rank() != tp_comm_->rank()) {
+    return FailedPrecondition("this trainer holds tensor-parallel rank " +
+                              std::to_string(tp_rank()) + " of " + std::to_string(tp_size()) +
+                              "'s slices, which cannot move to another layout: save a "
+                              "checkpoint and load it into the new layout");
+  }
+  tp_comm_->Rebind(comm);
+  return Status::Ok();
+}
+
+std::vector<int64_t> PolicyTrainer::UnitSteps() const {
+  if (shards_ != nullptr) return sharded_->steps();
+  std::vector<int64_t> out;
+  const auto& state = optimizer_->adamw->state();
+  size_t k = 0;
+  for (const model::ParameterUnit& u : model::ParameterUnits(model_->spec())) {
+    int64_t step = 0;
+    for (size_t i = 0; i < u.names.size() && k < optimizer_->params.size(); ++i, ++k) {
+      auto it = state.find(optimizer_->params[k].unsafeGetTensorImpl());
+      if (it != state.end()) {
+        step = static_cast<const torch::optim::AdamWParamState&>(*it->second).step();
+      }
+    }
+    out.push_back(step);
+  }
+  return out;
+}
+
 StatusOr<model::NamedTensors> PolicyTrainer::FullWeights() {
   model::NamedTensors out;
   if (shards_ == nullptr && tp_group_ != nullptr) {
-    // Each split parameter gathered from the ranks' slices (padded to the largest: the last
-    // vocabulary slice may be shorter), the replicated ones as this rank holds them.
-    at::NoGradGuard no_grad;
-    const int ranks = tp_group_->size();
-    try {
-      for (const auto& [name, p] : model_->NamedParameters()) {
-        const int dim = model::TensorParallelDim(name);
-        if (dim < 0) {
-          out.emplace_back(name, p.detach().clone());
-          continue;
-        }
-        const at::Tensor local = p.detach().transpose(0, dim);  // the split dimension first
-        const int64_t whole = model_->spec().vocab_size;
-        const int64_t extent =
-            dim == 0 && (name == "model.embed_tokens.weight" || name == "lm_head.weight")
-                ? whole
-                : local.size(0) * ranks;
-        const int64_t widest = model::TensorParallelRange(name, extent, 0, ranks).second;
-        std::vector<int64_t> padded_shape = local.sizes().vec();
-        padded_shape[0] = widest;
-        at::Tensor padded = at::zeros(padded_shape, local.options());
-        padded.narrow(0, 0, local.size(0)).copy_(local);
-        const at::Tensor all = tp_group_->AllGather(padded);
-        std::vector<at::Tensor> parts;
-        for (int r = 0; r < ranks; ++r) {
-          const auto [begin, end] = model::TensorParallelRange(name, extent, r, ranks);
-          parts.push_back(all[r].narrow(0, 0, end - begin));
-        }
-        out.emplace_back(name, at::cat(parts, 0).transpose(0, dim).contiguous());
-      }
-    } catch (const std::exception& e) {
-      return Unavailable(std::string("gathering the tensor-parallel slices: ") + e.what());
+    for (const auto& [name, p] : model_->NamedParameters()) {
+      GYRE_ASSIGN_OR_RETURN(at::Tensor whole, GatherSlices(name, p));
+      out.emplace_back(name, std::move(whole));
     }
     return out;
   }
@@ -506,7 +636,26 @@ void PolicyTrainer::FreezeReference() {
 
 Status PolicyTrainer::RestoreReference(const std::vector<at::Tensor>& weights) {
   if (tp_group_ != nullptr) {
-    return FailedPrecondition("restoring a reference policy into tensor-parallel slices");
+    const model::NamedTensors params = model_->NamedParameters();
+    if (weights.size() != params.size()) {
+      return InvalidArgument("reference policy: expected " + std::to_string(params.size()) +
+                             " weights, got " + std::to_string(weights.size()));
+    }
+    const std::vector<at::Tensor> mine = SlicesOf(weights);
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!mine[i].defined() || mine[i].scalar_type() != params[i].second.scalar_type() ||
+          mine[i].sizes() != params[i].second.sizes()) {
+        return InvalidArgument("reference policy: weight '" + params[i].first +
+                               "' does not match the model's shape and dtype");
+      }
+    }
+    auto ref = model::Transformer::FrozenCopy(*model_);
+    at::NoGradGuard no_grad;
+    const model::NamedTensors dst = ref->NamedParameters();
+    for (size_t i = 0; i < dst.size(); ++i) dst[i].second.detach().copy_(mine[i]);
+    reference_ = std::move(ref);
+    reference_compute_.reset();
+    return Status::Ok();
   }
   if (shards_ != nullptr) {
     StatusOr<model::NamedTensors> named = NamedAsUnits(*shards_, weights);

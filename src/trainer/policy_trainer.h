@@ -110,7 +110,8 @@ struct DataParallelOptions {
 };
 
 class GradReducer;
-struct StepSums;  // OptimizerStep's stages (policy_trainer.cc)
+class CommTensorParallel;  // policy_trainer.cc
+struct StepSums;           // OptimizerStep's stages (policy_trainer.cc)
 struct StepPlan;
 
 // trainer.prompt_sharing: whether a packed micro-batch lays out the samples that share a prompt
@@ -176,6 +177,19 @@ class PolicyTrainer {
   // This trainer's tensor-parallel rank and the group's size (0 and 1 without one).
   int tp_rank() const { return tp_group_ != nullptr ? tp_group_->rank() : 0; }
   int tp_size() const { return tp_group_ != nullptr ? tp_group_->size() : 1; }
+  // Another communicator for the same tensor-parallel rank and size (a group formed again after
+  // a failure); FailedPrecondition for another layout.
+  Status RebindTensorParallel(comm::Communicator* comm);
+  // Whether no rank holds the whole model: shard parameters once split, or tensor parallel. Then
+  // checkpoints, HF directories and published versions are gathered unit by unit (GatherUnits,
+  // GatherUnitWeights: collectives of every rank) and a state is restored from whole tensors
+  // (RestoreSplitState, RestoreReference: each rank reads its slices).
+  bool holds_slices() const { return shards_ != nullptr || tp_group_ != nullptr; }
+  // Whether this rank writes what GatherUnits gathers (data- and tensor-parallel rank 0).
+  bool writes_gathered() const { return dp_rank() == 0 && tp_rank() == 0; }
+  // holds_slices(): the AdamW steps taken by each unit's parameters (model::ParameterUnits
+  // order).
+  std::vector<int64_t> UnitSteps() const;
 
   // trainer.shard: kOptimizer (ZeRO-1) keeps only this rank's slice of the AdamW moments;
   // kGradients (ZeRO-2) also reduce-scatters the gradients and keeps only their slice between
@@ -208,7 +222,7 @@ class PolicyTrainer {
     std::vector<at::Tensor> exp_avg, exp_avg_sq;  // when asked for and step > 0
     std::vector<at::Tensor> reference;            // the KL reference's weights, when there is one
   };
-  // kParameters after the split: gathers the model unit by unit, in ParameterUnits order (which
+  // holds_slices(): gathers the model unit by unit, in ParameterUnits order (which
   // is NamedParameters() order), and hands each unit to `visit` before gathering the next, so
   // that no rank ever holds more than one unit whole: how a checkpoint or an HF directory is
   // written from slices. A collective: every rank of the group calls it. `moments`: also the
@@ -219,13 +233,18 @@ class PolicyTrainer {
   // SetDataParallel joined), as the first Step would; a no-op otherwise or once split. A job's
   // trainers split before their first publish, so that no trainer keeps the whole model longer.
   Status SplitParameters() { return ShardParameters(); }
-  // kParameters after the split: the whole float32 weights of unit `u` (ParameterUnits order), a
-  // collective like GatherUnits.
+  // holds_slices(): the whole float32 weights of unit `u` (ParameterUnits order), a collective
+  // like GatherUnits.
   StatusOr<std::vector<at::Tensor>> GatherUnitWeights(int u);
   // kParameters: seconds the collectives took on their thread, and seconds the trainer waited for
-  // them (the part compute did not hide), since the split.
-  double collective_seconds() const { return queue_ ? queue_->busy_seconds() : 0.0; }
-  double collective_wait_seconds() const { return queue_ ? queue_->wait_seconds() : 0.0; }
+  // them (the part compute did not hide), since the split. Tensor parallel: seconds in its
+  // collectives, all waited for (they run on the trainer's thread, between the computations).
+  double collective_seconds() const {
+    return queue_ ? queue_->busy_seconds() : tp_group_ ? tp_group_->seconds() : 0.0;
+  }
+  double collective_wait_seconds() const {
+    return queue_ ? queue_->wait_seconds() : tp_group_ ? tp_group_->seconds() : 0.0;
+  }
   // The sharded optimizer; null when not sharded.
   const ShardedAdamW* sharded() const { return sharded_.get(); }
   // Restores a sharded trainer's state: the weights (as RestoreState), this rank's optimizer
@@ -292,10 +311,11 @@ class PolicyTrainer {
   // bit for bit as if never interrupted (the AdamW hyperparameters come from the constructor).
   Status RestoreState(const std::vector<at::Tensor>& weights, const std::vector<ParamState>& state,
                       int64_t version);
-  // kParameters: restores from whole tensors, reading only this rank's slices of them (views of
-  // a checkpoint's mapped files will do): the weights and the AdamW state (per parameter in
-  // NamedParameters() order; an undefined moment is zero) and the version. A model still whole
-  // is split first (over the group SetDataParallel joined). All or nothing once split.
+  // kParameters or tensor parallel: restores from whole tensors, reading only this rank's slices
+  // of them (views of a checkpoint's mapped files will do): the weights and the AdamW state (per
+  // parameter in ParameterUnits order; an undefined moment is zero) and the version. A model
+  // still whole is split first (over the group SetDataParallel joined). All or nothing once
+  // split.
   Status RestoreSplitState(const std::vector<at::Tensor>& weights,
                            const std::vector<ParamState>& state, int64_t version);
   // Data parallel: this trainer's rank and the group's size (0 and 1 without a group).
@@ -403,7 +423,14 @@ class PolicyTrainer {
   // Tensor parallel: the group (over the communicator SetTensorParallel was given) and, per
   // parameter in optimizer order, whether it is split over the ranks (or whole on each).
   std::unique_ptr<model::TensorParallelGroup> tp_group_;
+  CommTensorParallel* tp_comm_ = nullptr;  // tp_group_, to rebind
   std::vector<bool> tp_split_;
+  // Tensor parallel: `local`, this rank's slice of parameter `name`, gathered whole from every
+  // rank's (a collective of the tensor-parallel group).
+  StatusOr<at::Tensor> GatherSlices(const std::string& name, const at::Tensor& local);
+  // Tensor parallel: the whole tensors `named` (ParameterUnits names and whole shapes) cut to this
+  // rank's slices.
+  std::vector<at::Tensor> SlicesOf(const std::vector<at::Tensor>& whole) const;
   // kParameters or tensor parallel: a failed collective can surface as an exception from a pass.
   bool PassesMayThrow() const { return shard_mode_ == Shard::kParameters || tp_group_ != nullptr; }
 };

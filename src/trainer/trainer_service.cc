@@ -191,14 +191,50 @@ grpc::Status TrainerService::JoinGroup(grpc::ServerContext* ctx, const v1::JoinG
                               std::to_string(req->size()) + " is not a valid rank");
     }
     const double timeout_s = req->timeout_s() > 0 ? req->timeout_s() : 60;
+    // Tensor parallel: first the group of the T ranks holding one model (every rank forms its
+    // groups in the same order), then the data-parallel group of the ranks holding this slice.
+    const int tp = std::max(1, req->tensor_parallel());
+    if (req->size() % tp != 0) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "JoinGroup: tensor_parallel " + std::to_string(tp) +
+                              " does not divide the group's size " + std::to_string(req->size()));
+    }
+    std::unique_ptr<comm::Communicator> tp_group;
+    v1::JoinGroupRequest dp_req = *req;
+    if (tp > 1) {
+      v1::JoinGroupRequest tp_req = *req;
+      tp_req.set_group(req->group() + "-tp" + std::to_string(req->rank() / tp));
+      tp_req.set_rank(req->rank() % tp);
+      tp_req.set_size(tp);
+      auto formed = FormGroup(tp_req, timeout_s);
+      if (!formed.ok()) {
+        return rpc::ToGrpc(formed.status().WithContext("join tensor-parallel group"));
+      }
+      tp_group = std::move(*formed);
+      dp_req.set_group(req->group() + "-dp" + std::to_string(req->rank() % tp));
+      dp_req.set_rank(req->rank() / tp);
+      dp_req.set_size(req->size() / tp);
+    }
     // Forming the group blocks until every rank joined: not under mu_.
-    auto group = FormGroup(*req, timeout_s);
-    if (!group.ok()) return rpc::ToGrpc(group.status().WithContext("join data-parallel group"));
+    std::unique_ptr<comm::Communicator> dp_group;
+    if (dp_req.size() > 1) {
+      auto group = FormGroup(dp_req, timeout_s);
+      if (!group.ok()) return rpc::ToGrpc(group.status().WithContext("join data-parallel group"));
+      dp_group = std::move(*group);
+    }
     std::lock_guard<std::mutex> lock(mu_);
+    if (tp_group != nullptr) {
+      const Status set =
+          trainer_.tp_size() > 1
+              ? trainer_.RebindTensorParallel(tp_group.get())
+              : trainer_.SetTensorParallel(tp_group.get(), config_.trainer.collective_timeout_s);
+      if (!set.ok()) return rpc::ToGrpc(set.WithContext("join tensor-parallel group"));
+      tp_group_ = std::move(tp_group);
+    }
     if (Status s = trainer_.SetDataParallel(nullptr, {}); !s.ok()) {
       return rpc::ToGrpc(s.WithContext("join data-parallel group"));
     }
-    group_ = std::move(*group);
+    group_ = std::move(dp_group);
     DataParallelOptions dp;
     dp.bucket_bytes = static_cast<int64_t>(config_.trainer.grad_bucket_mb) << 20;
     dp.timeout_s = config_.trainer.collective_timeout_s;
@@ -206,9 +242,15 @@ grpc::Status TrainerService::JoinGroup(grpc::ServerContext* ctx, const v1::JoinG
     if (Status s = trainer_.SetDataParallel(group_.get(), dp); !s.ok()) {
       return rpc::ToGrpc(s.WithContext("join data-parallel group"));
     }
-    GYRE_LOG_INFO("joined data-parallel group {} as rank {} of {} ({}, trainer.shard: {})",
-                  req->group(), req->rank(), req->size(), group_->backend(),
-                  ShardName(trainer_.sharding()));
+    GYRE_LOG_INFO(
+        "joined data-parallel group {} as rank {} of {} (trainer {} of {}, tensor-parallel rank "
+        "{} of {}; {}, trainer.shard: {})",
+        dp_req.group(), trainer_.dp_rank(), trainer_.dp_size(), req->rank(), req->size(),
+        trainer_.tp_rank(), trainer_.tp_size(),
+        group_      ? group_->backend()
+        : tp_group_ ? tp_group_->backend()
+                    : "-",
+        ShardName(trainer_.sharding()));
     return grpc::Status::OK;
   });
 }
@@ -296,7 +338,7 @@ grpc::Status TrainerService::PublishWeights(grpc::ServerContext* ctx,
           return rpc::ToGrpc(s.WithContext("split the parameters before publishing"));
         }
       }
-      split = trainer_.parameter_shards() != nullptr;
+      split = trainer_.holds_slices();
     }
     if (split) {
       s = PublishFromSlices(*req, *transport, resp);
@@ -327,12 +369,14 @@ Status TrainerService::PublishFromSlices(const v1::PublishWeightsRequest& req,
   // The gathers are the trainer's collectives: nothing else may run on it until the last one.
   std::lock_guard<std::mutex> lock(mu_);
   if (transport == "nccl" || transport == "cuda_ipc") {
-    return FailedPrecondition("trainer.shard: parameters publishes over grpc or gloo, not " +
-                              transport);
+    return FailedPrecondition(
+        "trainers holding slices (trainer.shard: parameters, trainer.tensor_parallel) publish "
+        "over grpc or gloo, not " +
+        transport);
   }
   const std::vector<model::ParameterUnit> units = model::ParameterUnits(trainer_.model().spec());
   // The other ranks take part in the gathers and send nothing.
-  if (trainer_.dp_rank() != 0) {
+  if (!trainer_.writes_gathered()) {
     for (size_t u = 0; u < units.size(); ++u) {
       GYRE_RETURN_IF_ERROR(trainer_.GatherUnitWeights(static_cast<int>(u)).status());
     }
@@ -422,8 +466,9 @@ grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveReques
     }
     // trainer.shard: parameters: the controller asks every rank; rank 0 writes while the others
     // take part in gathering the model unit by unit (once it is split).
-    if (trainer_.sharding() == Shard::kParameters && trainer_.dp_rank() != 0) {
-      if (trainer_.parameter_shards() != nullptr) {
+    if ((trainer_.sharding() == Shard::kParameters || trainer_.tp_size() > 1) &&
+        !trainer_.writes_gathered()) {
+      if (trainer_.holds_slices()) {
         const Status s = WriteModelDirectoryFromSlices(req->directory(), trainer_, "");
         if (!s.ok()) return rpc::ToGrpc(s.WithContext("save " + req->directory()));
       }
@@ -438,7 +483,7 @@ grpc::Status TrainerService::Save(grpc::ServerContext* ctx, const v1::SaveReques
     if (s.ok()) s = MakeDirs(tmp_dir);
     // A model loaded from a Hugging Face directory keeps its own config.json (eos ids, etc.) and
     // tokenizer files, so the checkpoint is a drop-in replacement for it.
-    if (trainer_.parameter_shards() != nullptr) {
+    if (trainer_.holds_slices()) {
       // Also after a failure above: the other ranks are gathering with this one.
       const Status written = WriteModelDirectoryFromSlices(tmp_dir, trainer_, config_.model.path);
       if (s.ok()) s = written;

@@ -97,6 +97,7 @@ class TrainerService final : public v1::Trainer::Service {
   mutable std::atomic<int64_t> last_version_{0};  // trainer_.version() when last read
   std::unique_ptr<comm::StoreServer> store_;      // rank 0 of a data-parallel group
   std::unique_ptr<comm::Communicator> group_;     // guarded by mu_
+  std::unique_ptr<comm::Communicator> tp_group_;  // tensor parallel; guarded by mu_
   std::function<void(const std::string&)> on_stop_;
   // The sending side of publishes: its weight groups and device staging buffer are kept between
   // versions. weights_mu_ serialises publishes.

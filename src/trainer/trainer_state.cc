@@ -202,7 +202,7 @@ Status WriteModelFiles(const std::string& dir, const model::ModelSpec& spec,
 
 Status WriteModelDirectoryFromSlices(const std::string& dir, PolicyTrainer& trainer,
                                      const std::string& model_path) {
-  const bool writer = trainer.dp_rank() == 0;
+  const bool writer = trainer.writes_gathered();
   const std::vector<model::ParameterUnit> units = model::ParameterUnits(trainer.model().spec());
   std::vector<model::SafetensorsWriter::Entry> entries;
   for (const model::ParameterUnit& u : units) {
@@ -237,11 +237,11 @@ namespace {
 // into the files of format 1 (layout-free: any layout loads them), one unit at a time.
 Status SaveSplitTrainerState(const std::string& dir, PolicyTrainer& trainer,
                              const std::string& model_path) {
-  const bool writer = trainer.dp_rank() == 0;
+  const bool writer = trainer.writes_gathered();
   // A failure of rank 0 is returned after the gathers: the other ranks are gathering with it.
   Status opened = writer ? MakeDirs(dir) : Status::Ok();
   const std::vector<model::ParameterUnit> units = model::ParameterUnits(trainer.model().spec());
-  const std::vector<int64_t> steps = trainer.sharded()->steps();  // one per unit
+  const std::vector<int64_t> steps = trainer.UnitSteps();
   const bool has_reference = trainer.reference() != nullptr;
   std::vector<model::SafetensorsWriter::Entry> weights, moments;
   nlohmann::json entries = nlohmann::json::array();
@@ -313,9 +313,7 @@ Status SaveSplitTrainerState(const std::string& dir, PolicyTrainer& trainer,
 
 Status SaveTrainerState(const std::string& dir, PolicyTrainer& trainer,
                         const std::string& model_path) {
-  if (trainer.parameter_shards() != nullptr) {
-    return SaveSplitTrainerState(dir, trainer, model_path);
-  }
+  if (trainer.holds_slices()) return SaveSplitTrainerState(dir, trainer, model_path);
   const ShardedAdamW* sharded = trainer.sharded();
   // Without sharding rank 0 holds everything; with it, every rank writes its slice and rank 0
   // the rest.
@@ -404,7 +402,7 @@ Status LoadTrainerState(const std::string& dir, PolicyTrainer* trainer) {
   }
   // trainer.shard: parameters reads only this rank's slices (mapped files, no whole copy); the
   // model may already be split, so its parameters' names and shapes come from its spec.
-  const bool split = trainer->sharding() == Shard::kParameters;
+  const bool split = trainer->sharding() == Shard::kParameters || trainer->tp_size() > 1;
   model::NamedTensors params;
   if (split) {
     for (const model::ParameterUnit& u : model::ParameterUnits(trainer->model().spec())) {

@@ -183,6 +183,19 @@ TEST(BadInputTest, ConfigsThatCannotWorkFailValidation) {
                "cluster.weight_bucket_bytes=1073741824"},
               dir);
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  // Tensor parallelism: the layout against the workers, and the model's heads against T.
+  r = RunGyre(
+      {"validate", kQuickstart, "--set", "trainer.workers=3", "--set", "trainer.tensor_parallel=2"},
+      dir);
+  ExpectCleanError(r, {"trainer.workers (3) must be a multiple of trainer.tensor_parallel (2)"});
+  r = RunGyre(
+      {"validate", kQuickstart, "--set", "trainer.workers=4", "--set", "trainer.tensor_parallel=4"},
+      dir);
+  ExpectCleanError(r, {"tensor_parallel 4 does not divide model.num_kv_heads 2"});
+  r = RunGyre(
+      {"validate", kQuickstart, "--set", "trainer.workers=4", "--set", "trainer.tensor_parallel=2"},
+      dir);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 // Dataset records that cannot be used fail the job when the data is loaded, before any worker

@@ -1533,6 +1533,7 @@ TEST(BenchTest, EveryHelpListsEachOptionWithItsDefault) {
         {"--max-len", "=512"},
         {"--chunk", "=1024"},
         {"--threads", "=1"},
+        {"--intermediate", "=0"},
         {"--configs", "=padded,unchunked,chunked,checkpointed"},
         {"--layouts", "SHARD:N"},
         {"--json", "FILE"}}},

@@ -154,6 +154,45 @@ TEST(DataParallelTest, FullyShardedJobPublishesCheckpointsAndResumes) {
   ExpectSameModel(Logprobs(dir + "/t/final", dir), OneTrainerLogprobs());
 }
 
+// trainer.tensor_parallel=2 on 2 trainers: each holds half of every layer and of the vocabulary
+// (tensor parallelism, no data parallelism); every version is published from the slices over
+// gRPC, the checkpoint is written from them after the first GRPO step, and the job resumed on 4
+// trainers (2 data-parallel ranks of 2) publishing over Gloo ends with the single trainer's model.
+TEST(DataParallelTest, TensorParallelJobPublishesCheckpointsAndResumesOntoTwoByTwo) {
+  const std::string dir = MakeTempDir("dp-tp");
+  auto a = GyreProcess::Start(
+      With(Job(dir, 2), {"--set", "trainer.tensor_parallel=2", "--set", "trainer.steps=1", "--set",
+                         "trainer.checkpoint_every=1"}),
+      dir);
+  ASSERT_TRUE(a.Wait(240)) << a.Output();
+  ASSERT_EQ(WEXITSTATUS(a.wait_status), 0) << a.Output();
+  EXPECT_NE(ReadFile(dir + "/t/logs/trainer-1.log").find("tensor-parallel rank 1 of 2"),
+            std::string::npos);
+  const std::string ckpt = dir + "/t/checkpoints/step-000001/trainer";
+  EXPECT_TRUE(PathExists(ckpt + "/model.safetensors")) << ckpt;
+  EXPECT_TRUE(PathExists(ckpt + "/optimizer.safetensors")) << ckpt;
+  auto whole = FileSize(ckpt + "/model.safetensors");
+  ASSERT_TRUE(whole.ok());
+  const auto first = GrpoMetrics(dir + "/t/metrics.jsonl");
+  ASSERT_EQ(first.size(), 1u);
+  // Each trainer holds half of every split tensor (the norms whole).
+  const double held = first[0]["weights_mib"].get<double>() * (1 << 20);
+  EXPECT_LT(held, 0.55 * static_cast<double>(*whole));
+  EXPECT_GT(held, 0.45 * static_cast<double>(*whole));
+  auto b = GyreProcess::Start(
+      With(Job(dir, 4), {"--resume", "--set", "trainer.tensor_parallel=2", "--set",
+                         "cluster.weight_transport=gloo", "--set", "trainer.checkpoint_every=1"}),
+      MakeTempDir("dp-tp-resume"));
+  ASSERT_TRUE(b.Wait(240)) << b.Output();
+  ASSERT_EQ(WEXITSTATUS(b.wait_status), 0) << b.Output();
+  // Trainer-3: tensor-parallel rank 1 of data-parallel rank 1, in the group of the slice 1s.
+  EXPECT_NE(ReadFile(dir + "/t/logs/trainer-3.log")
+                .find("-dp1 as rank 1 of 2 (trainer 3 of 4, tensor-parallel rank 1 of 2"),
+            std::string::npos);
+  ASSERT_EQ(GrpoMetrics(dir + "/t/metrics.jsonl").size(), 2u);
+  ExpectSameModel(Logprobs(dir + "/t/final", dir), OneTrainerLogprobs());
+}
+
 // trainer.memory_limit_gb: a 99 M-parameter model whose unsharded training state (1.48 GiB of
 // float32 weights, gradients and AdamW moments) exceeds the 1.45 GiB each trainer may use. One
 // trainer is refused before anything starts, with the memory needed and what would fit; 4

@@ -741,6 +741,27 @@ TEST(ConfigCrossField, FullyShardedParametersPublishOverHostTransportsOnly) {
   EXPECT_NE(e.find("use grpc or gloo, or trainer.shard: gradients"), std::string::npos) << e;
 }
 
+// trainer.tensor_parallel: the workers are data-parallel ranks of T; shard none; host transports.
+TEST(ConfigCrossField, TensorParallelLayoutsAreCheckedWithTheRule) {
+  auto ok = Parse("trainer:\n  workers: 4\n  tensor_parallel: 2\n");
+  EXPECT_TRUE(ok.ok()) << ok.status();
+  std::string e = ParseError("trainer:\n  workers: 3\n  tensor_parallel: 2\n");
+  EXPECT_NE(e.find("trainer.workers (3) must be a multiple of trainer.tensor_parallel (2)"),
+            std::string::npos)
+      << e;
+  e = ParseError("trainer:\n  workers: 2\n  tensor_parallel: 2\n  shard: gradients\n");
+  EXPECT_NE(e.find("trainer.shard 'gradients' is not supported with it"), std::string::npos) << e;
+  e = ParseError(
+      "model:\n  device: cuda\ntrainer:\n  workers: 2\n  tensor_parallel: 2\n"
+      "cluster:\n  weight_transport: nccl\n  placement: disaggregated\n");
+  EXPECT_NE(e.find("trainer.tensor_parallel publishes each policy version from the trainers' "
+                   "slices over cluster.weight_transport grpc or gloo; 'nccl'"),
+            std::string::npos)
+      << e;
+  e = ParseError("trainer:\n  tensor_parallel: 0\n");
+  EXPECT_NE(e.find("trainer.tensor_parallel"), std::string::npos) << e;
+}
+
 TEST(ConfigCrossField, GpuWeightTransportsNeedGpusAndTheirPlacement) {
   std::string e = ParseError("cluster:\n  weight_transport: cuda_ipc\n");
   EXPECT_NE(e.find("jobs/x.yaml:2:"), std::string::npos) << e;

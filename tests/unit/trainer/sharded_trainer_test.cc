@@ -342,6 +342,49 @@ TEST(TensorParallelTest, TwoDataParallelTimesTwoTensorParallelMatchesOneProcess)
   }
 }
 
+// Checkpoints of tensor-parallel trainers: written from the slices (gathered unit by unit, rank 0
+// writes the layout-free format), resumed bit for bit on the same layout, and onto one process,
+// DP 2 x TP 2 and parameter sharding within float tolerance; a one-process checkpoint resumes onto
+// T = 2.
+TEST(TensorParallelTest, CheckpointsMoveBetweenLayouts) {
+  const std::string root = TempDirectory() + "/gyre_tp_ckpt_" + std::to_string(::getpid());
+  ASSERT_TRUE(MakeDirs(root).ok());
+  const std::vector<std::string> flags = {"model=qwen3", "kl", "minis=2"};
+  const Result plain = RunRanks("none", 1, flags);
+  const Result straight = RunRanks("none", 2, With(flags, {"tp=2"}));
+  ASSERT_TRUE(plain.ok && straight.ok);
+  const std::string tp2 = root + "/tp2", whole = root + "/whole";
+  ASSERT_TRUE(RunRanks("none", 2, With(flags, {"tp=2", "steps=1", "save=" + tp2})).ok);
+  ASSERT_TRUE(PathExists(tp2 + "/model.safetensors"));
+  ASSERT_TRUE(PathExists(tp2 + "/reference.safetensors"));
+  const Result same = RunRanks("none", 2, With(flags, {"tp=2", "load=" + tp2, "start=1"}));
+  ASSERT_TRUE(same.ok);
+  EXPECT_TRUE(at::equal(same.weights, straight.weights)) << "same layout: not bit for bit";
+  auto expect_resumed = [&](const Result& got, const std::string& what) {
+    ASSERT_TRUE(got.ok) << what;
+    ASSERT_EQ(got.weights.numel(), plain.weights.numel()) << what;
+    EXPECT_TRUE(testing::AllClose(got.weights, plain.weights, kTensorParallel)) << what;
+    for (const char* k : {"loss", "grad_norm", "tokens"}) {
+      const double w = Metric(plain, 1, k);
+      EXPECT_NEAR(Metric(got, 1, k), w, 1e-4 * (1 + std::abs(w))) << k << ": " << what;
+    }
+    ASSERT_EQ(got.kl.size(), plain.kl.size()) << what;
+    for (const auto& [sample, w] : plain.kl) {
+      EXPECT_NEAR(got.kl.at(sample), w, 1e-4 * (1 + std::abs(w))) << what;
+    }
+  };
+  expect_resumed(RunRanks("none", 1, With(flags, {"load=" + tp2, "start=1"})),
+                 "TP 2 -> one process");
+  expect_resumed(RunRanks("none", 4, With(flags, {"tp=2", "load=" + tp2, "start=1"})),
+                 "TP 2 -> DP 2 x TP 2");
+  expect_resumed(RunRanks("parameters", 2, With(flags, {"load=" + tp2, "start=1"})),
+                 "TP 2 -> parameters on 2");
+  ASSERT_TRUE(RunRanks("none", 1, With(flags, {"steps=1", "save=" + whole})).ok);
+  expect_resumed(RunRanks("none", 2, With(flags, {"tp=2", "load=" + whole, "start=1"})),
+                 "one process -> TP 2");
+  (void)RemoveTree(root);
+}
+
 // A layout the model cannot take is refused with the field, the value and the rule.
 TEST(TensorParallelTest, AModelThatDoesNotSplitIsRefused) {
   const Result r = RunRanks("none", 4, {"tp=4"}, {}, /*failures_expected=*/true);
