@@ -47,7 +47,7 @@ PayloadStream::PayloadStream(uint64_t total, std::vector<uint64_t> starts, Produ
 Status PayloadStream::ProduceThrough(uint64_t last) {
   while (error_.ok() && next_ < starts_.size() && starts_[next_] <= last) {
     const size_t index = next_++;
-    const uint64_t end = index + 1 < starts_.size() ? starts_[index + 1] : total_;
+    const uint64_t end = PieceEnd(index);
     std::vector<uint8_t> bytes;
     error_ = produce_(index, &bytes);
     if (error_.ok() && bytes.size() != end - starts_[index]) {
@@ -69,8 +69,7 @@ void PayloadStream::DropPassed() {
     if (active_[r]) low = std::min(low, position_[r]);
   }
   for (auto it = pieces_.begin(); it != pieces_.end();) {
-    const uint64_t end = it->first + 1 < starts_.size() ? starts_[it->first + 1] : total_;
-    if (end > low) break;
+    if (PieceEnd(it->first) > low) break;
     held_ -= it->second.size();
     it = pieces_.erase(it);
   }

@@ -58,6 +58,10 @@ class PayloadStream {
   // Produces pieces until the one holding byte `last` is made (lock held).
   Status ProduceThrough(uint64_t last);
   void DropPassed();  // pieces every active reader is past (lock held)
+  // The byte after piece `index` (the next piece's start, or the payload's end).
+  uint64_t PieceEnd(size_t index) const {
+    return index + 1 < starts_.size() ? starts_[index + 1] : total_;
+  }
 
   const uint64_t total_;
   const std::vector<uint64_t> starts_;

@@ -231,21 +231,15 @@ Status ParameterShards::SetWeights(const model::NamedTensors& weights) {
       }
     }
   }
+  // Checked: each unit's slice (SliceOf cannot fail now) into its master.
   at::NoGradGuard no_grad;
   k = 0;
   for (size_t ui = 0; ui < units_.size(); ++ui) {
-    const Unit& u = units_[ui];
-    at::Tensor master = masters_[ui].detach();
-    int64_t offset = 0;  // of the tensor in the unit's flat vector
-    for (size_t i = 0; i < u.def.names.size(); ++i, ++k) {
-      const int64_t lo = std::max(u.layout.begin, offset);
-      const int64_t hi = std::min(u.layout.end, offset + u.numels[i]);
-      if (lo < hi) {
-        master.narrow(0, lo - u.layout.begin, hi - lo)
-            .copy_(weights[k].second.detach().reshape({-1}).narrow(0, lo - offset, hi - lo));
-      }
-      offset += u.numels[i];
-    }
+    std::vector<at::Tensor> whole;
+    for (size_t i = 0; i < units_[ui].def.names.size(); ++i, ++k)
+      whole.push_back(weights[k].second);
+    GYRE_ASSIGN_OR_RETURN(const at::Tensor slice, SliceOf(static_cast<int>(ui), whole));
+    masters_[ui].detach().copy_(slice);
   }
   return Status::Ok();
 }

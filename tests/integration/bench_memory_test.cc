@@ -123,7 +123,13 @@ TEST(BenchMemoryTest, BadOptionsAreUsageErrors) {
            {{"bench", "memory", "--layouts", "parameters"},
             "--layouts: 'parameters' is not SHARD:N"},
            {{"bench", "memory", "--layouts", "zero3:2"}, "--layouts: 'zero3:2' is not SHARD:N"},
-           {{"bench", "memory", "--layouts", "none:0"}, "N must be a whole number from 1 to 64"},
+           {{"bench", "memory", "--layouts", "none:0"},
+            "N (or D) must be a whole number from 1 to 64"},
+           {{"bench", "memory", "--layouts", "none:1x0"}, "T must be a whole number from 1 to 64"},
+           {{"bench", "memory", "--layouts", "gradients:1x2"},
+            "tensor parallelism runs with shard none only"},
+           {{"bench", "memory", "--layouts", "none:1x4"},
+            "tensor_parallel 4 does not divide model.intermediate_size 682"},
            {{"bench", "memory", "--colour", "blue"}, "--colour"}}) {
     const auto [rc, out] = testing::RunGyre(args, dir, 60);
     EXPECT_EQ(rc, 2) << out;

@@ -116,6 +116,10 @@ int Run(int argc, char** argv) {
     auto g = join(group_name + "-tp" + std::to_string(dp_rank), tp_rank, tp);
     if (!g.ok()) return Fail(g.status().message());
     tp_group = std::move(*g);
+    // Every member is connected before any of them may leave (a refused layout exits at once).
+    if (Status s = tp_group->Barrier(comm::DeadlineAfter(timeout)); !s.ok()) {
+      return Fail(s.message());
+    }
     if (Status s = t.SetTensorParallel(tp_group.get(), timeout); !s.ok()) return Fail(s.message());
   }
   if (dp_ranks > 1) {
