@@ -140,7 +140,14 @@ std::string Script(const JobConfig& cfg, const SlurmOptions& o, const std::strin
     << "# Written by `gyre launch slurm` for job '" << cfg.job.name
     << "' (docs/cluster.md#slurm). Submit with sbatch.\n"
     << "# Component 0: the controller; 1: " << cfg.rollout.workers
-    << " rollout worker(s); 2: " << cfg.trainer.workers << " trainer worker(s).\n"
+    << " rollout worker(s); 2: " << cfg.trainer.workers << " trainer worker(s)"
+    << (cfg.trainer.tensor_parallel > 1
+            ? " (" + std::to_string(cfg.trainer.workers / cfg.trainer.tensor_parallel) +
+                  " data-parallel x " + std::to_string(cfg.trainer.tensor_parallel) +
+                  " tensor-parallel: task r is tensor-parallel rank r % " +
+                  std::to_string(cfg.trainer.tensor_parallel) + ")"
+            : std::string())
+    << ".\n"
     << "#SBATCH --job-name=gyre-" << cfg.job.name << "\n"
     << "#SBATCH --output=" << run_dir << "/slurm/slurm-%j.out\n"
     << "#SBATCH --ntasks=1 --cpus-per-task=" << o.controller_cpus << common << "\n"
