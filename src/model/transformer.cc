@@ -131,6 +131,15 @@ struct Transformer::Impl {
   int64_t Heads() const { return spec.num_heads / TpSize(); }
   int64_t KvHeads() const { return spec.num_kv_heads / TpSize(); }
   at::Tensor TpCopy(const at::Tensor& x) const { return TensorParallelCopy(x, tp); }
+  // The embedding lookup: with tensor parallelism, the tokens of this rank's vocabulary rows
+  // (zeros for the others), summed over the ranks.
+  at::Tensor Embed(const at::Tensor& weight, const at::Tensor& tokens) const {
+    if (tp == nullptr) return at::embedding(weight, tokens);
+    const at::Tensor local = tokens - vocab_begin;
+    const at::Tensor mine = (local >= 0) & (local < weight.size(0));
+    const at::Tensor rows = at::embedding(weight, at::where(mine, local, at::zeros_like(local)));
+    return TpReduce(rows * mine.unsqueeze(-1).to(weight.scalar_type()));
+  }
   at::Tensor TpReduce(const at::Tensor& x) const { return TensorParallelReduce(x, tp); }
 
   at::ScalarType ComputeType() const { return gather ? gather_dtype : embed.scalar_type(); }
@@ -298,15 +307,8 @@ struct Transformer::Impl {
     if (gather != nullptr) {
       h = at::embedding(gather->Acquire(0).at(0), tokens);
       gather->Release(0, at::Tensor());  // the lookup's backward needs no weight
-    } else if (tp != nullptr) {
-      // This rank's vocabulary rows: their tokens' embeddings, zeros for the others, summed.
-      const at::Tensor local = tokens - vocab_begin;
-      const at::Tensor mine = (local >= 0) & (local < embed.size(0));
-      h = at::embedding(embed, at::where(mine, local, at::zeros_like(local))) *
-          mine.unsqueeze(-1).to(embed.scalar_type());
-      h = TpReduce(h);
     } else {
-      h = at::embedding(embed, tokens);
+      h = Embed(embed, tokens);
     }
     auto [cos, sin] = Rope(positions);
     const bool checkpoint = checkpoint_layers && cache == nullptr && at::GradMode::is_enabled();
@@ -350,7 +352,7 @@ struct Transformer::Impl {
                             const at::Tensor& sin, const PagedBatch& b,
                             const std::vector<DecodeBucket>& buckets, PagedKvCache* cache,
                             int layer_index) const {
-    const int64_t nkv = spec.num_kv_heads, hd = spec.head_dim;
+    const int64_t nkv = KvHeads(), hd = spec.head_dim;
     auto [q4, k4, v4] = Project(l, x, cos, sin, /*infer=*/true);
     at::Tensor q = q4.squeeze(0).transpose(0, 1);  // [N, nh, hd]
     at::Tensor k = k4.squeeze(0).transpose(0, 1);  // [N, nkv, hd]
@@ -359,7 +361,8 @@ struct Transformer::Impl {
     const at::Tensor& v_blocks = cache->v[layer_index];
     k_blocks.view({-1, nkv, hd}).index_copy_(0, b.slots, k.contiguous());
     v_blocks.view({-1, nkv, hd}).index_copy_(0, b.slots, v.contiguous());
-    return InferLinear(AttendPaged(q, b, buckets, *cache, layer_index).unsqueeze(0), l.o_proj);
+    return TpReduce(
+        InferLinear(AttendPaged(q, b, buckets, *cache, layer_index).unsqueeze(0), l.o_proj));
   }
 
   // Attention of the N new queries q [N, nh, hd] (their keys and values already in the cache)
@@ -368,7 +371,7 @@ struct Transformer::Impl {
                          const std::vector<DecodeBucket>& buckets, const PagedKvCache& cache,
                          int layer_index) const {
     const int64_t N = q.size(0);
-    const int64_t nh = spec.num_heads, nkv = spec.num_kv_heads, hd = spec.head_dim;
+    const int64_t nh = Heads(), nkv = KvHeads(), hd = spec.head_dim;
     const int64_t bs = cache.block_size;
     const at::Tensor& k_blocks = cache.k[layer_index];  // [num_blocks, bs, nkv, hd]
     const at::Tensor& v_blocks = cache.v[layer_index];
@@ -448,9 +451,9 @@ struct Transformer::Impl {
   // dozen calls per layer instead of some fifty small ATen ops. Returns h^T [H, N].
   static constexpr int64_t kFeatureMajorRows = 16;  // the 16-row rule of InferLinear
   bool FeatureMajor(const at::Tensor& tokens) const {
-    return feature_major_decode && embed.is_cpu() && embed.scalar_type() == at::kFloat &&
-           tokens.numel() >= kFeatureMajorRows && !layers.empty() &&
-           layers[0].gate_proj.numel() >= (int64_t{1} << 16);
+    return feature_major_decode && tp == nullptr && embed.is_cpu() &&
+           embed.scalar_type() == at::kFloat && tokens.numel() >= kFeatureMajorRows &&
+           !layers.empty() && layers[0].gate_proj.numel() >= (int64_t{1} << 16);
   }
   at::Tensor PagedLayersFeatureMajor(const PagedBatch& b, const std::vector<DecodeBucket>& buckets,
                                      PagedKvCache* cache) const {
@@ -588,13 +591,13 @@ struct Transformer::Impl {
   at::Tensor PagedLayers(const PagedBatch& b, const std::vector<DecodeBucket>& buckets,
                          PagedKvCache* cache) const {
     const int64_t N = b.tokens.numel();
-    at::Tensor h = at::embedding(embed, b.tokens.view({1, N}));
+    at::Tensor h = Embed(embed, b.tokens.view({1, N}));
     auto [cos, sin] = Rope(b.positions.view({1, N}));
     for (size_t i = 0; i < layers.size(); ++i) {
       const Layer& l = layers[i];
       h = h + PagedAttention(l, RmsNorm(h, l.input_norm), cos, sin, b, buckets, cache,
                              static_cast<int>(i));
-      h = h + InferMlp(l, RmsNorm(h, l.post_norm));
+      h = h + TpReduce(InferMlp(l, RmsNorm(h, l.post_norm)));
     }
     return h;
   }
@@ -777,12 +780,12 @@ std::pair<at::Tensor, at::Tensor> Transformer::ForwardPackedHidden(const PackedB
 
 KvCache Transformer::NewCache(int64_t batch, int64_t capacity) const {
   const ModelSpec& s = impl_->spec;
-  GYRE_CHECK(impl_->tp == nullptr) << "a tensor-parallel slice runs no KV cache";
   KvCache cache;
   auto opts = impl_->embed.options().requires_grad(false);
+  const int64_t nkv = impl_->KvHeads();  // (a tensor-parallel slice: its heads)
   for (int64_t i = 0; i < s.num_layers; ++i) {
-    cache.k.push_back(at::zeros({batch, s.num_kv_heads, capacity, s.head_dim}, opts));
-    cache.v.push_back(at::zeros({batch, s.num_kv_heads, capacity, s.head_dim}, opts));
+    cache.k.push_back(at::zeros({batch, nkv, capacity, s.head_dim}, opts));
+    cache.v.push_back(at::zeros({batch, nkv, capacity, s.head_dim}, opts));
   }
   cache.valid = at::zeros({batch, capacity}, opts.dtype(at::kBool));
   cache.capacity = capacity;
@@ -809,14 +812,14 @@ at::Tensor Transformer::ForwardCached(const at::Tensor& tokens, const at::Tensor
 PagedKvCache Transformer::NewPagedCache(int64_t num_blocks, int64_t block_size) const {
   const ModelSpec& s = impl_->spec;
   GYRE_CHECK(num_blocks > 0 && block_size > 0) << "empty paged cache";
-  GYRE_CHECK(impl_->tp == nullptr) << "a tensor-parallel slice runs no paged cache";
   PagedKvCache cache;
   auto opts = impl_->embed.options().requires_grad(false);
+  const int64_t nkv = impl_->KvHeads();  // (a tensor-parallel slice: its heads)
   for (int64_t i = 0; i < s.num_layers; ++i) {
     // Zeros, not garbage: attention gathers whole blocks and masks the unused positions, and a
     // masked NaN would still poison the weighted sum (0 * NaN).
-    cache.k.push_back(at::zeros({num_blocks, block_size, s.num_kv_heads, s.head_dim}, opts));
-    cache.v.push_back(at::zeros({num_blocks, block_size, s.num_kv_heads, s.head_dim}, opts));
+    cache.k.push_back(at::zeros({num_blocks, block_size, nkv, s.head_dim}, opts));
+    cache.v.push_back(at::zeros({num_blocks, block_size, nkv, s.head_dim}, opts));
   }
   cache.num_blocks = num_blocks;
   cache.block_size = block_size;
@@ -825,7 +828,7 @@ PagedKvCache Transformer::NewPagedCache(int64_t num_blocks, int64_t block_size) 
 
 int64_t Transformer::KvBytesPerToken() const {
   const ModelSpec& s = impl_->spec;
-  return 2 * s.num_layers * s.num_kv_heads * s.head_dim *
+  return 2 * s.num_layers * impl_->KvHeads() * s.head_dim *
          static_cast<int64_t>(impl_->embed.element_size());
 }
 

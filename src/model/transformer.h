@@ -217,9 +217,11 @@ class Transformer {
   // Tensor parallelism (tensor_parallel.h): a model holding rank group->rank()'s slices of
   // `whole`'s parameters (copies, leaf tensors requiring grad, in `whole`'s dtype and device),
   // whose forwards run together with the other ranks' over `group` (not owned; it must outlive the
-  // model's use). Forward, ForwardPacked and ForwardPackedHidden only (no caches); the logits they
-  // return, and the LM head weight of ForwardPackedHidden, are this rank's vocabulary rows
-  // (vocabulary_range()). NamedParameters() lists the slices under the whole parameters' names.
+  // model's use). Every forward works; the logits they return, and the LM head weight of
+  // ForwardPackedHidden, are this rank's vocabulary rows (vocabulary_range()), and the KV caches
+  // it makes hold its key/value heads only (KvBytesPerToken likewise): the ranks run every
+  // forward together, on the same inputs (slots, block tables). NamedParameters() lists the
+  // slices under the whole parameters' names.
   // The spec must split over the group (CheckTensorParallel; aborts otherwise: check first).
   static std::unique_ptr<Transformer> TensorParallelSlice(const Transformer& whole,
                                                           TensorParallelGroup* group);

@@ -4,10 +4,10 @@
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
 #include "algorithm/registry.h"
+#include "comm/tensor_parallel_group.h"
 #include "common/check.h"
 #include "kernels/policy_loss_terms.h"
 #include "ops/ops.h"
@@ -64,64 +64,6 @@ StatusOr<T> CatchCollectiveFailure(bool split, Fn fn, Cleanup cleanup) {
 
 }  // namespace
 
-// model::TensorParallelGroup over a communicator: each collective with its own deadline; a
-// failure throws (CatchCollectiveFailure turns it into the call's Status).
-class CommTensorParallel : public model::TensorParallelGroup {
- public:
-  CommTensorParallel(comm::Communicator* comm, double timeout_s)
-      : comm_(comm), timeout_s_(timeout_s) {}
-  // The same rank of a group formed again.
-  void Rebind(comm::Communicator* comm) { comm_ = comm; }
-  int rank() const override { return comm_->rank(); }
-  int size() const override { return comm_->size(); }
-  void AllReduceSum(at::Tensor& t) override {
-    GYRE_CHECK(t.is_contiguous()) << "tensor-parallel all-reduce of a strided tensor";
-    const auto t0 = std::chrono::steady_clock::now();
-    const Status s = comm_->AllReduceSum(t.data_ptr(), static_cast<size_t>(t.numel()), TypeOf(t),
-                                         comm::DeadlineAfter(timeout_s_));
-    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    Check(s, "all-reduce");
-  }
-  double seconds() const override { return seconds_; }
-  at::Tensor AllGather(const at::Tensor& t) override {
-    const at::Tensor in = t.contiguous();
-    std::vector<int64_t> shape = {size()};
-    for (int64_t d : in.sizes()) shape.push_back(d);
-    at::Tensor out = at::empty(shape, in.options());
-    const auto t0 = std::chrono::steady_clock::now();
-    const Status s =
-        comm_->AllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()), TypeOf(in),
-                         comm::DeadlineAfter(timeout_s_));
-    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    Check(s, "all-gather");
-    return out;
-  }
-
- private:
-  static comm::DataType TypeOf(const at::Tensor& t) {
-    switch (t.scalar_type()) {
-      case at::kFloat:
-        return comm::DataType::kFloat32;
-      case at::kDouble:
-        return comm::DataType::kFloat64;
-      case at::kBFloat16:
-        return comm::DataType::kBFloat16;
-      case at::kHalf:
-        return comm::DataType::kFloat16;
-      default:
-        throw std::runtime_error(std::string("tensor parallelism cannot exchange ") +
-                                 c10::toString(t.scalar_type()) + " tensors");
-    }
-  }
-  static void Check(const Status& s, const char* what) {
-    if (!s.ok())
-      throw std::runtime_error(std::string("tensor-parallel ") + what + ": " + s.message());
-  }
-  comm::Communicator* comm_;
-  double timeout_s_;
-  double seconds_ = 0;  // in collectives (the trainer's thread only)
-};
-
 PolicyTrainer::PolicyTrainer(std::unique_ptr<model::Transformer> model, double lr,
                              double weight_decay, double beta1, double beta2)
     : model_(std::move(model)), optimizer_(std::make_unique<Optimizer>()) {
@@ -148,7 +90,7 @@ Status PolicyTrainer::SetTensorParallel(comm::Communicator* comm, double timeout
     return FailedPrecondition("tensor parallelism is set up before the first step");
   }
   GYRE_RETURN_IF_ERROR(model::CheckTensorParallel(model_->spec(), comm->size()));
-  auto group = std::make_unique<CommTensorParallel>(comm, timeout_s);
+  auto group = std::make_unique<comm::CommTensorParallel>(comm, timeout_s);
   tp_comm_ = group.get();
   tp_group_ = std::move(group);
   model_ = model::Transformer::TensorParallelSlice(*model_, tp_group_.get());

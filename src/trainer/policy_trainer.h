@@ -53,6 +53,10 @@
 #include "trainer/parameter_shards.h"
 #include "trainer/sharded_adamw.h"
 
+namespace gyre::comm {
+class CommTensorParallel;  // comm/tensor_parallel_group.h
+}  // namespace gyre::comm
+
 namespace gyre::trainer {
 
 struct TrainSample {
@@ -110,8 +114,7 @@ struct DataParallelOptions {
 };
 
 class GradReducer;
-class CommTensorParallel;  // policy_trainer.cc
-struct StepSums;           // OptimizerStep's stages (policy_trainer.cc)
+struct StepSums;  // OptimizerStep's stages (policy_trainer.cc)
 struct StepPlan;
 
 // trainer.prompt_sharing: whether a packed micro-batch lays out the samples that share a prompt
@@ -423,7 +426,7 @@ class PolicyTrainer {
   // Tensor parallel: the group (over the communicator SetTensorParallel was given) and, per
   // parameter in optimizer order, whether it is split over the ranks (or whole on each).
   std::unique_ptr<model::TensorParallelGroup> tp_group_;
-  CommTensorParallel* tp_comm_ = nullptr;  // tp_group_, to rebind
+  comm::CommTensorParallel* tp_comm_ = nullptr;  // tp_group_, to rebind
   std::vector<bool> tp_split_;
   // Tensor parallel: `local`, this rank's slice of parameter `name`, gathered whole from every
   // rank's (a collective of the tensor-parallel group).

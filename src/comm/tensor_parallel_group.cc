@@ -1,0 +1,60 @@
+#include "comm/tensor_parallel_group.h"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/check.h"
+#include "common/clock.h"
+
+namespace gyre::comm {
+namespace {
+
+DataType TypeOf(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return DataType::kFloat32;
+    case at::kDouble:
+      return DataType::kFloat64;
+    case at::kBFloat16:
+      return DataType::kBFloat16;
+    case at::kHalf:
+      return DataType::kFloat16;
+    default:
+      throw std::runtime_error(std::string("tensor parallelism cannot exchange ") +
+                               c10::toString(t.scalar_type()) + " tensors");
+  }
+}
+
+void ThrowIfFailed(const Status& s, const char* what) {
+  if (!s.ok())
+    throw std::runtime_error(std::string("tensor-parallel ") + what + ": " + s.message());
+}
+
+}  // namespace
+
+void CommTensorParallel::AllReduceSum(at::Tensor& t) {
+  GYRE_CHECK(t.is_contiguous()) << "tensor-parallel all-reduce of a strided tensor";
+  const auto t0 = SteadyClock::now();
+  const Status s = comm_->AllReduceSum(t.data_ptr(), static_cast<size_t>(t.numel()), TypeOf(t),
+                                       DeadlineAfter(timeout_s_));
+  seconds_ += SecondsSince(t0);
+  ThrowIfFailed(s, "all-reduce");
+}
+
+at::Tensor CommTensorParallel::AllGather(const at::Tensor& t) {
+  const at::Tensor in = t.contiguous();
+  std::vector<int64_t> shape = {size()};
+  for (int64_t d : in.sizes()) shape.push_back(d);
+  at::Tensor out = at::empty(shape, in.options());
+  const auto t0 = SteadyClock::now();
+  const Status s = comm_->AllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()),
+                                    TypeOf(in), DeadlineAfter(timeout_s_));
+  seconds_ += SecondsSince(t0);
+  ThrowIfFailed(s, "all-gather");
+  return out;
+}
+
+}  // namespace gyre::comm

@@ -1,0 +1,35 @@
+#pragma once
+// model::TensorParallelGroup (model/tensor_parallel.h) over a Communicator: the collectives of a
+// tensor-parallel forward and backward, each with its own deadline. They run inside autograd,
+// so a failure throws std::runtime_error with the communicator's message; the caller (the
+// trainer's step, the rollout engine's step) turns it into its Status.
+//
+// Thread-safety: as the communicator's (one thread issues collectives at a time).
+
+#include <ATen/core/Tensor.h>
+
+#include "comm/communicator.h"
+#include "model/tensor_parallel.h"
+
+namespace gyre::comm {
+
+class CommTensorParallel : public model::TensorParallelGroup {
+ public:
+  // `comm` (not owned) must outlive the group's use, or the next Rebind.
+  CommTensorParallel(Communicator* comm, double timeout_s) : comm_(comm), timeout_s_(timeout_s) {}
+  // The same rank of a group formed again.
+  void Rebind(Communicator* comm) { comm_ = comm; }
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  // float32, float64, bfloat16 and float16 tensors; any other dtype throws.
+  void AllReduceSum(at::Tensor& t) override;
+  at::Tensor AllGather(const at::Tensor& t) override;
+  double seconds() const override { return seconds_; }
+
+ private:
+  Communicator* comm_;
+  double timeout_s_;
+  double seconds_ = 0;  // in collectives
+};
+
+}  // namespace gyre::comm

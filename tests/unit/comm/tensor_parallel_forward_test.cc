@@ -1,0 +1,173 @@
+// Tensor-parallel forwards (model/tensor_parallel.h) against the whole model: 2 ranks (threads of
+// this process, each with its own Gloo member on loopback and its own slices of the same model)
+// compute the full forward, a paged prefill and decode steps over a KV cache holding each rank's
+// key/value heads, and the vocabulary-parallel statistics; gathered over the vocabulary, their
+// logits equal the whole model's within float32 summation-order tolerances.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "comm/gloo_communicator.h"
+#include "comm/tensor_parallel_group.h"
+#include "model/tensor_parallel.h"
+#include "model/transformer.h"
+
+namespace gyre::comm {
+namespace {
+
+model::ModelSpec QwenShape() {
+  model::ModelSpec s;
+  s.architecture = "qwen3";
+  s.vocab_size = 26;  // 13 rows a rank
+  s.hidden_size = 32;
+  s.num_layers = 2;
+  s.num_heads = 4;
+  s.num_kv_heads = 2;
+  s.head_dim = 8;
+  s.intermediate_size = 48;
+  s.max_seq_len = 64;
+  s.tie_embeddings = true;
+  s.qk_norm = true;
+  s.attention_bias = true;
+  return s;
+}
+
+// Whole-vocabulary logits from each rank's rows [.., V_r] (ranks hold ceil(V / T) rows, the
+// last the rest).
+at::Tensor GatherVocabulary(const at::Tensor& local, model::TensorParallelGroup* group,
+                            int64_t vocab) {
+  const int ranks = group->size();
+  const int64_t chunk = (vocab + ranks - 1) / ranks;
+  std::vector<int64_t> shape = local.sizes().vec();
+  shape.back() = chunk;
+  at::Tensor padded = at::zeros(shape, local.options());
+  padded.narrow(-1, 0, local.size(-1)).copy_(local);
+  const at::Tensor all = group->AllGather(padded.contiguous());  // [T, .., chunk]
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t begin = r * chunk, end = std::min(vocab, begin + chunk);
+    parts.push_back(all[r].narrow(-1, 0, end - begin));
+  }
+  return at::cat(parts, -1);
+}
+
+// Two sequences in a paged cache of blocks of 4 positions, 4 blocks each (sequence i owns blocks
+// 4i .. 4i + 3): the batch of their next `query` tokens after `context - query` cached ones.
+model::PagedBatch Batch(const std::vector<std::vector<int64_t>>& tokens,
+                        const std::vector<int64_t>& context) {
+  const auto lopts = at::TensorOptions().dtype(at::kLong);
+  std::vector<int64_t> flat, positions, slots;
+  model::PagedBatch b;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int64_t q = static_cast<int64_t>(tokens[i].size());
+    for (int64_t k = 0; k < q; ++k) {
+      const int64_t p = context[i] - q + k;
+      flat.push_back(tokens[i][static_cast<size_t>(k)]);
+      positions.push_back(p);
+      slots.push_back((4 * static_cast<int64_t>(i) + p / 4) * 4 + p % 4);
+      b.logit_rows.push_back(static_cast<int64_t>(flat.size()) - 1);
+    }
+    b.query_lens.push_back(q);
+    b.context_lens.push_back(context[i]);
+  }
+  b.tokens = at::tensor(flat, lopts);
+  b.positions = at::tensor(positions, lopts);
+  b.slots = at::tensor(slots, lopts);
+  b.block_tables = at::arange(8, lopts).view({2, 4});
+  return b;
+}
+
+// The whole model's or a slice's logits: a full forward of `prompt` [2, 5], then a paged prefill
+// of both rows and three greedy decode steps; everything concatenated, gathered over the
+// vocabulary when `group` is set.
+at::Tensor RunForwards(const model::Transformer& m, model::TensorParallelGroup* group,
+                       const at::Tensor& prompt) {
+  at::NoGradGuard no_grad;
+  const int64_t V = m.spec().vocab_size;
+  auto whole = [&](const at::Tensor& logits) {
+    return group != nullptr ? GatherVocabulary(logits, group, V) : logits;
+  };
+  std::vector<at::Tensor> out = {whole(m.Forward(prompt)).reshape({-1, V})};
+  model::PagedKvCache cache = m.NewPagedCache(8, 4);
+  std::vector<std::vector<int64_t>> first = {{3, 7, 1, 9, 4}, {2, 8, 5}};
+  at::Tensor logits = whole(m.ForwardPaged(Batch(first, {5, 3}), &cache));  // [8, V]
+  out.push_back(logits);
+  std::vector<int64_t> context = {5, 3};
+  at::Tensor last = at::stack({logits[4], logits[7]});
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor next = last.argmax(-1);
+    context = {context[0] + 1, context[1] + 1};
+    last = whole(m.ForwardPaged(
+        Batch({{next[0].item<int64_t>()}, {next[1].item<int64_t>()}}, context), &cache));
+    out.push_back(last);
+  }
+  return at::cat(out, 0);
+}
+
+TEST(TensorParallelForwardTest, TwoRanksComputeTheWholeModelsLogits) {
+  const model::ModelSpec spec = QwenShape();
+  const auto whole = model::Transformer::Create(spec, 5, 0.2);
+  const at::Tensor prompt = at::tensor({3, 7, 1, 9, 4, 2, 8, 5, 0, 25}, at::kLong).view({2, 5});
+  const at::Tensor want = RunForwards(*whole, nullptr, prompt);
+  const at::Tensor targets = at::tensor({7, 1, 9, 4, 2, 8, 5, 0, 25, 13}, at::kLong);
+  at::Tensor want_z;
+  {
+    at::NoGradGuard no_grad;
+    want_z = whole->Forward(prompt).reshape({-1, spec.vocab_size}) / 0.7;
+  }
+  const at::Tensor want_lsm = at::log_softmax(want_z, -1);
+  const at::Tensor want_logp = want_lsm.gather(1, targets.unsqueeze(1)).squeeze(1);
+  const at::Tensor want_entropy = -(want_lsm.exp() * want_lsm).sum(-1);
+  const at::Tensor want_ok = (want_z.argmax(-1) == targets).to(at::kFloat);
+
+  auto store = StoreServer::Start("127.0.0.1");
+  ASSERT_TRUE(store.ok()) << store.status();
+  constexpr int kRanks = 2;
+  std::vector<at::Tensor> got(kRanks), logp(kRanks), entropy(kRanks), ok(kRanks);
+  std::vector<int64_t> kv_bytes(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      GlooOptions o;
+      o.store_address = (*store)->address();
+      o.group = "tp-forward";
+      o.rank = r;
+      o.size = kRanks;
+      o.connect_timeout_s = 30;
+      auto c = CreateGlooCommunicator(o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      CommTensorParallel group(c->get(), 30);
+      const auto slice = model::Transformer::TensorParallelSlice(*whole, &group);
+      kv_bytes[r] = slice->KvBytesPerToken();
+      got[r] = RunForwards(*slice, &group, prompt);
+      at::NoGradGuard no_grad;
+      const at::Tensor local = slice->Forward(prompt).reshape(
+          {-1, slice->vocabulary_range().second - slice->vocabulary_range().first});
+      const model::VocabParallelStats st = model::VocabParallelTokenStats(
+          local, slice->vocabulary_range().first, targets, 0.7, &group);
+      logp[r] = st.logp;
+      entropy[r] = st.entropy;
+      ok[r] = st.argmax_ok;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(got[r].defined()) << r;
+    EXPECT_EQ(kv_bytes[r] * kRanks, whole->KvBytesPerToken()) << r;
+    EXPECT_TRUE(at::allclose(got[r], want, 1e-4, 1e-5))
+        << "rank " << r << ": max |diff| " << (got[r] - want).abs().max().item<float>();
+    EXPECT_TRUE(at::allclose(logp[r], want_logp, 1e-5, 1e-5)) << r;
+    EXPECT_TRUE(at::allclose(entropy[r], want_entropy, 1e-5, 1e-5)) << r;
+    EXPECT_TRUE(at::equal(ok[r], want_ok)) << r;
+  }
+  // The decode steps chose the same tokens: the greedy argmax of every step's logits agrees.
+  EXPECT_TRUE(at::equal(got[0].argmax(-1), want.argmax(-1)));
+}
+
+}  // namespace
+}  // namespace gyre::comm
