@@ -77,6 +77,9 @@ struct BudgetSection {
 
 struct RolloutSection {
   int workers = 2;
+  // Processes that serve one rollout worker together (tensor parallelism: each holds a slice of
+  // every layer, of the vocabulary and of the KV cache; docs/rollout.md).
+  int tensor_parallel = 1;
   int group_size = 8;         // n samples per prompt
   int prompts_per_step = 16;  // groups per GRPO step
   int max_new_tokens = 8;

@@ -57,4 +57,13 @@ at::Tensor CommTensorParallel::AllGather(const at::Tensor& t) {
   return out;
 }
 
+void CommTensorParallel::Broadcast(at::Tensor& t, int root, double timeout_s) {
+  GYRE_CHECK(t.is_contiguous()) << "tensor-parallel broadcast of a strided tensor";
+  const auto t0 = SteadyClock::now();
+  const Status s = comm_->Broadcast(t.data_ptr(), static_cast<size_t>(t.nbytes()), root,
+                                    DeadlineAfter(timeout_s > 0 ? timeout_s : timeout_s_));
+  seconds_ += SecondsSince(t0);
+  ThrowIfFailed(s, "broadcast");
+}
+
 }  // namespace gyre::comm

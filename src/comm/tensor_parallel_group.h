@@ -24,6 +24,7 @@ class CommTensorParallel : public model::TensorParallelGroup {
   // float32, float64, bfloat16 and float16 tensors; any other dtype throws.
   void AllReduceSum(at::Tensor& t) override;
   at::Tensor AllGather(const at::Tensor& t) override;
+  void Broadcast(at::Tensor& t, int root, double timeout_s = 0) override;
   double seconds() const override { return seconds_; }
 
  private:

@@ -396,6 +396,27 @@ std::optional<Problem> CheckTensorParallel(const JobConfig& c) {
   return std::nullopt;
 }
 
+// rollout.tensor_parallel T: each rollout worker is T processes; a version reaches rank 0 whole
+// over grpc or gloo and rank 0 hands each rank its slices, so neither the device transports
+// (one device buffer for one process) nor peer relay (a worker holds slices only) apply.
+std::optional<Problem> CheckRolloutTensorParallel(const JobConfig& c) {
+  const int t = c.rollout.tensor_parallel;
+  if (t <= 1) return std::nullopt;
+  if (c.cluster.weight_transport == "nccl" || c.cluster.weight_transport == "cuda_ipc") {
+    return Problem{{"rollout.tensor_parallel", "cluster.weight_transport"},
+                   "rollout.tensor_parallel workers take each policy version over "
+                   "cluster.weight_transport grpc or gloo; '" +
+                       c.cluster.weight_transport +
+                       "' writes one device buffer of one process (use grpc or gloo)"};
+  }
+  if (c.cluster.weight_relay_fanout > 0) {
+    return Problem{{"rollout.tensor_parallel", "cluster.weight_relay_fanout"},
+                   "rollout.tensor_parallel workers hold slices of the model, which they cannot "
+                   "relay to other workers: set cluster.weight_relay_fanout to 0 or -1"};
+  }
+  return std::nullopt;
+}
+
 // A worker is declared dead only after missing a heartbeat.
 std::optional<Problem> CheckHeartbeat(const JobConfig& c) {
   if (c.cluster.heartbeat_timeout_s <= c.cluster.heartbeat_interval_s) {
@@ -411,11 +432,23 @@ std::optional<Problem> CheckHeartbeat(const JobConfig& c) {
 
 std::optional<Problem> FindProblem(const JobConfig& c) {
   using Rule = std::optional<Problem> (*)(const JobConfig&);
-  static constexpr Rule kRules[] = {
-      CheckFieldRanges, CheckJobName,         CheckModelShape,    CheckWeightTransport,
-      CheckTaskLengths, CheckSamplingBudget,  CheckReward,        CheckEnvironment,
-      CheckSecurity,    CheckMetricsEndpoint, CheckRewardShaping, CheckRolloutScheduling,
-      CheckCorrection,  CheckHeartbeat,       CheckShard,         CheckTensorParallel};
+  static constexpr Rule kRules[] = {CheckFieldRanges,
+                                    CheckJobName,
+                                    CheckModelShape,
+                                    CheckWeightTransport,
+                                    CheckTaskLengths,
+                                    CheckSamplingBudget,
+                                    CheckReward,
+                                    CheckEnvironment,
+                                    CheckSecurity,
+                                    CheckMetricsEndpoint,
+                                    CheckRewardShaping,
+                                    CheckRolloutScheduling,
+                                    CheckCorrection,
+                                    CheckHeartbeat,
+                                    CheckShard,
+                                    CheckTensorParallel,
+                                    CheckRolloutTensorParallel};
   for (Rule rule : kRules) {
     if (std::optional<Problem> p = rule(c)) return p;
   }

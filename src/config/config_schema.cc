@@ -84,6 +84,10 @@ std::vector<Field> DataFields() {
 std::vector<Field> RolloutFields() {
   return {
       Num(GYRE_CONFIG_KEY(rollout.workers), Closed(1, 4096), "rollout worker processes"),
+      Num(GYRE_CONFIG_KEY(rollout.tensor_parallel), Closed(1, 64),
+          "processes that serve each rollout worker together (tensor parallelism: each holds a "
+          "slice of every layer, of the vocabulary and of the KV cache); rank 0 is the worker "
+          "the controller sees and starts the others on its host"),
       Num(GYRE_CONFIG_KEY(rollout.group_size), Closed(1, 4096), "samples per prompt (GRPO's n)"),
       Num(GYRE_CONFIG_KEY(rollout.prompts_per_step), Closed(1, kMaxCount),
           "prompt groups per GRPO step"),

@@ -26,6 +26,9 @@ Status CheckJobModel(const JobConfig& cfg) {
   if (Status splits = model::CheckTensorParallel(spec, cfg.trainer.tensor_parallel); !splits.ok()) {
     return splits.WithContext("trainer.tensor_parallel");
   }
+  if (Status splits = model::CheckTensorParallel(spec, cfg.rollout.tensor_parallel); !splits.ok()) {
+    return splits.WithContext("rollout.tensor_parallel");
+  }
   // trainer.memory_limit_gb: a job that cannot fit stops here, before any process starts.
   return CheckTrainerMemory(spec, cfg);
 }

@@ -188,7 +188,8 @@ Status WeightPublisher::PublishTo(int64_t version, const std::vector<Worker*>& r
   } else {
     // cluster.weight_relay_fanout, or (-1) the fan-out with the least estimated time for this
     // many receivers (controller/relay_plan.h).
-    const int configured = cfg_.cluster.weight_relay_fanout;
+    // Tensor-parallel rollout workers hold slices: they do not relay.
+    const int configured = cfg_.rollout.tensor_parallel > 1 ? 0 : cfg_.cluster.weight_relay_fanout;
     last_relay_fanout_ =
         configured >= 0 ? configured : relay_planner_.Choose(static_cast<int64_t>(rollouts.size()));
     s = PublishGrpc(version, rollouts, static_cast<size_t>(last_relay_fanout_));

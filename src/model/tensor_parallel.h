@@ -55,6 +55,10 @@ class TensorParallelGroup {
   virtual void AllReduceSum(at::Tensor& t) = 0;
   // [size, ...t's shape]: every rank's `t` (contiguous, the same shape on every rank), by rank.
   virtual at::Tensor AllGather(const at::Tensor& t) = 0;
+  // In place: every rank's `t` (contiguous, any dtype, the same shape on every rank) becomes
+  // rank `root`'s. `timeout_s` > 0 replaces the group's deadline for this call (a rollout
+  // rank waiting for its leader's next step may wait long).
+  virtual void Broadcast(at::Tensor& t, int root, double timeout_s = 0) = 0;
   // Seconds spent in the calls above so far (the compute waits for each: none is hidden).
   virtual double seconds() const { return 0; }
 };

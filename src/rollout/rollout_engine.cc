@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "common/check.h"
 #include "ops/ops.h"
+#include "rollout/vocab_parallel_sampling.h"
 
 namespace gyre::rollout {
 
@@ -46,6 +48,16 @@ struct RolloutEngine::Seq {
   int64_t pending() const { return len() - computed; }
 };
 
+// The host-side inputs of one step: the flattened batch, the sampling rows and, under tensor
+// parallelism, the copy-on-write block copies the followers apply before the forward.
+struct RolloutEngine::StepInputs {
+  std::vector<int64_t> toks, pos, slots, qlens, clens, tables, logit_rows;
+  int64_t max_blocks = 1;
+  std::vector<kernels::SamplingRowParams> params;
+  std::vector<int64_t> row_of;  // sampling row -> logits row
+  std::vector<int64_t> copies;  // (from, to) block pairs
+};
+
 StatusOr<int64_t> BlocksForBudget(const model::Transformer& model, int64_t bytes,
                                   int64_t block_size) {
   if (block_size < 1) return InvalidArgument("KV block size must be >= 1");
@@ -61,14 +73,21 @@ StatusOr<int64_t> BlocksForBudget(const model::Transformer& model, int64_t bytes
 
 namespace {
 
+constexpr char kFollowerError[] =
+    "this rank of a tensor-parallel engine follows rank 0 (RolloutEngine::Follow): requests go to "
+    "rank 0";
+
+// (Tensor-parallel slices step eagerly: their forwards exchange activations between ranks.)
 bool UseDecodeGraphs(const model::Transformer* model, const EngineConfig& config) {
-  return config.cuda_graphs && model->device().is_cuda() && DecodeGraphs::Compiled();
+  return model->tensor_parallel() == nullptr && config.cuda_graphs && model->device().is_cuda() &&
+         DecodeGraphs::Compiled();
 }
 
 }  // namespace
 
 RolloutEngine::RolloutEngine(const model::Transformer* model, const EngineConfig& config)
     : model_(model),
+      tp_(model->tensor_parallel()),
       config_(config),
       cache_(model->NewPagedCache(config.num_blocks + (UseDecodeGraphs(model, config) ? 1 : 0),
                                   config.block_size)),
@@ -192,6 +211,7 @@ Status RolloutEngine::Validate(const Request& r, size_t i) const {
 }
 
 Status RolloutEngine::Add(const std::vector<Request>& requests) {
+  if (!leads()) return FailedPrecondition(kFollowerError);
   for (size_t i = 0; i < requests.size(); ++i) GYRE_RETURN_IF_ERROR(Validate(requests[i], i));
   for (const Request& r : requests) {
     auto req = std::make_shared<Request>(r);
@@ -257,6 +277,11 @@ void RolloutEngine::ClearParked() {
 }
 
 void RolloutEngine::CopyBlock(int32_t from, int32_t to) {
+  CopyCache(from, to);
+  if (tp_ != nullptr) pending_copies_.insert(pending_copies_.end(), {from, to});
+}
+
+void RolloutEngine::CopyCache(int32_t from, int32_t to) {
   for (size_t l = 0; l < cache_.k.size(); ++l) {
     cache_.k[l][to].copy_(cache_.k[l][from]);
     cache_.v[l][to].copy_(cache_.v[l][from]);
@@ -437,6 +462,7 @@ void RolloutEngine::CountGroupDone(const Seq& s) {
 // (ForwardStep), one token per sample (SampleStep), then append, fork and retire (AdvanceStep).
 StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
   if (idle()) return std::vector<SampleResult>{};
+  if (!leads()) return FailedPrecondition(kFollowerError);
   c10::InferenceMode guard;
   const std::vector<StepWork> work = ScheduleStep();
   if (work.empty()) {
@@ -445,9 +471,18 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Step() {
                     std::to_string(allocator_.free_blocks()) + " free blocks");
   }
   std::vector<Seq*> sampled;
-  const at::Tensor logits = ForwardStep(work, &sampled);
-  GYRE_ASSIGN_OR_RETURN(const ops::SampleOutput drawn, SampleStep(logits, sampled));
-  std::vector<SampleResult> done = AdvanceStep(sampled, drawn);
+  const StepInputs in = BuildStep(work, &sampled);
+  StatusOr<ops::SampleOutput> drawn = ops::SampleOutput{};
+  try {
+    if (tp_ != nullptr) SendStep(in);
+    const at::Tensor logits = ForwardStep(in);
+    drawn = SampleStep(logits, in);
+  } catch (const std::exception& e) {  // a tensor-parallel collective failed
+    return Unavailable(std::string("tensor-parallel step failed: ") + e.what());
+  }
+  GYRE_RETURN_IF_ERROR(drawn.status());
+  for (const StepWork& w : work) w.seq->computed = w.first + w.count;
+  std::vector<SampleResult> done = AdvanceStep(sampled, *drawn);
   ++stats_.steps;
   stats_.block_steps += static_cast<double>(allocator_.used_blocks());
   return done;
@@ -511,29 +546,28 @@ std::vector<RolloutEngine::StepWork> RolloutEngine::ScheduleStep() {
   return work;
 }
 
-at::Tensor RolloutEngine::ForwardStep(const std::vector<StepWork>& work,
-                                      std::vector<Seq*>* sampled) {
+RolloutEngine::StepInputs RolloutEngine::BuildStep(const std::vector<StepWork>& work,
+                                                   std::vector<Seq*>* sampled) {
   // 4. The flattened batch.
+  StepInputs in;
   const int64_t bs = config_.block_size;
-  std::vector<int64_t> toks, pos, slots, qlens, clens, logit_rows;
-  int64_t max_blocks = 1;
   for (const StepWork& w : work) {
-    max_blocks = std::max(max_blocks, static_cast<int64_t>(w.seq->blocks.size()));
+    in.max_blocks = std::max(in.max_blocks, static_cast<int64_t>(w.seq->blocks.size()));
   }
-  std::vector<int64_t> tables(work.size() * static_cast<size_t>(max_blocks), 0);
+  in.tables.assign(work.size() * static_cast<size_t>(in.max_blocks), 0);
   for (size_t i = 0; i < work.size(); ++i) {
     const StepWork& w = work[i];
     Seq* s = w.seq;
-    std::copy(s->blocks.begin(), s->blocks.end(), tables.begin() + i * max_blocks);
+    std::copy(s->blocks.begin(), s->blocks.end(), in.tables.begin() + i * in.max_blocks);
     for (int64_t p = w.first; p < w.first + w.count; ++p) {
-      toks.push_back(s->tokens[p]);
-      pos.push_back(p);
-      slots.push_back(int64_t{s->blocks[p / bs]} * bs + p % bs);
+      in.toks.push_back(s->tokens[p]);
+      in.pos.push_back(p);
+      in.slots.push_back(int64_t{s->blocks[p / bs]} * bs + p % bs);
     }
-    qlens.push_back(w.count);
-    clens.push_back(w.first + w.count);
+    in.qlens.push_back(w.count);
+    in.clens.push_back(w.first + w.count);
     if (w.first + w.count == s->len()) {  // its last context token is in this step: sampled
-      logit_rows.push_back(static_cast<int64_t>(toks.size()) - 1);
+      in.logit_rows.push_back(static_cast<int64_t>(in.toks.size()) - 1);
       sampled->push_back(s);
     }
     if (w.count == 1 && s->pending() == 1) {
@@ -542,14 +576,33 @@ at::Tensor RolloutEngine::ForwardStep(const std::vector<StepWork>& work,
       stats_.prefill_tokens += w.count;
     }
   }
+  // 5. Sampling: one row per sample (a fork parent's row serves each of its samples).
+  for (size_t r = 0; r < sampled->size(); ++r) {
+    Seq* s = (*sampled)[r];
+    const auto& sp = s->req->sampling;
+    for (int64_t k = 0; k < s->fork_n; ++k) {
+      in.params.push_back({sp.temperature, sp.top_k, sp.top_p, sp.min_p,
+                           s->seed + static_cast<uint64_t>(k),
+                           static_cast<uint64_t>(s->response.tokens.size())});
+      in.row_of.push_back(static_cast<int64_t>(r));
+    }
+  }
+  in.copies = std::move(pending_copies_);
+  pending_copies_.clear();
+  return in;
+}
+
+at::Tensor RolloutEngine::ForwardStep(const StepInputs& in) {
   const auto device = cache_.k[0].device();
   auto lopts = at::TensorOptions().dtype(at::kLong);
   const auto t_fwd = Clock::now();
   at::Tensor logits;
+  const int64_t seqs = static_cast<int64_t>(in.qlens.size());
   // Decode-only steps (each row one new token, sampled) replay a CUDA graph when one fits.
-  const bool decode_only = logit_rows.size() == work.size() && toks.size() == work.size();
-  if (graphs_ && decode_only && graphs_->Fits(static_cast<int64_t>(work.size()), max_blocks)) {
-    auto replayed = graphs_->Run(toks, pos, slots, tables, max_blocks, clens);
+  const bool decode_only = static_cast<int64_t>(in.logit_rows.size()) == seqs &&
+                           static_cast<int64_t>(in.toks.size()) == seqs;
+  if (graphs_ && decode_only && graphs_->Fits(seqs, in.max_blocks)) {
+    auto replayed = graphs_->Run(in.toks, in.pos, in.slots, in.tables, in.max_blocks, in.clens);
     if (replayed.ok()) {
       logits = *replayed;
       ++stats_.graph_steps;
@@ -559,47 +612,191 @@ at::Tensor RolloutEngine::ForwardStep(const std::vector<StepWork>& work,
   }
   if (!logits.defined()) {
     model::PagedBatch batch;
-    batch.tokens = at::tensor(toks, lopts).to(device);
-    batch.positions = at::tensor(pos, lopts).to(device);
-    batch.slots = at::tensor(slots, lopts).to(device);
-    batch.query_lens = qlens;
-    batch.context_lens = clens;
-    batch.block_tables =
-        at::tensor(tables, lopts).view({static_cast<int64_t>(work.size()), max_blocks}).to(device);
-    batch.logit_rows = logit_rows;
+    batch.tokens = at::tensor(in.toks, lopts).to(device);
+    batch.positions = at::tensor(in.pos, lopts).to(device);
+    batch.slots = at::tensor(in.slots, lopts).to(device);
+    batch.query_lens = in.qlens;
+    batch.context_lens = in.clens;
+    batch.block_tables = at::tensor(in.tables, lopts).view({seqs, in.max_blocks}).to(device);
+    batch.logit_rows = in.logit_rows;
     logits = model_->ForwardPaged(batch, &cache_);
   }
   stats_.forward_seconds += Since(t_fwd);
-  for (const StepWork& w : work) w.seq->computed = w.first + w.count;
   return logits;
 }
 
 StatusOr<ops::SampleOutput> RolloutEngine::SampleStep(const at::Tensor& logits,
-                                                      const std::vector<Seq*>& sampled) {
-  // 5. Sampling: one row per sample (a fork parent's row serves each of its samples).
-  std::vector<kernels::SamplingRowParams> params;
-  std::vector<int64_t> row_of;
-  bool repeated = false;
-  for (size_t r = 0; r < sampled.size(); ++r) {
-    Seq* s = sampled[r];
-    const auto& sp = s->req->sampling;
-    for (int64_t k = 0; k < s->fork_n; ++k) {
-      params.push_back({sp.temperature, sp.top_k, sp.top_p, sp.min_p,
-                        s->seed + static_cast<uint64_t>(k),
-                        static_cast<uint64_t>(s->response.tokens.size())});
-      row_of.push_back(static_cast<int64_t>(r));
-    }
-    repeated = repeated || s->fork_n > 1;
-  }
+                                                      const StepInputs& in) {
   const auto t_sample = Clock::now();
+  bool repeated = in.row_of.size() != static_cast<size_t>(logits.size(0));
+  for (size_t r = 0; r < in.row_of.size() && !repeated; ++r) {
+    repeated = in.row_of[r] != static_cast<int64_t>(r);
+  }
   const at::Tensor rows =
       repeated
           ? logits.index_select(
-                0, at::tensor(row_of, at::TensorOptions().dtype(at::kLong)).to(logits.device()))
+                0, at::tensor(in.row_of, at::TensorOptions().dtype(at::kLong)).to(logits.device()))
           : logits;
-  auto drawn = ops::SampleRows(rows, params);
+  StatusOr<ops::SampleOutput> drawn = ops::SampleOutput{};
+  if (tp_ != nullptr) {
+    drawn = VocabParallelSampleRows(rows, model_->vocabulary_range().first,
+                                    model_->spec().vocab_size, in.params, tp_);
+  } else {
+    drawn = ops::SampleRows(rows, in.params);
+  }
   stats_.sample_seconds += Since(t_sample);
   return drawn;
+}
+
+// Tensor parallelism: what rank 0 tells the others, one message a step (and one per weight
+// update, and one to stop). A fixed header, then for a step one int64 payload.
+namespace {
+
+enum MessageKind : int64_t { kStopFollowing = 0, kStepMessage = 1, kSwapMessage = 2 };
+constexpr int64_t kHeaderSize = 8;  // kind, tokens, sequences, max_blocks, logit rows,
+                                    // sampling rows, copies, version
+
+int64_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+float BitsFloat(int64_t v) {
+  const uint32_t u = static_cast<uint32_t>(v);
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+at::Tensor Header(int64_t kind, const std::vector<int64_t>& sizes, int64_t version) {
+  at::Tensor h = at::zeros({kHeaderSize}, at::TensorOptions().dtype(at::kLong));
+  int64_t* p = h.data_ptr<int64_t>();
+  p[0] = kind;
+  for (size_t i = 0; i < sizes.size(); ++i) p[1 + i] = sizes[i];
+  p[kHeaderSize - 1] = version;
+  return h;
+}
+
+}  // namespace
+
+void RolloutEngine::SendStep(const StepInputs& in) {
+  const int64_t rows = static_cast<int64_t>(in.params.size());
+  at::Tensor header =
+      Header(kStepMessage,
+             {static_cast<int64_t>(in.toks.size()), static_cast<int64_t>(in.qlens.size()),
+              in.max_blocks, static_cast<int64_t>(in.logit_rows.size()), rows,
+              static_cast<int64_t>(in.copies.size() / 2)},
+             version_);
+  tp_->Broadcast(header, 0);
+  std::vector<int64_t> flat;
+  for (const auto* v : {&in.toks, &in.pos, &in.slots, &in.qlens, &in.clens, &in.tables,
+                        &in.logit_rows, &in.row_of}) {
+    flat.insert(flat.end(), v->begin(), v->end());
+  }
+  for (const auto& p : in.params) {
+    flat.insert(flat.end(),
+                {int64_t{p.top_k}, static_cast<int64_t>(p.seed), static_cast<int64_t>(p.position),
+                 FloatBits(p.temperature), FloatBits(p.top_p), FloatBits(p.min_p)});
+  }
+  flat.insert(flat.end(), in.copies.begin(), in.copies.end());
+  at::Tensor payload = at::tensor(flat, at::TensorOptions().dtype(at::kLong));
+  tp_->Broadcast(payload, 0);
+}
+
+RolloutEngine::StepInputs RolloutEngine::ReceiveStep(const at::Tensor& header) {
+  const int64_t* h = header.data_ptr<int64_t>();
+  const int64_t toks = h[1], seqs = h[2], max_blocks = h[3], logit_rows = h[4], rows = h[5],
+                copies = h[6];
+  const int64_t size =
+      3 * toks + 2 * seqs + seqs * max_blocks + logit_rows + rows + 6 * rows + 2 * copies;
+  at::Tensor payload = at::empty({size}, at::TensorOptions().dtype(at::kLong));
+  tp_->Broadcast(payload, 0);
+  const int64_t* p = payload.data_ptr<int64_t>();
+  auto take = [&p](int64_t n) {
+    std::vector<int64_t> v(p, p + n);
+    p += n;
+    return v;
+  };
+  StepInputs in;
+  in.toks = take(toks);
+  in.pos = take(toks);
+  in.slots = take(toks);
+  in.qlens = take(seqs);
+  in.clens = take(seqs);
+  in.tables = take(seqs * max_blocks);
+  in.max_blocks = max_blocks;
+  in.logit_rows = take(logit_rows);
+  in.row_of = take(rows);
+  for (int64_t r = 0; r < rows; ++r, p += 6) {
+    in.params.push_back({BitsFloat(p[3]), static_cast<int32_t>(p[0]), BitsFloat(p[4]),
+                         BitsFloat(p[5]), static_cast<uint64_t>(p[1]),
+                         static_cast<uint64_t>(p[2])});
+  }
+  in.copies = take(2 * copies);
+  return in;
+}
+
+// Every rank's swap outcome: an error naming the ranks whose swap failed (every rank returns it).
+Status RolloutEngine::AgreeOnSwap(const Status& own) {
+  at::Tensor failed = at::zeros({tp_->size()}, at::TensorOptions().dtype(at::kDouble));
+  if (!own.ok()) failed.data_ptr<double>()[tp_->rank()] = 1.0;
+  tp_->AllReduceSum(failed);
+  std::string ranks;
+  for (int r = 0; r < tp_->size(); ++r) {
+    if (failed.data_ptr<double>()[r] > 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (ranks.empty()) return Status::Ok();
+  if (!own.ok()) return own;
+  return Unavailable("the weight update failed on tensor-parallel rank(s) " + ranks);
+}
+
+Status RolloutEngine::Follow(const std::function<Status(int64_t version)>& swap,
+                             double idle_timeout_s) {
+  if (tp_ == nullptr || tp_->rank() == 0) {
+    return FailedPrecondition("Follow is for the ranks other than 0 of a tensor-parallel engine");
+  }
+  c10::InferenceMode guard;
+  for (;;) {
+    try {
+      at::Tensor header = at::zeros({kHeaderSize}, at::TensorOptions().dtype(at::kLong));
+      tp_->Broadcast(header, 0, idle_timeout_s);
+      const int64_t kind = header.data_ptr<int64_t>()[0];
+      const int64_t version = header.data_ptr<int64_t>()[kHeaderSize - 1];
+      if (kind == kStopFollowing) return Status::Ok();
+      if (kind == kSwapMessage) {
+        // A failed swap (here or on another rank) fails the leader's UpdateWeights; this rank
+        // goes on following, for the leader to send the update again.
+        const Status own = swap ? swap(version) : Status::Ok();
+        if (AgreeOnSwap(own).ok()) version_ = version;
+        continue;
+      }
+      if (kind != kStepMessage) {
+        return Internal("tensor-parallel rank " + std::to_string(tp_->rank()) +
+                        " received an unknown message kind " + std::to_string(kind));
+      }
+      const StepInputs in = ReceiveStep(header);
+      for (size_t c = 0; c + 1 < in.copies.size(); c += 2) {
+        CopyCache(static_cast<int32_t>(in.copies[c]), static_cast<int32_t>(in.copies[c + 1]));
+      }
+      const at::Tensor logits = ForwardStep(in);
+      GYRE_RETURN_IF_ERROR(SampleStep(logits, in).status());
+      ++stats_.steps;
+    } catch (const std::exception& e) {
+      return Unavailable(std::string("tensor-parallel rank ") + std::to_string(tp_->rank()) +
+                         " stopped following: " + e.what());
+    }
+  }
+}
+
+Status RolloutEngine::StopFollowers() {
+  if (tp_ == nullptr || tp_->rank() != 0) return Status::Ok();
+  try {
+    at::Tensor header = Header(kStopFollowing, {}, version_);
+    tp_->Broadcast(header, 0);
+  } catch (const std::exception& e) {
+    return Unavailable(std::string("stopping the tensor-parallel ranks: ") + e.what());
+  }
+  return Status::Ok();
 }
 
 std::vector<SampleResult> RolloutEngine::AdvanceStep(const std::vector<Seq*>& sampled,
@@ -811,7 +1008,19 @@ StatusOr<std::vector<SampleResult>> RolloutEngine::Generate(const std::vector<Re
 }
 
 Status RolloutEngine::UpdateWeights(int64_t version, const std::function<Status()>& swap) {
-  if (swap) GYRE_RETURN_IF_ERROR(swap());
+  if (!leads()) return FailedPrecondition(kFollowerError);
+  if (tp_ != nullptr) {
+    // Every rank swaps its slice (its Follow's swap), and all agree on the outcome.
+    try {
+      at::Tensor header = Header(kSwapMessage, {}, version);
+      tp_->Broadcast(header, 0);
+      GYRE_RETURN_IF_ERROR(AgreeOnSwap(swap ? swap() : Status::Ok()));
+    } catch (const std::exception& e) {
+      return Unavailable(std::string("tensor-parallel weight update failed: ") + e.what());
+    }
+  } else if (swap) {
+    GYRE_RETURN_IF_ERROR(swap());
+  }
   version_ = version;
   if (config_.weight_update_kv == WeightUpdateKv::kKeep) return Status::Ok();
   ClearParked();

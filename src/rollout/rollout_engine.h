@@ -21,6 +21,15 @@
 // sample continues without recomputing its context. UpdateWeights() swaps weights between steps
 // and either keeps the KV of unfinished sequences (computed by the old version) or recomputes it.
 //
+// Tensor parallelism (rollout.tensor_parallel; docs/rollout.md): over a model that is a
+// tensor-parallel slice (model::Transformer::TensorParallelSlice), T engines, one a rank, act as
+// one. Rank 0 leads: it takes requests, schedules and returns results exactly as a whole-model
+// engine does, and broadcasts each step's batch (with its sampling rows and copy-on-write block
+// copies) to the other ranks, which run Follow(): the same forward on their slices (each cache
+// holds its key/value heads; blocks are the same on every rank) and the same vocabulary-parallel
+// draw (vocab_parallel_sampling.h). Weight updates reach every rank through the leader's
+// UpdateWeights, which has each follower call its own swap.
+//
 // Static batching (the benchmark baseline) is the same engine with admission only when the batch
 // is empty. `gyre generate`, the rollout workers, the library's fleet and the benchmarks all
 // generate through this engine. Not thread-safe: one thread drives an engine and the model it
@@ -35,6 +44,7 @@
 #include <vector>
 
 #include "gyre/status.h"
+#include "model/tensor_parallel.h"
 #include "model/transformer.h"
 #include "ops/ops.h"
 #include "rollout/block_allocator.h"
@@ -174,11 +184,23 @@ class RolloutEngine {
   StatusOr<std::vector<SampleResult>> Generate(const std::vector<Request>& requests);
 
   // Pauses between steps, calls `swap` (which replaces the model's weights in place) and labels
-  // later tokens with `version`. With WeightUpdateKv::kRecompute the KV of every unfinished
-  // sequence (running, waiting with computed context, or parked) is dropped and recomputed
-  // with the new weights before it continues; with kKeep it is kept. If `swap` fails its error
-  // is returned and the engine is unchanged.
+  // later tokens with `version`. Tensor-parallel: every follower calls the swap given to its
+  // Follow, and when any rank's swap fails every rank's call fails (the ranks that did swap hold
+  // the new weights: send the update again). With WeightUpdateKv::kRecompute the KV of every
+  // unfinished sequence (running, waiting with computed context, or parked) is dropped and
+  // recomputed with the new weights before it continues; with kKeep it is kept. If `swap` fails its
+  // error is returned and the engine is unchanged.
   Status UpdateWeights(int64_t version, const std::function<Status()>& swap);
+
+  // Tensor parallelism, ranks other than 0: serves the leader's steps until the leader calls
+  // StopFollowers (Ok) or a collective fails (its error). `swap(version)` replaces this rank's
+  // slice when the leader updates weights. `idle_timeout_s` bounds the wait for the leader's
+  // next message. Everything else (Add, Step, Run, UpdateWeights) is refused on a follower.
+  Status Follow(const std::function<Status(int64_t version)>& swap, double idle_timeout_s);
+  // Rank 0: ends the followers' Follow (nothing for a whole-model engine).
+  Status StopFollowers();
+  // Whether this engine takes requests: a whole-model engine, or rank 0 of a tensor-parallel one.
+  bool leads() const { return tp_ == nullptr || tp_->rank() == 0; }
 
   void set_version(int64_t version) { version_ = version; }
   int64_t version() const { return version_; }
@@ -230,12 +252,20 @@ class RolloutEngine {
   // Decodes (preempting the newest sequence when blocks run out), prefill chunks, then
   // admissions, within the step's token budget. Empty when nothing could make progress.
   std::vector<StepWork> ScheduleStep();
-  // One forward over the flattened work (a CUDA graph replay when it fits); *sampled gets the
-  // sequences whose last context token was computed, in the order of the logits' rows.
-  at::Tensor ForwardStep(const std::vector<StepWork>& work, std::vector<Seq*>* sampled);
-  // One token per sample (a fork parent's row serves each of its samples).
-  StatusOr<ops::SampleOutput> SampleStep(const at::Tensor& logits,
-                                         const std::vector<Seq*>& sampled);
+  // The step's host inputs (rollout_engine.cc); *sampled gets the sequences whose last context
+  // token is computed, in the order of the logits' rows.
+  struct StepInputs;
+  StepInputs BuildStep(const std::vector<StepWork>& work, std::vector<Seq*>* sampled);
+  // One forward over the flattened work (a CUDA graph replay when it fits).
+  at::Tensor ForwardStep(const StepInputs& in);
+  // One token per sample (a fork parent's row serves each of its samples); vocabulary-parallel
+  // under tensor parallelism.
+  StatusOr<ops::SampleOutput> SampleStep(const at::Tensor& logits, const StepInputs& in);
+  // Tensor parallelism: the leader's step message and its receipt by a follower (collectives
+  // throw on failure), and every rank's agreement on a weight swap.
+  void SendStep(const StepInputs& in);
+  StepInputs ReceiveStep(const at::Tensor& header);
+  Status AgreeOnSwap(const Status& own);
   // Appends the drawn tokens, forks groups into their samples, retires finished samples (which
   // it returns).
   std::vector<SampleResult> AdvanceStep(const std::vector<Seq*>& sampled,
@@ -252,7 +282,8 @@ class RolloutEngine {
   int64_t BlocksNeeded(const Seq& s, int64_t first, int64_t count) const;
   bool PreemptOne(const Seq* keep);
   void ReleaseBlocks(Seq* s);
-  void CopyBlock(int32_t from, int32_t to);
+  void CopyBlock(int32_t from, int32_t to);  // and records it for the followers
+  void CopyCache(int32_t from, int32_t to);
   bool EvictParked();
   bool CheckStop(Seq* s);
   SampleResult MakeResult(Seq* s, bool finished);
@@ -262,6 +293,8 @@ class RolloutEngine {
   void CountGroupDone(const Seq& s);
 
   const model::Transformer* model_;
+  model::TensorParallelGroup* tp_;       // the model's group; null for a whole model
+  std::vector<int64_t> pending_copies_;  // (from, to) block copies since the last step message
   EngineConfig config_;
   model::PagedKvCache cache_;
   // CUDA graphs for decode-only steps (null on the CPU, or when disabled or unavailable); block

@@ -18,7 +18,9 @@
 #include "common/limits.h"
 #include "common/logging.h"
 #include "kernels/device_info.h"
+#include "model/hf_config.h"
 #include "model/weights.h"
+#include "rollout/tensor_parallel_weights.h"
 #include "rpc/rpc_util.h"
 
 namespace gyre::rollout {
@@ -569,6 +571,11 @@ grpc::Status RolloutService::GenerateStream(grpc::ServerContext* ctx,
 grpc::Status RolloutService::RelayWeights(grpc::ServerContext*, const v1::RelayWeightsRequest* req,
                                           v1::PublishWeightsResponse* resp) {
   return rpc::Guarded("RelayWeights", [&]() -> grpc::Status {
+    if (model_->tensor_parallel() != nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "this rollout worker is tensor-parallel: it holds slices of the model "
+                          "and cannot relay a version");
+    }
     if (req->rollout_addresses_size() != req->rollout_ids_size()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "rollout_addresses and rollout_ids differ in length");
@@ -593,6 +600,11 @@ grpc::Status RolloutService::RelayWeights(grpc::ServerContext*, const v1::RelayW
   });
 }
 
+Status RolloutService::StopFollowers() {
+  std::unique_lock<std::mutex> lock = WaitForEngine();
+  return engine_->StopFollowers();
+}
+
 grpc::Status RolloutService::LoadWeights(grpc::ServerContext* ctx,
                                          grpc::ServerReader<v1::WeightChunk>* reader,
                                          v1::WeightReceipt* receipt) {
@@ -601,6 +613,14 @@ grpc::Status RolloutService::LoadWeights(grpc::ServerContext* ctx,
     // The engine is idle between Generate calls; the update drops or keeps the KV of parked
     // unfinished samples (rollout.weight_update_kv). The version is known once the transfer ends.
     Status s = engine_->UpdateWeights(version_.load(), [&] {
+      if (model::TensorParallelGroup* tp = model_->tensor_parallel()) {
+        // The version arrives whole; every rank of the worker takes its slices.
+        comm::WeightPayload payload;
+        const auto cap = static_cast<uint64_t>(model::EstimateParameterCount(model_->spec()) * 4);
+        const Status got = comm::ReceiveWeightStream(reader, &payload, receipt, cap + (1 << 20));
+        return SendSlices(got, payload.manifest, payload.bytes.data(), payload.bytes.size(),
+                          model_->NamedParameters(), tp);
+      }
       return comm::ReceiveWeights(reader, model_->NamedParameters(), receipt);
     });
     if (!s.ok()) {
@@ -634,6 +654,12 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
     {
       std::unique_lock<std::mutex> lock = WaitForEngine();
       device = model_->device();
+    }
+    if (transport != "gloo" && model_->tensor_parallel() != nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "this rollout worker is tensor-parallel: it takes versions over grpc or "
+                          "gloo, not " +
+                              transport);
     }
     if (transport != "gloo" && !device.is_cuda()) {
       return grpc::Status(
@@ -688,6 +714,10 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
       // As LoadWeights: through the engine, which keeps or recomputes the KV of parked samples.
       std::unique_lock<std::mutex> lock = WaitForEngine();
       Status s = engine_->UpdateWeights(r->version, [&] {
+        if (model::TensorParallelGroup* tp = model_->tensor_parallel()) {
+          return SendSlices(Status::Ok(), weight_payload_.manifest, weight_payload_.bytes.data(),
+                            weight_payload_.bytes.size(), model_->NamedParameters(), tp);
+        }
         if (transport == "gloo") {
           return model::LoadFlatParameters(weight_payload_.manifest, weight_payload_.bytes.data(),
                                            weight_payload_.bytes.size(), model_->NamedParameters());

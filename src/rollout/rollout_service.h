@@ -88,6 +88,9 @@ class RolloutService final : public v1::Rollout::Service {
 
   int64_t version() const { return version_.load(); }
 
+  // Tensor parallelism (the model is a slice): ends the other ranks' Follow (engine stopped).
+  Status StopFollowers();
+
   // Turns on environment episodes: a Generate request with env_address runs each group's n
   // samples as episodes of its task_json (episode_runner.h). Call before serving.
   void EnableEpisodes(EpisodeSetup setup) {

@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -17,16 +18,21 @@
 #include <optional>
 #include <string>
 
+#include "comm/gloo_communicator.h"
+#include "comm/tensor_parallel_group.h"
 #include "common/command_line.h"
 #include "common/logging.h"
 #include "common/strings.h"
+#include "common/subprocess.h"
 #include "config/config.h"
 #include "kernels/device_info.h"
 #include "model/hf_config.h"
 #include "model/hf_model.h"
 #include "model/transformer.h"
 #include "model/weights.h"
+#include "rollout/rollout_engine.h"
 #include "rollout/rollout_service.h"
+#include "rollout/tensor_parallel_weights.h"
 #include "rpc/rpc_util.h"
 #include "rpc/security.h"
 #include "rpc/worker_discovery.h"
@@ -82,11 +88,39 @@ int AutoTorchThreads(const JobConfig& cfg, v1::WorkerRole role) {
   if (::sched_getaffinity(0, sizeof(mask), &mask) == 0) cores = std::max(1, CPU_COUNT(&mask));
   int sharing = 1;
   if (cfg.cluster.mode != "external") {
-    const int rollouts = cfg.rollout.workers, trainers = cfg.trainer.workers;
+    // A tensor-parallel rollout worker is rollout.tensor_parallel processes.
+    const int rollouts = cfg.rollout.workers * cfg.rollout.tensor_parallel,
+              trainers = cfg.trainer.workers;
     sharing = cfg.rollout.async ? rollouts + trainers
                                 : (role == v1::WORKER_ROLE_ROLLOUT ? rollouts : trainers);
   }
   return std::clamp(cores / std::max(1, sharing), 1, 32);
+}
+
+// The job's model as a worker builds it at start: the built-in model from job.seed, or
+// model.path. Errors say what to change.
+StatusOr<std::unique_ptr<model::Transformer>> BuildModel(const JobConfig& cfg, bool trainer) {
+  if (!cfg.model.path.empty()) {
+    auto loaded = model::LoadHfModel(cfg.model.path, cfg.model.max_seq_len);
+    if (!loaded.ok()) return loaded.status().WithContext("cannot load model.path");
+    return std::move(*loaded);
+  }
+  text::CharTokenizer tokenizer;
+  const model::ModelSpec spec = model::SpecFromConfig(cfg.model, tokenizer.vocab_size());
+  GYRE_RETURN_IF_ERROR(model::CheckModelSize(spec, "the model section"));
+  try {
+    return model::Transformer::Create(spec, cfg.job.seed, cfg.model.init_std);
+  } catch (const std::exception& e) {
+    // Out of memory, typically under trainer.memory_limit_gb.
+    return FailedPrecondition(
+        "cannot build the model (" + HumanBytes(4 * model::EstimateParameterCount(spec)) +
+        " of float32 weights)" +
+        (trainer && cfg.trainer.memory_limit_gb > 0
+             ? " within trainer.memory_limit_gb " +
+                   std::to_string(cfg.trainer.memory_limit_gb).substr(0, 6) + " GiB"
+             : std::string()) +
+        ": " + e.what());
+  }
 }
 
 constexpr char kWorkerSummary[] =
@@ -110,6 +144,133 @@ constexpr char kWorkerDetails[] =
     "certificate from the same CA); --tls-server-name is the name the servers' certificates\n"
     "carry; --token-file names a file whose first line is the cluster token\n"
     "(cluster.auth_token_file), sent on every call and checked on every call served.";
+
+// Tensor-parallel rollout workers (rollout.tensor_parallel T; docs/rollout.md, "Tensor
+// parallelism"). Rank 0 is the worker the controller sees: it starts ranks 1..T-1 on its host
+// as `gyre worker --role rollout --tp-store ADDRESS --tp-rank R`, hands them the job through a
+// store it serves, and forms the worker's Gloo group with them. Every rank builds the model,
+// keeps its slice and makes an engine with rank 0's number of KV blocks; ranks 1.. then follow
+// rank 0's engine steps and weight updates (RolloutEngine::Follow) until it stops them.
+constexpr char kTensorParallelGroup[] = "rollout-tp";
+constexpr char kTensorParallelOnGpu[] =
+    "rollout.tensor_parallel runs on the CPU for now (its ranks exchange over Gloo; the NCCL group "
+    "for GPUs is not built yet): set model.device: cpu, or rollout.tensor_parallel: 1";
+constexpr double kFollowerIdleS = 7 * 24 * 3600.0;  // a peer's exit ends the wait at once
+
+// The log of rank `rank`: beside this process's own log when its stderr is a file (X.log ->
+// X-tpR.log), else in the temporary directory.
+std::string FollowerLogPath(const std::string& name, int rank) {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/fd/2", buf, sizeof(buf) - 1);
+  std::string own = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  const std::string suffix = "-tp" + std::to_string(rank) + ".log";
+  if (!own.empty() && own[0] == '/' && own.size() > 4 && own.substr(own.size() - 4) == ".log") {
+    return own.substr(0, own.size() - 4) + suffix;
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/gyre-" + name + suffix;
+}
+
+// The model a rank of a tensor-parallel rollout worker runs: the job's model, on the CPU, in
+// model.dtype (the slice is taken once the group exists).
+StatusOr<std::unique_ptr<model::Transformer>> BuildRolloutRankModel(const JobConfig& cfg) {
+  if (cfg.model.device == "cuda") return FailedPrecondition(kTensorParallelOnGpu);
+  GYRE_ASSIGN_OR_RETURN(auto model, BuildModel(cfg, /*trainer=*/false));
+  GYRE_ASSIGN_OR_RETURN(const at::ScalarType dtype, model::ParseWeightDtype(cfg.model.dtype));
+  model->ToDtype(dtype);
+  return model;
+}
+
+StatusOr<std::unique_ptr<comm::Communicator>> JoinRolloutGroup(const JobConfig& cfg,
+                                                               const std::string& store, int rank,
+                                                               const std::string& host) {
+  comm::GlooOptions o;
+  o.store_address = store;
+  o.group = kTensorParallelGroup;
+  o.rank = rank;
+  o.size = cfg.rollout.tensor_parallel;
+  o.bind_host = host;
+  o.connect_timeout_s = std::max(60.0, cfg.cluster.register_timeout_s);
+  return comm::CreateGlooCommunicator(o);
+}
+
+// Rank `rank` > 0: the whole life of a follower process. Returns the exit code.
+int RunRolloutFollower(const std::string& store, int rank, int index, const std::string& host) {
+  const std::string name = "rollout-" + std::to_string(index) + "-tp" + std::to_string(rank);
+  InitLogging(name);
+  auto fail = [&](const Status& s) {
+    GYRE_LOG_ERROR("{}: {}", name, s.ToString());
+    std::fprintf(stderr, "gyre worker (%s): %s\n", name.c_str(), s.ToString().c_str());
+    return 1;
+  };
+  auto yaml = comm::StoreGet(store, "job", 120);
+  if (!yaml.ok()) return fail(yaml.status().WithContext("the job from rank 0"));
+  auto cfg = config::ParseJobConfig(*yaml, "<rank 0>");
+  if (!cfg.ok()) return fail(cfg.status());
+  InitLogging(name + "-main", cfg->job.log_level);
+  at::set_num_threads(AutoTorchThreads(*cfg, v1::WORKER_ROLE_ROLLOUT));
+  TuneAllocatorForRepeatedSteps();
+  auto whole = BuildRolloutRankModel(*cfg);
+  if (!whole.ok()) return fail(whole.status());
+  auto comm = JoinRolloutGroup(*cfg, store, rank, host);
+  if (!comm.ok()) return fail(comm.status());
+  comm::CommTensorParallel group(comm->get(), cfg->trainer.collective_timeout_s);
+  std::unique_ptr<model::Transformer> slice =
+      model::Transformer::TensorParallelSlice(**whole, &group);
+  whole->reset();
+  auto engine_config = rollout::EngineConfigFromJob(cfg->rollout, *slice);
+  if (!engine_config.ok()) return fail(engine_config.status());
+  auto blocks = comm::StoreGet(store, "num_blocks", 120);
+  if (!blocks.ok()) return fail(blocks.status().WithContext("rank 0's KV blocks"));
+  engine_config->num_blocks = std::stoll(*blocks);
+  auto engine = rollout::RolloutEngine::Create(slice.get(), *engine_config);
+  if (!engine.ok()) return fail(engine.status());
+  GYRE_LOG_INFO("{}: tensor-parallel rank {} of {} ({} parameters in its slice), following rank 0",
+                name, rank, cfg->rollout.tensor_parallel, slice->NumParameters());
+  const Status s = (*engine)->Follow(
+      [&](int64_t) { return rollout::ReceiveSlices(slice->NamedParameters(), &group); },
+      kFollowerIdleS);
+  if (!s.ok()) return fail(s);
+  GYRE_LOG_INFO("{}: rank 0 stopped the worker", name);
+  return 0;
+}
+
+// Rank 0's side: the store, the follower processes and the group, kept while the worker serves.
+struct RolloutTensorParallel {
+  std::unique_ptr<comm::StoreServer> store;
+  std::vector<pid_t> followers;
+  std::unique_ptr<comm::Communicator> comm;
+  std::unique_ptr<comm::CommTensorParallel> group;
+
+  ~RolloutTensorParallel() {
+    for (pid_t pid : followers) TerminateProcess(pid, 10);
+  }
+};
+
+// Rank 0: starts the followers, forms the group and replaces *model with rank 0's slice.
+Status StartRolloutTensorParallel(const JobConfig& cfg, const std::string& job_yaml,
+                                  const std::string& name, int index, const std::string& host,
+                                  std::unique_ptr<model::Transformer>* model,
+                                  RolloutTensorParallel* tp) {
+  GYRE_ASSIGN_OR_RETURN(tp->store, comm::StoreServer::Start(host));
+  const std::string store = tp->store->address();
+  GYRE_RETURN_IF_ERROR(comm::StoreSet(store, "job", job_yaml, 30));
+  for (int r = 1; r < cfg.rollout.tensor_parallel; ++r) {
+    const std::string log = FollowerLogPath(name, r);
+    GYRE_ASSIGN_OR_RETURN(
+        pid_t pid, SpawnProcess({SelfExecutable(), "worker", "--role", "rollout", "--index",
+                                 std::to_string(index), "--bind-host", host, "--tp-store", store,
+                                 "--tp-rank", std::to_string(r)},
+                                log));
+    tp->followers.push_back(pid);
+    GYRE_LOG_INFO("{}: started tensor-parallel rank {} (pid {}), log {}", name, r, pid, log);
+  }
+  GYRE_ASSIGN_OR_RETURN(tp->comm, JoinRolloutGroup(cfg, store, 0, host));
+  tp->group =
+      std::make_unique<comm::CommTensorParallel>(tp->comm.get(), cfg.trainer.collective_timeout_s);
+  *model = model::Transformer::TensorParallelSlice(**model, tp->group.get());
+  return Status::Ok();
+}
 
 std::atomic<int> g_signal{0};
 void OnSignal(int sig) { g_signal.store(sig); }  // async-signal-safe: the main loop reacts
@@ -195,11 +356,27 @@ int RunWorker(const std::vector<std::string>& args) {
   app->add_option("--token-file", security.token_file,
                   "a file whose first line is the cluster token")
       ->type_name("FILE");
+  std::string tp_store;
+  int tp_rank = 0;
+  app->add_option("--tp-store", tp_store,
+                  "(started by a tensor-parallel rollout worker) the store of its rank 0")
+      ->group("Tensor-parallel ranks (started by rank 0, not by hand)");
+  app->add_option("--tp-rank", tp_rank, "(with --tp-store) this process's tensor-parallel rank")
+      ->check(CLI::Range(1, 63))
+      ->group("Tensor-parallel ranks (started by rank 0, not by hand)");
   if (int rc = ParseCommandLine(*app, args); rc >= 0) return rc;
+
   if (!index_text.empty()) {
     auto parsed = rpc::ParseWorkerIndex(index_text, "--index");
     if (!parsed.ok()) return CommandLineError(*app, parsed.status().message());
     index = *parsed;
+  }
+  if (!tp_store.empty()) {
+    if (role != "rollout" || tp_rank < 1) {
+      return CommandLineError(*app, "--tp-store is for --role rollout with --tp-rank >= 1");
+    }
+    TuneAllocatorForRepeatedSteps();
+    return RunRolloutFollower(tp_store, tp_rank, index < 0 ? 0 : index, bind_host);
   }
   auto placement = rpc::DiscoverPlacement(controller, index, bind_host, advertise_host,
                                           rpc::ProcessEnvironment());
@@ -224,6 +401,7 @@ int RunWorker(const std::vector<std::string>& args) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
+  RolloutTensorParallel tp;  // outlives the service, whose model uses its group
   std::unique_ptr<rollout::RolloutService> rollout_service;
   std::unique_ptr<trainer::TrainerService> trainer_service;
   auto on_stop = [&session](const std::string& reason) { session.RequestStop(reason); };
@@ -284,41 +462,13 @@ int RunWorker(const std::vector<std::string>& args) {
       return 1;
     }
   }
-  std::unique_ptr<model::Transformer> model;
-  if (cfg->model.path.empty()) {
-    text::CharTokenizer tokenizer;
-    const model::ModelSpec spec = model::SpecFromConfig(cfg->model, tokenizer.vocab_size());
-    Status fits = model::CheckModelSize(spec, "the model section");
-    if (!fits.ok()) {
-      session.ReportFatal(fits.ToString());
-      std::fprintf(stderr, "gyre worker: %s\n", fits.ToString().c_str());
-      return 1;
-    }
-    try {
-      model = model::Transformer::Create(spec, cfg->job.seed, cfg->model.init_std);
-    } catch (const std::exception& e) {
-      // Out of memory, typically under trainer.memory_limit_gb.
-      const std::string why =
-          "cannot build the model (" + HumanBytes(4 * model::EstimateParameterCount(spec)) +
-          " of float32 weights)" +
-          (wrole == v1::WORKER_ROLE_TRAINER && cfg->trainer.memory_limit_gb > 0
-               ? " within trainer.memory_limit_gb " +
-                     std::to_string(cfg->trainer.memory_limit_gb).substr(0, 6) + " GiB"
-               : std::string()) +
-          ": " + e.what();
-      session.ReportFatal(why);
-      std::fprintf(stderr, "gyre worker: %s\n", why.c_str());
-      return 1;
-    }
-  } else {
-    auto loaded = model::LoadHfModel(cfg->model.path, cfg->model.max_seq_len);
-    if (!loaded.ok()) {
-      session.ReportFatal("cannot load model.path: " + loaded.status().ToString());
-      std::fprintf(stderr, "gyre worker: %s\n", loaded.status().ToString().c_str());
-      return 1;
-    }
-    model = std::move(*loaded);
+  auto built = BuildModel(*cfg, trainer);
+  if (!built.ok()) {
+    session.ReportFatal(built.status().message());
+    std::fprintf(stderr, "gyre worker: %s\n", built.status().message().c_str());
+    return 1;
   }
+  std::unique_ptr<model::Transformer> model = std::move(*built);
   auto device = ResolveDevice(*cfg, wrole, index);
   if (!device.ok()) {
     session.ReportFatal(device.status().message());
@@ -343,8 +493,26 @@ int RunWorker(const std::vector<std::string>& args) {
 
   grpc::Service* service = nullptr;
   std::function<int64_t()> version;
+  if (wrole == v1::WORKER_ROLE_ROLLOUT && cfg->rollout.tensor_parallel > 1) {
+    Status started = model->device().is_cuda()
+                         ? FailedPrecondition(kTensorParallelOnGpu)
+                         : StartRolloutTensorParallel(*cfg, session.job_config_yaml(), name, index,
+                                                      placement->advertise_host, &model, &tp);
+    if (!started.ok()) {
+      session.ReportFatal("cannot start the tensor-parallel rollout worker: " + started.ToString());
+      std::fprintf(stderr, "gyre worker: %s\n", started.ToString().c_str());
+      return 1;
+    }
+    GYRE_LOG_INFO("{}: tensor-parallel rank 0 of {} ({} parameters in its slice)",
+                  session.worker_id(), cfg->rollout.tensor_parallel, model->NumParameters());
+  }
   if (wrole == v1::WORKER_ROLE_ROLLOUT) {
     auto engine_config = rollout::EngineConfigFromJob(cfg->rollout, *model);
+    if (engine_config.ok() && tp.store) {  // the other ranks make as many KV blocks
+      const Status told = comm::StoreSet(tp.store->address(), "num_blocks",
+                                         std::to_string(engine_config->num_blocks), 30);
+      if (!told.ok()) engine_config = told;
+    }
     // Stop strings need the job's tokenizer to turn response tokens into text.
     std::shared_ptr<text::TextTokenizer> tokenizer;
     const bool env = cfg->env.enabled();
@@ -408,6 +576,19 @@ int RunWorker(const std::vector<std::string>& args) {
   const std::string reason = session.WaitForStop();
   GYRE_LOG_INFO("{} stopping: {}", session.worker_id(), reason);
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (rollout_service && !tp.followers.empty()) {
+    if (Status s = rollout_service->StopFollowers(); !s.ok()) {
+      GYRE_LOG_WARN("stopping the tensor-parallel ranks: {}", s.ToString());
+    }
+    std::vector<pid_t> running;  // those still running after 10 s get SIGTERM (~tp)
+    for (pid_t pid : tp.followers) {
+      int status = 0;
+      bool exited = false;
+      for (int i = 0; i < 100 && !(exited = PollExit(pid, &status)); ++i) ::usleep(100000);
+      if (!exited) running.push_back(pid);
+    }
+    tp.followers = running;
+  }
   session.Shutdown();
   return 0;
 }

@@ -192,6 +192,10 @@ TEST(BadInputTest, ConfigsThatCannotWorkFailValidation) {
       {"validate", kQuickstart, "--set", "trainer.workers=4", "--set", "trainer.tensor_parallel=4"},
       dir);
   ExpectCleanError(r, {"tensor_parallel 4 does not divide model.num_kv_heads 2"});
+  r = RunGyre({"validate", kQuickstart, "--set", "rollout.tensor_parallel=4"}, dir);
+  ExpectCleanError(r, {"rollout.tensor_parallel",
+                       "tensor_parallel 4 does not divide "
+                       "model.num_kv_heads 2"});
   r = RunGyre(
       {"validate", kQuickstart, "--set", "trainer.workers=4", "--set", "trainer.tensor_parallel=2"},
       dir);

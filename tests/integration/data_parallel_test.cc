@@ -180,6 +180,39 @@ TEST(DataParallelTest, TensorParallelJobPublishesCheckpointsAndResumesOntoTwoByT
             std::string::npos);
 }
 
+// rollout.tensor_parallel=2: the rollout worker is two processes, each holding half of every
+// layer, of the vocabulary and of the KV cache, drawing vocabulary-parallel. It takes each version
+// whole (grpc, then gloo after a resume) and hands rank 1 its slices, and rank 1 followed rank 0
+// from start to stop in its own log. Every GRPO step's samples carry the log-probs the trainer
+// computes for them with the whole model (mismatch_abs_logprob, the mean |rollout - trainer|
+// log-prob, about 1e-7 here): a rank holding a stale or wrong slice would put it near 0.2.
+TEST(DataParallelTest, TensorParallelRolloutWorkerSamplesWithTheTrainersLogprobs) {
+  const std::string dir = MakeTempDir("rollout-tp");
+  const std::vector<std::string> tp = {"--set", "rollout.tensor_parallel=2"};
+  auto a = GyreProcess::Start(With(With(Job(dir, 1), tp), {"--set", "trainer.steps=1", "--set",
+                                                           "trainer.checkpoint_every=1"}),
+                              dir);
+  ASSERT_TRUE(a.Wait(240)) << a.Output();
+  ASSERT_EQ(WEXITSTATUS(a.wait_status), 0) << a.Output();
+  const std::string rank0 = ReadFile(dir + "/t/logs/rollout-0.log");
+  EXPECT_NE(rank0.find("tensor-parallel rank 0 of 2"), std::string::npos) << rank0;
+  const std::string rank1 = ReadFile(dir + "/t/logs/rollout-0-tp1.log");
+  EXPECT_NE(rank1.find("tensor-parallel rank 1 of 2"), std::string::npos) << rank1;
+  EXPECT_NE(rank1.find("rank 0 stopped the worker"), std::string::npos) << rank1;
+  auto b = GyreProcess::Start(
+      With(With(Job(dir, 1), tp), {"--resume", "--set", "cluster.weight_transport=gloo", "--set",
+                                   "trainer.checkpoint_every=1"}),
+      MakeTempDir("rollout-tp-resume"));
+  ASSERT_TRUE(b.Wait(240)) << b.Output();
+  ASSERT_EQ(WEXITSTATUS(b.wait_status), 0) << b.Output();
+  const auto steps = GrpoMetrics(dir + "/t/metrics.jsonl");
+  ASSERT_EQ(steps.size(), 2u);
+  for (const auto& step : steps) {
+    EXPECT_GT(step["samples"].get<double>(), 0);
+    EXPECT_LT(step["mismatch_abs_logprob"].get<double>(), 1e-5) << step.dump();
+  }
+}
+
 // trainer.memory_limit_gb: a 99 M-parameter model whose unsharded training state (1.48 GiB of
 // float32 weights, gradients and AdamW moments) exceeds the 1.45 GiB each trainer may use. One
 // trainer is refused before anything starts, with the memory needed and what would fit; 4

@@ -22,4 +22,16 @@ inline model::ModelSpec TinySpec(int64_t vocab, int64_t hidden, int64_t layers, 
   return s;
 }
 
+// A Qwen3-shaped TinySpec (hidden 32, 2 layers, 4 query and 2 key/value heads of 8, MLP 48):
+// tied embeddings, q/k norms and attention biases, so that every kind of parameter a
+// tensor-parallel slice splits or replicates is there.
+inline model::ModelSpec TinyQwen3Spec(int64_t vocab, int64_t max_seq) {
+  model::ModelSpec s = TinySpec(vocab, 32, 2, 4, 2, 48, max_seq);
+  s.architecture = "qwen3";
+  s.tie_embeddings = true;
+  s.qk_norm = true;
+  s.attention_bias = true;
+  return s;
+}
+
 }  // namespace gyre::testing

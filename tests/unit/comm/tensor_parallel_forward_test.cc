@@ -16,26 +16,10 @@
 #include "comm/tensor_parallel_group.h"
 #include "model/tensor_parallel.h"
 #include "model/transformer.h"
+#include "testing/tiny_model.h"
 
 namespace gyre::comm {
 namespace {
-
-model::ModelSpec QwenShape() {
-  model::ModelSpec s;
-  s.architecture = "qwen3";
-  s.vocab_size = 26;  // 13 rows a rank
-  s.hidden_size = 32;
-  s.num_layers = 2;
-  s.num_heads = 4;
-  s.num_kv_heads = 2;
-  s.head_dim = 8;
-  s.intermediate_size = 48;
-  s.max_seq_len = 64;
-  s.tie_embeddings = true;
-  s.qk_norm = true;
-  s.attention_bias = true;
-  return s;
-}
 
 // Whole-vocabulary logits from each rank's rows [.., V_r] (ranks hold ceil(V / T) rows, the
 // last the rest).
@@ -110,7 +94,7 @@ at::Tensor RunForwards(const model::Transformer& m, model::TensorParallelGroup* 
 }
 
 TEST(TensorParallelForwardTest, TwoRanksComputeTheWholeModelsLogits) {
-  const model::ModelSpec spec = QwenShape();
+  const model::ModelSpec spec = testing::TinyQwen3Spec(26, 64);
   const auto whole = model::Transformer::Create(spec, 5, 0.2);
   const at::Tensor prompt = at::tensor({3, 7, 1, 9, 4, 2, 8, 5, 0, 25}, at::kLong).view({2, 5});
   const at::Tensor want = RunForwards(*whole, nullptr, prompt);

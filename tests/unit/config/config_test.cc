@@ -762,6 +762,23 @@ TEST(ConfigCrossField, TensorParallelLayoutsAreCheckedWithTheRule) {
   EXPECT_NE(e.find("trainer.tensor_parallel"), std::string::npos) << e;
 }
 
+// rollout.tensor_parallel: versions arrive whole at rank 0 over a host transport; no relay.
+TEST(ConfigCrossField, RolloutTensorParallelTakesHostTransportsWithoutRelay) {
+  auto ok = Parse("rollout:\n  tensor_parallel: 2\ncluster:\n  weight_transport: gloo\n");
+  EXPECT_TRUE(ok.ok()) << ok.status();
+  std::string e = ParseError(
+      "model:\n  device: cuda\nrollout:\n  tensor_parallel: 2\n"
+      "cluster:\n  weight_transport: nccl\n  placement: disaggregated\n");
+  EXPECT_NE(e.find("rollout.tensor_parallel workers take each policy version over "
+                   "cluster.weight_transport grpc or gloo; 'nccl'"),
+            std::string::npos)
+      << e;
+  e = ParseError("rollout:\n  tensor_parallel: 2\ncluster:\n  weight_relay_fanout: 2\n");
+  EXPECT_NE(e.find("set cluster.weight_relay_fanout to 0 or -1"), std::string::npos) << e;
+  e = ParseError("rollout:\n  tensor_parallel: 65\n");
+  EXPECT_NE(e.find("rollout.tensor_parallel"), std::string::npos) << e;
+}
+
 TEST(ConfigCrossField, GpuWeightTransportsNeedGpusAndTheirPlacement) {
   std::string e = ParseError("cluster:\n  weight_transport: cuda_ipc\n");
   EXPECT_NE(e.find("jobs/x.yaml:2:"), std::string::npos) << e;

@@ -1,0 +1,258 @@
+// Tensor-parallel generation (rollout.tensor_parallel): each rank has its own Gloo member on
+// loopback and its own slices of the model.
+//  - VocabParallelSampleRows on 2 and 3 ranks draws what kernels::SampleRowsRef draws from the
+//    whole rows: greedy, temperature, top-k, top-p, min-p and their mixtures, ties across rank
+//    boundaries, -inf, NaN and +inf logits, a degenerate row.
+//  - A 2-rank RolloutEngine (rank 0 leads in this process, rank 1 follows in its own,
+//    tp_follower) generates what one whole-model engine generates, greedy and seeded, through
+//    prefix sharing with copy-on-write, preemption under a small KV pool and a weight update; a
+//    failed swap on the follower fails the update on both.
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "comm/gloo_communicator.h"
+#include "comm/tensor_parallel_group.h"
+#include "common/file_util.h"
+#include "common/subprocess.h"
+#include "kernels/reference/sampling_ref.h"
+#include "model/tensor_parallel.h"
+#include "rollout/rollout_engine.h"
+#include "rollout/vocab_parallel_sampling.h"
+#include "testing/tiny_model.h"
+#include "tp_fixture.h"
+
+namespace gyre::rollout {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Runs body(rank, group) on `ranks` threads, each a member of one Gloo group.
+void OnRanks(int ranks, const std::string& name,
+             const std::function<void(int, model::TensorParallelGroup*)>& body) {
+  auto store = comm::StoreServer::Start("127.0.0.1");
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      comm::GlooOptions o;
+      o.store_address = (*store)->address();
+      o.group = name;
+      o.rank = r;
+      o.size = ranks;
+      o.connect_timeout_s = 30;
+      auto c = comm::CreateGlooCommunicator(o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      comm::CommTensorParallel group(c->get(), 30);
+      body(r, &group);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Rows of logits with what makes sampling hard, and a parameter set for each.
+struct Case {
+  at::Tensor logits;  // [rows, V]
+  std::vector<kernels::SamplingRowParams> params;
+};
+
+Case MakeCase(int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const std::vector<float> temps = {0.0f, 1.0f, 0.7f, 1.5f, 0.05f};
+  const std::vector<int32_t> top_ks = {
+      0, 1, 3, 5, static_cast<int32_t>(vocab) - 1, static_cast<int32_t>(vocab) + 4};
+  const std::vector<float> top_ps = {1.0f, 0.9f, 0.5f, 0.3f, 0.0f};
+  const std::vector<float> min_ps = {0.0f, 0.05f, 0.5f};
+  Case c;
+  std::vector<float> flat;
+  int64_t row = 0;
+  for (float t : temps) {
+    for (int32_t k : top_ks) {
+      for (float p : top_ps) {
+        const float m = min_ps[static_cast<size_t>(row) % min_ps.size()];
+        std::vector<float> l(static_cast<size_t>(vocab));
+        for (float& x : l) x = normal(rng);
+        switch (row % 7) {
+          case 1:  // ties of the maximum on both sides of a rank boundary
+            l[1] = l[vocab / 2] = l[vocab - 1] = 9.0f;
+            break;
+          case 2:  // masked tokens, a NaN
+            for (int64_t i = 0; i < vocab; i += 3) l[static_cast<size_t>(i)] = -kInf;
+            l[2] = std::nanf("");
+            break;
+          case 3:  // +inf
+            l[static_cast<size_t>(vocab - 2)] = kInf;
+            break;
+          case 4:  // coarse logits: many equal probabilities
+            for (float& x : l) x = std::round(x);
+            break;
+          default:
+            break;
+        }
+        if (row == 11) std::fill(l.begin(), l.end(), -kInf);  // degenerate
+        flat.insert(flat.end(), l.begin(), l.end());
+        c.params.push_back({t, k, p, m, seed * 1000 + static_cast<uint64_t>(row),
+                            static_cast<uint64_t>(row % 13)});
+        ++row;
+      }
+    }
+  }
+  c.logits = at::tensor(flat).view({row, vocab});
+  return c;
+}
+
+void ExpectSameDraws(const ops::SampleOutput& got, const std::vector<int32_t>& tokens,
+                     const std::vector<float>& logprobs, const std::vector<float>& kept,
+                     const std::string& where) {
+  ASSERT_EQ(got.tokens.size(), tokens.size()) << where;
+  for (size_t r = 0; r < tokens.size(); ++r) {
+    EXPECT_EQ(got.tokens[r], tokens[r]) << where << " row " << r;
+    if (std::isinf(logprobs[r])) {
+      EXPECT_EQ(got.logprobs[r], logprobs[r]) << where << " row " << r;
+    } else {
+      EXPECT_NEAR(got.logprobs[r], logprobs[r], 1e-6 * std::max(1.0f, std::abs(logprobs[r])))
+          << where << " row " << r;
+    }
+    EXPECT_NEAR(got.kept_mass[r], kept[r], 1e-6) << where << " row " << r;
+  }
+}
+
+TEST(VocabParallelSamplingTest, DrawsWhatTheReferenceDrawsFromWholeRows) {
+  for (int ranks : {2, 3}) {
+    for (uint64_t seed : {1, 2}) {
+      const int64_t vocab = 37;
+      const Case c = MakeCase(vocab, seed);
+      const int64_t rows = c.logits.size(0);
+      std::vector<int32_t> tokens(static_cast<size_t>(rows));
+      std::vector<float> logprobs(static_cast<size_t>(rows)), kept(static_cast<size_t>(rows));
+      kernels::SampleRowsRef(c.logits.data_ptr<float>(), rows, vocab, c.params.data(),
+                             tokens.data(), logprobs.data(), kept.data());
+      std::vector<ops::SampleOutput> got(static_cast<size_t>(ranks));
+      OnRanks(ranks, "vp-sample", [&](int r, model::TensorParallelGroup* g) {
+        const int64_t chunk = (vocab + ranks - 1) / ranks;
+        const int64_t begin = r * chunk, end = std::min(vocab, begin + chunk);
+        got[r] = VocabParallelSampleRows(c.logits.narrow(1, begin, end - begin), begin, vocab,
+                                         c.params, g);
+      });
+      for (int r = 0; r < ranks; ++r) {
+        ExpectSameDraws(got[r], tokens, logprobs, kept,
+                        std::to_string(ranks) + " ranks, seed " + std::to_string(seed) + ", rank " +
+                            std::to_string(r));
+      }
+    }
+  }
+}
+
+// Generates Requests(), updates the weights to `next` (version 2) and generates again.
+struct Outcome {
+  std::vector<SampleResult> before, after;
+  EngineStats stats;
+};
+
+void ExpectSameResults(const std::vector<SampleResult>& got, const std::vector<SampleResult>& want,
+                       const std::string& where) {
+  ASSERT_EQ(got.size(), want.size()) << where;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const std::string at = where + " sample " + std::to_string(i);
+    EXPECT_EQ(got[i].id, want[i].id) << at;
+    EXPECT_EQ(got[i].index, want[i].index) << at;
+    EXPECT_EQ(got[i].response.tokens, want[i].response.tokens) << at;
+    EXPECT_EQ(got[i].response.versions, want[i].response.versions) << at;
+    ASSERT_EQ(got[i].response.logprobs.size(), want[i].response.logprobs.size()) << at;
+    for (size_t t = 0; t < want[i].response.logprobs.size(); ++t) {
+      EXPECT_NEAR(got[i].response.logprobs[t], want[i].response.logprobs[t], 1e-4) << at;
+      EXPECT_NEAR(got[i].response.kept_mass[t], want[i].response.kept_mass[t], 1e-5) << at;
+    }
+  }
+}
+
+TEST(TensorParallelEngineTest, TwoRanksGenerateWhatOneEngineGenerates) {
+  using namespace tp_fixture;
+  const model::ModelSpec spec = Spec();
+  ASSERT_TRUE(model::CheckTensorParallel(spec, 2).ok());
+  const auto whole = model::Transformer::Create(spec, kFirstSeed, kInitStd);
+  const auto next = model::Transformer::Create(spec, kNextSeed, kInitStd);
+
+  Outcome want;
+  {
+    const auto copy = model::Transformer::FrozenCopy(*whole);
+    auto engine = RolloutEngine::Create(copy.get(), TightPool());
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    auto before = (*engine)->Generate(Requests());
+    ASSERT_TRUE(before.ok()) << before.status();
+    want.before = *before;
+    ASSERT_TRUE(
+        (*engine)->UpdateWeights(2, [&] { return CopySlices(*next, copy.get(), 0, 1); }).ok());
+    auto after = (*engine)->Generate(Requests());
+    ASSERT_TRUE(after.ok()) << after.status();
+    want.after = *after;
+    want.stats = (*engine)->stats();
+  }
+  EXPECT_GT(want.stats.preemptions, 0) << "the pool is meant to be too small";
+  EXPECT_GT(want.stats.cow_copies, 0) << "groups are meant to copy shared blocks";
+
+  // Rank 1 is a process of its own (tp_follower); rank 0 is this one.
+  auto store = comm::StoreServer::Start("127.0.0.1");
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string log =
+      ::testing::TempDir() + "/tp_follower_" + std::to_string(::getpid()) + ".log";
+  auto pid = SpawnProcess({GYRE_TP_FOLLOWER, (*store)->address(), "tp-engine", "1", "2"}, log);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  comm::GlooOptions o;
+  o.store_address = (*store)->address();
+  o.group = "tp-engine";
+  o.rank = 0;
+  o.size = 2;
+  o.connect_timeout_s = 60;
+  auto c = comm::CreateGlooCommunicator(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  comm::CommTensorParallel group(c->get(), 60);
+  const auto slice = model::Transformer::TensorParallelSlice(*whole, &group);
+  auto engine = RolloutEngine::Create(slice.get(), TightPool());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_TRUE((*engine)->leads());
+  Outcome got;
+  auto before = (*engine)->Generate(Requests());
+  ASSERT_TRUE(before.ok()) << before.status();
+  got.before = *before;
+  ASSERT_TRUE(
+      (*engine)->UpdateWeights(2, [&] { return CopySlices(*next, slice.get(), 0, 2); }).ok());
+  auto after = (*engine)->Generate(Requests());
+  ASSERT_TRUE(after.ok()) << after.status();
+  got.after = *after;
+  got.stats = (*engine)->stats();
+  const Status failed_update =
+      (*engine)->UpdateWeights(kRefusedVersion, [] { return Status::Ok(); });
+  EXPECT_EQ((*engine)->version(), 2) << "a failed update leaves the version";
+  EXPECT_TRUE((*engine)->StopFollowers().ok());
+  int status = 0;
+  for (int i = 0; i < 600 && !PollExit(*pid, &status); ++i) ::usleep(100000);
+  const auto read = ReadFileToString(log);
+  const std::string follower = read.ok() ? *read : "(no log: " + read.status().ToString() + ")";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << DescribeWaitStatus(status) << "\n"
+                                                             << follower;
+  EXPECT_NE(follower.find("follows rank 0"), std::string::npos) << follower;
+  EXPECT_NE(follower.find("follow ended: OK after " + std::to_string(got.stats.steps) + " steps"),
+            std::string::npos)
+      << follower;
+  EXPECT_FALSE(failed_update.ok());
+  EXPECT_NE(failed_update.message().find("rank(s) 1"), std::string::npos) << failed_update;
+  ExpectSameResults(got.before, want.before, "before the update");
+  ExpectSameResults(got.after, want.after, "after the update");
+  EXPECT_EQ(got.stats.steps, want.stats.steps);
+  EXPECT_EQ(got.stats.preemptions, want.stats.preemptions);
+  EXPECT_EQ(got.stats.cow_copies, want.stats.cow_copies);
+}
+
+}  // namespace
+}  // namespace gyre::rollout
