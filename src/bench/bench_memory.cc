@@ -69,6 +69,8 @@ constexpr char kMemoryDetails[] =
     "(trainer.tensor_parallel T; D x T processes; SHARD none). The T ranks of one data-parallel\n"
     "rank compute its share of the batch together, each holding a slice of every layer and of\n"
     "the vocabulary. T must divide the heads (HIDDEN / 64) and the MLP's width (--intermediate).\n"
+    "Layouts with SHARD parameters or T > 1 run with the allocator setting their trainer workers\n"
+    "use: blocks of 1 MiB and more mapped on their own and returned when freed.\n"
     "For example: --intermediate 704 --layouts none:1,parameters:4,none:1x2,none:1x4,none:2x2\n";
 
 // The configurations, in the order they run by default.
@@ -133,6 +135,11 @@ std::vector<std::string> SetupArgs(const MemorySetup& s) {
 int RunChild(const MemorySetup& s, const std::string& config, const std::string& out_path,
              const LayoutRank* layout = nullptr) {
   at::set_num_threads(static_cast<int>(s.threads));
+  if (layout != nullptr && (layout->shard == "parameters" || layout->tp > 1)) {
+    // As a trainer worker of these layouts runs (runtime/worker.cc): tensors of 1 MiB and more
+    // are mapped on their own and unmapped when freed.
+    ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  }
   const double start_rss = StatusMiB("VmRSS");  // the runtime alone, before the model
   const model::ModelSpec spec = MemorySpec(s);
   trainer::PolicyTrainer t(model::Transformer::Create(spec, 7, 0.02), 1e-4, 0, 0.9, 0.999);
