@@ -10,9 +10,11 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -252,6 +254,45 @@ TEST(TensorParallelEngineTest, TwoRanksGenerateWhatOneEngineGenerates) {
   EXPECT_EQ(got.stats.steps, want.stats.steps);
   EXPECT_EQ(got.stats.preemptions, want.stats.preemptions);
   EXPECT_EQ(got.stats.cow_copies, want.stats.cow_copies);
+}
+
+// A follower that dies (SIGKILL) fails rank 0's next step at once, with a clear error, instead
+// of leaving it waiting on a collective; rank 0's engine is idle again afterwards.
+TEST(TensorParallelEngineTest, AFollowerThatDiesFailsTheNextStepAtOnce) {
+  using namespace tp_fixture;
+  const auto whole = model::Transformer::Create(Spec(), kFirstSeed, kInitStd);
+  auto store = comm::StoreServer::Start("127.0.0.1");
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string log =
+      ::testing::TempDir() + "/tp_follower_dies_" + std::to_string(::getpid()) + ".log";
+  auto pid = SpawnProcess({GYRE_TP_FOLLOWER, (*store)->address(), "tp-dies", "1", "2"}, log);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  comm::GlooOptions o;
+  o.store_address = (*store)->address();
+  o.group = "tp-dies";
+  o.rank = 0;
+  o.size = 2;
+  o.connect_timeout_s = 60;
+  auto c = comm::CreateGlooCommunicator(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  comm::CommTensorParallel group(c->get(), 60);  // a deadline the failure must not wait for
+  const auto slice = model::Transformer::TensorParallelSlice(*whole, &group);
+  auto engine = RolloutEngine::Create(slice.get(), TightPool());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE((*engine)->Generate(Requests()).ok());
+  ::kill(*pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(*pid, &status, 0), *pid);
+  EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto failed = (*engine)->Generate(Requests());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.status().message().find("tensor-parallel step failed"), std::string::npos)
+      << failed.status();
+  EXPECT_LT(seconds, 10.0) << "the step waited for its collective's deadline";
+  EXPECT_TRUE((*engine)->idle());
 }
 
 }  // namespace
