@@ -88,9 +88,25 @@ at::Tensor TensorParallelReduce(const at::Tensor& x, TensorParallelGroup* group)
 // argmax_ok are left undefined.
 struct VocabParallelStats {
   at::Tensor logp, entropy, argmax_ok;
+  // log sum_j exp(z_j) over the whole vocabulary, z = logits / temperature (float32 [N], not
+  // differentiable): log softmax(z)_j = z_j - log_normalizer.
+  at::Tensor log_normalizer;
 };
 VocabParallelStats VocabParallelTokenStats(const at::Tensor& logits, int64_t vocab_begin,
                                            const at::Tensor& targets, double temperature,
                                            TensorParallelGroup* group, bool logp_only = false);
+
+// VocabParallelTokenStats of the logits hidden [N, H] @ weight [V_r, H]^T (the LM head's input,
+// as ForwardPackedHidden of a slice returns it, and this rank's rows of its weight), computed
+// `chunk_tokens` tokens at a time: no rank holds more than [chunk_tokens, V_r] logits, forward
+// or backward (which recomputes each chunk's logits and needs no collective: the forward keeps
+// each token's log-normalizer). logp and entropy are differentiable with respect to hidden (this
+// rank's part of its gradient: the ranks' parts are summed by the TensorParallelCopy the hidden
+// state went through) and weight. Equal to the unchunked statistics up to float rounding.
+VocabParallelStats VocabParallelChunkedTokenStats(const at::Tensor& hidden,
+                                                  const at::Tensor& weight, int64_t vocab_begin,
+                                                  const at::Tensor& targets, double temperature,
+                                                  int64_t chunk_tokens, TensorParallelGroup* group,
+                                                  bool logp_only = false);
 
 }  // namespace gyre::model

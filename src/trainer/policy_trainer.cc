@@ -1231,11 +1231,17 @@ struct ResponseStats {
 ResponseStats ResponseTokenStats(const model::Transformer& model, const MicroBatch& mb,
                                  double temperature, int64_t chunk_tokens, bool need_entropy) {
   if (model::TensorParallelGroup* tp = model.tensor_parallel()) {
-    // This rank's vocabulary rows of the logits ([N, V / T]; not chunked), the statistics over
-    // every rank's.
-    const model::VocabParallelStats st =
-        model::VocabParallelTokenStats(ResponseLogits(model, mb), model.vocabulary_range().first,
-                                       mb.flat_targets, temperature, tp);
+    // This rank's vocabulary rows of the logits ([N, V / T], or [chunk_tokens, V / T] at a time
+    // for packed micro-batches), the statistics over every rank's.
+    model::VocabParallelStats st;
+    if (mb.packed && chunk_tokens > 0) {
+      auto [hidden, weight] = model.ForwardPackedHidden(mb.pack);
+      st = model::VocabParallelChunkedTokenStats(hidden, weight, model.vocabulary_range().first,
+                                                 mb.flat_targets, temperature, chunk_tokens, tp);
+    } else {
+      st = model::VocabParallelTokenStats(ResponseLogits(model, mb), model.vocabulary_range().first,
+                                          mb.flat_targets, temperature, tp);
+    }
     return {Grid(st.logp, mb), Grid(need_entropy ? st.entropy : st.entropy.detach(), mb),
             Grid(st.argmax_ok, mb)};
   }
@@ -1267,6 +1273,14 @@ ResponseStats ResponseTokenStats(const model::Transformer& model, const MicroBat
 at::Tensor ResponseLogprobs(const model::Transformer& model, const MicroBatch& mb,
                             double temperature, int64_t chunk_tokens) {
   if (model::TensorParallelGroup* tp = model.tensor_parallel()) {
+    if (mb.packed && chunk_tokens > 0) {
+      auto [hidden, weight] = model.ForwardPackedHidden(mb.pack);
+      return Grid(model::VocabParallelChunkedTokenStats(
+                      hidden, weight, model.vocabulary_range().first, mb.flat_targets, temperature,
+                      chunk_tokens, tp, /*logp_only=*/true)
+                      .logp,
+                  mb);
+    }
     return Grid(
         model::VocabParallelTokenStats(ResponseLogits(model, mb), model.vocabulary_range().first,
                                        mb.flat_targets, temperature, tp, /*logp_only=*/true)

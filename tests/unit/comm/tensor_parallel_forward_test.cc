@@ -4,6 +4,7 @@
 // key/value heads, and the vocabulary-parallel statistics; gathered over the vocabulary, their
 // logits equal the whole model's within float32 summation-order tolerances.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/function.h>
 
@@ -151,6 +152,81 @@ TEST(TensorParallelForwardTest, TwoRanksComputeTheWholeModelsLogits) {
   }
   // The decode steps chose the same tokens: the greedy argmax of every step's logits agrees.
   EXPECT_TRUE(at::equal(got[0].argmax(-1), want.argmax(-1)));
+}
+
+// The chunked vocabulary-parallel statistics (the trainer's, for packed micro-batches) against
+// the unchunked ones on 2 ranks, and both against the whole vocabulary in one process:
+// log-probs, entropies, argmax and the gradients of a loss mixing log-probs and entropies (an
+// entropy bonus) with respect to the LM head's input and this rank's weight rows, chunks of 3 of
+// 10 tokens.
+TEST(TensorParallelForwardTest, ChunkedVocabularyStatisticsEqualTheUnchunked) {
+  constexpr int kRanks = 2;
+  constexpr int64_t kVocab = 26, kHidden = 16, kTokens = 10;
+  auto store = StoreServer::Start("127.0.0.1");
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      GlooOptions o;
+      o.store_address = (*store)->address();
+      o.group = "tp-chunked";
+      o.rank = r;
+      o.size = kRanks;
+      o.connect_timeout_s = 30;
+      auto c = CreateGlooCommunicator(o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      CommTensorParallel group(c->get(), 30);
+      const int64_t begin = r * kVocab / kRanks, rows = kVocab / kRanks;
+      const at::Tensor h0 =
+          at::randn({kTokens, kHidden}, at::make_generator<at::CPUGeneratorImpl>(3));
+      const at::Tensor w0 =
+          at::randn({kVocab, kHidden}, at::make_generator<at::CPUGeneratorImpl>(4))
+              .narrow(0, begin, rows)
+              .contiguous();
+      const at::Tensor targets = at::tensor({0, 25, 13, 12, 7, 20, 1, 14, 13, 3}, at::kLong);
+      const at::Tensor a = at::linspace(-1, 1, kTokens), b = at::linspace(0.5, -0.3, kTokens);
+      auto run = [&](int64_t chunk) {
+        at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+        const model::VocabParallelStats st =
+            chunk > 0
+                ? model::VocabParallelChunkedTokenStats(h, w, begin, targets, 0.7, chunk, &group)
+                : model::VocabParallelTokenStats(at::linear(h, w), begin, targets, 0.7, &group);
+        ((st.logp * a).sum() + (st.entropy * b).sum()).backward();
+        return std::vector<at::Tensor>{st.logp.detach(), st.entropy.detach(), st.argmax_ok,
+                                       h.grad(), w.grad()};
+      };
+      const auto want = run(0), got = run(3);
+      // Both against the whole vocabulary in one process: the ranks' parts of the hidden state's
+      // gradient sum to its gradient, and each rank's weight rows get theirs.
+      {
+        const at::Tensor whole_w0 =
+            at::randn({kVocab, kHidden}, at::make_generator<at::CPUGeneratorImpl>(4));
+        at::Tensor h = h0.clone().requires_grad_(true), w = whole_w0.clone().requires_grad_(true);
+        const at::Tensor lsm = at::log_softmax(at::linear(h, w) / 0.7, -1);
+        const at::Tensor logp = lsm.gather(1, targets.unsqueeze(1)).squeeze(1);
+        const at::Tensor entropy = -(lsm.exp() * lsm).sum(-1);
+        ((logp * a).sum() + (entropy * b).sum()).backward();
+        at::Tensor summed = got[3].clone();
+        group.AllReduceSum(summed);
+        EXPECT_TRUE(at::allclose(summed, h.grad(), 1e-5, 1e-6))
+            << "rank " << r << ": max |diff| " << (summed - h.grad()).abs().max().item<float>();
+        const at::Tensor rows_grad = w.grad().narrow(0, begin, rows);
+        EXPECT_TRUE(at::allclose(got[4], rows_grad, 1e-5, 1e-6))
+            << "rank " << r << ": max |diff| " << (got[4] - rows_grad).abs().max().item<float>();
+        EXPECT_TRUE(at::allclose(got[1], entropy.detach(), 1e-5, 1e-6)) << "rank " << r;
+      }
+      const char* names[] = {"logp", "entropy", "argmax_ok", "grad hidden", "grad weight"};
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_TRUE(at::allclose(got[i], want[i], 1e-5, 1e-6))
+            << "rank " << r << " " << names[i] << ": max |diff| "
+            << (got[i] - want[i]).abs().max().item<float>();
+      }
+      const at::Tensor logp_only =
+          model::VocabParallelChunkedTokenStats(h0, w0, begin, targets, 0.7, 4, &group, true).logp;
+      EXPECT_TRUE(at::allclose(logp_only, want[0], 1e-5, 1e-6)) << "rank " << r;
+    });
+  }
+  for (auto& t : threads) t.join();
 }
 
 }  // namespace

@@ -101,6 +101,7 @@ int Run(int argc, char** argv) {
   PolicyTrainer t(model::Transformer::Create(spec, 3, 0.1), 1e-2, 0.01, 0.9, 0.999);
   if (flag("dtype", "float32") == "bfloat16") t.SetComputeDtype(at::kBFloat16);
   t.SetActivationCheckpointing(flags.count("checkpointing") > 0);
+  if (flags.count("chunk")) t.SetLogprobChunkTokens(std::atoi(flags["chunk"].c_str()));
   if (Status s = t.SetSharding(*shard); !s.ok()) return Fail(s.message());
   auto join = [&](const std::string& name, int member,
                   int size) -> StatusOr<std::unique_ptr<comm::Communicator>> {
@@ -156,6 +157,9 @@ int Run(int argc, char** argv) {
     opts.micro_batch_size = std::atoi(flag("micro", "2").c_str());
     opts.grad_clip = 0.5;  // the clip must use the global norm
     opts.mini_batches = m;
+    if (flags.count("entropy") && objective == Objective::kPolicyGradient) {
+      opts.entropy_coef = 0.05;  // the entropy bonus: entropies with their gradient
+    }
     if (kl && objective == Objective::kPolicyGradient) {
       opts.loss.kl = kernels::KlKind::kK3;
       opts.loss.kl_coef = 0.5f;

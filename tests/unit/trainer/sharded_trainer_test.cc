@@ -329,6 +329,19 @@ TEST(TensorParallelTest, TiedQwen3ShapeWithCheckpointingAndKlMatchesOneProcess) 
   }
 }
 
+// An entropy bonus differentiates the entropies computed over the vocabulary slices: chunked (5
+// tokens at a time, the trainer's path for packed micro-batches) and materialised (chunk=0).
+TEST(TensorParallelTest, EntropyBonusChunkedAndUnchunkedMatchesOneProcess) {
+  const std::vector<std::string> flags = {"model=qwen3", "entropy", "micro=3", "minis=2",
+                                          "vocab=26"};
+  for (const std::string chunk : {"5", "0"}) {
+    const Result plain = RunRanks("none", 1, With(flags, {"chunk=" + chunk}));
+    ASSERT_TRUE(plain.ok);
+    ExpectSameTraining(RunRanks("none", 2, With(flags, {"tp=2", "chunk=" + chunk})), plain,
+                       kTensorParallel, "entropy bonus, chunk " + chunk);
+  }
+}
+
 // The 2-D layout: 4 processes as 2 data-parallel ranks of 2 tensor-parallel ranks each (each
 // data-parallel group all-reduces the gradients of one slice).
 TEST(TensorParallelTest, TwoDataParallelTimesTwoTensorParallelMatchesOneProcess) {
