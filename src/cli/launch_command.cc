@@ -101,6 +101,7 @@ std::string CheckItCanStart(const JobConfig& cfg, const SlurmOptions& o,
     r.trainer_workers = static_cast<int>(cfg.trainer.workers);
     r.cpus_per_worker = o.cpus_per_worker;
     r.gpus_per_worker = WorkerGpus(cfg, o);
+    r.rollout_tensor_parallel = cfg.rollout.tensor_parallel;
     const std::string why = controller::WhyItCannotRun(r, *nodes, o.partition);
     if (!why.empty()) return why;
   } else {
@@ -123,8 +124,12 @@ std::string Script(const JobConfig& cfg, const SlurmOptions& o, const std::strin
   if (!o.account.empty()) common += " --account=" + o.account;
   for (const auto& e : o.extra) common += " " + e;
   const int gpus = WorkerGpus(cfg, o);
-  const std::string worker_res = " --cpus-per-task=" + std::to_string(o.cpus_per_worker) +
-                                 (gpus > 0 ? " --gpus-per-task=" + std::to_string(gpus) : "");
+  const std::string gpu_res = gpus > 0 ? " --gpus-per-task=" + std::to_string(gpus) : "";
+  const std::string worker_res = " --cpus-per-task=" + std::to_string(o.cpus_per_worker) + gpu_res;
+  // A tensor-parallel rollout worker's task starts its other ranks on its node.
+  const std::string rollout_res =
+      " --cpus-per-task=" + std::to_string(o.cpus_per_worker * cfg.rollout.tensor_parallel) +
+      gpu_res;
   std::string security;
   const ClusterSection& c = cfg.cluster;
   if (!c.tls_cert.empty()) {
@@ -139,8 +144,12 @@ std::string Script(const JobConfig& cfg, const SlurmOptions& o, const std::strin
   s << "#!/bin/bash\n"
     << "# Written by `gyre launch slurm` for job '" << cfg.job.name
     << "' (docs/cluster.md#slurm). Submit with sbatch.\n"
-    << "# Component 0: the controller; 1: " << cfg.rollout.workers
-    << " rollout worker(s); 2: " << cfg.trainer.workers << " trainer worker(s)"
+    << "# Component 0: the controller; 1: " << cfg.rollout.workers << " rollout worker(s)"
+    << (cfg.rollout.tensor_parallel > 1
+            ? " (each starts " + std::to_string(cfg.rollout.tensor_parallel - 1) +
+                  " more tensor-parallel process(es) on its node)"
+            : std::string())
+    << "; 2: " << cfg.trainer.workers << " trainer worker(s)"
     << (cfg.trainer.tensor_parallel > 1
             ? " (" + std::to_string(cfg.trainer.workers / cfg.trainer.tensor_parallel) +
                   " data-parallel x " + std::to_string(cfg.trainer.tensor_parallel) +
@@ -152,7 +161,7 @@ std::string Script(const JobConfig& cfg, const SlurmOptions& o, const std::strin
     << "#SBATCH --output=" << run_dir << "/slurm/slurm-%j.out\n"
     << "#SBATCH --ntasks=1 --cpus-per-task=" << o.controller_cpus << common << "\n"
     << "#SBATCH hetjob\n"
-    << "#SBATCH --ntasks=" << cfg.rollout.workers << worker_res << common << "\n"
+    << "#SBATCH --ntasks=" << cfg.rollout.workers << rollout_res << common << "\n"
     << "#SBATCH hetjob\n"
     << "#SBATCH --ntasks=" << cfg.trainer.workers << worker_res << common << "\n"
     << "set -u\n"

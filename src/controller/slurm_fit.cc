@@ -79,7 +79,10 @@ std::string WhyItCannotRun(const SlurmRequest& r, const std::vector<SlurmNode>& 
       partition.empty() ? "the default partition" : "partition '" + partition + "'";
   const int workers = r.rollout_workers + r.trainer_workers;
   std::vector<Task> tasks = {{r.controller_cpus, 0}};
-  for (int i = 0; i < workers; ++i) tasks.push_back({r.cpus_per_worker, r.gpus_per_worker});
+  for (int i = 0; i < workers; ++i) {
+    tasks.push_back(
+        {i < r.rollout_workers ? r.rollout_cpus() : r.cpus_per_worker, r.gpus_per_worker});
+  }
   if (Fits(tasks, nodes)) return "";
   int max_cpus = 0, max_gpus = 0, all_cpus = 0, all_gpus = 0;
   for (const SlurmNode& n : nodes) {
@@ -101,7 +104,12 @@ std::string WhyItCannotRun(const SlurmRequest& r, const std::vector<SlurmNode>& 
       (r.gpus_per_worker > 0
            ? " and " + std::to_string(r.gpus_per_worker) + " GPUs (--gpus-per-worker)"
            : std::string()) +
-      " each";
+      " each" +
+      (r.rollout_tensor_parallel > 1
+           ? ", a rollout worker " + std::to_string(r.rollout_tensor_parallel) +
+                 " processes with " + std::to_string(r.rollout_cpus()) +
+                 " CPUs (rollout.tensor_parallel)"
+           : std::string());
   std::string fix;
   if (r.gpus_per_worker > max_gpus) {
     fix = "no node has " + std::to_string(r.gpus_per_worker) +
@@ -110,12 +118,20 @@ std::string WhyItCannotRun(const SlurmRequest& r, const std::vector<SlurmNode>& 
     fix = "GPUs are short (" + std::to_string(r.gpus_per_worker * workers) + " asked, " +
           std::to_string(all_gpus) + " in all): run fewer workers (--set rollout.workers=N, " +
           "--set trainer.workers=N) or lower --gpus-per-worker";
+  } else if (r.rollout_cpus() > max_cpus && r.cpus_per_worker <= max_cpus &&
+             r.controller_cpus <= max_cpus) {
+    fix = "no node has " + std::to_string(r.rollout_cpus()) + " CPUs for one rollout worker of " +
+          std::to_string(r.rollout_tensor_parallel) +
+          " tensor-parallel processes: lower --cpus-per-worker to at most " +
+          std::to_string(max_cpus / r.rollout_tensor_parallel) +
+          " or rollout.tensor_parallel (--set rollout.tensor_parallel=N)";
   } else if (r.cpus_per_worker > max_cpus || r.controller_cpus > max_cpus) {
     fix = "no node has " + std::to_string(std::max(r.cpus_per_worker, r.controller_cpus)) +
           " CPUs for one task: lower --cpus-per-worker or --controller-cpus to at most " +
           std::to_string(max_cpus);
   } else {
-    const int asked = r.controller_cpus + workers * r.cpus_per_worker;
+    const int asked = r.controller_cpus + r.rollout_workers * r.rollout_cpus() +
+                      r.trainer_workers * r.cpus_per_worker;
     fix = "CPUs are short (" + std::to_string(asked) + " asked at once, " +
           std::to_string(all_cpus) + " in all";
     fix += asked > all_cpus ? ")" : ", but not in pieces that hold every task)";

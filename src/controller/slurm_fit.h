@@ -28,6 +28,9 @@ struct SlurmRequest {
   int controller_cpus = 2;
   int rollout_workers = 1, trainer_workers = 1;
   int cpus_per_worker = 2, gpus_per_worker = 0;
+  // rollout.tensor_parallel: a rollout task runs that many processes, with as many times the CPUs.
+  int rollout_tensor_parallel = 1;
+  int rollout_cpus() const { return cpus_per_worker * rollout_tensor_parallel; }
 };
 
 // "" when every task of `r` has a place on `nodes` at once; otherwise a message that names the

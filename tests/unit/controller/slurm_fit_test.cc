@@ -59,6 +59,26 @@ TEST(SlurmFitTest, FittingRequestsPass) {
   EXPECT_EQ(WhyItCannotRun(r, three, "local"), "");
 }
 
+// rollout.tensor_parallel T: a rollout task starts T processes on its node and asks T times the
+// CPUs of a worker.
+TEST(SlurmFitTest, TensorParallelRolloutTasksAskTheirRanksCpus) {
+  SlurmRequest r;
+  r.controller_cpus = 1;
+  r.cpus_per_worker = 2;
+  r.rollout_tensor_parallel = 2;  // 1 + 4 (rollout) + 2 (trainer) = 7 CPUs
+  EXPECT_EQ(WhyItCannotRun(r, Nodes("a 4 (null)\nb 3 (null)\n"), ""), "");
+  std::string why = WhyItCannotRun(r, Nodes("a 3 (null)\nb 3 (null)\nc 3 (null)\n"), "");
+  EXPECT_NE(why.find("no node has 4 CPUs for one rollout worker of 2 tensor-parallel processes: "
+                     "lower --cpus-per-worker to at most 1 or rollout.tensor_parallel"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("a rollout worker 2 processes with 4 CPUs (rollout.tensor_parallel)"),
+            std::string::npos)
+      << why;
+  why = WhyItCannotRun(r, Nodes("a 6 (null)\n"), "");
+  EXPECT_NE(why.find("CPUs are short (7 asked at once, 6 in all)"), std::string::npos) << why;
+}
+
 TEST(SlurmFitTest, TasksThatFitInAllButNotOnTheNodesAreRefused) {
   SlurmRequest r;  // controller 2, 1 + 1 workers of 2: 6 CPUs, three tasks of 2
   const std::string why = WhyItCannotRun(r, Nodes("a 3 (null)\nb 3 (null)\n"), "p");
