@@ -275,7 +275,7 @@ TEST(TensorParallelEngineTest, AFollowerThatDiesFailsTheNextStepAtOnce) {
   o.connect_timeout_s = 60;
   auto c = comm::CreateGlooCommunicator(o);
   ASSERT_TRUE(c.ok()) << c.status();
-  comm::CommTensorParallel group(c->get(), 60);  // a deadline the failure must not wait for
+  comm::CommTensorParallel group(c->get(), 120);  // a deadline the failure must not wait for
   const auto slice = model::Transformer::TensorParallelSlice(*whole, &group);
   auto engine = RolloutEngine::Create(slice.get(), TightPool());
   ASSERT_TRUE(engine.ok()) << engine.status();
@@ -291,7 +291,7 @@ TEST(TensorParallelEngineTest, AFollowerThatDiesFailsTheNextStepAtOnce) {
   ASSERT_FALSE(failed.ok());
   EXPECT_NE(failed.status().message().find("tensor-parallel step failed"), std::string::npos)
       << failed.status();
-  EXPECT_LT(seconds, 10.0) << "the step waited for its collective's deadline";
+  EXPECT_LT(seconds, 30.0) << "the step waited for its collective's deadline";
   EXPECT_TRUE((*engine)->idle());
 }
 
