@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -94,6 +95,30 @@ at::Tensor RunForwards(const model::Transformer& m, model::TensorParallelGroup* 
   return at::cat(out, 0);
 }
 
+// Runs body(rank, group) on `ranks` threads of this process, each with its own Gloo member of
+// group `name` on loopback, and waits for them.
+void OnRanks(int ranks, const std::string& name,
+             const std::function<void(int rank, CommTensorParallel* group)>& body) {
+  auto store = StoreServer::Start("127.0.0.1");
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      GlooOptions o;
+      o.store_address = (*store)->address();
+      o.group = name;
+      o.rank = r;
+      o.size = ranks;
+      o.connect_timeout_s = 30;
+      auto c = CreateGlooCommunicator(o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      CommTensorParallel group(c->get(), 30);
+      body(r, &group);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
 TEST(TensorParallelForwardTest, TwoRanksComputeTheWholeModelsLogits) {
   const model::ModelSpec spec = testing::TinyQwen3Spec(26, 64);
   const auto whole = model::Transformer::Create(spec, 5, 0.2);
@@ -110,37 +135,23 @@ TEST(TensorParallelForwardTest, TwoRanksComputeTheWholeModelsLogits) {
   const at::Tensor want_entropy = -(want_lsm.exp() * want_lsm).sum(-1);
   const at::Tensor want_ok = (want_z.argmax(-1) == targets).to(at::kFloat);
 
-  auto store = StoreServer::Start("127.0.0.1");
-  ASSERT_TRUE(store.ok()) << store.status();
   constexpr int kRanks = 2;
   std::vector<at::Tensor> got(kRanks), logp(kRanks), entropy(kRanks), ok(kRanks);
   std::vector<int64_t> kv_bytes(kRanks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      GlooOptions o;
-      o.store_address = (*store)->address();
-      o.group = "tp-forward";
-      o.rank = r;
-      o.size = kRanks;
-      o.connect_timeout_s = 30;
-      auto c = CreateGlooCommunicator(o);
-      ASSERT_TRUE(c.ok()) << c.status();
-      CommTensorParallel group(c->get(), 30);
-      const auto slice = model::Transformer::TensorParallelSlice(*whole, &group);
-      kv_bytes[r] = slice->KvBytesPerToken();
-      got[r] = RunForwards(*slice, &group, prompt);
-      at::NoGradGuard no_grad;
-      const at::Tensor local = slice->Forward(prompt).reshape(
-          {-1, slice->vocabulary_range().second - slice->vocabulary_range().first});
-      const model::VocabParallelStats st = model::VocabParallelTokenStats(
-          local, slice->vocabulary_range().first, targets, 0.7, &group);
-      logp[r] = st.logp;
-      entropy[r] = st.entropy;
-      ok[r] = st.argmax_ok;
-    });
-  }
-  for (auto& t : threads) t.join();
+  OnRanks(kRanks, "tp-forward", [&](int r, CommTensorParallel* g) {
+    CommTensorParallel& group = *g;
+    const auto slice = model::Transformer::TensorParallelSlice(*whole, &group);
+    kv_bytes[r] = slice->KvBytesPerToken();
+    got[r] = RunForwards(*slice, &group, prompt);
+    at::NoGradGuard no_grad;
+    const at::Tensor local = slice->Forward(prompt).reshape(
+        {-1, slice->vocabulary_range().second - slice->vocabulary_range().first});
+    const model::VocabParallelStats st = model::VocabParallelTokenStats(
+        local, slice->vocabulary_range().first, targets, 0.7, &group);
+    logp[r] = st.logp;
+    entropy[r] = st.entropy;
+    ok[r] = st.argmax_ok;
+  });
   for (int r = 0; r < kRanks; ++r) {
     ASSERT_TRUE(got[r].defined()) << r;
     EXPECT_EQ(kv_bytes[r] * kRanks, whole->KvBytesPerToken()) << r;
@@ -162,71 +173,56 @@ TEST(TensorParallelForwardTest, TwoRanksComputeTheWholeModelsLogits) {
 TEST(TensorParallelForwardTest, ChunkedVocabularyStatisticsEqualTheUnchunked) {
   constexpr int kRanks = 2;
   constexpr int64_t kVocab = 26, kHidden = 16, kTokens = 10;
-  auto store = StoreServer::Start("127.0.0.1");
-  ASSERT_TRUE(store.ok()) << store.status();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      GlooOptions o;
-      o.store_address = (*store)->address();
-      o.group = "tp-chunked";
-      o.rank = r;
-      o.size = kRanks;
-      o.connect_timeout_s = 30;
-      auto c = CreateGlooCommunicator(o);
-      ASSERT_TRUE(c.ok()) << c.status();
-      CommTensorParallel group(c->get(), 30);
-      const int64_t begin = r * kVocab / kRanks, rows = kVocab / kRanks;
-      const at::Tensor h0 =
-          at::randn({kTokens, kHidden}, at::make_generator<at::CPUGeneratorImpl>(3));
-      const at::Tensor w0 =
-          at::randn({kVocab, kHidden}, at::make_generator<at::CPUGeneratorImpl>(4))
-              .narrow(0, begin, rows)
-              .contiguous();
-      const at::Tensor targets = at::tensor({0, 25, 13, 12, 7, 20, 1, 14, 13, 3}, at::kLong);
-      const at::Tensor a = at::linspace(-1, 1, kTokens), b = at::linspace(0.5, -0.3, kTokens);
-      auto run = [&](int64_t chunk) {
-        at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
-        const model::VocabParallelStats st =
-            chunk > 0
-                ? model::VocabParallelChunkedTokenStats(h, w, begin, targets, 0.7, chunk, &group)
-                : model::VocabParallelTokenStats(at::linear(h, w), begin, targets, 0.7, &group);
-        ((st.logp * a).sum() + (st.entropy * b).sum()).backward();
-        return std::vector<at::Tensor>{st.logp.detach(), st.entropy.detach(), st.argmax_ok,
-                                       h.grad(), w.grad()};
-      };
-      const auto want = run(0), got = run(3);
-      // Both against the whole vocabulary in one process: the ranks' parts of the hidden state's
-      // gradient sum to its gradient, and each rank's weight rows get theirs.
-      {
-        const at::Tensor whole_w0 =
-            at::randn({kVocab, kHidden}, at::make_generator<at::CPUGeneratorImpl>(4));
-        at::Tensor h = h0.clone().requires_grad_(true), w = whole_w0.clone().requires_grad_(true);
-        const at::Tensor lsm = at::log_softmax(at::linear(h, w) / 0.7, -1);
-        const at::Tensor logp = lsm.gather(1, targets.unsqueeze(1)).squeeze(1);
-        const at::Tensor entropy = -(lsm.exp() * lsm).sum(-1);
-        ((logp * a).sum() + (entropy * b).sum()).backward();
-        at::Tensor summed = got[3].clone();
-        group.AllReduceSum(summed);
-        EXPECT_TRUE(at::allclose(summed, h.grad(), 1e-5, 1e-6))
-            << "rank " << r << ": max |diff| " << (summed - h.grad()).abs().max().item<float>();
-        const at::Tensor rows_grad = w.grad().narrow(0, begin, rows);
-        EXPECT_TRUE(at::allclose(got[4], rows_grad, 1e-5, 1e-6))
-            << "rank " << r << ": max |diff| " << (got[4] - rows_grad).abs().max().item<float>();
-        EXPECT_TRUE(at::allclose(got[1], entropy.detach(), 1e-5, 1e-6)) << "rank " << r;
-      }
-      const char* names[] = {"logp", "entropy", "argmax_ok", "grad hidden", "grad weight"};
-      for (size_t i = 0; i < want.size(); ++i) {
-        EXPECT_TRUE(at::allclose(got[i], want[i], 1e-5, 1e-6))
-            << "rank " << r << " " << names[i] << ": max |diff| "
-            << (got[i] - want[i]).abs().max().item<float>();
-      }
-      const at::Tensor logp_only =
-          model::VocabParallelChunkedTokenStats(h0, w0, begin, targets, 0.7, 4, &group, true).logp;
-      EXPECT_TRUE(at::allclose(logp_only, want[0], 1e-5, 1e-6)) << "rank " << r;
-    });
-  }
-  for (auto& t : threads) t.join();
+  OnRanks(kRanks, "tp-chunked", [&](int r, CommTensorParallel* g) {
+    CommTensorParallel& group = *g;
+    const int64_t begin = r * kVocab / kRanks, rows = kVocab / kRanks;
+    const at::Tensor h0 =
+        at::randn({kTokens, kHidden}, at::make_generator<at::CPUGeneratorImpl>(3));
+    const at::Tensor w0 = at::randn({kVocab, kHidden}, at::make_generator<at::CPUGeneratorImpl>(4))
+                              .narrow(0, begin, rows)
+                              .contiguous();
+    const at::Tensor targets = at::tensor({0, 25, 13, 12, 7, 20, 1, 14, 13, 3}, at::kLong);
+    const at::Tensor a = at::linspace(-1, 1, kTokens), b = at::linspace(0.5, -0.3, kTokens);
+    auto run = [&](int64_t chunk) {
+      at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      const model::VocabParallelStats st =
+          chunk > 0
+              ? model::VocabParallelChunkedTokenStats(h, w, begin, targets, 0.7, chunk, &group)
+              : model::VocabParallelTokenStats(at::linear(h, w), begin, targets, 0.7, &group);
+      ((st.logp * a).sum() + (st.entropy * b).sum()).backward();
+      return std::vector<at::Tensor>{st.logp.detach(), st.entropy.detach(), st.argmax_ok, h.grad(),
+                                     w.grad()};
+    };
+    const auto want = run(0), got = run(3);
+    // Both against the whole vocabulary in one process: the ranks' parts of the hidden state's
+    // gradient sum to its gradient, and each rank's weight rows get theirs.
+    {
+      const at::Tensor whole_w0 =
+          at::randn({kVocab, kHidden}, at::make_generator<at::CPUGeneratorImpl>(4));
+      at::Tensor h = h0.clone().requires_grad_(true), w = whole_w0.clone().requires_grad_(true);
+      const at::Tensor lsm = at::log_softmax(at::linear(h, w) / 0.7, -1);
+      const at::Tensor logp = lsm.gather(1, targets.unsqueeze(1)).squeeze(1);
+      const at::Tensor entropy = -(lsm.exp() * lsm).sum(-1);
+      ((logp * a).sum() + (entropy * b).sum()).backward();
+      at::Tensor summed = got[3].clone();
+      group.AllReduceSum(summed);
+      EXPECT_TRUE(at::allclose(summed, h.grad(), 1e-5, 1e-6))
+          << "rank " << r << ": max |diff| " << (summed - h.grad()).abs().max().item<float>();
+      const at::Tensor rows_grad = w.grad().narrow(0, begin, rows);
+      EXPECT_TRUE(at::allclose(got[4], rows_grad, 1e-5, 1e-6))
+          << "rank " << r << ": max |diff| " << (got[4] - rows_grad).abs().max().item<float>();
+      EXPECT_TRUE(at::allclose(got[1], entropy.detach(), 1e-5, 1e-6)) << "rank " << r;
+    }
+    const char* names[] = {"logp", "entropy", "argmax_ok", "grad hidden", "grad weight"};
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_TRUE(at::allclose(got[i], want[i], 1e-5, 1e-6))
+          << "rank " << r << " " << names[i] << ": max |diff| "
+          << (got[i] - want[i]).abs().max().item<float>();
+    }
+    const at::Tensor logp_only =
+        model::VocabParallelChunkedTokenStats(h0, w0, begin, targets, 0.7, 4, &group, true).logp;
+    EXPECT_TRUE(at::allclose(logp_only, want[0], 1e-5, 1e-6)) << "rank " << r;
+  });
 }
 
 }  // namespace

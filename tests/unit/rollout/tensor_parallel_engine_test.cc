@@ -18,6 +18,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -178,6 +179,43 @@ void ExpectSameResults(const std::vector<SampleResult>& got, const std::vector<S
   }
 }
 
+// Rank 0 of a 2-rank engine in this process, rank 1 a tp_follower process: the store, the
+// follower, rank 0's Gloo member and its tensor-parallel group (collective deadline `timeout_s`).
+struct TwoRankGroup {
+  std::unique_ptr<comm::StoreServer> store;
+  pid_t follower = -1;
+  std::string log;
+  std::unique_ptr<comm::Communicator> comm;
+  std::unique_ptr<comm::CommTensorParallel> group;
+
+  // A follower still running (a test that failed half-way) is stopped; -1 once reaped.
+  ~TwoRankGroup() {
+    if (follower > 0) TerminateProcess(follower, 1);
+  }
+
+  // Empty on success, else what failed.
+  std::string Start(const std::string& name, double timeout_s) {
+    auto s = comm::StoreServer::Start("127.0.0.1");
+    if (!s.ok()) return s.status().ToString();
+    store = std::move(*s);
+    log = ::testing::TempDir() + "/" + name + "_" + std::to_string(::getpid()) + ".log";
+    auto pid = SpawnProcess({GYRE_TP_FOLLOWER, store->address(), name, "1", "2"}, log);
+    if (!pid.ok()) return pid.status().ToString();
+    follower = *pid;
+    comm::GlooOptions o;
+    o.store_address = store->address();
+    o.group = name;
+    o.rank = 0;
+    o.size = 2;
+    o.connect_timeout_s = 60;
+    auto c = comm::CreateGlooCommunicator(o);
+    if (!c.ok()) return c.status().ToString();
+    comm = std::move(*c);
+    group = std::make_unique<comm::CommTensorParallel>(comm.get(), timeout_s);
+    return "";
+  }
+};
+
 TEST(TensorParallelEngineTest, TwoRanksGenerateWhatOneEngineGenerates) {
   using namespace tp_fixture;
   const model::ModelSpec spec = Spec();
@@ -204,22 +242,9 @@ TEST(TensorParallelEngineTest, TwoRanksGenerateWhatOneEngineGenerates) {
   EXPECT_GT(want.stats.cow_copies, 0) << "groups are meant to copy shared blocks";
 
   // Rank 1 is a process of its own (tp_follower); rank 0 is this one.
-  auto store = comm::StoreServer::Start("127.0.0.1");
-  ASSERT_TRUE(store.ok()) << store.status();
-  const std::string log =
-      ::testing::TempDir() + "/tp_follower_" + std::to_string(::getpid()) + ".log";
-  auto pid = SpawnProcess({GYRE_TP_FOLLOWER, (*store)->address(), "tp-engine", "1", "2"}, log);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  comm::GlooOptions o;
-  o.store_address = (*store)->address();
-  o.group = "tp-engine";
-  o.rank = 0;
-  o.size = 2;
-  o.connect_timeout_s = 60;
-  auto c = comm::CreateGlooCommunicator(o);
-  ASSERT_TRUE(c.ok()) << c.status();
-  comm::CommTensorParallel group(c->get(), 60);
-  const auto slice = model::Transformer::TensorParallelSlice(*whole, &group);
+  TwoRankGroup ranks;
+  ASSERT_EQ(ranks.Start("tp-engine", 60), "");
+  const auto slice = model::Transformer::TensorParallelSlice(*whole, ranks.group.get());
   auto engine = RolloutEngine::Create(slice.get(), TightPool());
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_TRUE((*engine)->leads());
@@ -238,8 +263,10 @@ TEST(TensorParallelEngineTest, TwoRanksGenerateWhatOneEngineGenerates) {
   EXPECT_EQ((*engine)->version(), 2) << "a failed update leaves the version";
   EXPECT_TRUE((*engine)->StopFollowers().ok());
   int status = 0;
-  for (int i = 0; i < 600 && !PollExit(*pid, &status); ++i) ::usleep(100000);
-  const auto read = ReadFileToString(log);
+  bool exited = false;
+  for (int i = 0; i < 600 && !(exited = PollExit(ranks.follower, &status)); ++i) ::usleep(100000);
+  if (exited) ranks.follower = -1;
+  const auto read = ReadFileToString(ranks.log);
   const std::string follower = read.ok() ? *read : "(no log: " + read.status().ToString() + ")";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << DescribeWaitStatus(status) << "\n"
                                                              << follower;
@@ -261,28 +288,16 @@ TEST(TensorParallelEngineTest, TwoRanksGenerateWhatOneEngineGenerates) {
 TEST(TensorParallelEngineTest, AFollowerThatDiesFailsTheNextStepAtOnce) {
   using namespace tp_fixture;
   const auto whole = model::Transformer::Create(Spec(), kFirstSeed, kInitStd);
-  auto store = comm::StoreServer::Start("127.0.0.1");
-  ASSERT_TRUE(store.ok()) << store.status();
-  const std::string log =
-      ::testing::TempDir() + "/tp_follower_dies_" + std::to_string(::getpid()) + ".log";
-  auto pid = SpawnProcess({GYRE_TP_FOLLOWER, (*store)->address(), "tp-dies", "1", "2"}, log);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  comm::GlooOptions o;
-  o.store_address = (*store)->address();
-  o.group = "tp-dies";
-  o.rank = 0;
-  o.size = 2;
-  o.connect_timeout_s = 60;
-  auto c = comm::CreateGlooCommunicator(o);
-  ASSERT_TRUE(c.ok()) << c.status();
-  comm::CommTensorParallel group(c->get(), 120);  // a deadline the failure must not wait for
-  const auto slice = model::Transformer::TensorParallelSlice(*whole, &group);
+  TwoRankGroup ranks;
+  ASSERT_EQ(ranks.Start("tp-dies", 120), "");  // a deadline the failure must not wait for
+  const auto slice = model::Transformer::TensorParallelSlice(*whole, ranks.group.get());
   auto engine = RolloutEngine::Create(slice.get(), TightPool());
   ASSERT_TRUE(engine.ok()) << engine.status();
   ASSERT_TRUE((*engine)->Generate(Requests()).ok());
-  ::kill(*pid, SIGKILL);
+  ::kill(ranks.follower, SIGKILL);
   int status = 0;
-  ASSERT_EQ(::waitpid(*pid, &status, 0), *pid);
+  ASSERT_EQ(::waitpid(ranks.follower, &status, 0), ranks.follower);
+  ranks.follower = -1;
   EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
   const auto t0 = std::chrono::steady_clock::now();
   auto failed = (*engine)->Generate(Requests());
