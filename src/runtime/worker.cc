@@ -172,9 +172,9 @@ std::string FollowerLogPath(const std::string& name, int rank) {
 }
 
 // The model a rank of a tensor-parallel rollout worker runs: the job's model, on the CPU, in
-// model.dtype (the slice is taken once the group exists).
+// model.dtype (the slice is taken once the group exists). Rank 0 starts the other ranks only
+// when its own model is on the CPU.
 StatusOr<std::unique_ptr<model::Transformer>> BuildRolloutRankModel(const JobConfig& cfg) {
-  if (cfg.model.device == "cuda") return FailedPrecondition(kTensorParallelOnGpu);
   GYRE_ASSIGN_OR_RETURN(auto model, BuildModel(cfg, /*trainer=*/false));
   GYRE_ASSIGN_OR_RETURN(const at::ScalarType dtype, model::ParseWeightDtype(cfg.model.dtype));
   model->ToDtype(dtype);
@@ -375,7 +375,6 @@ int RunWorker(const std::vector<std::string>& args) {
     if (role != "rollout" || tp_rank < 1) {
       return CommandLineError(*app, "--tp-store is for --role rollout with --tp-rank >= 1");
     }
-    TuneAllocatorForRepeatedSteps();
     return RunRolloutFollower(tp_store, tp_rank, index < 0 ? 0 : index, bind_host);
   }
   auto placement = rpc::DiscoverPlacement(controller, index, bind_host, advertise_host,
