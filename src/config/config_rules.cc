@@ -366,8 +366,9 @@ std::optional<Problem> CheckShard(const JobConfig& c) {
 }
 
 // trainer.tensor_parallel T: the trainers are workers / T data-parallel ranks of T each, with shard
-// none (for now), publishing from the slices like shard: parameters. (Whether the model's heads,
-// MLP and vocabulary split over T is checked against the model when the job starts.)
+// none, optimizer or gradients (parameters: not yet), publishing from the slices like shard:
+// parameters. (Whether the model's heads, MLP and vocabulary split over T is checked against the
+// model when the job starts.)
 std::optional<Problem> CheckTensorParallel(const JobConfig& c) {
   const int t = c.trainer.tensor_parallel;
   if (t <= 1) return std::nullopt;
@@ -377,13 +378,15 @@ std::optional<Problem> CheckTensorParallel(const JobConfig& c) {
                        ") must be a multiple of trainer.tensor_parallel (" + std::to_string(t) +
                        "): the trainers are data-parallel ranks of tensor_parallel workers each"};
   }
-  if (c.trainer.shard != "none") {
+  if (c.trainer.shard == "parameters") {
     return Problem{{"trainer.tensor_parallel", "trainer.shard"},
                    "trainer.tensor_parallel " + std::to_string(t) +
-                       " runs with trainer.shard: "
-                       "none only (each trainer already holds 1/" +
-                       std::to_string(t) + " of the model); trainer.shard '" + c.trainer.shard +
-                       "' is not supported with it"};
+                       " runs with trainer.shard none, optimizer or gradients (each trainer "
+                       "already holds 1/" +
+                       std::to_string(t) +
+                       " of the model; optimizer and gradients split that slice's optimizer "
+                       "state over the trainers holding it); trainer.shard 'parameters' is not "
+                       "supported with it yet"};
   }
   if (c.cluster.weight_transport == "nccl" || c.cluster.weight_transport == "cuda_ipc") {
     return Problem{{"trainer.tensor_parallel", "cluster.weight_transport"},

@@ -1,5 +1,7 @@
 #include "controller/trainer_memory.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -36,8 +38,10 @@ std::string Count(double n) {
 
 TrainerMemory EstimateTrainerMemory(double parameters, const std::string& shard, int trainers,
                                     bool reference, int tensor_parallel) {
-  const double n = trainers > 0 ? trainers : 1;
   const double t = tensor_parallel > 1 ? tensor_parallel : 1;
+  // The data-parallel ranks the layout shards over: every trainer, or with tensor parallelism
+  // the trainers holding the same slice.
+  const double n = std::max(1.0, std::floor((trainers > 0 ? trainers : 1) / t));
   // Bytes per parameter: float32 weights, gradients and the two AdamW moments, each whole or
   // sliced over the n ranks by the layout (sharded_adamw.h, parameter_shards.h).
   double weights = 4, gradients = 4, moments = 8, ref = reference ? 4 : 0;

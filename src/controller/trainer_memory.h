@@ -22,7 +22,8 @@ struct TrainerMemory {
 };
 
 // `shard`: trainer.shard; `trainers`: trainer.workers; `reference`: the job has a KL term;
-// `tensor_parallel`: trainer.tensor_parallel (each trainer holds about 1/T of every tensor).
+// `tensor_parallel`: trainer.tensor_parallel (each trainer holds about 1/T of every tensor, and
+// the layout shards over the trainers / T holding the same slice).
 TrainerMemory EstimateTrainerMemory(double parameters, const std::string& shard, int trainers,
                                     bool reference, int tensor_parallel = 1);
 

@@ -82,11 +82,13 @@ Status PolicyTrainer::SetTensorParallel(comm::Communicator* comm, double timeout
   if (tp_group_ != nullptr) {
     return FailedPrecondition("this trainer already holds a tensor-parallel slice");
   }
-  if (shard_mode_ != Shard::kNone) {
-    return FailedPrecondition(std::string("trainer.tensor_parallel with trainer.shard '") +
-                              ShardName(shard_mode_) + "' is not supported yet (use shard: none)");
+  if (shard_mode_ == Shard::kParameters) {
+    return FailedPrecondition(
+        "trainer.tensor_parallel with trainer.shard 'parameters' is not supported yet (use "
+        "shard: none, optimizer or gradients)");
   }
-  if (!optimizer_->adamw->state().empty() || reference_ != nullptr || version_ != 0) {
+  if (!optimizer_->adamw->state().empty() || (sharded_ && sharded_->has_state()) ||
+      reference_ != nullptr || version_ != 0) {
     return FailedPrecondition("tensor parallelism is set up before the first step");
   }
   GYRE_RETURN_IF_ERROR(model::CheckTensorParallel(model_->spec(), comm->size()));
@@ -104,6 +106,10 @@ Status PolicyTrainer::SetTensorParallel(comm::Communicator* comm, double timeout
     tp_split_.push_back(model::TensorParallelDim(name) >= 0);
   }
   optimizer_->adamw = std::make_unique<torch::optim::AdamW>(optimizer_->params, defaults);
+  if (sharded_) {  // ZeRO-1/2 over the slices: this rank's part of them among its DP group
+    sharded_ = std::make_unique<ShardedAdamW>(optimizer_->params, shard_mode_, hyper_, dp_rank(),
+                                              dp_size());
+  }
   if (dp_ != nullptr) {  // the gradient reducer hooks the new parameters
     DataParallelOptions dp = dp_options_;
     return SetDataParallel(dp_, dp);
@@ -119,9 +125,9 @@ Status PolicyTrainer::SetSharding(Shard mode) {
     return FailedPrecondition(std::string("trainer.shard cannot change to '") + ShardName(mode) +
                               "' once the optimizer has state");
   }
-  if (mode != Shard::kNone && tp_group_ != nullptr) {
-    return FailedPrecondition(std::string("trainer.shard '") + ShardName(mode) +
-                              "' with trainer.tensor_parallel is not supported yet");
+  if (mode == Shard::kParameters && tp_group_ != nullptr) {
+    return FailedPrecondition(
+        "trainer.shard 'parameters' with trainer.tensor_parallel is not supported yet");
   }
   sharded_.reset();
   if (mode != Shard::kNone) {
@@ -257,7 +263,27 @@ Status PolicyTrainer::RestoreSplitState(const std::vector<at::Tensor>& weights,
         mine[i].exp_avg_sq = at::zeros_like(optimizer_->params[i]);
       }
     }
-    return RestoreState(SlicesOf(weights), mine, version);
+    if (!sharded_) return RestoreState(SlicesOf(weights), mine, version);
+    // ZeRO-1/2 over the slices: this rank's part of each slice's moments.
+    const std::vector<at::Tensor> slices = SlicesOf(weights);
+    GYRE_RETURN_IF_ERROR(CheckWeights(slices));
+    if (version < 0) return InvalidArgument("negative policy version " + std::to_string(version));
+    if (mine.size() != params.size()) {
+      return InvalidArgument("optimizer state for " + std::to_string(mine.size()) +
+                             " parameters, the model has " + std::to_string(params.size()));
+    }
+    std::vector<int64_t> steps;
+    std::vector<at::Tensor> m, v;
+    for (const ParamState& ps : mine) {
+      steps.push_back(ps.step);
+      m.push_back(ps.step > 0 ? ps.exp_avg : at::Tensor());
+      v.push_back(ps.step > 0 ? ps.exp_avg_sq : at::Tensor());
+    }
+    GYRE_RETURN_IF_ERROR(sharded_->SetFromWhole(steps, m, v));  // checks first, then commits
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) params[i].second.detach().copy_(slices[i]);
+    version_ = version;
+    return Status::Ok();
   }
   if (shard_mode_ != Shard::kParameters) {
     return FailedPrecondition("RestoreSplitState needs trainer.shard: parameters");
@@ -320,7 +346,15 @@ Status PolicyTrainer::GatherUnits(bool moments,
         const at::Tensor& p = optimizer_->params[k];
         GYRE_ASSIGN_OR_RETURN(at::Tensor w, GatherSlices(name, p));
         g.weights.push_back(std::move(w));
-        if (moments && g.step > 0) {
+        if (moments && g.step > 0 && sharded_) {
+          // ZeRO-1/2: the data-parallel ranks' parts of this slice's moments, summed.
+          GYRE_ASSIGN_OR_RETURN(at::Tensor m, ShardedMoment(k, /*second=*/false));
+          GYRE_ASSIGN_OR_RETURN(at::Tensor v, ShardedMoment(k, /*second=*/true));
+          GYRE_ASSIGN_OR_RETURN(m, GatherSlices(name, m));
+          GYRE_ASSIGN_OR_RETURN(v, GatherSlices(name, v));
+          g.exp_avg.push_back(std::move(m));
+          g.exp_avg_sq.push_back(std::move(v));
+        } else if (moments && g.step > 0) {
           auto it = state.find(p.unsafeGetTensorImpl());
           const auto* st = it != state.end()
                                ? static_cast<const torch::optim::AdamWParamState*>(it->second.get())
@@ -434,9 +468,39 @@ Status PolicyTrainer::RebindTensorParallel(comm::Communicator* comm) {
   return Status::Ok();
 }
 
+std::vector<double> PolicyTrainer::NormWeights() const {
+  if (tp_group_ == nullptr) return {};
+  std::vector<double> out;
+  for (bool split : tp_split_) out.push_back(split ? 1.0 : 1.0 / tp_size());
+  return out;
+}
+
+StatusOr<at::Tensor> PolicyTrainer::ShardedMoment(size_t param, bool second) {
+  at::Tensor part = sharded_->MomentPart(param, second);
+  if (dp_ == nullptr || dp_->size() == 1) return part;
+  const bool device = dp_->backend() == "nccl";
+  at::Tensor buf = device ? part.contiguous() : part.cpu().contiguous();
+  GYRE_RETURN_IF_ERROR(dp_->AllReduceSum(buf.data_ptr<float>(), static_cast<size_t>(buf.numel()),
+                                         comm::DataType::kFloat32,
+                                         comm::DeadlineAfter(dp_timeout_s_))
+                           .WithContext("gathering the sharded optimizer's moments"));
+  return buf.to(part.device());
+}
+
 std::vector<int64_t> PolicyTrainer::UnitSteps() const {
   if (shards_ != nullptr) return sharded_->steps();
   std::vector<int64_t> out;
+  if (sharded_) {  // ZeRO-1/2 (over tensor-parallel slices): per parameter
+    size_t k = 0;
+    for (const model::ParameterUnit& u : model::ParameterUnits(model_->spec())) {
+      int64_t step = 0;
+      for (size_t i = 0; i < u.names.size() && k < sharded_->steps().size(); ++i, ++k) {
+        step = std::max(step, sharded_->steps()[k]);
+      }
+      out.push_back(step);
+    }
+    return out;
+  }
   const auto& state = optimizer_->adamw->state();
   size_t k = 0;
   for (const model::ParameterUnit& u : model::ParameterUnits(model_->spec())) {
@@ -1851,7 +1915,7 @@ Status PolicyTrainer::SumAcrossRanks(StepSums* sums) {
       DropGradients();
       return reduced.WithContext("data-parallel gradient reduce-scatter");
     }
-    sums->shard_sq = sharded_->LocalSquaredNorm();
+    sums->shard_sq = sharded_->LocalSquaredNorm(NormWeights());
   }
   // values[5] counts the ranks that took part. Gloo can complete a collective without a peer
   // that closed its connections (docs/weight-sync.md); a short count means the summed gradients
@@ -1881,28 +1945,28 @@ Status PolicyTrainer::SumAcrossRanks(StepSums* sums) {
 
 StatusOr<double> PolicyTrainer::ApplyUpdate(double lr, double grad_clip, double shard_sq) {
   // Global gradient-norm clipping, then AdamW.
+  // Tensor parallel: the slices' squares summed over the ranks, each whole (replicated)
+  // parameter's once (its 1/T share on each rank; T is a power of two in practice, exact). Sharded,
+  // shard_sq is already this slice's (its data-parallel ranks' parts, summed).
   double sq = shard_sq;
   if (!sharded_) {
-    // Tensor parallel: the slices' squares summed over the ranks, each whole (replicated)
-    // parameter's once (its 1/T share on each rank; T is a power of two in practice, exact).
-    const double replicated = 1.0 / tp_size();
+    const std::vector<double> weights = NormWeights();
     for (size_t i = 0; i < optimizer_->params.size(); ++i) {
       const at::Tensor& g = optimizer_->params[i].grad();
       if (!g.defined()) continue;
-      const double w = tp_group_ != nullptr && !tp_split_[i] ? replicated : 1.0;
-      sq += w * g.pow(2).sum().item<double>();
+      sq += (weights.empty() ? 1.0 : weights[i]) * g.pow(2).sum().item<double>();
     }
-    if (tp_group_ != nullptr) {
-      at::Tensor total = at::full({1}, sq, at::TensorOptions().dtype(at::kDouble));
-      try {
-        tp_group_->AllReduceSum(total);
-      } catch (const std::exception& e) {
-        DropGradients();
-        return Unavailable(std::string("the gradient norm over the tensor-parallel ranks: ") +
-                           e.what());
-      }
-      sq = total.item<double>();
+  }
+  if (tp_group_ != nullptr) {
+    at::Tensor total = at::full({1}, sq, at::TensorOptions().dtype(at::kDouble));
+    try {
+      tp_group_->AllReduceSum(total);
+    } catch (const std::exception& e) {
+      DropGradients();
+      return Unavailable(std::string("the gradient norm over the tensor-parallel ranks: ") +
+                         e.what());
     }
+    sq = total.item<double>();
   }
   const double grad_norm = std::sqrt(sq);
   if (!std::isfinite(grad_norm)) {

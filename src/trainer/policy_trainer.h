@@ -173,8 +173,10 @@ class PolicyTrainer {
   // computed over the vocabulary slices (VocabParallelTokenStats) and the gradient norm over every
   // slice. Every rank of `comm` must get the same batches and call Step, SequenceKl and
   // FullWeights together. Composes with SetDataParallel, whose group is then the ranks holding the
-  // same slice (workers = DP x TP). Only before the first step, with shard none and no reference
-  // yet (FailedPrecondition otherwise); InvalidArgument when the model does not split
+  // same slice (workers = DP x TP), and with SetSharding kOptimizer or kGradients, which then
+  // split the slices' optimizer state over that group. Only before the first step, with shard
+  // none, optimizer or gradients and no reference yet (FailedPrecondition otherwise);
+  // InvalidArgument when the model does not split
   // (CheckTensorParallel). A group of one rank (or null) changes nothing.
   Status SetTensorParallel(comm::Communicator* comm, double timeout_s);
   // This trainer's tensor-parallel rank and the group's size (0 and 1 without one).
@@ -435,6 +437,12 @@ class PolicyTrainer {
   // rank's slices.
   std::vector<at::Tensor> SlicesOf(const std::vector<at::Tensor>& whole) const;
   // kParameters or tensor parallel: a failed collective can surface as an exception from a pass.
+  // Per parameter, how many times its gradient's squares count in the global norm on this rank:
+  // 1/T for a parameter every tensor-parallel rank holds whole, 1 otherwise; empty without TP.
+  std::vector<double> NormWeights() const;
+  // ZeRO-1/2: parameter `param`'s whole moment (of this rank's slice of the model), summed from
+  // the data-parallel ranks' parts (a collective of the group).
+  StatusOr<at::Tensor> ShardedMoment(size_t param, bool second);
   bool PassesMayThrow() const { return shard_mode_ == Shard::kParameters || tp_group_ != nullptr; }
 };
 

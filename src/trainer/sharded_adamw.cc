@@ -139,16 +139,31 @@ Status ShardedAdamW::ReduceGradients(comm::Communicator* comm, double timeout_s)
   return Status::Ok();
 }
 
-double ShardedAdamW::LocalSquaredNorm() const {
-  // In float64, a million elements at a time: a float64 copy of a large slice (and its square)
-  // would be the biggest allocation of the whole step.
+namespace {
+
+// Sum of squares of a float32 vector in float64, a million elements at a time: a float64 copy of
+// a large slice (and its square) would be the biggest allocation of the whole step.
+double SquaredSum(const at::Tensor& v) {
   constexpr int64_t kPiece = 1 << 20;
-  at::Tensor sum = at::zeros({}, grad_.options().dtype(at::kDouble));
-  for (int64_t at = 0; at < layout_.size(); at += kPiece) {
-    const int64_t n = std::min(kPiece, layout_.size() - at);
-    sum += grad_.narrow(0, at, n).to(at::kDouble).pow_(2).sum();
+  at::Tensor sum = at::zeros({}, v.options().dtype(at::kDouble));
+  for (int64_t at = 0; at < v.numel(); at += kPiece) {
+    const int64_t n = std::min(kPiece, v.numel() - at);
+    sum += v.narrow(0, at, n).to(at::kDouble).pow_(2).sum();
   }
   return sum.item<double>();
+}
+
+}  // namespace
+
+double ShardedAdamW::LocalSquaredNorm(const std::vector<double>& weights) const {
+  if (weights.empty()) return SquaredSum(grad_.narrow(0, 0, layout_.size()));
+  GYRE_CHECK(weights.size() == params_.size())
+      << weights.size() << " norm weights for " << params_.size() << " parameters";
+  double total = 0;
+  ForEachSegment([&](size_t i, int64_t /*poff*/, int64_t soff, int64_t len) {
+    total += weights[i] * SquaredSum(grad_.narrow(0, soff, len));
+  });
+  return total;
 }
 
 void ShardedAdamW::ScaleGradients(double scale) {
@@ -240,6 +255,51 @@ Status ShardedAdamW::Set(const State& state) {
   exp_avg_.copy_(state.exp_avg);
   exp_avg_sq_.copy_(state.exp_avg_sq);
   return Status::Ok();
+}
+
+Status ShardedAdamW::SetFromWhole(const std::vector<int64_t>& steps,
+                                  const std::vector<at::Tensor>& exp_avg,
+                                  const std::vector<at::Tensor>& exp_avg_sq) {
+  if (exp_avg.size() != params_.size() || exp_avg_sq.size() != params_.size()) {
+    return InvalidArgument("optimizer moments for " + std::to_string(exp_avg.size()) + " and " +
+                           std::to_string(exp_avg_sq.size()) + " parameters, the model has " +
+                           std::to_string(params_.size()));
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    for (const at::Tensor* t : {&exp_avg[i], &exp_avg_sq[i]}) {
+      if (t->defined() &&
+          (!at::isFloatingType(t->scalar_type()) || t->sizes() != params_[i].sizes())) {
+        return InvalidArgument("optimizer moments of parameter " + std::to_string(i) +
+                               " do not match the parameter's shape");
+      }
+    }
+  }
+  State state;
+  state.steps = steps;
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  state.exp_avg = at::zeros({layout_.size()}, opts);
+  state.exp_avg_sq = at::zeros({layout_.size()}, opts);
+  at::NoGradGuard no_grad;
+  ForEachSegment([&](size_t i, int64_t poff, int64_t soff, int64_t len) {
+    if (exp_avg[i].defined()) {
+      state.exp_avg.narrow(0, soff, len).copy_(exp_avg[i].reshape({-1}).narrow(0, poff, len));
+    }
+    if (exp_avg_sq[i].defined()) {
+      state.exp_avg_sq.narrow(0, soff, len).copy_(exp_avg_sq[i].reshape({-1}).narrow(0, poff, len));
+    }
+  });
+  return Set(state);  // checks the step counts
+}
+
+at::Tensor ShardedAdamW::MomentPart(size_t param, bool second) const {
+  GYRE_CHECK(param < params_.size()) << "parameter " << param << " of " << params_.size();
+  at::NoGradGuard no_grad;
+  const at::Tensor& moments = second ? exp_avg_sq_ : exp_avg_;
+  at::Tensor out = at::zeros({params_[param].numel()}, moments.options());
+  ForEachSegment([&](size_t i, int64_t poff, int64_t soff, int64_t len) {
+    if (i == param) out.narrow(0, poff, len).copy_(moments.narrow(0, soff, len));
+  });
+  return out.view(params_[param].sizes());
 }
 
 void ShardedAdamW::SetMomentRange(int64_t offset, const at::Tensor& m, const at::Tensor& v) {

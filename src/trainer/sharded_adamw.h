@@ -88,7 +88,9 @@ class ShardedAdamW {
   // ReduceGradients.
   const at::Tensor& gradient_slice() const { return grad_; }
   // Sum of squares of this rank's gradient slice (the ranks' values add up to the global norm²).
-  double LocalSquaredNorm() const;
+  // `weights` (one per parameter, or empty for all 1): each parameter's squares count that many
+  // times (tensor parallelism counts a parameter every slice holds whole 1/T times per slice).
+  double LocalSquaredNorm(const std::vector<double>& weights = {}) const;
   // Multiplies the gradient slice by `scale` (global-norm clipping).
   void ScaleGradients(double scale);
   // One AdamW step at `lr` on this rank's slice of the weights (every step count + 1).
@@ -118,6 +120,14 @@ class ShardedAdamW {
   void SetSteps(const std::vector<int64_t>& steps);
   // Replaces the state; checked first (counts, sizes, dtypes), nothing changes on a mismatch.
   Status Set(const State& state);
+  // Replaces the state from every parameter's whole moments (each of the parameter's shape or
+  // undefined for zeros), keeping this rank's part; checked first like Set.
+  Status SetFromWhole(const std::vector<int64_t>& steps, const std::vector<at::Tensor>& exp_avg,
+                      const std::vector<at::Tensor>& exp_avg_sq);
+  // Parameter `param`'s moment (exp_avg, or exp_avg_sq when `second`) as a float32 tensor of the
+  // parameter's shape holding this rank's part and zeros elsewhere: summed over the ranks, the
+  // whole moment.
+  at::Tensor MomentPart(size_t param, bool second) const;
 
   // Bytes this rank holds between steps: the moments, and the gradients (the full gradients for
   // kOptimizer, whose parameters keep them; the slice for kGradients).

@@ -169,15 +169,19 @@ TEST(DataParallelTest, FullyShardedJobPublishesCheckpointsAndResumes) {
 
 // trainer.tensor_parallel=2 on 2 trainers: each holds half of every layer and of the vocabulary
 // (the norms whole; tensor parallelism, no data parallelism), published and checkpointed from
-// the slices as above; resumed on 4 trainers (2 data-parallel ranks of 2).
+// the slices as above; resumed on 4 trainers (2 data-parallel ranks of 2) with ZeRO-2 over the
+// slices (each data-parallel group splits its slice's gradients and moments), which checkpoint
+// again (the moments summed from the data-parallel ranks' parts).
 TEST(DataParallelTest, TensorParallelJobPublishesCheckpointsAndResumesOntoTwoByTwo) {
   const std::string dir = SplitJobCheckpointsAndResumes(
       "dp-tp", "trainer.tensor_parallel=2", "tensor-parallel rank 1 of 2", 4,
-      {"--set", "trainer.tensor_parallel=2"}, 0.55);
+      {"--set", "trainer.tensor_parallel=2", "--set", "trainer.shard=gradients"}, 0.55);
   // Trainer-3: tensor-parallel rank 1 of data-parallel rank 1, in the group of the slice 1s.
   EXPECT_NE(ReadFile(dir + "/t/logs/trainer-3.log")
-                .find("-dp1 as rank 1 of 2 (trainer 3 of 4, tensor-parallel rank 1 of 2"),
+                .find("-dp1 as rank 1 of 2 (trainer 3 of 4, tensor-parallel rank 1 of 2; gloo, "
+                      "trainer.shard: gradients)"),
             std::string::npos);
+  EXPECT_TRUE(PathExists(dir + "/t/checkpoints/step-000002/trainer/optimizer.safetensors"));
 }
 
 // rollout.tensor_parallel=2: the rollout worker is two processes, each holding half of every

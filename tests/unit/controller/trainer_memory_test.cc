@@ -28,6 +28,10 @@ TEST(TrainerMemoryTest, EachLayoutKeepsItsShareOfTheState) {
   EXPECT_DOUBLE_EQ(m.state_bytes, 2e9);
   EXPECT_DOUBLE_EQ(m.needed_bytes(), 4.5e9);
   EXPECT_NE(m.breakdown.find("1.00 B parameters x 2 bytes"), std::string::npos) << m.breakdown;
+  // Tensor parallel 2 on 4 trainers: everything / 2, and ZeRO-2 splits the slice's moments and
+  // gradients over the 2 trainers holding it (16 / 2 = 8 bytes; then 2 + 1 + 2 = 5).
+  EXPECT_DOUBLE_EQ(EstimateTrainerMemory(p, "none", 4, false, 2).state_bytes, 8e9);
+  EXPECT_DOUBLE_EQ(EstimateTrainerMemory(p, "gradients", 4, false, 2).state_bytes, 5e9);
 }
 
 TEST(TrainerMemoryTest, ALimitTooSmallIsRefusedWithWhatWouldFit) {

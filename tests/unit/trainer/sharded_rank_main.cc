@@ -15,7 +15,7 @@
 // trainer state into DIR after the steps), tp=T (tensor parallel: RANKS = DP x T processes; rank
 // r is tensor-parallel rank r % T of data-parallel rank r / T, SHARD applies to the data-parallel
 // groups), heads=Q/KV (query and key/value heads), vocab=V (a larger vocabulary than the batch
-// uses). Rank 0 writes OUT (the whole float32 weights after
+// uses), clip=C (the gradient-norm clip; 0.5). Rank 0 writes OUT (the whole float32 weights after
 // the steps, concatenated in NamedParameters() order) and OUT.metrics ("step key value" lines).
 // Exits 0 on success, 1 with a message on stderr otherwise.
 #include <ATen/ATen.h>
@@ -155,7 +155,7 @@ int Run(int argc, char** argv) {
     const int m = objective == Objective::kSft ? 1 : minis;
     TrainOptions opts;
     opts.micro_batch_size = std::atoi(flag("micro", "2").c_str());
-    opts.grad_clip = 0.5;  // the clip must use the global norm
+    opts.grad_clip = std::atof(flag("clip", "0.5").c_str());  // must use the global norm
     opts.mini_batches = m;
     if (flags.count("entropy") && objective == Objective::kPolicyGradient) {
       opts.entropy_coef = 0.05;  // the entropy bonus: entropies with their gradient

@@ -355,6 +355,41 @@ TEST(TensorParallelTest, TwoDataParallelTimesTwoTensorParallelMatchesOneProcess)
   }
 }
 
+// ZeRO-1 and ZeRO-2 over tensor-parallel slices (DP 2 x TP 2, trainer.shard optimizer or
+// gradients: each data-parallel group splits its slice's optimizer state, and the gradient norm
+// counts every slice once) train as one process does; their checkpoint resumes bit for bit on the
+// same layout and within float tolerance on one process, and a one-process checkpoint resumes
+// onto the layout.
+TEST(TensorParallelTest, ShardedOptimizerOverTensorParallelSlicesMatchesOneProcess) {
+  const std::string root = TempDirectory() + "/gyre_tp_zero_" + std::to_string(::getpid());
+  ASSERT_TRUE(MakeDirs(root).ok());
+  // clip=0.05 clips every step, so a wrong gradient norm shows in the weights.
+  const std::vector<std::string> flags = {"model=qwen3", "minis=2", "clip=0.05"};
+  const Result plain = RunRanks("none", 1, flags);
+  ASSERT_TRUE(plain.ok);
+  for (const std::string shard : {"optimizer", "gradients"}) {
+    ExpectSameTraining(RunRanks(shard, 4, With(flags, {"tp=2"})), plain, kTensorParallel,
+                       "DP 2 x TP 2, shard " + shard);
+  }
+  const Result straight = RunRanks("gradients", 4, With(flags, {"tp=2"}));
+  ASSERT_TRUE(straight.ok);
+  const std::string saved = root + "/zero2_tp2", whole = root + "/whole";
+  ASSERT_TRUE(RunRanks("gradients", 4, With(flags, {"tp=2", "steps=1", "save=" + saved})).ok);
+  const Result same = RunRanks("gradients", 4, With(flags, {"tp=2", "load=" + saved, "start=1"}));
+  ASSERT_TRUE(same.ok);
+  EXPECT_TRUE(at::equal(same.weights, straight.weights)) << "same layout: not bit for bit";
+  const Result one = RunRanks("none", 1, With(flags, {"load=" + saved, "start=1"}));
+  ASSERT_TRUE(one.ok);
+  EXPECT_TRUE(testing::AllClose(one.weights, plain.weights, kTensorParallel))
+      << "DP 2 x TP 2 x gradients -> one process";
+  ASSERT_TRUE(RunRanks("none", 1, With(flags, {"steps=1", "save=" + whole})).ok);
+  const Result onto = RunRanks("optimizer", 4, With(flags, {"tp=2", "load=" + whole, "start=1"}));
+  ASSERT_TRUE(onto.ok);
+  EXPECT_TRUE(testing::AllClose(onto.weights, plain.weights, kTensorParallel))
+      << "one process -> DP 2 x TP 2 x optimizer";
+  (void)RemoveTree(root);
+}
+
 // Checkpoints of tensor-parallel trainers: written from the slices (gathered unit by unit, rank 0
 // writes the layout-free format), resumed bit for bit on the same layout, and onto one process,
 // DP 2 x TP 2 and parameter sharding within float tolerance; a one-process checkpoint resumes onto
