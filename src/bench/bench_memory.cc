@@ -320,11 +320,6 @@ StatusOr<Layout> ParseLayout(const std::string& text, const model::ModelSpec& sp
   GYRE_ASSIGN_OR_RETURN(const int d, number(rest.substr(0, x), "N (or D)"));
   if (x != std::string::npos) {
     GYRE_ASSIGN_OR_RETURN(l.tp, number(rest.substr(x + 1), "T"));
-    if (l.tp > 1 && l.shard == "parameters") {
-      return InvalidArgument("--layouts: '" + text +
-                             "': tensor parallelism runs with shard none, optimizer or gradients "
-                             "(not parameters, for now)");
-    }
     if (Status fits = model::CheckTensorParallel(spec, l.tp); !fits.ok()) {
       return InvalidArgument("--layouts: '" + text + "': " + fits.message() +
                              " (see --hidden and --intermediate)");

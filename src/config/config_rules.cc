@@ -365,10 +365,10 @@ std::optional<Problem> CheckShard(const JobConfig& c) {
   return std::nullopt;
 }
 
-// trainer.tensor_parallel T: the trainers are workers / T data-parallel ranks of T each, with shard
-// none, optimizer or gradients (parameters: not yet), publishing from the slices like shard:
-// parameters. (Whether the model's heads, MLP and vocabulary split over T is checked against the
-// model when the job starts.)
+// trainer.tensor_parallel T: the trainers are workers / T data-parallel ranks of T each (any
+// trainer.shard then splits over those data-parallel ranks), publishing from the slices like
+// shard: parameters. (Whether the model's heads, MLP and vocabulary split over T is checked against
+// the model when the job starts.)
 std::optional<Problem> CheckTensorParallel(const JobConfig& c) {
   const int t = c.trainer.tensor_parallel;
   if (t <= 1) return std::nullopt;
@@ -377,16 +377,6 @@ std::optional<Problem> CheckTensorParallel(const JobConfig& c) {
                    "trainer.workers (" + std::to_string(c.trainer.workers) +
                        ") must be a multiple of trainer.tensor_parallel (" + std::to_string(t) +
                        "): the trainers are data-parallel ranks of tensor_parallel workers each"};
-  }
-  if (c.trainer.shard == "parameters") {
-    return Problem{{"trainer.tensor_parallel", "trainer.shard"},
-                   "trainer.tensor_parallel " + std::to_string(t) +
-                       " runs with trainer.shard none, optimizer or gradients (each trainer "
-                       "already holds 1/" +
-                       std::to_string(t) +
-                       " of the model; optimizer and gradients split that slice's optimizer "
-                       "state over the trainers holding it); trainer.shard 'parameters' is not "
-                       "supported with it yet"};
   }
   if (c.cluster.weight_transport == "nccl" || c.cluster.weight_transport == "cuda_ipc") {
     return Problem{{"trainer.tensor_parallel", "cluster.weight_transport"},

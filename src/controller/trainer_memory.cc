@@ -64,7 +64,7 @@ TrainerMemory EstimateTrainerMemory(double parameters, const std::string& shard,
   TrainerMemory m;
   m.parameters = parameters;
   m.state_bytes = parameters * (weights + gradients + moments + ref);
-  m.startup_bytes = parameters * 4 + (shard == "parameters" ? parameters * 4 / n : 0) +
+  m.startup_bytes = parameters * 4 + (shard == "parameters" ? parameters * 4 / (n * t) : 0) +
                     (t > 1 ? parameters * 4 / t : 0);
   char buf[256];
   std::snprintf(buf, sizeof(buf),

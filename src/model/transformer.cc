@@ -107,6 +107,20 @@ std::vector<ParameterUnit> ParameterUnits(const ModelSpec& spec) {
   return units;
 }
 
+std::vector<ParameterUnit> TensorParallelUnits(const ModelSpec& spec, int rank, int size) {
+  std::vector<ParameterUnit> units = ParameterUnits(spec);
+  if (size <= 1) return units;
+  for (ParameterUnit& u : units) {
+    for (size_t i = 0; i < u.names.size(); ++i) {
+      const int dim = TensorParallelDim(u.names[i]);
+      if (dim < 0) continue;
+      const auto [begin, end] = TensorParallelRange(u.names[i], u.shapes[i][dim], rank, size);
+      u.shapes[i][dim] = end - begin;
+    }
+  }
+  return units;
+}
+
 struct Transformer::Impl {
   ModelSpec spec;
   at::Tensor embed;
@@ -302,10 +316,9 @@ struct Transformer::Impl {
                  KvCache* cache, const at::Tensor& select = at::Tensor(), bool hidden_only = false,
                  at::Tensor* head_weight = nullptr) const {
     GYRE_CHECK(gather == nullptr || cache == nullptr) << "a gathered model runs no KV cache";
-    GYRE_CHECK(gather == nullptr || tp == nullptr) << "tensor parallelism over gathered units";
     at::Tensor h;
     if (gather != nullptr) {
-      h = at::embedding(gather->Acquire(0).at(0), tokens);
+      h = Embed(gather->Acquire(0).at(0), tokens);
       gather->Release(0, at::Tensor());  // the lookup's backward needs no weight
     } else {
       h = Embed(embed, tokens);
@@ -958,10 +971,19 @@ at::Device Transformer::device() const {
 at::ScalarType Transformer::dtype() const { return impl_->ComputeType(); }
 
 std::unique_ptr<Transformer> Transformer::Gathered(const ModelSpec& spec, ParameterGather* gather,
-                                                   at::ScalarType dtype, const at::Device& device) {
+                                                   at::ScalarType dtype, const at::Device& device,
+                                                   TensorParallelGroup* tp) {
   GYRE_CHECK(gather != nullptr) << "Transformer::Gathered needs a ParameterGather";
   auto impl = std::make_unique<Impl>();
   impl->spec = spec;
+  if (tp != nullptr && tp->size() > 1) {
+    const Status fits = CheckTensorParallel(spec, tp->size());
+    GYRE_CHECK(fits.ok()) << fits.message();
+    impl->tp = tp;
+    impl->vocab_begin =
+        TensorParallelRange("model.embed_tokens.weight", spec.vocab_size, tp->rank(), tp->size())
+            .first;
+  }
   impl->layers.resize(static_cast<size_t>(spec.num_layers));
   impl->gather = gather;
   impl->gather_dtype = dtype;
@@ -999,8 +1021,8 @@ TensorParallelGroup* Transformer::tensor_parallel() const { return impl_->tp; }
 
 std::pair<int64_t, int64_t> Transformer::vocabulary_range() const {
   if (impl_->tp == nullptr) return {0, impl_->spec.vocab_size};
-  const int64_t rows = impl_->embed.size(0);
-  return {impl_->vocab_begin, impl_->vocab_begin + rows};
+  return TensorParallelRange("model.embed_tokens.weight", impl_->spec.vocab_size, impl_->tp->rank(),
+                             impl_->tp->size());
 }
 
 std::unique_ptr<Transformer> Transformer::FrozenCopy(const Transformer& src) {
@@ -1043,7 +1065,10 @@ NamedTensors Transformer::NamedParameters() const {
 int64_t Transformer::NumParameters() const {
   int64_t n = 0;
   if (impl_->gather != nullptr) {
-    for (const ParameterUnit& u : ParameterUnits(impl_->spec)) n += u.numel();
+    const int rank = impl_->tp != nullptr ? impl_->tp->rank() : 0;
+    for (const ParameterUnit& u : TensorParallelUnits(impl_->spec, rank, impl_->TpSize())) {
+      n += u.numel();
+    }
     return n;
   }
   for (const auto& [name, t] : NamedParameters()) n += t.numel();

@@ -106,6 +106,10 @@ struct ParameterUnit {
   int64_t numel() const;
 };
 std::vector<ParameterUnit> ParameterUnits(const ModelSpec& spec);
+// The units of tensor-parallel rank `rank` of `size`'s slices (tensor_parallel.h): the same
+// names, each split parameter's shape cut to its slice; ParameterUnits for size 1. The spec must
+// split over `size` (CheckTensorParallel).
+std::vector<ParameterUnit> TensorParallelUnits(const ModelSpec& spec, int rank, int size);
 
 // Supplies a forward's parameters unit by unit (Transformer::Gathered).
 class ParameterGather {
@@ -210,9 +214,12 @@ class Transformer {
 
   // A model that owns no parameters: every forward takes them unit by unit from `gather` (not
   // owned; it must outlive the model's use), computing in `dtype` on `device`. Forward,
-  // ForwardPacked and ForwardPackedHidden only (no caches). NamedParameters() is empty.
+  // ForwardPacked and ForwardPackedHidden only (no caches). NamedParameters() is empty. With a
+  // tensor-parallel group `tp` (not owned) of more than one rank, the units are that rank's
+  // slices (TensorParallelUnits) and the forwards run as TensorParallelSlice's do.
   static std::unique_ptr<Transformer> Gathered(const ModelSpec& spec, ParameterGather* gather,
-                                               at::ScalarType dtype, const at::Device& device);
+                                               at::ScalarType dtype, const at::Device& device,
+                                               TensorParallelGroup* tp = nullptr);
 
   // Tensor parallelism (tensor_parallel.h): a model holding rank group->rank()'s slices of
   // `whole`'s parameters (copies, leaf tensors requiring grad, in `whole`'s dtype and device),

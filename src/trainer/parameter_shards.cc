@@ -183,7 +183,8 @@ ParameterShards::~ParameterShards() {
 
 StatusOr<std::unique_ptr<ParameterShards>> ParameterShards::Create(
     const model::ModelSpec& spec, const model::NamedTensors& weights, CollectiveQueue* queue,
-    at::ScalarType compute, const at::Device& device, bool trainable) {
+    at::ScalarType compute, const at::Device& device, bool trainable,
+    std::vector<model::ParameterUnit> units) {
   GYRE_RETURN_IF_ERROR(CommType(compute).status());
   // Units are allocated and freed at every pass. glibc raises its mmap threshold to the size of
   // a block once one is freed, after which unit-sized blocks come from the heap and a freed
@@ -193,7 +194,8 @@ StatusOr<std::unique_ptr<ParameterShards>> ParameterShards::Create(
   if (device.is_cpu()) mallopt(M_MMAP_THRESHOLD, 1 << 20);
   std::unique_ptr<ParameterShards> s(new ParameterShards(spec, queue, compute, device, trainable));
   const int rank = queue->rank(), ranks = queue->ranks();
-  for (model::ParameterUnit& def : model::ParameterUnits(spec)) {
+  if (units.empty()) units = model::ParameterUnits(spec);
+  for (model::ParameterUnit& def : units) {
     Unit u;
     u.def = std::move(def);
     for (const auto& shape : u.def.shapes) {
@@ -276,6 +278,27 @@ StatusOr<at::Tensor> ParameterShards::SliceOf(int u, const std::vector<at::Tenso
     offset += unit.numels[i];
   }
   return slice;
+}
+
+double ParameterShards::WeightedSquaredNorm(
+    const at::Tensor& flat, const std::function<double(const std::string&)>& weight) const {
+  at::NoGradGuard no_grad;
+  double total = 0;
+  int64_t base = 0;  // of the unit's slice in `flat`
+  for (const Unit& unit : units_) {
+    int64_t offset = 0;  // of the tensor in the unit's flat vector
+    for (size_t i = 0; i < unit.numels.size(); ++i) {
+      const int64_t lo = std::max(unit.layout.begin, offset);
+      const int64_t hi = std::min(unit.layout.end, offset + unit.numels[i]);
+      if (lo < hi) {
+        const at::Tensor part = flat.narrow(0, base + lo - unit.layout.begin, hi - lo);
+        total += weight(unit.def.names[i]) * part.to(at::kDouble).pow(2).sum().item<double>();
+      }
+      offset += unit.numels[i];
+    }
+    base += unit.layout.chunk;
+  }
+  return total;
 }
 
 std::unique_ptr<ParameterShards> ParameterShards::FrozenCopy() const {

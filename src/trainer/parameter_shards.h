@@ -101,13 +101,16 @@ class CollectiveQueue {
 class ParameterShards final : public model::ParameterGather {
  public:
   // This rank's slices of `weights` (the whole model in NamedParameters() order, any device and
-  // floating dtype; checked against model::ParameterUnits(spec)) as float32 masters on `device`.
-  // Units gather in `compute` (float32, bfloat16 or float16). trainable: the masters require
-  // grad and the backward reduce-scatters their gradients; otherwise (the KL reference) forwards
-  // only. `queue` (not owned) must outlive this object.
+  // floating dtype; checked against `units`, model::ParameterUnits(spec) when empty) as float32
+  // masters on `device`. A tensor-parallel trainer passes its slices' units
+  // (model::TensorParallelUnits) and its slices as `weights`: "whole" below then means the whole
+  // slice. Units gather in `compute` (float32, bfloat16 or float16). trainable: the masters
+  // require grad and the backward reduce-scatters their gradients; otherwise (the KL reference)
+  // forwards only. `queue` (not owned) must outlive this object.
   static StatusOr<std::unique_ptr<ParameterShards>> Create(
       const model::ModelSpec& spec, const model::NamedTensors& weights, CollectiveQueue* queue,
-      at::ScalarType compute, const at::Device& device, bool trainable);
+      at::ScalarType compute, const at::Device& device, bool trainable,
+      std::vector<model::ParameterUnit> units = {});
   // Another set of shards with copies of these masters (same layout), not trainable.
   std::unique_ptr<ParameterShards> FrozenCopy() const;
   ~ParameterShards() override;
@@ -147,6 +150,12 @@ class ParameterShards final : public model::ParameterGather {
   // Replaces this rank's slices with those of `weights` (whole, NamedParameters() order); checked
   // first, nothing changes on a mismatch.
   Status SetWeights(const model::NamedTensors& weights);
+
+  // Sum of squares of this rank's part of the units' gradient slices in `flat` (the slices of
+  // every unit in order, `chunk` elements each, as BeginStep lays them out), each parameter's
+  // squares counted weight(its name) times.
+  double WeightedSquaredNorm(const at::Tensor& flat,
+                             const std::function<double(const std::string&)>& weight) const;
 
   // Bytes held: master slices, gradient slices (during a step), gathered units right now.
   int64_t master_bytes() const;

@@ -82,10 +82,10 @@ Status PolicyTrainer::SetTensorParallel(comm::Communicator* comm, double timeout
   if (tp_group_ != nullptr) {
     return FailedPrecondition("this trainer already holds a tensor-parallel slice");
   }
-  if (shard_mode_ == Shard::kParameters) {
+  if (shards_ != nullptr) {
     return FailedPrecondition(
-        "trainer.tensor_parallel with trainer.shard 'parameters' is not supported yet (use "
-        "shard: none, optimizer or gradients)");
+        "tensor parallelism is set up before the parameters are split (trainer.shard: "
+        "parameters splits them at the first step)");
   }
   if (!optimizer_->adamw->state().empty() || (sharded_ && sharded_->has_state()) ||
       reference_ != nullptr || version_ != 0) {
@@ -125,10 +125,6 @@ Status PolicyTrainer::SetSharding(Shard mode) {
     return FailedPrecondition(std::string("trainer.shard cannot change to '") + ShardName(mode) +
                               "' once the optimizer has state");
   }
-  if (mode == Shard::kParameters && tp_group_ != nullptr) {
-    return FailedPrecondition(
-        "trainer.shard 'parameters' with trainer.tensor_parallel is not supported yet");
-  }
   sharded_.reset();
   if (mode != Shard::kNone) {
     for (const auto& p : optimizer_->params) {
@@ -156,14 +152,17 @@ Status PolicyTrainer::ShardParameters() {
   const model::ModelSpec spec = model_->spec();
   const at::Device device = model_->device();
   auto queue = std::make_unique<CollectiveQueue>(dp_, dp_timeout_s_);
-  GYRE_ASSIGN_OR_RETURN(auto shards,
-                        ParameterShards::Create(spec, model_->NamedParameters(), queue.get(),
-                                                compute_dtype_, device, /*trainable=*/true));
+  // Tensor parallel: the units of this rank's slices, split over its data-parallel group.
+  const std::vector<model::ParameterUnit> units =
+      model::TensorParallelUnits(spec, tp_rank(), tp_size());
+  GYRE_ASSIGN_OR_RETURN(auto shards, ParameterShards::Create(spec, model_->NamedParameters(),
+                                                             queue.get(), compute_dtype_, device,
+                                                             /*trainable=*/true, units));
   std::unique_ptr<ParameterShards> ref_shards;
   if (reference_ != nullptr) {
     GYRE_ASSIGN_OR_RETURN(ref_shards, ParameterShards::Create(spec, reference_->NamedParameters(),
                                                               queue.get(), compute_dtype_, device,
-                                                              /*trainable=*/false));
+                                                              /*trainable=*/false, units));
   }
   // AdamW state the whole model had (a checkpoint restored before the split) goes with the
   // slices.
@@ -175,10 +174,12 @@ Status PolicyTrainer::ShardParameters() {
   const bool checkpointing = model_->activation_checkpointing();
   optimizer_->adamw.reset();
   optimizer_->params = shards->masters();
-  model_ = model::Transformer::Gathered(spec, shards.get(), compute_dtype_, device);
+  model_ =
+      model::Transformer::Gathered(spec, shards.get(), compute_dtype_, device, tp_group_.get());
   model_->SetActivationCheckpointing(checkpointing);
   if (ref_shards != nullptr) {
-    reference_ = model::Transformer::Gathered(spec, ref_shards.get(), compute_dtype_, device);
+    reference_ = model::Transformer::Gathered(spec, ref_shards.get(), compute_dtype_, device,
+                                              tp_group_.get());
     reference_compute_.reset();
   }
   // The slices' AdamW state: one rank's ShardedAdamW over them (the same arithmetic as
@@ -245,7 +246,7 @@ void PolicyTrainer::InstallSliceState(const std::vector<ParamState>& state) {
 
 Status PolicyTrainer::RestoreSplitState(const std::vector<at::Tensor>& weights,
                                         const std::vector<ParamState>& state, int64_t version) {
-  if (tp_group_ != nullptr) {
+  if (tp_group_ != nullptr && shard_mode_ != Shard::kParameters) {
     // This rank's slices of the whole tensors (checked and copied by RestoreState).
     std::vector<ParamState> mine = state;
     const model::NamedTensors params = model_->NamedParameters();
@@ -290,11 +291,21 @@ Status PolicyTrainer::RestoreSplitState(const std::vector<at::Tensor>& weights,
   }
   if (version < 0) return InvalidArgument("negative policy version " + std::to_string(version));
   GYRE_RETURN_IF_ERROR(ShardParameters());
-  GYRE_ASSIGN_OR_RETURN(const model::NamedTensors named, NamedAsUnits(*shards_, weights));
+  // Tensor parallel: this rank's slices of the whole tensors, which the shards then split.
+  std::vector<ParamState> mine = state;
+  if (tp_group_ != nullptr) {
+    const std::vector<std::string> names = ParameterNames();
+    for (size_t i = 0; i < mine.size() && i < names.size(); ++i) {
+      for (at::Tensor* t : {&mine[i].exp_avg, &mine[i].exp_avg_sq}) {
+        if (t->defined()) *t = model::TensorParallelSliceOf(names[i], *t, tp_rank(), tp_size());
+      }
+    }
+  }
+  GYRE_ASSIGN_OR_RETURN(const model::NamedTensors named, NamedAsUnits(*shards_, SlicesOf(weights)));
   // Checked before anything changes (SetWeights checks the weights first).
-  GYRE_RETURN_IF_ERROR(CheckSliceState(*shards_, state));
+  GYRE_RETURN_IF_ERROR(CheckSliceState(*shards_, mine));
   GYRE_RETURN_IF_ERROR(shards_->SetWeights(named));
-  InstallSliceState(state);
+  InstallSliceState(mine);
   version_ = version;
   return Status::Ok();
 }
@@ -321,7 +332,18 @@ StatusOr<std::vector<at::Tensor>> PolicyTrainer::GatherUnitWeights(int u) {
   if (u < 0 || u >= shards_->num_units()) {
     return InvalidArgument("no parameter unit " + std::to_string(u));
   }
-  return shards_->GatherUnit(u);
+  GYRE_ASSIGN_OR_RETURN(std::vector<at::Tensor> tensors, shards_->GatherUnit(u));
+  GYRE_RETURN_IF_ERROR(GatherUnitSlices(u, &tensors));
+  return tensors;
+}
+
+Status PolicyTrainer::GatherUnitSlices(int u, std::vector<at::Tensor>* tensors) {
+  if (tp_group_ == nullptr) return Status::Ok();
+  const model::ParameterUnit& unit = shards_->unit(u);
+  for (size_t i = 0; i < tensors->size() && i < unit.names.size(); ++i) {
+    GYRE_ASSIGN_OR_RETURN((*tensors)[i], GatherSlices(unit.names[i], (*tensors)[i]));
+  }
+  return Status::Ok();
 }
 
 Status PolicyTrainer::GatherUnits(bool moments,
@@ -394,6 +416,7 @@ Status PolicyTrainer::GatherUnits(bool moments,
     g.index = u;
     g.def = &shards_->unit(u);
     GYRE_ASSIGN_OR_RETURN(g.weights, shards_->GatherUnit(u));
+    GYRE_RETURN_IF_ERROR(GatherUnitSlices(u, &g.weights));
     g.step = steps[static_cast<size_t>(u)];
     if (moments) {
       const int64_t chunk = shards_->masters()[static_cast<size_t>(u)].numel();
@@ -402,6 +425,8 @@ Status PolicyTrainer::GatherUnits(bool moments,
                             shards_->GatherUnitSlices(u, exp_avg.narrow(0, offsets[u], chunk)));
       GYRE_ASSIGN_OR_RETURN(g.exp_avg_sq,
                             shards_->GatherUnitSlices(u, exp_avg_sq.narrow(0, offsets[u], chunk)));
+      GYRE_RETURN_IF_ERROR(GatherUnitSlices(u, &g.exp_avg));
+      GYRE_RETURN_IF_ERROR(GatherUnitSlices(u, &g.exp_avg_sq));
       if (g.step == 0) {
         g.exp_avg.clear();
         g.exp_avg_sq.clear();
@@ -409,6 +434,7 @@ Status PolicyTrainer::GatherUnits(bool moments,
     }
     if (ref_shards_ != nullptr) {
       GYRE_ASSIGN_OR_RETURN(g.reference, ref_shards_->GatherUnit(u));
+      GYRE_RETURN_IF_ERROR(GatherUnitSlices(u, &g.reference));
     }
     if (first.ok()) first = visit(g);
   }
@@ -445,13 +471,22 @@ StatusOr<at::Tensor> PolicyTrainer::GatherSlices(const std::string& name, const 
   return at::cat(parts, 0).transpose(0, dim).contiguous();
 }
 
+std::vector<std::string> PolicyTrainer::ParameterNames() const {
+  std::vector<std::string> names;
+  for (const model::ParameterUnit& u : model::ParameterUnits(model_->spec())) {
+    names.insert(names.end(), u.names.begin(), u.names.end());
+  }
+  return names;
+}
+
 std::vector<at::Tensor> PolicyTrainer::SlicesOf(const std::vector<at::Tensor>& whole) const {
+  if (tp_group_ == nullptr) return whole;
   std::vector<at::Tensor> out;
-  const model::NamedTensors params = model_->NamedParameters();
-  for (size_t i = 0; i < whole.size() && i < params.size(); ++i) {
-    out.push_back(whole[i].defined() ? model::TensorParallelSliceOf(params[i].first, whole[i],
-                                                                    tp_rank(), tp_size())
-                                     : at::Tensor());
+  const std::vector<std::string> names = ParameterNames();
+  for (size_t i = 0; i < whole.size(); ++i) {
+    out.push_back(whole[i].defined() && i < names.size()
+                      ? model::TensorParallelSliceOf(names[i], whole[i], tp_rank(), tp_size())
+                      : whole[i]);
   }
   return out;
 }
@@ -532,7 +567,7 @@ StatusOr<model::NamedTensors> PolicyTrainer::FullWeights() {
     return out;
   }
   for (int u = 0; u < shards_->num_units(); ++u) {
-    GYRE_ASSIGN_OR_RETURN(std::vector<at::Tensor> tensors, shards_->GatherUnit(u));
+    GYRE_ASSIGN_OR_RETURN(std::vector<at::Tensor> tensors, GatherUnitWeights(u));
     for (size_t i = 0; i < tensors.size(); ++i) {
       out.emplace_back(shards_->unit(u).names[i], std::move(tensors[i]));
     }
@@ -618,7 +653,7 @@ void PolicyTrainer::FreezeReference() {
   if (shards_ != nullptr) {
     ref_shards_ = shards_->FrozenCopy();
     reference_ = model::Transformer::Gathered(model_->spec(), ref_shards_.get(), compute_dtype_,
-                                              model_->device());
+                                              model_->device(), tp_group_.get());
     reference_compute_.reset();
     return;
   }
@@ -641,7 +676,7 @@ void PolicyTrainer::FreezeReference() {
 }
 
 Status PolicyTrainer::RestoreReference(const std::vector<at::Tensor>& weights) {
-  if (tp_group_ != nullptr) {
+  if (tp_group_ != nullptr && shards_ == nullptr) {
     const model::NamedTensors params = model_->NamedParameters();
     if (weights.size() != params.size()) {
       return InvalidArgument("reference policy: expected " + std::to_string(params.size()) +
@@ -664,13 +699,13 @@ Status PolicyTrainer::RestoreReference(const std::vector<at::Tensor>& weights) {
     return Status::Ok();
   }
   if (shards_ != nullptr) {
-    StatusOr<model::NamedTensors> named = NamedAsUnits(*shards_, weights);
+    StatusOr<model::NamedTensors> named = NamedAsUnits(*shards_, SlicesOf(weights));
     if (!named.ok()) return named.status().WithContext("reference policy");
     std::unique_ptr<ParameterShards> ref = shards_->FrozenCopy();
     GYRE_RETURN_IF_ERROR(ref->SetWeights(*named).WithContext("reference policy"));
     ref_shards_ = std::move(ref);
     reference_ = model::Transformer::Gathered(model_->spec(), ref_shards_.get(), compute_dtype_,
-                                              model_->device());
+                                              model_->device(), tp_group_.get());
     reference_compute_.reset();
     return Status::Ok();
   }
@@ -1915,7 +1950,17 @@ Status PolicyTrainer::SumAcrossRanks(StepSums* sums) {
       DropGradients();
       return reduced.WithContext("data-parallel gradient reduce-scatter");
     }
-    sums->shard_sq = sharded_->LocalSquaredNorm(NormWeights());
+    if (shards_ != nullptr && tp_group_ != nullptr) {
+      // Split parameters of tensor-parallel slices: the optimizer's parameters are the units'
+      // flat slices, so each parameter's part is weighted by name.
+      const double replicated = 1.0 / tp_size();
+      sums->shard_sq =
+          shards_->WeightedSquaredNorm(sharded_->gradient_slice(), [&](const std::string& name) {
+            return model::TensorParallelDim(name) >= 0 ? 1.0 : replicated;
+          });
+    } else {
+      sums->shard_sq = sharded_->LocalSquaredNorm(shards_ ? std::vector<double>() : NormWeights());
+    }
   }
   // values[5] counts the ranks that took part. Gloo can complete a collective without a peer
   // that closed its connections (docs/weight-sync.md); a short count means the summed gradients

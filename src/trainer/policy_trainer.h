@@ -173,10 +173,11 @@ class PolicyTrainer {
   // computed over the vocabulary slices (VocabParallelTokenStats) and the gradient norm over every
   // slice. Every rank of `comm` must get the same batches and call Step, SequenceKl and
   // FullWeights together. Composes with SetDataParallel, whose group is then the ranks holding the
-  // same slice (workers = DP x TP), and with SetSharding kOptimizer or kGradients, which then
-  // split the slices' optimizer state over that group. Only before the first step, with shard
-  // none, optimizer or gradients and no reference yet (FailedPrecondition otherwise);
-  // InvalidArgument when the model does not split
+  // same slice (workers = DP x TP), and with SetSharding, which then splits the slices' optimizer
+  // state (kOptimizer, kGradients) or the slices themselves (kParameters: each unit of this
+  // rank's slices, model::TensorParallelUnits) over that group. Only before the first step and
+  // the split, with no reference yet (FailedPrecondition otherwise); InvalidArgument when the
+  // model does not split
   // (CheckTensorParallel). A group of one rank (or null) changes nothing.
   Status SetTensorParallel(comm::Communicator* comm, double timeout_s);
   // This trainer's tensor-parallel rank and the group's size (0 and 1 without one).
@@ -443,6 +444,12 @@ class PolicyTrainer {
   // ZeRO-1/2: parameter `param`'s whole moment (of this rank's slice of the model), summed from
   // the data-parallel ranks' parts (a collective of the group).
   StatusOr<at::Tensor> ShardedMoment(size_t param, bool second);
+  // Split parameters of tensor-parallel slices: each tensor of unit `u` (gathered over the
+  // data-parallel group: this rank's slice) gathered whole over the tensor-parallel group; a no-op
+  // without tensor parallelism.
+  Status GatherUnitSlices(int u, std::vector<at::Tensor>* tensors);
+  // Every parameter's name in NamedParameters() (= ParameterUnits) order, also once split.
+  std::vector<std::string> ParameterNames() const;
   bool PassesMayThrow() const { return shard_mode_ == Shard::kParameters || tp_group_ != nullptr; }
 };
 

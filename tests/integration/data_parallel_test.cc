@@ -171,7 +171,8 @@ TEST(DataParallelTest, FullyShardedJobPublishesCheckpointsAndResumes) {
 // (the norms whole; tensor parallelism, no data parallelism), published and checkpointed from
 // the slices as above; resumed on 4 trainers (2 data-parallel ranks of 2) with ZeRO-2 over the
 // slices (each data-parallel group splits its slice's gradients and moments), which checkpoint
-// again (the moments summed from the data-parallel ranks' parts).
+// again (the moments summed from the data-parallel ranks' parts); resumed once more with shard:
+// parameters (each data-parallel group splits the units of its slices) for a third step.
 TEST(DataParallelTest, TensorParallelJobPublishesCheckpointsAndResumesOntoTwoByTwo) {
   const std::string dir = SplitJobCheckpointsAndResumes(
       "dp-tp", "trainer.tensor_parallel=2", "tensor-parallel rank 1 of 2", 4,
@@ -182,6 +183,19 @@ TEST(DataParallelTest, TensorParallelJobPublishesCheckpointsAndResumesOntoTwoByT
                       "trainer.shard: gradients)"),
             std::string::npos);
   EXPECT_TRUE(PathExists(dir + "/t/checkpoints/step-000002/trainer/optimizer.safetensors"));
+  auto c = GyreProcess::Start(
+      With(Job(dir, 4), {"--resume", "--set", "trainer.shard=parameters", "--set",
+                         "trainer.tensor_parallel=2", "--set", "trainer.steps=3", "--set",
+                         "trainer.checkpoint_every=1"}),
+      MakeTempDir("dp-tp-zero3"));
+  ASSERT_TRUE(c.Wait(240)) << c.Output();
+  ASSERT_EQ(WEXITSTATUS(c.wait_status), 0) << c.Output();
+  EXPECT_EQ(GrpoMetrics(dir + "/t/metrics.jsonl").size(), 3u);
+  EXPECT_NE(ReadFile(dir + "/t/logs/trainer-3.log")
+                .find("(trainer 3 of 4, tensor-parallel rank 1 of 2; gloo, trainer.shard: "
+                      "parameters)"),
+            std::string::npos);
+  EXPECT_TRUE(PathExists(dir + "/t/checkpoints/step-000003/trainer/model.safetensors"));
 }
 
 // rollout.tensor_parallel=2: the rollout worker is two processes, each holding half of every

@@ -741,8 +741,8 @@ TEST(ConfigCrossField, FullyShardedParametersPublishOverHostTransportsOnly) {
   EXPECT_NE(e.find("use grpc or gloo, or trainer.shard: gradients"), std::string::npos) << e;
 }
 
-// trainer.tensor_parallel: the workers are data-parallel ranks of T; shard none, optimizer or
-// gradients; host transports.
+// trainer.tensor_parallel: the workers are data-parallel ranks of T, which any shard splits over;
+// host transports.
 TEST(ConfigCrossField, TensorParallelLayoutsAreCheckedWithTheRule) {
   auto ok = Parse("trainer:\n  workers: 4\n  tensor_parallel: 2\n");
   EXPECT_TRUE(ok.ok()) << ok.status();
@@ -750,14 +750,11 @@ TEST(ConfigCrossField, TensorParallelLayoutsAreCheckedWithTheRule) {
   EXPECT_NE(e.find("trainer.workers (3) must be a multiple of trainer.tensor_parallel (2)"),
             std::string::npos)
       << e;
-  for (const char* shard : {"optimizer", "gradients"}) {
+  for (const char* shard : {"optimizer", "gradients", "parameters"}) {
     auto zero = Parse(std::string("trainer:\n  workers: 4\n  tensor_parallel: 2\n  shard: ") +
                       shard + "\n");
     EXPECT_TRUE(zero.ok()) << shard << ": " << zero.status();
   }
-  e = ParseError("trainer:\n  workers: 4\n  tensor_parallel: 2\n  shard: parameters\n");
-  EXPECT_NE(e.find("trainer.shard 'parameters' is not supported with it yet"), std::string::npos)
-      << e;
   e = ParseError(
       "model:\n  device: cuda\ntrainer:\n  workers: 2\n  tensor_parallel: 2\n"
       "cluster:\n  weight_transport: nccl\n  placement: disaggregated\n");

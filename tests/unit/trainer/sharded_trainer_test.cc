@@ -390,6 +390,40 @@ TEST(TensorParallelTest, ShardedOptimizerOverTensorParallelSlicesMatchesOneProce
   (void)RemoveTree(root);
 }
 
+// ZeRO-3 over tensor-parallel slices (trainer.shard: parameters with tensor_parallel: each
+// data-parallel group splits every unit of its slices and gathers each one only while it
+// computes, and the tensor-parallel ranks compute every layer together) trains as one process
+// does: TP 2 on 2 data-parallel ranks with the Qwen3 shape, the KL term and activation
+// checkpointing, and on one data-parallel rank. Its checkpoint resumes bit for bit on the same
+// layout and within float tolerance on one process, and a one-process checkpoint resumes onto it.
+TEST(TensorParallelTest, ShardedParametersOfTensorParallelSlicesMatchOneProcess) {
+  const std::string root = TempDirectory() + "/gyre_tp_zero3_" + std::to_string(::getpid());
+  ASSERT_TRUE(MakeDirs(root).ok());
+  const std::vector<std::string> flags = {"model=qwen3", "kl",      "checkpointing",
+                                          "micro=3",     "minis=2", "clip=0.05"};
+  const Result plain = RunRanks("none", 1, flags);
+  ASSERT_TRUE(plain.ok);
+  ExpectSameTraining(RunRanks("parameters", 2, With(flags, {"tp=2"})), plain, kTensorParallel,
+                     "parameters, DP 1 x TP 2");
+  const Result straight = RunRanks("parameters", 4, With(flags, {"tp=2"}));
+  ExpectSameTraining(straight, plain, kTensorParallel, "parameters, DP 2 x TP 2");
+  const std::string saved = root + "/zero3_tp2", whole = root + "/whole";
+  ASSERT_TRUE(RunRanks("parameters", 4, With(flags, {"tp=2", "steps=1", "save=" + saved})).ok);
+  const Result same = RunRanks("parameters", 4, With(flags, {"tp=2", "load=" + saved, "start=1"}));
+  ASSERT_TRUE(same.ok && straight.ok);
+  EXPECT_TRUE(at::equal(same.weights, straight.weights)) << "same layout: not bit for bit";
+  const Result one = RunRanks("none", 1, With(flags, {"load=" + saved, "start=1"}));
+  ASSERT_TRUE(one.ok);
+  EXPECT_TRUE(testing::AllClose(one.weights, plain.weights, kTensorParallel))
+      << "DP 2 x TP 2 x parameters -> one process";
+  ASSERT_TRUE(RunRanks("none", 1, With(flags, {"steps=1", "save=" + whole})).ok);
+  const Result onto = RunRanks("parameters", 4, With(flags, {"tp=2", "load=" + whole, "start=1"}));
+  ASSERT_TRUE(onto.ok);
+  EXPECT_TRUE(testing::AllClose(onto.weights, plain.weights, kTensorParallel))
+      << "one process -> DP 2 x TP 2 x parameters";
+  (void)RemoveTree(root);
+}
+
 // Checkpoints of tensor-parallel trainers: written from the slices (gathered unit by unit, rank 0
 // writes the layout-free format), resumed bit for bit on the same layout, and onto one process,
 // DP 2 x TP 2 and parameter sharding within float tolerance; a one-process checkpoint resumes onto
