@@ -355,50 +355,55 @@ TEST(TensorParallelTest, TwoDataParallelTimesTwoTensorParallelMatchesOneProcess)
   }
 }
 
+// A checkpoint of DP 2 x TP 2 trainers sharded as `shard` (after the first of the two steps)
+// resumes bit for bit on the same layout (`straight`: that layout's two steps) and onto one
+// process within float tolerance (`plain`: one process's two steps), and a one-process checkpoint
+// resumes onto DP 2 x TP 2 sharded as `onto`.
+void ExpectTwoByTwoCheckpointsMove(const std::string& shard, const std::string& onto,
+                                   const std::vector<std::string>& flags, const Result& straight,
+                                   const Result& plain) {
+  const std::string root =
+      TempDirectory() + "/gyre_tp_" + shard + "_ckpt_" + std::to_string(::getpid());
+  ASSERT_TRUE(MakeDirs(root).ok());
+  ASSERT_TRUE(straight.ok && plain.ok);
+  const std::string saved = root + "/dp2_tp2", whole = root + "/whole";
+  ASSERT_TRUE(RunRanks(shard, 4, With(flags, {"tp=2", "steps=1", "save=" + saved})).ok);
+  const Result same = RunRanks(shard, 4, With(flags, {"tp=2", "load=" + saved, "start=1"}));
+  ASSERT_TRUE(same.ok);
+  EXPECT_TRUE(at::equal(same.weights, straight.weights)) << shard << ": not bit for bit";
+  const Result one = RunRanks("none", 1, With(flags, {"load=" + saved, "start=1"}));
+  ASSERT_TRUE(one.ok);
+  EXPECT_TRUE(testing::AllClose(one.weights, plain.weights, kTensorParallel))
+      << "DP 2 x TP 2 x " << shard << " -> one process";
+  ASSERT_TRUE(RunRanks("none", 1, With(flags, {"steps=1", "save=" + whole})).ok);
+  const Result resumed = RunRanks(onto, 4, With(flags, {"tp=2", "load=" + whole, "start=1"}));
+  ASSERT_TRUE(resumed.ok);
+  EXPECT_TRUE(testing::AllClose(resumed.weights, plain.weights, kTensorParallel))
+      << "one process -> DP 2 x TP 2 x " << onto;
+  (void)RemoveTree(root);
+}
+
 // ZeRO-1 and ZeRO-2 over tensor-parallel slices (DP 2 x TP 2, trainer.shard optimizer or
 // gradients: each data-parallel group splits its slice's optimizer state, and the gradient norm
-// counts every slice once) train as one process does; their checkpoint resumes bit for bit on the
-// same layout and within float tolerance on one process, and a one-process checkpoint resumes
-// onto the layout.
+// counts every slice once) train as one process does, and their checkpoints move.
 TEST(TensorParallelTest, ShardedOptimizerOverTensorParallelSlicesMatchesOneProcess) {
-  const std::string root = TempDirectory() + "/gyre_tp_zero_" + std::to_string(::getpid());
-  ASSERT_TRUE(MakeDirs(root).ok());
   // clip=0.05 clips every step, so a wrong gradient norm shows in the weights.
   const std::vector<std::string> flags = {"model=qwen3", "minis=2", "clip=0.05"};
   const Result plain = RunRanks("none", 1, flags);
   ASSERT_TRUE(plain.ok);
-  for (const std::string shard : {"optimizer", "gradients"}) {
-    ExpectSameTraining(RunRanks(shard, 4, With(flags, {"tp=2"})), plain, kTensorParallel,
-                       "DP 2 x TP 2, shard " + shard);
-  }
+  ExpectSameTraining(RunRanks("optimizer", 4, With(flags, {"tp=2"})), plain, kTensorParallel,
+                     "DP 2 x TP 2, shard optimizer");
   const Result straight = RunRanks("gradients", 4, With(flags, {"tp=2"}));
-  ASSERT_TRUE(straight.ok);
-  const std::string saved = root + "/zero2_tp2", whole = root + "/whole";
-  ASSERT_TRUE(RunRanks("gradients", 4, With(flags, {"tp=2", "steps=1", "save=" + saved})).ok);
-  const Result same = RunRanks("gradients", 4, With(flags, {"tp=2", "load=" + saved, "start=1"}));
-  ASSERT_TRUE(same.ok);
-  EXPECT_TRUE(at::equal(same.weights, straight.weights)) << "same layout: not bit for bit";
-  const Result one = RunRanks("none", 1, With(flags, {"load=" + saved, "start=1"}));
-  ASSERT_TRUE(one.ok);
-  EXPECT_TRUE(testing::AllClose(one.weights, plain.weights, kTensorParallel))
-      << "DP 2 x TP 2 x gradients -> one process";
-  ASSERT_TRUE(RunRanks("none", 1, With(flags, {"steps=1", "save=" + whole})).ok);
-  const Result onto = RunRanks("optimizer", 4, With(flags, {"tp=2", "load=" + whole, "start=1"}));
-  ASSERT_TRUE(onto.ok);
-  EXPECT_TRUE(testing::AllClose(onto.weights, plain.weights, kTensorParallel))
-      << "one process -> DP 2 x TP 2 x optimizer";
-  (void)RemoveTree(root);
+  ExpectSameTraining(straight, plain, kTensorParallel, "DP 2 x TP 2, shard gradients");
+  ExpectTwoByTwoCheckpointsMove("gradients", "optimizer", flags, straight, plain);
 }
 
 // ZeRO-3 over tensor-parallel slices (trainer.shard: parameters with tensor_parallel: each
 // data-parallel group splits every unit of its slices and gathers each one only while it
 // computes, and the tensor-parallel ranks compute every layer together) trains as one process
 // does: TP 2 on 2 data-parallel ranks with the Qwen3 shape, the KL term and activation
-// checkpointing, and on one data-parallel rank. Its checkpoint resumes bit for bit on the same
-// layout and within float tolerance on one process, and a one-process checkpoint resumes onto it.
+// checkpointing, and on one data-parallel rank; its checkpoints move.
 TEST(TensorParallelTest, ShardedParametersOfTensorParallelSlicesMatchOneProcess) {
-  const std::string root = TempDirectory() + "/gyre_tp_zero3_" + std::to_string(::getpid());
-  ASSERT_TRUE(MakeDirs(root).ok());
   const std::vector<std::string> flags = {"model=qwen3", "kl",      "checkpointing",
                                           "micro=3",     "minis=2", "clip=0.05"};
   const Result plain = RunRanks("none", 1, flags);
@@ -407,21 +412,7 @@ TEST(TensorParallelTest, ShardedParametersOfTensorParallelSlicesMatchOneProcess)
                      "parameters, DP 1 x TP 2");
   const Result straight = RunRanks("parameters", 4, With(flags, {"tp=2"}));
   ExpectSameTraining(straight, plain, kTensorParallel, "parameters, DP 2 x TP 2");
-  const std::string saved = root + "/zero3_tp2", whole = root + "/whole";
-  ASSERT_TRUE(RunRanks("parameters", 4, With(flags, {"tp=2", "steps=1", "save=" + saved})).ok);
-  const Result same = RunRanks("parameters", 4, With(flags, {"tp=2", "load=" + saved, "start=1"}));
-  ASSERT_TRUE(same.ok && straight.ok);
-  EXPECT_TRUE(at::equal(same.weights, straight.weights)) << "same layout: not bit for bit";
-  const Result one = RunRanks("none", 1, With(flags, {"load=" + saved, "start=1"}));
-  ASSERT_TRUE(one.ok);
-  EXPECT_TRUE(testing::AllClose(one.weights, plain.weights, kTensorParallel))
-      << "DP 2 x TP 2 x parameters -> one process";
-  ASSERT_TRUE(RunRanks("none", 1, With(flags, {"steps=1", "save=" + whole})).ok);
-  const Result onto = RunRanks("parameters", 4, With(flags, {"tp=2", "load=" + whole, "start=1"}));
-  ASSERT_TRUE(onto.ok);
-  EXPECT_TRUE(testing::AllClose(onto.weights, plain.weights, kTensorParallel))
-      << "one process -> DP 2 x TP 2 x parameters";
-  (void)RemoveTree(root);
+  ExpectTwoByTwoCheckpointsMove("parameters", "parameters", flags, straight, plain);
 }
 
 // Checkpoints of tensor-parallel trainers: written from the slices (gathered unit by unit, rank 0
