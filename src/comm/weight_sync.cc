@@ -217,9 +217,12 @@ StatusOr<SendResult> SendWeights(v1::Rollout::StubInterface* stub, const WeightP
   return result;
 }
 
-Status ReceiveWeightStream(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
-                           WeightPayload* payload, v1::WeightReceipt* receipt,
-                           uint64_t max_total_bytes) {
+Status ReceiveWeightBuckets(
+    grpc::ServerReaderInterface<v1::WeightChunk>* reader, v1::WeightReceipt* receipt,
+    uint64_t max_total_bytes,
+    const std::function<Status(int64_t version, const std::vector<model::TensorEntry>& manifest,
+                               uint64_t total_bytes)>& start,
+    const std::function<Status(uint64_t offset, const uint8_t* data, size_t size)>& bucket) {
   const auto t0 = std::chrono::steady_clock::now();
   v1::WeightChunk chunk;
   if (!reader->Read(&chunk)) return InvalidArgument("weight transfer carried no chunks");
@@ -227,7 +230,7 @@ Status ReceiveWeightStream(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
   const uint64_t total = chunk.total_bytes();
   const uint32_t num_buckets = chunk.num_buckets();
   if (num_buckets == 0) return InvalidArgument("first weight chunk has num_buckets = 0");
-  // The buffer is sized from the sender's word: never beyond what this receiver can take, and
+  // The receiver sizes its buffers from the sender's word: never beyond what it can take, and
   // never with more buckets than bytes (each bucket but an empty payload's carries some).
   if (total > max_total_bytes) {
     return InvalidArgument("weight transfer of version " + std::to_string(version) + " declares " +
@@ -239,12 +242,9 @@ Status ReceiveWeightStream(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
                            std::to_string(num_buckets) + " buckets for " + std::to_string(total) +
                            " bytes");
   }
-  std::vector<model::TensorEntry> manifest = ManifestFromProto(chunk.manifest());
-  std::vector<uint8_t>& buffer = payload->bytes;
-  buffer.resize(total);
   std::vector<uint32_t> crcs;
   uint64_t received = 0;
-  Status error;
+  Status error = start(version, ManifestFromProto(chunk.manifest()), total);
   do {
     if (!error.ok()) continue;  // drain the stream so the sender sees our status
     if (chunk.version() != version) {
@@ -277,13 +277,14 @@ Status ReceiveWeightStream(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
       error = InvalidArgument("bucket " + std::to_string(chunk.bucket_index()) + " is empty");
       continue;
     }
-    const uint32_t crc = model::Crc32(reinterpret_cast<const uint8_t*>(data.data()), data.size());
+    const auto* bytes = reinterpret_cast<const uint8_t*>(data.data());
+    const uint32_t crc = model::Crc32(bytes, data.size());
     if (crc != chunk.crc32()) {
       error = DataLoss("bucket " + std::to_string(chunk.bucket_index()) + " of version " +
                        std::to_string(version) + " failed its CRC-32 check");
       continue;
     }
-    std::copy(data.begin(), data.end(), buffer.begin() + static_cast<int64_t>(chunk.offset()));
+    error = bucket(chunk.offset(), bytes, data.size());
     received += data.size();
     crcs.push_back(crc);
   } while (reader->Read(&chunk));
@@ -293,13 +294,34 @@ Status ReceiveWeightStream(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
                     std::to_string(crcs.size()) + " of " + std::to_string(num_buckets) +
                     " buckets");
   }
-  payload->version = version;
-  payload->manifest = std::move(manifest);
   receipt->set_version(version);
   for (uint32_t c : crcs) receipt->add_bucket_crc32(c);
   receipt->set_bytes(total);
   receipt->set_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return Status::Ok();
+}
+
+Status ReceiveWeightStream(grpc::ServerReaderInterface<v1::WeightChunk>* reader,
+                           WeightPayload* payload, v1::WeightReceipt* receipt,
+                           uint64_t max_total_bytes) {
+  std::vector<uint8_t>& buffer = payload->bytes;
+  int64_t version = 0;
+  std::vector<model::TensorEntry> manifest;
+  GYRE_RETURN_IF_ERROR(ReceiveWeightBuckets(
+      reader, receipt, max_total_bytes,
+      [&](int64_t v, const std::vector<model::TensorEntry>& m, uint64_t total) {
+        version = v;
+        manifest = m;
+        buffer.resize(total);
+        return Status::Ok();
+      },
+      [&](uint64_t offset, const uint8_t* data, size_t size) {
+        std::copy(data, data + size, buffer.begin() + static_cast<int64_t>(offset));
+        return Status::Ok();
+      }));
+  payload->version = version;
+  payload->manifest = std::move(manifest);
   return Status::Ok();
 }
 

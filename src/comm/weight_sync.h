@@ -120,6 +120,18 @@ void SendToEach(const WeightPayload& payload,
                 double timeout_s, v1::PublishWeightsResponse* resp,
                 const std::vector<rpc::Cancellation*>* cancels = nullptr);
 
+// Reads a transfer from `reader` bucket by bucket, with ReceiveWeightStream's checks, without
+// keeping it: `start` gets the version, the manifest and the payload's size once the first chunk
+// arrived (an error from it refuses the transfer), `bucket` each bucket's bytes, in payload order,
+// once its checks passed (an error from it ends the transfer). The stream is read to its end
+// either way, so that the sender sees the outcome. Fills `receipt` on success.
+Status ReceiveWeightBuckets(
+    grpc::ServerReaderInterface<v1::WeightChunk>* reader, v1::WeightReceipt* receipt,
+    uint64_t max_total_bytes,
+    const std::function<Status(int64_t version, const std::vector<model::TensorEntry>& manifest,
+                               uint64_t total_bytes)>& start,
+    const std::function<Status(uint64_t offset, const uint8_t* data, size_t size)>& bucket);
+
 // Reads a full transfer from `reader` into `payload` (its byte vector is reused) and verifies
 // every bucket's CRC-32 and that the buckets cover the payload contiguously, in order; fills
 // `receipt` on success. A transfer declaring more than `max_total_bytes` is refused before

@@ -614,12 +614,21 @@ grpc::Status RolloutService::LoadWeights(grpc::ServerContext* ctx,
     // unfinished samples (rollout.weight_update_kv). The version is known once the transfer ends.
     Status s = engine_->UpdateWeights(version_.load(), [&] {
       if (model::TensorParallelGroup* tp = model_->tensor_parallel()) {
-        // The version arrives whole; every rank of the worker takes its slices.
-        comm::WeightPayload payload;
+        // Each tensor goes to every rank of the worker as soon as the stream completed it, into
+        // their staging; all ranks load it once the whole version passed its checks (no rank
+        // holds the whole version).
+        const model::NamedTensors slices = model_->NamedParameters();
+        SliceSender sender(slices, tp);
         const auto cap = static_cast<uint64_t>(model::EstimateParameterCount(model_->spec()) * 4);
-        const Status got = comm::ReceiveWeightStream(reader, &payload, receipt, cap + (1 << 20));
-        return SendSlices(got, payload.manifest, payload.bytes.data(), payload.bytes.size(),
-                          model_->NamedParameters(), tp);
+        const Status got = comm::ReceiveWeightBuckets(
+            reader, receipt, cap + (1 << 20),
+            [&](int64_t, const std::vector<model::TensorEntry>& manifest, uint64_t total) {
+              return sender.Begin(manifest, total);
+            },
+            [&](uint64_t offset, const uint8_t* data, size_t size) {
+              return sender.Add(offset, data, size);
+            });
+        return sender.Finish(got);
       }
       return comm::ReceiveWeights(reader, model_->NamedParameters(), receipt);
     });

@@ -3,15 +3,24 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
+#include <cstring>
 #include <map>
+#include <stdexcept>
 #include <string>
 
 namespace gyre::rollout {
 namespace {
 
-// Per tensor, what the other ranks need to receive it: dtype code, rank, the two extents (1 for
-// a vector's second), bytes.
-constexpr int64_t kDescriptor = 5;
+// Per tensor, in the order rank 0 sends them, what the other ranks need to receive it: dtype
+// code, rank, the two extents (1 for a vector's second), bytes, and which of the slices it is.
+constexpr int64_t kDescriptor = 6;
+
+// Rank 0's word before each tensor and after the last one.
+constexpr int64_t kRefused = -1;     // instead of the count: nothing comes
+constexpr int64_t kTensor = 1;       // a tensor follows
+constexpr int64_t kComplete = 2;     // every tensor was sent and the transfer passed its checks
+constexpr int64_t kIncomplete = -2;  // the transfer failed: nothing is loaded
 
 int64_t DtypeCode(at::ScalarType t) { return t == at::kFloat ? 0 : t == at::kBFloat16 ? 1 : 2; }
 at::ScalarType CodeDtype(int64_t c) {
@@ -42,91 +51,176 @@ void CopySlice(const std::string& name, const at::Tensor& whole, int rank, int s
 
 at::Tensor Count(int64_t n) { return at::full({1}, n, at::TensorOptions().dtype(at::kLong)); }
 
+int64_t BroadcastCount(model::TensorParallelGroup* group, int64_t n) {
+  at::Tensor t = Count(n);
+  group->Broadcast(t, 0);
+  return t.data_ptr<int64_t>()[0];
+}
+
+// Every rank says whether it holds the whole version in its staging; when all do, each loads it
+// into its parameters. The ranks that did not, or "" when all did.
+std::string AgreeAndLoad(bool complete, const std::vector<at::Tensor>& staging,
+                         const model::NamedTensors& slices, model::TensorParallelGroup* group) {
+  at::Tensor missing = at::zeros({group->size()}, at::TensorOptions().dtype(at::kDouble));
+  if (!complete) missing.data_ptr<double>()[group->rank()] = 1.0;
+  group->AllReduceSum(missing);
+  std::string ranks;
+  for (int r = 0; r < group->size(); ++r) {
+    if (missing.data_ptr<double>()[r] > 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!ranks.empty()) return ranks;
+  c10::InferenceMode guard;
+  for (size_t i = 0; i < slices.size(); ++i) slices[i].second.detach().copy_(staging[i]);
+  return "";
+}
+
+std::vector<at::Tensor> Staging(const model::NamedTensors& slices) {
+  std::vector<at::Tensor> out;
+  c10::InferenceMode guard;
+  for (const auto& [name, t] : slices) out.push_back(at::empty_like(t.detach()));
+  return out;
+}
+
 }  // namespace
 
-Status SendSlices(const Status& have, const std::vector<model::TensorEntry>& manifest,
-                  const uint8_t* payload, uint64_t payload_bytes, const model::NamedTensors& slices,
-                  model::TensorParallelGroup* group) {
-  const int rank = group->rank(), size = group->size();
-  const int64_t n = static_cast<int64_t>(slices.size());
-  std::vector<const model::TensorEntry*> entries;
-  std::vector<at::ScalarType> dtypes;
-  Status valid = have;
-  if (valid.ok() && manifest.size() != slices.size()) {
-    valid = InvalidArgument("the version has " + std::to_string(manifest.size()) +
-                            " tensors, the model " + std::to_string(slices.size()));
+SliceSender::SliceSender(const model::NamedTensors& slices, model::TensorParallelGroup* group)
+    : slices_(slices), group_(group) {}
+
+Status SliceSender::Begin(const std::vector<model::TensorEntry>& manifest, uint64_t payload_bytes) {
+  const int rank = group_->rank(), size = group_->size();
+  if (manifest.size() != slices_.size()) {
+    return InvalidArgument("the version has " + std::to_string(manifest.size()) +
+                           " tensors, the model " + std::to_string(slices_.size()));
   }
-  if (valid.ok()) {
-    std::map<std::string, const model::TensorEntry*> by_name;
-    for (const auto& e : manifest) by_name[e.name] = &e;
-    for (const auto& [name, param] : slices) {
-      auto it = by_name.find(name);
-      if (it == by_name.end()) {
-        valid = InvalidArgument("the version has no tensor " + name);
-        break;
-      }
-      const model::TensorEntry& e = *it->second;
-      auto dtype = model::ParseWeightDtype(e.dtype);
-      if (!dtype.ok()) {
-        valid = dtype.status().WithContext(name);
-        break;
-      }
-      int64_t numel = 1;
-      for (int64_t d : e.shape) numel *= d;
-      const uint64_t want = static_cast<uint64_t>(numel) * at::elementSize(*dtype);
-      if (e.shape.empty() || e.shape.size() > 2 || e.nbytes != want || e.offset > payload_bytes ||
-          e.nbytes > payload_bytes - e.offset) {
-        valid = InvalidArgument(name + ": shape " + ShapeText(e.shape) + " with " +
-                                std::to_string(e.nbytes) + " bytes at offset " +
-                                std::to_string(e.offset) + " does not fit a payload of " +
-                                std::to_string(payload_bytes) + " bytes");
-        break;
-      }
-      const std::vector<int64_t> mine = SliceShape(name, e.shape, rank, size);
-      if (mine != param.sizes().vec()) {
-        valid = InvalidArgument(name + ": the version's " + ShapeText(e.shape) + " slices to " +
-                                ShapeText(mine) + " on rank 0, which holds " +
-                                ShapeText(param.sizes().vec()));
-        break;
-      }
-      entries.push_back(&e);
-      dtypes.push_back(*dtype);
+  manifest_ = manifest;
+  std::map<std::string, size_t> by_name;
+  for (size_t i = 0; i < manifest_.size(); ++i) by_name[manifest_[i].name] = i;
+  std::vector<Pending> order;
+  for (size_t k = 0; k < slices_.size(); ++k) {
+    const auto& [name, param] = slices_[k];
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return InvalidArgument("the version has no tensor " + name);
+    const model::TensorEntry& e = manifest_[it->second];
+    auto dtype = model::ParseWeightDtype(e.dtype);
+    if (!dtype.ok()) return dtype.status().WithContext(name);
+    int64_t numel = 1;
+    for (int64_t d : e.shape) numel *= d;
+    const uint64_t want = static_cast<uint64_t>(numel) * at::elementSize(*dtype);
+    if (e.shape.empty() || e.shape.size() > 2 || e.nbytes != want || e.offset > payload_bytes ||
+        e.nbytes > payload_bytes - e.offset) {
+      return InvalidArgument(name + ": shape " + ShapeText(e.shape) + " with " +
+                             std::to_string(e.nbytes) + " bytes at offset " +
+                             std::to_string(e.offset) + " does not fit a payload of " +
+                             std::to_string(payload_bytes) + " bytes");
+    }
+    const std::vector<int64_t> mine = SliceShape(name, e.shape, rank, size);
+    if (mine != param.sizes().vec()) {
+      return InvalidArgument(name + ": the version's " + ShapeText(e.shape) + " slices to " +
+                             ShapeText(mine) + " on rank 0, which holds " +
+                             ShapeText(param.sizes().vec()));
+    }
+    order.push_back({k, &e, *dtype});
+  }
+  // Sent as the stream brings them: by offset, each tensor's bytes apart from the others'.
+  std::sort(order.begin(), order.end(),
+            [](const Pending& a, const Pending& b) { return a.entry->offset < b.entry->offset; });
+  for (size_t i = 1; i < order.size(); ++i) {
+    const model::TensorEntry& prev = *order[i - 1].entry;
+    if (prev.offset + prev.nbytes > order[i].entry->offset) {
+      return InvalidArgument(prev.name + " and " + order[i].entry->name +
+                             " overlap in the version's payload");
     }
   }
-  if (!valid.ok()) {
-    at::Tensor refuse = Count(-1);
-    group->Broadcast(refuse, 0);
-    return valid;
-  }
-  at::Tensor count = Count(n);
-  group->Broadcast(count, 0);
+  order_ = std::move(order);
+  const int64_t n = static_cast<int64_t>(order_.size());
+  BroadcastCount(group_, n);
   at::Tensor descriptors = at::zeros({n, kDescriptor}, at::TensorOptions().dtype(at::kLong));
   int64_t* d = descriptors.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i, d += kDescriptor) {
-    const model::TensorEntry& e = *entries[i];
-    d[0] = DtypeCode(dtypes[i]);
+  for (const Pending& p : order_) {
+    const model::TensorEntry& e = *p.entry;
+    d[0] = DtypeCode(p.dtype);
     d[1] = static_cast<int64_t>(e.shape.size());
     d[2] = e.shape[0];
     d[3] = e.shape.size() > 1 ? e.shape[1] : 1;
     d[4] = static_cast<int64_t>(e.nbytes);
+    d[5] = static_cast<int64_t>(p.slice);
+    d += kDescriptor;
   }
-  group->Broadcast(descriptors, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    const model::TensorEntry& e = *entries[i];
-    // The root only reads its buffer.
-    at::Tensor whole = at::from_blob(const_cast<uint8_t*>(payload + e.offset), e.shape,
-                                     at::TensorOptions().dtype(dtypes[i]));
-    group->Broadcast(whole, 0);
-    CopySlice(slices[i].first, whole, rank, size, slices[i].second);
+  group_->Broadcast(descriptors, 0);
+  staging_ = Staging(slices_);
+  begun_ = true;
+  return Status::Ok();
+}
+
+void SliceSender::SendCurrent() {
+  const Pending& p = order_[next_];
+  if (!current_.defined()) current_ = at::empty(p.entry->shape, at::TensorOptions().dtype(p.dtype));
+  BroadcastCount(group_, kTensor);
+  group_->Broadcast(current_, 0);
+  const std::string& name = slices_[p.slice].first;
+  CopySlice(name, current_, group_->rank(), group_->size(), staging_[p.slice]);
+  current_ = at::Tensor();
+  filled_ = 0;
+  ++next_;
+}
+
+Status SliceSender::Add(uint64_t offset, const uint8_t* data, size_t size) {
+  if (!begun_) return FailedPrecondition("SliceSender::Add before Begin");
+  const uint64_t end = offset + size;
+  while (next_ < order_.size()) {
+    const model::TensorEntry& e = *order_[next_].entry;
+    const uint64_t lo = std::max(offset, e.offset + filled_);
+    const uint64_t hi = std::min(end, e.offset + e.nbytes);
+    if (e.nbytes > 0 && lo >= hi) break;  // its next bytes are in a later part
+    if (hi > lo) {
+      if (!current_.defined()) {
+        current_ = at::empty(e.shape, at::TensorOptions().dtype(order_[next_].dtype));
+      }
+      std::memcpy(static_cast<uint8_t*>(current_.data_ptr()) + (lo - e.offset),
+                  data + (lo - offset), hi - lo);
+      filled_ += hi - lo;
+    }
+    if (filled_ < e.nbytes) break;
+    SendCurrent();
   }
   return Status::Ok();
 }
 
+Status SliceSender::Finish(const Status& transfer) {
+  if (!begun_) {
+    BroadcastCount(group_, kRefused);
+    return transfer.ok() ? FailedPrecondition("the version's manifest never arrived") : transfer;
+  }
+  const bool complete = transfer.ok() && next_ == order_.size();
+  BroadcastCount(group_, complete ? kComplete : kIncomplete);
+  const std::string missing = AgreeAndLoad(complete, staging_, slices_, group_);
+  staging_.clear();
+  if (missing.empty()) return Status::Ok();
+  if (!transfer.ok()) return transfer;
+  if (!complete) {
+    return DataLoss("the transfer ended after " + std::to_string(next_) + " of " +
+                    std::to_string(order_.size()) + " tensors; nothing was loaded");
+  }
+  return Unavailable("tensor-parallel rank(s) " + missing +
+                     " did not receive the whole version; nothing was loaded");
+}
+
+Status SendSlices(const Status& have, const std::vector<model::TensorEntry>& manifest,
+                  const uint8_t* payload, uint64_t payload_bytes, const model::NamedTensors& slices,
+                  model::TensorParallelGroup* group) {
+  SliceSender sender(slices, group);
+  if (!have.ok()) return sender.Finish(have);
+  const Status begun = sender.Begin(manifest, payload_bytes);
+  if (!begun.ok()) {
+    (void)sender.Finish(begun);
+    return begun;
+  }
+  return sender.Finish(sender.Add(0, payload, payload_bytes));
+}
+
 Status ReceiveSlices(const model::NamedTensors& slices, model::TensorParallelGroup* group) {
   const int rank = group->rank(), size = group->size();
-  at::Tensor count = Count(0);
-  group->Broadcast(count, 0);
-  const int64_t n = count.data_ptr<int64_t>()[0];
+  const int64_t n = BroadcastCount(group, 0);
   if (n < 0) {
     return FailedPrecondition("rank 0 refused the version (its error says why); nothing loaded");
   }
@@ -137,15 +231,28 @@ Status ReceiveSlices(const model::NamedTensors& slices, model::TensorParallelGro
     result = Internal("rank 0 sends " + std::to_string(n) + " tensors, rank " +
                       std::to_string(rank) + " holds " + std::to_string(slices.size()));
   }
+  std::vector<at::Tensor> staging = Staging(slices);
+  std::vector<bool> seen(slices.size(), false);
+  int64_t received = 0, word = 0;
   // Every tensor is received, so that the ranks stay in step, even after a mismatch.
-  const int64_t* d = descriptors.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i, d += kDescriptor) {
+  while ((word = BroadcastCount(group, 0)) == kTensor) {
+    if (received >= n) {
+      throw std::runtime_error("rank 0 sent more tensors than it announced");
+    }
+    const int64_t* d = descriptors.data_ptr<int64_t>() + received * kDescriptor;
+    ++received;
     std::vector<int64_t> shape = {d[2]};
     if (d[1] > 1) shape.push_back(d[3]);
     at::Tensor whole = at::empty(shape, at::TensorOptions().dtype(CodeDtype(d[0])));
     group->Broadcast(whole, 0);
     if (!result.ok()) continue;
-    const auto& [name, param] = slices[static_cast<size_t>(i)];
+    const int64_t k = d[5];
+    if (k < 0 || k >= static_cast<int64_t>(slices.size()) || seen[static_cast<size_t>(k)]) {
+      result = Internal("rank 0 sent tensor " + std::to_string(k) + " twice or out of range");
+      continue;
+    }
+    seen[static_cast<size_t>(k)] = true;
+    const auto& [name, param] = slices[static_cast<size_t>(k)];
     const std::vector<int64_t> mine = SliceShape(name, shape, rank, size);
     if (mine != param.sizes().vec()) {
       result = Internal(name + ": rank 0's " + ShapeText(shape) + " slices to " + ShapeText(mine) +
@@ -153,9 +260,19 @@ Status ReceiveSlices(const model::NamedTensors& slices, model::TensorParallelGro
                         ShapeText(param.sizes().vec()));
       continue;
     }
-    CopySlice(name, whole, rank, size, param);
+    CopySlice(name, whole, rank, size, staging[static_cast<size_t>(k)]);
   }
-  return result;
+  const bool complete = word == kComplete && result.ok() && received == n;
+  const std::string missing = AgreeAndLoad(complete, staging, slices, group);
+  if (missing.empty()) return Status::Ok();
+  if (!result.ok()) return result;
+  if (word != kComplete) {
+    return Unavailable(
+        "rank 0's transfer of the version failed (its error says why); nothing "
+        "loaded");
+  }
+  return Unavailable("tensor-parallel rank(s) " + missing +
+                     " did not receive the whole version; nothing loaded");
 }
 
 }  // namespace gyre::rollout

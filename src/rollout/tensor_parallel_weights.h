@@ -1,15 +1,18 @@
 #pragma once
 // Weight updates of a tensor-parallel rollout worker (rollout.tensor_parallel; docs/rollout.md,
-// "Tensor parallelism"): rank 0 receives a policy version whole, as any rollout worker does
-// (grpc or gloo), and hands every rank its slices over the worker's group, one tensor at a time:
-// it broadcasts each whole tensor and every rank copies its slice (model/tensor_parallel.h) into
-// its parameters. Besides the version rank 0 received, a rank holds at most one whole tensor
-// (its receive buffer) at a time.
+// "Tensor parallelism"). Rank 0 receives a policy version (grpc or gloo) and hands every rank its
+// slices over the worker's group, one whole tensor at a time, as the tensors complete: over grpc
+// straight from the stream's buckets (SliceSender::Add as each bucket passes its checks), so that
+// rank 0 never holds the whole version. Every rank copies its slice of each tensor into a staging
+// copy of its parameters (model/tensor_parallel.h); once the transfer ended and every rank has
+// every tensor, all ranks copy the staging into their parameters. A transfer that fails on the
+// way, a bad manifest or a rank that misses a tensor changes no rank's parameters. Besides its
+// parameters, a rank holds its staging (its share of the model), one whole tensor and, on rank 0,
+// one bucket of the stream.
 //
-// The two functions run together, rank 0's SendSlices against every other rank's
-// ReceiveSlices, in the same order (as the swap of RolloutEngine::UpdateWeights and of each
-// follower's Follow). Collective failures throw std::runtime_error (TensorParallelGroup's
-// convention); the engine turns them into its Status.
+// Rank 0's SliceSender runs against every other rank's ReceiveSlices, in the same order (as the
+// swap of RolloutEngine::UpdateWeights and of each follower's Follow). Collective failures throw
+// std::runtime_error (TensorParallelGroup's convention); the engine turns them into its Status.
 
 #include <cstdint>
 #include <vector>
@@ -20,17 +23,53 @@
 
 namespace gyre::rollout {
 
-// Rank 0. `have` is whether the version arrived: when it did not, or when `manifest` does not
-// name exactly the whole parameters of `slices` (by name, with shapes that slice to theirs, in
-// float32, bfloat16 or float16, inside the payload), the other ranks are told so and nothing is
-// loaded anywhere (the error is returned). Otherwise every rank loads its slices.
+// Rank 0's side of one weight update.
+class SliceSender {
+ public:
+  // `slices`: this rank's parameters (not owned; they must outlive the sender).
+  SliceSender(const model::NamedTensors& slices, model::TensorParallelGroup* group);
+
+  // The version's manifest and payload size: an error when it does not name exactly the whole
+  // parameters of the slices (by name, with shapes that slice to theirs, in float32, bfloat16 or
+  // float16, inside the payload); the other ranks then learn from Finish that nothing comes.
+  Status Begin(const std::vector<model::TensorEntry>& manifest, uint64_t payload_bytes);
+  // The payload's bytes [offset, offset + size), in order, after Begin: each tensor they complete
+  // goes to every rank's staging.
+  Status Add(uint64_t offset, const uint8_t* data, size_t size);
+  // The transfer's outcome. When it is Ok and every tensor arrived, every rank that has all of them
+  // loads its staging into its parameters and the result is Ok when all did; otherwise no rank
+  // changes anything and the error says why.
+  Status Finish(const Status& transfer);
+
+ private:
+  struct Pending {
+    size_t slice = 0;  // index into slices_
+    const model::TensorEntry* entry = nullptr;
+    at::ScalarType dtype = at::kFloat;
+  };
+  void SendCurrent();
+
+  const model::NamedTensors& slices_;
+  model::TensorParallelGroup* const group_;
+  std::vector<model::TensorEntry> manifest_;
+  std::vector<Pending> order_;  // by payload offset
+  std::vector<at::Tensor> staging_;
+  size_t next_ = 0;      // the tensor being assembled
+  at::Tensor current_;   // its bytes, as they arrive
+  uint64_t filled_ = 0;  // bytes of current_ written
+  bool begun_ = false;
+};
+
+// Rank 0 with a whole version in memory (the gloo transport): Begin, Add of the whole payload
+// and Finish; `have` is whether the version arrived (its error otherwise).
 Status SendSlices(const Status& have, const std::vector<model::TensorEntry>& manifest,
                   const uint8_t* payload, uint64_t payload_bytes, const model::NamedTensors& slices,
                   model::TensorParallelGroup* group);
 
-// Every other rank: receives the version rank 0 sends and copies its slices into `slices` (this
-// rank's parameters). An error when rank 0 refused the version (nothing loaded) or a tensor does
-// not slice to this rank's shape.
+// Every other rank: receives the version rank 0 sends into a staging copy of `slices` (this
+// rank's parameters) and loads it when every rank has all of it. An error, with nothing loaded,
+// when rank 0 refused the version, the transfer failed, a tensor does not slice to this rank's
+// shape or another rank missed one.
 Status ReceiveSlices(const model::NamedTensors& slices, model::TensorParallelGroup* group);
 
 }  // namespace gyre::rollout

@@ -184,9 +184,9 @@ TEST(DataParallelTest, TensorParallelJobPublishesCheckpointsAndResumesOntoTwoByT
             std::string::npos);
   EXPECT_TRUE(PathExists(dir + "/t/checkpoints/step-000002/trainer/optimizer.safetensors"));
   auto c = GyreProcess::Start(
-      With(Job(dir, 4), {"--resume", "--set", "trainer.shard=parameters", "--set",
-                         "trainer.tensor_parallel=2", "--set", "trainer.steps=3", "--set",
-                         "trainer.checkpoint_every=1"}),
+      With(Job(dir, 4),
+           {"--resume", "--set", "trainer.shard=parameters", "--set", "trainer.tensor_parallel=2",
+            "--set", "trainer.steps=3", "--set", "trainer.checkpoint_every=1"}),
       MakeTempDir("dp-tp-zero3"));
   ASSERT_TRUE(c.Wait(240)) << c.Output();
   ASSERT_EQ(WEXITSTATUS(c.wait_status), 0) << c.Output();

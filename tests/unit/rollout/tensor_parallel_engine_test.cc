@@ -29,7 +29,9 @@
 #include "common/subprocess.h"
 #include "kernels/reference/sampling_ref.h"
 #include "model/tensor_parallel.h"
+#include "model/weights.h"
 #include "rollout/rollout_engine.h"
+#include "rollout/tensor_parallel_weights.h"
 #include "rollout/vocab_parallel_sampling.h"
 #include "testing/tiny_model.h"
 #include "tp_fixture.h"
@@ -127,6 +129,92 @@ void ExpectSameDraws(const ops::SampleOutput& got, const std::vector<int32_t>& t
           << where << " row " << r;
     }
     EXPECT_NEAR(got.kept_mass[r], kept[r], 1e-6) << where << " row " << r;
+  }
+}
+
+// Each rank's slices of `whole` (copies).
+model::NamedTensors SlicesOf(const model::NamedTensors& whole, int rank, int size) {
+  model::NamedTensors out;
+  for (const auto& [name, t] : whole) {
+    out.emplace_back(name, model::TensorParallelSliceOf(name, t, rank, size).clone());
+  }
+  return out;
+}
+
+bool SameTensors(const model::NamedTensors& a, const model::NamedTensors& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].first != b[i].first || !at::equal(a[i].second, b[i].second)) return false;
+  }
+  return true;
+}
+
+// A version reaches rank 0 in buckets (here 1000 bytes, so tensors straddle them, in float32 and
+// bfloat16) and every rank loads its slices of it once the whole version arrived and every rank
+// has all of it. Otherwise no rank changes anything: a transfer that breaks half-way, a manifest
+// that lacks a tensor, a rank whose slice does not fit.
+TEST(TensorParallelWeightsTest, EveryRankLoadsItsSlicesOnlyWhenTheWholeVersionArrived) {
+  const model::ModelSpec spec = testing::TinyQwen3Spec(50, 64);
+  const model::NamedTensors old_whole =
+      model::Transformer::Create(spec, 1, 0.02)->NamedParameters();
+  const model::NamedTensors new_whole =
+      model::Transformer::Create(spec, 2, 0.02)->NamedParameters();
+  enum Case { kWhole, kBroken, kLacking, kMisfit };
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    std::vector<model::TensorEntry> manifest;
+    const std::vector<uint8_t> payload = model::FlattenParameters(new_whole, &manifest, dtype);
+    for (Case c : {kWhole, kBroken, kLacking, kMisfit}) {
+      const std::string what = std::string(at::toString(dtype)) + " case " + std::to_string(c);
+      OnRanks(2, "weights-" + std::to_string(static_cast<int>(dtype)) + "-" + std::to_string(c),
+              [&](int rank, model::TensorParallelGroup* group) {
+                model::NamedTensors mine = SlicesOf(old_whole, rank, 2);
+                if (c == kMisfit && rank == 1) {  // one row short of its slice
+                  mine[1].second = mine[1].second.narrow(0, 0, mine[1].second.size(0) - 1).clone();
+                }
+                const model::NamedTensors before = SlicesOf(mine, 0, 1);
+                Status s;
+                if (rank == 0) {
+                  SliceSender sender(mine, group);
+                  std::vector<model::TensorEntry> m = manifest;
+                  if (c == kLacking) m.pop_back();
+                  Status transfer = sender.Begin(m, payload.size());
+                  const size_t stop = c == kBroken ? payload.size() / 2 : payload.size();
+                  for (size_t pos = 0; transfer.ok() && pos < stop; pos += 1000) {
+                    transfer =
+                        sender.Add(pos, payload.data() + pos, std::min<size_t>(1000, stop - pos));
+                  }
+                  if (transfer.ok() && c == kBroken) transfer = DataLoss("the stream broke");
+                  s = sender.Finish(transfer);
+                } else {
+                  s = ReceiveSlices(mine, group);
+                }
+                if (c == kWhole) {
+                  EXPECT_TRUE(s.ok()) << what << " rank " << rank << ": " << s;
+                  const model::NamedTensors want = SlicesOf(new_whole, rank, 2);
+                  for (size_t i = 0; i < mine.size(); ++i) {
+                    EXPECT_TRUE(at::equal(mine[i].second, want[i].second.to(dtype).to(at::kFloat)))
+                        << what << " rank " << rank << " " << mine[i].first;
+                  }
+                  return;
+                }
+                EXPECT_FALSE(s.ok()) << what << " rank " << rank;
+                EXPECT_TRUE(SameTensors(mine, before)) << what << ": rank " << rank << " changed";
+                if (rank == 0 && c == kBroken) {
+                  EXPECT_NE(s.message().find("the stream broke"), std::string::npos) << s;
+                }
+                if (rank == 0 && c == kLacking) {
+                  EXPECT_NE(s.message().find("tensors, the model"), std::string::npos) << s;
+                }
+                if (rank == 0 && c == kMisfit) {
+                  EXPECT_NE(s.message().find("rank(s) 1 did not receive the whole version"),
+                            std::string::npos)
+                      << s;
+                }
+                if (rank == 1 && c == kLacking) {
+                  EXPECT_NE(s.message().find("rank 0 refused the version"), std::string::npos) << s;
+                }
+              });
+    }
   }
 }
 
