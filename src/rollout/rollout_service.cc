@@ -724,8 +724,12 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
       std::unique_lock<std::mutex> lock = WaitForEngine();
       Status s = engine_->UpdateWeights(r->version, [&] {
         if (model::TensorParallelGroup* tp = model_->tensor_parallel()) {
-          return SendSlices(Status::Ok(), weight_payload_.manifest, weight_payload_.bytes.data(),
-                            weight_payload_.bytes.size(), model_->NamedParameters(), tp);
+          const Status sent =
+              SendSlices(Status::Ok(), weight_payload_.manifest, weight_payload_.bytes.data(),
+                         weight_payload_.bytes.size(), model_->NamedParameters(), tp);
+          // A tensor-parallel worker relays nothing: the whole version need not stay.
+          std::vector<uint8_t>().swap(weight_payload_.bytes);
+          return sent;
         }
         if (transport == "gloo") {
           return model::LoadFlatParameters(weight_payload_.manifest, weight_payload_.bytes.data(),

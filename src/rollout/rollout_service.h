@@ -150,7 +150,8 @@ class RolloutService final : public v1::Rollout::Service {
   std::mutex weights_mu_;
   std::string weight_group_;
   std::unique_ptr<comm::Communicator> weight_comm_;
-  comm::WeightPayload weight_payload_;  // reused between versions
+  // Reused between versions; a tensor-parallel worker lets it go after each load.
+  comm::WeightPayload weight_payload_;
   // GPU transports: the version as received on this worker's GPU (nccl, cuda_ipc), and the
   // trainer's buffer mapped into this process (cuda_ipc, kept while its handle stays the same).
   std::unique_ptr<comm::DeviceBuffer> device_buffer_;
