@@ -102,13 +102,16 @@ Status CheckTrainerMemory(const model::ModelSpec& spec, const JobConfig& cfg) {
            : "it builds the whole float32 model (" + Gib(params * 4) + ") when it starts") +
       ". Nothing was started.";
   // The least number of trainers with shard: parameters that fits, if any does (start-up keeps
-  // a whole model, so some models fit no layout).
-  for (int t = std::max(1, n); t <= 4096; t *= 2) {
-    const TrainerMemory p = EstimateTrainerMemory(params, "parameters", t, HasReference(cfg));
+  // a whole model, so some models fit no layout), with the job's tensor parallelism (doubling a
+  // multiple of it keeps one).
+  const int tp = std::max(1, cfg.trainer.tensor_parallel);
+  for (int t = std::max(tp, n); t <= 4096; t *= 2) {
+    const TrainerMemory p = EstimateTrainerMemory(params, "parameters", t, HasReference(cfg), tp);
     if (p.needed_bytes() <= limit) {
-      message += " trainer.shard: parameters over " + std::to_string(t) +
-                 " trainers (trainer.workers) needs about " + Gib(p.needed_bytes()) +
-                 " each; or raise trainer.memory_limit_gb.";
+      message +=
+          " trainer.shard: parameters over " + std::to_string(t) + " trainers (trainer.workers" +
+          (tp > 1 ? ", with trainer.tensor_parallel " + std::to_string(tp) : "") +
+          ") needs about " + Gib(p.needed_bytes()) + " each; or raise trainer.memory_limit_gb.";
       return InvalidArgument(message);
     }
   }

@@ -61,6 +61,19 @@ TEST(TrainerMemoryTest, ALimitTooSmallIsRefusedWithWhatWouldFit) {
                              "about 0.74 GiB each"),
             std::string::npos)
       << s.message();
+  // With tensor parallelism the suggestion keeps it: 2 trainers of TP 2 need 0.74 GiB each
+  // (half of every tensor); 4 (DP 2 x TP 2, shard: parameters) start with the whole model, a
+  // quarter of it in slices and a half in the TP slice, 7 bytes a parameter.
+  cfg.trainer.workers = 2;
+  cfg.trainer.tensor_parallel = 2;
+  cfg.trainer.memory_limit_gb = 0.7;
+  const Status tp = CheckTrainerMemory(spec, cfg);
+  EXPECT_NE(tp.message().find("trainer.shard: parameters over 4 trainers (trainer.workers, with "
+                              "trainer.tensor_parallel 2) needs about 0.65 GiB each"),
+            std::string::npos)
+      << tp.message();
+  cfg.trainer.tensor_parallel = 1;
+  cfg.trainer.memory_limit_gb = 1.45;
   cfg.trainer.shard = "parameters";
   cfg.trainer.workers = 4;
   EXPECT_TRUE(CheckTrainerMemory(spec, cfg).ok());
