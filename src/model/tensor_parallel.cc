@@ -92,6 +92,17 @@ at::Tensor TensorParallelSliceOf(const std::string& name, const at::Tensor& whol
   return whole.narrow(dim, begin, end - begin);
 }
 
+std::string TensorParallelRanksNotOk(TensorParallelGroup* group, bool ok) {
+  at::Tensor failed = at::zeros({group->size()}, at::TensorOptions().dtype(at::kDouble));
+  if (!ok) failed.data_ptr<double>()[group->rank()] = 1.0;
+  group->AllReduceSum(failed);
+  std::string ranks;
+  for (int r = 0; r < group->size(); ++r) {
+    if (failed.data_ptr<double>()[r] > 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  return ranks;
+}
+
 at::Tensor TensorParallelCopy(const at::Tensor& x, TensorParallelGroup* group) {
   if (group == nullptr) return x;
   return CopyToRanks::apply(x, group);

@@ -75,6 +75,10 @@ at::Tensor TensorParallelSliceOf(const std::string& name, const at::Tensor& whol
                                  int size);
 // (Whether a spec splits over T ranks: CheckTensorParallel, model/hf_config.h, torch-free.)
 
+// Every rank of `group` says whether it succeeded (a collective); the ranks that did not, as
+// "1, 3", or "" when all did.
+std::string TensorParallelRanksNotOk(TensorParallelGroup* group, bool ok);
+
 // The two exchanges of a tensor-parallel forward (see above), differentiable. With a null group
 // both return x.
 at::Tensor TensorParallelCopy(const at::Tensor& x, TensorParallelGroup* group);

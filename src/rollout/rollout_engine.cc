@@ -738,13 +738,7 @@ RolloutEngine::StepInputs RolloutEngine::ReceiveStep(const at::Tensor& header) {
 
 // Every rank's swap outcome: an error naming the ranks whose swap failed (every rank returns it).
 Status RolloutEngine::AgreeOnSwap(const Status& own) {
-  at::Tensor failed = at::zeros({tp_->size()}, at::TensorOptions().dtype(at::kDouble));
-  if (!own.ok()) failed.data_ptr<double>()[tp_->rank()] = 1.0;
-  tp_->AllReduceSum(failed);
-  std::string ranks;
-  for (int r = 0; r < tp_->size(); ++r) {
-    if (failed.data_ptr<double>()[r] > 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-  }
+  const std::string ranks = model::TensorParallelRanksNotOk(tp_, own.ok());
   if (ranks.empty()) return Status::Ok();
   if (!own.ok()) return own;
   return Unavailable("the weight update failed on tensor-parallel rank(s) " + ranks);

@@ -61,13 +61,7 @@ int64_t BroadcastCount(model::TensorParallelGroup* group, int64_t n) {
 // into its parameters. The ranks that did not, or "" when all did.
 std::string AgreeAndLoad(bool complete, const std::vector<at::Tensor>& staging,
                          const model::NamedTensors& slices, model::TensorParallelGroup* group) {
-  at::Tensor missing = at::zeros({group->size()}, at::TensorOptions().dtype(at::kDouble));
-  if (!complete) missing.data_ptr<double>()[group->rank()] = 1.0;
-  group->AllReduceSum(missing);
-  std::string ranks;
-  for (int r = 0; r < group->size(); ++r) {
-    if (missing.data_ptr<double>()[r] > 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-  }
+  const std::string ranks = model::TensorParallelRanksNotOk(group, complete);
   if (!ranks.empty()) return ranks;
   c10::InferenceMode guard;
   for (size_t i = 0; i < slices.size(); ++i) slices[i].second.detach().copy_(staging[i]);

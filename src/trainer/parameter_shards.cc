@@ -292,7 +292,7 @@ double ParameterShards::WeightedSquaredNorm(
       const int64_t hi = std::min(unit.layout.end, offset + unit.numels[i]);
       if (lo < hi) {
         const at::Tensor part = flat.narrow(0, base + lo - unit.layout.begin, hi - lo);
-        total += weight(unit.def.names[i]) * part.to(at::kDouble).pow(2).sum().item<double>();
+        total += weight(unit.def.names[i]) * SquaredSum(part);
       }
       offset += unit.numels[i];
     }

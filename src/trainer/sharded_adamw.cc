@@ -139,21 +139,16 @@ Status ShardedAdamW::ReduceGradients(comm::Communicator* comm, double timeout_s)
   return Status::Ok();
 }
 
-namespace {
-
-// Sum of squares of a float32 vector in float64, a million elements at a time: a float64 copy of
-// a large slice (and its square) would be the biggest allocation of the whole step.
 double SquaredSum(const at::Tensor& v) {
   constexpr int64_t kPiece = 1 << 20;
+  const at::Tensor flat = v.reshape({-1});
   at::Tensor sum = at::zeros({}, v.options().dtype(at::kDouble));
-  for (int64_t at = 0; at < v.numel(); at += kPiece) {
-    const int64_t n = std::min(kPiece, v.numel() - at);
-    sum += v.narrow(0, at, n).to(at::kDouble).pow_(2).sum();
+  for (int64_t at = 0; at < flat.numel(); at += kPiece) {
+    const int64_t n = std::min(kPiece, flat.numel() - at);
+    sum += flat.narrow(0, at, n).to(at::kDouble).pow_(2).sum();
   }
   return sum.item<double>();
 }
-
-}  // namespace
 
 double ShardedAdamW::LocalSquaredNorm(const std::vector<double>& weights) const {
   if (weights.empty()) return SquaredSum(grad_.narrow(0, 0, layout_.size()));

@@ -55,6 +55,10 @@ struct ShardLayout {
 // The layout of rank `rank` of `ranks` over parameters of `numels` elements.
 ShardLayout PlanShards(const std::vector<int64_t>& numels, int rank, int ranks);
 
+// Sum of squares of a float32 tensor, in float64 a million elements at a time (a float64 copy
+// of a large gradient slice would be the biggest allocation of a step).
+double SquaredSum(const at::Tensor& v);
+
 class ShardedAdamW {
  public:
   struct Hyper {
