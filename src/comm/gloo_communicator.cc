@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <arpa/inet.h>
+#include <csignal>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -441,8 +442,30 @@ void DisableFlightRecorder() {
   });
 }
 
+// Gloo's TCP transport writes to its sockets with writev(), which raises SIGPIPE when the peer
+// has died; with the default disposition that kills this process silently (exit by signal, no
+// log) instead of failing the collective with an error Gyre can report. So before the first
+// group exists, a process that still has the default SIGPIPE disposition ignores it: writes to a
+// dead peer then return EPIPE. A handler the embedding program installed is left alone. Child
+// processes Gyre starts get the default back (common/subprocess.cc).
+void IgnoreBrokenPipes() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) != 0) return;
+    if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return;
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    if (::sigaction(SIGPIPE, &ignore, nullptr) == 0) {
+      GYRE_LOG_DEBUG("SIGPIPE ignored: a gloo peer that dies fails the collective instead");
+    }
+  });
+}
+
 StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& options) {
   DisableFlightRecorder();
+  IgnoreBrokenPipes();
   if (options.size < 1) return InvalidArgument("gloo group size must be at least 1");
   if (options.rank < 0 || options.rank >= options.size) {
     return InvalidArgument("gloo rank " + std::to_string(options.rank) + " outside a group of " +
