@@ -61,6 +61,11 @@ class Communicator {
   // exchange of updated weight slices.
   virtual Status AllGather(const void* input, void* output, size_t count, DataType type,
                            Deadline deadline) = 0;
+  // Rank `root`'s `input` holds size() parts of `bytes` bytes; every rank, the root included, ends
+  // with part r (its rank) in `output`, which does not overlap `input`. `input` is read only on the
+  // root (the others may pass nullptr). The tensor-parallel rollout worker's weight slices.
+  virtual Status Scatter(const void* input, void* output, size_t bytes, int root,
+                         Deadline deadline) = 0;
   // Returns once every rank has entered the barrier.
   virtual Status Barrier(Deadline deadline) = 0;
 

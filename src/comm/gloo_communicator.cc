@@ -17,7 +17,6 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <arpa/inet.h>
-#include <csignal>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -26,6 +25,7 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -199,6 +199,37 @@ class GlooCommunicator final : public Communicator {
       c10d::AllgatherOptions o;
       o.timeout = timeout;
       return pg_->_allgather_base(out, in, o);
+    });
+  }
+
+  Status Scatter(const void* input, void* output, size_t bytes, int root,
+                 Deadline deadline) override {
+    if (root < 0 || root >= size_) {
+      return InvalidArgument("scatter root " + std::to_string(root) + " outside a group of " +
+                             std::to_string(size_));
+    }
+    if (bytes == 0) return Status::Ok();
+    if (rank_ == root && input == nullptr) return InvalidArgument("scatter root without input");
+    if (size_ == 1) {
+      std::memcpy(output, input, bytes);
+      return Status::Ok();
+    }
+    return Run("scatter", deadline, [&](std::chrono::milliseconds timeout) {
+      const auto opts = at::TensorOptions(at::kByte);
+      std::vector<at::Tensor> out = {at::from_blob(output, {static_cast<int64_t>(bytes)}, opts)};
+      std::vector<std::vector<at::Tensor>> in;
+      if (rank_ == root) {
+        in.emplace_back();
+        const auto* base = static_cast<const uint8_t*>(input);
+        for (int r = 0; r < size_; ++r) {
+          in.back().push_back(at::from_blob(const_cast<uint8_t*>(base) + r * bytes,
+                                            {static_cast<int64_t>(bytes)}, opts));
+        }
+      }
+      c10d::ScatterOptions o;
+      o.rootRank = root;
+      o.timeout = timeout;
+      return pg_->scatter(out, in, o);
     });
   }
 

@@ -151,6 +151,47 @@ class NcclCommunicator final : public Communicator {
                [&] { return ncclAllGather(input, output, count, t, comm_, stream_); });
   }
 
+  // NCCL has no scatter: the root sends each rank its part (and copies its own) in one group.
+  Status Scatter(const void* input, void* output, size_t bytes, int root,
+                 Deadline deadline) override {
+    if (root < 0 || root >= size_) {
+      return InvalidArgument("scatter root " + std::to_string(root) + " outside a group of " +
+                             std::to_string(size_));
+    }
+    if (bytes == 0) return Status::Ok();
+    if (rank_ == root && input == nullptr) return InvalidArgument("scatter root without input");
+    cudaSetDevice(device_);
+    const bool root_here = rank_ == root;
+    auto enqueue = [&](const void* in, void* out) -> ncclResult_t {
+      if (root_here) {
+        const auto* base = static_cast<const char*>(in);
+        if (cudaMemcpyAsync(out, base + root * bytes, bytes, cudaMemcpyDeviceToDevice, stream_) !=
+            cudaSuccess) {
+          return ncclUnhandledCudaError;
+        }
+      }
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      for (int p = 0; root_here && p < size_; ++p) {
+        if (p == root) continue;
+        r = ncclSend(static_cast<const char*>(in) + p * bytes, bytes, ncclUint8, p, comm_, stream_);
+        if (r != ncclSuccess) break;
+      }
+      if (!root_here) r = ncclRecv(out, bytes, ncclUint8, root, comm_, stream_);
+      const ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
+    };
+    const size_t in_bytes = root_here ? bytes * size_ : 0;
+    const bool on_device = IsDeviceMemory(output);
+    if (root_here && IsDeviceMemory(input) != on_device) {
+      return InvalidArgument("nccl scatter: input and output must both be host or device memory");
+    }
+    if (!on_device) {
+      return RunStagedPair("scatter", deadline, input, in_bytes, output, bytes, enqueue);
+    }
+    return Run("scatter", deadline, [&] { return enqueue(input, output); });
+  }
+
   // NCCL has no barrier: a one-element all-reduce on a scratch buffer serves as one.
   Status Barrier(Deadline deadline) override {
     return Run("barrier", deadline, [&] {
@@ -283,7 +324,7 @@ class NcclCommunicator final : public Communicator {
   Status RunStagedPair(const char* what, Deadline deadline, const void* input, size_t in_bytes,
                        void* output, size_t out_bytes, EnqueueFn enqueue) {
     std::vector<char> joined(in_bytes + out_bytes);
-    std::memcpy(joined.data(), input, in_bytes);
+    if (in_bytes > 0) std::memcpy(joined.data(), input, in_bytes);
     GYRE_RETURN_IF_ERROR(
         RunStaged(what, deadline, joined.data(), joined.size(), true, [&](void* dev) {
           char* base = static_cast<char*>(dev);

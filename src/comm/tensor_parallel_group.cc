@@ -64,6 +64,25 @@ void CommTensorParallel::Broadcast(at::Tensor& t, int root, double timeout_s) {
                                     DeadlineAfter(timeout_s > 0 ? timeout_s : timeout_s_));
   seconds_ += SecondsSince(t0);
   ThrowIfFailed(s, "broadcast");
+  if (root != rank()) received_bytes_ += static_cast<uint64_t>(t.nbytes());
+}
+
+void CommTensorParallel::Scatter(const at::Tensor& parts, at::Tensor& out, int root) {
+  GYRE_CHECK(out.is_contiguous()) << "tensor-parallel scatter into a strided tensor";
+  const void* input = nullptr;
+  if (rank() == root) {
+    GYRE_CHECK(parts.is_contiguous() && parts.dim() == out.dim() + 1 && parts.size(0) == size() &&
+               parts.scalar_type() == out.scalar_type() && parts.numel() == out.numel() * size())
+        << "tensor-parallel scatter of " << parts.sizes() << " " << parts.scalar_type() << " into "
+        << out.sizes() << " " << out.scalar_type() << " over " << size() << " ranks";
+    input = parts.data_ptr();
+  }
+  const auto t0 = SteadyClock::now();
+  const Status s = comm_->Scatter(input, out.data_ptr(), static_cast<size_t>(out.nbytes()), root,
+                                  DeadlineAfter(timeout_s_));
+  seconds_ += SecondsSince(t0);
+  ThrowIfFailed(s, "scatter");
+  if (root != rank()) received_bytes_ += static_cast<uint64_t>(out.nbytes());
 }
 
 }  // namespace gyre::comm

@@ -25,12 +25,15 @@ class CommTensorParallel : public model::TensorParallelGroup {
   void AllReduceSum(at::Tensor& t) override;
   at::Tensor AllGather(const at::Tensor& t) override;
   void Broadcast(at::Tensor& t, int root, double timeout_s = 0) override;
+  void Scatter(const at::Tensor& parts, at::Tensor& out, int root) override;
   double seconds() const override { return seconds_; }
+  uint64_t received_bytes() const override { return received_bytes_; }
 
  private:
   Communicator* comm_;
   double timeout_s_;
   double seconds_ = 0;  // in collectives
+  uint64_t received_bytes_ = 0;
 };
 
 }  // namespace gyre::comm

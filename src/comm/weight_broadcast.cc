@@ -293,16 +293,22 @@ Status PublishEndOfStream(Communicator* comm, Deadline deadline) {
 
 namespace {
 
-// The receiver's side of one version. `prepare(total)` returns where the payload goes (host or
+// The receiver's side of one version. `prepare(total, bucket)` returns where the payload goes (host or
 // device memory); `device_checksums`, when set, computes every bucket's CRC-32 after the last
-// bucket arrived (device payloads); host payloads are checksummed bucket by bucket.
-using PrepareFn = std::function<StatusOr<uint8_t*>(uint64_t total)>;
+// bucket arrived (device payloads); host payloads are checksummed bucket by bucket. With
+// `on_bucket` (host memory only), the memory prepare(total, bucket) returns need hold only
+// `bucket` bytes (one bucket, at most `total`): every bucket lands at its start, handed to
+// on_bucket(offset, data, size) as it arrives; after its first error on_bucket is not called again,
+// the buckets are still received (the group stays in step), the root is told no and the error is
+// returned.
+using PrepareFn = std::function<StatusOr<uint8_t*>(uint64_t total, uint64_t bucket)>;
 using ChecksumFn = std::function<StatusOr<std::vector<uint32_t>>(
     const uint8_t* base, uint64_t total, int64_t bucket_bytes)>;
 
 StatusOr<Receipt> ReceiveCore(Communicator* comm, int root, Deadline deadline,
                               std::vector<model::TensorEntry>* manifest_out, int64_t* version_out,
-                              const PrepareFn& prepare, const ChecksumFn& device_checksums) {
+                              const PrepareFn& prepare, const ChecksumFn& device_checksums,
+                              const BucketFn& on_bucket = nullptr) {
   if (root == comm->rank()) return InvalidArgument("the root does not receive its own weights");
   const auto t0 = std::chrono::steady_clock::now();
   Header h = {};
@@ -328,30 +334,32 @@ StatusOr<Receipt> ReceiveCore(Communicator* comm, int root, Deadline deadline,
     comm->Abort();
     return manifest_status;
   }
-  auto base = prepare(h.total_bytes);
+  *version_out = h.version;
+  auto base = prepare(h.total_bytes, std::min<uint64_t>(h.total_bytes, h.bucket_bytes));
   if (!base.ok()) {
     // The publisher is about to send buckets this member cannot take.
     comm->Abort();
     return base.status();
   }
-  *version_out = h.version;
   Receipt receipt;
   receipt.version = h.version;
   receipt.bytes = h.total_bytes;
   receipt.bucket_crc32.reserve(h.num_buckets);
+  Status sink;  // on_bucket's first error
   for (uint64_t b = 0; b < h.num_buckets; ++b) {
     const uint64_t off = b * static_cast<uint64_t>(h.bucket_bytes);
     const uint64_t n =
         std::min<uint64_t>(h.bucket_bytes, h.total_bytes - std::min(h.total_bytes, off));
-    uint8_t* p = *base + off;
+    uint8_t* p = on_bucket ? *base : *base + off;
     GYRE_RETURN_IF_ERROR(comm->Broadcast(p, n, root, deadline)
                              .WithContext("bucket " + std::to_string(b) + " of version " +
                                           std::to_string(h.version)));
     if (!device_checksums) receipt.bucket_crc32.push_back(Crc32(p, n));
+    if (on_bucket && sink.ok()) sink = on_bucket(off, p, n);
   }
   std::vector<uint32_t> sent(h.num_buckets);
   GYRE_RETURN_IF_ERROR(comm->Broadcast(sent.data(), sent.size() * 4, root, deadline));
-  Status verdict;
+  Status verdict = sink;
   if (device_checksums) {
     auto crcs = device_checksums(*base, h.total_bytes, h.bucket_bytes);
     if (crcs.ok()) {
@@ -379,11 +387,32 @@ StatusOr<Receipt> ReceivePublishedWeights(Communicator* comm, int root, Deadline
                                           WeightPayload* payload) {
   return ReceiveCore(
       comm, root, deadline, &payload->manifest, &payload->version,
-      [payload](uint64_t total) -> StatusOr<uint8_t*> {
+      [payload](uint64_t total, uint64_t) -> StatusOr<uint8_t*> {
         payload->bytes.resize(total);
         return payload->bytes.data();
       },
       nullptr);
+}
+
+StatusOr<Receipt> ReceivePublishedBuckets(Communicator* comm, int root, Deadline deadline,
+                                          const ManifestFn& on_manifest,
+                                          const BucketFn& on_bucket) {
+  std::vector<model::TensorEntry> manifest;
+  int64_t version = 0;
+  std::vector<uint8_t> bucket;
+  Status refused;  // on_manifest's error: the buckets are received and dropped
+  return ReceiveCore(
+      comm, root, deadline, &manifest, &version,
+      [&](uint64_t total, uint64_t bucket_bytes) -> StatusOr<uint8_t*> {
+        refused = on_manifest(version, manifest, total);
+        bucket.resize(bucket_bytes);
+        return bucket.data();
+      },
+      nullptr,
+      [&](uint64_t offset, const uint8_t* data, size_t size) -> Status {
+        if (!refused.ok()) return refused;
+        return on_bucket(offset, data, size);
+      });
 }
 
 StatusOr<Receipt> ReceiveDeviceWeights(Communicator* comm, int root, int device, Deadline deadline,
@@ -392,7 +421,7 @@ StatusOr<Receipt> ReceiveDeviceWeights(Communicator* comm, int root, int device,
   int64_t version = 0;
   return ReceiveCore(
       comm, root, deadline, manifest, &version,
-      [buffer, device](uint64_t total) -> StatusOr<uint8_t*> {
+      [buffer, device](uint64_t total, uint64_t) -> StatusOr<uint8_t*> {
         GYRE_RETURN_IF_ERROR(EnsureDeviceBuffer(total, device, buffer));
         return static_cast<uint8_t*>((*buffer)->data());
       },

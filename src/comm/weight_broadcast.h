@@ -20,6 +20,7 @@
 // Thread-safety: one call at a time per communicator (as for Communicator).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -105,6 +106,19 @@ Status PublishEndOfStream(Communicator* comm, Deadline deadline);
 // communicator's errors.
 StatusOr<Receipt> ReceivePublishedWeights(Communicator* comm, int root, Deadline deadline,
                                           WeightPayload* payload);
+
+// ReceivePublishedWeights without holding the version: one bucket-sized buffer. Once the header
+// and manifest arrived, on_manifest(version, manifest, payload bytes) (an error from it refuses
+// the version: the buckets are still received and dropped); then on_bucket(offset, data, size)
+// for every bucket in payload order (after its first error, no more calls). The buckets' CRC-32
+// list comes from the root after the last bucket, so what on_bucket was given may be used only
+// when this returns OK (kDataLoss otherwise, and the root is told no). The callbacks' errors are
+// returned as they are; the other errors are ReceivePublishedWeights'.
+using ManifestFn = std::function<Status(
+    int64_t version, const std::vector<model::TensorEntry>& manifest, uint64_t payload_bytes)>;
+using BucketFn = std::function<Status(uint64_t offset, const uint8_t* data, size_t size)>;
+StatusOr<Receipt> ReceivePublishedBuckets(Communicator* comm, int root, Deadline deadline,
+                                          const ManifestFn& on_manifest, const BucketFn& on_bucket);
 
 // ReceivePublishedWeights into device memory: the payload lands in *buffer (allocated or grown
 // on `device` as needed) and is checked on the device. Same errors; on any error the buffer's

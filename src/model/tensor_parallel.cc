@@ -67,6 +67,12 @@ int TensorParallelDim(const std::string& name) {
   return -1;
 }
 
+bool TensorParallelSplits(const std::string& name, int64_t extent, int size) {
+  if (size < 1 || extent < 0) return false;
+  if (TensorParallelDim(name) < 0 || size == 1 || IsVocabulary(name)) return true;
+  return extent % size == 0;
+}
+
 std::pair<int64_t, int64_t> TensorParallelRange(const std::string& name, int64_t extent, int rank,
                                                 int size) {
   GYRE_CHECK(size >= 1 && rank >= 0 && rank < size)

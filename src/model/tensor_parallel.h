@@ -59,13 +59,23 @@ class TensorParallelGroup {
   // rank `root`'s. `timeout_s` > 0 replaces the group's deadline for this call (a rollout
   // rank waiting for its leader's next step may wait long).
   virtual void Broadcast(at::Tensor& t, int root, double timeout_s = 0) = 0;
+  // Rank `root`'s `parts` (contiguous, [size, ...out's shape], out's dtype) is cut along its first
+  // dimension: every rank's `out` (contiguous, any dtype), the root's included, becomes part
+  // rank(). Only the root reads `parts`; the others may pass an undefined tensor.
+  virtual void Scatter(const at::Tensor& parts, at::Tensor& out, int root) = 0;
   // Seconds spent in the calls above so far (the compute waits for each: none is hidden).
   virtual double seconds() const { return 0; }
+  // Bytes this rank has received so far in Broadcast and Scatter calls that another rank rooted.
+  virtual uint64_t received_bytes() const { return 0; }
 };
 
 // Which dimension of a parameter (by its Hugging Face name) tensor parallelism splits: 0 (rows), 1
 // (columns) or -1 (replicated).
 int TensorParallelDim(const std::string& name);
+// Whether dimension TensorParallelDim(name) of extent `extent` splits over `size` ranks: always
+// for a replicated parameter and for the vocabulary (whose last ranks may hold fewer rows), else
+// when `size` divides `extent`. TensorParallelRange requires it.
+bool TensorParallelSplits(const std::string& name, int64_t extent, int size);
 // The range [begin, end) of dimension TensorParallelDim(name), of extent `extent`, that rank
 // `rank` of `size` holds ({0, extent} for a replicated parameter).
 std::pair<int64_t, int64_t> TensorParallelRange(const std::string& name, int64_t extent, int rank,

@@ -710,6 +710,8 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
       if (transport == "nccl") {
         r = comm::ReceiveDeviceWeights(weight_comm_.get(), 0, device.index(), deadline,
                                        &device_manifest, &device_buffer_);
+      } else if (model_->tensor_parallel() != nullptr) {
+        return ReceiveGlooSlices(deadline, receipt);
       } else {
         r = comm::ReceivePublishedWeights(weight_comm_.get(), 0, deadline, &weight_payload_);
       }
@@ -723,14 +725,6 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
       // As LoadWeights: through the engine, which keeps or recomputes the KV of parked samples.
       std::unique_lock<std::mutex> lock = WaitForEngine();
       Status s = engine_->UpdateWeights(r->version, [&] {
-        if (model::TensorParallelGroup* tp = model_->tensor_parallel()) {
-          const Status sent =
-              SendSlices(Status::Ok(), weight_payload_.manifest, weight_payload_.bytes.data(),
-                         weight_payload_.bytes.size(), model_->NamedParameters(), tp);
-          // A tensor-parallel worker relays nothing: the whole version need not stay.
-          std::vector<uint8_t>().swap(weight_payload_.bytes);
-          return sent;
-        }
         if (transport == "gloo") {
           return model::LoadFlatParameters(weight_payload_.manifest, weight_payload_.bytes.data(),
                                            weight_payload_.bytes.size(), model_->NamedParameters());
@@ -758,6 +752,45 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
     GYRE_LOG_DEBUG("loaded policy version {} over {} ({} bytes)", r->version, transport, r->bytes);
     return grpc::Status::OK;
   });
+}
+
+grpc::Status RolloutService::ReceiveGlooSlices(comm::Deadline deadline,
+                                               v1::WeightReceipt* receipt) {
+  // As LoadWeights over grpc: the engine waits while the buckets arrive, each tensor goes to the
+  // ranks as soon as the buckets completed it, and all ranks load once the version passed its
+  // checks (no rank holds the whole version). The receive itself is the gloo stream's.
+  std::unique_lock<std::mutex> lock = WaitForEngine();
+  StatusOr<comm::Receipt> r = Unavailable("no transfer");
+  Status s = engine_->UpdateWeights(version_.load(), [&] {
+    const model::NamedTensors slices = model_->NamedParameters();
+    SliceSender sender(slices, model_->tensor_parallel());
+    r = comm::ReceivePublishedBuckets(
+        weight_comm_.get(), 0, deadline,
+        [&](int64_t, const std::vector<model::TensorEntry>& manifest, uint64_t total) {
+          return sender.Begin(manifest, total);
+        },
+        [&](uint64_t offset, const uint8_t* data, size_t size) {
+          return sender.Add(offset, data, size);
+        });
+    return sender.Finish(r.status());
+  });
+  if (r.ok() && !s.ok()) r = s;
+  if (!r.ok()) {
+    GYRE_LOG_ERROR("weight transfer rejected: {}", r.status().ToString());
+    if (weight_comm_ && weight_comm_->aborted()) weight_comm_.reset();
+    return rpc::ToGrpc(r.status());
+  }
+  engine_->set_version(r->version);
+  if (version_.exchange(r->version) < 0) {
+    GYRE_LOG_INFO("received policy version {} over gloo ({} bytes; this process's first weights)",
+                  r->version, r->bytes);
+  }
+  receipt->set_version(r->version);
+  for (uint32_t c : r->bucket_crc32) receipt->add_bucket_crc32(c);
+  receipt->set_bytes(r->bytes);
+  receipt->set_seconds(r->seconds);
+  GYRE_LOG_DEBUG("loaded policy version {} over gloo ({} bytes, in slices)", r->version, r->bytes);
+  return grpc::Status::OK;
 }
 
 StatusOr<comm::Receipt> RolloutService::ReceiveCudaIpc(const v1::ReceiveWeightsRequest& req,

@@ -106,6 +106,10 @@ class RolloutService final : public v1::Rollout::Service {
   StatusOr<comm::Receipt> ReceiveCudaIpc(const v1::ReceiveWeightsRequest& req, int device,
                                          comm::Deadline deadline,
                                          std::vector<model::TensorEntry>* manifest);
+  // gloo into a tensor-parallel worker: streams the version from weight_comm_ bucket by bucket
+  // into every rank's staging, inside the engine's update (rollout/tensor_parallel_weights.h).
+  // Under weights_mu_.
+  grpc::Status ReceiveGlooSlices(comm::Deadline deadline, v1::WeightReceipt* receipt);
   RolloutService(std::unique_ptr<model::Transformer> model,
                  std::function<void(const std::string&)> on_stop);
   // Generate and GenerateStream, under mu_: checks the request against the held version and

@@ -8,13 +8,16 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace gyre::rollout {
 namespace {
 
 // Per tensor, in the order rank 0 sends them, what the other ranks need to receive it: dtype
-// code, rank, the two extents (1 for a vector's second), bytes, and which of the slices it is.
-constexpr int64_t kDescriptor = 6;
+// code, rank, the two extents (1 for a vector's second), bytes, which of the slices it is, the
+// dimension it is split along (-1: it comes whole, broadcast) and the extent of each rank's part
+// along it (scattered: a rank receives only its part).
+constexpr int64_t kDescriptor = 8;
 
 // Rank 0's word before each tensor and after the last one.
 constexpr int64_t kRefused = -1;     // instead of the count: nothing comes
@@ -27,14 +30,51 @@ at::ScalarType CodeDtype(int64_t c) {
   return c == 0 ? at::kFloat : c == 1 ? at::kBFloat16 : at::kHalf;
 }
 
+// Rank `rank`'s slice of a whole tensor of shape `whole`: empty when that does not split.
 std::vector<int64_t> SliceShape(const std::string& name, std::vector<int64_t> whole, int rank,
                                 int size) {
   const int d = model::TensorParallelDim(name);
   if (d >= 0 && d < static_cast<int>(whole.size())) {
+    if (!model::TensorParallelSplits(name, whole[d], size)) return {};
     const auto [begin, end] = model::TensorParallelRange(name, whole[d], rank, size);
     whole[d] = end - begin;
   }
   return whole;
+}
+
+// How rank 0 hands a tensor of shape `whole` (which splits) to the group: {dim, part extent}
+// for a split one, scattered in `size` equal parts (rank 0's slice is the largest: the
+// vocabulary's last parts are padded to it), {-1, 0} for a replicated one, broadcast whole.
+std::pair<int64_t, int64_t> Split(const std::string& name, const std::vector<int64_t>& whole,
+                                  int size) {
+  const int d = model::TensorParallelDim(name);
+  if (size == 1 || d < 0 || d >= static_cast<int>(whole.size())) return {-1, 0};
+  const auto [begin, end] = model::TensorParallelRange(name, whole[d], 0, size);
+  return {d, end - begin};
+}
+
+// Rank 0's whole tensor as the parts a scatter sends: [size, ...part shape].
+at::Tensor Parts(const std::string& name, const at::Tensor& whole, int64_t dim, int64_t extent,
+                 int size) {
+  std::vector<int64_t> shape = {size};
+  for (int64_t e : whole.sizes()) shape.push_back(e);
+  shape[static_cast<size_t>(dim) + 1] = extent;
+  if (dim == 0 && whole.size(0) == extent * size) return whole.view(shape);  // rows: as they are
+  at::Tensor parts = at::zeros(shape, whole.options());
+  for (int r = 0; r < size; ++r) {
+    const auto [begin, end] = model::TensorParallelRange(name, whole.size(dim), r, size);
+    if (end > begin)
+      parts[r].narrow(dim, 0, end - begin).copy_(whole.narrow(dim, begin, end - begin));
+  }
+  return parts;
+}
+
+// Rank `rank`'s slice out of its (padded) part.
+void CopyPart(const std::string& name, const at::Tensor& part, int64_t dim, int64_t whole_extent,
+              int rank, int size, const at::Tensor& param) {
+  c10::InferenceMode guard;
+  const auto [begin, end] = model::TensorParallelRange(name, whole_extent, rank, size);
+  param.detach().copy_(part.narrow(dim, 0, end - begin));
 }
 
 std::string ShapeText(const std::vector<int64_t>& s) {
@@ -108,6 +148,11 @@ Status SliceSender::Begin(const std::vector<model::TensorEntry>& manifest, uint6
                              std::to_string(payload_bytes) + " bytes");
     }
     const std::vector<int64_t> mine = SliceShape(name, e.shape, rank, size);
+    if (mine.empty()) {
+      return InvalidArgument(name + ": the version's " + ShapeText(e.shape) +
+                             " does not split over " + std::to_string(size) +
+                             " tensor-parallel ranks");
+    }
     if (mine != param.sizes().vec()) {
       return InvalidArgument(name + ": the version's " + ShapeText(e.shape) + " slices to " +
                              ShapeText(mine) + " on rank 0, which holds " +
@@ -138,6 +183,9 @@ Status SliceSender::Begin(const std::vector<model::TensorEntry>& manifest, uint6
     d[3] = e.shape.size() > 1 ? e.shape[1] : 1;
     d[4] = static_cast<int64_t>(e.nbytes);
     d[5] = static_cast<int64_t>(p.slice);
+    const auto [dim, extent] = Split(slices_[p.slice].first, e.shape, size);
+    d[6] = dim;
+    d[7] = extent;
     d += kDescriptor;
   }
   group_->Broadcast(descriptors, 0);
@@ -150,9 +198,18 @@ void SliceSender::SendCurrent() {
   const Pending& p = order_[next_];
   if (!current_.defined()) current_ = at::empty(p.entry->shape, at::TensorOptions().dtype(p.dtype));
   BroadcastCount(group_, kTensor);
-  group_->Broadcast(current_, 0);
   const std::string& name = slices_[p.slice].first;
-  CopySlice(name, current_, group_->rank(), group_->size(), staging_[p.slice]);
+  const int size = group_->size();
+  const auto [dim, extent] = Split(name, p.entry->shape, size);
+  if (dim < 0) {
+    group_->Broadcast(current_, 0);
+    CopySlice(name, current_, 0, size, staging_[p.slice]);
+  } else {
+    at::Tensor parts = Parts(name, current_, dim, extent, size);
+    at::Tensor mine = at::empty(parts.sizes().slice(1), parts.options());
+    group_->Scatter(parts, mine, 0);
+    CopyPart(name, mine, dim, current_.size(dim), 0, size, staging_[p.slice]);
+  }
   current_ = at::Tensor();
   filled_ = 0;
   ++next_;
@@ -237,8 +294,19 @@ Status ReceiveSlices(const model::NamedTensors& slices, model::TensorParallelGro
     ++received;
     std::vector<int64_t> shape = {d[2]};
     if (d[1] > 1) shape.push_back(d[3]);
-    at::Tensor whole = at::empty(shape, at::TensorOptions().dtype(CodeDtype(d[0])));
-    group->Broadcast(whole, 0);
+    const int64_t dim = d[6];
+    if (dim >= static_cast<int64_t>(shape.size()) ||
+        (dim >= 0 && (d[7] < 0 || d[7] > shape[dim]))) {
+      throw std::runtime_error("rank 0 described a part that its tensor cannot hold");
+    }
+    std::vector<int64_t> received_shape = shape;
+    if (dim >= 0) received_shape[static_cast<size_t>(dim)] = d[7];
+    at::Tensor part = at::empty(received_shape, at::TensorOptions().dtype(CodeDtype(d[0])));
+    if (dim < 0) {
+      group->Broadcast(part, 0);
+    } else {
+      group->Scatter(at::Tensor(), part, 0);
+    }
     if (!result.ok()) continue;
     const int64_t k = d[5];
     if (k < 0 || k >= static_cast<int64_t>(slices.size()) || seen[static_cast<size_t>(k)]) {
@@ -248,13 +316,19 @@ Status ReceiveSlices(const model::NamedTensors& slices, model::TensorParallelGro
     seen[static_cast<size_t>(k)] = true;
     const auto& [name, param] = slices[static_cast<size_t>(k)];
     const std::vector<int64_t> mine = SliceShape(name, shape, rank, size);
-    if (mine != param.sizes().vec()) {
+    if (mine.empty() || mine != param.sizes().vec() ||
+        Split(name, shape, size) != std::make_pair(dim, d[7])) {
       result = Internal(name + ": rank 0's " + ShapeText(shape) + " slices to " + ShapeText(mine) +
                         " on rank " + std::to_string(rank) + ", which holds " +
                         ShapeText(param.sizes().vec()));
       continue;
     }
-    CopySlice(name, whole, rank, size, staging[static_cast<size_t>(k)]);
+    if (dim < 0) {
+      CopySlice(name, part, rank, size, staging[static_cast<size_t>(k)]);
+    } else {
+      CopyPart(name, part, dim, shape[static_cast<size_t>(dim)], rank, size,
+               staging[static_cast<size_t>(k)]);
+    }
   }
   const bool complete = word == kComplete && result.ok() && received == n;
   const std::string missing = AgreeAndLoad(complete, staging, slices, group);

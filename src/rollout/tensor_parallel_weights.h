@@ -1,14 +1,17 @@
 #pragma once
 // Weight updates of a tensor-parallel rollout worker (rollout.tensor_parallel; docs/rollout.md,
 // "Tensor parallelism"). Rank 0 receives a policy version (grpc or gloo) and hands every rank its
-// slices over the worker's group, one whole tensor at a time, as the tensors complete: over grpc
+// slices over the worker's group, one tensor at a time, as the tensors complete: over grpc
 // straight from the stream's buckets (SliceSender::Add as each bucket passes its checks), so that
-// rank 0 never holds the whole version. Every rank copies its slice of each tensor into a staging
-// copy of its parameters (model/tensor_parallel.h); once the transfer ended and every rank has
-// every tensor, all ranks copy the staging into their parameters. A transfer that fails on the
-// way, a bad manifest or a rank that misses a tensor changes no rank's parameters. Besides its
-// parameters, a rank holds its staging (its share of the model), one whole tensor and, on rank 0,
-// one bucket of the stream.
+// rank 0 never holds the whole version. A split tensor is scattered: each rank receives only its
+// slice (the vocabulary's shorter last slices padded to rank 0's); a replicated one (norms) is
+// broadcast whole. Every rank copies its slice into a staging copy of its parameters
+// (model/tensor_parallel.h); once the transfer ended and every rank has every tensor, all ranks
+// copy the staging into their parameters. A transfer that fails on the way, a bad manifest or a
+// rank that misses a tensor changes no rank's parameters. Besides its parameters, a rank holds its
+// staging (its share of the model) and one slice; rank 0 also holds one whole tensor, its parts
+// when they are not its rows as they are (column splits, a padded vocabulary) and one bucket of
+// the stream.
 //
 // Rank 0's SliceSender runs against every other rank's ReceiveSlices, in the same order (as the
 // swap of RolloutEngine::UpdateWeights and of each follower's Follow). Collective failures throw

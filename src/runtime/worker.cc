@@ -228,7 +228,13 @@ int RunRolloutFollower(const std::string& store, int rank, int index, const std:
   GYRE_LOG_INFO("{}: tensor-parallel rank {} of {} ({} parameters in its slice), following rank 0",
                 name, rank, cfg->rollout.tensor_parallel, slice->NumParameters());
   const Status s = (*engine)->Follow(
-      [&](int64_t) { return rollout::ReceiveSlices(slice->NamedParameters(), &group); },
+      [&](int64_t version) {
+        const uint64_t before = group.received_bytes();
+        const Status got = rollout::ReceiveSlices(slice->NamedParameters(), &group);
+        GYRE_LOG_DEBUG("{}: version {}: received {} bytes of slices: {}", name, version,
+                       group.received_bytes() - before, got.ToString());
+        return got;
+      },
       kFollowerIdleS);
   if (!s.ok()) return fail(s);
   GYRE_LOG_INFO("{}: rank 0 stopped the worker", name);

@@ -199,8 +199,9 @@ TEST(DataParallelTest, TensorParallelJobPublishesCheckpointsAndResumesOntoTwoByT
 }
 
 // rollout.tensor_parallel=2: the rollout worker is two processes, each holding half of every
-// layer, of the vocabulary and of the KV cache, drawing vocabulary-parallel. It takes each version
-// whole (grpc, then gloo after a resume) and hands rank 1 its slices, and rank 1 followed rank 0
+// layer, of the vocabulary and of the KV cache, drawing vocabulary-parallel. Rank 0 takes each
+// version bucket by bucket (grpc, then gloo after a resume) and scatters rank 1 its slices as the
+// tensors complete, and rank 1 followed rank 0
 // from start to stop in its own log. Every GRPO step's samples carry the log-probs the trainer
 // computes for them with the whole model (mismatch_abs_logprob, the mean |rollout - trainer|
 // log-prob, about 1e-7 here): a rank holding a stale or wrong slice would put it near 0.2.

@@ -47,6 +47,9 @@ class FakeCommunicator final : public comm::Communicator {
   Status AllGather(const void*, void*, size_t, comm::DataType, comm::Deadline) override {
     return FailedPrecondition("FakeCommunicator has no all-gather");
   }
+  Status Scatter(const void*, void*, size_t, int, comm::Deadline) override {
+    return FailedPrecondition("FakeCommunicator has no scatter");
+  }
   void Abort() override {
     std::lock_guard<std::mutex> lock(mu_);
     aborted_ = true;

@@ -84,7 +84,7 @@ TEST(NcclTest, OneRankCollectivesAbortAndDeadline) {
   cudaFree(dev);
 }
 
-TEST(NcclTest, OneRankReduceScatterAndAllGatherOnDeviceAndHostMemory) {
+TEST(NcclTest, OneRankReduceScatterAllGatherAndScatterOnDeviceAndHostMemory) {
   GYRE_REQUIRE_GPU();
   auto c = OneRankNccl();
   ASSERT_TRUE(c.ok()) << c.status();
@@ -118,6 +118,18 @@ TEST(NcclTest, OneRankReduceScatterAndAllGatherOnDeviceAndHostMemory) {
   s = (*c)->AllGather(host.data(), host_out.data(), n, DataType::kFloat32, DeadlineAfter(30));
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(host_out, host);
+  // Scatter over one rank: the root's only part, on the device and through host staging.
+  ASSERT_EQ(cudaMemset(out, 0, n * 4), cudaSuccess);
+  s = (*c)->Scatter(in, out, n * 4, 0, DeadlineAfter(30));
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(cudaMemcpy(back.data(), out, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, host);
+  std::fill(host_out.begin(), host_out.end(), -1.0f);
+  s = (*c)->Scatter(host.data(), host_out.data(), n * 4, 0, DeadlineAfter(30));
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(host_out, host);
+  EXPECT_EQ((*c)->Scatter(host.data(), out, n * 4, 0, DeadlineAfter(30)).code(),
+            StatusCode::kInvalidArgument);
   cudaFree(in);
   cudaFree(out);
 }

@@ -138,6 +138,30 @@ TEST_F(GlooTest, ReduceScatterAndAllGatherAcrossThreeRanks) {
   });
 }
 
+// Scatter from rank 1: every rank, the root included, ends with its own part of the root's input;
+// the others pass no input. A root outside the group is refused.
+TEST_F(GlooTest, ScatterHandsEachRankItsPartAcrossThreeRanks) {
+  RunRanks("scatter", 3, [](int rank, Communicator* c) {
+    const size_t bytes = 70001;  // odd: the parts are not aligned to anything
+    std::vector<uint8_t> in;
+    if (rank == 1) {
+      in.resize(3 * bytes);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(i * 13 + i / bytes);
+    }
+    std::vector<uint8_t> out(bytes, 0xEE);
+    const Status s =
+        c->Scatter(rank == 1 ? in.data() : nullptr, out.data(), bytes, 1, DeadlineAfter(20));
+    ASSERT_TRUE(s.ok()) << s;
+    for (size_t i = 0; i < bytes; ++i) {
+      const size_t at = rank * bytes + i;
+      ASSERT_EQ(out[i], static_cast<uint8_t>(at * 13 + at / bytes)) << "rank " << rank << " " << i;
+    }
+    EXPECT_EQ(c->Scatter(nullptr, out.data(), bytes, 3, DeadlineAfter(20)).code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_FALSE(c->aborted());
+  });
+}
+
 // Many groups in one process whose ranks start their first collectives at the same moment
 // (the data-parallel bench and in-process tests do this). libtorch 2.11's flight recorder adds
 // each new group to a map outside its lock there, which corrupted the map one run in ~20 (a

@@ -125,6 +125,83 @@ TEST_F(WeightBroadcastTest, CorruptedBucketIsCaughtByItsChecksumOnBothSides) {
       });
 }
 
+// Bucket by bucket without holding the version: the buckets come in payload order through one
+// bucket-sized buffer and add up to the version; a corrupted bucket, a refused manifest and a
+// bucket the caller cannot take fail the version on both sides (the callbacks' own errors as they
+// are) and leave the group in step for the next one.
+TEST_F(WeightBroadcastTest, BucketsArriveInOrderThroughOneBufferAndFailuresKeepTheGroupInStep) {
+  const int64_t bucket = 1000;
+  enum Case { kWhole, kCorrupt, kRefused, kStopped, kAfter };
+  const std::vector<Case> cases = {kWhole, kCorrupt, kRefused, kStopped, kAfter};
+  std::vector<Status> root_results(cases.size());
+  Run(
+      "buckets", 2,
+      [&](Communicator* c) {
+        for (size_t i = 0; i < cases.size(); ++i) {
+          WeightPayload v = payload_;
+          v.version = 10 + static_cast<int64_t>(i);
+          auto r = PublishWeights(c, v, bucket, DeadlineAfter(30), cases[i] == kCorrupt ? 3 : -1);
+          root_results[i] = r.status();
+        }
+      },
+      [&](int, Communicator* c) {
+        for (size_t i = 0; i < cases.size(); ++i) {
+          const Case k = cases[i];
+          const std::string what = "case " + std::to_string(k);
+          std::vector<uint8_t> got;
+          const uint8_t* buffer = nullptr;
+          int calls = 0;
+          int64_t version = -1;
+          auto r = ReceivePublishedBuckets(
+              c, 0, DeadlineAfter(30),
+              [&](int64_t v, const std::vector<model::TensorEntry>& manifest, uint64_t total) {
+                version = v;
+                EXPECT_EQ(manifest.size(), payload_.manifest.size()) << what;
+                EXPECT_EQ(total, payload_.bytes.size()) << what;
+                return k == kRefused ? FailedPrecondition("no room for it") : Status::Ok();
+              },
+              [&](uint64_t offset, const uint8_t* data, size_t size) {
+                ++calls;
+                EXPECT_EQ(offset, got.size()) << what;
+                EXPECT_LE(size, static_cast<size_t>(bucket)) << what;
+                if (buffer == nullptr) buffer = data;
+                EXPECT_EQ(data, buffer) << what << ": every bucket lands in the same buffer";
+                got.insert(got.end(), data, data + size);
+                return k == kStopped && calls == 2 ? Aborted("stop here") : Status::Ok();
+              });
+          EXPECT_EQ(version, 10 + static_cast<int64_t>(i)) << what;
+          const size_t buckets = (payload_.bytes.size() + bucket - 1) / bucket;
+          switch (k) {
+            case kWhole:
+            case kAfter:
+              ASSERT_TRUE(r.ok()) << what << ": " << r.status();
+              EXPECT_EQ(got, payload_.bytes) << what;
+              EXPECT_EQ(r->bucket_crc32.size(), buckets) << what;
+              break;
+            case kCorrupt:
+              EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << what << ": " << r.status();
+              EXPECT_NE(r.status().message().find("bucket 3 of version 11"), std::string::npos)
+                  << r.status();
+              EXPECT_EQ(calls, static_cast<int>(buckets)) << what;
+              break;
+            case kRefused:
+              EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status();
+              EXPECT_EQ(calls, 0) << what;
+              break;
+            case kStopped:
+              EXPECT_EQ(r.status().code(), StatusCode::kAborted) << r.status();
+              EXPECT_EQ(calls, 2) << what;
+              break;
+          }
+        }
+      });
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const bool ok = cases[i] == kWhole || cases[i] == kAfter;
+    EXPECT_EQ(root_results[i].ok(), ok) << "case " << cases[i] << ": " << root_results[i];
+    if (!ok) EXPECT_EQ(root_results[i].code(), StatusCode::kDataLoss) << root_results[i];
+  }
+}
+
 TEST_F(WeightBroadcastTest, OneBucketAndUnevenLastBucket) {
   for (int64_t bucket : {int64_t{1} << 30, int64_t{1000}}) {
     Run(

@@ -149,12 +149,30 @@ bool SameTensors(const model::NamedTensors& a, const model::NamedTensors& b) {
   return true;
 }
 
+// The bytes rank `rank` > 0 of `size` receives for a version of `manifest`: of each split tensor
+// the part rank 0 scatters (rank 0's slice, the largest), of each replicated one the whole, and
+// the control words (the count, 8 per tensor of descriptor, one per tensor, the outcome).
+uint64_t SliceBytes(const std::vector<model::TensorEntry>& manifest, int size) {
+  uint64_t bytes = 8 + 8 + manifest.size() * (8 * 8 + 8);
+  for (const model::TensorEntry& e : manifest) {
+    const int d = model::TensorParallelDim(e.name);
+    if (d < 0) {
+      bytes += e.nbytes;
+      continue;
+    }
+    const auto [begin, end] = model::TensorParallelRange(e.name, e.shape[d], 0, size);
+    bytes += e.nbytes / static_cast<uint64_t>(e.shape[d]) * static_cast<uint64_t>(end - begin);
+  }
+  return bytes;
+}
+
 // A version reaches rank 0 in buckets (here 1000 bytes, so tensors straddle them, in float32 and
 // bfloat16) and every rank loads its slices of it once the whole version arrived and every rank
-// has all of it. Otherwise no rank changes anything: a transfer that breaks half-way, a manifest
-// that lacks a tensor, a rank whose slice does not fit.
+// has all of it; rank 1 receives only its slices of the split tensors (the vocabulary of 51 rows
+// splits 26 + 25: its part is padded by a row). Otherwise no rank changes anything: a transfer
+// that breaks half-way, a manifest that lacks a tensor, a rank whose slice does not fit.
 TEST(TensorParallelWeightsTest, EveryRankLoadsItsSlicesOnlyWhenTheWholeVersionArrived) {
-  const model::ModelSpec spec = testing::TinyQwen3Spec(50, 64);
+  const model::ModelSpec spec = testing::TinyQwen3Spec(51, 64);
   const model::NamedTensors old_whole =
       model::Transformer::Create(spec, 1, 0.02)->NamedParameters();
   const model::NamedTensors new_whole =
@@ -186,7 +204,13 @@ TEST(TensorParallelWeightsTest, EveryRankLoadsItsSlicesOnlyWhenTheWholeVersionAr
                   if (transfer.ok() && c == kBroken) transfer = DataLoss("the stream broke");
                   s = sender.Finish(transfer);
                 } else {
+                  const uint64_t before_bytes = group->received_bytes();
                   s = ReceiveSlices(mine, group);
+                  if (c == kWhole) {
+                    const uint64_t got = group->received_bytes() - before_bytes;
+                    EXPECT_EQ(got, SliceBytes(manifest, 2)) << what;
+                    EXPECT_LT(got, payload.size() * 6 / 10) << what << ": " << payload.size();
+                  }
                 }
                 if (c == kWhole) {
                   EXPECT_TRUE(s.ok()) << what << " rank " << rank << ": " << s;

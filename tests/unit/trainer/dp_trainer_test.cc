@@ -224,6 +224,10 @@ class BrokenLinkCommunicator final : public comm::Communicator {
                    comm::Deadline deadline) override {
     return inner_->AllGather(in, out, count, type, deadline);
   }
+  Status Scatter(const void* in, void* out, size_t bytes, int root,
+                 comm::Deadline deadline) override {
+    return inner_->Scatter(in, out, bytes, root, deadline);
+  }
   Status Barrier(comm::Deadline deadline) override { return inner_->Barrier(deadline); }
   void Abort() override { inner_->Abort(); }
   Status AllReduceSum(void* data, size_t count, comm::DataType type,
@@ -345,6 +349,10 @@ class LonelyCommunicator final : public comm::Communicator {
   Status AllGather(const void* in, void* out, size_t count, comm::DataType type,
                    comm::Deadline) override {
     std::memcpy(out, in, count * comm::DataTypeSize(type));  // rank 0's slice; the rest stale
+    return Status::Ok();
+  }
+  Status Scatter(const void* in, void* out, size_t bytes, int, comm::Deadline) override {
+    std::memcpy(out, in, bytes);  // rank 0's part
     return Status::Ok();
   }
   Status Barrier(comm::Deadline) override { return Status::Ok(); }
@@ -566,6 +574,10 @@ class LeavingCommunicator final : public comm::Communicator {
       return Status::Ok();
     }
     return inner_->AllGather(in, out, count, type, deadline);
+  }
+  Status Scatter(const void* in, void* out, size_t bytes, int root,
+                 comm::Deadline deadline) override {
+    return inner_->Scatter(in, out, bytes, root, deadline);
   }
   void Abort() override { inner_->Abort(); }
   Status AllReduceSum(void* data, size_t count, comm::DataType type,
