@@ -293,8 +293,8 @@ Status PublishEndOfStream(Communicator* comm, Deadline deadline) {
 
 namespace {
 
-// The receiver's side of one version. `prepare(total, bucket)` returns where the payload goes (host or
-// device memory); `device_checksums`, when set, computes every bucket's CRC-32 after the last
+// The receiver's side of one version. `prepare(total, bucket)` returns where the payload goes (host
+// or device memory); `device_checksums`, when set, computes every bucket's CRC-32 after the last
 // bucket arrived (device payloads); host payloads are checksummed bucket by bucket. With
 // `on_bucket` (host memory only), the memory prepare(total, bucket) returns need hold only
 // `bucket` bytes (one bucket, at most `total`): every bucket lands at its start, handed to
