@@ -761,7 +761,9 @@ grpc::Status RolloutService::ReceiveGlooSlices(comm::Deadline deadline,
   // checks (no rank holds the whole version). The receive itself is the gloo stream's.
   std::unique_lock<std::mutex> lock = WaitForEngine();
   StatusOr<comm::Receipt> r = Unavailable("no transfer");
+  bool received = false;
   Status s = engine_->UpdateWeights(version_.load(), [&] {
+    received = true;
     const model::NamedTensors slices = model_->NamedParameters();
     SliceSender sender(slices, model_->tensor_parallel());
     r = comm::ReceivePublishedBuckets(
@@ -774,7 +776,7 @@ grpc::Status RolloutService::ReceiveGlooSlices(comm::Deadline deadline,
         });
     return sender.Finish(r.status());
   });
-  if (r.ok() && !s.ok()) r = s;
+  if (!s.ok() && (r.ok() || !received)) r = s;  // the load failed, or the engine never took it
   if (!r.ok()) {
     GYRE_LOG_ERROR("weight transfer rejected: {}", r.status().ToString());
     if (weight_comm_ && weight_comm_->aborted()) weight_comm_.reset();
