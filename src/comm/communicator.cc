@@ -32,4 +32,13 @@ size_t DataTypeSize(DataType t) {
   return 0;
 }
 
+Status CheckScatterArguments(int rank, int size, const void* input, int root) {
+  if (root < 0 || root >= size) {
+    return InvalidArgument("scatter root " + std::to_string(root) + " outside a group of " +
+                           std::to_string(size));
+  }
+  if (rank == root && input == nullptr) return InvalidArgument("scatter root without input");
+  return Status::Ok();
+}
+
 }  // namespace gyre::comm

@@ -34,6 +34,9 @@ double SecondsLeft(Deadline deadline);
 enum class DataType { kFloat32, kFloat64, kBFloat16, kFloat16 };
 size_t DataTypeSize(DataType t);
 
+// The checks every Scatter implementation makes first: a root inside the group, and input on it.
+Status CheckScatterArguments(int rank, int size, const void* input, int root);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

@@ -204,12 +204,8 @@ class GlooCommunicator final : public Communicator {
 
   Status Scatter(const void* input, void* output, size_t bytes, int root,
                  Deadline deadline) override {
-    if (root < 0 || root >= size_) {
-      return InvalidArgument("scatter root " + std::to_string(root) + " outside a group of " +
-                             std::to_string(size_));
-    }
+    GYRE_RETURN_IF_ERROR(CheckScatterArguments(rank_, size_, input, root));
     if (bytes == 0) return Status::Ok();
-    if (rank_ == root && input == nullptr) return InvalidArgument("scatter root without input");
     if (size_ == 1) {
       std::memcpy(output, input, bytes);
       return Status::Ok();

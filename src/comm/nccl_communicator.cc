@@ -154,12 +154,8 @@ class NcclCommunicator final : public Communicator {
   // NCCL has no scatter: the root sends each rank its part (and copies its own) in one group.
   Status Scatter(const void* input, void* output, size_t bytes, int root,
                  Deadline deadline) override {
-    if (root < 0 || root >= size_) {
-      return InvalidArgument("scatter root " + std::to_string(root) + " outside a group of " +
-                             std::to_string(size_));
-    }
+    GYRE_RETURN_IF_ERROR(CheckScatterArguments(rank_, size_, input, root));
     if (bytes == 0) return Status::Ok();
-    if (rank_ == root && input == nullptr) return InvalidArgument("scatter root without input");
     cudaSetDevice(device_);
     const bool root_here = rank_ == root;
     auto enqueue = [&](const void* in, void* out) -> ncclResult_t {
