@@ -141,6 +141,24 @@ StatusOr<comm::DataType> CommType(at::ScalarType t) {
 
 [[noreturn]] void ThrowStatus(const Status& s) { throw std::runtime_error(s.ToString()); }
 
+// Elements [begin, begin + out.numel()) of a unit's flat gradient (its parameters' gradients
+// `grads` of `numels` elements, in order, then padding) into `out` (float32): zero where a
+// parameter has no gradient and in the padding.
+void StageGradients(const std::vector<at::Tensor>& grads, const std::vector<int64_t>& numels,
+                    int64_t begin, const at::Tensor& out) {
+  const int64_t end = begin + out.numel();
+  int64_t offset = 0, filled = begin;  // [begin, filled) of out is written
+  for (size_t i = 0; i < numels.size() && offset < end; offset += numels[i], ++i) {
+    const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + numels[i]);
+    if (lo >= hi || !grads[i].defined()) continue;
+    if (lo > filled) out.narrow(0, filled - begin, lo - filled).zero_();
+    out.narrow(0, lo - begin, hi - lo)
+        .copy_(grads[i].reshape({-1}).narrow(0, lo - offset, hi - lo));
+    filled = hi;
+  }
+  if (end > filled) out.narrow(0, filled - begin, end - filled).zero_();
+}
+
 // On a GPU the collectives run on the communicator's own stream, which does not wait for the
 // streams that produced their inputs (the compute stream's backward, the cast just made on this
 // thread): wait for the device first. (Correct before fast: an event per input would let later
@@ -153,21 +171,26 @@ Status InputsReady(const at::Tensor& t, comm::Deadline deadline) {
 }  // namespace
 
 // The differentiable gather of one unit: its input is the rank's master slice (so that autograd
-// calls the backward), its output a flat view of the gathered buffer; the backward hands the
-// unit's whole gradient to the shards, which reduce-scatter it into the gradient slice, and
-// gives the master none (the slice's gradient lives in ParameterShards::gradients()).
+// calls the backward), its outputs the unit's parameters, views of the gathered buffer; the
+// backward hands their gradients to the shards, which reduce-scatter them into the gradient
+// slice, and gives the master none (the slice's gradient lives in ParameterShards::gradients()).
+// The outputs are separate (not views cut from one flat output by autograd), so their gradients
+// reach the backward as they are, never packed into one copy of the unit; a parameter without a
+// gradient comes as an undefined tensor, not a tensor of zeros.
 class GatherUnitFunction : public torch::autograd::Function<GatherUnitFunction> {
  public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& master,
-                            int64_t owner, int64_t unit) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& master, int64_t owner,
+                                                int64_t unit) {
     ctx->saved_data["owner"] = owner;
     ctx->saved_data["unit"] = unit;
-    return reinterpret_cast<ParameterShards*>(owner)->FlatView(static_cast<int>(unit));
+    ctx->set_materialize_grads(false);
+    return reinterpret_cast<ParameterShards*>(owner)->Pieces(static_cast<int>(unit));
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* self = reinterpret_cast<ParameterShards*>(ctx->saved_data["owner"].toInt());
-    self->OnGradient(static_cast<int>(ctx->saved_data["unit"].toInt()), grads[0]);
+    self->OnGradient(static_cast<int>(ctx->saved_data["unit"].toInt()), std::move(grads));
     return {at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -370,20 +393,22 @@ std::vector<at::Tensor> ParameterShards::Acquire(int u) {
   // Prefetch: the next unit of the forward, unless this pass already had it (with tied
   // embeddings the LM head asks for unit 0 again after the last unit).
   if (u + 1 < num_units() && !units_[u + 1].acquired) StartGather(u + 1);
-  at::Tensor flat;
   if (trainable_ && at::GradMode::is_enabled()) {
-    flat = GatherUnitFunction::apply(masters_[u], reinterpret_cast<int64_t>(this),
+    return GatherUnitFunction::apply(masters_[u], reinterpret_cast<int64_t>(this),
                                      static_cast<int64_t>(u));
-  } else {
-    flat = FlatView(u);
   }
+  return Pieces(u);
+}
+
+std::vector<at::Tensor> ParameterShards::Pieces(int u) const {
   const Unit& unit = units_[u];
-  std::vector<int64_t> sizes = unit.numels;
-  const int64_t pad = flat.numel() - unit.layout.total;
-  if (pad > 0) sizes.push_back(pad);
-  std::vector<at::Tensor> pieces = flat.split_with_sizes(sizes);
+  const at::Tensor flat = FlatView(u);
   std::vector<at::Tensor> out;
-  for (size_t i = 0; i < unit.numels.size(); ++i) out.push_back(pieces[i].view(unit.def.shapes[i]));
+  int64_t offset = 0;
+  for (size_t i = 0; i < unit.numels.size(); ++i) {
+    out.push_back(flat.narrow(0, offset, unit.numels[i]).view(unit.def.shapes[i]));
+    offset += unit.numels[i];
+  }
   return out;
 }
 
@@ -406,15 +431,18 @@ void ParameterShards::BeforeBackward(int u) {
   }
 }
 
-void ParameterShards::OnGradient(int u, const at::Tensor& grad) {
+void ParameterShards::OnGradient(int u, std::vector<at::Tensor> grads) {
   GYRE_CHECK(grads_.size() == units_.size()) << "a sharded backward outside a step";
   Unit& unit = units_[u];
+  GYRE_CHECK(grads.size() == unit.numels.size())
+      << grads.size() << " gradients for a unit of " << unit.numels.size() << " parameters";
   // Every view of the buffer this unit's backward reads has been read: its memory can go. (With
   // tied embeddings the LM head's use of unit 0 comes back here; the lookup's does not read it.)
   Free(u);
   at::Tensor slice = grads_[u];
   const int64_t chunk = unit.layout.chunk;
-  at::Tensor g = grad.defined() ? grad : at::zeros({unit.full.numel()}, unit.full.options());
+  const std::vector<int64_t> numels = unit.numels;
+  const int64_t staging = reduce_staging_elements_;
   while (reduces_.size() >= kReducesInFlight) {
     const Status s = queue_->Wait(reduces_.front());
     reduces_.pop_front();
@@ -423,20 +451,29 @@ void ParameterShards::OnGradient(int u, const at::Tensor& grad) {
   reduces_.push_back(queue_->Post(
       "reduce-scatter of the gradient of " + unit.def.names.front() +
           " and the rest of its unit (" + std::to_string(unit.layout.total) + " elements)",
-      [g, slice, chunk](comm::Communicator* comm, comm::Deadline deadline) {
+      [grads = std::move(grads), numels, slice, chunk, staging](comm::Communicator* comm,
+                                                                comm::Deadline deadline) {
         at::NoGradGuard no_grad;
         // Summed in float32 whatever the compute dtype.
-        const at::Tensor g32 = g.to(at::kFloat).contiguous();
-        if (comm == nullptr) {
-          slice.add_(g32.narrow(0, 0, chunk));
-          return InputsReady(slice, deadline);
+        const int ranks = comm == nullptr ? 1 : comm->size();
+        const int64_t segment = std::max<int64_t>(1, std::min(chunk, staging / ranks));
+        at::Tensor in = at::empty({segment * ranks}, slice.options());
+        at::Tensor mine = at::empty({segment}, slice.options());
+        for (int64_t s = 0; s < chunk; s += segment) {
+          const int64_t n = std::min(segment, chunk - s);
+          for (int r = 0; r < ranks; ++r) {
+            StageGradients(grads, numels, r * chunk + s, in.narrow(0, r * n, n));
+          }
+          if (comm == nullptr) {
+            slice.narrow(0, s, n).add_(in.narrow(0, 0, n));
+            continue;
+          }
+          GYRE_RETURN_IF_ERROR(InputsReady(in, deadline));
+          GYRE_RETURN_IF_ERROR(comm->ReduceScatterSum(in.data_ptr(), mine.data_ptr(),
+                                                      static_cast<size_t>(n),
+                                                      comm::DataType::kFloat32, deadline));
+          slice.narrow(0, s, n).add_(mine.narrow(0, 0, n));
         }
-        GYRE_RETURN_IF_ERROR(InputsReady(g32, deadline));
-        at::Tensor mine = at::empty({chunk}, g32.options());
-        GYRE_RETURN_IF_ERROR(comm->ReduceScatterSum(g32.data_ptr(), mine.data_ptr(),
-                                                    static_cast<size_t>(chunk),
-                                                    comm::DataType::kFloat32, deadline));
-        slice.add_(mine);
         return InputsReady(slice, deadline);  // the optimizer reads it on another stream
       }));
 }

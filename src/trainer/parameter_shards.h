@@ -33,6 +33,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -157,6 +158,13 @@ class ParameterShards final : public model::ParameterGather {
   double WeightedSquaredNorm(const at::Tensor& flat,
                              const std::function<double(const std::string&)>& weight) const;
 
+  // The float32 staging through which a unit's gradients are reduce-scattered, a segment of every
+  // rank's chunk at a time (trainer.grad_bucket_mb; 32 MiB unless set). At least one element per
+  // rank is sent at a time.
+  void set_reduce_staging_bytes(int64_t bytes) {
+    reduce_staging_elements_ = std::max<int64_t>(1, bytes / 4);
+  }
+
   // Bytes held: master slices, gradient slices (during a step), gathered units right now.
   int64_t master_bytes() const;
   int64_t gathered_bytes() const;
@@ -180,9 +188,13 @@ class ParameterShards final : public model::ParameterGather {
   void Free(int u);
   // From the hook on a released unit's output: gather it again, prefetch the one below.
   void BeforeBackward(int u);
-  // From the autograd function's backward: the unit's whole gradient.
-  void OnGradient(int u, const at::Tensor& grad);
+  // From the autograd function's backward: the gradient of each of the unit's parameters
+  // (undefined: zero), reduce-scattered into its gradient slice straight from these tensors, a
+  // segment of every rank's chunk at a time, without a packed copy of the whole unit.
+  void OnGradient(int u, std::vector<at::Tensor> grads);
   at::Tensor FlatView(int u) const;
+  // The unit's parameters as views of its gathered buffer, shaped.
+  std::vector<at::Tensor> Pieces(int u) const;
 
   friend class GatherUnitFunction;
 
@@ -194,12 +206,14 @@ class ParameterShards final : public model::ParameterGather {
   std::vector<Unit> units_;
   std::vector<at::Tensor> masters_;
   std::vector<at::Tensor> grads_;
-  // Reduce-scatters posted and not yet waited for, oldest first. Each holds a unit's whole
-  // gradient until it has run, so the backward waits before it has more than
+  // Reduce-scatters posted and not yet waited for, oldest first. Each holds a unit's
+  // gradients until it has run, so the backward waits before it has more than
   // kReducesInFlight of them (a backward faster than the links would otherwise hold the
   // gradients of every unit at once).
   std::deque<int64_t> reduces_;
   static constexpr size_t kReducesInFlight = 1;
+  // Elements of the float32 staging a reduce-scatter sends at a time (all ranks' segments).
+  int64_t reduce_staging_elements_ = (int64_t{32} << 20) / 4;
 };
 
 }  // namespace gyre::trainer

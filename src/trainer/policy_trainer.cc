@@ -158,6 +158,7 @@ Status PolicyTrainer::ShardParameters() {
   GYRE_ASSIGN_OR_RETURN(auto shards, ParameterShards::Create(spec, model_->NamedParameters(),
                                                              queue.get(), compute_dtype_, device,
                                                              /*trainable=*/true, units));
+  shards->set_reduce_staging_bytes(dp_options_.bucket_bytes);
   std::unique_ptr<ParameterShards> ref_shards;
   if (reference_ != nullptr) {
     GYRE_ASSIGN_OR_RETURN(ref_shards, ParameterShards::Create(spec, reference_->NamedParameters(),
@@ -1513,6 +1514,7 @@ Status PolicyTrainer::SetDataParallel(comm::Communicator* comm,
     dp_ = comm;
     dp_options_ = options;
     dp_timeout_s_ = options.timeout_s;
+    shards_->set_reduce_staging_bytes(options.bucket_bytes);
     return Status::Ok();
   }
   if (sharded_ && (sharded_->layout().rank != rank || sharded_->layout().ranks != ranks)) {
