@@ -263,7 +263,8 @@ std::vector<Field> TrainerFields() {
       Num(GYRE_CONFIG_KEY(trainer.torch_threads), Closed(0, 1024),
           "intra-op threads per worker process; 0 = from the cores available"),
       Num(GYRE_CONFIG_KEY(trainer.grad_bucket_mb), Closed(1, 4096),
-          "data-parallel gradient all-reduce bucket size in MiB"),
+          "data-parallel gradient bucket size in MiB: all-reduce buckets, and the reduce-scatter "
+          "staging of shard: parameters"),
       Flag(GYRE_CONFIG_KEY(trainer.overlap_grad_reduce),
            "data parallel: all-reduce gradient buckets during the last micro-batch's backward"),
       Choice(GYRE_CONFIG_KEY(trainer.shard), {"none", "optimizer", "gradients", "parameters"},

@@ -15,9 +15,10 @@
 // the next one is gathered (prefetch). When the unit's forward is done (Release) the buffer's
 // memory is returned; when its backward is about to start (a hook on the unit's output) the unit
 // is gathered again into the same buffer, and the one before it is prefetched. As soon as
-// autograd has the whole gradient of a unit, that gradient is reduce-scattered (summed over the
-// ranks in float32, each rank receiving its slice, added to its gradient shard) while the
-// backward goes on with the units below, and the unit's buffer is freed; one of those is in
+// autograd has the gradients of all of a unit's parameters, they are reduce-scattered (summed
+// over the ranks in float32, each rank receiving its slice, added to its gradient shard) straight
+// from those tensors, through a staging of at most set_reduce_staging_bytes() a segment at a
+// time, while the backward goes on with the units below, and the unit's buffer is freed; one of those is in
 // flight at a time, so a backward quicker than the links does not pile up whole gradients. The last
 // unit stays gathered from its forward to its backward (its output is the forward's output).
 //

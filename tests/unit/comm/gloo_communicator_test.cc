@@ -138,6 +138,25 @@ TEST_F(GlooTest, ReduceScatterAndAllGatherAcrossThreeRanks) {
   });
 }
 
+// An all-gather larger than one segment of the communicator (8 MiB of output): 3 ranks of
+// 1,000,003 float32 each go in two segments, the second one short, and land in rank order.
+TEST_F(GlooTest, ALargeAllGatherGoesInSegmentsIntoRankOrder) {
+  RunRanks("large-gather", 3, [](int rank, Communicator* c) {
+    const size_t count = 1000003;
+    std::vector<float> mine(count), all(3 * count, -1.0f);
+    for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>(rank * 4000000 + i);
+    const Status s =
+        c->AllGather(mine.data(), all.data(), count, DataType::kFloat32, DeadlineAfter(30));
+    ASSERT_TRUE(s.ok()) << s;
+    for (int r = 0; r < 3; ++r) {
+      for (size_t i = 0; i < count; i += 997) {
+        ASSERT_EQ(all[r * count + i], static_cast<float>(r * 4000000 + i)) << r << " " << i;
+      }
+      ASSERT_EQ(all[r * count + count - 1], static_cast<float>(r * 4000000 + count - 1)) << r;
+    }
+  });
+}
+
 // Scatter from rank 1: every rank, the root included, ends with its own part of the root's input;
 // the others pass no input. A root outside the group is refused.
 TEST_F(GlooTest, ScatterHandsEachRankItsPartAcrossThreeRanks) {
