@@ -174,30 +174,42 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  // In segments like AllGather: ProcessGroupGloo flattens its input into a copy of its own.
   Status ReduceScatterSum(const void* input, void* output, size_t count, DataType type,
                           Deadline deadline) override {
     if (count == 0) return Status::Ok();
-    return Run("reduce-scatter", deadline, [&](std::chrono::milliseconds timeout) {
-      const auto opts = at::TensorOptions(ToScalarType(type));
-      at::Tensor in =
-          at::from_blob(const_cast<void*>(input), {static_cast<int64_t>(count) * size_}, opts);
-      at::Tensor out = at::from_blob(output, {static_cast<int64_t>(count)}, opts);
-      c10d::ReduceScatterOptions o;
-      o.reduceOp = c10d::ReduceOp::SUM;
-      o.timeout = timeout;
-      return pg_->_reduce_scatter_base(out, in, o);
-    });
+    const auto opts = at::TensorOptions(ToScalarType(type));
+    const size_t elem = DataTypeSize(type);
+    const size_t per = std::max<size_t>(1, kSegmentBytes / (elem * size_));
+    for (size_t s = 0; s < count; s += per) {
+      const size_t n = std::min(per, count - s);
+      GYRE_RETURN_IF_ERROR(Run("reduce-scatter", deadline, [&](std::chrono::milliseconds timeout) {
+        std::vector<at::Tensor> out = {
+            at::from_blob(static_cast<char*>(output) + s * elem, {static_cast<int64_t>(n)}, opts)};
+        std::vector<std::vector<at::Tensor>> in(1);
+        for (int r = 0; r < size_; ++r) {
+          in[0].push_back(
+              at::from_blob(static_cast<char*>(const_cast<void*>(input)) + (r * count + s) * elem,
+                            {static_cast<int64_t>(n)}, opts));
+        }
+        c10d::ReduceScatterOptions o;
+        o.reduceOp = c10d::ReduceOp::SUM;
+        o.timeout = timeout;
+        return pg_->reduce_scatter(out, in, o);
+      }));
+    }
+    return Status::Ok();
   }
 
   // ProcessGroupGloo gathers into a flat buffer of its own as large as the whole output and then
   // copies it out, so a large all-gather (a unit of sharded parameters, a ZeRO-1/2 model) goes
-  // in segments of at most kAllGatherSegmentBytes of output each, straight into their places.
+  // in segments of at most kSegmentBytes (all ranks' parts) each, straight into their places.
   Status AllGather(const void* input, void* output, size_t count, DataType type,
                    Deadline deadline) override {
     if (count == 0) return Status::Ok();
     const auto opts = at::TensorOptions(ToScalarType(type));
     const size_t elem = DataTypeSize(type);
-    const size_t per = std::max<size_t>(1, kAllGatherSegmentBytes / (elem * size_));
+    const size_t per = std::max<size_t>(1, kSegmentBytes / (elem * size_));
     for (size_t s = 0; s < count; s += per) {
       const size_t n = std::min(per, count - s);
       GYRE_RETURN_IF_ERROR(Run("all-gather", deadline, [&](std::chrono::milliseconds timeout) {
@@ -403,7 +415,7 @@ class GlooCommunicator final : public Communicator {
 
   const int rank_;
   const int size_;
-  static constexpr size_t kAllGatherSegmentBytes = size_t{8} << 20;
+  static constexpr size_t kSegmentBytes = size_t{8} << 20;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   std::atomic<bool> aborted_{false};
   std::mutex mu_;                                // guards inflight_ and inflight_p2p_

@@ -138,9 +138,10 @@ TEST_F(GlooTest, ReduceScatterAndAllGatherAcrossThreeRanks) {
   });
 }
 
-// An all-gather larger than one segment of the communicator (8 MiB of output): 3 ranks of
-// 1,000,003 float32 each go in two segments, the second one short, and land in rank order.
-TEST_F(GlooTest, ALargeAllGatherGoesInSegmentsIntoRankOrder) {
+// An all-gather and a reduce-scatter larger than one segment of the communicator (8 MiB of all
+// ranks' parts): 3 ranks of 1,000,003 float32 each go in two segments, the second one short,
+// and land in rank order.
+TEST_F(GlooTest, LargeAllGatherAndReduceScatterGoInSegmentsIntoRankOrder) {
   RunRanks("large-gather", 3, [](int rank, Communicator* c) {
     const size_t count = 1000003;
     std::vector<float> mine(count), all(3 * count, -1.0f);
@@ -154,6 +155,18 @@ TEST_F(GlooTest, ALargeAllGatherGoesInSegmentsIntoRankOrder) {
       }
       ASSERT_EQ(all[r * count + count - 1], static_cast<float>(r * 4000000 + count - 1)) << r;
     }
+    // Reduce-scatter: element j of every rank's input is j % 4000000 plus the rank (sums stay
+    // exact in float32), so rank r receives 3 * ((r * count + i) % 4000000) + 0 + 1 + 2.
+    for (size_t j = 0; j < all.size(); ++j) all[j] = static_cast<float>(j % 4000000 + rank);
+    std::vector<float> sum(count, -1.0f);
+    const Status rs =
+        c->ReduceScatterSum(all.data(), sum.data(), count, DataType::kFloat32, DeadlineAfter(30));
+    ASSERT_TRUE(rs.ok()) << rs;
+    auto want = [&](size_t i) {
+      return static_cast<float>(3 * ((rank * count + i) % 4000000) + 3);
+    };
+    for (size_t i = 0; i < count; i += 991) ASSERT_EQ(sum[i], want(i)) << rank << " " << i;
+    ASSERT_EQ(sum[count - 1], want(count - 1));
   });
 }
 
