@@ -18,9 +18,10 @@
 // autograd has the gradients of all of a unit's parameters, they are reduce-scattered (summed
 // over the ranks in float32, each rank receiving its slice, added to its gradient shard) straight
 // from those tensors, through a staging of at most set_reduce_staging_bytes() a segment at a
-// time, while the backward goes on with the units below, and the unit's buffer is freed; one of those is in
-// flight at a time, so a backward quicker than the links does not pile up whole gradients. The last
-// unit stays gathered from its forward to its backward (its output is the forward's output).
+// time, while the backward goes on with the units below, and the unit's buffer is freed; one of
+// those is in flight at a time, so a backward quicker than the links does not pile up whole
+// gradients. The last unit stays gathered from its forward to its backward (its output is the
+// forward's output).
 //
 // Every collective runs on one thread (CollectiveQueue) in the order the passes ask for them,
 // which is the same on every rank as long as every rank runs the same passes: the same number of
