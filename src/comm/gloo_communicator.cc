@@ -174,59 +174,32 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  // In segments like AllGather: ProcessGroupGloo flattens its input into a copy of its own.
+  // ProcessGroupGloo copies a whole reduce-scatter input, or a whole all-gather output, through a
+  // flat buffer of its own: a large one (a unit of sharded parameters, a ZeRO-1/2 model) goes in
+  // segments of at most kSegmentBytes (all ranks' parts) each, straight into their places.
   Status ReduceScatterSum(const void* input, void* output, size_t count, DataType type,
                           Deadline deadline) override {
-    if (count == 0) return Status::Ok();
-    const auto opts = at::TensorOptions(ToScalarType(type));
-    const size_t elem = DataTypeSize(type);
-    const size_t per = std::max<size_t>(1, kSegmentBytes / (elem * size_));
-    for (size_t s = 0; s < count; s += per) {
-      const size_t n = std::min(per, count - s);
-      GYRE_RETURN_IF_ERROR(Run("reduce-scatter", deadline, [&](std::chrono::milliseconds timeout) {
-        std::vector<at::Tensor> out = {
-            at::from_blob(static_cast<char*>(output) + s * elem, {static_cast<int64_t>(n)}, opts)};
-        std::vector<std::vector<at::Tensor>> in(1);
-        for (int r = 0; r < size_; ++r) {
-          in[0].push_back(
-              at::from_blob(static_cast<char*>(const_cast<void*>(input)) + (r * count + s) * elem,
-                            {static_cast<int64_t>(n)}, opts));
-        }
-        c10d::ReduceScatterOptions o;
-        o.reduceOp = c10d::ReduceOp::SUM;
-        o.timeout = timeout;
-        return pg_->reduce_scatter(out, in, o);
-      }));
-    }
-    return Status::Ok();
+    return InSegments("reduce-scatter", output, input, count, type, deadline,
+                      [&](at::Tensor& mine, std::vector<at::Tensor>& parts, auto timeout) {
+                        std::vector<at::Tensor> out = {mine};
+                        std::vector<std::vector<at::Tensor>> in = {parts};
+                        c10d::ReduceScatterOptions o;
+                        o.reduceOp = c10d::ReduceOp::SUM;
+                        o.timeout = timeout;
+                        return pg_->reduce_scatter(out, in, o);
+                      });
   }
 
-  // ProcessGroupGloo gathers into a flat buffer of its own as large as the whole output and then
-  // copies it out, so a large all-gather (a unit of sharded parameters, a ZeRO-1/2 model) goes
-  // in segments of at most kSegmentBytes (all ranks' parts) each, straight into their places.
   Status AllGather(const void* input, void* output, size_t count, DataType type,
                    Deadline deadline) override {
-    if (count == 0) return Status::Ok();
-    const auto opts = at::TensorOptions(ToScalarType(type));
-    const size_t elem = DataTypeSize(type);
-    const size_t per = std::max<size_t>(1, kSegmentBytes / (elem * size_));
-    for (size_t s = 0; s < count; s += per) {
-      const size_t n = std::min(per, count - s);
-      GYRE_RETURN_IF_ERROR(Run("all-gather", deadline, [&](std::chrono::milliseconds timeout) {
-        std::vector<at::Tensor> in = {
-            at::from_blob(static_cast<char*>(const_cast<void*>(input)) + s * elem,
-                          {static_cast<int64_t>(n)}, opts)};
-        std::vector<std::vector<at::Tensor>> out(1);
-        for (int r = 0; r < size_; ++r) {
-          out[0].push_back(at::from_blob(static_cast<char*>(output) + (r * count + s) * elem,
-                                         {static_cast<int64_t>(n)}, opts));
-        }
-        c10d::AllgatherOptions o;
-        o.timeout = timeout;
-        return pg_->allgather(out, in, o);
-      }));
-    }
-    return Status::Ok();
+    return InSegments("all-gather", const_cast<void*>(input), output, count, type, deadline,
+                      [&](at::Tensor& mine, std::vector<at::Tensor>& parts, auto timeout) {
+                        std::vector<at::Tensor> in = {mine};
+                        std::vector<std::vector<at::Tensor>> out = {parts};
+                        c10d::AllgatherOptions o;
+                        o.timeout = timeout;
+                        return pg_->allgather(out, in, o);
+                      });
   }
 
   Status Scatter(const void* input, void* output, size_t bytes, int root,
@@ -328,6 +301,32 @@ class GlooCommunicator final : public Communicator {
     if (!completed) {  // abort() ended the wait
       aborted_.store(true);
       return Aborted("gloo " + what + " aborted");
+    }
+    return Status::Ok();
+  }
+
+  // A collective between this rank's `count` elements at `mine` and every rank's at `all` (rank
+  // r's at all + r * count), one segment at a time: start(mine's segment, the ranks' segments,
+  // timeout) starts it.
+  template <typename StartFn>
+  Status InSegments(const char* what, const void* mine, const void* all, size_t count,
+                    DataType type, Deadline deadline, StartFn start) {
+    if (count == 0) return Status::Ok();
+    const auto opts = at::TensorOptions(ToScalarType(type));
+    const size_t elem = DataTypeSize(type);
+    const size_t per = std::max<size_t>(1, kSegmentBytes / (elem * size_));
+    auto* mine_bytes = static_cast<char*>(const_cast<void*>(mine));
+    auto* all_bytes = static_cast<char*>(const_cast<void*>(all));
+    for (size_t s = 0; s < count; s += per) {
+      const auto n = static_cast<int64_t>(std::min(per, count - s));
+      GYRE_RETURN_IF_ERROR(Run(what, deadline, [&](std::chrono::milliseconds timeout) {
+        at::Tensor own = at::from_blob(mine_bytes + s * elem, {n}, opts);
+        std::vector<at::Tensor> parts;
+        for (int r = 0; r < size_; ++r) {
+          parts.push_back(at::from_blob(all_bytes + (r * count + s) * elem, {n}, opts));
+        }
+        return start(own, parts, timeout);
+      }));
     }
     return Status::Ok();
   }
