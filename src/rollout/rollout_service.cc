@@ -107,6 +107,14 @@ StatusOr<std::unique_ptr<RolloutService>> RolloutService::Create(
 
 namespace {
 
+// What a worker answers the trainer for a version received over a Communicator.
+void FillReceipt(const comm::Receipt& r, v1::WeightReceipt* receipt) {
+  receipt->set_version(r.version);
+  for (uint32_t c : r.bucket_crc32) receipt->add_bucket_crc32(c);
+  receipt->set_bytes(r.bytes);
+  receipt->set_seconds(r.seconds);
+}
+
 SamplingOptions SamplingFromRequest(const v1::SamplingParams& sp) {
   SamplingOptions so;
   so.temperature = sp.temperature();
@@ -745,10 +753,7 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
                       r->version, transport, r->bytes);
       }
     }
-    receipt->set_version(r->version);
-    for (uint32_t c : r->bucket_crc32) receipt->add_bucket_crc32(c);
-    receipt->set_bytes(r->bytes);
-    receipt->set_seconds(r->seconds);
+    FillReceipt(*r, receipt);
     GYRE_LOG_DEBUG("loaded policy version {} over {} ({} bytes)", r->version, transport, r->bytes);
     return grpc::Status::OK;
   });
@@ -787,10 +792,7 @@ grpc::Status RolloutService::ReceiveGlooSlices(comm::Deadline deadline,
     GYRE_LOG_INFO("received policy version {} over gloo ({} bytes; this process's first weights)",
                   r->version, r->bytes);
   }
-  receipt->set_version(r->version);
-  for (uint32_t c : r->bucket_crc32) receipt->add_bucket_crc32(c);
-  receipt->set_bytes(r->bytes);
-  receipt->set_seconds(r->seconds);
+  FillReceipt(*r, receipt);
   GYRE_LOG_DEBUG("loaded policy version {} over gloo ({} bytes, in slices)", r->version, r->bytes);
   return grpc::Status::OK;
 }

@@ -256,19 +256,6 @@ Status SliceSender::Finish(const Status& transfer) {
                      " did not receive the whole version; nothing was loaded");
 }
 
-Status SendSlices(const Status& have, const std::vector<model::TensorEntry>& manifest,
-                  const uint8_t* payload, uint64_t payload_bytes, const model::NamedTensors& slices,
-                  model::TensorParallelGroup* group) {
-  SliceSender sender(slices, group);
-  if (!have.ok()) return sender.Finish(have);
-  const Status begun = sender.Begin(manifest, payload_bytes);
-  if (!begun.ok()) {
-    (void)sender.Finish(begun);
-    return begun;
-  }
-  return sender.Finish(sender.Add(0, payload, payload_bytes));
-}
-
 Status ReceiveSlices(const model::NamedTensors& slices, model::TensorParallelGroup* group) {
   const int rank = group->rank(), size = group->size();
   const int64_t n = BroadcastCount(group, 0);

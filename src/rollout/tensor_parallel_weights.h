@@ -63,12 +63,6 @@ class SliceSender {
   bool begun_ = false;
 };
 
-// Rank 0 with a whole version in memory (the gloo transport): Begin, Add of the whole payload
-// and Finish; `have` is whether the version arrived (its error otherwise).
-Status SendSlices(const Status& have, const std::vector<model::TensorEntry>& manifest,
-                  const uint8_t* payload, uint64_t payload_bytes, const model::NamedTensors& slices,
-                  model::TensorParallelGroup* group);
-
 // Every other rank: receives the version rank 0 sends into a staging copy of `slices` (this
 // rank's parameters) and loads it when every rank has all of it. An error, with nothing loaded,
 // when rank 0 refused the version, the transfer failed, a tensor does not slice to this rank's
