@@ -2,6 +2,7 @@
 // Helpers for tests that run the `gyre` binary as a real process.
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -65,11 +66,37 @@ inline std::vector<nlohmann::json> MetricsRecords(const std::string& path,
   return out;
 }
 
+// The directories MakeTempDir made in this process. Under ctest each test runs in a process of
+// its own: when it passed, its directories are removed as the process exits; when it failed they
+// stay for inspection, and GYRE_KEEP_TEST_DIRS=1 keeps them always. A job's directory can hold
+// gigabytes (checkpoints of a 99 M-parameter model), and a CI machine's disk is bounded. Only the
+// process that made a directory removes it (a forked child that exits does not).
+class TempDirs {
+ public:
+  static TempDirs& Get() {
+    static TempDirs dirs;
+    return dirs;
+  }
+  void Add(const std::string& dir) { dirs_.push_back(dir); }
+  ~TempDirs() {
+    const char* keep = std::getenv("GYRE_KEEP_TEST_DIRS");
+    if (::getpid() != owner_ || (keep != nullptr && std::string(keep) == "1")) return;
+    if (::testing::UnitTest::GetInstance()->Failed()) return;
+    for (const auto& d : dirs_) (void)RemoveTree(d);
+  }
+
+ private:
+  TempDirs() : owner_(::getpid()) {}
+  pid_t owner_;
+  std::vector<std::string> dirs_;
+};
+
 inline std::string MakeTempDir(const std::string& tag) {
   const std::string dir =
       TempDirectory() + "/gyre_" + tag + "_" + std::to_string(::getpid()) + "_" +
       std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
   if (!MakeDirs(dir).ok()) std::abort();
+  TempDirs::Get().Add(dir);
   return dir;
 }
 
