@@ -52,7 +52,7 @@ done
 
 # What the build (with its test targets configured) and the gyre executable need.
 BUILD_PACKAGES=(
-  build-essential cmake ninja-build ccache pkg-config git python3 python3-venv
+  build-essential cmake ninja-build ccache lld pkg-config git python3 python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
