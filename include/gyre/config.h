@@ -208,6 +208,10 @@ struct TrainerSection {
   // Data parallel: which state each rank keeps only its slice of: "none", "optimizer" (ZeRO-1:
   // the AdamW moments) or "gradients" (ZeRO-2: moments and gradients, reduce-scattered).
   std::string shard = "none";
+  // shard "parameters": free each gathered layer after its forward and gather it again for its
+  // backward (true), or keep it gathered until its backward (false: no second all-gather; the
+  // whole model in the compute dtype is held during a step).
+  bool reshard_after_forward = true;
   bool sequence_packing = true;  // pack samples into rows (block-diagonal attention)
   // Packed: samples with the same prompt share one copy of it ("auto", "on", "off").
   std::string prompt_sharing = "auto";

@@ -41,7 +41,7 @@ namespace {
 constexpr char kDpStepDetails[] =
     "Times data-parallel optimizer steps (PolicyTrainer::Step, policy gradient, on a synthetic\n"
     "batch) on RANKS trainer ranks: threads of this process, each with its own Gloo group member\n"
-    "on loopback and its own intra-op threads. Five rows, measured in the same run:\n"
+    "on loopback and its own intra-op threads. These rows, measured in the same run:\n"
     "  allreduce-only  the bucketed gradient all-reduce alone (zero gradients, no forward or\n"
     "                  backward): the communication a step has to hide\n"
     "  blocking        trainer.overlap_grad_reduce: false, every bucket after backward (baseline)\n"
@@ -54,6 +54,8 @@ constexpr char kDpStepDetails[] =
     "  zero3           trainer.shard: parameters: each rank keeps 1/RANKS of the weights too;\n"
     "                  every decoder layer is all-gathered before its forward and again before\n"
     "                  its backward, its gradient reduce-scattered during the backward\n"
+    "  zero3-keep      zero3 with trainer.reshard_after_forward: false: each layer stays\n"
+    "                  gathered from its forward to its backward (one all-gather fewer)\n"
     "  tp              trainer.tensor_parallel: RANKS (no data parallelism): each rank holds a\n"
     "                  slice of every layer and of the vocabulary, and all of them compute the\n"
     "                  whole global batch (RANKS x BATCH samples) together, exchanging\n"
@@ -66,10 +68,10 @@ constexpr char kDpStepDetails[] =
     "per step on rank 0 over all rounds; speedup = blocking median / median; weights_mib,\n"
     "state_mib and grad_mib = the float32 weights, the AdamW moments and the gradients rank 0\n"
     "holds between steps (its largest slice when sharded), measured from its tensors;\n"
-    "comm_s = zero3's and tp's seconds per step inside collectives, of which comm_wait_s the\n"
-    "step waited for (the rest was hidden behind compute; tp hides none); max_weight_diff = the "
-    "largest difference of\n"
-    "the final weights from the overlapped row's (sharded rows sum in another order). Blocking\n"
+    "comm_s = the zero3 rows' and tp's seconds per step inside collectives, of which\n"
+    "comm_wait_s the step waited for (the rest was hidden behind compute; tp hides none);\n"
+    "max_weight_diff = the largest difference of the final weights from the overlapped row's\n"
+    "(sharded rows sum in another order). Blocking\n"
     "and overlapped must end every round with identical weights (checked).\n";
 
 struct DpStepSetup {
@@ -104,7 +106,16 @@ struct RankRun {
   double comm_s = 0, comm_wait_s = 0;
 };
 
-enum class DpMode { kAllReduceOnly, kBlocking, kOverlapped, kZero1, kZero2, kZero3, kTp };
+enum class DpMode {
+  kAllReduceOnly,
+  kBlocking,
+  kOverlapped,
+  kZero1,
+  kZero2,
+  kZero3,
+  kZero3Keep,
+  kTp
+};
 const char* ModeName(DpMode m) {
   switch (m) {
     case DpMode::kAllReduceOnly:
@@ -119,6 +130,8 @@ const char* ModeName(DpMode m) {
       return "zero2";
     case DpMode::kZero3:
       return "zero3";
+    case DpMode::kZero3Keep:
+      return "zero3-keep";
     case DpMode::kTp:
       return "tp";
   }
@@ -158,10 +171,12 @@ StatusOr<RankRun> RunRank(const DpStepSetup& s, DpMode mode, const std::string& 
   dp.bucket_bytes = s.bucket_mb << 20;
   dp.timeout_s = 600;
   dp.overlap_grad_reduce = mode != DpMode::kBlocking;
+  dp.reshard_after_forward = mode != DpMode::kZero3Keep;
   GYRE_RETURN_IF_ERROR(t.SetSharding(mode == DpMode::kZero1   ? trainer::Shard::kOptimizer
                                      : mode == DpMode::kZero2 ? trainer::Shard::kGradients
-                                     : mode == DpMode::kZero3 ? trainer::Shard::kParameters
-                                                              : trainer::Shard::kNone));
+                                     : mode == DpMode::kZero3 || mode == DpMode::kZero3Keep
+                                         ? trainer::Shard::kParameters
+                                         : trainer::Shard::kNone));
   const bool tp = mode == DpMode::kTp;
   if (tp) {
     GYRE_RETURN_IF_ERROR(t.SetTensorParallel(comm.get(), 600));
@@ -241,7 +256,8 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
     return 1;
   }
   std::vector<DpMode> modes = {DpMode::kAllReduceOnly, DpMode::kBlocking, DpMode::kOverlapped,
-                               DpMode::kZero1,         DpMode::kZero2,    DpMode::kZero3};
+                               DpMode::kZero1,         DpMode::kZero2,    DpMode::kZero3,
+                               DpMode::kZero3Keep};
   if (Status splits = model::CheckTensorParallel(DpStepSpec(s), static_cast<int>(s.ranks));
       splits.ok()) {
     modes.push_back(DpMode::kTp);
@@ -322,7 +338,8 @@ int RunBenchDpStep(const std::vector<std::string>& args) {
   for (size_t k = 0; k < modes.size(); ++k) {
     const double med = Median(times[k]);
     const bool trainer_mode = modes[k] != DpMode::kAllReduceOnly;
-    const bool zero3 = modes[k] == DpMode::kZero3 || modes[k] == DpMode::kTp;
+    const bool zero3 =
+        modes[k] == DpMode::kZero3 || modes[k] == DpMode::kZero3Keep || modes[k] == DpMode::kTp;
     report.AddRow(
         {{"mode", ModeName(modes[k])},
          {"median_s", med},

@@ -351,6 +351,14 @@ std::optional<Problem> CheckCorrection(const JobConfig& c) {
 // trainer.shard: parameters (ZeRO-3): every trainer takes part in publishing a version (gathered
 // unit by unit and streamed by trainer-0), which the host transports can do.
 std::optional<Problem> CheckShard(const JobConfig& c) {
+  if (!c.trainer.reshard_after_forward && c.trainer.shard != "parameters") {
+    return Problem{{"trainer.reshard_after_forward", "trainer.shard"},
+                   "trainer.reshard_after_forward: false keeps the layers that trainer.shard: "
+                   "parameters gathers until their backward, but trainer.shard is '" +
+                       c.trainer.shard +
+                       "', which gathers no layers (set trainer.shard: parameters, or remove "
+                       "trainer.reshard_after_forward)"};
+  }
   // Split trainers publish from host memory, unit by unit as they gather (grpc and gloo); the
   // device transports send one device buffer holding the whole version.
   if (c.trainer.shard == "parameters" &&

@@ -273,6 +273,10 @@ std::vector<Field> TrainerFields() {
              "(ZeRO-2); the update is the same, per-rank memory for that state falls as 1/N; "
              "parameters (ZeRO-3) = each trainer also keeps only its slice of the weights, "
              "gathering each layer while it computes (publishes over grpc or gloo)"),
+      Flag(GYRE_CONFIG_KEY(trainer.reshard_after_forward),
+           "shard: parameters: free each layer after its forward and all-gather it again before "
+           "its backward (true), or keep it gathered until its backward (false: one all-gather "
+           "fewer per layer and step, the whole model in the compute dtype held during a step)"),
       Flag(GYRE_CONFIG_KEY(trainer.sequence_packing),
            "pack samples end to end into rows with block-diagonal causal attention (no pad "
            "tokens computed); false: one right-padded row per sample"),

@@ -35,7 +35,8 @@ bool ResultNeutral(const std::string& key) {
       "trainer.checkpoint_every",
       "trainer.checkpoint_keep_last",
       "trainer.collective_timeout_s",
-      "trainer.overlap_grad_reduce",  // same buckets, same order: the same sums
+      "trainer.overlap_grad_reduce",    // same buckets, same order: the same sums
+      "trainer.reshard_after_forward",  // the same gathered values either way
       // The same global mini-batches and update up to summation order: a checkpoint loads onto
       // any number of trainers, sharded or not (trainer/trainer_state.h reshards the moments).
       "trainer.workers",

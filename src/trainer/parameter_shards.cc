@@ -351,6 +351,7 @@ at::Tensor ParameterShards::FlatView(int u) const {
 void ParameterShards::StartGather(int u) {
   Unit& unit = units_[u];
   if (unit.ticket >= 0) return;
+  ++gathers_;
   const size_t bytes = static_cast<size_t>(unit.full.numel()) * unit.full.element_size();
   AllocateStorage(unit.full, bytes);
   const comm::DataType type = *CommType(compute_);
@@ -413,8 +414,11 @@ std::vector<at::Tensor> ParameterShards::Pieces(int u) const {
 }
 
 void ParameterShards::Release(int u, const at::Tensor& output) {
+  const bool backward = output.defined() && output.requires_grad() && trainable_;
+  // Kept for the backward (reshard_after_forward false): freed once its gradients are out.
+  if (backward && !reshard_after_forward_) return;
   Free(u);
-  if (!output.defined() || !output.requires_grad() || !trainable_) return;
+  if (!backward) return;
   units_[u].regather = true;
   output.register_hook([this, u](const at::TensorBase&) { BeforeBackward(u); });
 }

@@ -21,7 +21,9 @@
 // time, while the backward goes on with the units below, and the unit's buffer is freed; one of
 // those is in flight at a time, so a backward quicker than the links does not pile up whole
 // gradients. The last unit stays gathered from its forward to its backward (its output is the
-// forward's output).
+// forward's output). With set_reshard_after_forward(false) (trainer.reshard_after_forward) every
+// unit of a pass that will run backward stays gathered from its forward to its backward instead:
+// no second all-gather, at the cost of the whole model in the compute dtype during the pass.
 //
 // Every collective runs on one thread (CollectiveQueue) in the order the passes ask for them,
 // which is the same on every rank as long as every rank runs the same passes: the same number of
@@ -166,6 +168,12 @@ class ParameterShards final : public model::ParameterGather {
   void set_reduce_staging_bytes(int64_t bytes) {
     reduce_staging_elements_ = std::max<int64_t>(1, bytes / 4);
   }
+  // false: a unit whose forward output will be differentiated stays gathered until its
+  // backward (no all-gather before the backward); true (the default): freed after its forward.
+  void set_reshard_after_forward(bool reshard) { reshard_after_forward_ = reshard; }
+  bool reshard_after_forward() const { return reshard_after_forward_; }
+  // All-gathers of units posted since this object was made (the backward's included).
+  int64_t gathers() const { return gathers_; }
 
   // Bytes held: master slices, gradient slices (during a step), gathered units right now.
   int64_t master_bytes() const;
@@ -216,6 +224,8 @@ class ParameterShards final : public model::ParameterGather {
   static constexpr size_t kReducesInFlight = 1;
   // Elements of the float32 staging a reduce-scatter sends at a time (all ranks' segments).
   int64_t reduce_staging_elements_ = (int64_t{32} << 20) / 4;
+  bool reshard_after_forward_ = true;
+  int64_t gathers_ = 0;
 };
 
 }  // namespace gyre::trainer

@@ -159,6 +159,7 @@ Status PolicyTrainer::ShardParameters() {
                                                              queue.get(), compute_dtype_, device,
                                                              /*trainable=*/true, units));
   shards->set_reduce_staging_bytes(dp_options_.bucket_bytes);
+  shards->set_reshard_after_forward(dp_options_.reshard_after_forward);
   std::unique_ptr<ParameterShards> ref_shards;
   if (reference_ != nullptr) {
     GYRE_ASSIGN_OR_RETURN(ref_shards, ParameterShards::Create(spec, reference_->NamedParameters(),
@@ -1515,6 +1516,7 @@ Status PolicyTrainer::SetDataParallel(comm::Communicator* comm,
     dp_options_ = options;
     dp_timeout_s_ = options.timeout_s;
     shards_->set_reduce_staging_bytes(options.bucket_bytes);
+    shards_->set_reshard_after_forward(options.reshard_after_forward);
     return Status::Ok();
   }
   if (sharded_ && (sharded_->layout().rank != rank || sharded_->layout().ranks != ranks)) {

@@ -111,6 +111,9 @@ struct DataParallelOptions {
   // All-reduce gradient buckets while the last micro-batch's backward pass runs (true), or all
   // of them after it (false). Same buckets, same order, same result either way.
   bool overlap_grad_reduce = true;
+  // trainer.shard: parameters: free each gathered unit after its forward (true) or keep it until
+  // its backward (false; ParameterShards::set_reshard_after_forward).
+  bool reshard_after_forward = true;
 };
 
 class GradReducer;

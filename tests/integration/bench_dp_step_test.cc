@@ -33,7 +33,7 @@ TEST(BenchDpStepTest, TinyRunWritesConsistentJson) {
   EXPECT_EQ(j["context"]["same_weights"], true);
   EXPECT_GE(j["context"]["buckets"].get<int>(), 1);
   const auto& rows = j["results"];
-  ASSERT_EQ(rows.size(), 6u) << j.dump(2);
+  ASSERT_EQ(rows.size(), 7u) << j.dump(2);  // no tp row: one head does not split
   EXPECT_EQ(rows[0]["mode"], "allreduce-only");
   EXPECT_TRUE(rows[0]["speedup"].is_null());
   EXPECT_EQ(rows[1]["mode"], "blocking");
@@ -41,6 +41,7 @@ TEST(BenchDpStepTest, TinyRunWritesConsistentJson) {
   EXPECT_EQ(rows[3]["mode"], "zero1");
   EXPECT_EQ(rows[4]["mode"], "zero2");
   EXPECT_EQ(rows[5]["mode"], "zero3");
+  EXPECT_EQ(rows[6]["mode"], "zero3-keep");
   // Two ranks: each sharded row holds half the moments (up to one element of padding), ZeRO-2
   // also half the gradients; the weights agree with the unsharded ones up to rounding.
   const double full_state = rows[2]["state_mib"];
@@ -61,6 +62,13 @@ TEST(BenchDpStepTest, TinyRunWritesConsistentJson) {
   EXPECT_LT(rows[5]["max_weight_diff"].get<double>(), 1e-5) << rows[5].dump();
   EXPECT_GT(rows[5]["comm_s"].get<double>(), 0) << rows[5].dump();
   EXPECT_GE(rows[5]["comm_wait_s"].get<double>(), 0) << rows[5].dump();
+  // Keeping the layers gathered through the backward holds the same state between steps and
+  // trains the same weights.
+  for (const char* field : {"weights_mib", "state_mib", "grad_mib"}) {
+    EXPECT_EQ(rows[6][field], rows[5][field]) << field;
+  }
+  EXPECT_LT(rows[6]["max_weight_diff"].get<double>(), 1e-5) << rows[6].dump();
+  EXPECT_GT(rows[6]["comm_s"].get<double>(), 0) << rows[6].dump();
   EXPECT_TRUE(rows[2]["comm_s"].is_null());
   const double baseline = rows[1]["median_s"];
   for (const auto& r : rows) {

@@ -741,6 +741,27 @@ TEST(ConfigCrossField, FullyShardedParametersPublishOverHostTransportsOnly) {
   EXPECT_NE(e.find("use grpc or gloo, or trainer.shard: gradients"), std::string::npos) << e;
 }
 
+// trainer.reshard_after_forward: false keeps the layers shard: parameters gathers; with any other
+// shard there is nothing to keep, and the job is refused with both fields and the way out.
+TEST(ConfigCrossField, KeepingGatheredLayersNeedsShardedParameters) {
+  auto ok = Parse("trainer:\n  workers: 2\n  shard: parameters\n  reshard_after_forward: false\n");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_FALSE(ok->trainer.reshard_after_forward);
+  EXPECT_TRUE(Parse("trainer:\n  shard: parameters\n")->trainer.reshard_after_forward);
+  for (const char* shard : {"none", "optimizer", "gradients"}) {
+    const std::string e = ParseError(std::string("trainer:\n  workers: 2\n  shard: ") + shard +
+                                     "\n  reshard_after_forward: false\n");
+    EXPECT_NE(e.find("trainer.reshard_after_forward: false keeps the layers that trainer.shard: "
+                     "parameters gathers until their backward, but trainer.shard is '" +
+                     std::string(shard) + "'"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("set trainer.shard: parameters, or remove trainer.reshard_after_forward"),
+              std::string::npos)
+        << e;
+  }
+}
+
 // trainer.tensor_parallel: the workers are data-parallel ranks of T, which any shard splits over;
 // host transports.
 TEST(ConfigCrossField, TensorParallelLayoutsAreCheckedWithTheRule) {

@@ -15,9 +15,11 @@
 // trainer state into DIR after the steps), tp=T (tensor parallel: RANKS = DP x T processes; rank
 // r is tensor-parallel rank r % T of data-parallel rank r / T, SHARD applies to the data-parallel
 // groups), heads=Q/KV (query and key/value heads), vocab=V (a larger vocabulary than the batch
-// uses), clip=C (the gradient-norm clip; 0.5). Rank 0 writes OUT (the whole float32 weights after
-// the steps, concatenated in NamedParameters() order) and OUT.metrics ("step key value" lines).
-// Exits 0 on success, 1 with a message on stderr otherwise.
+// uses), clip=C (the gradient-norm clip; 0.5), keep (shard parameters: layers stay gathered from
+// their forward to their backward, reshard_after_forward false). Rank 0 writes OUT (the whole
+// float32 weights after the steps, concatenated in NamedParameters() order) and OUT.metrics ("step
+// key value" lines; step -1 "gathers": the all-gathers of parameter units the steps posted, with
+// shard parameters). Exits 0 on success, 1 with a message on stderr otherwise.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -131,6 +133,7 @@ int Run(int argc, char** argv) {
     DataParallelOptions dp;
     dp.bucket_bytes = 4096;
     dp.timeout_s = timeout;
+    dp.reshard_after_forward = flags.count("keep") == 0;
     if (Status s = t.SetDataParallel(group.get(), dp); !s.ok()) return Fail(s.message());
   }
   if (flags.count("load")) {
@@ -172,6 +175,9 @@ int Run(int argc, char** argv) {
       if (rank == 0) metrics << step << " " << k << " " << v << "\n";
     }
     ++step;
+  }
+  if (rank == 0 && t.parameter_shards() != nullptr) {
+    metrics << -1 << " gathers " << t.parameter_shards()->gathers() << "\n";
   }
   if (kl) {
     // The KL of this rank's samples to the reference after the steps (the policy moved), one

@@ -179,6 +179,29 @@ TEST(ShardedParametersTest, TiedQwen3ShapeWithCheckpointingAndKlMatchesOneProces
   }
 }
 
+// trainer.reshard_after_forward: false keeps each layer gathered from its forward to its
+// backward. The same training as one process, through the hard cases of the gathers (tied
+// embeddings, activation checkpointing's recompute, the reference's no-grad forwards, uneven
+// micro-batches), with fewer all-gathers than freeing each layer after its forward.
+TEST(ShardedParametersTest, LayersKeptGatheredForTheBackwardTrainTheSameWithFewerGathers) {
+  const std::vector<std::string> flags = {"model=qwen3", "kl", "checkpointing", "micro=3",
+                                          "minis=2"};
+  const Result plain = RunRanks("none", 1, flags);
+  ASSERT_TRUE(plain.ok);
+  std::vector<std::string> keep = flags;
+  keep.push_back("keep");
+  const Result kept = RunRanks("parameters", 2, keep);
+  ExpectSameTraining(kept, plain, kAcrossRanks, "layers kept gathered, 2 ranks");
+  const Result freed = RunRanks("parameters", 2, flags);
+  ASSERT_TRUE(kept.ok && freed.ok);
+  const double kept_gathers = Metric(kept, -1, "gathers");
+  const double freed_gathers = Metric(freed, -1, "gathers");
+  // Freed, every backward pass gathers each decoder layer again (here 48 gathers against 36: the
+  // no-grad forwards of the KL reference and of SequenceKl gather the same either way).
+  EXPECT_GT(kept_gathers, 0);
+  EXPECT_LT(kept_gathers, freed_gathers) << kept_gathers << " against " << freed_gathers;
+}
+
 // Mixed precision (bfloat16 compute, float32 masters): the units are gathered in bfloat16, the
 // gradients summed in float32. Against unsharded data parallelism on the same ranks (the same
 // micro-batches, so the same bfloat16 roundings). Untied embeddings: with tied ones the unsharded
