@@ -262,6 +262,22 @@ std::vector<FanoutResult> PublishToEach(const std::vector<Communicator*>& groups
   });
 }
 
+std::vector<FanoutResult> PublishEachItsOwn(const std::vector<Communicator*>& groups,
+                                            const std::vector<const WeightPayload*>& payloads,
+                                            int64_t bucket_bytes, Deadline deadline,
+                                            const std::function<void(int)>& done) {
+  if (payloads.size() != groups.size()) {
+    std::vector<FanoutResult> out(groups.size());
+    for (auto& r : out) r.status = InvalidArgument("one payload per group is needed");
+    return out;
+  }
+  return FanOut(groups, [&](Communicator* c, int k) {
+    auto r = PublishWeights(c, *payloads[static_cast<size_t>(k)], bucket_bytes, deadline, -1, 0);
+    if (done) done(k);
+    return r;
+  });
+}
+
 std::vector<FanoutResult> PublishDeviceToEach(const std::vector<Communicator*>& groups,
                                               const DevicePayload& payload, int64_t bucket_bytes,
                                               Deadline deadline) {

@@ -73,6 +73,14 @@ std::vector<FanoutResult> PublishToEach(const std::vector<Communicator*>& groups
                                         const WeightPayload& payload, int64_t bucket_bytes,
                                         Deadline deadline);
 
+// PublishToEach with a payload of its own for each group (group k sends *payloads[k], read as
+// reader 0 when streamed), e.g. each tensor-parallel rank of a rollout worker its slices
+// (sliced_payload.h); done(k), when set, runs as group k's transfer ends, whatever its outcome.
+std::vector<FanoutResult> PublishEachItsOwn(const std::vector<Communicator*>& groups,
+                                            const std::vector<const WeightPayload*>& payloads,
+                                            int64_t bucket_bytes, Deadline deadline,
+                                            const std::function<void(int)>& done = nullptr);
+
 // A policy version in device memory (the NCCL transport): `bytes` at `data` on CUDA `device`,
 // laid out as `manifest` (model::ParameterManifest). The caller synchronised the copies that
 // filled it.

@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "comm/cuda_ipc.h"
 #include "comm/gloo_communicator.h"
 #include "comm/nccl_communicator.h"
+#include "comm/sliced_payload.h"
 
 namespace gyre::comm {
 
@@ -62,8 +65,8 @@ int WeightSender::AbortReceivers(uint64_t publish_id, const std::vector<std::str
   for (const std::string& id : rollout_ids) {
     abort_requests_.insert({publish_id, id});
     if (publish_id != publishing_) continue;
-    if (auto g = live_groups_.find(id); g != live_groups_.end()) {
-      g->second->Abort();
+    if (auto [g, end] = live_groups_.equal_range(id); g != end) {
+      for (; g != end; ++g) g->second->Abort();
       ++ended;
     } else if (auto st = live_streams_.find(id); st != live_streams_.end()) {
       st->second->Cancel();
@@ -99,7 +102,7 @@ bool WeightSender::AbortRequested(const std::string& rollout_id) {
 
 void WeightSender::Track(const std::string& rollout_id, Communicator* group) {
   std::lock_guard<std::mutex> lock(abort_mu_);
-  live_groups_[rollout_id] = group;
+  live_groups_.emplace(rollout_id, group);
   if (abort_requests_.count({publishing_, rollout_id})) group->Abort();
 }
 
@@ -141,6 +144,16 @@ StatusOr<void*> WeightSender::StagingBuffer(uint64_t bytes, int device) {
   return staging_->data();
 }
 
+std::string WeightSender::MemberGroup(const v1::PublishWeightsRequest& req, int receiver,
+                                      int rank) {
+  return ReceiverRanks(req) > 1 ? req.groups(receiver) + "-tp" + std::to_string(rank)
+                                : req.groups(receiver);
+}
+
+int WeightSender::ReceiverRanks(const v1::PublishWeightsRequest& req) {
+  return std::max(1, req.receiver_tensor_parallel());
+}
+
 Status WeightSender::PublishToGroups(const v1::PublishWeightsRequest& req,
                                      const WeightPayload* host_payload,
                                      const DevicePayload* device_payload,
@@ -150,14 +163,21 @@ Status WeightSender::PublishToGroups(const v1::PublishWeightsRequest& req,
     return InvalidArgument(transport +
                            " publish needs a store address and one group per rollout worker");
   }
+  // A tensor-parallel receiver is `ranks` members, each in a group of its own with this sender.
+  const int ranks = ReceiverRanks(req);
+  if (ranks > 1 && host_payload == nullptr) {
+    return InvalidArgument("tensor-parallel rollout workers receive their slices over gloo, not " +
+                           transport);
+  }
   const double timeout = TimeoutSeconds(req);
   const Deadline deadline = DeadlineAfter(timeout);
   const int n = req.groups_size();
+  const int members = n * ranks;  // member m: rank m % ranks of receiver m / ranks
   BeginPublish(req.publish_id());
   // Groups not named any more belong to receivers that are gone.
   std::map<std::string, std::unique_ptr<Communicator>> keep;
-  for (int i = 0; i < n; ++i) {
-    auto it = groups_.find(req.groups(i));
+  for (int m = 0; m < members; ++m) {
+    auto it = groups_.find(MemberGroup(req, m / ranks, m % ranks));
     if (it != groups_.end() && !it->second->aborted()) keep[it->first] = std::move(it->second);
   }
   groups_ = std::move(keep);
@@ -169,15 +189,15 @@ Status WeightSender::PublishToGroups(const v1::PublishWeightsRequest& req,
                                   }),
                    abandoned_.end());
   // Form the missing groups concurrently: each waits for its receiver to join.
-  std::vector<Status> formed(n);
-  std::vector<std::future<StatusOr<std::unique_ptr<Communicator>>>> joining(n);
-  for (int i = 0; i < n; ++i) {
-    if (groups_.count(req.groups(i))) continue;
-    const std::string group = req.groups(i);
+  std::vector<Status> formed(members);
+  std::vector<std::future<StatusOr<std::unique_ptr<Communicator>>>> joining(members);
+  for (int m = 0; m < members; ++m) {
+    const std::string group = MemberGroup(req, m / ranks, m % ranks);
+    if (groups_.count(group)) continue;
     const std::string store = req.store_address();
     if (transport == "nccl") {
       const int device = device_payload->device;
-      joining[i] =
+      joining[m] =
           std::async(std::launch::async,
                      [group, store, device, timeout]() -> StatusOr<std::unique_ptr<Communicator>> {
                        // The unique id names a bootstrap socket in this process; the receiver reads
@@ -201,56 +221,102 @@ Status WeightSender::PublishToGroups(const v1::PublishWeightsRequest& req,
     o.size = 2;
     if (!req.bind_host().empty()) o.bind_host = req.bind_host();
     o.connect_timeout_s = timeout;
-    joining[i] = std::async(std::launch::async, [o] { return CreateGlooCommunicator(o); });
+    joining[m] = std::async(std::launch::async, [o] { return CreateGlooCommunicator(o); });
   }
   std::vector<Communicator*> groups;
-  std::vector<int> index;  // groups[k] serves receiver index[k]
-  for (int i = 0; i < n; ++i) {
-    if (joining[i].valid()) {
+  std::vector<int> index;  // groups[k] serves member index[k]
+  for (int m = 0; m < members; ++m) {
+    const std::string& id = req.rollout_ids(m / ranks);
+    const std::string group = MemberGroup(req, m / ranks, m % ranks);
+    if (joining[m].valid()) {
       // Waits for the receiver to join, unless its transfer is ended first (AbortReceivers).
       bool ready = false;
-      while (!(ready = joining[i].wait_for(std::chrono::milliseconds(50)) ==
+      while (!(ready = joining[m].wait_for(std::chrono::milliseconds(50)) ==
                        std::future_status::ready) &&
-             !AbortRequested(req.rollout_ids(i))) {
+             !AbortRequested(id)) {
       }
       if (!ready) {
-        formed[i] =
-            Aborted("the transfer to " + req.rollout_ids(i) + " was ended while its group formed");
-        abandoned_.push_back(std::move(joining[i]));  // it ends by its connect timeout
+        formed[m] = Aborted("the transfer to " + id + " was ended while its group formed");
+        abandoned_.push_back(std::move(joining[m]));  // it ends by its connect timeout
         continue;
       }
-      auto c = joining[i].get();
+      auto c = joining[m].get();
       if (!c.ok()) {
-        formed[i] = c.status();
+        formed[m] = c.status();
         continue;
       }
-      groups_[req.groups(i)] = std::move(*c);
+      groups_[group] = std::move(*c);
     }
-    groups.push_back(groups_.at(req.groups(i)).get());
-    index.push_back(i);
-    Track(req.rollout_ids(i), groups.back());
-  }
-  // A streamed payload was made for n readers; those without a group read nothing.
-  if (host_payload != nullptr && host_payload->stream) {
-    for (int k = static_cast<int>(groups.size()); k < n; ++k) host_payload->stream->Finish(k);
+    groups.push_back(groups_.at(group).get());
+    index.push_back(m);
+    Track(id, groups.back());
   }
   const int64_t bucket = BucketBytes(req);
-  auto results = device_payload != nullptr
-                     ? PublishDeviceToEach(groups, *device_payload, bucket, deadline)
-                     : PublishToEach(groups, *host_payload, bucket, deadline);
+  std::vector<FanoutResult> results;
+  if (device_payload != nullptr) {
+    results = PublishDeviceToEach(groups, *device_payload, bucket, deadline);
+  } else if (ranks == 1) {
+    // A streamed payload was made for n readers; those without a group read nothing.
+    if (host_payload->stream) {
+      for (int k = static_cast<int>(groups.size()); k < n; ++k) host_payload->stream->Finish(k);
+    }
+    results = PublishToEach(groups, *host_payload, bucket, deadline);
+  } else {
+    // Each member its own slices, made from the whole payload as that member's reader (a
+    // streamed one was made for n * ranks readers, member m reading as m).
+    std::vector<WeightPayload> sliced(groups.size());
+    std::vector<const WeightPayload*> payloads;
+    std::vector<Communicator*> sending;
+    std::vector<int> sending_index;
+    std::set<int> reading;
+    for (size_t k = 0; k < groups.size(); ++k) {
+      const int m = index[k];
+      auto s = SlicedPayload(*host_payload, m, m % ranks, ranks);
+      if (!s.ok()) {
+        formed[m] = s.status();
+        groups[k]->Abort();  // dropped below, which closes it: the rank is not left waiting
+        continue;
+      }
+      sliced[k] = std::move(*s);
+      payloads.push_back(&sliced[k]);
+      sending.push_back(groups[k]);
+      sending_index.push_back(m);
+      reading.insert(m);
+    }
+    if (host_payload->stream) {
+      for (int m = 0; m < members; ++m) {
+        if (!reading.count(m)) host_payload->stream->Finish(m);
+      }
+    }
+    results = PublishEachItsOwn(sending, payloads, bucket, deadline, [&](int k) {
+      if (host_payload->stream) host_payload->stream->Finish(sending_index[k]);
+    });
+    index = std::move(sending_index);
+  }
   EndPublish();  // before a failed group below is destroyed
-  std::vector<const FanoutResult*> by_receiver(n, nullptr);
-  for (size_t k = 0; k < results.size(); ++k) by_receiver[index[k]] = &results[k];
+  std::vector<const FanoutResult*> by_member(members, nullptr);
+  for (size_t k = 0; k < results.size(); ++k) by_member[index[k]] = &results[k];
   for (int i = 0; i < n; ++i) {
     v1::PublishResult* pr = resp->add_results();
     pr->set_rollout_id(req.rollout_ids(i));
-    const Status s = by_receiver[i] ? by_receiver[i]->status : formed[i];
+    // The receiver's outcome is its first failed rank's, and its checksums every rank's in order.
+    Status s;
+    for (int r = 0; r < ranks && s.ok(); ++r) {
+      const int m = i * ranks + r;
+      s = by_member[m] ? by_member[m]->status : formed[m];
+      if (!s.ok() && ranks > 1) {
+        s = s.WithContext("tensor-parallel rank " + std::to_string(r) + " of " +
+                          req.rollout_ids(i));
+      }
+    }
     pr->set_ok(s.ok());
     if (s.ok()) {
-      for (uint32_t c : by_receiver[i]->result.bucket_crc32) pr->add_sent_crc32(c);
+      for (int r = 0; r < ranks; ++r) {
+        for (uint32_t c : by_member[i * ranks + r]->result.bucket_crc32) pr->add_sent_crc32(c);
+      }
     } else {
       pr->set_error(s.ToString());
-      groups_.erase(req.groups(i));
+      for (int r = 0; r < ranks; ++r) groups_.erase(MemberGroup(req, i, r));
     }
   }
   return Status::Ok();

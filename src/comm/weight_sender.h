@@ -4,7 +4,9 @@
 // its own weights with it in-process; either way the request names the transport and the
 // receivers (PublishWeightsRequest) and the response carries what was sent, per receiver:
 //   grpc      a stream of checksummed buckets to each receiver (SendToEach, weight_sync.h);
-//   gloo      one two-member group per receiver, this sender rank 0 (weight_broadcast.h);
+//   gloo      one two-member group per receiver, this sender rank 0 (weight_broadcast.h); a
+//             tensor-parallel receiver (receiver_tensor_parallel T) is T members, each in a
+//             group of its own and sent only its slices (sliced_payload.h);
 //   nccl      the same over NCCL, from the device staging buffer;
 //   cuda_ipc  nothing is sent: the response carries the staging buffer's IPC handle, manifest
 //             and bucket checksums, and each receiver copies from the buffer itself.
@@ -46,9 +48,15 @@ class WeightSender {
   // The request's bucket size and timeout, with their defaults (4 MiB, 60 s).
   static int64_t BucketBytes(const v1::PublishWeightsRequest& req);
   static double TimeoutSeconds(const v1::PublishWeightsRequest& req);
+  // The processes each receiver is (receiver_tensor_parallel, at least 1), and the group name of
+  // rank `rank` of receiver `receiver` (the receiver's group itself when it is one process).
+  static int ReceiverRanks(const v1::PublishWeightsRequest& req);
+  static std::string MemberGroup(const v1::PublishWeightsRequest& req, int receiver, int rank);
 
   // grpc or gloo: `payload` in host memory. A receiver's failure is its result's error, not a
-  // failed call.
+  // failed call. A streamed payload is read by receiver i as reader i, or over gloo with
+  // tensor-parallel receivers by rank r of receiver i as reader i * T + r: it must be made for
+  // that many readers.
   Status PublishHost(const v1::PublishWeightsRequest& req, const WeightPayload& payload,
                      v1::PublishWeightsResponse* resp);
   // nccl or cuda_ipc: `payload` lies in the staging buffer (StagingBuffer), filled and
@@ -85,7 +93,8 @@ class WeightSender {
 
   std::mutex abort_mu_;      // guards the four members below
   uint64_t publishing_ = 0;  // the publish_id in progress; 0 between publishes
-  std::map<std::string, Communicator*> live_groups_;           // rollout id -> its group
+  // rollout id -> its group (a tensor-parallel rollout worker's: one per rank)
+  std::multimap<std::string, Communicator*> live_groups_;
   std::map<std::string, rpc::Cancellation*> live_streams_;     // rollout id -> its grpc stream
   std::set<std::pair<uint64_t, std::string>> abort_requests_;  // (publish_id, rollout id)
   std::unique_ptr<DeviceBuffer> staging_;

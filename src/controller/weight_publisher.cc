@@ -434,6 +434,10 @@ Status WeightPublisher::PublishGroups(int64_t version, const std::vector<Worker*
   req.set_store_address(store_address_);
   req.set_bind_host(SourceHost());
   req.set_publish_id(++publish_ids_);
+  // A tensor-parallel rollout worker's ranks each take their slices from the trainer (gloo).
+  if (transport == "gloo" && cfg_.rollout.tensor_parallel > 1) {
+    req.set_receiver_tensor_parallel(cfg_.rollout.tensor_parallel);
+  }
   // Each rollout worker is asked to receive at the same time as the trainer publishes.
   std::vector<v1::ReceiveWeightsRequest> receive(rollouts.size());
   for (size_t i = 0; i < rollouts.size(); ++i) {
@@ -447,6 +451,7 @@ Status WeightPublisher::PublishGroups(int64_t version, const std::vector<Worker*
     receive[i].set_group(group);
     receive[i].set_timeout_s(timeout);
     receive[i].set_bind_host(HostOf(w->address));
+    receive[i].set_slices_per_rank(req.receiver_tensor_parallel() > 1);
   }
   // A receiver that fails or dies has its transfer ended on the trainer at once.
   TransferWatch watch(

@@ -626,6 +626,7 @@ grpc::Status RolloutService::LoadWeights(grpc::ServerContext* ctx,
         // their staging; all ranks load it once the whole version passed its checks (no rank
         // holds the whole version).
         const model::NamedTensors slices = model_->NamedParameters();
+        AnnounceRoute(tp, nullptr);
         SliceSender sender(slices, tp);
         const auto cap = static_cast<uint64_t>(model::EstimateParameterCount(model_->spec()) * 4);
         const Status got = comm::ReceiveWeightBuckets(
@@ -682,6 +683,9 @@ grpc::Status RolloutService::ReceiveWeights(grpc::ServerContext* ctx,
       return grpc::Status(
           grpc::StatusCode::FAILED_PRECONDITION,
           "the " + transport + " weight transport needs the model on a GPU (model.device: cuda)");
+    }
+    if (transport == "gloo" && req->slices_per_rank() && model_->tensor_parallel() != nullptr) {
+      return ReceiveDirectSlices(*req, timeout, receipt);
     }
     StatusOr<comm::Receipt> r = Unavailable("no transfer");
     std::vector<model::TensorEntry> device_manifest;
@@ -770,6 +774,7 @@ grpc::Status RolloutService::ReceiveGlooSlices(comm::Deadline deadline,
   Status s = engine_->UpdateWeights(version_.load(), [&] {
     received = true;
     const model::NamedTensors slices = model_->NamedParameters();
+    AnnounceRoute(model_->tensor_parallel(), nullptr);
     SliceSender sender(slices, model_->tensor_parallel());
     r = comm::ReceivePublishedBuckets(
         weight_comm_.get(), 0, deadline,
@@ -794,6 +799,45 @@ grpc::Status RolloutService::ReceiveGlooSlices(comm::Deadline deadline,
   }
   FillReceipt(*r, receipt);
   GYRE_LOG_DEBUG("loaded policy version {} over gloo ({} bytes, in slices)", r->version, r->bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status RolloutService::ReceiveDirectSlices(const v1::ReceiveWeightsRequest& req,
+                                                 double timeout_s, v1::WeightReceipt* receipt) {
+  // Every rank takes its own slices from the trainer, in its own group, while the engine waits
+  // between steps; all ranks load once every one has its slices.
+  std::unique_lock<std::mutex> lock = WaitForEngine();
+  DirectRoute route;
+  route.store_address = req.store_address();
+  route.group = req.group();
+  route.bind_host = req.bind_host();
+  route.timeout_s = timeout_s;
+  StatusOr<comm::Receipt> r = Unavailable("no transfer");
+  bool received = false;
+  model::TensorParallelGroup* tp = model_->tensor_parallel();
+  Status s = engine_->UpdateWeights(version_.load(), [&] {
+    received = true;
+    AnnounceRoute(tp, &route);
+    r = rollout::ReceiveDirectSlices(route, &direct_, model_->NamedParameters(), tp);
+    return r.status();
+  });
+  if (!s.ok() && (r.ok() || !received)) r = s;
+  if (!r.ok()) {
+    GYRE_LOG_ERROR("weight transfer rejected: {}", r.status().ToString());
+    return rpc::ToGrpc(r.status());
+  }
+  engine_->set_version(r->version);
+  if (version_.exchange(r->version) < 0) {
+    GYRE_LOG_INFO(
+        "received policy version {} over gloo ({} bytes to {} ranks; this process's "
+        "first weights)",
+        r->version, r->bytes, tp->size());
+  }
+  FillReceipt(*r, receipt);
+  GYRE_LOG_DEBUG(
+      "loaded policy version {} over gloo: {} bytes of slices straight to this rank ({} to all "
+      "{} ranks)",
+      r->version, direct_.payload.bytes.size(), r->bytes, tp->size());
   return grpc::Status::OK;
 }
 

@@ -30,6 +30,7 @@
 #include "model/transformer.h"
 #include "rollout/episode_runner.h"
 #include "rollout/rollout_engine.h"
+#include "rollout/tensor_parallel_weights.h"
 #include "text/text_tokenizer.h"
 
 namespace gyre::rollout {
@@ -110,6 +111,11 @@ class RolloutService final : public v1::Rollout::Service {
   // into every rank's staging, inside the engine's update (rollout/tensor_parallel_weights.h).
   // Under weights_mu_.
   grpc::Status ReceiveGlooSlices(comm::Deadline deadline, v1::WeightReceipt* receipt);
+  // gloo into a tensor-parallel worker whose publisher sends every rank its own slices
+  // (ReceiveWeightsRequest.slices_per_rank): each rank receives from the trainer in its own
+  // group, inside the engine's update. Under weights_mu_.
+  grpc::Status ReceiveDirectSlices(const v1::ReceiveWeightsRequest& req, double timeout_s,
+                                   v1::WeightReceipt* receipt);
   RolloutService(std::unique_ptr<model::Transformer> model,
                  std::function<void(const std::string&)> on_stop);
   // Generate and GenerateStream, under mu_: checks the request against the held version and
@@ -152,6 +158,9 @@ class RolloutService final : public v1::Rollout::Service {
   std::function<void(const std::string&)> on_stop_;
   // Gloo weight plane; weights_mu_ serialises ReceiveWeights calls and guards these.
   std::mutex weights_mu_;
+  // gloo into a tensor-parallel worker whose ranks each take their own slices: rank 0's group
+  // with the trainer and its buffer (tensor_parallel_weights.h).
+  DirectReceiver direct_;
   std::string weight_group_;
   std::unique_ptr<comm::Communicator> weight_comm_;
   // Reused between versions; a tensor-parallel worker lets it go after each load.

@@ -4,11 +4,15 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
+
+#include "comm/gloo_communicator.h"
 
 namespace gyre::rollout {
 namespace {
@@ -328,6 +332,167 @@ Status ReceiveSlices(const model::NamedTensors& slices, model::TensorParallelGro
   }
   return Unavailable("tensor-parallel rank(s) " + missing +
                      " did not receive the whole version; nothing loaded");
+}
+
+namespace {
+
+// The route's fields as one byte string: four length-prefixed strings (the timeout in text).
+std::vector<std::string> RouteFields(const DirectRoute& r) {
+  return {r.store_address, r.group, r.bind_host, std::to_string(r.timeout_s)};
+}
+
+// Rank 0's `bytes` to every rank (its length first).
+std::string BroadcastString(model::TensorParallelGroup* group, const std::string& bytes) {
+  const int64_t n = BroadcastCount(group, static_cast<int64_t>(bytes.size()));
+  if (n < 0 || n > (int64_t{1} << 20)) throw std::runtime_error("rank 0 announced a bad route");
+  at::Tensor t = at::zeros({n}, at::TensorOptions().dtype(at::kByte));
+  if (group->rank() == 0 && n > 0) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  if (n > 0) group->Broadcast(t, 0);
+  return std::string(reinterpret_cast<const char*>(t.data_ptr()), static_cast<size_t>(n));
+}
+
+// The manifest of a received version names exactly `slices`, with their shapes, inside `bytes`.
+Status CheckOwnSlices(const std::vector<model::TensorEntry>& manifest, uint64_t bytes,
+                      const model::NamedTensors& slices) {
+  if (manifest.size() != slices.size()) {
+    return InvalidArgument("the slices have " + std::to_string(manifest.size()) +
+                           " tensors, this rank " + std::to_string(slices.size()));
+  }
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, t] : slices) by_name[name] = &t;
+  std::set<std::string> seen;
+  for (const model::TensorEntry& e : manifest) {
+    auto it = by_name.find(e.name);
+    if (it == by_name.end() || !seen.insert(e.name).second) {
+      return InvalidArgument("the slices name " + e.name + ", which this rank " +
+                             (it == by_name.end() ? "does not hold" : "got twice"));
+    }
+    GYRE_ASSIGN_OR_RETURN(const at::ScalarType dtype, model::ParseWeightDtype(e.dtype));
+    int64_t numel = 1;
+    for (int64_t d : e.shape) numel *= d;
+    if (e.shape != it->second->sizes().vec() ||
+        e.nbytes != static_cast<uint64_t>(numel) * at::elementSize(dtype) || e.offset > bytes ||
+        e.nbytes > bytes - e.offset) {
+      return InvalidArgument(e.name + ": the slice is " + ShapeText(e.shape) + " (" +
+                             std::to_string(e.nbytes) + " bytes at " + std::to_string(e.offset) +
+                             "), this rank holds " + ShapeText(it->second->sizes().vec()));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AnnounceRoute(model::TensorParallelGroup* group, const DirectRoute* route) {
+  std::string bytes;
+  if (route != nullptr) {
+    for (const std::string& f : RouteFields(*route)) {
+      const uint32_t n = static_cast<uint32_t>(f.size());
+      bytes.append(reinterpret_cast<const char*>(&n), sizeof(n));
+      bytes += f;
+    }
+  }
+  BroadcastString(group, bytes);
+}
+
+std::optional<DirectRoute> ReceiveRoute(model::TensorParallelGroup* group) {
+  const std::string bytes = BroadcastString(group, "");
+  if (bytes.empty()) return std::nullopt;
+  std::vector<std::string> fields;
+  size_t at = 0;
+  while (at < bytes.size()) {
+    uint32_t n = 0;
+    if (bytes.size() - at < sizeof(n)) throw std::runtime_error("rank 0 announced a bad route");
+    std::memcpy(&n, bytes.data() + at, sizeof(n));
+    at += sizeof(n);
+    if (bytes.size() - at < n) throw std::runtime_error("rank 0 announced a bad route");
+    fields.push_back(bytes.substr(at, n));
+    at += n;
+  }
+  if (fields.size() != 4) throw std::runtime_error("rank 0 announced a bad route");
+  DirectRoute r;
+  r.store_address = fields[0];
+  r.group = fields[1];
+  r.bind_host = fields[2];
+  r.timeout_s = std::atof(fields[3].c_str());
+  return r;
+}
+
+StatusOr<comm::Receipt> ReceiveDirectSlices(const DirectRoute& route, DirectReceiver* receiver,
+                                            const model::NamedTensors& slices,
+                                            model::TensorParallelGroup* group) {
+  const int rank = group->rank(), size = group->size();
+  const std::string name = route.group + "-tp" + std::to_string(rank);
+  const double timeout = route.timeout_s > 0 ? route.timeout_s : 60.0;
+  // This rank's part: join (or keep) its group, receive, check. No collective of `group` here,
+  // so that a rank's failure cannot put the ranks out of step.
+  StatusOr<comm::Receipt> r = Unavailable("no transfer");
+  Status local;
+  if (!receiver->comm || receiver->comm->aborted() || receiver->group != name) {
+    receiver->comm.reset();
+    comm::GlooOptions o;
+    o.store_address = route.store_address;
+    o.group = name;
+    o.rank = 1;
+    o.size = 2;
+    if (!route.bind_host.empty()) o.bind_host = route.bind_host;
+    o.connect_timeout_s = timeout;
+    auto c = comm::CreateGlooCommunicator(o);
+    if (c.ok()) {
+      receiver->comm = std::move(*c);
+      receiver->group = name;
+    } else {
+      local = c.status().WithContext("join weight group " + name);
+    }
+  }
+  if (local.ok()) {
+    r = comm::ReceivePublishedWeights(receiver->comm.get(), 0, comm::DeadlineAfter(timeout),
+                                      &receiver->payload);
+    if (!r.ok()) {
+      local = r.status();
+      if (receiver->comm->aborted()) receiver->comm.reset();
+    }
+  }
+  if (local.ok()) {
+    local = CheckOwnSlices(receiver->payload.manifest, receiver->payload.bytes.size(), slices);
+  }
+  // Every rank has its slices, or no rank loads.
+  const std::string missing = model::TensorParallelRanksNotOk(group, local.ok());
+  if (!missing.empty()) {
+    if (!local.ok()) return local.WithContext("tensor-parallel rank " + std::to_string(rank));
+    return Unavailable("tensor-parallel rank(s) " + missing +
+                       " did not receive their slices of the version; nothing loaded");
+  }
+  // Checked above, so it cannot fail part-way; the exchange below runs either way, in step.
+  const Status loaded =
+      model::LoadFlatParameters(receiver->payload.manifest, receiver->payload.bytes.data(),
+                                receiver->payload.bytes.size(), slices);
+  // Every rank's bytes and bucket checksums, in rank order (rank 0 reports them).
+  comm::Receipt out = *r;
+  out.bytes = 0;
+  out.bucket_crc32.clear();
+  for (int q = 0; q < size; ++q) {
+    at::Tensor count = Count(q == rank ? static_cast<int64_t>(r->bucket_crc32.size()) : 0);
+    group->Broadcast(count, q);
+    const int64_t buckets = count.data_ptr<int64_t>()[0];
+    if (buckets < 0 || buckets > (int64_t{1} << 32)) {
+      throw std::runtime_error("a tensor-parallel rank announced a bad bucket count");
+    }
+    at::Tensor words = at::zeros({buckets + 1}, at::TensorOptions().dtype(at::kLong));
+    if (q == rank) {
+      int64_t* w = words.data_ptr<int64_t>();
+      w[0] = static_cast<int64_t>(r->bytes);
+      for (int64_t b = 0; b < buckets; ++b) w[b + 1] = r->bucket_crc32[static_cast<size_t>(b)];
+    }
+    group->Broadcast(words, q);
+    const int64_t* w = words.data_ptr<int64_t>();
+    out.bytes += static_cast<uint64_t>(w[0]);
+    for (int64_t b = 0; b < buckets; ++b) {
+      out.bucket_crc32.push_back(static_cast<uint32_t>(w[b + 1]));
+    }
+  }
+  GYRE_RETURN_IF_ERROR(loaded);
+  return out;
 }
 
 }  // namespace gyre::rollout

@@ -13,13 +13,27 @@
 // when they are not its rows as they are (column splits, a padded vocabulary) and one bucket of
 // the stream.
 //
-// Rank 0's SliceSender runs against every other rank's ReceiveSlices, in the same order (as the
-// swap of RolloutEngine::UpdateWeights and of each follower's Follow). Collective failures throw
-// std::runtime_error (TensorParallelGroup's convention); the engine turns them into its Status.
+// Over gloo from a publisher that knows the worker's layout (the controller's
+// PublishWeightsRequest.receiver_tensor_parallel) no rank passes slices on: every rank joins a
+// two-member group of its own with the publisher and receives only its slices, as a version of
+// their own (comm/sliced_payload.h), checksummed per bucket; the ranks load only when every one
+// has all of its slices (ReceiveDirectSlices). Each rank then receives exactly its bytes.
+//
+// Every weight update starts with rank 0 saying which way the slices come (AnnounceRoute, then
+// SliceSender; or AnnounceRoute with a route, then ReceiveDirectSlices on every rank); the other
+// ranks hear it (ReceiveRoute) and follow (ReceiveSlices or ReceiveDirectSlices), in the same
+// order (as the swap of RolloutEngine::UpdateWeights and of each follower's Follow). Collective
+// failures throw std::runtime_error (TensorParallelGroup's convention); the engine turns them into
+// its Status.
 
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
+#include "comm/communicator.h"
+#include "comm/weight_broadcast.h"
 #include "gyre/status.h"
 #include "model/tensor_parallel.h"
 #include "model/weights.h"
@@ -68,5 +82,36 @@ class SliceSender {
 // when rank 0 refused the version, the transfer failed, a tensor does not slice to this rank's
 // shape or another rank missed one.
 Status ReceiveSlices(const model::NamedTensors& slices, model::TensorParallelGroup* group);
+
+// Where each rank of the worker takes its slices of a version from, straight from the publisher.
+struct DirectRoute {
+  std::string store_address;  // the rendezvous store of the publisher's groups
+  std::string group;          // the worker's: rank r joins group + "-tp" + r
+  std::string bind_host;      // the address the ranks' Gloo devices listen on ("": loopback)
+  double timeout_s = 60;      // forming the group and receiving the version
+};
+
+// Rank 0: tells the other ranks how this update's slices come: from rank 0 over the group
+// (route null; SliceSender follows) or to every rank from the publisher (ReceiveDirectSlices).
+void AnnounceRoute(model::TensorParallelGroup* group, const DirectRoute* route);
+// The other ranks: the route rank 0 announced, or nullopt when ReceiveSlices follows.
+std::optional<DirectRoute> ReceiveRoute(model::TensorParallelGroup* group);
+
+// What a rank keeps between direct updates: its group with the publisher (formed again when it
+// was aborted or the route names another) and the buffer its slices arrive in.
+struct DirectReceiver {
+  std::unique_ptr<comm::Communicator> comm;
+  std::string group;
+  comm::WeightPayload payload;
+};
+
+// Every rank of `group`: receives this rank's slices of a version from the publisher over
+// `receiver`'s group, checks that they are exactly `slices` (names, shapes), and loads them when
+// every rank received and checked its own; otherwise no rank changes anything and the error
+// says which ranks failed. The receipt is this rank's, except that on every rank its checksums are
+// every rank's buckets in rank order and its bytes their sum (what the publisher reports).
+StatusOr<comm::Receipt> ReceiveDirectSlices(const DirectRoute& route, DirectReceiver* receiver,
+                                            const model::NamedTensors& slices,
+                                            model::TensorParallelGroup* group);
 
 }  // namespace gyre::rollout

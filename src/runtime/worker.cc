@@ -227,9 +227,29 @@ int RunRolloutFollower(const std::string& store, int rank, int index, const std:
   if (!engine.ok()) return fail(engine.status());
   GYRE_LOG_INFO("{}: tensor-parallel rank {} of {} ({} parameters in its slice), following rank 0",
                 name, rank, cfg->rollout.tensor_parallel, slice->NumParameters());
+  // Its own group with the trainer, when versions come to every rank straight from it.
+  rollout::DirectReceiver direct;
+  bool direct_logged = false;
   const Status s = (*engine)->Follow(
       [&](int64_t version) {
         const uint64_t before = group.received_bytes();
+        const std::optional<rollout::DirectRoute> route = rollout::ReceiveRoute(&group);
+        if (route) {
+          auto got =
+              rollout::ReceiveDirectSlices(*route, &direct, slice->NamedParameters(), &group);
+          const std::string what = fmt::format(
+              "{}: version {}: {} bytes of its slices straight from the trainer, {} bytes from "
+              "the other ranks: {}",
+              name, got.ok() ? got->version : version, direct.payload.bytes.size(),
+              group.received_bytes() - before, got.status().ToString());
+          if (got.ok() && !direct_logged) {
+            GYRE_LOG_INFO("{}", what);  // the first one; the others at debug
+            direct_logged = true;
+          } else {
+            GYRE_LOG_DEBUG("{}", what);
+          }
+          return got.status();
+        }
         const Status got = rollout::ReceiveSlices(slice->NamedParameters(), &group);
         GYRE_LOG_DEBUG("{}: version {}: received {} bytes of slices: {}", name, version,
                        group.received_bytes() - before, got.ToString());

@@ -239,6 +239,7 @@ grpc::Status TrainerService::JoinGroup(grpc::ServerContext* ctx, const v1::JoinG
     dp.bucket_bytes = static_cast<int64_t>(config_.trainer.grad_bucket_mb) << 20;
     dp.timeout_s = config_.trainer.collective_timeout_s;
     dp.overlap_grad_reduce = config_.trainer.overlap_grad_reduce;
+    dp.reshard_after_forward = config_.trainer.reshard_after_forward;
     if (Status s = trainer_.SetDataParallel(group_.get(), dp); !s.ok()) {
       return rpc::ToGrpc(s.WithContext("join data-parallel group"));
     }
@@ -412,8 +413,10 @@ Status TrainerService::PublishFromSlices(const v1::PublishWeightsRequest& req,
     }
     return Status::Ok();
   };
-  auto stream =
-      std::make_shared<comm::PayloadStream>(total, starts, produce, req.rollout_ids_size());
+  // One reader per receiver, or over gloo per tensor-parallel rank of each (WeightSender).
+  const int readers =
+      req.rollout_ids_size() * (transport == "gloo" ? comm::WeightSender::ReceiverRanks(req) : 1);
+  auto stream = std::make_shared<comm::PayloadStream>(total, starts, produce, readers);
   payload.stream = stream;
   Status s = sender_.PublishHost(req, payload, resp);
   // Every unit is gathered, also those no receiver got to: the other ranks gather all of them.

@@ -230,6 +230,24 @@ TEST(DataParallelTest, TensorParallelRolloutWorkerSamplesWithTheTrainersLogprobs
     EXPECT_GT(step["samples"].get<double>(), 0);
     EXPECT_LT(step["mismatch_abs_logprob"].get<double>(), 1e-5) << step.dump();
   }
+  // Over gloo each rank took its own slices from the trainer: rank 1 received about half the
+  // version from it and nothing but a few control words from rank 0.
+  const std::string resumed0 = ReadFile(dir + "/t/logs/rollout-0.log");
+  std::smatch total;
+  ASSERT_TRUE(
+      std::regex_search(resumed0, total, std::regex("over gloo \\(([0-9]+) bytes to 2 ranks")))
+      << resumed0;
+  const std::string resumed1 = ReadFile(dir + "/t/logs/rollout-0-tp1.log");
+  std::smatch own;
+  ASSERT_TRUE(std::regex_search(
+      resumed1, own,
+      std::regex("([0-9]+) bytes of its slices straight from the trainer, ([0-9]+) bytes from "
+                 "the other ranks: OK")))
+      << resumed1;
+  const double whole = std::stod(total[1]), mine = std::stod(own[1]);
+  EXPECT_GT(mine, 0.4 * whole) << resumed1;
+  EXPECT_LT(mine, 0.6 * whole) << resumed1;
+  EXPECT_LT(std::stod(own[2]), 4096) << resumed1;
 }
 
 // trainer.memory_limit_gb: a 99 M-parameter model whose unsharded training state (1.48 GiB of

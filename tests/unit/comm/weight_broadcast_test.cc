@@ -1,14 +1,20 @@
 // Bucketed weight publishing over real Gloo groups on loopback (one thread per rank).
 #include "comm/weight_broadcast.h"
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "comm/gloo_communicator.h"
+#include "comm/sliced_payload.h"
+#include "comm/weight_sender.h"
 #include "common/crc32.h"
+#include "model/tensor_parallel.h"
 #include "model/transformer.h"
 #include "testing/tiny_model.h"
 
@@ -280,6 +286,154 @@ TEST_F(WeightBroadcastTest, PublishToASilentReceiverEndsAtTheDeadline) {
         EXPECT_LT(took, 2.5);
       },
       [&](int, Communicator*) { std::this_thread::sleep_for(std::chrono::seconds(3)); });
+}
+
+// Rank `rank` of `size`'s slices, as SlicedPayload must lay them out: every entry of `got`'s
+// manifest is the slice model/tensor_parallel.h cuts from `whole[name]` (converted to the
+// entry's dtype), at its offset in `bytes`, and the entries tile `bytes` exactly.
+void ExpectSlices(const std::map<std::string, at::Tensor>& whole,
+                  const std::vector<model::TensorEntry>& manifest, const uint8_t* bytes,
+                  uint64_t size, int rank, int ranks) {
+  ASSERT_EQ(manifest.size(), whole.size());
+  uint64_t covered = 0;
+  for (const model::TensorEntry& e : manifest) {
+    ASSERT_TRUE(whole.count(e.name)) << e.name;
+    auto dtype = model::ParseWeightDtype(e.dtype);
+    ASSERT_TRUE(dtype.ok());
+    const at::Tensor want =
+        model::TensorParallelSliceOf(e.name, whole.at(e.name).to(*dtype), rank, ranks).contiguous();
+    EXPECT_EQ(e.shape, want.sizes().vec()) << e.name << " on rank " << rank << " of " << ranks;
+    ASSERT_EQ(e.nbytes, static_cast<uint64_t>(want.nbytes())) << e.name;
+    ASSERT_LE(e.offset + e.nbytes, size) << e.name;
+    EXPECT_EQ(std::memcmp(bytes + e.offset, want.data_ptr(), e.nbytes), 0)
+        << e.name << " on rank " << rank << " of " << ranks;
+    covered += e.nbytes;
+  }
+  EXPECT_EQ(covered, size);
+}
+
+// Vocabulary rows that split unevenly over 3 (1031 = 344 + 344 + 343), rows (q_proj) and columns
+// (o_proj, down_proj) that split evenly, a replicated norm, tensors over kSlicePieceBytes (read
+// in several pieces) and under it; float32 and bfloat16; from a whole payload and from a
+// streamed one read by every rank as its own reader.
+TEST(SlicedPayloadTest, EachRankGetsExactlyItsSlicesOfAWholeOrAStreamedPayload) {
+  at::manual_seed(3);
+  std::map<std::string, at::Tensor> whole = {
+      {"model.embed_tokens.weight", at::randn({1031, 1024})},
+      {"model.layers.0.self_attn.q_proj.weight", at::randn({6, 8})},
+      {"model.layers.0.self_attn.q_proj.bias", at::randn({6})},
+      {"model.layers.0.self_attn.o_proj.weight", at::randn({8, 6})},
+      {"model.layers.0.mlp.down_proj.weight", at::randn({9, 150006})},
+      {"model.norm.weight", at::randn({8})},
+  };
+  ASSERT_GT(whole.at("model.embed_tokens.weight").nbytes(), kSlicePieceBytes);
+  ASSERT_GT(whole.at("model.layers.0.mlp.down_proj.weight").nbytes(), kSlicePieceBytes);
+  model::NamedTensors named(whole.begin(), whole.end());
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    WeightPayload flat;
+    flat.version = 9;
+    flat.bytes = model::FlattenParameters(named, &flat.manifest, dtype);
+    for (int ranks : {1, 2, 3}) {
+      // The same bytes as a stream of two pieces that every rank reads as its own reader.
+      WeightPayload streamed;
+      streamed.version = 9;
+      streamed.manifest = flat.manifest;
+      const uint64_t half = flat.bytes.size() / 2;
+      streamed.stream = std::make_shared<PayloadStream>(
+          flat.bytes.size(), std::vector<uint64_t>{0, half},
+          [&](size_t piece, std::vector<uint8_t>* bytes) {
+            const uint64_t begin = piece == 0 ? 0 : half;
+            const uint64_t end = piece == 0 ? half : flat.bytes.size();
+            bytes->assign(flat.bytes.begin() + begin, flat.bytes.begin() + end);
+            return Status::Ok();
+          },
+          ranks);
+      for (const WeightPayload* source : {&flat, &streamed}) {
+        for (int rank = 0; rank < ranks; ++rank) {
+          auto sliced = SlicedPayload(*source, rank, rank, ranks);
+          ASSERT_TRUE(sliced.ok()) << sliced.status();
+          EXPECT_EQ(sliced->version, 9);
+          ASSERT_TRUE(sliced->stream);
+          std::vector<uint8_t> bytes(sliced->size());
+          ASSERT_TRUE(sliced->stream->Read(0, 0, bytes.size(), bytes.data()).ok());
+          ExpectSlices(whole, sliced->manifest, bytes.data(), bytes.size(), rank, ranks);
+          if (source->stream) source->stream->Finish(rank);
+        }
+      }
+    }
+  }
+  // down_proj's 150006 columns (and q_proj's 6 rows) do not split over 4 ranks: refused, naming
+  // the first such tensor of the payload.
+  WeightPayload flat;
+  flat.bytes = model::FlattenParameters(named, &flat.manifest);
+  auto refused = SlicedPayload(flat, 0, 0, 4);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find(
+                "model.layers.0.mlp.down_proj.weight: [9, 150006] does not split over 4"),
+            std::string::npos)
+      << refused.status();
+}
+
+// WeightSender over gloo to a receiver of 2 tensor-parallel ranks: each rank joins its own group
+// and receives exactly its slices (no byte it does not keep), checksummed, and the trainer's
+// result carries rank 0's bucket checksums then rank 1's, as the receipts do.
+TEST_F(WeightBroadcastTest, ATensorParallelReceiverTakesItsSlicesRankByRank) {
+  auto m = model::Transformer::Create(testing::TinySpec(40, 32, 2, 4, 2, 64), 77, 0.1);
+  std::map<std::string, at::Tensor> whole;
+  for (const auto& [name, t] : m->NamedParameters()) whole[name] = t.detach().clone();
+  v1::PublishWeightsRequest req;
+  req.set_version(5);
+  req.set_transport("gloo");
+  req.set_store_address(store_->address());
+  req.add_groups("worker");
+  req.add_rollout_ids("rollout-0");
+  req.add_rollout_addresses("unused");
+  req.set_bucket_bytes(1024);
+  req.set_timeout_s(30);
+  req.set_receiver_tensor_parallel(2);
+  WeightSender sender;
+  v1::PublishWeightsResponse resp;
+  Status published;
+  std::vector<WeightPayload> got(2);
+  std::vector<StatusOr<Receipt>> receipts(2, Unavailable("not run"));
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] { published = sender.PublishHost(req, payload_, &resp); });
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      GlooOptions o;
+      o.store_address = store_->address();
+      o.group = "worker-tp" + std::to_string(rank);
+      o.rank = 1;
+      o.size = 2;
+      o.connect_timeout_s = 20;
+      auto c = CreateGlooCommunicator(o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      receipts[rank] = ReceivePublishedWeights(c->get(), 0, DeadlineAfter(30), &got[rank]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(published.ok()) << published;
+  ASSERT_EQ(resp.results_size(), 1);
+  ASSERT_TRUE(resp.results(0).ok()) << resp.results(0).error();
+  std::vector<uint32_t> received_crcs;
+  uint64_t received = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(receipts[rank].ok()) << receipts[rank].status();
+    EXPECT_EQ(receipts[rank]->version, 5);
+    ExpectSlices(whole, got[rank].manifest, got[rank].bytes.data(), got[rank].bytes.size(), rank,
+                 2);
+    received_crcs.insert(received_crcs.end(), receipts[rank]->bucket_crc32.begin(),
+                         receipts[rank]->bucket_crc32.end());
+    received += got[rank].bytes.size();
+  }
+  const auto& sent = resp.results(0).sent_crc32();
+  EXPECT_EQ(std::vector<uint32_t>(sent.begin(), sent.end()), received_crcs);
+  // Everything once, except the replicated norms, which both ranks keep.
+  uint64_t replicated = 0;
+  for (const auto& [name, t] : whole) {
+    if (model::TensorParallelDim(name) < 0) replicated += static_cast<uint64_t>(t.nbytes());
+  }
+  EXPECT_EQ(received, payload_.bytes.size() + replicated);
 }
 
 }  // namespace
