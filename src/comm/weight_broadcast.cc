@@ -164,7 +164,8 @@ StatusOr<PublishResult> PublishCore(Communicator* comm, int64_t version,
     const uint64_t n = std::min<uint64_t>(bucket_bytes, total - std::min(total, off));
     // Collectives write into their buffer on every rank, the root's included in principle;
     // Gloo's and NCCL's broadcasts only read it on the root, so the payload is sent in place.
-    uint8_t* p = base + off;
+    // (A streamed payload has no base: its bytes come from the stream.)
+    uint8_t* p = base != nullptr ? base + off : nullptr;
     if (streamed != nullptr) {
       // The receivers are waiting on this bucket's broadcast: a failed read aborts the group so
       // that they fail now rather than at the deadline.
