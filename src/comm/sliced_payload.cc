@@ -39,6 +39,10 @@ std::string ShapeText(const std::vector<int64_t>& s) {
 
 }  // namespace
 
+std::string TensorParallelWeightGroup(const std::string& group, int rank) {
+  return group + "-tp" + std::to_string(rank);
+}
+
 StatusOr<WeightPayload> SlicedPayload(const WeightPayload& whole, int reader, int rank, int size) {
   if (size < 1 || rank < 0 || rank >= size) {
     return InvalidArgument("tensor-parallel rank " + std::to_string(rank) + " of " +
@@ -100,7 +104,8 @@ StatusOr<WeightPayload> SlicedPayload(const WeightPayload& whole, int reader, in
     // Pieces of whole rows, each reading at most kSlicePieceBytes of the whole payload.
     const int64_t rows_per_piece = std::max<int64_t>(
         1, static_cast<int64_t>(kSlicePieceBytes / std::max<uint64_t>(t.row_bytes, 1)));
-    for (int64_t r = t.first_row; r < t.end_row; r += rows_per_piece) {
+    // (None for a rank's empty share: a piece of no bytes would repeat a start.)
+    for (int64_t r = t.first_row; t.keep_bytes > 0 && r < t.end_row; r += rows_per_piece) {
       starts.push_back(offset + static_cast<uint64_t>(r - t.first_row) * t.keep_bytes);
       pieces.push_back({tensors.size(), r, std::min(t.end_row, r + rows_per_piece)});
     }
@@ -108,18 +113,9 @@ StatusOr<WeightPayload> SlicedPayload(const WeightPayload& whole, int reader, in
     tensors.push_back(t);
     out.manifest.push_back(std::move(mine));
   }
-  if (pieces.empty() || offset == 0) return InvalidArgument("the version has no bytes to slice");
-  // Pieces of zero bytes (a rank's empty share of a vector) would repeat a start: drop them.
-  std::vector<uint64_t> kept_starts;
-  std::vector<SlicePiece> kept;
-  for (size_t p = 0; p < pieces.size(); ++p) {
-    const SlicedTensor& t = tensors[pieces[p].tensor];
-    if (t.keep_bytes == 0 || pieces[p].end == pieces[p].begin) continue;
-    kept_starts.push_back(starts[p]);
-    kept.push_back(pieces[p]);
-  }
+  if (pieces.empty()) return InvalidArgument("the version has no bytes to slice");
   const WeightPayload* source = &whole;
-  auto produce = [source, reader, tensors = std::move(tensors), pieces = std::move(kept),
+  auto produce = [source, reader, tensors = std::move(tensors), pieces = std::move(pieces),
                   scratch = std::make_shared<std::vector<uint8_t>>()](
                      size_t index, std::vector<uint8_t>* bytes) -> Status {
     const SlicePiece& p = pieces[index];
@@ -140,7 +136,7 @@ StatusOr<WeightPayload> SlicedPayload(const WeightPayload& whole, int reader, in
     }
     return Status::Ok();
   };
-  out.stream = std::make_shared<PayloadStream>(offset, std::move(kept_starts), std::move(produce),
+  out.stream = std::make_shared<PayloadStream>(offset, std::move(starts), std::move(produce),
                                                /*readers=*/1);
   return out;
 }

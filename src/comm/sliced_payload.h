@@ -11,6 +11,7 @@
 // one piece per receiving rank on top of what the whole payload holds.
 
 #include <cstdint>
+#include <string>
 
 #include "comm/weight_sync.h"
 #include "gyre/status.h"
@@ -20,6 +21,9 @@ namespace gyre::comm {
 // The bytes a piece of a sliced payload covers at most (whole rows of a tensor at a time; one row
 // when a row is larger).
 constexpr uint64_t kSlicePieceBytes = uint64_t{4} << 20;
+
+// The weight group of tensor-parallel rank `rank` of a rollout worker whose group is `group`.
+std::string TensorParallelWeightGroup(const std::string& group, int rank);
 
 // Rank `rank` of `size`'s slices of every tensor of `whole`, in the whole payload's offset order,
 // as a streamed payload with one reader. `whole` is read as reader `reader` (when it is streamed)

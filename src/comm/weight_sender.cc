@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -146,7 +145,7 @@ StatusOr<void*> WeightSender::StagingBuffer(uint64_t bytes, int device) {
 
 std::string WeightSender::MemberGroup(const v1::PublishWeightsRequest& req, int receiver,
                                       int rank) {
-  return ReceiverRanks(req) > 1 ? req.groups(receiver) + "-tp" + std::to_string(rank)
+  return ReceiverRanks(req) > 1 ? TensorParallelWeightGroup(req.groups(receiver), rank)
                                 : req.groups(receiver);
 }
 
@@ -268,7 +267,7 @@ Status WeightSender::PublishToGroups(const v1::PublishWeightsRequest& req,
     std::vector<const WeightPayload*> payloads;
     std::vector<Communicator*> sending;
     std::vector<int> sending_index;
-    std::set<int> reading;
+    std::vector<bool> reading(members, false);  // members whose slices are sent
     for (size_t k = 0; k < groups.size(); ++k) {
       const int m = index[k];
       auto s = SlicedPayload(*host_payload, m, m % ranks, ranks);
@@ -281,11 +280,11 @@ Status WeightSender::PublishToGroups(const v1::PublishWeightsRequest& req,
       payloads.push_back(&sliced[k]);
       sending.push_back(groups[k]);
       sending_index.push_back(m);
-      reading.insert(m);
+      reading[m] = true;
     }
     if (host_payload->stream) {
       for (int m = 0; m < members; ++m) {
-        if (!reading.count(m)) host_payload->stream->Finish(m);
+        if (!reading[m]) host_payload->stream->Finish(m);
       }
     }
     results = PublishEachItsOwn(sending, payloads, bucket, deadline, [&](int k) {

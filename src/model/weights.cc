@@ -124,6 +124,11 @@ StatusOr<std::vector<Matched>> MatchManifest(const std::vector<TensorEntry>& man
 
 }  // namespace
 
+Status CheckFlatManifest(const std::vector<TensorEntry>& manifest, uint64_t payload_bytes,
+                         const NamedTensors& params) {
+  return MatchManifest(manifest, payload_bytes, params).status();
+}
+
 Status LoadFlatParameters(const std::vector<TensorEntry>& manifest, const uint8_t* payload,
                           uint64_t payload_bytes, const NamedTensors& params,
                           const at::Device& payload_device) {

@@ -44,6 +44,11 @@ std::vector<TensorEntry> ParameterManifest(const NamedTensors& params, uint64_t*
 Status FlattenParametersInto(const NamedTensors& params, const std::vector<TensorEntry>& manifest,
                              void* dst, uint64_t dst_bytes, const at::Device& device);
 
+// Whether LoadFlatParameters(manifest, ..., payload_bytes, params) would load: the manifest names
+// exactly `params` with their shapes, in a payload dtype, inside `payload_bytes`. Nothing is read.
+Status CheckFlatManifest(const std::vector<TensorEntry>& manifest, uint64_t payload_bytes,
+                         const NamedTensors& params);
+
 // Copies `payload` into `params`, converting from the manifest's dtype to theirs. The manifest
 // must name exactly the model's parameters with the same shapes; on any mismatch nothing is
 // written and the error names the tensor. The payload lives in host memory, or on

@@ -7,12 +7,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "comm/gloo_communicator.h"
+#include "comm/sliced_payload.h"
 
 namespace gyre::rollout {
 namespace {
@@ -336,11 +336,6 @@ Status ReceiveSlices(const model::NamedTensors& slices, model::TensorParallelGro
 
 namespace {
 
-// The route's fields as one byte string: four length-prefixed strings (the timeout in text).
-std::vector<std::string> RouteFields(const DirectRoute& r) {
-  return {r.store_address, r.group, r.bind_host, std::to_string(r.timeout_s)};
-}
-
 // Rank 0's `bytes` to every rank (its length first).
 std::string BroadcastString(model::TensorParallelGroup* group, const std::string& bytes) {
   const int64_t n = BroadcastCount(group, static_cast<int64_t>(bytes.size()));
@@ -351,42 +346,14 @@ std::string BroadcastString(model::TensorParallelGroup* group, const std::string
   return std::string(reinterpret_cast<const char*>(t.data_ptr()), static_cast<size_t>(n));
 }
 
-// The manifest of a received version names exactly `slices`, with their shapes, inside `bytes`.
-Status CheckOwnSlices(const std::vector<model::TensorEntry>& manifest, uint64_t bytes,
-                      const model::NamedTensors& slices) {
-  if (manifest.size() != slices.size()) {
-    return InvalidArgument("the slices have " + std::to_string(manifest.size()) +
-                           " tensors, this rank " + std::to_string(slices.size()));
-  }
-  std::map<std::string, const at::Tensor*> by_name;
-  for (const auto& [name, t] : slices) by_name[name] = &t;
-  std::set<std::string> seen;
-  for (const model::TensorEntry& e : manifest) {
-    auto it = by_name.find(e.name);
-    if (it == by_name.end() || !seen.insert(e.name).second) {
-      return InvalidArgument("the slices name " + e.name + ", which this rank " +
-                             (it == by_name.end() ? "does not hold" : "got twice"));
-    }
-    GYRE_ASSIGN_OR_RETURN(const at::ScalarType dtype, model::ParseWeightDtype(e.dtype));
-    int64_t numel = 1;
-    for (int64_t d : e.shape) numel *= d;
-    if (e.shape != it->second->sizes().vec() ||
-        e.nbytes != static_cast<uint64_t>(numel) * at::elementSize(dtype) || e.offset > bytes ||
-        e.nbytes > bytes - e.offset) {
-      return InvalidArgument(e.name + ": the slice is " + ShapeText(e.shape) + " (" +
-                             std::to_string(e.nbytes) + " bytes at " + std::to_string(e.offset) +
-                             "), this rank holds " + ShapeText(it->second->sizes().vec()));
-    }
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 void AnnounceRoute(model::TensorParallelGroup* group, const DirectRoute* route) {
   std::string bytes;
   if (route != nullptr) {
-    for (const std::string& f : RouteFields(*route)) {
+    // Four length-prefixed strings (the timeout in text).
+    for (const std::string& f :
+         {route->store_address, route->group, route->bind_host, std::to_string(route->timeout_s)}) {
       const uint32_t n = static_cast<uint32_t>(f.size());
       bytes.append(reinterpret_cast<const char*>(&n), sizeof(n));
       bytes += f;
@@ -422,7 +389,7 @@ StatusOr<comm::Receipt> ReceiveDirectSlices(const DirectRoute& route, DirectRece
                                             const model::NamedTensors& slices,
                                             model::TensorParallelGroup* group) {
   const int rank = group->rank(), size = group->size();
-  const std::string name = route.group + "-tp" + std::to_string(rank);
+  const std::string name = comm::TensorParallelWeightGroup(route.group, rank);
   const double timeout = route.timeout_s > 0 ? route.timeout_s : 60.0;
   // This rank's part: join (or keep) its group, receive, check. No collective of `group` here,
   // so that a rank's failure cannot put the ranks out of step.
@@ -454,7 +421,8 @@ StatusOr<comm::Receipt> ReceiveDirectSlices(const DirectRoute& route, DirectRece
     }
   }
   if (local.ok()) {
-    local = CheckOwnSlices(receiver->payload.manifest, receiver->payload.bytes.size(), slices);
+    local = model::CheckFlatManifest(receiver->payload.manifest, receiver->payload.bytes.size(),
+                                     slices);
   }
   // Every rank has its slices, or no rank loads.
   const std::string missing = model::TensorParallelRanksNotOk(group, local.ok());
