@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "integration/run_util.h"
+#include "test_paths.h"
 
 namespace gyre::testing {
 namespace {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "integration/run_util.h"
+#include "test_paths.h"
 
 namespace gyre::testing {
 namespace {

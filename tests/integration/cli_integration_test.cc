@@ -15,6 +15,7 @@
 
 #include "integration/run_util.h"
 #include "rpc/rpc_util.h"
+#include "test_paths.h"
 
 namespace gyre::testing {
 namespace {

@@ -11,6 +11,7 @@
 
 #include "common/file_util.h"
 #include "integration/run_util.h"
+#include "test_paths.h"
 
 namespace gyre::testing {
 namespace {

@@ -6,6 +6,7 @@
 
 #include "integration/run_util.h"
 #include "kernels/device_info.h"
+#include "test_paths.h"
 
 namespace gyre::testing {
 namespace {

@@ -16,6 +16,8 @@
 #include <string>
 #include <utility>
 
+#include "test_paths.h"
+
 // rm -rf without std::filesystem (see src/common/file_util.h for why).
 static void RemoveTree(const std::string& path) {
   ::nftw(

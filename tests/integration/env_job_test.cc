@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "integration/run_util.h"
+#include "test_paths.h"
 #include "testing/dependency.h"
 
 namespace gyre::testing {

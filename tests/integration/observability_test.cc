@@ -13,6 +13,7 @@
 #include <set>
 
 #include "integration/run_util.h"
+#include "test_paths.h"
 #include "testing/dependency.h"
 #include "testing/http_get.h"
 #include "testing/png_read.h"

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "integration/run_util.h"
+#include "test_paths.h"
 
 namespace gyre::testing {
 namespace {

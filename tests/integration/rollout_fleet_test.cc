@@ -22,6 +22,7 @@
 #include "integration/run_util.h"
 #include "model/transformer.h"
 #include "rpc/rpc_util.h"
+#include "test_paths.h"
 #include "text/tokenizer.h"
 
 namespace gyre {

@@ -20,6 +20,7 @@
 
 #include "common/file_util.h"
 #include "common/subprocess.h"
+#include "test_paths.h"
 
 namespace gyre::testing {
 

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "integration/run_util.h"
+#include "test_paths.h"
 #include "testing/dependency.h"
 
 namespace gyre::testing {

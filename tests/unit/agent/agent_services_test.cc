@@ -14,6 +14,7 @@
 #include "agent/env_client.h"
 #include "agent/service_reward.h"
 #include "agent/service_supervisor.h"
+#include "test_paths.h"
 #include "testing/dependency.h"
 
 namespace gyre::agent {

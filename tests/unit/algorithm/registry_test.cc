@@ -17,6 +17,7 @@
 #include "algorithm/sequence_advantages.h"
 #include "kernels/reference/advantages_ref.h"
 #include "kernels/reference/policy_loss_ref.h"
+#include "test_paths.h"
 
 namespace gyre::algorithm {
 namespace {
@@ -383,7 +384,7 @@ TEST(RegistryTest, EveryBuiltinCarriesItsImplementation) {
 }
 
 TEST(RegistryTest, TheDocsTableIsTheRegistrys) {
-  const std::string path = GYRE_SOURCE_DIR "/docs/algorithms.md";
+  const std::string path = std::string(GYRE_SOURCE_DIR) + "/docs/algorithms.md";
   std::ifstream in(path);
   ASSERT_TRUE(in) << "cannot open " << path;
   std::stringstream buf;

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "test_paths.h"
+
 namespace gyre::text {
 namespace {
 

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "test_paths.h"
 #include "testing/text_format.h"
 #include "text/chat_template.h"
 

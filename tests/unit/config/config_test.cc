@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/file_util.h"
+#include "test_paths.h"
 
 namespace gyre::config {
 namespace {
@@ -858,8 +859,8 @@ TEST(ConfigCrossField, GrpcWeightBucketsFitInOneMessage) {
 }
 
 TEST(ConfigDocs, EveryKeyIsDocumentedWithItsDefaultAndRange) {
-  std::ifstream in(GYRE_SOURCE_DIR "/docs/config.md");
-  ASSERT_TRUE(in) << "cannot open " GYRE_SOURCE_DIR "/docs/config.md";
+  std::ifstream in(std::string(GYRE_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(in) << "cannot open " << GYRE_SOURCE_DIR << "/docs/config.md";
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "model/hf_model.h"
+#include "test_paths.h"
 #include "testing/tensor_compare.h"
 
 namespace gyre::model {

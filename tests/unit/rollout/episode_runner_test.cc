@@ -18,6 +18,7 @@
 #include "agent/service_supervisor.h"
 #include "model/transformer.h"
 #include "rollout/rollout_service.h"
+#include "test_paths.h"
 #include "testing/dependency.h"
 #include "testing/tiny_model.h"
 #include "text/jinja.h"

@@ -33,6 +33,7 @@
 #include "rollout/rollout_engine.h"
 #include "rollout/tensor_parallel_weights.h"
 #include "rollout/vocab_parallel_sampling.h"
+#include "test_paths.h"
 #include "testing/tiny_model.h"
 #include "tp_fixture.h"
 

@@ -15,6 +15,7 @@
 #include "common/file_util.h"
 #include "gyre/v1/gyre.grpc.pb.h"
 #include "rpc/rpc_util.h"
+#include "test_paths.h"
 
 namespace gyre::rpc {
 namespace {

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "test_paths.h"
 #include "testing/dependency.h"
 #include "testing/text_format.h"
 #include "text/bpe_tokenizer.h"

@@ -22,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "test_paths.h"
 #include "testing/dependency.h"
 #include "testing/text_format.h"
 

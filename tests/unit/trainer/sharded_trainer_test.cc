@@ -22,6 +22,7 @@
 #include "comm/gloo_communicator.h"
 #include "common/file_util.h"
 #include "common/subprocess.h"
+#include "test_paths.h"
 #include "testing/tensor_compare.h"
 
 namespace gyre::trainer {
