@@ -43,7 +43,10 @@ launcher=()
 # example's objects come from the cache the second time.
 command -v ccache >/dev/null &&
   launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=cmake;-E;env;CCACHE_BASEDIR=${work};CCACHE_NOHASHDIR=1;ccache")
-cmake -S "${root}/examples/custom_trainer" -B "${work}/example" "${generator[@]}" "${launcher[@]}" \
+# Built from a copy inside the work directory: every path on its compile lines is then relative to
+# CCACHE_BASEDIR, so that a clone in another folder hits the cache too.
+cp -r "${root}/examples/custom_trainer" "${work}/src"
+cmake -S "${work}/src" -B "${work}/example" "${generator[@]}" "${launcher[@]}" \
   -DCMAKE_PREFIX_PATH="${work}/prefix" >"${work}/configure.log" ||
   { cat "${work}/configure.log" >&2; exit 1; }
 step "build"

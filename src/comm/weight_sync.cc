@@ -37,10 +37,11 @@ std::vector<model::TensorEntry> ManifestFromProto(
 }
 
 PayloadStream::PayloadStream(uint64_t total, std::vector<uint64_t> starts, Producer produce,
-                             int readers)
+                             int readers, uint64_t max_held_bytes)
     : total_(total),
       starts_(std::move(starts)),
       produce_(std::move(produce)),
+      max_held_(max_held_bytes),
       position_(static_cast<size_t>(std::max(0, readers)), 0),
       active_(static_cast<size_t>(std::max(0, readers)), true) {}
 
@@ -75,8 +76,16 @@ void PayloadStream::DropPassed() {
   }
 }
 
+bool PayloadStream::SomeReaderBehind(int reader) const {
+  const uint64_t mine = position_[static_cast<size_t>(reader)];
+  for (size_t r = 0; r < position_.size(); ++r) {
+    if (active_[r] && position_[r] < mine) return true;
+  }
+  return false;
+}
+
 Status PayloadStream::Read(int reader, uint64_t offset, uint64_t n, uint8_t* out) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (reader < 0 || static_cast<size_t>(reader) >= position_.size()) {
     return InvalidArgument("weight payload stream has no reader " + std::to_string(reader));
   }
@@ -84,7 +93,28 @@ Status PayloadStream::Read(int reader, uint64_t offset, uint64_t n, uint8_t* out
     return InvalidArgument("read past the end of the weight payload");
   }
   if (n == 0) return Status::Ok();
-  GYRE_RETURN_IF_ERROR(ProduceThrough(offset + n - 1));
+  // Reads go forward: what lies before `offset` this reader will not read, and is not held for it.
+  uint64_t& position = position_[static_cast<size_t>(reader)];
+  if (offset > position) {
+    position = offset;
+    DropPassed();
+    moved_.notify_all();
+  }
+  const uint64_t last = offset + n - 1;
+  while (error_.ok() && next_ < starts_.size() && starts_[next_] <= last) {
+    const uint64_t next_bytes = PieceEnd(next_) - starts_[next_];
+    if (max_held_ > 0 && !pieces_.empty() && held_ + next_bytes > max_held_ &&
+        SomeReaderBehind(reader)) {
+      moved_.wait(lock);
+      continue;
+    }
+    if (!ProduceThrough(starts_[next_]).ok()) break;
+    DropPassed();  // a piece every reader skips goes at once
+  }
+  if (!error_.ok()) {
+    moved_.notify_all();  // the readers waiting fail now
+    return error_;
+  }
   uint64_t done = 0;
   while (done < n) {
     const uint64_t at = offset + done;
@@ -102,8 +132,9 @@ Status PayloadStream::Read(int reader, uint64_t offset, uint64_t n, uint8_t* out
     std::memcpy(out + done, it->second.data() + in_piece, k);
     done += k;
   }
-  position_[static_cast<size_t>(reader)] = offset + n;
+  position = offset + n;
   DropPassed();
+  moved_.notify_all();
   return Status::Ok();
 }
 
@@ -112,6 +143,7 @@ void PayloadStream::Finish(int reader) {
   if (reader < 0 || static_cast<size_t>(reader) >= active_.size()) return;
   active_[static_cast<size_t>(reader)] = false;
   DropPassed();
+  moved_.notify_all();
 }
 
 Status PayloadStream::Drain() {

@@ -11,6 +11,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -33,6 +34,11 @@ namespace gyre::comm {
 // it. The readers (one per receiver, numbered from 0) read in increasing offsets and say when
 // they stop; a reader that never stops holds every piece from where it is on.
 //
+// With `max_held_bytes` set, a reader that is ahead of another one waits for it rather than have
+// a new piece made while more than that many bytes are held: the readers then move in step, and
+// the stream holds about one bucket however far apart the receivers' links are. The reader
+// furthest behind never waits (so the readers, each on a thread of its own, always progress).
+//
 // Thread-safety: every method may be called from any thread; production runs under the
 // stream's lock, so one reader waits while another's piece is made.
 class PayloadStream {
@@ -40,7 +46,9 @@ class PayloadStream {
   // Fills `bytes` (resized by the producer) with piece `index`; called in order 0, 1, ...
   using Producer = std::function<Status(size_t index, std::vector<uint8_t>* bytes)>;
   // `starts`: where each piece begins (ascending, the first 0); `total` bytes in all.
-  PayloadStream(uint64_t total, std::vector<uint64_t> starts, Producer produce, int readers);
+  // `max_held_bytes` 0: no bound.
+  PayloadStream(uint64_t total, std::vector<uint64_t> starts, Producer produce, int readers,
+                uint64_t max_held_bytes = 0);
 
   uint64_t total() const { return total_; }
   // Copies bytes [offset, offset + n) into `out` for reader `reader`. Fails with the producer's
@@ -58,6 +66,8 @@ class PayloadStream {
   // Produces pieces until the one holding byte `last` is made (lock held).
   Status ProduceThrough(uint64_t last);
   void DropPassed();  // pieces every active reader is past (lock held)
+  // Whether an active reader is behind reader `reader` (lock held).
+  bool SomeReaderBehind(int reader) const;
   // The byte after piece `index` (the next piece's start, or the payload's end).
   uint64_t PieceEnd(size_t index) const {
     return index + 1 < starts_.size() ? starts_[index + 1] : total_;
@@ -66,7 +76,9 @@ class PayloadStream {
   const uint64_t total_;
   const std::vector<uint64_t> starts_;
   const Producer produce_;
+  const uint64_t max_held_;
   mutable std::mutex mu_;
+  std::condition_variable moved_;                  // a reader moved on or finished
   size_t next_ = 0;                                // the next piece to produce
   std::map<size_t, std::vector<uint8_t>> pieces_;  // made and not dropped
   std::vector<uint64_t> position_;                 // per reader: bytes it is past

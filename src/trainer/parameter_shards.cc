@@ -520,6 +520,51 @@ StatusOr<std::vector<at::Tensor>> ParameterShards::GatherUnit(int u) {
   return GatherUnitSlices(u, masters_[u]);
 }
 
+Status ParameterShards::GatherRange(int u, int64_t begin, const at::Tensor& out) {
+  GYRE_CHECK(u >= 0 && u < num_units()) << "unit " << u;
+  const Unit& unit = units_[u];
+  const int64_t count = out.defined() ? out.numel() : 0;
+  if (!out.defined() || out.dim() != 1 || !out.is_contiguous() || out.device() != device_ ||
+      !at::isFloatingType(out.scalar_type())) {
+    return InvalidArgument("a range of " + unit.def.names.front() +
+                           "'s unit is gathered into a contiguous 1-D float tensor on the "
+                           "shards' device");
+  }
+  if (begin < 0 || begin > unit.layout.total - count) {
+    return InvalidArgument("elements [" + std::to_string(begin) + ", " +
+                           std::to_string(begin + count) + ") are not inside " +
+                           unit.def.names.front() + "'s unit of " +
+                           std::to_string(unit.layout.total) + " elements");
+  }
+  if (count == 0) return Status::Ok();
+  const at::Tensor master = masters_[u];
+  const int64_t chunk = unit.layout.chunk;
+  const int rank = queue_->rank();
+  const int64_t ticket = queue_->Post(
+      "gather of elements " + std::to_string(begin) + "+" + std::to_string(count) + " of " +
+          unit.def.names.front() + "'s unit",
+      [master, out, begin, count, chunk, rank](comm::Communicator* comm,
+                                               comm::Deadline deadline) -> Status {
+        at::NoGradGuard no_grad;
+        // Rank r owns [r * chunk, (r + 1) * chunk): the range meets one rank, or a few when it
+        // crosses their boundaries.
+        for (int64_t r = begin / chunk; r * chunk < begin + count; ++r) {
+          const int64_t lo = std::max(begin, r * chunk);
+          const int64_t hi = std::min(begin + count, (r + 1) * chunk);
+          at::Tensor part = out.narrow(0, lo - begin, hi - lo);
+          if (r == rank || comm == nullptr) {
+            part.copy_(master.narrow(0, lo - r * chunk, hi - lo));
+            GYRE_RETURN_IF_ERROR(InputsReady(part, deadline));
+          }
+          if (comm == nullptr) continue;
+          GYRE_RETURN_IF_ERROR(comm->Broadcast(part.data_ptr(), static_cast<size_t>(part.nbytes()),
+                                               static_cast<int>(r), deadline));
+        }
+        return Status::Ok();
+      });
+  return queue_->Wait(ticket);
+}
+
 StatusOr<std::vector<at::Tensor>> ParameterShards::GatherUnitSlices(int u,
                                                                     const at::Tensor& slice) {
   GYRE_CHECK(u >= 0 && u < num_units()) << "unit " << u;

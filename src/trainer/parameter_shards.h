@@ -147,6 +147,12 @@ class ParameterShards final : public model::ParameterGather {
   // The same for any per-rank float32 slice of unit `u`'s layout ([chunk], e.g. an AdamW moment
   // of the masters): the whole unit's tensors, gathered from every rank (a collective).
   StatusOr<std::vector<at::Tensor>> GatherUnitSlices(int u, const at::Tensor& slice);
+  // Elements [begin, begin + out.numel()) of unit `u`'s flat weights (its tensors in order, as
+  // GatherUnit lays them out) into `out`: 1-D, contiguous, on the shards' device, in any float
+  // dtype, on every rank (a collective: every rank calls it with the same range and dtype). Each
+  // rank owning part of the range converts that part to out's dtype and broadcasts it, so no rank
+  // holds more of the unit than the range: how a version is published a bucket at a time.
+  Status GatherRange(int u, int64_t begin, const at::Tensor& out);
   // This rank's slice [chunk] of unit `u` cut from whole tensors of that unit (ParameterUnits
   // order and shapes, any float dtype and device, e.g. views of a checkpoint file; an undefined
   // tensor is zero), float32 on the shards' device, zero past the unit's end. Only the slice's

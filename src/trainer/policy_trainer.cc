@@ -339,6 +339,98 @@ StatusOr<std::vector<at::Tensor>> PolicyTrainer::GatherUnitWeights(int u) {
   return tensors;
 }
 
+Status PolicyTrainer::GatherUnitRange(int u, int64_t begin, const at::Tensor& out) {
+  if (!gathers_ranges()) {
+    return FailedPrecondition(
+        "GatherUnitRange needs a trainer whose parameters are split and not tensor parallel");
+  }
+  if (u < 0 || u >= shards_->num_units()) {
+    return InvalidArgument("no parameter unit " + std::to_string(u));
+  }
+  return shards_->GatherRange(u, begin, out);
+}
+
+StatusOr<at::Tensor> PolicyTrainer::GatherWholeRows(int u, int i, int64_t row, int64_t rows) {
+  at::NoGradGuard no_grad;
+  if (tp_group_ == nullptr)
+    return FailedPrecondition("GatherWholeRows needs a tensor-parallel trainer");
+  const std::vector<model::ParameterUnit> units = model::ParameterUnits(model_->spec());
+  if (u < 0 || u >= static_cast<int>(units.size()) || i < 0 ||
+      i >= static_cast<int>(units[static_cast<size_t>(u)].names.size())) {
+    return InvalidArgument("no tensor " + std::to_string(i) + " in parameter unit " +
+                           std::to_string(u));
+  }
+  const model::ParameterUnit& unit = units[static_cast<size_t>(u)];
+  const std::string& name = unit.names[static_cast<size_t>(i)];
+  const std::vector<int64_t>& whole = unit.shapes[static_cast<size_t>(i)];
+  if (whole.empty() || row < 0 || rows < 1 || row > whole[0] - rows) {
+    return InvalidArgument("rows [" + std::to_string(row) + ", " + std::to_string(row + rows) +
+                           ") are not inside " + name);
+  }
+  const int dim = model::TensorParallelDim(name);
+  const int ranks = tp_group_->size();
+  int owner = -1;  // a row split: the rank holding the rows
+  int64_t local_row = row;
+  if (dim == 0) {
+    for (int r = 0; r < ranks && owner < 0; ++r) {
+      const auto [begin, end] = model::TensorParallelRange(name, whole[0], r, ranks);
+      if (row >= begin && row + rows <= end) {
+        owner = r;
+        local_row = row - begin;
+      }
+    }
+    if (owner < 0) {
+      return InvalidArgument("rows [" + std::to_string(row) + ", " + std::to_string(row + rows) +
+                             ") of " + name + " are not all on one tensor-parallel rank");
+    }
+  }
+  // This rank's rows of its slice (what the others need from it), float32.
+  at::Tensor local;
+  if (owner < 0 || owner == tp_rank()) {
+    size_t first = 0;  // the tensor's index among the slices, in ParameterUnits order
+    for (int k = 0; k < u; ++k) first += units[static_cast<size_t>(k)].names.size();
+    first += static_cast<size_t>(i);
+    if (shards_ == nullptr) {
+      local = optimizer_->params[first].detach().narrow(0, local_row, rows).contiguous();
+    } else {
+      // The slice is itself split over the data-parallel ranks: its rows are one range of the
+      // unit's flat weights, gathered from the ranks owning it.
+      const model::ParameterUnit& slices = shards_->unit(u);
+      int64_t offset = 0;
+      for (int k = 0; k < i; ++k) {
+        int64_t n = 1;
+        for (int64_t d : slices.shapes[static_cast<size_t>(k)]) n *= d;
+        offset += n;
+      }
+      std::vector<int64_t> shape = slices.shapes[static_cast<size_t>(i)];
+      int64_t row_elements = 1;
+      for (size_t d = 1; d < shape.size(); ++d) row_elements *= shape[d];
+      shape[0] = rows;
+      local = at::empty({rows * row_elements},
+                        at::TensorOptions().dtype(at::kFloat).device(model_->device()));
+      GYRE_RETURN_IF_ERROR(shards_->GatherRange(u, offset + local_row * row_elements, local));
+      local = local.view(shape);
+    }
+  }
+  if (dim < 0) return local;  // whole on every rank
+  try {
+    if (dim == 0) {
+      std::vector<int64_t> shape = whole;
+      shape[0] = rows;
+      at::Tensor out =
+          owner == tp_rank()
+              ? local
+              : at::empty(shape, at::TensorOptions().dtype(at::kFloat).device(model_->device()));
+      tp_group_->Broadcast(out, owner);
+      return out;
+    }
+  } catch (const std::exception& e) {
+    return Unavailable("gathering rows of " + name + " from its tensor-parallel rank: " + e.what());
+  }
+  // Split along the columns: every rank holds its columns of these rows.
+  return GatherSlices(name, local);
+}
+
 Status PolicyTrainer::GatherUnitSlices(int u, std::vector<at::Tensor>* tensors) {
   if (tp_group_ == nullptr) return Status::Ok();
   const model::ParameterUnit& unit = shards_->unit(u);

@@ -245,6 +245,19 @@ class PolicyTrainer {
   // holds_slices(): the whole float32 weights of unit `u` (ParameterUnits order), a collective
   // like GatherUnits.
   StatusOr<std::vector<at::Tensor>> GatherUnitWeights(int u);
+  // Whether GatherUnitRange serves this trainer: shard parameters (split), not tensor parallel.
+  bool gathers_ranges() const { return shards_ != nullptr && tp_group_ == nullptr; }
+  // gathers_ranges(): elements [begin, begin + out.numel()) of unit `u`'s flat weights into
+  // `out` (ParameterShards::GatherRange), a collective of every rank. A version is published
+  // this way a bucket at a time, so that no rank holds a whole unit to publish it.
+  Status GatherUnitRange(int u, int64_t begin, const at::Tensor& out);
+  // Tensor parallel (with or without shard parameters): rows [row, row + rows) of the whole
+  // float32 tensor `i` of unit `u` (ParameterUnits order; a row is an index of the first
+  // dimension), gathered from the ranks holding them, on every tensor-parallel rank (a collective
+  // of every rank, as GatherUnitWeights). For a tensor split along its rows (TensorParallelDim 0)
+  // the rows must lie inside one rank's range. A version is published this way a few rows at a
+  // time, so that no rank holds a whole unit to publish it.
+  StatusOr<at::Tensor> GatherWholeRows(int u, int i, int64_t row, int64_t rows);
   // kParameters: seconds the collectives took on their thread, and seconds the trainer waited for
   // them (the part compute did not hide), since the split. Tensor parallel: seconds in its
   // collectives, all waited for (they run on the trainer's thread, between the computations).

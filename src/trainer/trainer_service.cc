@@ -375,55 +375,138 @@ Status TrainerService::PublishFromSlices(const v1::PublishWeightsRequest& req,
         "over grpc or gloo, not " +
         transport);
   }
+  // The version in the rollout's dtype, cut into pieces of at most one bucket, ending at every
+  // multiple of the bucket size: without tensor parallelism a piece is a range of a unit's flat
+  // weights, gathered from the ranks that own it (each broadcasts its part,
+  // ParameterShards::GatherRange); with it a piece is a range of one tensor, inside one rank's
+  // rows when the tensor is split along them, cut from the whole rows that hold it
+  // (PolicyTrainer::GatherWholeRows). Each piece
+  // is gathered when the first receiver's sender reaches it, and trainer-0's stream holds about
+  // one bucket of them (the senders move in step). So no rank holds a whole unit, let alone the
+  // model, to publish it. Every rank computes the same pieces and gathers them in order.
+  struct Piece {
+    int unit = 0;
+    int tensor = -1;               // tensor parallel: the tensor; else -1
+    int64_t begin = 0, count = 0;  // elements of the unit's flat weights, or of the tensor
+    int64_t row = 1;               // tensor parallel: the tensor's elements per row
+    int64_t bytes = 0;
+  };
   const std::vector<model::ParameterUnit> units = model::ParameterUnits(trainer_.model().spec());
-  // The other ranks take part in the gathers and send nothing.
-  if (!trainer_.writes_gathered()) {
-    for (size_t u = 0; u < units.size(); ++u) {
-      GYRE_RETURN_IF_ERROR(trainer_.GatherUnitWeights(static_cast<int>(u)).status());
-    }
-    return Status::Ok();
-  }
-  // Trainer-0 sends the version as it is gathered, one unit a piece, in the rollout's dtype.
+  const bool ranges = trainer_.gathers_ranges();
+  const int tp = trainer_.tp_size();
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype_));
+  const auto bucket = static_cast<uint64_t>(comm::WeightSender::BucketBytes(req));
   model::NamedTensors shapes;
-  std::vector<size_t> first;  // per unit: its first tensor in the manifest
-  for (const model::ParameterUnit& u : units) {
-    first.push_back(shapes.size());
-    for (size_t i = 0; i < u.names.size(); ++i) {
-      shapes.emplace_back(
-          u.names[i], at::empty(u.shapes[i], at::TensorOptions().dtype(dtype_).device(at::kMeta)));
+  std::vector<Piece> pieces;
+  std::vector<uint64_t> starts;
+  uint64_t offset = 0;
+  int64_t largest = 0;
+  // Cuts [0, extent) of elements of `item_bytes` each at the bucket's multiples and at `ends`
+  // (sorted); `row`: the elements of a row of the tensor.
+  auto cut = [&](int u, int tensor, int64_t extent, int64_t item_bytes,
+                 const std::vector<int64_t>& ends, int64_t row) {
+    size_t next_end = 0;
+    for (int64_t e = 0; e < extent;) {
+      const uint64_t boundary = (offset / bucket + 1) * bucket;
+      const int64_t fit =
+          static_cast<int64_t>((boundary - offset) / static_cast<uint64_t>(item_bytes));
+      int64_t n = std::min(extent - e, std::max<int64_t>(1, fit));
+      while (next_end < ends.size() && ends[next_end] <= e) ++next_end;
+      if (next_end < ends.size()) n = std::min(n, ends[next_end] - e);
+      pieces.push_back({u, tensor, e, n, row, n * item_bytes});
+      starts.push_back(offset);
+      largest = std::max(largest, n * item_bytes / esize);
+      offset += static_cast<uint64_t>(n * item_bytes);
+      e += n;
     }
+  };
+  for (size_t u = 0; u < units.size(); ++u) {
+    int64_t total = 0;
+    for (size_t i = 0; i < units[u].names.size(); ++i) {
+      const at::Tensor meta =
+          at::empty(units[u].shapes[i], at::TensorOptions().dtype(dtype_).device(at::kMeta));
+      total += meta.numel();
+      shapes.emplace_back(units[u].names[i], meta);
+      if (ranges) continue;
+      const std::vector<int64_t>& shape = units[u].shapes[i];
+      const int64_t extent = shape.empty() ? 1 : shape[0];
+      const int64_t row = meta.numel() / std::max<int64_t>(1, extent);
+      std::vector<int64_t> ends;  // a row split: each rank's rows end a piece
+      if (model::TensorParallelDim(units[u].names[i]) == 0) {
+        for (int r = 0; r < tp; ++r) {
+          ends.push_back(row * model::TensorParallelRange(units[u].names[i], extent, r, tp).second);
+        }
+      }
+      cut(static_cast<int>(u), static_cast<int>(i), meta.numel(), esize, ends, row);
+    }
+    if (ranges) cut(static_cast<int>(u), -1, total, esize, {}, 1);
+  }
+  const at::Device device = trainer_.model().device();
+  const at::TensorOptions opts = at::TensorOptions().dtype(dtype_).device(device);
+  // Piece `p` into `host` (its bytes, CPU, dtype_), or gathered and dropped (host undefined).
+  const at::Tensor scratch = ranges ? at::empty({largest}, opts) : at::Tensor();
+  auto gather = [&](const Piece& p, const at::Tensor& host) -> Status {
+    if (!ranges) {
+      // The whole rows holding the piece's elements (a row across a bucket's end is gathered for
+      // both pieces), then the piece cut from them.
+      const int64_t first = p.begin / p.row;
+      const int64_t last = (p.begin + p.count - 1) / p.row;
+      GYRE_ASSIGN_OR_RETURN(at::Tensor rows,
+                            trainer_.GatherWholeRows(p.unit, p.tensor, first, last - first + 1));
+      if (host.defined()) {
+        host.copy_(rows.reshape({-1}).narrow(0, p.begin - first * p.row, p.count));
+      }
+      return Status::Ok();
+    }
+    if (!host.defined()) {
+      return trainer_.GatherUnitRange(p.unit, p.begin, scratch.narrow(0, 0, p.count));
+    }
+    // On the CPU straight into the piece's bytes; from a device through a copy of the piece.
+    if (device.is_cpu()) return trainer_.GatherUnitRange(p.unit, p.begin, host);
+    const at::Tensor on_device = at::empty({p.count}, opts);
+    GYRE_RETURN_IF_ERROR(trainer_.GatherUnitRange(p.unit, p.begin, on_device));
+    host.copy_(on_device);
+    return Status::Ok();
+  };
+  if (!trainer_.writes_gathered()) {
+    // The other ranks take part in the gathers and send nothing.
+    for (const Piece& p : pieces) GYRE_RETURN_IF_ERROR(gather(p, at::Tensor()));
+    return Status::Ok();
   }
   comm::WeightPayload payload;
   payload.version = trainer_.version();
   uint64_t total = 0;
   payload.manifest = model::ParameterManifest(shapes, &total, dtype_);
-  std::vector<uint64_t> starts;
-  for (size_t f : first) starts.push_back(payload.manifest[f].offset);
-  const at::ScalarType dtype = dtype_;
-  auto produce = [this, &payload, &first, dtype](size_t u, std::vector<uint8_t>* bytes) -> Status {
-    GYRE_ASSIGN_OR_RETURN(std::vector<at::Tensor> weights,
-                          trainer_.GatherUnitWeights(static_cast<int>(u)));
-    const uint64_t begin = payload.manifest[first[u]].offset;
-    const model::TensorEntry& last = payload.manifest[first[u] + weights.size() - 1];
-    bytes->resize(last.offset + last.nbytes - begin);
-    for (size_t i = 0; i < weights.size(); ++i) {
-      const model::TensorEntry& e = payload.manifest[first[u] + i];
-      const at::Tensor c = weights[i].detach().to(at::kCPU, dtype).contiguous();
-      std::memcpy(bytes->data() + (e.offset - begin), c.data_ptr(), e.nbytes);
-    }
-    return Status::Ok();
+  GYRE_CHECK(total == offset) << total << " != " << offset;
+  auto produce = [&pieces, &gather, this](size_t i, std::vector<uint8_t>* bytes) -> Status {
+    const Piece& p = pieces[i];
+    bytes->resize(static_cast<size_t>(p.bytes));
+    const at::Tensor host =
+        at::from_blob(bytes->data(), {p.bytes / static_cast<int64_t>(c10::elementSize(dtype_))},
+                      at::TensorOptions().dtype(dtype_));
+    return gather(p, host);
   };
   // One reader per receiver, or over gloo per tensor-parallel rank of each (WeightSender).
   const int readers =
       req.rollout_ids_size() * (transport == "gloo" ? comm::WeightSender::ReceiverRanks(req) : 1);
-  auto stream = std::make_shared<comm::PayloadStream>(total, starts, produce, readers);
+  auto stream = std::make_shared<comm::PayloadStream>(total, starts, produce, readers, bucket);
   payload.stream = stream;
   Status s = sender_.PublishHost(req, payload, resp);
-  // Every unit is gathered, also those no receiver got to: the other ranks gather all of them.
+  // Every piece is gathered, also those no receiver got to: the other ranks gather all of them.
   const Status drained = stream->Drain();
-  GYRE_LOG_DEBUG("published v{} from slices: {} bytes, at most {} held at once", payload.version,
-                 total, stream->peak_bytes());
   if (s.ok()) s = drained;
+  // The first one at info: what a user checks the memory of a publish by.
+  const bool first = s.ok() && !logged_publish_;
+  logged_publish_ = logged_publish_ || s.ok();
+  if (first) {
+    GYRE_LOG_INFO(
+        "published v{} from this rank's slices a bucket at a time: {} bytes in {} "
+        "pieces, at most {} bytes of it held at once (bucket {} bytes)",
+        payload.version, total, pieces.size(), stream->peak_bytes(), bucket);
+  } else {
+    GYRE_LOG_DEBUG("published v{} from slices: {} bytes, at most {} held at once", payload.version,
+                   total, stream->peak_bytes());
+  }
   return s;
 }
 

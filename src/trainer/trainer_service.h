@@ -77,9 +77,10 @@ class TrainerService final : public v1::Trainer::Service {
 
  private:
   // nccl and cuda_ipc: the current version into the sender's staging buffer (under mu_).
-  // PublishWeights of a trainer whose parameters are split (trainer.shard: parameters): every
-  // rank gathers the model unit by unit; trainer-0 streams each unit to the receivers as it
-  // comes (comm::PayloadStream), so no rank holds the whole version. Holds mu_ throughout.
+  // PublishWeights of a trainer whose parameters are split (trainer.shard: parameters or
+  // trainer.tensor_parallel): every rank gathers the model a bucket at a time; trainer-0 streams
+  // each piece to the receivers as it comes (comm::PayloadStream, bounded to one bucket), so no
+  // rank holds a whole unit, let alone the version. Holds mu_ throughout.
   Status PublishFromSlices(const v1::PublishWeightsRequest& req, const std::string& transport,
                            v1::PublishWeightsResponse* resp);
   Status FlattenToDevice(double timeout, comm::DevicePayload* payload);
@@ -102,7 +103,8 @@ class TrainerService final : public v1::Trainer::Service {
   // The sending side of publishes: its weight groups and device staging buffer are kept between
   // versions. weights_mu_ serialises publishes.
   std::mutex weights_mu_;
-  comm::WeightSender sender_;  // guarded by weights_mu_, but for AbortReceivers (any thread)
+  comm::WeightSender sender_;    // guarded by weights_mu_, but for AbortReceivers (any thread)
+  bool logged_publish_ = false;  // guarded by mu_
 };
 
 }  // namespace gyre::trainer

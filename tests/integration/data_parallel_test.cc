@@ -128,10 +128,12 @@ TEST(DataParallelTest, ShardedJobResumesOntoThreeTrainersAndMatchesOne) {
 std::string SplitJobCheckpointsAndResumes(const std::string& name, const std::string& layout,
                                           const std::string& log_part, int resume_trainers,
                                           const std::vector<std::string>& resume_layout,
-                                          double held_most) {
+                                          double held_most,
+                                          const std::vector<std::string>& more = {}) {
   const std::string dir = MakeTempDir(name);
-  auto a = GyreProcess::Start(With(Job(dir, 2), {"--set", layout, "--set", "trainer.steps=1",
-                                                 "--set", "trainer.checkpoint_every=1"}),
+  auto a = GyreProcess::Start(With(With(Job(dir, 2), {"--set", layout, "--set", "trainer.steps=1",
+                                                      "--set", "trainer.checkpoint_every=1"}),
+                                   more),
                               dir);
   EXPECT_TRUE(a.Wait(240)) << a.Output();
   EXPECT_EQ(WEXITSTATUS(a.wait_status), 0) << a.Output();
@@ -148,24 +150,51 @@ std::string SplitJobCheckpointsAndResumes(const std::string& name, const std::st
   const double held = first[0]["weights_mib"].get<double>() * (1 << 20);
   EXPECT_LT(held, held_most * static_cast<double>(*whole));
   EXPECT_GT(held, 0.45 * static_cast<double>(*whole));
-  auto b = GyreProcess::Start(With(With(Job(dir, resume_trainers), resume_layout),
-                                   {"--resume", "--set", "cluster.weight_transport=gloo", "--set",
-                                    "trainer.checkpoint_every=1"}),
+  auto b = GyreProcess::Start(With(With(With(Job(dir, resume_trainers), resume_layout),
+                                        {"--resume", "--set", "cluster.weight_transport=gloo",
+                                         "--set", "trainer.checkpoint_every=1"}),
+                                   more),
                               MakeTempDir(name + "-resume"));
   EXPECT_TRUE(b.Wait(240)) << b.Output();
   EXPECT_EQ(WEXITSTATUS(b.wait_status), 0) << b.Output();
   EXPECT_EQ(GrpoMetrics(dir + "/t/metrics.jsonl").size(), 2u);
+  // The rollout worker sampled with the versions published from the slices: its log-probs are
+  // the trainer's.
+  for (const nlohmann::json& m : GrpoMetrics(dir + "/t/metrics.jsonl")) {
+    EXPECT_LT(m["mismatch_abs_logprob"].get<double>(), 1e-5) << m.dump();
+  }
   ExpectSameModel(Logprobs(dir + "/t/final", dir), OneTrainerLogprobs());
   return dir;
 }
 
+// What trainer-0 logged of the first publish of each run (from its slices): the most bytes of
+// the version it held at once, with 4 KiB buckets.
+std::vector<int64_t> PublishPeaks(const std::string& dir) {
+  const std::string log = ReadFile(dir + "/t/logs/trainer-0.log");
+  const std::string mark = "bytes of it held at once (bucket 4096 bytes)";
+  std::vector<int64_t> peaks;
+  for (size_t at = log.find(mark); at != std::string::npos; at = log.find(mark, at + 1)) {
+    const size_t most = log.rfind("at most ", at);
+    if (most != std::string::npos) peaks.push_back(std::stoll(log.substr(most + 8)));
+  }
+  return peaks;
+}
+
 // trainer.shard=parameters (ZeRO-3) on 2 trainers: each holds half of the weights (each unit
 // padded to an even number of elements at most); every version is published from the slices
-// (gathered unit by unit, streamed by trainer-0) over gRPC, the checkpoint is written from them,
-// and the job resumed on 2 trainers publishing over Gloo ends with the single trainer's model.
+// over gRPC, the checkpoint is written from them, and the job resumed on 2 trainers publishing
+// over Gloo ends with the single trainer's model. A version is gathered a bucket at a time (4 KiB
+// here, a thirtieth of a layer): trainer-0 never held more than one bucket of it, over either.
 TEST(DataParallelTest, FullyShardedJobPublishesCheckpointsAndResumes) {
-  SplitJobCheckpointsAndResumes("dp-zero3", "trainer.shard=parameters", "trainer.shard: parameters",
-                                2, {"--set", "trainer.shard=parameters"}, 0.51);
+  const std::string dir = SplitJobCheckpointsAndResumes(
+      "dp-zero3", "trainer.shard=parameters", "trainer.shard: parameters", 2,
+      {"--set", "trainer.shard=parameters"}, 0.51, {"--set", "cluster.weight_bucket_bytes=4096"});
+  const std::vector<int64_t> peaks = PublishPeaks(dir);
+  EXPECT_EQ(peaks.size(), 2u);  // the first publish of each run
+  for (int64_t peak : peaks) {
+    EXPECT_GT(peak, 0);
+    EXPECT_LE(peak, 4096);
+  }
 }
 
 // trainer.tensor_parallel=2 on 2 trainers: each holds half of every layer and of the vocabulary
@@ -175,9 +204,10 @@ TEST(DataParallelTest, FullyShardedJobPublishesCheckpointsAndResumes) {
 // again (the moments summed from the data-parallel ranks' parts); resumed once more with shard:
 // parameters (each data-parallel group splits the units of its slices) for a third step.
 TEST(DataParallelTest, TensorParallelJobPublishesCheckpointsAndResumesOntoTwoByTwo) {
+  const std::vector<std::string> buckets = {"--set", "cluster.weight_bucket_bytes=4096"};
   const std::string dir = SplitJobCheckpointsAndResumes(
       "dp-tp", "trainer.tensor_parallel=2", "tensor-parallel rank 1 of 2", 4,
-      {"--set", "trainer.tensor_parallel=2", "--set", "trainer.shard=gradients"}, 0.55);
+      {"--set", "trainer.tensor_parallel=2", "--set", "trainer.shard=gradients"}, 0.55, buckets);
   // Trainer-3: tensor-parallel rank 1 of data-parallel rank 1, in the group of the slice 1s.
   EXPECT_NE(ReadFile(dir + "/t/logs/trainer-3.log")
                 .find("-dp1 as rank 1 of 2 (trainer 3 of 4, tensor-parallel rank 1 of 2; gloo, "
@@ -185,9 +215,10 @@ TEST(DataParallelTest, TensorParallelJobPublishesCheckpointsAndResumesOntoTwoByT
             std::string::npos);
   EXPECT_TRUE(PathExists(dir + "/t/checkpoints/step-000002/trainer/optimizer.safetensors"));
   auto c = GyreProcess::Start(
-      With(Job(dir, 4),
-           {"--resume", "--set", "trainer.shard=parameters", "--set", "trainer.tensor_parallel=2",
-            "--set", "trainer.steps=3", "--set", "trainer.checkpoint_every=1"}),
+      With(With(Job(dir, 4), {"--resume", "--set", "trainer.shard=parameters", "--set",
+                              "trainer.tensor_parallel=2", "--set", "trainer.steps=3", "--set",
+                              "trainer.checkpoint_every=1"}),
+           buckets),
       MakeTempDir("dp-tp-zero3"));
   ASSERT_TRUE(c.Wait(240)) << c.Output();
   ASSERT_EQ(WEXITSTATUS(c.wait_status), 0) << c.Output();
@@ -197,6 +228,14 @@ TEST(DataParallelTest, TensorParallelJobPublishesCheckpointsAndResumesOntoTwoByT
                       "parameters)"),
             std::string::npos);
   EXPECT_TRUE(PathExists(dir + "/t/checkpoints/step-000003/trainer/model.safetensors"));
+  // Each version was gathered a bucket at a time from the slices (and, in the third run, from
+  // the slices' shards): trainer-0 held at most one bucket of it.
+  const std::vector<int64_t> peaks = PublishPeaks(dir);
+  EXPECT_EQ(peaks.size(), 3u);
+  for (int64_t peak : peaks) {
+    EXPECT_GT(peak, 0);
+    EXPECT_LE(peak, 4096);
+  }
 }
 
 // rollout.tensor_parallel=2: the rollout worker is two processes, each holding half of every

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <future>
 #include <map>
@@ -162,6 +164,76 @@ TEST_F(WeightSyncTest, AStreamedPayloadSendsTheSameBytesPieceByPiece) {
   const Status failed = failing->Read(0, starts[1], total - starts[1], buf.data());
   EXPECT_NE(failed.message().find("gather failed"), std::string::npos) << failed;
   EXPECT_NE(failing->Drain().message().find("gather failed"), std::string::npos);
+}
+
+// A stream bounded to one bucket (how a trainer with split parameters publishes): three readers
+// at their own pace, one quick, one slow and one reading only every other bucket (as a
+// tensor-parallel rank reads its slices), each on a thread of its own, all get their bytes while
+// the stream never holds more than one bucket; a reader that finishes early frees the others.
+TEST_F(WeightSyncTest, ABoundedStreamKeepsItsReadersInStepWithinOneBucket) {
+  const uint64_t total = payload_.bytes.size();
+  const uint64_t bucket = 1024;
+  ASSERT_GT(total, 8 * bucket);
+  // Pieces end at every bucket boundary and, in between, at a few other places (units' ends).
+  std::vector<uint64_t> starts;
+  for (uint64_t at = 0; at < total; at += bucket) {
+    starts.push_back(at);
+    if (at + 300 < total && (at / bucket) % 3 == 1) starts.push_back(at + 300);
+  }
+  std::atomic<int> made{0};
+  auto produce = [&](size_t k, std::vector<uint8_t>* bytes) {
+    ++made;
+    const uint64_t end = k + 1 < starts.size() ? starts[k + 1] : total;
+    bytes->assign(payload_.bytes.begin() + static_cast<int64_t>(starts[k]),
+                  payload_.bytes.begin() + static_cast<int64_t>(end));
+    return Status::Ok();
+  };
+  auto stream = std::make_shared<PayloadStream>(total, starts, produce, 4, bucket);
+  std::vector<std::vector<uint8_t>> copies(3, std::vector<uint8_t>(total, 0));
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 3; ++r) {
+    readers.emplace_back([&, r] {
+      for (uint64_t at = 0; at < total; at += bucket) {
+        if (r == 2 && (at / bucket) % 2 == 1) continue;
+        if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        const uint64_t n = std::min(bucket, total - at);
+        const Status s = stream->Read(r, at, n, copies[static_cast<size_t>(r)].data() + at);
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      stream->Finish(r);
+    });
+  }
+  // Reader 3 reads its first bucket, then stops: the others must not wait for it.
+  std::vector<uint8_t> first(bucket);
+  ASSERT_TRUE(stream->Read(3, 0, bucket, first.data()).ok());
+  stream->Finish(3);
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(copies[0], payload_.bytes);
+  EXPECT_EQ(copies[1], payload_.bytes);
+  for (uint64_t at = 0; at < total; at += bucket) {
+    const uint64_t n = std::min(bucket, total - at);
+    const bool read = (at / bucket) % 2 == 0;
+    EXPECT_EQ(std::equal(copies[2].begin() + static_cast<int64_t>(at),
+                         copies[2].begin() + static_cast<int64_t>(at + n),
+                         payload_.bytes.begin() + static_cast<int64_t>(at)),
+              read)
+        << at;
+  }
+  EXPECT_EQ(made.load(), static_cast<int>(starts.size()));
+  EXPECT_LE(stream->peak_bytes(), bucket);
+  EXPECT_GT(stream->peak_bytes(), 0u);
+  // Unbounded, a reader runs ahead of the other and the stream holds what lies between them.
+  auto unbounded = std::make_shared<PayloadStream>(total, starts, produce, 2);
+  std::vector<uint8_t> a(total), b(total);
+  for (uint64_t at = 0; at < total; at += bucket) {
+    ASSERT_TRUE(unbounded->Read(0, at, std::min(bucket, total - at), a.data() + at).ok());
+  }
+  unbounded->Finish(0);
+  ASSERT_TRUE(unbounded->Read(1, 0, total, b.data()).ok());
+  unbounded->Finish(1);
+  EXPECT_EQ(a, payload_.bytes);
+  EXPECT_EQ(b, payload_.bytes);
+  EXPECT_EQ(unbounded->peak_bytes(), total);
 }
 
 // Peer relay (Rollout.RelayWeights): a worker that received version 3 streams exactly those

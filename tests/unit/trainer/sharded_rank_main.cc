@@ -16,13 +16,18 @@
 // r is tensor-parallel rank r % T of data-parallel rank r / T, SHARD applies to the data-parallel
 // groups), heads=Q/KV (query and key/value heads), vocab=V (a larger vocabulary than the batch
 // uses), clip=C (the gradient-norm clip; 0.5), keep (shard parameters: layers stay gathered from
-// their forward to their backward, reshard_after_forward false). Rank 0 writes OUT (the whole
-// float32 weights after the steps, concatenated in NamedParameters() order) and OUT.metrics ("step
-// key value" lines; step -1 "gathers": the all-gathers of parameter units the steps posted, with
-// shard parameters). Exits 0 on success, 1 with a message on stderr otherwise.
+// their forward to their backward, reshard_after_forward false), ranges=E (shard parameters:
+// after the steps every unit is also gathered in ranges of E elements, as a publish does, in
+// bfloat16 and in float32; tensor parallel: every tensor in pieces of E rows). Rank 0 writes OUT
+// (the whole float32 weights after the steps, concatenated in NamedParameters() order) and
+// OUT.metrics ("step key value" lines; step -1 "gathers": the all-gathers of parameter units the
+// steps posted, with shard parameters; with ranges, step -1 "range_pieces" and "range_mismatch":
+// the ranges gathered and the largest difference from the whole weights cast the same way). Exits 0
+// on success, 1 with a message on stderr otherwise.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -199,6 +204,70 @@ int Run(int argc, char** argv) {
   }
   auto weights = t.FullWeights();
   if (!weights.ok()) return Fail("FullWeights: " + weights.status().message());
+  if (flags.count("ranges") && t.tp_size() > 1) {
+    // Tensor parallel: every tensor in pieces of E whole rows (cut where a row split changes
+    // rank), gathered on every rank; rank 0 compares them with the whole weights.
+    const int64_t span = std::atoll(flags["ranges"].c_str());
+    const std::vector<model::ParameterUnit> units = model::ParameterUnits(t.model().spec());
+    double worst = 0;
+    int64_t pieces = 0;
+    size_t k = 0;
+    for (size_t u = 0; u < units.size(); ++u) {
+      for (size_t i = 0; i < units[u].names.size(); ++i, ++k) {
+        const at::Tensor whole = (*weights)[k].second.detach().to(at::kFloat);
+        const std::string& name = units[u].names[i];
+        const int64_t extent = whole.size(0);
+        std::vector<int64_t> ends = {extent};
+        if (model::TensorParallelDim(name) == 0) {
+          for (int r = 0; r < t.tp_size(); ++r) {
+            ends.push_back(model::TensorParallelRange(name, extent, r, t.tp_size()).second);
+          }
+        }
+        for (int64_t row = 0; row < extent;) {
+          int64_t n = std::min(span, extent - row);
+          for (int64_t e : ends) {
+            if (e > row) n = std::min(n, e - row);
+          }
+          auto rows = t.GatherWholeRows(static_cast<int>(u), static_cast<int>(i), row, n);
+          if (!rows.ok()) return Fail("GatherWholeRows: " + rows.status().message());
+          worst = std::max(worst, (*rows - whole.narrow(0, row, n)).abs().max().item<double>());
+          ++pieces;
+          row += n;
+        }
+      }
+    }
+    if (rank == 0)
+      metrics << -1 << " range_pieces " << pieces << "\n-1 range_mismatch " << worst << "\n";
+  }
+  if (flags.count("ranges") && t.gathers_ranges()) {
+    // Every rank gathers the same ranges (a collective); rank 0 compares them with the whole.
+    const int64_t span = std::atoll(flags["ranges"].c_str());
+    const std::vector<model::ParameterUnit> units = model::ParameterUnits(t.model().spec());
+    double worst = 0;
+    int64_t pieces = 0;
+    size_t k = 0;
+    for (size_t u = 0; u < units.size(); ++u) {
+      std::vector<at::Tensor> parts;
+      for (size_t i = 0; i < units[u].names.size(); ++i, ++k) {
+        parts.push_back((*weights)[k].second.detach().to(at::kFloat).reshape({-1}));
+      }
+      const at::Tensor whole = at::cat(parts);
+      for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+        for (int64_t begin = 0; begin < whole.numel(); begin += span) {
+          const int64_t n = std::min(span, whole.numel() - begin);
+          const at::Tensor out = at::empty({n}, at::TensorOptions().dtype(dtype));
+          if (Status s = t.GatherUnitRange(static_cast<int>(u), begin, out); !s.ok()) {
+            return Fail("GatherUnitRange: " + s.message());
+          }
+          const at::Tensor want = whole.narrow(0, begin, n).to(dtype).to(at::kFloat);
+          worst = std::max(worst, (out.to(at::kFloat) - want).abs().max().item<double>());
+          ++pieces;
+        }
+      }
+    }
+    if (rank == 0)
+      metrics << -1 << " range_pieces " << pieces << "\n-1 range_mismatch " << worst << "\n";
+  }
   if (rank == 0) {
     std::vector<at::Tensor> parts;
     for (const auto& [name, w] : *weights) parts.push_back(w.detach().to(at::kFloat).reshape({-1}));

@@ -143,6 +143,12 @@ void ExpectSameTraining(const Result& got, const Result& want, const testing::To
   }
 }
 
+std::vector<std::string> With(std::vector<std::string> flags,
+                              const std::vector<std::string>& more) {
+  flags.insert(flags.end(), more.begin(), more.end());
+  return flags;
+}
+
 // Float32 summation in another order than one process: the update's rounding, scaled to the
 // weights' magnitude (as dp_trainer_test allows ZeRO-1/2).
 const testing::Tolerance kAcrossRanks{1e-5, 1e-6, 1e-5};
@@ -157,9 +163,13 @@ TEST(ShardedParametersTest, OneTwoAndFourRanksMatchOneUnshardedProcess) {
     ASSERT_TRUE(untrained.ok);
     EXPECT_GT((plain.weights - untrained.weights).abs().max().item<float>(), 1e-3);
     for (int ranks : {1, 2, 4}) {
-      const Result sharded = RunRanks("parameters", ranks, flags);
+      // Also gathered in ranges of 37 elements (a publish's pieces): ranges that cross from one
+      // rank's slice to the next, and the unit's end, give exactly the whole weights' values.
+      const Result sharded = RunRanks("parameters", ranks, With(flags, {"ranges=37"}));
       ExpectSameTraining(sharded, plain, kAcrossRanks,
                          "parameters on " + std::to_string(ranks) + " ranks, minis " + minis);
+      EXPECT_GT(Metric(sharded, -1, "range_pieces"), 100);
+      EXPECT_EQ(Metric(sharded, -1, "range_mismatch"), 0.0) << ranks << " ranks";
     }
   }
 }
@@ -315,12 +325,6 @@ TEST(ShardedParametersTest, CheckpointsMoveBetweenLayouts) {
 // 3.4e-6). The loss and the global gradient norm are still held to 1e-4 relative.
 const testing::Tolerance kTensorParallel{1e-5, 1e-4, 1e-5};
 
-std::vector<std::string> With(std::vector<std::string> flags,
-                              const std::vector<std::string>& more) {
-  flags.insert(flags.end(), more.begin(), more.end());
-  return flags;
-}
-
 TEST(TensorParallelTest, TwoAndFourRanksMatchOneProcess) {
   for (const std::string minis : {"1", "3"}) {
     // 8 query and 4 key/value heads: both split over 4 ranks.
@@ -331,8 +335,13 @@ TEST(TensorParallelTest, TwoAndFourRanksMatchOneProcess) {
     ASSERT_TRUE(untrained.ok);
     EXPECT_GT((plain.weights - untrained.weights).abs().max().item<float>(), 1e-3);
     for (int t : {2, 4}) {
-      ExpectSameTraining(RunRanks("none", t, With(flags, {"tp=" + std::to_string(t)})), plain,
-                         kTensorParallel, "T = " + std::to_string(t) + ", minis " + minis);
+      // Also every tensor gathered 3 rows at a time (a publish's pieces): the whole weights.
+      const Result split =
+          RunRanks("none", t, With(flags, {"tp=" + std::to_string(t), "ranges=3"}));
+      ExpectSameTraining(split, plain, kTensorParallel,
+                         "T = " + std::to_string(t) + ", minis " + minis);
+      EXPECT_GT(Metric(split, -1, "range_pieces"), 100);
+      EXPECT_EQ(Metric(split, -1, "range_mismatch"), 0.0) << "T = " << t;
     }
   }
 }
@@ -432,10 +441,15 @@ TEST(TensorParallelTest, ShardedParametersOfTensorParallelSlicesMatchOneProcess)
                                           "micro=3",     "minis=2", "clip=0.05"};
   const Result plain = RunRanks("none", 1, flags);
   ASSERT_TRUE(plain.ok);
-  ExpectSameTraining(RunRanks("parameters", 2, With(flags, {"tp=2"})), plain, kTensorParallel,
-                     "parameters, DP 1 x TP 2");
-  const Result straight = RunRanks("parameters", 4, With(flags, {"tp=2"}));
+  // Also every tensor gathered 3 rows at a time from the slices' shards: the whole weights.
+  const Result one = RunRanks("parameters", 2, With(flags, {"tp=2", "ranges=3"}));
+  ExpectSameTraining(one, plain, kTensorParallel, "parameters, DP 1 x TP 2");
+  const Result straight = RunRanks("parameters", 4, With(flags, {"tp=2", "ranges=3"}));
   ExpectSameTraining(straight, plain, kTensorParallel, "parameters, DP 2 x TP 2");
+  for (const Result* r : {&one, &straight}) {
+    EXPECT_GT(Metric(*r, -1, "range_pieces"), 100);
+    EXPECT_EQ(Metric(*r, -1, "range_mismatch"), 0.0);
+  }
   ExpectTwoByTwoCheckpointsMove("parameters", "parameters", flags, straight, plain);
 }
 
