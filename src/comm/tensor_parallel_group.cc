@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/device_weights.h"
 #include "common/check.h"
 #include "common/clock.h"
 
@@ -35,8 +36,25 @@ void ThrowIfFailed(const Status& s, const char* what) {
 
 }  // namespace
 
+bool CommTensorParallel::ThroughHost(const at::Tensor& t) const {
+  return t.defined() && t.is_cuda() && comm_->backend() != "nccl";
+}
+
+void CommTensorParallel::DeviceReady(const at::Tensor& t, const char* what) const {
+  // NCCL runs on its own stream, which does not wait for the kernels that made `t`.
+  if (!t.defined() || !t.is_cuda() || comm_->backend() != "nccl") return;
+  ThrowIfFailed(SynchronizeDevice(t.device().index(), DeadlineAfter(timeout_s_)), what);
+}
+
 void CommTensorParallel::AllReduceSum(at::Tensor& t) {
   GYRE_CHECK(t.is_contiguous()) << "tensor-parallel all-reduce of a strided tensor";
+  if (ThroughHost(t)) {
+    at::Tensor host = t.cpu();
+    AllReduceSum(host);
+    t.copy_(host);
+    return;
+  }
+  DeviceReady(t, "all-reduce");
   const auto t0 = SteadyClock::now();
   const Status s = comm_->AllReduceSum(t.data_ptr(), static_cast<size_t>(t.numel()), TypeOf(t),
                                        DeadlineAfter(timeout_s_));
@@ -45,7 +63,9 @@ void CommTensorParallel::AllReduceSum(at::Tensor& t) {
 }
 
 at::Tensor CommTensorParallel::AllGather(const at::Tensor& t) {
+  if (ThroughHost(t)) return AllGather(t.cpu()).to(t.device());
   const at::Tensor in = t.contiguous();
+  DeviceReady(in, "all-gather");
   std::vector<int64_t> shape = {size()};
   for (int64_t d : in.sizes()) shape.push_back(d);
   at::Tensor out = at::empty(shape, in.options());
@@ -59,6 +79,13 @@ at::Tensor CommTensorParallel::AllGather(const at::Tensor& t) {
 
 void CommTensorParallel::Broadcast(at::Tensor& t, int root, double timeout_s) {
   GYRE_CHECK(t.is_contiguous()) << "tensor-parallel broadcast of a strided tensor";
+  if (ThroughHost(t)) {
+    at::Tensor host = t.cpu();
+    Broadcast(host, root, timeout_s);
+    if (root != rank()) t.copy_(host);
+    return;
+  }
+  DeviceReady(t, "broadcast");
   const auto t0 = SteadyClock::now();
   const Status s = comm_->Broadcast(t.data_ptr(), static_cast<size_t>(t.nbytes()), root,
                                     DeadlineAfter(timeout_s > 0 ? timeout_s : timeout_s_));
@@ -69,6 +96,13 @@ void CommTensorParallel::Broadcast(at::Tensor& t, int root, double timeout_s) {
 
 void CommTensorParallel::Scatter(const at::Tensor& parts, at::Tensor& out, int root) {
   GYRE_CHECK(out.is_contiguous()) << "tensor-parallel scatter into a strided tensor";
+  if (ThroughHost(out) || ThroughHost(parts)) {
+    at::Tensor host = at::empty(out.sizes(), out.options().device(at::kCPU));
+    Scatter(parts.defined() ? parts.cpu() : parts, host, root);
+    out.copy_(host);
+    return;
+  }
+  DeviceReady(parts, "scatter");
   const void* input = nullptr;
   if (rank() == root) {
     GYRE_CHECK(parts.is_contiguous() && parts.dim() == out.dim() + 1 && parts.size(0) == size() &&

@@ -1,7 +1,9 @@
 #pragma once
 // model::TensorParallelGroup (model/tensor_parallel.h) over a Communicator: the collectives of a
-// tensor-parallel forward and backward, each with its own deadline. They run inside autograd,
-// so a failure throws std::runtime_error with the communicator's message; the caller (the
+// tensor-parallel forward and backward, each with its own deadline. Tensors may live on a GPU:
+// over NCCL they are exchanged in place once the device has finished making them; over Gloo
+// (ranks that share a GPU, or a build without NCCL) through copies in host memory. They run inside
+// autograd, so a failure throws std::runtime_error with the communicator's message; the caller (the
 // trainer's step, the rollout engine's step) turns it into its Status.
 //
 // Thread-safety: as the communicator's (one thread issues collectives at a time).
@@ -30,6 +32,11 @@ class CommTensorParallel : public model::TensorParallelGroup {
   uint64_t received_bytes() const override { return received_bytes_; }
 
  private:
+  // A device tensor over a communicator that only reads host memory.
+  bool ThroughHost(const at::Tensor& t) const;
+  // Over NCCL: waits until the device has made `t` (throws on failure).
+  void DeviceReady(const at::Tensor& t, const char* what) const;
+
   Communicator* comm_;
   double timeout_s_;
   double seconds_ = 0;  // in collectives

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "comm/gloo_communicator.h"
+#include "comm/nccl_communicator.h"
 #include "comm/tensor_parallel_group.h"
 #include "common/command_line.h"
 #include "common/logging.h"
@@ -147,15 +148,31 @@ constexpr char kWorkerDetails[] =
 
 // Tensor-parallel rollout workers (rollout.tensor_parallel T; docs/rollout.md, "Tensor
 // parallelism"). Rank 0 is the worker the controller sees: it starts ranks 1..T-1 on its host
-// as `gyre worker --role rollout --tp-store ADDRESS --tp-rank R`, hands them the job through a
-// store it serves, and forms the worker's Gloo group with them. Every rank builds the model,
-// keeps its slice and makes an engine with rank 0's number of KV blocks; ranks 1.. then follow
-// rank 0's engine steps and weight updates (RolloutEngine::Follow) until it stops them.
+// as `gyre worker --role rollout --tp-store ADDRESS --tp-rank R`, hands them the job and its
+// device through a store it serves, and forms the worker's group with them. Every rank builds
+// the model, keeps its slice (moved to its device only then, so no GPU ever holds the whole
+// model) and makes an engine with rank 0's number of KV blocks; ranks 1.. then follow rank 0's
+// engine steps and weight updates (RolloutEngine::Follow) until it stops them. On the CPU the
+// group is Gloo. On a GPU rank r runs on device (d + r) mod n of the host's n devices (rank 0 on
+// device d): one device each when n >= T, and the group is NCCL; with fewer devices than ranks
+// they share devices and exchange over Gloo through host memory (slow; it lets a one-GPU host
+// run and test the same code).
 constexpr char kTensorParallelGroup[] = "rollout-tp";
-constexpr char kTensorParallelOnGpu[] =
-    "rollout.tensor_parallel runs on the CPU for now (its ranks exchange over Gloo; the NCCL group "
-    "for GPUs is not built yet): set model.device: cpu, or rollout.tensor_parallel: 1";
 constexpr double kFollowerIdleS = 7 * 24 * 3600.0;  // a peer's exit ends the wait at once
+
+// The device of rank `rank` when rank 0 runs on `device`.
+at::Device RankDevice(const at::Device& device, int rank) {
+  if (!device.is_cuda()) return device;
+  const int n = std::max(1, kernels::CudaDeviceCount());
+  return at::Device(at::kCUDA,
+                    static_cast<at::DeviceIndex>((std::max<int>(0, device.index()) + rank) % n));
+}
+
+// Whether the ranks of a worker whose rank 0 runs on `device` form an NCCL group.
+bool RanksUseNccl(const JobConfig& cfg, const at::Device& device) {
+  return device.is_cuda() && comm::NcclCompiled() &&
+         kernels::CudaDeviceCount() >= cfg.rollout.tensor_parallel;
+}
 
 // The log of rank `rank`: beside this process's own log when its stderr is a file (X.log ->
 // X-tpR.log), else in the temporary directory.
@@ -181,16 +198,30 @@ StatusOr<std::unique_ptr<model::Transformer>> BuildRolloutRankModel(const JobCon
   return model;
 }
 
+// `device`: this rank's. Over NCCL rank 0 has put the group's id in the store.
 StatusOr<std::unique_ptr<comm::Communicator>> JoinRolloutGroup(const JobConfig& cfg,
                                                                const std::string& store, int rank,
-                                                               const std::string& host) {
+                                                               const std::string& host,
+                                                               const at::Device& device,
+                                                               bool nccl) {
+  const double timeout_s = std::max(60.0, cfg.cluster.register_timeout_s);
+  if (nccl) {
+    GYRE_ASSIGN_OR_RETURN(const std::string id, comm::StoreGet(store, "nccl_id", timeout_s));
+    comm::NcclOptions o;
+    o.unique_id = id;
+    o.rank = rank;
+    o.size = cfg.rollout.tensor_parallel;
+    o.device = std::max<int>(0, device.index());
+    o.connect_timeout_s = timeout_s;
+    return comm::CreateNcclCommunicator(o);
+  }
   comm::GlooOptions o;
   o.store_address = store;
   o.group = kTensorParallelGroup;
   o.rank = rank;
   o.size = cfg.rollout.tensor_parallel;
   o.bind_host = host;
-  o.connect_timeout_s = std::max(60.0, cfg.cluster.register_timeout_s);
+  o.connect_timeout_s = timeout_s;
   return comm::CreateGlooCommunicator(o);
 }
 
@@ -210,14 +241,24 @@ int RunRolloutFollower(const std::string& store, int rank, int index, const std:
   InitLogging(name + "-main", cfg->job.log_level);
   at::set_num_threads(AutoTorchThreads(*cfg, v1::WORKER_ROLE_ROLLOUT));
   TuneAllocatorForRepeatedSteps();
+  auto rank0_device = comm::StoreGet(store, "device", 120);
+  if (!rank0_device.ok()) return fail(rank0_device.status().WithContext("rank 0's device"));
+  at::Device device(at::kCPU);
+  try {
+    device = RankDevice(at::Device(*rank0_device), rank);
+  } catch (const std::exception& e) {
+    return fail(InvalidArgument("rank 0's device \"" + *rank0_device + "\": " + e.what()));
+  }
   auto whole = BuildRolloutRankModel(*cfg);
   if (!whole.ok()) return fail(whole.status());
-  auto comm = JoinRolloutGroup(*cfg, store, rank, host);
+  auto comm = JoinRolloutGroup(*cfg, store, rank, host, device,
+                               RanksUseNccl(*cfg, at::Device(*rank0_device)));
   if (!comm.ok()) return fail(comm.status());
   comm::CommTensorParallel group(comm->get(), cfg->trainer.collective_timeout_s);
   std::unique_ptr<model::Transformer> slice =
       model::Transformer::TensorParallelSlice(**whole, &group);
   whole->reset();
+  slice->To(device);
   auto engine_config = rollout::EngineConfigFromJob(cfg->rollout, *slice);
   if (!engine_config.ok()) return fail(engine_config.status());
   auto blocks = comm::StoreGet(store, "num_blocks", 120);
@@ -225,8 +266,11 @@ int RunRolloutFollower(const std::string& store, int rank, int index, const std:
   engine_config->num_blocks = std::stoll(*blocks);
   auto engine = rollout::RolloutEngine::Create(slice.get(), *engine_config);
   if (!engine.ok()) return fail(engine.status());
-  GYRE_LOG_INFO("{}: tensor-parallel rank {} of {} ({} parameters in its slice), following rank 0",
-                name, rank, cfg->rollout.tensor_parallel, slice->NumParameters());
+  GYRE_LOG_INFO(
+      "{}: tensor-parallel rank {} of {} ({} parameters in its slice, on {}, {} group), following "
+      "rank 0",
+      name, rank, cfg->rollout.tensor_parallel, slice->NumParameters(), device.str(),
+      (*comm)->backend());
   // Its own group with the trainer, when versions come to every rank straight from it.
   rollout::DirectReceiver direct;
   bool direct_logged = false;
@@ -273,14 +317,27 @@ struct RolloutTensorParallel {
   }
 };
 
-// Rank 0: starts the followers, forms the group and replaces *model with rank 0's slice.
+// Rank 0: starts the followers, forms the group and replaces *model (whole, on the CPU) with rank
+// 0's slice on `device`.
 Status StartRolloutTensorParallel(const JobConfig& cfg, const std::string& job_yaml,
                                   const std::string& name, int index, const std::string& host,
+                                  const at::Device& device,
                                   std::unique_ptr<model::Transformer>* model,
                                   RolloutTensorParallel* tp) {
   GYRE_ASSIGN_OR_RETURN(tp->store, comm::StoreServer::Start(host));
   const std::string store = tp->store->address();
   GYRE_RETURN_IF_ERROR(comm::StoreSet(store, "job", job_yaml, 30));
+  GYRE_RETURN_IF_ERROR(comm::StoreSet(store, "device", device.str(), 30));
+  const bool nccl = RanksUseNccl(cfg, device);
+  if (nccl) {
+    GYRE_ASSIGN_OR_RETURN(const std::string id, comm::NewNcclUniqueId());
+    GYRE_RETURN_IF_ERROR(comm::StoreSet(store, "nccl_id", id, 30));
+  } else if (device.is_cuda()) {
+    GYRE_LOG_WARN(
+        "{}: rollout.tensor_parallel {} on a host with {} CUDA device(s): ranks share devices and "
+        "exchange over Gloo through host memory, which is slow; one device per rank uses NCCL",
+        name, cfg.rollout.tensor_parallel, kernels::CudaDeviceCount());
+  }
   for (int r = 1; r < cfg.rollout.tensor_parallel; ++r) {
     const std::string log = FollowerLogPath(name, r);
     GYRE_ASSIGN_OR_RETURN(
@@ -291,10 +348,11 @@ Status StartRolloutTensorParallel(const JobConfig& cfg, const std::string& job_y
     tp->followers.push_back(pid);
     GYRE_LOG_INFO("{}: started tensor-parallel rank {} (pid {}), log {}", name, r, pid, log);
   }
-  GYRE_ASSIGN_OR_RETURN(tp->comm, JoinRolloutGroup(cfg, store, 0, host));
+  GYRE_ASSIGN_OR_RETURN(tp->comm, JoinRolloutGroup(cfg, store, 0, host, device, nccl));
   tp->group =
       std::make_unique<comm::CommTensorParallel>(tp->comm.get(), cfg.trainer.collective_timeout_s);
   *model = model::Transformer::TensorParallelSlice(**model, tp->group.get());
+  (*model)->To(device);
   return Status::Ok();
 }
 
@@ -500,7 +558,9 @@ int RunWorker(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gyre worker: %s\n", device.status().ToString().c_str());
     return 1;
   }
-  model->To(*device);
+  // A tensor-parallel rollout worker's ranks move only their slices to the device.
+  const bool rollout_tp = wrole == v1::WORKER_ROLE_ROLLOUT && cfg->rollout.tensor_parallel > 1;
+  if (!rollout_tp) model->To(*device);
   const StatusOr<at::ScalarType> dtype = model::ParseWeightDtype(cfg->model.dtype);
   if (!dtype.ok()) {
     session.ReportFatal("model.dtype: " + dtype.status().ToString());
@@ -510,7 +570,8 @@ int RunWorker(const std::vector<std::string>& args) {
   // computes in model.dtype (mixed precision).
   if (wrole == v1::WORKER_ROLE_ROLLOUT) model->ToDtype(*dtype);
   GYRE_LOG_INFO("{}: model with {} parameters on {} ({} intra-op thread{}) in {}",
-                session.worker_id(), model->NumParameters(), device->str(), threads,
+                session.worker_id(), model->NumParameters(),
+                rollout_tp ? "the CPU until it is split" : device->str(), threads,
                 threads == 1 ? "" : "s",
                 wrole == v1::WORKER_ROLE_ROLLOUT || *dtype == at::kFloat
                     ? cfg->model.dtype
@@ -518,18 +579,17 @@ int RunWorker(const std::vector<std::string>& args) {
 
   grpc::Service* service = nullptr;
   std::function<int64_t()> version;
-  if (wrole == v1::WORKER_ROLE_ROLLOUT && cfg->rollout.tensor_parallel > 1) {
-    Status started = model->device().is_cuda()
-                         ? FailedPrecondition(kTensorParallelOnGpu)
-                         : StartRolloutTensorParallel(*cfg, session.job_config_yaml(), name, index,
-                                                      placement->advertise_host, &model, &tp);
+  if (rollout_tp) {
+    Status started = StartRolloutTensorParallel(*cfg, session.job_config_yaml(), name, index,
+                                                placement->advertise_host, *device, &model, &tp);
     if (!started.ok()) {
       session.ReportFatal("cannot start the tensor-parallel rollout worker: " + started.ToString());
       std::fprintf(stderr, "gyre worker: %s\n", started.ToString().c_str());
       return 1;
     }
-    GYRE_LOG_INFO("{}: tensor-parallel rank 0 of {} ({} parameters in its slice)",
-                  session.worker_id(), cfg->rollout.tensor_parallel, model->NumParameters());
+    GYRE_LOG_INFO("{}: tensor-parallel rank 0 of {} ({} parameters in its slice, on {}, {} group)",
+                  session.worker_id(), cfg->rollout.tensor_parallel, model->NumParameters(),
+                  device->str(), tp.comm->backend());
   }
   if (wrole == v1::WORKER_ROLE_ROLLOUT) {
     auto engine_config = rollout::EngineConfigFromJob(cfg->rollout, *model);

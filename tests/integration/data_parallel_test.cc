@@ -257,6 +257,7 @@ TEST(DataParallelTest, TensorParallelRolloutWorkerSamplesWithTheTrainersLogprobs
   EXPECT_NE(rank0.find("tensor-parallel rank 0 of 2"), std::string::npos) << rank0;
   const std::string rank1 = ReadFile(dir + "/t/logs/rollout-0-tp1.log");
   EXPECT_NE(rank1.find("tensor-parallel rank 1 of 2"), std::string::npos) << rank1;
+  EXPECT_NE(rank1.find("on cpu, gloo group"), std::string::npos) << rank1;
   EXPECT_NE(rank1.find("rank 0 stopped the worker"), std::string::npos) << rank1;
   auto b = GyreProcess::Start(
       With(With(Job(dir, 1), tp), {"--resume", "--set", "cluster.weight_transport=gloo", "--set",

@@ -104,5 +104,40 @@ TEST(DeviceTest, DisaggregatedPlacementOnOneGpuIsAClearError) {
   EXPECT_NE(p.Output().find("would share GPU 0 with a trainer"), std::string::npos) << p.Output();
 }
 
+// rollout.tensor_parallel on the GPU: the worker's two ranks each hold half of the model on a
+// device (one each with two GPUs or more, over an NCCL group; sharing GPU 0 over Gloo through host
+// memory on a one-GPU host), and sample with the trainer's log-probs, over both weight transports
+// that serve them (gloo: each rank its slices from the trainer; grpc: through rank 0).
+TEST(DeviceTest, ATensorParallelRolloutWorkerRunsOnTheGpu) {
+  const int gpus = kernels::CudaDeviceCount();
+  if (gpus == 0) GTEST_SKIP() << "no CUDA device";
+  for (const std::string transport : {"gloo", "grpc"}) {
+    const std::string dir = MakeTempDir("device_tp_" + transport);
+    auto args = Job(dir, "cuda");
+    for (const std::string& kv :
+         std::vector<std::string>{"rollout.tensor_parallel=2", "trainer.steps=2",
+                                  "cluster.weight_transport=" + transport}) {
+      args.push_back("--set");
+      args.push_back(kv);
+    }
+    auto p = GyreProcess::Start(args, dir);
+    ASSERT_TRUE(p.Wait(300)) << p.Output();
+    ASSERT_EQ(WEXITSTATUS(p.wait_status), 0) << p.Output();
+    const std::string group = gpus >= 2 ? "nccl group" : "gloo group";
+    const std::string rank0 = ReadFile(dir + "/t/logs/rollout-0.log");
+    EXPECT_NE(rank0.find("tensor-parallel rank 0 of 2"), std::string::npos) << rank0;
+    EXPECT_NE(rank0.find("on cuda:0, " + group), std::string::npos) << rank0;
+    const std::string rank1 = ReadFile(dir + "/t/logs/rollout-0-tp1.log");
+    EXPECT_NE(rank1.find("on cuda:" + std::to_string(1 % gpus) + ", " + group), std::string::npos)
+        << rank1;
+    const auto steps = MetricsRecords(dir + "/t/metrics.jsonl", "grpo");
+    ASSERT_EQ(steps.size(), 2u) << transport;
+    for (const auto& step : steps) {
+      // Float32 on both sides; the rollout's paged attention and the trainer's differ in order.
+      EXPECT_LT(step["mismatch_abs_logprob"].get<double>(), 1e-4) << transport << step.dump();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gyre::testing
