@@ -103,6 +103,7 @@ void CommTensorParallel::Scatter(const at::Tensor& parts, at::Tensor& out, int r
     return;
   }
   DeviceReady(parts, "scatter");
+  DeviceReady(out, "scatter");  // kernels still reading out's memory
   const void* input = nullptr;
   if (rank() == root) {
     GYRE_CHECK(parts.is_contiguous() && parts.dim() == out.dim() + 1 && parts.size(0) == size() &&

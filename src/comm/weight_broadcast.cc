@@ -228,14 +228,17 @@ StatusOr<PublishResult> PublishDeviceWeights(Communicator* comm, const DevicePay
 
 namespace {
 
-// publish(group, k): the k-th of `groups`.
+// publish(group, k): the k-th of `groups`; skipped(k), when given, for a group that cannot be
+// published to (so that a streamed payload's reader k stops holding the others back).
 template <typename PublishFn>
-std::vector<FanoutResult> FanOut(const std::vector<Communicator*>& groups, PublishFn publish) {
+std::vector<FanoutResult> FanOut(const std::vector<Communicator*>& groups, PublishFn publish,
+                                 const std::function<void(int)>& skipped = nullptr) {
   std::vector<std::future<StatusOr<PublishResult>>> futures;
   for (size_t k = 0; k < groups.size(); ++k) {
     Communicator* c = groups[k];
-    futures.push_back(std::async(std::launch::async, [c, k, &publish] {
+    futures.push_back(std::async(std::launch::async, [c, k, &publish, &skipped] {
       if (c->size() != 2 || c->rank() != 0) {
+        if (skipped) skipped(static_cast<int>(k));
         return StatusOr<PublishResult>(
             InvalidArgument("PublishToEach needs two-member groups with the publisher as rank 0"));
       }
@@ -258,9 +261,14 @@ std::vector<FanoutResult> PublishToEach(const std::vector<Communicator*>& groups
                                         Deadline deadline) {
   // Group k reads a streamed payload as reader k; a reader whose group fails to start stops
   // holding pieces back all the same (PublishWeights finishes it).
-  return FanOut(groups, [&](Communicator* c, int k) {
-    return PublishWeights(c, payload, bucket_bytes, deadline, -1, k);
-  });
+  return FanOut(
+      groups,
+      [&](Communicator* c, int k) {
+        return PublishWeights(c, payload, bucket_bytes, deadline, -1, k);
+      },
+      [&](int k) {
+        if (payload.stream) payload.stream->Finish(k);
+      });
 }
 
 std::vector<FanoutResult> PublishEachItsOwn(const std::vector<Communicator*>& groups,
@@ -272,11 +280,15 @@ std::vector<FanoutResult> PublishEachItsOwn(const std::vector<Communicator*>& gr
     for (auto& r : out) r.status = InvalidArgument("one payload per group is needed");
     return out;
   }
-  return FanOut(groups, [&](Communicator* c, int k) {
-    auto r = PublishWeights(c, *payloads[static_cast<size_t>(k)], bucket_bytes, deadline, -1, 0);
-    if (done) done(k);
-    return r;
-  });
+  return FanOut(
+      groups,
+      [&](Communicator* c, int k) {
+        auto r =
+            PublishWeights(c, *payloads[static_cast<size_t>(k)], bucket_bytes, deadline, -1, 0);
+        if (done) done(k);
+        return r;
+      },
+      done);
 }
 
 std::vector<FanoutResult> PublishDeviceToEach(const std::vector<Communicator*>& groups,

@@ -37,20 +37,27 @@ std::vector<model::TensorEntry> ManifestFromProto(
 }
 
 PayloadStream::PayloadStream(uint64_t total, std::vector<uint64_t> starts, Producer produce,
-                             int readers, uint64_t max_held_bytes)
+                             int readers, uint64_t max_held_bytes, double patience_s)
     : total_(total),
       starts_(std::move(starts)),
       produce_(std::move(produce)),
       max_held_(max_held_bytes),
+      patience_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(patience_s))),
       position_(static_cast<size_t>(std::max(0, readers)), 0),
-      active_(static_cast<size_t>(std::max(0, readers)), true) {}
+      active_(static_cast<size_t>(std::max(0, readers)), true),
+      moved_at_(static_cast<size_t>(std::max(0, readers)), std::chrono::steady_clock::now()) {}
 
 Status PayloadStream::ProduceThrough(uint64_t last) {
   while (error_.ok() && next_ < starts_.size() && starts_[next_] <= last) {
     const size_t index = next_++;
     const uint64_t end = PieceEnd(index);
     std::vector<uint8_t> bytes;
-    error_ = produce_(index, &bytes);
+    try {
+      error_ = produce_(index, &bytes);
+    } catch (const std::exception& e) {
+      error_ = Internal("weight payload piece " + std::to_string(index) + ": " + e.what());
+    }
     if (error_.ok() && bytes.size() != end - starts_[index]) {
       error_ = Internal("weight payload piece " + std::to_string(index) + " has " +
                         std::to_string(bytes.size()) + " bytes, expected " +
@@ -76,12 +83,19 @@ void PayloadStream::DropPassed() {
   }
 }
 
-bool PayloadStream::SomeReaderBehind(int reader) const {
+bool PayloadStream::SomeReaderBehind(int reader,
+                                     std::chrono::steady_clock::time_point* until) const {
   const uint64_t mine = position_[static_cast<size_t>(reader)];
+  const auto now = std::chrono::steady_clock::now();
+  bool behind = false;
   for (size_t r = 0; r < position_.size(); ++r) {
-    if (active_[r] && position_[r] < mine) return true;
+    // A reader that has not moved for patience_ is not waited for.
+    if (active_[r] && position_[r] < mine && now - moved_at_[r] < patience_) {
+      *until = behind ? std::min(*until, moved_at_[r] + patience_) : moved_at_[r] + patience_;
+      behind = true;
+    }
   }
-  return false;
+  return behind;
 }
 
 Status PayloadStream::Read(int reader, uint64_t offset, uint64_t n, uint8_t* out) {
@@ -94,18 +108,24 @@ Status PayloadStream::Read(int reader, uint64_t offset, uint64_t n, uint8_t* out
   }
   if (n == 0) return Status::Ok();
   // Reads go forward: what lies before `offset` this reader will not read, and is not held for it.
+  if (!started_) {  // the readers start together: none has been slow yet
+    started_ = true;
+    std::fill(moved_at_.begin(), moved_at_.end(), std::chrono::steady_clock::now());
+  }
   uint64_t& position = position_[static_cast<size_t>(reader)];
   if (offset > position) {
     position = offset;
+    moved_at_[static_cast<size_t>(reader)] = std::chrono::steady_clock::now();
     DropPassed();
     moved_.notify_all();
   }
   const uint64_t last = offset + n - 1;
   while (error_.ok() && next_ < starts_.size() && starts_[next_] <= last) {
     const uint64_t next_bytes = PieceEnd(next_) - starts_[next_];
+    std::chrono::steady_clock::time_point until;
     if (max_held_ > 0 && !pieces_.empty() && held_ + next_bytes > max_held_ &&
-        SomeReaderBehind(reader)) {
-      moved_.wait(lock);
+        SomeReaderBehind(reader, &until)) {
+      moved_.wait_until(lock, until);
       continue;
     }
     if (!ProduceThrough(starts_[next_]).ok()) break;
@@ -133,6 +153,7 @@ Status PayloadStream::Read(int reader, uint64_t offset, uint64_t n, uint8_t* out
     done += k;
   }
   position = offset + n;
+  moved_at_[static_cast<size_t>(reader)] = std::chrono::steady_clock::now();
   DropPassed();
   moved_.notify_all();
   return Status::Ok();
@@ -148,6 +169,9 @@ void PayloadStream::Finish(int reader) {
 
 Status PayloadStream::Drain() {
   std::lock_guard<std::mutex> lock(mu_);
+  for (size_t r = 0; r < active_.size(); ++r) active_[r] = false;
+  DropPassed();
+  moved_.notify_all();
   while (error_.ok() && next_ < starts_.size()) {
     GYRE_RETURN_IF_ERROR(ProduceThrough(starts_[next_]));
     DropPassed();

@@ -11,6 +11,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -37,18 +38,22 @@ namespace gyre::comm {
 // With `max_held_bytes` set, a reader that is ahead of another one waits for it rather than have
 // a new piece made while more than that many bytes are held: the readers then move in step, and
 // the stream holds about one bucket however far apart the receivers' links are. The reader
-// furthest behind never waits (so the readers, each on a thread of its own, always progress).
+// furthest behind never waits (so the readers, each on a thread of its own, always progress), and
+// a reader that has not moved for `patience_s` is not waited for: a receiver that stalls costs
+// memory (the pieces between it and the others), not the other receivers' transfers.
 //
 // Thread-safety: every method may be called from any thread; production runs under the
 // stream's lock, so one reader waits while another's piece is made.
 class PayloadStream {
  public:
-  // Fills `bytes` (resized by the producer) with piece `index`; called in order 0, 1, ...
+  // Fills `bytes` (resized by the producer) with piece `index`; called in order 0, 1, ... (an
+  // exception it throws is its failure).
   using Producer = std::function<Status(size_t index, std::vector<uint8_t>* bytes)>;
   // `starts`: where each piece begins (ascending, the first 0); `total` bytes in all.
   // `max_held_bytes` 0: no bound.
+  static constexpr double kPatienceSeconds = 10.0;
   PayloadStream(uint64_t total, std::vector<uint64_t> starts, Producer produce, int readers,
-                uint64_t max_held_bytes = 0);
+                uint64_t max_held_bytes = 0, double patience_s = kPatienceSeconds);
 
   uint64_t total() const { return total_; }
   // Copies bytes [offset, offset + n) into `out` for reader `reader`. Fails with the producer's
@@ -57,7 +62,8 @@ class PayloadStream {
   // Reader `reader` reads no more (it finished or failed).
   void Finish(int reader);
   // Produces every piece no reader asked for (a producer whose pieces are collectives must run
-  // all of them); returns the first production failure, if any.
+  // all of them), keeping none: every reader is finished first. Returns the first production
+  // failure, if any.
   Status Drain();
   // The most bytes of pieces held at once so far.
   uint64_t peak_bytes() const;
@@ -66,8 +72,9 @@ class PayloadStream {
   // Produces pieces until the one holding byte `last` is made (lock held).
   Status ProduceThrough(uint64_t last);
   void DropPassed();  // pieces every active reader is past (lock held)
-  // Whether an active reader is behind reader `reader` (lock held).
-  bool SomeReaderBehind(int reader) const;
+  // Whether an active reader that moved within patience_ is behind reader `reader`, and
+  // until when to wait for one to move (lock held).
+  bool SomeReaderBehind(int reader, std::chrono::steady_clock::time_point* until) const;
   // The byte after piece `index` (the next piece's start, or the payload's end).
   uint64_t PieceEnd(size_t index) const {
     return index + 1 < starts_.size() ? starts_[index + 1] : total_;
@@ -77,12 +84,15 @@ class PayloadStream {
   const std::vector<uint64_t> starts_;
   const Producer produce_;
   const uint64_t max_held_;
+  const std::chrono::steady_clock::duration patience_;
   mutable std::mutex mu_;
   std::condition_variable moved_;                  // a reader moved on or finished
   size_t next_ = 0;                                // the next piece to produce
   std::map<size_t, std::vector<uint8_t>> pieces_;  // made and not dropped
   std::vector<uint64_t> position_;                 // per reader: bytes it is past
   std::vector<bool> active_;
+  std::vector<std::chrono::steady_clock::time_point> moved_at_;  // per reader: its last move
+  bool started_ = false;                                         // a reader has read
   uint64_t held_ = 0, peak_ = 0;
   Status error_;
 };

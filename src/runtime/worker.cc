@@ -59,10 +59,14 @@ StatusOr<at::Device> ResolveDevice(const JobConfig& cfg, v1::WorkerRole role, in
         "model.device is cuda but this worker sees no usable CUDA device (no GPU or driver, "
         "CUDA_VISIBLE_DEVICES empty, or a build without CUDA); set model.device: cpu or auto");
   }
-  int gpu = index % gpus;
+  // A tensor-parallel rollout worker's ranks take consecutive GPUs (RankDevice): rank 0 of worker
+  // i starts at slot i * rollout.tensor_parallel.
+  const int slot =
+      role == v1::WORKER_ROLE_ROLLOUT ? index * std::max(1, cfg.rollout.tensor_parallel) : index;
+  int gpu = slot % gpus;
   if (cfg.cluster.placement == "disaggregated" && role == v1::WORKER_ROLE_ROLLOUT) {
     const int trainers = cfg.trainer.workers;
-    gpu = (trainers + index) % gpus;
+    gpu = (trainers + slot) % gpus;
     if (gpu < trainers) {
       return FailedPrecondition("cluster.placement is disaggregated, but rollout worker " +
                                 std::to_string(index) + " would share GPU " + std::to_string(gpu) +
@@ -160,18 +164,31 @@ constexpr char kWorkerDetails[] =
 constexpr char kTensorParallelGroup[] = "rollout-tp";
 constexpr double kFollowerIdleS = 7 * 24 * 3600.0;  // a peer's exit ends the wait at once
 
-// The device of rank `rank` when rank 0 runs on `device`.
-at::Device RankDevice(const at::Device& device, int rank) {
-  if (!device.is_cuda()) return device;
-  const int n = std::max(1, kernels::CudaDeviceCount());
-  return at::Device(at::kCUDA,
-                    static_cast<at::DeviceIndex>((std::max<int>(0, device.index()) + rank) % n));
+// The GPUs rollout workers run on, [first, first + count): every GPU of the host, or with
+// cluster.placement: disaggregated those after the trainers' (ResolveDevice refuses a host with
+// none left).
+std::pair<int, int> RolloutGpus(const JobConfig& cfg) {
+  const int gpus = std::max(1, kernels::CudaDeviceCount());
+  if (cfg.cluster.placement == "disaggregated" && cfg.trainer.workers < gpus) {
+    return {cfg.trainer.workers, gpus - cfg.trainer.workers};
+  }
+  return {0, gpus};
 }
 
-// Whether the ranks of a worker whose rank 0 runs on `device` form an NCCL group.
+// The device of rank `rank` when rank 0 runs on `device`: the next GPUs of the rollout workers'
+// (wrapping around among them, never onto a trainer's).
+at::Device RankDevice(const JobConfig& cfg, const at::Device& device, int rank) {
+  if (!device.is_cuda()) return device;
+  const auto [first, count] = RolloutGpus(cfg);
+  const int at = std::max(0, std::max<int>(0, device.index()) - first);
+  return at::Device(at::kCUDA, static_cast<at::DeviceIndex>(first + (at + rank) % count));
+}
+
+// Whether the ranks of a worker whose rank 0 runs on `device` have a GPU each, and so form an
+// NCCL group.
 bool RanksUseNccl(const JobConfig& cfg, const at::Device& device) {
   return device.is_cuda() && comm::NcclCompiled() &&
-         kernels::CudaDeviceCount() >= cfg.rollout.tensor_parallel;
+         RolloutGpus(cfg).second >= cfg.rollout.tensor_parallel;
 }
 
 // The log of rank `rank`: beside this process's own log when its stderr is a file (X.log ->
@@ -245,7 +262,7 @@ int RunRolloutFollower(const std::string& store, int rank, int index, const std:
   if (!rank0_device.ok()) return fail(rank0_device.status().WithContext("rank 0's device"));
   at::Device device(at::kCPU);
   try {
-    device = RankDevice(at::Device(*rank0_device), rank);
+    device = RankDevice(*cfg, at::Device(*rank0_device), rank);
   } catch (const std::exception& e) {
     return fail(InvalidArgument("rank 0's device \"" + *rank0_device + "\": " + e.what()));
   }
@@ -258,7 +275,11 @@ int RunRolloutFollower(const std::string& store, int rank, int index, const std:
   std::unique_ptr<model::Transformer> slice =
       model::Transformer::TensorParallelSlice(**whole, &group);
   whole->reset();
-  slice->To(device);
+  try {
+    slice->To(device);
+  } catch (const std::exception& e) {
+    return fail(Unavailable("cannot move the slice to " + device.str() + ": " + e.what()));
+  }
   auto engine_config = rollout::EngineConfigFromJob(cfg->rollout, *slice);
   if (!engine_config.ok()) return fail(engine_config.status());
   auto blocks = comm::StoreGet(store, "num_blocks", 120);
@@ -334,9 +355,9 @@ Status StartRolloutTensorParallel(const JobConfig& cfg, const std::string& job_y
     GYRE_RETURN_IF_ERROR(comm::StoreSet(store, "nccl_id", id, 30));
   } else if (device.is_cuda()) {
     GYRE_LOG_WARN(
-        "{}: rollout.tensor_parallel {} on a host with {} CUDA device(s): ranks share devices and "
-        "exchange over Gloo through host memory, which is slow; one device per rank uses NCCL",
-        name, cfg.rollout.tensor_parallel, kernels::CudaDeviceCount());
+        "{}: rollout.tensor_parallel {} with {} GPU(s) for rollout workers: ranks share GPUs and "
+        "exchange over Gloo through host memory, which is slow; one GPU per rank uses NCCL",
+        name, cfg.rollout.tensor_parallel, RolloutGpus(cfg).second);
   }
   for (int r = 1; r < cfg.rollout.tensor_parallel; ++r) {
     const std::string log = FollowerLogPath(name, r);
@@ -352,7 +373,11 @@ Status StartRolloutTensorParallel(const JobConfig& cfg, const std::string& job_y
   tp->group =
       std::make_unique<comm::CommTensorParallel>(tp->comm.get(), cfg.trainer.collective_timeout_s);
   *model = model::Transformer::TensorParallelSlice(**model, tp->group.get());
-  (*model)->To(device);
+  try {
+    (*model)->To(device);
+  } catch (const std::exception& e) {
+    return Unavailable("cannot move the slice to " + device.str() + ": " + e.what());
+  }
   return Status::Ok();
 }
 

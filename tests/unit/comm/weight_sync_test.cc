@@ -222,6 +222,23 @@ TEST_F(WeightSyncTest, ABoundedStreamKeepsItsReadersInStepWithinOneBucket) {
   EXPECT_EQ(made.load(), static_cast<int>(starts.size()));
   EXPECT_LE(stream->peak_bytes(), bucket);
   EXPECT_GT(stream->peak_bytes(), 0u);
+  // A reader that stops moving (a stalled receiver) holds the others back only for the stream's
+  // patience (0.2 s here): then they go on, and the stream holds what lies between them.
+  auto patient = std::make_shared<PayloadStream>(total, starts, produce, 2, bucket, 0.2);
+  std::vector<uint8_t> quick(total), stalled(bucket);
+  ASSERT_TRUE(patient->Read(1, 0, bucket, stalled.data()).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint64_t at = 0; at < total; at += bucket) {
+    ASSERT_TRUE(patient->Read(0, at, std::min(bucket, total - at), quick.data() + at).ok());
+  }
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(quick, payload_.bytes);
+  EXPECT_GE(waited, 0.15);
+  EXPECT_LT(waited, 5.0);
+  EXPECT_GT(patient->peak_bytes(), 2 * bucket);
+  patient->Finish(0);
+  EXPECT_TRUE(patient->Drain().ok());  // finishes reader 1, drops everything
   // Unbounded, a reader runs ahead of the other and the stream holds what lies between them.
   auto unbounded = std::make_shared<PayloadStream>(total, starts, produce, 2);
   std::vector<uint8_t> a(total), b(total);
