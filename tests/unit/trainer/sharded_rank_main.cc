@@ -204,17 +204,21 @@ int Run(int argc, char** argv) {
   }
   auto weights = t.FullWeights();
   if (!weights.ok()) return Fail("FullWeights: " + weights.status().message());
-  if (flags.count("ranges") && t.tp_size() > 1) {
-    // Tensor parallel: every tensor in pieces of E whole rows (cut where a row split changes
-    // rank), gathered on every rank; rank 0 compares them with the whole weights.
+  if (flags.count("ranges") && (t.tp_size() > 1 || t.gathers_ranges())) {
+    // Every rank gathers the same pieces (collectives); rank 0 compares them with the whole
+    // weights. Tensor parallel: every tensor in pieces of E whole rows (cut where a row split
+    // changes rank). Otherwise every unit in ranges of E elements, in bfloat16 and float32.
     const int64_t span = std::atoll(flags["ranges"].c_str());
     const std::vector<model::ParameterUnit> units = model::ParameterUnits(t.model().spec());
     double worst = 0;
     int64_t pieces = 0;
     size_t k = 0;
     for (size_t u = 0; u < units.size(); ++u) {
+      std::vector<at::Tensor> parts;
       for (size_t i = 0; i < units[u].names.size(); ++i, ++k) {
         const at::Tensor whole = (*weights)[k].second.detach().to(at::kFloat);
+        parts.push_back(whole.reshape({-1}));
+        if (t.tp_size() == 1) continue;
         const std::string& name = units[u].names[i];
         const int64_t extent = whole.size(0);
         std::vector<int64_t> ends = {extent};
@@ -235,22 +239,7 @@ int Run(int argc, char** argv) {
           row += n;
         }
       }
-    }
-    if (rank == 0)
-      metrics << -1 << " range_pieces " << pieces << "\n-1 range_mismatch " << worst << "\n";
-  }
-  if (flags.count("ranges") && t.gathers_ranges()) {
-    // Every rank gathers the same ranges (a collective); rank 0 compares them with the whole.
-    const int64_t span = std::atoll(flags["ranges"].c_str());
-    const std::vector<model::ParameterUnit> units = model::ParameterUnits(t.model().spec());
-    double worst = 0;
-    int64_t pieces = 0;
-    size_t k = 0;
-    for (size_t u = 0; u < units.size(); ++u) {
-      std::vector<at::Tensor> parts;
-      for (size_t i = 0; i < units[u].names.size(); ++i, ++k) {
-        parts.push_back((*weights)[k].second.detach().to(at::kFloat).reshape({-1}));
-      }
+      if (t.tp_size() > 1) continue;
       const at::Tensor whole = at::cat(parts);
       for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
         for (int64_t begin = 0; begin < whole.numel(); begin += span) {
@@ -265,8 +254,9 @@ int Run(int argc, char** argv) {
         }
       }
     }
-    if (rank == 0)
+    if (rank == 0) {
       metrics << -1 << " range_pieces " << pieces << "\n-1 range_mismatch " << worst << "\n";
+    }
   }
   if (rank == 0) {
     std::vector<at::Tensor> parts;
