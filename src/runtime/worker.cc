@@ -157,10 +157,9 @@ constexpr char kWorkerDetails[] =
 // the model, keeps its slice (moved to its device only then, so no GPU ever holds the whole
 // model) and makes an engine with rank 0's number of KV blocks; ranks 1.. then follow rank 0's
 // engine steps and weight updates (RolloutEngine::Follow) until it stops them. On the CPU the
-// group is Gloo. On a GPU rank r runs on device (d + r) mod n of the host's n devices (rank 0 on
-// device d): one device each when n >= T, and the group is NCCL; with fewer devices than ranks
-// they share devices and exchange over Gloo through host memory (slow; it lets a one-GPU host
-// run and test the same code).
+// group is Gloo. On GPUs the ranks take consecutive GPUs of the rollout workers' (RankDevice):
+// with one each the group is NCCL; with fewer GPUs than ranks they share them and exchange over
+// Gloo through host memory (slow; it lets a one-GPU host run and test the same code).
 constexpr char kTensorParallelGroup[] = "rollout-tp";
 constexpr double kFollowerIdleS = 7 * 24 * 3600.0;  // a peer's exit ends the wait at once
 

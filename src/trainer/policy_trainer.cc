@@ -1,6 +1,7 @@
 #include "trainer/policy_trainer.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
@@ -66,7 +67,9 @@ StatusOr<T> CatchCollectiveFailure(bool split, Fn fn, Cleanup cleanup) {
 
 PolicyTrainer::PolicyTrainer(std::unique_ptr<model::Transformer> model, double lr,
                              double weight_decay, double beta1, double beta2)
-    : model_(std::move(model)), optimizer_(std::make_unique<Optimizer>()) {
+    : model_(std::move(model)),
+      units_(model::ParameterUnits(model_->spec())),
+      optimizer_(std::make_unique<Optimizer>()) {
   for (const auto& [name, t] : model_->NamedParameters()) optimizer_->params.push_back(t);
   torch::optim::AdamWOptions opts(lr);
   opts.weight_decay(weight_decay).betas({beta1, beta2});
@@ -354,7 +357,7 @@ StatusOr<at::Tensor> PolicyTrainer::GatherWholeRows(int u, int i, int64_t row, i
   at::NoGradGuard no_grad;
   if (tp_group_ == nullptr)
     return FailedPrecondition("GatherWholeRows needs a tensor-parallel trainer");
-  const std::vector<model::ParameterUnit> units = model::ParameterUnits(model_->spec());
+  const std::vector<model::ParameterUnit>& units = units_;
   if (u < 0 || u >= static_cast<int>(units.size()) || i < 0 ||
       i >= static_cast<int>(units[static_cast<size_t>(u)].names.size())) {
     return InvalidArgument("no tensor " + std::to_string(i) + " in parameter unit " +
@@ -397,14 +400,10 @@ StatusOr<at::Tensor> PolicyTrainer::GatherWholeRows(int u, int i, int64_t row, i
       // unit's flat weights, gathered from the ranks owning it.
       const model::ParameterUnit& slices = shards_->unit(u);
       int64_t offset = 0;
-      for (int k = 0; k < i; ++k) {
-        int64_t n = 1;
-        for (int64_t d : slices.shapes[static_cast<size_t>(k)]) n *= d;
-        offset += n;
-      }
+      for (int k = 0; k < i; ++k)
+        offset += c10::multiply_integers(slices.shapes[static_cast<size_t>(k)]);
       std::vector<int64_t> shape = slices.shapes[static_cast<size_t>(i)];
-      int64_t row_elements = 1;
-      for (size_t d = 1; d < shape.size(); ++d) row_elements *= shape[d];
+      const int64_t row_elements = c10::multiply_integers(shape.begin() + 1, shape.end());
       shape[0] = rows;
       local = at::empty({rows * row_elements},
                         at::TensorOptions().dtype(at::kFloat).device(model_->device()));

@@ -419,6 +419,9 @@ class PolicyTrainer {
   // Checks shared by RestoreState and RestoreShardedState.
   Status CheckWeights(const std::vector<at::Tensor>& weights) const;
   std::unique_ptr<model::Transformer> model_;
+  // model::ParameterUnits of the model's spec (which never changes), made once: GatherWholeRows
+  // looks a tensor up in them for every piece of a published version.
+  const std::vector<model::ParameterUnit> units_;
   std::unique_ptr<model::Transformer> reference_;  // the KL term's frozen policy
   // reference_ in compute_dtype_ when that differs (made on first use, dropped with reference_).
   std::unique_ptr<model::Transformer> reference_compute_;

@@ -389,7 +389,6 @@ Status TrainerService::PublishFromSlices(const v1::PublishWeightsRequest& req,
     int tensor = -1;               // tensor parallel: the tensor; else -1
     int64_t begin = 0, count = 0;  // elements of the unit's flat weights, or of the tensor
     int64_t row = 1;               // tensor parallel: the tensor's elements per row
-    int64_t bytes = 0;
   };
   const std::vector<model::ParameterUnit> units = model::ParameterUnits(trainer_.model().spec());
   const bool ranges = trainer_.gathers_ranges();
@@ -401,22 +400,20 @@ Status TrainerService::PublishFromSlices(const v1::PublishWeightsRequest& req,
   std::vector<uint64_t> starts;
   uint64_t offset = 0;
   int64_t largest = 0;
-  // Cuts [0, extent) of elements of `item_bytes` each at the bucket's multiples and at `ends`
-  // (sorted); `row`: the elements of a row of the tensor.
-  auto cut = [&](int u, int tensor, int64_t extent, int64_t item_bytes,
-                 const std::vector<int64_t>& ends, int64_t row) {
+  // Cuts [0, extent) of elements at the bucket's multiples and at `ends` (sorted); `row`: the
+  // elements of a row of the tensor.
+  auto cut = [&](int u, int tensor, int64_t extent, const std::vector<int64_t>& ends, int64_t row) {
     size_t next_end = 0;
     for (int64_t e = 0; e < extent;) {
       const uint64_t boundary = (offset / bucket + 1) * bucket;
-      const int64_t fit =
-          static_cast<int64_t>((boundary - offset) / static_cast<uint64_t>(item_bytes));
+      const int64_t fit = static_cast<int64_t>((boundary - offset) / static_cast<uint64_t>(esize));
       int64_t n = std::min(extent - e, std::max<int64_t>(1, fit));
       while (next_end < ends.size() && ends[next_end] <= e) ++next_end;
       if (next_end < ends.size()) n = std::min(n, ends[next_end] - e);
-      pieces.push_back({u, tensor, e, n, row, n * item_bytes});
+      pieces.push_back({u, tensor, e, n, row});
       starts.push_back(offset);
-      largest = std::max(largest, n * item_bytes / esize);
-      offset += static_cast<uint64_t>(n * item_bytes);
+      largest = std::max(largest, n);
+      offset += static_cast<uint64_t>(n * esize);
       e += n;
     }
   };
@@ -437,9 +434,9 @@ Status TrainerService::PublishFromSlices(const v1::PublishWeightsRequest& req,
           ends.push_back(row * model::TensorParallelRange(units[u].names[i], extent, r, tp).second);
         }
       }
-      cut(static_cast<int>(u), static_cast<int>(i), meta.numel(), esize, ends, row);
+      cut(static_cast<int>(u), static_cast<int>(i), meta.numel(), ends, row);
     }
-    if (ranges) cut(static_cast<int>(u), -1, total, esize, {}, 1);
+    if (ranges) cut(static_cast<int>(u), -1, total, {}, 1);
   }
   const at::Device device = trainer_.model().device();
   const at::TensorOptions opts = at::TensorOptions().dtype(dtype_).device(device);
@@ -478,12 +475,11 @@ Status TrainerService::PublishFromSlices(const v1::PublishWeightsRequest& req,
   uint64_t total = 0;
   payload.manifest = model::ParameterManifest(shapes, &total, dtype_);
   GYRE_CHECK(total == offset) << total << " != " << offset;
-  auto produce = [&pieces, &gather, this](size_t i, std::vector<uint8_t>* bytes) -> Status {
+  auto produce = [&pieces, &gather, esize, this](size_t i, std::vector<uint8_t>* bytes) -> Status {
     const Piece& p = pieces[i];
-    bytes->resize(static_cast<size_t>(p.bytes));
+    bytes->resize(static_cast<size_t>(p.count * esize));
     const at::Tensor host =
-        at::from_blob(bytes->data(), {p.bytes / static_cast<int64_t>(c10::elementSize(dtype_))},
-                      at::TensorOptions().dtype(dtype_));
+        at::from_blob(bytes->data(), {p.count}, at::TensorOptions().dtype(dtype_));
     return gather(p, host);
   };
   // One reader per receiver, or over gloo per tensor-parallel rank of each (WeightSender).
